@@ -1,0 +1,35 @@
+package api
+
+import (
+	"encoding/json"
+	"time"
+
+	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+)
+
+// EventJSON is the JSON form of an event used by the SSE gateway and by
+// `warren task watch -o json`: the payload is inlined as a JSON value.
+type EventJSON struct {
+	TaskID  string          `json:"task_id"`
+	Seq     uint64          `json:"seq"`
+	Time    time.Time       `json:"time"`
+	Kind    string          `json:"kind"`
+	Epoch   uint64          `json:"epoch,omitempty"`
+	Payload json.RawMessage `json:"payload"`
+}
+
+// MarshalEvent renders ev as one line of JSON (no trailing newline).
+func MarshalEvent(ev *warrenv1.Event) ([]byte, error) {
+	p := json.RawMessage(ev.GetPayload())
+	if len(p) == 0 || !json.Valid(p) {
+		p = json.RawMessage("{}")
+	}
+	return json.Marshal(EventJSON{
+		TaskID:  ev.GetTaskId(),
+		Seq:     ev.GetSeq(),
+		Time:    ev.GetTime().AsTime().UTC(),
+		Kind:    ev.GetKind(),
+		Epoch:   ev.GetEpoch(),
+		Payload: p,
+	})
+}
