@@ -9,6 +9,7 @@ require (
 	github.com/hashicorp/raft v1.8.0
 	github.com/oklog/ulid/v2 v2.1.2
 	google.golang.org/protobuf v1.36.13-0.20261016172727-e9ee2a76ab8e
+	pgregory.net/rapid v1.3.0
 )
 
 require (
@@ -127,7 +128,6 @@ require (
 	google.golang.org/genproto/googleapis/api v0.0.0-20261110000943-09e21b237f2c // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20261110000943-09e21b237f2c // indirect
 	mvdan.cc/xurls/v2 v2.6.0 // indirect
-	pgregory.net/rapid v1.3.0 // indirect
 	pluginrpc.com/pluginrpc v0.6.0 // indirect
 )
 

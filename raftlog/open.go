@@ -1,0 +1,98 @@
+package raftlog
+
+import (
+	"fmt"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/bloom"
+	"github.com/cockroachdb/pebble/v2/vfs"
+)
+
+// Keyspace: one Pebble DB per server, by first byte of the key.
+const (
+	// PrefixLog is followed by a uint64 big-endian index; the value is an
+	// encoded raft.Log.
+	PrefixLog byte = 0x01
+	// PrefixStable is followed by the stable store's key bytes.
+	PrefixStable byte = 0x02
+	// FSMPrefixStart..FSMPrefixEnd (exclusive), that is 0x10..0x1f, are
+	// reserved for the FSM (package scheduler); raftlog never touches them.
+	FSMPrefixStart byte = 0x10
+	FSMPrefixEnd   byte = 0x20 // exclusive
+)
+
+// Tuning for a database whose hot path is small synced appends (the Raft
+// log) followed later by deletion of the oldest entries, shared with a
+// moderately sized FSM.
+const (
+	// memTableSize is large enough that a typical window of Raft entries
+	// (between two snapshots) is written and range-deleted while still in
+	// memtables, so most log bytes never reach an sstable.
+	memTableSize = 32 << 20
+	// memTableStopWritesThreshold lets a flush run while up to three more
+	// memtables fill, so a slow flush does not stall appends.
+	memTableStopWritesThreshold = 4
+	// l0StopWritesThreshold is raised from Pebble's default of 12 so that a
+	// burst of flushes is absorbed by L0 instead of stalling commits; L0
+	// compactions still start at the default L0CompactionThreshold.
+	l0StopWritesThreshold = 32
+	// cacheSize is the block cache for sstable reads (GetLog of entries
+	// that were flushed, and the FSM).
+	cacheSize = 32 << 20
+	// bytesPerSync smooths sstable writes during flushes and compactions;
+	// it has no effect on durability.
+	bytesPerSync = 1 << 20
+	// bloomBitsPerKey gives point lookups (GetLog, stable Get) a ~1% false
+	// positive rate per sstable.
+	bloomBitsPerKey = 10
+)
+
+// Open opens, creating it if needed, the server's Pebble database at dir with
+// options tuned for a Raft log. The WAL is on and Store syncs every write.
+// The caller closes the returned DB.
+func Open(dir string) (*pebble.DB, error) {
+	return OpenWithFS(dir, vfs.Default)
+}
+
+// OpenWithFS is Open with an injected filesystem, for tests that use
+// vfs.NewMem or errorfs.
+func OpenWithFS(dir string, fs vfs.FS) (*pebble.DB, error) {
+	db, err := pebble.Open(dir, options(fs))
+	if err != nil {
+		return nil, fmt.Errorf("raftlog: open %s: %w", dir, err)
+	}
+	return db, nil
+}
+
+func options(fs vfs.FS) *pebble.Options {
+	o := &pebble.Options{
+		FS:                          fs,
+		FormatMajorVersion:          pebble.FormatNewest,
+		MemTableSize:                memTableSize,
+		MemTableStopWritesThreshold: memTableStopWritesThreshold,
+		L0StopWritesThreshold:       l0StopWritesThreshold,
+		CacheSize:                   cacheSize,
+		BytesPerSync:                bytesPerSync,
+		Logger:                      quietLogger{},
+	}
+	for i := range o.Levels {
+		o.Levels[i].FilterPolicy = bloom.FilterPolicy(bloomBitsPerKey)
+	}
+	return o
+}
+
+// quietLogger drops Pebble's informational messages (it logs every WAL
+// replayed on open) and passes errors and fatal errors to Pebble's default
+// logger, which writes them through the standard library's log package.
+// The API takes no logger, so this is the least noisy honest choice.
+type quietLogger struct{}
+
+func (quietLogger) Infof(string, ...any) {}
+
+func (quietLogger) Errorf(format string, args ...any) {
+	pebble.DefaultLogger.Errorf(format, args...)
+}
+
+func (quietLogger) Fatalf(format string, args ...any) {
+	pebble.DefaultLogger.Fatalf(format, args...)
+}
