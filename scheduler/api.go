@@ -1,0 +1,296 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"connectrpc.com/connect"
+	"github.com/oklog/ulid/v2"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
+	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
+)
+
+const defaultTenant = "default"
+
+// taskAPI implements warrenv1connect.TaskServiceHandler.
+type taskAPI struct{ s *Server }
+
+var _ warrenv1connect.TaskServiceHandler = taskAPI{}
+
+func newMux(s *Server) http.Handler {
+	mux := http.NewServeMux()
+	opts := connect.WithInterceptors(errorInterceptor{})
+	mux.Handle(warrenv1connect.NewTaskServiceHandler(taskAPI{s}, opts))
+	mux.Handle(warrenv1connect.NewClusterServiceHandler(clusterAPI{s}, opts))
+	mux.Handle("GET /v1/tasks/{id}/events", sseHandler{s})
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	return mux
+}
+
+// invalid wraps a validation error.
+func invalid(err error) error {
+	if err == nil {
+		return nil
+	}
+	return connect.NewError(connect.CodeInvalidArgument, err)
+}
+
+// resultErr turns a refused command into the client's error.
+func resultErr(r *fsmv1.Result) error {
+	if r.GetCode() == 0 {
+		return nil
+	}
+	return connect.NewError(connect.Code(r.GetCode()), errors.New(r.GetMessage()))
+}
+
+// toConnect maps an error to a Connect error. It is the one place where
+// internal errors get their codes.
+func toConnect(err error) error {
+	var ce *connect.Error
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &ce):
+		return err
+	case errors.Is(err, ErrNotFound):
+		return connect.NewError(connect.CodeNotFound, err)
+	case errors.Is(err, context.DeadlineExceeded):
+		return connect.NewError(connect.CodeDeadlineExceeded, err)
+	case errors.Is(err, context.Canceled):
+		return connect.NewError(connect.CodeCanceled, err)
+	case retryable(err), errors.Is(err, errProposalAborted):
+		return connect.NewError(connect.CodeUnavailable, err)
+	}
+	return connect.NewError(connect.CodeInternal, err)
+}
+
+// errorInterceptor applies toConnect to every handler's error.
+type errorInterceptor struct{}
+
+func (errorInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		resp, err := next(ctx, req)
+		return resp, toConnect(err)
+	}
+}
+
+func (errorInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return next
+}
+
+func (errorInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
+		return toConnect(next(ctx, conn))
+	}
+}
+
+// write proposes one command and returns its result, or the error.
+func (a taskAPI) write(ctx context.Context, m proto.Message) (*fsmv1.Result, error) {
+	res, err := a.s.propose(ctx, m)
+	if err != nil {
+		return nil, err
+	}
+	if err := resultErr(res[0]); err != nil {
+		return nil, err
+	}
+	return res[0], nil
+}
+
+// requestID returns the client's key, or a fresh one so that the server's
+// own retries of this request stay idempotent.
+func requestID(v string) string {
+	if v != "" {
+		return v
+	}
+	return "srv-" + ulid.Make().String()
+}
+
+func (a taskAPI) now() *timestamppb.Timestamp { return timestamppb.New(a.s.clock.Now()) }
+
+func (a taskAPI) CreateTask(ctx context.Context, req *connect.Request[warrenv1.CreateTaskRequest]) (*connect.Response[warrenv1.CreateTaskResponse], error) {
+	if err := validateCreate(req.Msg); err != nil {
+		return nil, invalid(err)
+	}
+	tenant := req.Msg.GetTenant()
+	if tenant == "" {
+		tenant = defaultTenant
+	}
+	res, err := a.write(ctx, &fsmv1.CreateTask{
+		Id:        ulid.Make().String(),
+		Tenant:    tenant,
+		RequestId: requestID(req.Msg.GetRequestId()),
+		Spec:      req.Msg.GetSpec(),
+		Time:      a.now(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&warrenv1.CreateTaskResponse{Task: res.GetTask(), Created: res.GetCreated()}), nil
+}
+
+func (a taskAPI) GetTask(ctx context.Context, req *connect.Request[warrenv1.GetTaskRequest]) (*connect.Response[warrenv1.GetTaskResponse], error) {
+	var p problems
+	p.taskID("id", req.Msg.GetId())
+	if err := p.err(); err != nil {
+		return nil, invalid(err)
+	}
+	t, err := a.s.fsm.Task(req.Msg.GetId())
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&warrenv1.GetTaskResponse{Task: t}), nil
+}
+
+func (a taskAPI) ListTasks(ctx context.Context, req *connect.Request[warrenv1.ListTasksRequest]) (*connect.Response[warrenv1.ListTasksResponse], error) {
+	if err := validateList(req.Msg); err != nil {
+		return nil, invalid(err)
+	}
+	size := int(req.Msg.GetPageSize())
+	if size == 0 {
+		size = 100
+	}
+	tasks, next, err := a.s.fsm.ListTasks(req.Msg.GetState(), req.Msg.GetPageToken(), size)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&warrenv1.ListTasksResponse{Tasks: tasks, NextPageToken: next}), nil
+}
+
+func (a taskAPI) AppendEvents(ctx context.Context, req *connect.Request[warrenv1.AppendEventsRequest]) (*connect.Response[warrenv1.AppendEventsResponse], error) {
+	if err := validateAppend(req.Msg); err != nil {
+		return nil, invalid(err)
+	}
+	res, err := a.write(ctx, &fsmv1.AppendEvents{
+		TaskId:     req.Msg.GetTaskId(),
+		LeaseEpoch: req.Msg.GetLeaseEpoch(),
+		Events:     req.Msg.GetEvents(),
+		RequestId:  requestID(req.Msg.GetRequestId()),
+		Time:       a.now(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&warrenv1.AppendEventsResponse{FirstSeq: res.GetFirstSeq(), LastSeq: res.GetLastSeq()}), nil
+}
+
+func (a taskAPI) SendMessage(ctx context.Context, req *connect.Request[warrenv1.SendMessageRequest]) (*connect.Response[warrenv1.SendMessageResponse], error) {
+	if err := validateMessage(req.Msg); err != nil {
+		return nil, invalid(err)
+	}
+	res, err := a.write(ctx, &fsmv1.SendMessage{
+		TaskId:    req.Msg.GetTaskId(),
+		Text:      req.Msg.GetText(),
+		RequestId: requestID(req.Msg.GetRequestId()),
+		Time:      a.now(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&warrenv1.SendMessageResponse{Seq: res.GetFirstSeq()}), nil
+}
+
+func (a taskAPI) decide(ctx context.Context, r *warrenv1.DecideRequest, approved bool) (*connect.Response[warrenv1.DecideResponse], error) {
+	if err := validateDecide(r); err != nil {
+		return nil, invalid(err)
+	}
+	res, err := a.write(ctx, &fsmv1.Decide{
+		TaskId:     r.GetTaskId(),
+		ToolCallId: r.GetToolCallId(),
+		Approved:   approved,
+		Comment:    r.GetComment(),
+		RequestId:  requestID(r.GetRequestId()),
+		Time:       a.now(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&warrenv1.DecideResponse{Seq: res.GetFirstSeq()}), nil
+}
+
+func (a taskAPI) Approve(ctx context.Context, req *connect.Request[warrenv1.DecideRequest]) (*connect.Response[warrenv1.DecideResponse], error) {
+	return a.decide(ctx, req.Msg, true)
+}
+
+func (a taskAPI) Reject(ctx context.Context, req *connect.Request[warrenv1.DecideRequest]) (*connect.Response[warrenv1.DecideResponse], error) {
+	return a.decide(ctx, req.Msg, false)
+}
+
+func (a taskAPI) CancelTask(ctx context.Context, req *connect.Request[warrenv1.CancelTaskRequest]) (*connect.Response[warrenv1.CancelTaskResponse], error) {
+	if err := validateCancel(req.Msg); err != nil {
+		return nil, invalid(err)
+	}
+	res, err := a.write(ctx, &fsmv1.CancelTask{
+		TaskId:    req.Msg.GetTaskId(),
+		Reason:    req.Msg.GetReason(),
+		RequestId: requestID(req.Msg.GetRequestId()),
+		Time:      a.now(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	t, err := a.s.fsm.Task(req.Msg.GetTaskId())
+	if err != nil {
+		t = res.GetTask()
+	}
+	return connect.NewResponse(&warrenv1.CancelTaskResponse{Task: t}), nil
+}
+
+// streamBatch is how many events a stream reads from Pebble at a time.
+const streamBatch = 256
+
+// tail calls send for every event of task id with seq > after, in order,
+// then waits for more, and returns nil after the event that made the task
+// terminal. It reads the local replica, whose events are gapless, so a
+// stream never skips or repeats a seq; a client that reconnects elsewhere
+// passes the last seq it saw.
+func (s *Server) tail(ctx context.Context, id string, after uint64, send func(*warrenv1.Event) error) error {
+	for {
+		wake := s.fsm.WatchTask(id)
+		t, err := s.fsm.Task(id) // read the task before its events
+		if err != nil {
+			return err
+		}
+		evs, err := s.fsm.Events(id, after, streamBatch)
+		if err != nil {
+			return err
+		}
+		for _, ev := range evs {
+			if err := send(ev); err != nil {
+				return err
+			}
+			after = ev.GetSeq()
+		}
+		if len(evs) == streamBatch {
+			continue
+		}
+		if Terminal(t.GetState()) && after >= t.GetNextSeq()-1 {
+			return nil
+		}
+		select {
+		case <-wake:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-s.stop:
+			return connect.NewError(connect.CodeUnavailable, errors.New("server shutting down; reconnect with after_seq"))
+		}
+	}
+}
+
+func (a taskAPI) StreamEvents(ctx context.Context, req *connect.Request[warrenv1.StreamEventsRequest], stream *connect.ServerStream[warrenv1.StreamEventsResponse]) error {
+	var p problems
+	p.taskID("task_id", req.Msg.GetTaskId())
+	if err := p.err(); err != nil {
+		return invalid(err)
+	}
+	return a.s.tail(ctx, req.Msg.GetTaskId(), req.Msg.GetAfterSeq(), func(ev *warrenv1.Event) error {
+		return stream.Send(&warrenv1.StreamEventsResponse{Event: ev})
+	})
+}

@@ -1,0 +1,132 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"connectrpc.com/connect"
+	"github.com/hashicorp/raft"
+	"google.golang.org/protobuf/proto"
+
+	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
+)
+
+// clusterAPI implements warrenv1connect.ClusterServiceHandler.
+type clusterAPI struct{ s *Server }
+
+var _ warrenv1connect.ClusterServiceHandler = clusterAPI{}
+
+// Status reports this server's view of the cluster.
+func (c clusterAPI) Status(ctx context.Context, _ *connect.Request[warrenv1.StatusRequest]) (*connect.Response[warrenv1.StatusResponse], error) {
+	return connect.NewResponse(c.s.Status()), nil
+}
+
+// Status reports this server's view of the cluster.
+func (s *Server) Status() *warrenv1.StatusResponse {
+	st := s.raft.Stats()
+	u := func(k string) uint64 { v, _ := strconv.ParseUint(st[k], 10, 64); return v }
+	_, leaderID := s.raft.LeaderWithID()
+	out := &warrenv1.StatusResponse{
+		ServerId:          s.cfg.ID,
+		RaftState:         map[raft.RaftState]string{raft.Leader: "leader", raft.Follower: "follower", raft.Candidate: "candidate", raft.Shutdown: "shutdown"}[s.raft.State()],
+		LeaderId:          string(leaderID),
+		Term:              u("term"),
+		LastLogIndex:      u("last_log_index"),
+		CommitIndex:       u("commit_index"),
+		AppliedIndex:      u("applied_index"),
+		LastSnapshotIndex: u("last_snapshot_index"),
+		FsmAppliedIndex:   s.fsm.Applied(),
+	}
+	if leaderID != "" {
+		if m, err := s.fsm.Member(string(leaderID)); err == nil {
+			out.LeaderApiUrl = m.GetApiUrl()
+		}
+	}
+	if f := s.raft.GetConfiguration(); f.Error() == nil {
+		for _, srv := range f.Configuration().Servers {
+			p := &warrenv1.Peer{
+				Id:          string(srv.ID),
+				RaftAddress: string(srv.Address),
+				Suffrage:    map[raft.ServerSuffrage]string{raft.Voter: "voter", raft.Nonvoter: "nonvoter", raft.Staging: "staging"}[srv.Suffrage],
+				Leader:      srv.ID == leaderID,
+			}
+			if m, err := s.fsm.Member(string(srv.ID)); err == nil {
+				p.ApiUrl = m.GetApiUrl()
+			}
+			out.Peers = append(out.Peers, p)
+		}
+	}
+	return out
+}
+
+// Join adds a voter. A follower forwards the request to the leader.
+func (c clusterAPI) Join(ctx context.Context, req *connect.Request[warrenv1.JoinRequest]) (*connect.Response[warrenv1.JoinResponse], error) {
+	var p problems
+	p.text("id", req.Msg.GetId(), true, 128, true)
+	p.text("raft_address", req.Msg.GetRaftAddress(), true, 256, true)
+	p.text("api_url", req.Msg.GetApiUrl(), true, 2048, true)
+	if err := p.err(); err != nil {
+		return nil, invalid(err)
+	}
+	if c.s.raft.State() != raft.Leader {
+		url, err := c.s.leaderURL()
+		if err != nil {
+			return nil, connect.NewError(connect.CodeUnavailable, err)
+		}
+		_, err = c.s.fwd.client(url).Join(ctx, req)
+		if err != nil {
+			return nil, err
+		}
+		return connect.NewResponse(&warrenv1.JoinResponse{}), nil
+	}
+	if err := c.s.addVoter(ctx, req.Msg.GetId(), req.Msg.GetRaftAddress(), req.Msg.GetApiUrl()); err != nil {
+		return nil, fmt.Errorf("add voter %s: %w", req.Msg.GetId(), err)
+	}
+	c.s.log.Info("added voter", "peer", req.Msg.GetId(), "raft", req.Msg.GetRaftAddress())
+	return connect.NewResponse(&warrenv1.JoinResponse{}), nil
+}
+
+// Snapshot takes a snapshot on this server, compacting its log.
+func (c clusterAPI) Snapshot(ctx context.Context, _ *connect.Request[warrenv1.SnapshotRequest]) (*connect.Response[warrenv1.SnapshotResponse], error) {
+	f := c.s.raft.Snapshot()
+	if err := f.Error(); err != nil && !errors.Is(err, raft.ErrNothingNewToSnapshot) {
+		return nil, fmt.Errorf("snapshot: %w", err)
+	}
+	idx, _ := strconv.ParseUint(c.s.raft.Stats()["last_snapshot_index"], 10, 64)
+	return connect.NewResponse(&warrenv1.SnapshotResponse{Index: idx}), nil
+}
+
+// Propose applies commands forwarded by a follower. Only the leader
+// accepts them; it never forwards again, so there are no loops.
+func (c clusterAPI) Propose(ctx context.Context, req *connect.Request[warrenv1.ProposeRequest]) (*connect.Response[warrenv1.ProposeResponse], error) {
+	cmds := req.Msg.GetCommands()
+	if len(cmds) == 0 {
+		return nil, invalid(errors.New("commands: required"))
+	}
+	for i, b := range cmds {
+		cmd, err := DecodeCommand(b)
+		if err != nil {
+			return nil, invalid(fmt.Errorf("commands[%d]: %w", i, err))
+		}
+		if cmd.Type == CmdBatch {
+			return nil, invalid(fmt.Errorf("commands[%d]: batches are built by the leader", i))
+		}
+	}
+	if c.s.raft.State() != raft.Leader {
+		return nil, connect.NewError(connect.CodeUnavailable, raft.ErrNotLeader)
+	}
+	res, idx, err := c.s.gc.propose(ctx, cmds)
+	if err != nil {
+		return nil, err
+	}
+	out := &warrenv1.ProposeResponse{Index: idx, Results: make([][]byte, len(res))}
+	for i, r := range res {
+		if out.Results[i], err = proto.Marshal(r); err != nil {
+			return nil, err
+		}
+	}
+	return connect.NewResponse(out), nil
+}

@@ -1,0 +1,222 @@
+package scheduler
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/hashicorp/raft"
+	"google.golang.org/protobuf/proto"
+
+	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
+)
+
+// node is one in-process server with its HTTP listener.
+type node struct {
+	srv   *Server
+	http  *http.Server
+	url   string
+	tasks warrenv1connect.TaskServiceClient
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func startNode(t *testing.T, dir, id string, bootstrap bool, join string, trailing uint64) *node {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "http://" + ln.Addr().String()
+	srv, err := Open(Config{
+		ID: id, DataDir: filepath.Join(dir, id), RaftAddr: freeAddr(t), APIURL: url,
+		Bootstrap: bootstrap, JoinURL: join, TrailingLogs: trailing, SnapshotThreshold: 1 << 30,
+		SnapshotInterval: time.Hour, RaftLevel: "error",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{Handler: srv.Handler()}
+	go hs.Serve(ln)
+	n := &node{srv: srv, http: hs, url: url, tasks: warrenv1connect.NewTaskServiceClient(http.DefaultClient, url)}
+	t.Cleanup(n.stop)
+	return n
+}
+
+func (n *node) stop() {
+	n.srv.Close()
+	n.http.Close()
+}
+
+func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func leaderOf(nodes []*node) *node {
+	for _, n := range nodes {
+		if n.srv.Raft().State() == raft.Leader {
+			return n
+		}
+	}
+	return nil
+}
+
+func startCluster(t *testing.T, trailing uint64) []*node {
+	dir := t.TempDir()
+	a := startNode(t, dir, "s1", true, "", trailing)
+	waitFor(t, "s1 to lead", 10*time.Second, func() bool { return leaderOf([]*node{a}) != nil })
+	b := startNode(t, dir, "s2", false, a.url, trailing)
+	c := startNode(t, dir, "s3", false, a.url, trailing)
+	nodes := []*node{a, b, c}
+	waitFor(t, "3 voters", 15*time.Second, func() bool { return len(a.srv.Status().GetPeers()) == 3 })
+	return nodes
+}
+
+func createVia(t *testing.T, n *node, i int) *warrenv1.Task {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := n.tasks.CreateTask(ctx, connect.NewRequest(&warrenv1.CreateTaskRequest{
+		RequestId: fmt.Sprintf("create-%d", i), Spec: testSpec(),
+	}))
+	if err != nil {
+		t.Fatalf("create via %s: %v", n.srv.ID(), err)
+	}
+	return resp.Msg.GetTask()
+}
+
+func TestClusterForwardsWritesAndReadsLocally(t *testing.T) {
+	nodes := startCluster(t, 0)
+	var follower *node
+	for _, n := range nodes {
+		if n.srv.Raft().State() != raft.Leader {
+			follower = n
+		}
+	}
+	task := createVia(t, follower, 1)
+	// Read-your-writes on the follower that forwarded the create.
+	if _, err := follower.srv.FSM().Task(task.GetId()); err != nil {
+		t.Fatalf("follower cannot read its own write: %v", err)
+	}
+	ctx := context.Background()
+	if _, err := follower.tasks.SendMessage(ctx, connect.NewRequest(&warrenv1.SendMessageRequest{TaskId: task.GetId(), Text: "hi"})); err != nil {
+		t.Fatal(err)
+	}
+	// A bad request gets invalid_argument naming the field, on any server.
+	_, err := follower.tasks.SendMessage(ctx, connect.NewRequest(&warrenv1.SendMessageRequest{TaskId: task.GetId()}))
+	if connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Fatalf("empty text: %v", err)
+	}
+	_, err = follower.tasks.GetTask(ctx, connect.NewRequest(&warrenv1.GetTaskRequest{Id: "01J00000000000000000000000"}))
+	if connect.CodeOf(err) != connect.CodeNotFound {
+		t.Fatalf("missing task: %v", err)
+	}
+	// The same request id on another server returns the same task.
+	again := createVia(t, nodes[0], 1)
+	if again.GetId() != task.GetId() {
+		t.Fatalf("idempotent create made %s, want %s", again.GetId(), task.GetId())
+	}
+}
+
+func TestLeaderLossKeepsAcknowledgedWrites(t *testing.T) {
+	nodes := startCluster(t, 0)
+	task := createVia(t, nodes[1], 1)
+	ctx := context.Background()
+	for i := 0; i < 20; i++ {
+		if _, err := nodes[i%3].tasks.SendMessage(ctx, connect.NewRequest(&warrenv1.SendMessageRequest{TaskId: task.GetId(), Text: fmt.Sprint(i), RequestId: fmt.Sprint("m", i)})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old := leaderOf(nodes)
+	old.stop()
+	var rest []*node
+	for _, n := range nodes {
+		if n != old {
+			rest = append(rest, n)
+		}
+	}
+	waitFor(t, "a new leader", 10*time.Second, func() bool { return leaderOf(rest) != nil })
+	for i := 20; i < 30; i++ {
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err := rest[i%2].tasks.SendMessage(wctx, connect.NewRequest(&warrenv1.SendMessageRequest{TaskId: task.GetId(), Text: fmt.Sprint(i), RequestId: fmt.Sprint("m", i)}))
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, n := range rest {
+		waitFor(t, "replication", 5*time.Second, func() bool {
+			tk, err := n.srv.FSM().Task(task.GetId())
+			return err == nil && tk.GetNextSeq() == 32
+		})
+		evs, _ := n.srv.FSM().Events(task.GetId(), 0, 100)
+		for i, ev := range evs {
+			if ev.GetSeq() != uint64(i+1) {
+				t.Fatalf("%s: event %d has seq %d", n.srv.ID(), i, ev.GetSeq())
+			}
+		}
+	}
+}
+
+func TestLateFollowerGetsSnapshot(t *testing.T) {
+	nodes := startCluster(t, 8) // keep only 8 entries after a snapshot
+	var ids []string
+	for i := 0; i < 40; i++ {
+		ids = append(ids, createVia(t, nodes[i%3], i).GetId())
+	}
+	ctx := context.Background()
+	for _, n := range nodes {
+		if err := n.srv.Raft().Snapshot().Error(); err != nil {
+			t.Fatalf("snapshot on %s: %v", n.srv.ID(), err)
+		}
+	}
+	leader := leaderOf(nodes)
+	first, err := leader.srv.store.FirstIndex()
+	if err != nil || first <= 1 {
+		t.Fatalf("leader log not compacted: first index %d, %v", first, err)
+	}
+	late := startNode(t, t.TempDir(), "s4", false, nodes[2].url, 8)
+	waitFor(t, "s4 to catch up", 20*time.Second, func() bool {
+		return late.srv.FSM().Applied() >= leader.srv.FSM().Applied()
+	})
+	if idx := late.srv.Raft().Stats()["last_snapshot_index"]; idx == "0" {
+		t.Fatal("s4 caught up without installing a snapshot")
+	}
+	for _, id := range ids {
+		want, _ := leader.srv.FSM().Task(id)
+		got, err := late.tasks.GetTask(ctx, connect.NewRequest(&warrenv1.GetTaskRequest{Id: id}))
+		if err != nil || !proto.Equal(want, got.Msg.GetTask()) {
+			t.Fatalf("s4 serves a different task %s: %v", id, err)
+		}
+	}
+	resp, err := late.tasks.ListTasks(ctx, connect.NewRequest(&warrenv1.ListTasksRequest{PageSize: 1000}))
+	if err != nil || len(resp.Msg.GetTasks()) != len(ids) {
+		t.Fatalf("s4 lists %d tasks, want %d (%v)", len(resp.Msg.GetTasks()), len(ids), err)
+	}
+	// And it keeps up with new writes.
+	task := createVia(t, late, 1000)
+	if _, err := leader.srv.FSM().Task(task.GetId()); err != nil {
+		waitFor(t, "leader to apply", 5*time.Second, func() bool { _, err := leader.srv.FSM().Task(task.GetId()); return err == nil })
+	}
+}

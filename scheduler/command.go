@@ -1,0 +1,150 @@
+package scheduler
+
+import (
+	"errors"
+	"fmt"
+
+	"google.golang.org/protobuf/proto"
+
+	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
+)
+
+// CmdType is the first byte of every encoded command. The high bit marks a
+// command that an older server may ignore; any other unknown type is refused.
+type CmdType byte
+
+const (
+	CmdBatch        CmdType = 0x01
+	CmdCreateTask   CmdType = 0x02
+	CmdAppendEvents CmdType = 0x03
+	CmdSendMessage  CmdType = 0x04
+	CmdDecide       CmdType = 0x05
+	CmdCancelTask   CmdType = 0x06
+	CmdGrantLease   CmdType = 0x07
+	CmdSetMember    CmdType = 0x08
+
+	// FlagIgnorable on a type byte lets servers that do not know the type
+	// skip it instead of refusing it.
+	FlagIgnorable CmdType = 0x80
+)
+
+// ErrUnknownCommand is returned for a type byte this server does not know.
+var ErrUnknownCommand = errors.New("unknown command type")
+
+// ErrEmptyCommand is returned for a zero-length command.
+var ErrEmptyCommand = errors.New("empty command")
+
+func (t CmdType) String() string {
+	switch t &^ FlagIgnorable {
+	case CmdBatch:
+		return "batch"
+	case CmdCreateTask:
+		return "create_task"
+	case CmdAppendEvents:
+		return "append_events"
+	case CmdSendMessage:
+		return "send_message"
+	case CmdDecide:
+		return "decide"
+	case CmdCancelTask:
+		return "cancel_task"
+	case CmdGrantLease:
+		return "grant_lease"
+	case CmdSetMember:
+		return "set_member"
+	}
+	return fmt.Sprintf("type_0x%02x", byte(t))
+}
+
+// Command is a decoded command: its type and its body. Body is nil for an
+// ignorable command of an unknown type.
+type Command struct {
+	Type CmdType
+	Body proto.Message
+}
+
+func newBody(t CmdType) proto.Message {
+	switch t &^ FlagIgnorable {
+	case CmdBatch:
+		return &fsmv1.Batch{}
+	case CmdCreateTask:
+		return &fsmv1.CreateTask{}
+	case CmdAppendEvents:
+		return &fsmv1.AppendEvents{}
+	case CmdSendMessage:
+		return &fsmv1.SendMessage{}
+	case CmdDecide:
+		return &fsmv1.Decide{}
+	case CmdCancelTask:
+		return &fsmv1.CancelTask{}
+	case CmdGrantLease:
+		return &fsmv1.GrantLease{}
+	case CmdSetMember:
+		return &fsmv1.SetMember{}
+	}
+	return nil
+}
+
+// typeOf returns the type byte for a command body.
+func typeOf(m proto.Message) (CmdType, error) {
+	switch m.(type) {
+	case *fsmv1.Batch:
+		return CmdBatch, nil
+	case *fsmv1.CreateTask:
+		return CmdCreateTask, nil
+	case *fsmv1.AppendEvents:
+		return CmdAppendEvents, nil
+	case *fsmv1.SendMessage:
+		return CmdSendMessage, nil
+	case *fsmv1.Decide:
+		return CmdDecide, nil
+	case *fsmv1.CancelTask:
+		return CmdCancelTask, nil
+	case *fsmv1.GrantLease:
+		return CmdGrantLease, nil
+	case *fsmv1.SetMember:
+		return CmdSetMember, nil
+	}
+	return 0, fmt.Errorf("%w: %T", ErrUnknownCommand, m)
+}
+
+// EncodeCommand returns the type byte followed by the protobuf body.
+func EncodeCommand(m proto.Message) ([]byte, error) {
+	t, err := typeOf(m)
+	if err != nil {
+		return nil, err
+	}
+	b := make([]byte, 1, 1+proto.Size(m))
+	b[0] = byte(t)
+	return proto.MarshalOptions{}.MarshalAppend(b, m)
+}
+
+// DecodeCommand decodes one command. It returns ErrUnknownCommand for an
+// unknown type without the ignorable flag, and a Command with a nil Body for
+// an unknown ignorable one.
+func DecodeCommand(b []byte) (Command, error) {
+	if len(b) == 0 {
+		return Command{}, ErrEmptyCommand
+	}
+	t := CmdType(b[0])
+	body := newBody(t)
+	if body == nil {
+		if t&FlagIgnorable != 0 {
+			return Command{Type: t}, nil
+		}
+		return Command{}, fmt.Errorf("%w 0x%02x", ErrUnknownCommand, b[0])
+	}
+	if err := proto.Unmarshal(b[1:], body); err != nil {
+		return Command{}, fmt.Errorf("decode %s: %w", t, err)
+	}
+	return Command{Type: t &^ FlagIgnorable, Body: body}, nil
+}
+
+// encodeBatch wraps already-encoded commands in one Batch command.
+func encodeBatch(cmds [][]byte) []byte {
+	b, err := EncodeCommand(&fsmv1.Batch{Commands: cmds})
+	if err != nil {
+		panic(err) // Batch is a known type: cannot happen
+	}
+	return b
+}

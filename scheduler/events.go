@@ -1,0 +1,111 @@
+package scheduler
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+
+	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+)
+
+// MaxPayloadBytes is the largest event payload accepted. Larger payloads
+// will go to the blob store once it exists; for now they are refused.
+const MaxPayloadBytes = 64 << 10
+
+// MaxEventsPerAppend bounds one AppendEvents request.
+const MaxEventsPerAppend = 256
+
+// Event kinds. docs/events.md documents each one and its payload.
+const (
+	KindTaskCreated       = "task_created"
+	KindMessage           = "message"
+	KindModelCall         = "model_call"
+	KindToolCall          = "tool_call"
+	KindToolResult        = "tool_result"
+	KindApprovalRequested = "approval_requested"
+	KindApprovalDecided   = "approval_decided"
+	KindStateChanged      = "state_changed"
+	KindCancelRequested   = "cancel_requested"
+	KindCheckpoint        = "checkpoint"
+	KindEgress            = "egress"
+	KindLog               = "log"
+)
+
+// kinds maps every known kind to whether a writer may append it through
+// AppendEvents. The others are written only by the FSM itself.
+var kinds = map[string]bool{
+	KindTaskCreated:       false,
+	KindMessage:           true,
+	KindModelCall:         true,
+	KindToolCall:          true,
+	KindToolResult:        true,
+	KindApprovalRequested: true,
+	KindApprovalDecided:   false,
+	KindStateChanged:      true,
+	KindCancelRequested:   false,
+	KindCheckpoint:        true,
+	KindEgress:            true,
+	KindLog:               true,
+}
+
+// Kinds returns every known event kind, sorted.
+func Kinds() []string {
+	out := make([]string, 0, len(kinds))
+	for k := range kinds {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// checkEventInput validates one event a writer submits. field names the
+// event in error messages, e.g. "events[3]".
+func checkEventInput(field string, ev *warrenv1.EventInput) error {
+	appendable, known := kinds[ev.GetKind()]
+	switch {
+	case ev.GetKind() == "":
+		return fmt.Errorf("%s.kind: required", field)
+	case !known:
+		return fmt.Errorf("%s.kind: unknown kind %q", field, ev.GetKind())
+	case !appendable:
+		return fmt.Errorf("%s.kind: %q is written by the server, not appended", field, ev.GetKind())
+	}
+	if n := len(ev.GetPayload()); n > MaxPayloadBytes {
+		return fmt.Errorf("%s.payload: %d bytes is over the %d-byte limit", field, n, MaxPayloadBytes)
+	}
+	if len(ev.GetPayload()) == 0 {
+		return nil // an empty payload means {}
+	}
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(ev.GetPayload(), &obj); err != nil {
+		return fmt.Errorf("%s.payload: not a JSON object: %v", field, err)
+	}
+	switch ev.GetKind() {
+	case KindStateChanged:
+		var p struct {
+			To string `json:"to"`
+		}
+		_ = json.Unmarshal(ev.GetPayload(), &p)
+		if _, ok := stateByName[p.To]; !ok {
+			return fmt.Errorf("%s.payload.to: unknown state %q", field, p.To)
+		}
+	case KindApprovalRequested:
+		var p struct {
+			ToolCallID string `json:"tool_call_id"`
+		}
+		_ = json.Unmarshal(ev.GetPayload(), &p)
+		if p.ToolCallID == "" {
+			return fmt.Errorf("%s.payload.tool_call_id: required", field)
+		}
+	}
+	return nil
+}
+
+// mustJSON marshals server-built payloads, which cannot fail.
+func mustJSON(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}

@@ -1,0 +1,176 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/hashicorp/raft"
+	"google.golang.org/protobuf/proto"
+
+	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
+	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
+)
+
+// errNoLeader means no leader is known right now; the write is retried.
+var errNoLeader = errors.New("no leader elected")
+
+// forwarder sends writes from a follower to the leader's API.
+type forwarder struct {
+	s    *Server
+	http *http.Client
+	mu   sync.Mutex
+	conn map[string]warrenv1connect.ClusterServiceClient
+}
+
+func newForwarder(s *Server) *forwarder {
+	return &forwarder{
+		s: s,
+		http: &http.Client{Transport: &http.Transport{
+			MaxIdleConnsPerHost: 256,
+			IdleConnTimeout:     90 * time.Second,
+		}},
+		conn: map[string]warrenv1connect.ClusterServiceClient{},
+	}
+}
+
+func (f *forwarder) client(url string) warrenv1connect.ClusterServiceClient {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c, ok := f.conn[url]
+	if !ok {
+		c = warrenv1connect.NewClusterServiceClient(f.http, url)
+		f.conn[url] = c
+	}
+	return c
+}
+
+func (f *forwarder) join(ctx context.Context, url string) error {
+	_, err := f.client(url).Join(ctx, connect.NewRequest(&warrenv1.JoinRequest{
+		Id: f.s.cfg.ID, RaftAddress: f.s.cfg.RaftAddr, ApiUrl: f.s.cfg.APIURL,
+	}))
+	return err
+}
+
+// leaderURL returns the API URL of the current leader.
+func (s *Server) leaderURL() (string, error) {
+	_, id := s.raft.LeaderWithID()
+	if id == "" {
+		return "", errNoLeader
+	}
+	m, err := s.fsm.Member(string(id))
+	if err != nil {
+		return "", fmt.Errorf("leader %s has no recorded address yet: %w", id, errNoLeader)
+	}
+	return m.GetApiUrl(), nil
+}
+
+// propose commits commands through raft, from any server: on the leader it
+// goes through group commit, on a follower it is forwarded. Transient
+// failures (no leader, leadership lost) are retried until ctx ends; every
+// write command carries a request id, so a retry never applies twice. On
+// return the local replica has applied the commands (read-your-writes), or
+// at least tried to for a bounded time.
+func (s *Server) propose(ctx context.Context, msgs ...proto.Message) ([]*fsmv1.Result, error) {
+	cmds := make([][]byte, len(msgs))
+	for i, m := range msgs {
+		b, err := EncodeCommand(m)
+		if err != nil {
+			return nil, err
+		}
+		cmds[i] = b
+	}
+	backoff := 20 * time.Millisecond
+	for {
+		res, idx, err := s.proposeOnce(ctx, cmds)
+		if err == nil {
+			wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			_ = s.fsm.WaitApplied(wctx, idx)
+			cancel()
+			return res, nil
+		}
+		if !retryable(err) {
+			return nil, err
+		}
+		s.log.Debug("write not committed yet; retrying", "err", err)
+		select {
+		case <-ctx.Done():
+			return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("write not committed before deadline: %w (last error: %v)", ctx.Err(), err))
+		case <-s.stop:
+			return nil, connect.NewError(connect.CodeUnavailable, errProposalAborted)
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 500*time.Millisecond)
+	}
+}
+
+func (s *Server) proposeOnce(ctx context.Context, cmds [][]byte) ([]*fsmv1.Result, uint64, error) {
+	if s.raft.State() == raft.Leader {
+		return s.gc.propose(ctx, cmds)
+	}
+	url, err := s.leaderURL()
+	if err != nil {
+		return nil, 0, err
+	}
+	if url == s.cfg.APIURL {
+		return nil, 0, errNoLeader // stale view of ourselves as leader
+	}
+	resp, err := s.fwd.client(url).Propose(ctx, connect.NewRequest(&warrenv1.ProposeRequest{Commands: cmds}))
+	if err != nil {
+		return nil, 0, err
+	}
+	out := make([]*fsmv1.Result, len(resp.Msg.GetResults()))
+	for i, b := range resp.Msg.GetResults() {
+		out[i] = &fsmv1.Result{}
+		if err := proto.Unmarshal(b, out[i]); err != nil {
+			return nil, 0, fmt.Errorf("leader result %d: %w", i, err)
+		}
+	}
+	if len(out) != len(cmds) {
+		return nil, 0, fmt.Errorf("leader returned %d results for %d commands", len(out), len(cmds))
+	}
+	return out, resp.Msg.GetIndex(), nil
+}
+
+// proposeLocal proposes on this server only (no forwarding, no retry).
+func (s *Server) proposeLocal(ctx context.Context, m proto.Message) (*fsmv1.Result, uint64, error) {
+	b, err := EncodeCommand(m)
+	if err != nil {
+		return nil, 0, err
+	}
+	res, idx, err := s.gc.propose(ctx, [][]byte{b})
+	if err != nil {
+		return nil, 0, err
+	}
+	return res[0], idx, nil
+}
+
+// retryable reports whether a write failed before commit in a way that a
+// retry (possibly on a new leader) can fix.
+func retryable(err error) bool {
+	switch {
+	case errors.Is(err, errNoLeader),
+		errors.Is(err, raft.ErrNotLeader),
+		errors.Is(err, raft.ErrLeadershipLost),
+		errors.Is(err, raft.ErrLeadershipTransferInProgress),
+		errors.Is(err, raft.ErrEnqueueTimeout),
+		errors.Is(err, raft.ErrAbortedByRestore):
+		return true
+	}
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		switch ce.Code() {
+		case connect.CodeUnavailable, connect.CodeAborted:
+			return true
+		case connect.CodeUnknown:
+			// A transport failure (leader died mid-response) surfaces here.
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,448 @@
+package scheduler
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+
+	"connectrpc.com/connect"
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/hashicorp/raft"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
+	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+)
+
+// ErrStaleEpoch is the message of a refused append whose lease epoch is not
+// the task's current one: the writer lost its lease.
+var ErrStaleEpoch = errors.New("stale lease epoch")
+
+// ErrNotFound is returned by queries for a task or member that does not exist.
+var ErrNotFound = errors.New("not found")
+
+// FSM is the replicated state machine. Raft calls ApplyBatch, Snapshot and
+// Restore from one goroutine; the query methods are safe from any goroutine.
+// Apply is idempotent on the raft index: entries at or below the persisted
+// applied index are skipped, so a restart does not reapply the whole log.
+type FSM struct {
+	db      *pebble.DB
+	log     *slog.Logger
+	tmpDir  string // for snapshot checkpoints
+	applied atomic.Uint64
+	watch   *watchers
+}
+
+var _ raft.BatchingFSM = (*FSM)(nil)
+
+// NewFSM opens the state machine over db. tmpDir holds snapshot checkpoints
+// while they stream and must be on the same filesystem as db.
+func NewFSM(db *pebble.DB, tmpDir string, log *slog.Logger) (*FSM, error) {
+	f := &FSM{db: db, log: log, tmpDir: tmpDir, watch: newWatchers()}
+	v, closer, err := db.Get(keyApplied)
+	switch {
+	case errors.Is(err, pebble.ErrNotFound):
+	case err != nil:
+		return nil, fmt.Errorf("read applied index: %w", err)
+	default:
+		if len(v) != 8 {
+			closer.Close()
+			return nil, fmt.Errorf("applied index: %d bytes, want 8", len(v))
+		}
+		f.applied.Store(binary.BigEndian.Uint64(v))
+		closer.Close()
+	}
+	return f, nil
+}
+
+// Applied returns the raft index of the last applied entry.
+func (f *FSM) Applied() uint64 { return f.applied.Load() }
+
+// Apply applies one log entry. It returns []*fsmv1.Result, one per command.
+func (f *FSM) Apply(l *raft.Log) interface{} {
+	return f.ApplyBatch([]*raft.Log{l})[0]
+}
+
+// ApplyBatch applies committed entries in one Pebble batch. Each element of
+// the returned slice is nil (skipped or not a command) or []*fsmv1.Result.
+func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
+	out := make([]interface{}, len(logs))
+	applied := f.applied.Load()
+	b := f.db.NewIndexedBatch()
+	defer b.Close()
+	a := &applier{b: b, touched: map[string]struct{}{}}
+	last := applied
+	for i, l := range logs {
+		if invariants && i > 0 && l.Index <= logs[i-1].Index {
+			panic(fmt.Sprintf("invariant: raft indexes out of order: %d after %d", l.Index, logs[i-1].Index))
+		}
+		if l.Index <= applied {
+			continue // already applied before a restart
+		}
+		last = l.Index
+		if l.Type != raft.LogCommand {
+			continue
+		}
+		cmd, err := DecodeCommand(l.Data)
+		if err != nil {
+			// A committed entry this server cannot read: continuing would
+			// let replicas diverge. Stop loudly.
+			panic(fmt.Sprintf("scheduler: raft entry %d: %v", l.Index, err))
+		}
+		if cmd.Type == CmdBatch {
+			sub := cmd.Body.(*fsmv1.Batch).GetCommands()
+			res := make([]*fsmv1.Result, len(sub))
+			for j, raw := range sub {
+				c, err := DecodeCommand(raw)
+				if err != nil {
+					panic(fmt.Sprintf("scheduler: raft entry %d command %d: %v", l.Index, j, err))
+				}
+				res[j] = a.apply(c)
+			}
+			out[i] = res
+			continue
+		}
+		out[i] = []*fsmv1.Result{a.apply(cmd)}
+	}
+	if last == applied {
+		return out
+	}
+	if err := b.Set(keyApplied, binary.BigEndian.AppendUint64(nil, last), nil); err != nil {
+		panic(fmt.Sprintf("scheduler: batch set: %v", err))
+	}
+	// No sync: the raft log in the same Pebble WAL is synced, and entries
+	// above a lost applied index are simply applied again after a crash.
+	if err := b.Commit(pebble.NoSync); err != nil {
+		panic(fmt.Sprintf("scheduler: commit applied batch: %v", err))
+	}
+	f.applied.Store(last)
+	f.watch.notify(a.touched)
+	return out
+}
+
+// applier applies commands into one indexed batch. Each command checks
+// everything before it writes, so a refused command leaves no trace.
+type applier struct {
+	b       *pebble.Batch
+	touched map[string]struct{}
+}
+
+func fail(code connect.Code, format string, args ...any) *fsmv1.Result {
+	return &fsmv1.Result{Code: uint32(code), Message: fmt.Sprintf(format, args...)}
+}
+
+func (a *applier) apply(c Command) *fsmv1.Result {
+	switch m := c.Body.(type) {
+	case nil:
+		return &fsmv1.Result{} // unknown but ignorable
+	case *fsmv1.CreateTask:
+		return a.createTask(m)
+	case *fsmv1.AppendEvents:
+		return a.idempotent("append/"+m.GetTaskId(), m.GetRequestId(), func() *fsmv1.Result { return a.appendEvents(m) })
+	case *fsmv1.SendMessage:
+		return a.idempotent("msg/"+m.GetTaskId(), m.GetRequestId(), func() *fsmv1.Result { return a.sendMessage(m) })
+	case *fsmv1.Decide:
+		return a.idempotent("decide/"+m.GetTaskId(), m.GetRequestId(), func() *fsmv1.Result { return a.decide(m) })
+	case *fsmv1.CancelTask:
+		return a.idempotent("cancel/"+m.GetTaskId(), m.GetRequestId(), func() *fsmv1.Result { return a.cancel(m) })
+	case *fsmv1.GrantLease:
+		return a.grantLease(m)
+	case *fsmv1.SetMember:
+		return a.setMember(m)
+	case *fsmv1.Batch:
+		return fail(connect.CodeInvalidArgument, "nested batch")
+	}
+	return fail(connect.CodeInternal, "no handler for %s", c.Type)
+}
+
+// idempotent runs fn once per (scope, requestID): a repeat returns the
+// recorded result. Failed results are not recorded, so a retry after a
+// refusal is tried again.
+func (a *applier) idempotent(scope, requestID string, fn func() *fsmv1.Result) *fsmv1.Result {
+	if requestID == "" {
+		return fn()
+	}
+	k := keyIdem(scope, requestID)
+	var prev fsmv1.Result
+	if ok := a.get(k, &prev); ok {
+		return &prev
+	}
+	r := fn()
+	if r.GetCode() == 0 {
+		a.put(k, &fsmv1.Result{FirstSeq: r.GetFirstSeq(), LastSeq: r.GetLastSeq(), Task: r.GetTask()})
+	}
+	return r
+}
+
+func (a *applier) get(k []byte, m proto.Message) bool {
+	v, closer, err := a.b.Get(k)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return false
+	}
+	if err != nil {
+		panic(fmt.Sprintf("scheduler: read %x: %v", k, err))
+	}
+	defer closer.Close()
+	if err := proto.Unmarshal(v, m); err != nil {
+		panic(fmt.Sprintf("scheduler: decode %x: %v", k, err))
+	}
+	return true
+}
+
+func (a *applier) put(k []byte, m proto.Message) {
+	v, err := proto.Marshal(m)
+	if err != nil {
+		panic(fmt.Sprintf("scheduler: encode: %v", err))
+	}
+	if err := a.b.Set(k, v, nil); err != nil {
+		panic(fmt.Sprintf("scheduler: batch set: %v", err))
+	}
+}
+
+func (a *applier) task(id string) (*warrenv1.Task, *fsmv1.Result) {
+	t := &warrenv1.Task{}
+	if !a.get(keyTask(id), t) {
+		return nil, fail(connect.CodeNotFound, "task %q not found", id)
+	}
+	return t, nil
+}
+
+// putTask writes the task and keeps the state index in step.
+func (a *applier) putTask(t *warrenv1.Task, oldState warrenv1.TaskState) {
+	if oldState != t.GetState() {
+		if oldState != warrenv1.TaskState_TASK_STATE_UNSPECIFIED {
+			if err := a.b.Delete(keyState(byte(oldState), t.GetId()), nil); err != nil {
+				panic(fmt.Sprintf("scheduler: batch delete: %v", err))
+			}
+		}
+		if err := a.b.Set(keyState(byte(t.GetState()), t.GetId()), nil, nil); err != nil {
+			panic(fmt.Sprintf("scheduler: batch set: %v", err))
+		}
+	}
+	a.put(keyTask(t.GetId()), t)
+	a.touched[t.GetId()] = struct{}{}
+}
+
+// appendEvent writes one event at the task's next seq.
+func (a *applier) appendEvent(t *warrenv1.Task, ts *timestamppb.Timestamp, kind string, payload []byte, epoch uint64) uint64 {
+	seq := t.GetNextSeq()
+	if invariants {
+		if _, closer, err := a.b.Get(keyEvent(t.GetId(), seq)); err == nil {
+			closer.Close()
+			panic(fmt.Sprintf("invariant: task %s event %d written twice", t.GetId(), seq))
+		}
+		if seq > 1 {
+			if _, closer, err := a.b.Get(keyEvent(t.GetId(), seq-1)); err != nil {
+				panic(fmt.Sprintf("invariant: task %s event %d written with no event %d: %v", t.GetId(), seq, seq-1, err))
+			} else {
+				closer.Close()
+			}
+		}
+	}
+	a.put(keyEvent(t.GetId(), seq), &warrenv1.Event{Seq: seq, Time: ts, Kind: kind, Payload: payload, Epoch: epoch})
+	t.NextSeq = seq + 1
+	t.UpdatedAt = ts
+	return seq
+}
+
+func (a *applier) setState(t *warrenv1.Task, ts *timestamppb.Timestamp, to warrenv1.TaskState, extra map[string]any) uint64 {
+	p := map[string]any{"from": StateName(t.GetState()), "to": StateName(to)}
+	for k, v := range extra {
+		p[k] = v
+	}
+	t.State = to
+	return a.appendEvent(t, ts, KindStateChanged, mustJSON(p), t.GetLease().GetEpoch())
+}
+
+func (a *applier) createTask(m *fsmv1.CreateTask) *fsmv1.Result {
+	scope := "create/" + m.GetTenant()
+	if m.GetRequestId() != "" {
+		var prev fsmv1.Result
+		if a.get(keyIdem(scope, m.GetRequestId()), &prev) {
+			t, r := a.task(prev.GetTask().GetId())
+			if r != nil {
+				return r
+			}
+			return &fsmv1.Result{Task: t}
+		}
+	}
+	if _, r := a.task(m.GetId()); r == nil {
+		return fail(connect.CodeAlreadyExists, "task %q already exists", m.GetId())
+	}
+	t := &warrenv1.Task{
+		Id:        m.GetId(),
+		Tenant:    m.GetTenant(),
+		Spec:      m.GetSpec(),
+		State:     warrenv1.TaskState_TASK_STATE_PENDING,
+		NextSeq:   1,
+		CreatedAt: m.GetTime(),
+		Lease:     &warrenv1.Lease{},
+	}
+	a.appendEvent(t, m.GetTime(), KindTaskCreated, mustJSON(map[string]any{
+		"title": m.GetSpec().GetIssueTitle(), "repo": m.GetSpec().GetRepo(), "base": m.GetSpec().GetBase(),
+	}), 0)
+	a.putTask(t, warrenv1.TaskState_TASK_STATE_UNSPECIFIED)
+	if m.GetRequestId() != "" {
+		a.put(keyIdem(scope, m.GetRequestId()), &fsmv1.Result{Task: &warrenv1.Task{Id: t.GetId()}})
+	}
+	return &fsmv1.Result{Task: t, Created: true, FirstSeq: 1, LastSeq: 1}
+}
+
+// writable returns the task if client and writer events may still be added.
+func (a *applier) writable(id string) (*warrenv1.Task, *fsmv1.Result) {
+	t, r := a.task(id)
+	if r != nil {
+		return nil, r
+	}
+	if Terminal(t.GetState()) {
+		return nil, fail(connect.CodeFailedPrecondition, "task %s is %s", id, StateName(t.GetState()))
+	}
+	return t, nil
+}
+
+func (a *applier) appendEvents(m *fsmv1.AppendEvents) *fsmv1.Result {
+	t, r := a.writable(m.GetTaskId())
+	if r != nil {
+		return r
+	}
+	if m.GetLeaseEpoch() != t.GetLease().GetEpoch() {
+		return fail(connect.CodeFailedPrecondition, "%v: append carries epoch %d, task %s is at epoch %d",
+			ErrStaleEpoch, m.GetLeaseEpoch(), t.GetId(), t.GetLease().GetEpoch())
+	}
+	// Check every event (and the state walk) before writing any.
+	state := t.GetState()
+	pending := append([]string(nil), t.GetPendingApprovals()...)
+	for i, ev := range m.GetEvents() {
+		if err := checkEventInput(fmt.Sprintf("events[%d]", i), ev); err != nil {
+			return fail(connect.CodeInvalidArgument, "%v", err)
+		}
+		switch ev.GetKind() {
+		case KindStateChanged:
+			to := payloadState(ev.GetPayload())
+			if !CanTransition(state, to) {
+				return fail(connect.CodeFailedPrecondition, "events[%d]: task %s cannot go from %s to %s",
+					i, t.GetId(), StateName(state), StateName(to))
+			}
+			state = to
+		case KindApprovalRequested:
+			pending = append(pending, payloadString(ev.GetPayload(), "tool_call_id"))
+		}
+	}
+	old := t.GetState()
+	first := t.GetNextSeq()
+	for _, ev := range m.GetEvents() {
+		payload := ev.GetPayload()
+		if len(payload) == 0 {
+			payload = []byte("{}")
+		}
+		a.appendEvent(t, m.GetTime(), ev.GetKind(), payload, m.GetLeaseEpoch())
+	}
+	t.State = state
+	t.PendingApprovals = pending
+	a.putTask(t, old)
+	return &fsmv1.Result{FirstSeq: first, LastSeq: t.GetNextSeq() - 1}
+}
+
+func payloadState(p []byte) warrenv1.TaskState {
+	s, _ := ParseState(payloadString(p, "to"))
+	return s
+}
+
+func payloadString(p []byte, field string) string {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(p, &m) != nil {
+		return ""
+	}
+	var s string
+	if json.Unmarshal(m[field], &s) != nil {
+		return ""
+	}
+	return s
+}
+
+func (a *applier) sendMessage(m *fsmv1.SendMessage) *fsmv1.Result {
+	t, r := a.writable(m.GetTaskId())
+	if r != nil {
+		return r
+	}
+	seq := a.appendEvent(t, m.GetTime(), KindMessage, mustJSON(map[string]string{"from": "user", "text": m.GetText()}), 0)
+	a.putTask(t, t.GetState())
+	return &fsmv1.Result{FirstSeq: seq, LastSeq: seq}
+}
+
+func (a *applier) decide(m *fsmv1.Decide) *fsmv1.Result {
+	t, r := a.writable(m.GetTaskId())
+	if r != nil {
+		return r
+	}
+	idx := -1
+	for i, id := range t.GetPendingApprovals() {
+		if id == m.GetToolCallId() {
+			idx = i
+			break
+		}
+	}
+	if idx < 0 {
+		return fail(connect.CodeFailedPrecondition, "task %s has no pending approval for tool call %q", t.GetId(), m.GetToolCallId())
+	}
+	t.PendingApprovals = append(t.PendingApprovals[:idx:idx], t.PendingApprovals[idx+1:]...)
+	seq := a.appendEvent(t, m.GetTime(), KindApprovalDecided, mustJSON(map[string]any{
+		"tool_call_id": m.GetToolCallId(), "approved": m.GetApproved(), "comment": m.GetComment(),
+	}), 0)
+	a.putTask(t, t.GetState())
+	return &fsmv1.Result{FirstSeq: seq, LastSeq: seq}
+}
+
+func (a *applier) cancel(m *fsmv1.CancelTask) *fsmv1.Result {
+	t, r := a.task(m.GetTaskId())
+	if r != nil {
+		return r
+	}
+	switch {
+	case t.GetState() == warrenv1.TaskState_TASK_STATE_CANCELLED:
+		return &fsmv1.Result{Task: t} // already done
+	case Terminal(t.GetState()):
+		return fail(connect.CodeFailedPrecondition, "task %s already %s", t.GetId(), StateName(t.GetState()))
+	case t.GetCancelRequested() && t.GetState() != warrenv1.TaskState_TASK_STATE_PENDING:
+		return &fsmv1.Result{Task: t} // the node has been told
+	}
+	old := t.GetState()
+	first := a.appendEvent(t, m.GetTime(), KindCancelRequested, mustJSON(map[string]string{"reason": m.GetReason()}), 0)
+	t.CancelRequested = true
+	if old == warrenv1.TaskState_TASK_STATE_PENDING {
+		// Nothing runs it yet: cancel at once.
+		a.setState(t, m.GetTime(), warrenv1.TaskState_TASK_STATE_CANCELLED, map[string]any{"reason": "cancelled before placement"})
+	}
+	a.putTask(t, old)
+	return &fsmv1.Result{Task: t, FirstSeq: first, LastSeq: t.GetNextSeq() - 1}
+}
+
+func (a *applier) grantLease(m *fsmv1.GrantLease) *fsmv1.Result {
+	t, r := a.writable(m.GetTaskId())
+	if r != nil {
+		return r
+	}
+	if m.GetNode() == "" {
+		return fail(connect.CodeInvalidArgument, "node: required")
+	}
+	old := t.GetState()
+	if old != warrenv1.TaskState_TASK_STATE_PENDING {
+		return fail(connect.CodeFailedPrecondition, "task %s is %s, not pending", t.GetId(), StateName(old))
+	}
+	t.Lease = &warrenv1.Lease{Node: m.GetNode(), Epoch: t.GetLease().GetEpoch() + 1}
+	seq := a.setState(t, m.GetTime(), warrenv1.TaskState_TASK_STATE_PLACED, map[string]any{"node": m.GetNode(), "epoch": t.GetLease().GetEpoch()})
+	a.putTask(t, old)
+	return &fsmv1.Result{Task: t, FirstSeq: seq, LastSeq: seq}
+}
+
+func (a *applier) setMember(m *fsmv1.SetMember) *fsmv1.Result {
+	if m.GetId() == "" {
+		return fail(connect.CodeInvalidArgument, "id: required")
+	}
+	a.put(keyMember(m.GetId()), &fsmv1.Member{Id: m.GetId(), RaftAddress: m.GetRaftAddress(), ApiUrl: m.GetApiUrl()})
+	return &fsmv1.Result{}
+}

@@ -1,0 +1,122 @@
+package scheduler
+
+import (
+	"testing"
+
+	"github.com/oklog/ulid/v2"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	"pgregory.net/rapid"
+
+	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
+	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+)
+
+// TestFSMInvariants drives random command sequences and checks, after each
+// batch: every task's events are gapless from 1 to next_seq-1; the state
+// index lists each task exactly under its state; a stale epoch never
+// appends; terminal tasks never gain events; acknowledged idempotent
+// retries never add events.
+func TestFSMInvariants(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		tf := newTestFSM(t)
+		var ids []string
+		recorded := map[string]bool{} // task/request ids whose append succeeded
+		states := []string{"pending", "placed", "running", "waiting_approval", "succeeded", "failed", "cancelled"}
+		ts := timestamppb.New(t0)
+		for step := 0; step < 40; step++ {
+			n := rapid.IntRange(1, 4).Draw(rt, "batch")
+			var msgs []proto.Message
+			for i := 0; i < n; i++ {
+				if len(ids) == 0 || rapid.IntRange(0, 9).Draw(rt, "op") == 0 {
+					id := ulid.Make().String()
+					ids = append(ids, id)
+					msgs = append(msgs, &fsmv1.CreateTask{Id: id, Tenant: "default", Spec: testSpec(), Time: ts})
+					continue
+				}
+				id := rapid.SampledFrom(ids).Draw(rt, "task")
+				cur, _ := tf.fsm.Task(id)
+				epoch := cur.GetLease().GetEpoch()
+				if rapid.Bool().Draw(rt, "stale") {
+					epoch += uint64(rapid.IntRange(1, 2).Draw(rt, "skew"))
+				}
+				switch rapid.IntRange(0, 4).Draw(rt, "kind") {
+				case 0:
+					msgs = append(msgs, &fsmv1.AppendEvents{TaskId: id, LeaseEpoch: epoch, Time: ts,
+						RequestId: rapid.SampledFrom([]string{"", "a", "b"}).Draw(rt, "req"),
+						Events:    []*warrenv1.EventInput{logEvent("x"), stateEvent(rapid.SampledFrom(states).Draw(rt, "to"))}})
+				case 1:
+					msgs = append(msgs, &fsmv1.SendMessage{TaskId: id, Text: "m", Time: ts})
+				case 2:
+					msgs = append(msgs, &fsmv1.GrantLease{TaskId: id, Node: "n", Time: ts})
+				case 3:
+					msgs = append(msgs, &fsmv1.CancelTask{TaskId: id, Time: ts})
+				case 4:
+					msgs = append(msgs, &fsmv1.AppendEvents{TaskId: id, LeaseEpoch: epoch, Time: ts, Events: []*warrenv1.EventInput{logEvent("y")}})
+				}
+			}
+			before := map[string]*warrenv1.Task{}
+			for _, id := range ids {
+				if tk, err := tf.fsm.Task(id); err == nil {
+					before[id] = tk
+				}
+			}
+			res := tf.apply(msgs...)
+			touched := map[string]bool{} // tasks whose epoch may change within the batch
+			for i, m := range msgs {
+				switch c := m.(type) {
+				case *fsmv1.GrantLease:
+					touched[c.GetTaskId()] = true
+				case *fsmv1.AppendEvents:
+					b := before[c.GetTaskId()]
+					key := c.GetTaskId() + "/" + c.GetRequestId()
+					replay := c.GetRequestId() != "" && recorded[key]
+					if res[i].GetCode() == 0 && c.GetRequestId() != "" {
+						recorded[key] = true
+					}
+					// A retry of an acknowledged append returns the recorded
+					// result; anything else with a stale epoch is refused.
+					if b != nil && !replay && !touched[c.GetTaskId()] && c.GetLeaseEpoch() != b.GetLease().GetEpoch() && res[i].GetCode() == 0 {
+						rt.Fatalf("append with epoch %d accepted; task %s is at %d", c.GetLeaseEpoch(), c.GetTaskId(), b.GetLease().GetEpoch())
+					}
+				}
+			}
+			checkFSM(rt, tf, ids, before)
+		}
+	})
+}
+
+func checkFSM(rt *rapid.T, tf *testFSM, ids []string, before map[string]*warrenv1.Task) {
+	for _, id := range ids {
+		tk, err := tf.fsm.Task(id)
+		if err != nil {
+			continue // created in a batch whose create was refused: none are
+		}
+		evs := tf.events(id)
+		if uint64(len(evs)) != tk.GetNextSeq()-1 {
+			rt.Fatalf("task %s: %d events, next_seq %d", id, len(evs), tk.GetNextSeq())
+		}
+		for i, ev := range evs {
+			if ev.GetSeq() != uint64(i+1) {
+				rt.Fatalf("task %s: event %d has seq %d", id, i, ev.GetSeq())
+			}
+			if ev.GetKind() == KindLog && ev.GetEpoch() != 0 && ev.GetEpoch() > tk.GetLease().GetEpoch() {
+				rt.Fatalf("task %s: event %d appended under future epoch %d", id, ev.GetSeq(), ev.GetEpoch())
+			}
+		}
+		if b := before[id]; b != nil && Terminal(b.GetState()) && tk.GetNextSeq() != b.GetNextSeq() {
+			rt.Fatalf("task %s gained events after reaching %s", id, StateName(b.GetState()))
+		}
+		for s := range warrenv1.TaskState_name {
+			inIdx := false
+			if _, closer, err := tf.db.Get(keyState(byte(s), id)); err == nil {
+				closer.Close()
+				inIdx = true
+			}
+			if inIdx != (warrenv1.TaskState(s) == tk.GetState()) {
+				rt.Fatalf("task %s: state index says %v under %s, task is %s", id, inIdx,
+					StateName(warrenv1.TaskState(s)), StateName(tk.GetState()))
+			}
+		}
+	}
+}

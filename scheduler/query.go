@@ -1,0 +1,122 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/cockroachdb/pebble/v2"
+	"google.golang.org/protobuf/proto"
+
+	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
+	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+)
+
+// Queries read the local replica's applied state. They are safe from any
+// goroutine and return fresh messages the caller owns.
+
+func (f *FSM) getProto(k []byte, m proto.Message) error {
+	v, closer, err := f.db.Get(k)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return ErrNotFound
+	}
+	if err != nil {
+		return err
+	}
+	defer closer.Close()
+	return proto.Unmarshal(v, m)
+}
+
+// Task returns a task or ErrNotFound.
+func (f *FSM) Task(id string) (*warrenv1.Task, error) {
+	t := &warrenv1.Task{}
+	if err := f.getProto(keyTask(id), t); err != nil {
+		return nil, fmt.Errorf("task %q: %w", id, err)
+	}
+	return t, nil
+}
+
+// Events returns up to limit events of task id with seq > after, in order.
+func (f *FSM) Events(id string, after uint64, limit int) ([]*warrenv1.Event, error) {
+	it, err := f.db.NewIter(&pebble.IterOptions{
+		LowerBound: keyEvent(id, after+1),
+		UpperBound: prefixEnd(append([]byte{prefixEvent}, id...)),
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer it.Close()
+	var out []*warrenv1.Event
+	for ok := it.First(); ok && len(out) < limit; ok = it.Next() {
+		ev := &warrenv1.Event{}
+		if err := proto.Unmarshal(it.Value(), ev); err != nil {
+			return nil, fmt.Errorf("decode event %x: %w", it.Key(), err)
+		}
+		ev.TaskId = id
+		out = append(out, ev)
+	}
+	return out, it.Error()
+}
+
+// ListTasks returns up to limit tasks in id order (creation order), after
+// the id `after`. With state unspecified it lists every state. next is the
+// id to pass as after for the next page, or "" at the end.
+func (f *FSM) ListTasks(state warrenv1.TaskState, after string, limit int) (tasks []*warrenv1.Task, next string, err error) {
+	var lower, upper []byte
+	var idOf func(k []byte) string
+	if state == warrenv1.TaskState_TASK_STATE_UNSPECIFIED {
+		lower, upper = []byte{prefixTask}, []byte{prefixTask + 1}
+		idOf = func(k []byte) string { return string(k[1:]) }
+	} else {
+		lower = []byte{prefixState, byte(state)}
+		upper = prefixEnd(lower)
+		idOf = func(k []byte) string { return string(k[2:]) }
+	}
+	if after != "" {
+		lower = append(append(append([]byte(nil), lower[:len(lower)]...), after...), 0)
+	}
+	it, err := f.db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
+	if err != nil {
+		return nil, "", err
+	}
+	defer it.Close()
+	for ok := it.First(); ok; ok = it.Next() {
+		if len(tasks) == limit {
+			return tasks, tasks[len(tasks)-1].GetId(), nil
+		}
+		t, err := f.Task(idOf(it.Key()))
+		if err != nil {
+			return nil, "", err
+		}
+		tasks = append(tasks, t)
+	}
+	return tasks, "", it.Error()
+}
+
+// Member returns a server's recorded addresses or ErrNotFound.
+func (f *FSM) Member(id string) (*fsmv1.Member, error) {
+	m := &fsmv1.Member{}
+	if err := f.getProto(keyMember(id), m); err != nil {
+		return nil, fmt.Errorf("member %q: %w", id, err)
+	}
+	return m, nil
+}
+
+// WatchTask returns a channel closed at the next change to task id. Take it
+// before reading, then wait on it.
+func (f *FSM) WatchTask(id string) <-chan struct{} { return f.watch.task(id) }
+
+// WaitApplied blocks until the applied index reaches idx or ctx ends.
+func (f *FSM) WaitApplied(ctx context.Context, idx uint64) error {
+	for {
+		ch := f.watch.next()
+		if f.Applied() >= idx {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}

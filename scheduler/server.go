@@ -1,0 +1,310 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+
+	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
+	"github.com/warrenhq/warren/raftlog"
+)
+
+// Clock is the time source of a server. Tests may pass their own.
+type Clock interface{ Now() time.Time }
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+// Config is one scheduler peer's configuration.
+type Config struct {
+	ID       string // raft server id, unique in the cluster
+	DataDir  string // Pebble database, snapshots
+	RaftAddr string // HOST:PORT the raft transport listens on and advertises
+	APIURL   string // URL other servers and clients reach this server's API at
+
+	Bootstrap bool   // form a new single-voter cluster if there is no state yet
+	JoinURL   string // API URL of any member to join through (ignored if state exists)
+
+	HeartbeatTimeout  time.Duration // 0 means 500ms
+	ElectionTimeout   time.Duration // 0 means 500ms
+	SnapshotThreshold uint64        // entries between snapshots; 0 means 16384
+	TrailingLogs      uint64        // entries kept after a snapshot; 0 means 10240
+	SnapshotInterval  time.Duration // 0 means 30s
+
+	Logger    *slog.Logger // nil means discard
+	RaftLogTo io.Writer    // raft's own log; nil means stderr
+	RaftLevel string       // raft's log level; "" means "warn"
+	Clock     Clock        // nil means the system clock
+}
+
+// Validate reports every problem with the config at once.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.ID == "" {
+		errs = append(errs, errors.New("id: required"))
+	}
+	if c.DataDir == "" {
+		errs = append(errs, errors.New("data: required"))
+	}
+	if host, _, err := net.SplitHostPort(c.RaftAddr); err != nil {
+		errs = append(errs, fmt.Errorf("raft: %q is not HOST:PORT: %v", c.RaftAddr, err))
+	} else if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		errs = append(errs, fmt.Errorf("raft: %q must be an address other servers can reach, not %s", c.RaftAddr, host))
+	}
+	if c.APIURL == "" {
+		errs = append(errs, errors.New("api: required"))
+	}
+	if c.Bootstrap && c.JoinURL != "" {
+		errs = append(errs, errors.New("bootstrap and join: choose one"))
+	}
+	return errors.Join(errs...)
+}
+
+// Server is one scheduler peer: raft over Pebble, the FSM, group commit,
+// write forwarding and the API.
+type Server struct {
+	cfg   Config
+	log   *slog.Logger
+	clock Clock
+	db    *pebble.DB
+	store *raftlog.Store
+	fsm   *FSM
+	trans *raft.NetworkTransport
+	raft  *raft.Raft
+	gc    *groupCommit
+	fwd   *forwarder
+
+	stop     chan struct{}
+	wg       sync.WaitGroup
+	closeErr error
+	closed   sync.Once
+}
+
+// Open starts a server: it opens the data directory, starts raft, and
+// bootstraps or joins as configured. Serve its Handler to expose the API.
+func Open(cfg Config) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = systemClock{}
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger.With("server", cfg.ID), clock: cfg.Clock, stop: make(chan struct{})}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, err
+	}
+	var err error
+	if s.db, err = raftlog.Open(filepath.Join(cfg.DataDir, "pebble")); err != nil {
+		return nil, fmt.Errorf("open pebble: %w", err)
+	}
+	if s.store, err = raftlog.New(s.db); err != nil {
+		s.db.Close()
+		return nil, err
+	}
+	if s.fsm, err = NewFSM(s.db, filepath.Join(cfg.DataDir, "tmp"), s.log); err != nil {
+		s.db.Close()
+		return nil, err
+	}
+	if err := s.startRaft(); err != nil {
+		s.db.Close()
+		return nil, err
+	}
+	s.gc = newGroupCommit(s.raft, 4, 4096, 4<<20)
+	s.fwd = newForwarder(s)
+	s.wg.Add(1)
+	go s.watchLeadership()
+	if cfg.JoinURL != "" {
+		s.wg.Add(1)
+		go s.joinLoop()
+	}
+	return s, nil
+}
+
+func (s *Server) startRaft() error {
+	level := s.cfg.RaftLevel
+	if level == "" {
+		level = "warn"
+	}
+	out := s.cfg.RaftLogTo
+	if out == nil {
+		out = os.Stderr
+	}
+	hl := hclog.New(&hclog.LoggerOptions{Name: "raft." + s.cfg.ID, Level: hclog.LevelFromString(level), Output: out})
+
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(s.cfg.ID)
+	rc.Logger = hl
+	rc.HeartbeatTimeout = orDuration(s.cfg.HeartbeatTimeout, 500*time.Millisecond)
+	rc.ElectionTimeout = orDuration(s.cfg.ElectionTimeout, 500*time.Millisecond)
+	rc.LeaderLeaseTimeout = rc.HeartbeatTimeout / 2
+	rc.CommitTimeout = 10 * time.Millisecond
+	rc.MaxAppendEntries = 512
+	rc.BatchApplyCh = true
+	rc.SnapshotThreshold = orUint(s.cfg.SnapshotThreshold, 16384)
+	rc.TrailingLogs = orUint(s.cfg.TrailingLogs, 10240)
+	rc.SnapshotInterval = orDuration(s.cfg.SnapshotInterval, 30*time.Second)
+
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(s.cfg.DataDir, 2, hl)
+	if err != nil {
+		return fmt.Errorf("snapshot store: %w", err)
+	}
+	addr, err := net.ResolveTCPAddr("tcp", s.cfg.RaftAddr)
+	if err != nil {
+		return fmt.Errorf("raft address: %w", err)
+	}
+	s.trans, err = raft.NewTCPTransportWithLogger(s.cfg.RaftAddr, addr, 8, 5*time.Second, hl)
+	if err != nil {
+		return fmt.Errorf("raft transport: %w", err)
+	}
+	hasState, err := raft.HasExistingState(s.store, s.store, snaps)
+	if err != nil {
+		s.trans.Close()
+		return err
+	}
+	s.raft, err = raft.NewRaft(rc, s.fsm, s.store, s.store, snaps, s.trans)
+	if err != nil {
+		s.trans.Close()
+		return fmt.Errorf("start raft: %w", err)
+	}
+	if s.cfg.Bootstrap && !hasState {
+		f := s.raft.BootstrapCluster(raft.Configuration{Servers: []raft.Server{{
+			Suffrage: raft.Voter, ID: rc.LocalID, Address: s.trans.LocalAddr(),
+		}}})
+		if err := f.Error(); err != nil && !errors.Is(err, raft.ErrCantBootstrap) {
+			s.raft.Shutdown()
+			s.trans.Close()
+			return fmt.Errorf("bootstrap: %w", err)
+		}
+		s.log.Info("bootstrapped a new cluster")
+	}
+	return nil
+}
+
+func orDuration(d, def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return d
+}
+
+func orUint(v, def uint64) uint64 {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
+// watchLeadership records this server's API address whenever it becomes
+// leader, so followers can forward to it.
+func (s *Server) watchLeadership() {
+	defer s.wg.Done()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case isLeader := <-s.raft.LeaderCh():
+			if !isLeader {
+				continue
+			}
+			s.log.Info("became leader")
+			m, err := s.fsm.Member(s.cfg.ID)
+			if err == nil && m.GetApiUrl() == s.cfg.APIURL && m.GetRaftAddress() == s.cfg.RaftAddr {
+				continue
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			if _, _, err := s.proposeLocal(ctx, &fsmv1.SetMember{Id: s.cfg.ID, RaftAddress: s.cfg.RaftAddr, ApiUrl: s.cfg.APIURL}); err != nil {
+				s.log.Warn("record own address", "err", err)
+			}
+			cancel()
+		}
+	}
+}
+
+// joinLoop asks the cluster to add this server until it is a member.
+func (s *Server) joinLoop() {
+	defer s.wg.Done()
+	backoff := 100 * time.Millisecond
+	for {
+		if s.isMember() {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := s.fwd.join(ctx, s.cfg.JoinURL)
+		cancel()
+		if err == nil {
+			s.log.Info("joined cluster", "via", s.cfg.JoinURL)
+			return
+		}
+		s.log.Warn("join failed; retrying", "via", s.cfg.JoinURL, "err", err)
+		select {
+		case <-s.stop:
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+}
+
+func (s *Server) isMember() bool {
+	f := s.raft.GetConfiguration()
+	if f.Error() != nil {
+		return false
+	}
+	for _, srv := range f.Configuration().Servers {
+		if srv.ID == raft.ServerID(s.cfg.ID) {
+			return true
+		}
+	}
+	return false
+}
+
+// addVoter adds a server (leader only) and records its addresses.
+func (s *Server) addVoter(ctx context.Context, id, raftAddr, apiURL string) error {
+	if err := s.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(raftAddr), 0, 10*time.Second).Error(); err != nil {
+		return err
+	}
+	_, _, err := s.proposeLocal(ctx, &fsmv1.SetMember{Id: id, RaftAddress: raftAddr, ApiUrl: apiURL})
+	return err
+}
+
+// FSM returns the server's state machine (for reads and tests).
+func (s *Server) FSM() *FSM { return s.fsm }
+
+// Raft returns the raft instance (for status and tests).
+func (s *Server) Raft() *raft.Raft { return s.raft }
+
+// ID returns the server id.
+func (s *Server) ID() string { return s.cfg.ID }
+
+// Handler returns the HTTP handler serving the Connect API and the SSE
+// gateway.
+func (s *Server) Handler() http.Handler { return newMux(s) }
+
+// Close stops the server and releases the data directory.
+func (s *Server) Close() error {
+	s.closed.Do(func() {
+		close(s.stop)
+		s.gc.close()
+		errs := []error{s.raft.Shutdown().Error()}
+		s.wg.Wait()
+		errs = append(errs, s.trans.Close(), s.db.Close())
+		s.closeErr = errors.Join(errs...)
+	})
+	return s.closeErr
+}

@@ -1,0 +1,203 @@
+package scheduler
+
+import (
+	"archive/tar"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/hashicorp/raft"
+
+	"github.com/warrenhq/warren/raftlog"
+)
+
+// A snapshot is a Pebble checkpoint of the FSM's key span, taken on the
+// FSM goroutine (cheap: hard links plus a WAL copy) and streamed as a tar
+// archive through raft's sink while applies go on.
+
+var fsmSpan = pebble.CheckpointSpan{Start: []byte{raftlog.FSMPrefixStart}, End: []byte{raftlog.FSMPrefixEnd}}
+
+// Snapshot implements raft.FSM.
+func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
+	if err := os.MkdirAll(f.tmpDir, 0o700); err != nil {
+		return nil, err
+	}
+	parent, err := os.MkdirTemp(f.tmpDir, "snap-")
+	if err != nil {
+		return nil, err
+	}
+	dir := filepath.Join(parent, "db")
+	if err := f.db.Checkpoint(dir, pebble.WithFlushedWAL(), pebble.WithRestrictToSpans([]pebble.CheckpointSpan{fsmSpan})); err != nil {
+		os.RemoveAll(parent)
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	return &checkpointSnapshot{parent: parent, dir: dir}, nil
+}
+
+type checkpointSnapshot struct{ parent, dir string }
+
+func (s *checkpointSnapshot) Persist(sink raft.SnapshotSink) error {
+	if err := writeTar(sink, s.dir); err != nil {
+		sink.Cancel()
+		return fmt.Errorf("stream snapshot: %w", err)
+	}
+	return sink.Close()
+}
+
+func (s *checkpointSnapshot) Release() { os.RemoveAll(s.parent) }
+
+func writeTar(w io.Writer, dir string) error {
+	tw := tar.NewWriter(w)
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if !e.Type().IsRegular() {
+			continue
+		}
+		if err := addFile(tw, dir, e.Name()); err != nil {
+			return err
+		}
+	}
+	return tw.Close()
+}
+
+func addFile(tw *tar.Writer, dir, name string) error {
+	fh, err := os.Open(filepath.Join(dir, name))
+	if err != nil {
+		return err
+	}
+	defer fh.Close()
+	st, err := fh.Stat()
+	if err != nil {
+		return err
+	}
+	if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o600, Size: st.Size(), Typeflag: tar.TypeReg}); err != nil {
+		return err
+	}
+	_, err = io.Copy(tw, fh)
+	return err
+}
+
+// Restore implements raft.FSM. It unpacks the checkpoint, and if it is
+// newer than the local state, replaces the FSM span with its contents. A
+// snapshot at or below the local applied index is skipped: committed
+// entries never change, so the local state already includes it.
+func (f *FSM) Restore(rc io.ReadCloser) error {
+	defer rc.Close()
+	if err := os.MkdirAll(f.tmpDir, 0o700); err != nil {
+		return err
+	}
+	parent, err := os.MkdirTemp(f.tmpDir, "restore-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(parent)
+	dir := filepath.Join(parent, "db")
+	if err := readTar(rc, dir); err != nil {
+		return fmt.Errorf("unpack snapshot: %w", err)
+	}
+	src, err := pebble.Open(dir, &pebble.Options{ReadOnly: true})
+	if err != nil {
+		return fmt.Errorf("open snapshot: %w", err)
+	}
+	defer src.Close()
+	var snapIndex uint64
+	if v, closer, err := src.Get(keyApplied); err == nil {
+		snapIndex = binary.BigEndian.Uint64(v)
+		closer.Close()
+	} else if !errors.Is(err, pebble.ErrNotFound) {
+		return err
+	}
+	if snapIndex != 0 && snapIndex <= f.Applied() {
+		f.log.Info("snapshot restore skipped: local state is newer", "snapshot_index", snapIndex, "applied", f.Applied())
+		return nil
+	}
+	if err := f.replaceFrom(src); err != nil {
+		return fmt.Errorf("restore snapshot: %w", err)
+	}
+	f.applied.Store(snapIndex)
+	f.watch.notifyAll()
+	f.log.Info("snapshot restored", "index", snapIndex)
+	return nil
+}
+
+// replaceFrom clears the FSM span and copies src's FSM span in, in
+// chunks. The applied index is removed first and written last, so a crash
+// midway leaves applied=0 and raft restores the snapshot again on start.
+func (f *FSM) replaceFrom(src *pebble.DB) error {
+	if err := f.db.Delete(keyApplied, pebble.Sync); err != nil {
+		return err
+	}
+	if err := f.db.DeleteRange(fsmSpan.Start, fsmSpan.End, pebble.Sync); err != nil {
+		return err
+	}
+	it, err := src.NewIter(&pebble.IterOptions{LowerBound: fsmSpan.Start, UpperBound: fsmSpan.End})
+	if err != nil {
+		return err
+	}
+	defer it.Close()
+	b := f.db.NewBatch()
+	var applied []byte
+	for ok := it.First(); ok; ok = it.Next() {
+		if string(it.Key()) == string(keyApplied) {
+			applied = append([]byte(nil), it.Value()...)
+			continue
+		}
+		if err := b.Set(it.Key(), it.Value(), nil); err != nil {
+			return err
+		}
+		if b.Len() > 4<<20 {
+			if err := b.Commit(pebble.NoSync); err != nil {
+				return err
+			}
+			b = f.db.NewBatch()
+		}
+	}
+	if err := it.Error(); err != nil {
+		return err
+	}
+	if applied != nil {
+		if err := b.Set(keyApplied, applied, nil); err != nil {
+			return err
+		}
+	}
+	return b.Commit(pebble.Sync)
+}
+
+func readTar(r io.Reader, dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	tr := tar.NewReader(r)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		name := filepath.Base(h.Name)
+		if h.Typeflag != tar.TypeReg || name != h.Name || strings.HasPrefix(name, ".") {
+			return fmt.Errorf("unexpected entry %q in snapshot", h.Name)
+		}
+		out, err := os.OpenFile(filepath.Join(dir, name), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+		if err != nil {
+			return err
+		}
+		_, err = io.Copy(out, tr)
+		if cerr := out.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return err
+		}
+	}
+}

@@ -1,0 +1,241 @@
+package scheduler
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"regexp"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/oklog/ulid/v2"
+
+	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+)
+
+// Limits on request fields. Every bad field is reported by name.
+const (
+	maxRequestID   = 128
+	maxRepo        = 2048
+	maxRev         = 256
+	maxTitle       = 512
+	maxBody        = 256 << 10
+	maxModel       = 128
+	maxEgress      = 256
+	maxLabels      = 64
+	maxLabelValue  = 256
+	maxTestCommand = 4096
+	maxMessage     = 32 << 10
+	maxComment     = 4096
+	maxPageSize    = 1000
+)
+
+var (
+	reTenant   = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
+	reModel    = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/@-]*$`)
+	reTemplate = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,127}$`)
+	reLabelKey = regexp.MustCompile(`^[a-z0-9][a-z0-9./_-]{0,62}$`)
+	reHostName = regexp.MustCompile(`^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+	reScpLike  = regexp.MustCompile(`^[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[^\s]+$`)
+)
+
+// problems collects field errors so a request learns all of them at once.
+type problems []error
+
+func (p *problems) add(field, format string, args ...any) {
+	*p = append(*p, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
+}
+
+func (p problems) err() error { return errors.Join(p...) }
+
+func (p *problems) text(field, v string, required bool, max int, oneLine bool) {
+	switch {
+	case v == "" && required:
+		p.add(field, "required")
+	case len(v) > max:
+		p.add(field, "%d bytes is over the %d-byte limit", len(v), max)
+	case !utf8.ValidString(v):
+		p.add(field, "not valid UTF-8")
+	case strings.ContainsFunc(v, func(r rune) bool {
+		return unicode.IsControl(r) && (oneLine || (r != '\n' && r != '\t' && r != '\r'))
+	}):
+		p.add(field, "contains control characters")
+	}
+}
+
+func (p *problems) requestID(v string) {
+	p.text("request_id", v, false, maxRequestID, true)
+}
+
+func (p *problems) taskID(field, v string) {
+	if v == "" {
+		p.add(field, "required")
+		return
+	}
+	if _, err := ulid.ParseStrict(v); err != nil {
+		p.add(field, "%q is not a task id (a 26-character ULID)", truncate(v, 40))
+	}
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+func validateCreate(r *warrenv1.CreateTaskRequest) error {
+	var p problems
+	p.requestID(r.GetRequestId())
+	if t := r.GetTenant(); t != "" && !reTenant.MatchString(t) {
+		p.add("tenant", "%q must be 1-63 of a-z, 0-9, '-', '_', starting with a letter or digit", truncate(t, 80))
+	}
+	s := r.GetSpec()
+	if s == nil {
+		p.add("spec", "required")
+		return p.err()
+	}
+	p.repo(s.GetRepo())
+	p.rev("spec.base", s.GetBase())
+	p.text("spec.issue_title", s.GetIssueTitle(), true, maxTitle, true)
+	p.text("spec.issue_body", s.GetIssueBody(), false, maxBody, false)
+	if m := s.GetModel(); m != "" && (len(m) > maxModel || !reModel.MatchString(m)) {
+		p.add("spec.model", "%q is not a model name", truncate(m, 80))
+	}
+	if b := s.GetBudgets(); b != nil {
+		for name, v := range map[string]int64{
+			"max_steps": b.GetMaxSteps(), "max_tokens": b.GetMaxTokens(),
+			"max_cost_micro_usd": b.GetMaxCostMicroUsd(), "max_wall_clock_seconds": b.GetMaxWallClockSeconds(),
+		} {
+			if v < 0 {
+				p.add("spec.budgets."+name, "must not be negative, got %d", v)
+			}
+		}
+	}
+	if n := len(s.GetEgressAllow()); n > maxEgress {
+		p.add("spec.egress_allow", "%d entries is over the limit of %d", n, maxEgress)
+	}
+	for i, h := range s.GetEgressAllow() {
+		if len(h) > 253 || !reHostName.MatchString(h) {
+			p.add(fmt.Sprintf("spec.egress_allow[%d]", i), "%q is not a lower-case host name or *.suffix", truncate(h, 80))
+		}
+	}
+	if t := s.GetTemplate(); t != "" && !reTemplate.MatchString(t) {
+		p.add("spec.template", "%q must be 1-128 of a-z, 0-9, '.', '_', '-'", truncate(t, 80))
+	}
+	if n := len(s.GetLabels()); n > maxLabels {
+		p.add("spec.labels", "%d labels is over the limit of %d", n, maxLabels)
+	}
+	for k, v := range s.GetLabels() {
+		if !reLabelKey.MatchString(k) {
+			p.add("spec.labels", "key %q must be 1-63 of a-z, 0-9, '.', '/', '_', '-'", truncate(k, 80))
+		}
+		p.text("spec.labels["+truncate(k, 63)+"]", v, false, maxLabelValue, true)
+	}
+	p.text("spec.test_command", s.GetTestCommand(), false, maxTestCommand, false)
+	return p.err()
+}
+
+func (p *problems) repo(v string) {
+	const field = "spec.repo"
+	p.text(field, v, true, maxRepo, true)
+	if v == "" || len(v) > maxRepo {
+		return
+	}
+	switch {
+	case strings.HasPrefix(v, "/"):
+		return // absolute path
+	case reScpLike.MatchString(v):
+		return // git@host:owner/repo
+	}
+	u, err := url.Parse(v)
+	if err != nil {
+		p.add(field, "%q is neither an absolute path nor a URL: %v", truncate(v, 80), err)
+		return
+	}
+	switch u.Scheme {
+	case "https", "http", "ssh", "git":
+		if u.Host == "" {
+			p.add(field, "%q has no host", truncate(v, 80))
+		}
+	case "file":
+		if u.Path == "" {
+			p.add(field, "%q has no path", truncate(v, 80))
+		}
+	default:
+		p.add(field, "%q: scheme must be https, http, ssh, git or file, or give an absolute path", truncate(v, 80))
+	}
+	if u.User != nil {
+		if _, hasPassword := u.User.Password(); hasPassword {
+			p.add(field, "must not embed a password; give the forge credential to the node instead")
+		}
+	}
+}
+
+func (p *problems) rev(field, v string) {
+	p.text(field, v, true, maxRev, true)
+	switch {
+	case strings.HasPrefix(v, "-"):
+		p.add(field, "%q must not start with '-'", truncate(v, 80))
+	case strings.ContainsAny(v, " \t~^:?*[\\"):
+		p.add(field, "%q is not a valid git revision", truncate(v, 80))
+	}
+}
+
+func validateList(r *warrenv1.ListTasksRequest) error {
+	var p problems
+	if _, ok := warrenv1.TaskState_name[int32(r.GetState())]; !ok {
+		p.add("state", "unknown state %d", r.GetState())
+	}
+	if n := r.GetPageSize(); n < 0 || n > maxPageSize {
+		p.add("page_size", "must be 0..%d, got %d", maxPageSize, n)
+	}
+	if t := r.GetPageToken(); t != "" {
+		p.taskID("page_token", t)
+	}
+	return p.err()
+}
+
+func validateAppend(r *warrenv1.AppendEventsRequest) error {
+	var p problems
+	p.taskID("task_id", r.GetTaskId())
+	p.requestID(r.GetRequestId())
+	switch n := len(r.GetEvents()); {
+	case n == 0:
+		p.add("events", "required: at least one event")
+	case n > MaxEventsPerAppend:
+		p.add("events", "%d events is over the limit of %d per append", n, MaxEventsPerAppend)
+	}
+	for i, ev := range r.GetEvents() {
+		if err := checkEventInput(fmt.Sprintf("events[%d]", i), ev); err != nil {
+			p = append(p, err)
+		}
+	}
+	return p.err()
+}
+
+func validateMessage(r *warrenv1.SendMessageRequest) error {
+	var p problems
+	p.taskID("task_id", r.GetTaskId())
+	p.requestID(r.GetRequestId())
+	p.text("text", r.GetText(), true, maxMessage, false)
+	return p.err()
+}
+
+func validateDecide(r *warrenv1.DecideRequest) error {
+	var p problems
+	p.taskID("task_id", r.GetTaskId())
+	p.requestID(r.GetRequestId())
+	p.text("tool_call_id", r.GetToolCallId(), true, maxRequestID, true)
+	p.text("comment", r.GetComment(), false, maxComment, false)
+	return p.err()
+}
+
+func validateCancel(r *warrenv1.CancelTaskRequest) error {
+	var p problems
+	p.taskID("task_id", r.GetTaskId())
+	p.requestID(r.GetRequestId())
+	p.text("reason", r.GetReason(), false, maxComment, false)
+	return p.err()
+}
