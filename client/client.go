@@ -1,0 +1,126 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"connectrpc.com/connect"
+
+	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
+)
+
+// DefaultServer is the API URL used when none is given.
+const DefaultServer = "http://127.0.0.1:7480"
+
+// Client talks to a warren cluster through any of its servers.
+type Client struct {
+	urls    []string
+	next    atomic.Uint32
+	tasks   []warrenv1connect.TaskServiceClient
+	cluster []warrenv1connect.ClusterServiceClient
+}
+
+// New returns a client for a comma-separated list of server URLs. Any
+// server serves every call; Watch moves to the next one when a server fails.
+func New(servers string) (*Client, error) {
+	var urls []string
+	for _, u := range strings.Split(servers, ",") {
+		u = strings.TrimSpace(u)
+		if u == "" {
+			continue
+		}
+		if !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {
+			return nil, fmt.Errorf("server %q: must start with http:// or https://", u)
+		}
+		urls = append(urls, strings.TrimRight(u, "/"))
+	}
+	if len(urls) == 0 {
+		return nil, errors.New("server: no URL given")
+	}
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second}}
+	c := &Client{urls: urls}
+	for _, u := range urls {
+		c.tasks = append(c.tasks, warrenv1connect.NewTaskServiceClient(hc, u))
+		c.cluster = append(c.cluster, warrenv1connect.NewClusterServiceClient(hc, u))
+	}
+	return c, nil
+}
+
+// Tasks returns the TaskService client of the current server.
+func (c *Client) Tasks() warrenv1connect.TaskServiceClient {
+	return c.tasks[int(c.next.Load())%len(c.tasks)]
+}
+
+// Cluster returns the ClusterService client of the current server.
+func (c *Client) Cluster() warrenv1connect.ClusterServiceClient {
+	return c.cluster[int(c.next.Load())%len(c.cluster)]
+}
+
+// URL returns the current server's URL.
+func (c *Client) URL() string { return c.urls[int(c.next.Load())%len(c.urls)] }
+
+// failover moves to the next server.
+func (c *Client) failover() { c.next.Add(1) }
+
+// Watch calls fn for every event of task id with seq > after, in order and
+// exactly once, reconnecting (to the next server if there are several)
+// whenever a stream breaks. It returns nil once the task has ended and its
+// last event was delivered, fn's error if fn fails, or ctx's error.
+// onRetry, if not nil, is told about each reconnect.
+func (c *Client) Watch(ctx context.Context, id string, after uint64, fn func(*warrenv1.Event) error, onRetry func(error)) error {
+	backoff := 100 * time.Millisecond
+	for {
+		stream, err := c.Tasks().StreamEvents(ctx, connect.NewRequest(&warrenv1.StreamEventsRequest{TaskId: id, AfterSeq: after}))
+		if err == nil {
+			for stream.Receive() {
+				ev := stream.Msg().GetEvent()
+				if ev.GetSeq() <= after {
+					continue // never repeat
+				}
+				if ev.GetSeq() != after+1 {
+					stream.Close()
+					return fmt.Errorf("stream skipped from seq %d to %d", after, ev.GetSeq())
+				}
+				if err := fn(ev); err != nil {
+					stream.Close()
+					return err
+				}
+				after = ev.GetSeq()
+				backoff = 100 * time.Millisecond
+			}
+			err = stream.Err()
+			stream.Close()
+			if err == nil {
+				return nil // the task ended
+			}
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		switch connect.CodeOf(err) {
+		case connect.CodeInvalidArgument, connect.CodePermissionDenied, connect.CodeUnauthenticated:
+			return err
+		case connect.CodeNotFound:
+			if after == 0 {
+				return err
+			}
+			// A lagging server has not applied the task yet: try again.
+		}
+		if onRetry != nil {
+			onRetry(err)
+		}
+		c.failover()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+}
