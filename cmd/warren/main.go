@@ -1,0 +1,97 @@
+// Command warren is the warren server, dev cluster and CLI client. It only
+// parses flags and wires packages together; see README.md for every command.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+)
+
+const usage = `warren runs coding-agent tasks on your own machines.
+
+Usage:
+  warren server --id NAME --data DIR --api HOST:PORT --raft HOST:PORT [--bootstrap | --join API_URL]
+  warren dev [--data DIR] [--api HOST:PORT]
+  warren task create --repo URL --base REV --title T [--body TEXT | --body-file F] [--model M]
+  warren task get ID
+  warren task list [--state S]
+  warren task watch ID [--after SEQ]
+  warren task steer ID TEXT
+  warren task approve ID TOOL_CALL_ID [--comment C]
+  warren task reject ID TOOL_CALL_ID [--comment C]
+  warren task cancel ID [--reason R]
+  warren cluster status
+  warren cluster snapshot
+
+Client commands take --server URL[,URL...] (default http://127.0.0.1:7480,
+or $WARREN_SERVER) and -o text|json. Run "warren COMMAND -h" for its flags.
+`
+
+// errUsage marks an error whose message already says what to do.
+var errUsage = errors.New("usage")
+
+func main() {
+	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		if !errors.Is(err, errUsage) && !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "warren:", err)
+		}
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		os.Exit(1)
+	}
+}
+
+func run(args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return errUsage
+	}
+	switch args[0] {
+	case "server":
+		return cmdServer(args[1:], stderr)
+	case "dev":
+		return cmdDev(args[1:], stdout, stderr)
+	case "task", "tasks":
+		return cmdTask(args[1:], stdout, stderr)
+	case "cluster":
+		return cmdCluster(args[1:], stdout, stderr)
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	}
+	fmt.Fprint(stderr, usage)
+	return fmt.Errorf("unknown command %q", args[0])
+}
+
+// parse parses flags that may come before, between or after positional
+// arguments, and returns the positional ones.
+func parse(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return pos, nil
+		}
+		if args[0] == "--" {
+			return append(pos, args[1:]...), nil
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+}
+
+// wantArgs checks the count of positional arguments.
+func wantArgs(fs *flag.FlagSet, pos []string, names ...string) error {
+	if len(pos) == len(names) {
+		return nil
+	}
+	return fmt.Errorf("%s: want %d argument(s) (%s), got %d", fs.Name(), len(names), strings.Join(names, " "), len(pos))
+}

@@ -1,0 +1,153 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/warrenhq/warren/scheduler"
+)
+
+type serverFlags struct {
+	cfg      scheduler.Config
+	api      string
+	logLevel string
+}
+
+func (f *serverFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.cfg.ID, "id", "", "server id, unique in the cluster (required)")
+	fs.StringVar(&f.cfg.DataDir, "data", "", "data directory (required)")
+	fs.StringVar(&f.api, "api", "127.0.0.1:7480", "HOST:PORT the API listens on")
+	fs.StringVar(&f.cfg.RaftAddr, "raft", "", "HOST:PORT for raft traffic (required)")
+	fs.BoolVar(&f.cfg.Bootstrap, "bootstrap", false, "form a new cluster with this server as its first voter")
+	fs.StringVar(&f.cfg.JoinURL, "join", "", "API URL of a member to join through")
+	fs.DurationVar(&f.cfg.HeartbeatTimeout, "heartbeat-timeout", 500*time.Millisecond, "raft heartbeat timeout")
+	fs.DurationVar(&f.cfg.ElectionTimeout, "election-timeout", 500*time.Millisecond, "raft election timeout")
+	fs.Uint64Var(&f.cfg.SnapshotThreshold, "snapshot-threshold", 16384, "raft entries between snapshots")
+	fs.Uint64Var(&f.cfg.TrailingLogs, "trailing-logs", 10240, "raft entries kept after a snapshot")
+	fs.DurationVar(&f.cfg.SnapshotInterval, "snapshot-interval", 30*time.Second, "how often to check whether to snapshot")
+	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+}
+
+func newLogger(w io.Writer, level string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("log-level: %q is not debug, info, warn or error", level)
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l})), nil
+}
+
+func cmdServer(args []string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("server", flag.ContinueOnError)
+	var f serverFlags
+	f.register(fs)
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := wantArgs(fs, pos); err != nil {
+		return err
+	}
+	return serve(f, stderr)
+}
+
+func cmdDev(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("dev", flag.ContinueOnError)
+	data := fs.String("data", ".warren/dev", "data directory")
+	api := fs.String("api", "127.0.0.1:7480", "HOST:PORT the API listens on")
+	raftAddr := fs.String("raft", "", "HOST:PORT for raft (default: the API port + 1 on the same host)")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := wantArgs(fs, pos); err != nil {
+		return err
+	}
+	if *raftAddr == "" {
+		host, port, err := net.SplitHostPort(*api)
+		if err != nil {
+			return fmt.Errorf("api: %q is not HOST:PORT: %v", *api, err)
+		}
+		p, err := strconv.Atoi(port)
+		if err != nil || p <= 0 || p >= 65535 {
+			return fmt.Errorf("api: port %q must be 1..65534 (raft uses the next one)", port)
+		}
+		*raftAddr = net.JoinHostPort(host, strconv.Itoa(p+1))
+	}
+	f := serverFlags{api: *api, logLevel: *logLevel}
+	f.cfg.ID = "dev"
+	f.cfg.DataDir = *data
+	f.cfg.RaftAddr = *raftAddr
+	f.cfg.Bootstrap = true
+	fmt.Fprintf(stdout, "warren dev: single-voter cluster, data in %s, API at http://%s\n", *data, *api)
+	return serve(f, stderr)
+}
+
+// serve runs one scheduler peer until SIGINT or SIGTERM.
+func serve(f serverFlags, stderr io.Writer) error {
+	log, err := newLogger(stderr, f.logLevel)
+	if err != nil {
+		return err
+	}
+	host, _, err := net.SplitHostPort(f.api)
+	if err != nil {
+		return fmt.Errorf("api: %q is not HOST:PORT: %v", f.api, err)
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		return fmt.Errorf("api: give the address other servers reach this one at, not %s", host)
+	}
+	f.cfg.APIURL = "http://" + f.api
+	f.cfg.Logger = log
+	f.cfg.RaftLogTo = stderr
+	if f.cfg.DataDir != "" {
+		if abs, err := filepath.Abs(f.cfg.DataDir); err == nil {
+			f.cfg.DataDir = abs
+		}
+	}
+	ln, err := net.Listen("tcp", f.api)
+	if err != nil {
+		return fmt.Errorf("api: %w", err)
+	}
+	srv, err := scheduler.Open(f.cfg)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	hs.Protocols = new(http.Protocols)
+	hs.Protocols.SetHTTP1(true)
+	hs.Protocols.SetUnencryptedHTTP2(true)
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+	log.Info("serving", "server", f.cfg.ID, "api", f.cfg.APIURL, "raft", f.cfg.RaftAddr, "data", f.cfg.DataDir)
+
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	select {
+	case s := <-sig:
+		log.Info("shutting down", "signal", s.String())
+	case err = <-errc:
+		log.Error("api server failed", "err", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	// Close the server first so streams end, then the HTTP listener.
+	cerr := srv.Close()
+	_ = hs.Shutdown(ctx)
+	if err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return cerr
+}

@@ -1,0 +1,408 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/warrenhq/warren/api"
+	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/client"
+	"github.com/warrenhq/warren/scheduler"
+)
+
+// clientFlags are the flags every client command takes.
+type clientFlags struct {
+	server  string
+	output  string
+	timeout time.Duration
+}
+
+func (c *clientFlags) register(fs *flag.FlagSet) {
+	def := os.Getenv("WARREN_SERVER")
+	if def == "" {
+		def = client.DefaultServer
+	}
+	fs.StringVar(&c.server, "server", def, "server URL(s), comma-separated (env WARREN_SERVER)")
+	fs.StringVar(&c.output, "o", "text", "output format: text or json")
+	fs.DurationVar(&c.timeout, "timeout", 30*time.Second, "deadline for one request")
+}
+
+func (c *clientFlags) dial() (*client.Client, error) {
+	if c.output != "text" && c.output != "json" {
+		return nil, fmt.Errorf("-o: %q is not text or json", c.output)
+	}
+	return client.New(c.server)
+}
+
+var pj = protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: false}
+
+func printJSON(w io.Writer, m proto.Message) error {
+	b, err := pj.Marshal(m)
+	if err != nil {
+		return err
+	}
+	var v any // re-indent compactly onto one line, stable across protojson versions
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	b, _ = json.Marshal(v)
+	_, err = fmt.Fprintf(w, "%s\n", b)
+	return err
+}
+
+func newRequestID() string {
+	b := make([]byte, 12)
+	_, _ = rand.Read(b)
+	return "cli-" + hex.EncodeToString(b)
+}
+
+func cmdTask(args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return errUsage
+	}
+	verb, args := args[0], args[1:]
+	switch verb {
+	case "create":
+		return taskCreate(args, stdout)
+	case "get":
+		return taskGet(args, stdout)
+	case "list", "ls":
+		return taskList(args, stdout)
+	case "watch":
+		return taskWatch(args, stdout, stderr)
+	case "steer":
+		return taskSteer(args, stdout)
+	case "approve", "reject":
+		return taskDecide(verb, args, stdout)
+	case "cancel":
+		return taskCancel(args, stdout)
+	}
+	return fmt.Errorf("task: unknown verb %q (create, get, list, watch, steer, approve, reject, cancel)", verb)
+}
+
+func taskCreate(args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("task create", flag.ContinueOnError)
+	var cf clientFlags
+	cf.register(fs)
+	spec := &warrenv1.TaskSpec{Budgets: &warrenv1.Budgets{}}
+	fs.StringVar(&spec.Repo, "repo", "", "repository URL or absolute path (required)")
+	fs.StringVar(&spec.Base, "base", "", "base revision (required)")
+	fs.StringVar(&spec.IssueTitle, "title", "", "issue title (required)")
+	fs.StringVar(&spec.IssueBody, "body", "", "issue body")
+	bodyFile := fs.String("body-file", "", "read the issue body from this file (- for stdin)")
+	fs.StringVar(&spec.Model, "model", "", "model name (default: the server's)")
+	fs.StringVar(&spec.Template, "template", "", "sandbox template")
+	fs.StringVar(&spec.TestCommand, "test-command", "", "the repository's test command")
+	fs.Int64Var(&spec.Budgets.MaxSteps, "max-steps", 0, "step budget (0: none)")
+	fs.Int64Var(&spec.Budgets.MaxTokens, "max-tokens", 0, "token budget (0: none)")
+	fs.Int64Var(&spec.Budgets.MaxWallClockSeconds, "max-wall-clock", 0, "wall-clock budget in seconds (0: none)")
+	egress := fs.String("egress", "", "comma-separated egress allow-list (host or *.suffix)")
+	labels := fs.String("labels", "", "comma-separated k=v labels")
+	tenant := fs.String("tenant", "", "tenant (default: default)")
+	reqID := fs.String("request-id", "", "idempotency key (default: random)")
+	quiet := fs.Bool("q", false, "print only the new task's id")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := wantArgs(fs, pos); err != nil {
+		return err
+	}
+	if *bodyFile != "" {
+		if spec.IssueBody != "" {
+			return fmt.Errorf("body and body-file: give one")
+		}
+		var b []byte
+		if *bodyFile == "-" {
+			b, err = io.ReadAll(os.Stdin)
+		} else {
+			b, err = os.ReadFile(*bodyFile)
+		}
+		if err != nil {
+			return fmt.Errorf("body-file: %w", err)
+		}
+		spec.IssueBody = string(b)
+	}
+	if *egress != "" {
+		spec.EgressAllow = strings.Split(*egress, ",")
+	}
+	if *labels != "" {
+		spec.Labels = map[string]string{}
+		for _, kv := range strings.Split(*labels, ",") {
+			k, v, ok := strings.Cut(kv, "=")
+			if !ok {
+				return fmt.Errorf("labels: %q is not k=v", kv)
+			}
+			spec.Labels[k] = v
+		}
+	}
+	if *reqID == "" {
+		*reqID = newRequestID()
+	}
+	c, err := cf.dial()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cf.timeout)
+	defer cancel()
+	resp, err := c.Tasks().CreateTask(ctx, connect.NewRequest(&warrenv1.CreateTaskRequest{RequestId: *reqID, Tenant: *tenant, Spec: spec}))
+	if err != nil {
+		return err
+	}
+	if *quiet {
+		_, err = fmt.Fprintln(stdout, resp.Msg.GetTask().GetId())
+		return err
+	}
+	return printTask(stdout, cf.output, resp.Msg.GetTask())
+}
+
+func printTask(w io.Writer, output string, t *warrenv1.Task) error {
+	if output == "json" {
+		return printJSON(w, t)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "id\t%s\n", t.GetId())
+	fmt.Fprintf(tw, "state\t%s\n", scheduler.StateName(t.GetState()))
+	fmt.Fprintf(tw, "title\t%s\n", t.GetSpec().GetIssueTitle())
+	fmt.Fprintf(tw, "repo\t%s @ %s\n", t.GetSpec().GetRepo(), t.GetSpec().GetBase())
+	fmt.Fprintf(tw, "tenant\t%s\n", t.GetTenant())
+	fmt.Fprintf(tw, "events\t%d\n", t.GetNextSeq()-1)
+	if l := t.GetLease(); l.GetNode() != "" {
+		fmt.Fprintf(tw, "lease\t%s (epoch %d)\n", l.GetNode(), l.GetEpoch())
+	}
+	if len(t.GetPendingApprovals()) > 0 {
+		fmt.Fprintf(tw, "pending approvals\t%s\n", strings.Join(t.GetPendingApprovals(), ", "))
+	}
+	fmt.Fprintf(tw, "created\t%s\n", t.GetCreatedAt().AsTime().Format(time.RFC3339))
+	return tw.Flush()
+}
+
+func taskGet(args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("task get", flag.ContinueOnError)
+	var cf clientFlags
+	cf.register(fs)
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := wantArgs(fs, pos, "ID"); err != nil {
+		return err
+	}
+	c, err := cf.dial()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cf.timeout)
+	defer cancel()
+	resp, err := c.Tasks().GetTask(ctx, connect.NewRequest(&warrenv1.GetTaskRequest{Id: pos[0]}))
+	if err != nil {
+		return err
+	}
+	return printTask(stdout, cf.output, resp.Msg.GetTask())
+}
+
+func taskList(args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("task list", flag.ContinueOnError)
+	var cf clientFlags
+	cf.register(fs)
+	stateName := fs.String("state", "", "only tasks in this state: "+strings.Join(stateNames(), ", "))
+	limit := fs.Int("limit", 0, "stop after this many tasks (0: all)")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := wantArgs(fs, pos); err != nil {
+		return err
+	}
+	var state warrenv1.TaskState
+	if *stateName != "" {
+		var ok bool
+		if state, ok = scheduler.ParseState(*stateName); !ok {
+			return fmt.Errorf("state: %q is not one of %s", *stateName, strings.Join(stateNames(), ", "))
+		}
+	}
+	c, err := cf.dial()
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	if cf.output == "text" {
+		fmt.Fprintln(tw, "ID\tSTATE\tEVENTS\tCREATED\tTITLE")
+	}
+	token, n := "", 0
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), cf.timeout)
+		resp, err := c.Tasks().ListTasks(ctx, connect.NewRequest(&warrenv1.ListTasksRequest{State: state, PageSize: 500, PageToken: token}))
+		cancel()
+		if err != nil {
+			return err
+		}
+		for _, t := range resp.Msg.GetTasks() {
+			if *limit > 0 && n >= *limit {
+				return tw.Flush()
+			}
+			n++
+			if cf.output == "json" {
+				if err := printJSON(stdout, t); err != nil {
+					return err
+				}
+				continue
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", t.GetId(), scheduler.StateName(t.GetState()), t.GetNextSeq()-1,
+				t.GetCreatedAt().AsTime().Format(time.RFC3339), t.GetSpec().GetIssueTitle())
+		}
+		if token = resp.Msg.GetNextPageToken(); token == "" {
+			return tw.Flush()
+		}
+	}
+}
+
+func stateNames() []string {
+	return []string{"pending", "placed", "running", "waiting_approval", "succeeded", "failed", "cancelled"}
+}
+
+func taskWatch(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("task watch", flag.ContinueOnError)
+	var cf clientFlags
+	cf.register(fs)
+	after := fs.Uint64("after", 0, "print events with seq greater than this")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := wantArgs(fs, pos, "ID"); err != nil {
+		return err
+	}
+	c, err := cf.dial()
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return c.Watch(ctx, pos[0], *after, func(ev *warrenv1.Event) error {
+		return printEvent(stdout, cf.output, ev)
+	}, func(err error) {
+		fmt.Fprintf(stderr, "warren: stream interrupted (%v); reconnecting to %s\n", err, c.URL())
+	})
+}
+
+func printEvent(w io.Writer, output string, ev *warrenv1.Event) error {
+	if output == "json" {
+		b, err := api.MarshalEvent(ev)
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintf(w, "%s\n", b)
+		return err
+	}
+	p := string(ev.GetPayload())
+	if len(p) > 200 {
+		p = p[:200] + "…"
+	}
+	_, err := fmt.Fprintf(w, "%5d  %s  %-18s %s\n", ev.GetSeq(), ev.GetTime().AsTime().Format("15:04:05.000"), ev.GetKind(), p)
+	return err
+}
+
+func taskSteer(args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("task steer", flag.ContinueOnError)
+	var cf clientFlags
+	cf.register(fs)
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := wantArgs(fs, pos, "ID", "TEXT"); err != nil {
+		return err
+	}
+	c, err := cf.dial()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cf.timeout)
+	defer cancel()
+	resp, err := c.Tasks().SendMessage(ctx, connect.NewRequest(&warrenv1.SendMessageRequest{TaskId: pos[0], Text: pos[1], RequestId: newRequestID()}))
+	if err != nil {
+		return err
+	}
+	if cf.output == "json" {
+		return printJSON(stdout, resp.Msg)
+	}
+	_, err = fmt.Fprintf(stdout, "message recorded as event %d\n", resp.Msg.GetSeq())
+	return err
+}
+
+func taskDecide(verb string, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("task "+verb, flag.ContinueOnError)
+	var cf clientFlags
+	cf.register(fs)
+	comment := fs.String("comment", "", "a note for the record")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := wantArgs(fs, pos, "ID", "TOOL_CALL_ID"); err != nil {
+		return err
+	}
+	c, err := cf.dial()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cf.timeout)
+	defer cancel()
+	req := connect.NewRequest(&warrenv1.DecideRequest{TaskId: pos[0], ToolCallId: pos[1], Comment: *comment, RequestId: newRequestID()})
+	var resp *connect.Response[warrenv1.DecideResponse]
+	if verb == "approve" {
+		resp, err = c.Tasks().Approve(ctx, req)
+	} else {
+		resp, err = c.Tasks().Reject(ctx, req)
+	}
+	if err != nil {
+		return err
+	}
+	if cf.output == "json" {
+		return printJSON(stdout, resp.Msg)
+	}
+	_, err = fmt.Fprintf(stdout, "decision recorded as event %d\n", resp.Msg.GetSeq())
+	return err
+}
+
+func taskCancel(args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("task cancel", flag.ContinueOnError)
+	var cf clientFlags
+	cf.register(fs)
+	reason := fs.String("reason", "", "why, for the record")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := wantArgs(fs, pos, "ID"); err != nil {
+		return err
+	}
+	c, err := cf.dial()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cf.timeout)
+	defer cancel()
+	resp, err := c.Tasks().CancelTask(ctx, connect.NewRequest(&warrenv1.CancelTaskRequest{TaskId: pos[0], Reason: *reason, RequestId: newRequestID()}))
+	if err != nil {
+		return err
+	}
+	return printTask(stdout, cf.output, resp.Msg.GetTask())
+}
