@@ -1,0 +1,43 @@
+# warren — see README.md. Every target works on a fresh clone with Go installed.
+GO      ?= go
+PKGS    ?= ./...
+TESTFLAGS ?=
+
+.PHONY: all build run test lint proto bench bench-logstore bench-appends bench-failover clean
+
+all: build
+
+build:
+	$(GO) build -o bin/warren ./cmd/warren
+
+# The demo: a single-process cluster (warren dev), one task, a steering
+# message and the task's event stream.
+run: build
+	./deploy/demo.sh
+
+# Every test, with the race detector and the invariant checks compiled in.
+test: lint
+	$(GO) test -race -tags invariants -timeout 30m $(TESTFLAGS) $(PKGS)
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
+	$(GO) vet -tags invariants $(PKGS)
+
+# Regenerate the protobuf and Connect code (committed) with the pinned buf.
+proto:
+	$(GO) tool buf generate
+
+bench: bench-logstore bench-appends bench-failover
+
+bench-logstore:
+	cd bench/logstore && $(GO) run . -out ../results/logstore.md
+
+bench-appends:
+	$(GO) run ./bench/appends -out bench/results/appends.md
+
+bench-failover:
+	$(GO) run ./bench/failover -out bench/results/failover.md
+
+clean:
+	rm -rf bin .warren

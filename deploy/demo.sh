@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The `make run` demo: start `warren dev` (a single-voter cluster in one
+# process), create a task, steer it, cancel it, and print its event stream.
+# Nodes and the agent loop come in later issues; until then the task stays
+# pending, so the demo ends it with a cancel.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+W=./bin/warren
+API=${WARREN_DEMO_API:-127.0.0.1:7480}
+DATA=$(mktemp -d -t warren-demo.XXXXXX)
+export WARREN_SERVER=http://$API
+
+cleanup() {
+	[ -n "${DEV:-}" ] && kill "$DEV" 2>/dev/null && wait "$DEV" 2>/dev/null
+	rm -rf "$DATA"
+}
+trap cleanup EXIT
+
+if curl -fsS "http://$API/healthz" >/dev/null 2>&1 || (exec 3<>"/dev/tcp/${API%:*}/${API#*:}") 2>/dev/null; then
+	echo "demo: $API is already in use; set WARREN_DEMO_API=127.0.0.1:PORT" >&2
+	exit 1
+fi
+
+echo "== starting warren dev (data in $DATA, log in $DATA/dev.log)"
+$W dev --data "$DATA/dev" --api "$API" >"$DATA/dev.log" 2>&1 &
+DEV=$!
+for i in $(seq 1 100); do
+	$W cluster status >/dev/null 2>&1 && break
+	kill -0 "$DEV" 2>/dev/null || { cat "$DATA/dev.log" >&2; exit 1; }
+	sleep 0.1
+done
+$W cluster status
+
+echo
+echo "== creating a task"
+ID=$($W task create --repo https://git.example.com/demo/calc.git --base main \
+	--title "add() returns the wrong sum for negative numbers" \
+	--body "calc.add(-1, -2) returns 1; it should return -3. Fix it and add a test." -q)
+$W task get "$ID"
+
+echo
+echo "== watching its events (warren task watch $ID)"
+$W task watch "$ID" &
+WATCH=$!
+sleep 0.5
+$W task steer "$ID" "The bug is in the sign handling; keep the public API unchanged." >/dev/null
+sleep 0.5
+$W task cancel "$ID" --reason "demo over: no nodes run tasks yet" >/dev/null
+wait "$WATCH"
+
+echo
+echo "== done: task $ID is $($W task get "$ID" -o json | sed -n 's/.*"state":"\([^"]*\)".*/\1/p')"
