@@ -1,0 +1,456 @@
+// Command appends measures event appends per second, with p50, p99 and
+// p99.9 latency, on a 3-server warren cluster on loopback, for several
+// counts of concurrent writers (goal: ≥ 20,000 events/s with 1024 writers,
+// p99 ≤ 50 ms).
+//
+// Each writer loops over AppendEvents of one event (~256 B payload) to one
+// of min(writers, 256) pending tasks; each writer sends its calls to the
+// three servers in turn, so two thirds of the writes are forwarded by a
+// follower to the leader. Only acknowledged appends count. Each level runs
+// a 1 s warm-up and then -duration, -runs times; the table shows medians.
+//
+// Run from the repository root:
+//
+//	go run ./bench/appends                       # builds cmd/warren itself
+//	go run ./bench/appends -warren bin/warren -writers 1,64,1024 -duration 10s -runs 3 -out appends.md
+//	go run ./bench/appends -h2c                  # HTTP/2 cleartext instead of HTTP/1.1
+//	go run ./bench/appends -targets followers    # only forwarded writes
+//
+// Before each run it waits (up to -quiet-wait) until other processes leave
+// the machine nearly idle, and it reports the CPU the bench, the servers
+// and everything else used, since all share the same cores.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"connectrpc.com/connect"
+
+	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
+	"github.com/warrenhq/warren/bench/internal/cluster"
+)
+
+type config struct {
+	binary     string
+	writers    []int
+	duration   time.Duration
+	warmup     time.Duration
+	runs       int
+	payload    int
+	maxTasks   int
+	h2c        bool
+	gzip       bool
+	out        string
+	serverArgs []string
+	keep       bool
+	quiet      float64
+	quietWait  time.Duration
+	targets    string
+}
+
+func main() {
+	var c config
+	var writers, serverArgs string
+	flag.StringVar(&c.binary, "warren", "", "path to the warren binary (default: go build ./cmd/warren into a temp dir)")
+	flag.StringVar(&writers, "writers", "1,64,1024", "comma-separated counts of concurrent writers")
+	flag.DurationVar(&c.duration, "duration", 10*time.Second, "measured time per run")
+	flag.DurationVar(&c.warmup, "warmup", time.Second, "unmeasured time before each run")
+	flag.IntVar(&c.runs, "runs", 3, "runs per writer count; the table shows medians")
+	flag.IntVar(&c.payload, "payload", 256, "event payload size in bytes (a JSON object)")
+	flag.IntVar(&c.maxTasks, "tasks", 256, "at most this many tasks per level; writers share them")
+	flag.BoolVar(&c.h2c, "h2c", false, "use HTTP/2 cleartext (multiplexed) instead of one HTTP/1.1 connection per writer")
+	flag.BoolVar(&c.gzip, "gzip", true, "accept gzip-compressed responses, as connect-go clients (and warren's client package) do by default")
+	flag.StringVar(&c.out, "out", "", "also write the markdown report to this file")
+	flag.StringVar(&serverArgs, "server-args", "--log-level=warn", "extra flags for every server, space-separated")
+	flag.BoolVar(&c.keep, "keep", false, "keep the cluster's data directories and logs")
+	flag.Float64Var(&c.quiet, "quiet", 0.3, "before each run, wait until other processes use fewer than this many cores")
+	flag.DurationVar(&c.quietWait, "quiet-wait", 3*time.Minute, "wait at most this long for -quiet, then run anyway (0: never wait)")
+	flag.StringVar(&c.targets, "targets", "all", "servers the writers call: all, leader or followers (to isolate forwarding cost)")
+	flag.Parse()
+	var errs []error
+	for _, s := range strings.Split(writers, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 1 {
+			errs = append(errs, fmt.Errorf("-writers: %q is not a positive count", s))
+			continue
+		}
+		c.writers = append(c.writers, n)
+	}
+	if c.duration <= 0 || c.runs < 1 || c.maxTasks < 1 {
+		errs = append(errs, errors.New("-duration, -runs and -tasks must be positive"))
+	}
+	if c.payload < len(`{"msg":""}`) || c.payload > 64<<10 {
+		errs = append(errs, fmt.Errorf("-payload: %d is not in %d..65536", c.payload, len(`{"msg":""}`)))
+	}
+	if c.targets != "all" && c.targets != "leader" && c.targets != "followers" {
+		errs = append(errs, fmt.Errorf("-targets: %q is not all, leader or followers", c.targets))
+	}
+	if err := errors.Join(errs...); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	c.serverArgs = strings.Fields(serverArgs)
+	os.Exit(cluster.Run(func(ctx context.Context) error { return run(ctx, c) }))
+}
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, time.Now().Format("15:04:05.000 ")+format+"\n", args...)
+}
+
+// result is one measured run.
+type result struct {
+	acked      int
+	perSec     float64
+	lat        []time.Duration // sorted
+	errors     int
+	errSamples map[string]int
+	perEntry   float64 // acked appends per raft log entry
+	cpuBench   float64 // cores used by this process
+	cpuServers float64 // cores used by the servers together
+	cpuOther   float64 // cores used by everything else on the machine
+}
+
+func run(ctx context.Context, c config) error {
+	if c.binary == "" {
+		bin, err := cluster.Build(ctx, logf)
+		if err != nil {
+			return err
+		}
+		c.binary = bin
+	}
+	cl, err := cluster.Start(ctx, cluster.Options{Binary: c.binary, ServerArgs: c.serverArgs, Keep: c.keep, Logf: logf})
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+
+	maxW := slices.Max(c.writers)
+	hc := cluster.HTTPClient(c.h2c, maxW)
+	var tasks []warrenv1connect.TaskServiceClient
+	var opts []connect.ClientOption
+	if !c.gzip {
+		opts = append(opts, connect.WithAcceptCompression("gzip", nil, nil))
+	}
+	for _, u := range cl.URLs() {
+		tasks = append(tasks, warrenv1connect.NewTaskServiceClient(hc, u, opts...))
+	}
+	targets := tasks
+	if c.targets != "all" {
+		leader, err := cl.WaitStable(ctx, 30*time.Second)
+		if err != nil {
+			return err
+		}
+		targets = nil
+		for i, n := range cl.Nodes {
+			if (n == leader) == (c.targets == "leader") {
+				targets = append(targets, tasks[i])
+			}
+		}
+		logf("writers call the %s only (%d servers)", c.targets, len(targets))
+	}
+	payload := makePayload(c.payload)
+
+	results := map[int][]result{}
+	for _, w := range c.writers {
+		ids, err := createTasks(ctx, tasks, min(w, c.maxTasks))
+		if err != nil {
+			return err
+		}
+		for r := range c.runs {
+			if _, err := cl.WaitStable(ctx, 30*time.Second); err != nil {
+				return fmt.Errorf("before run: %w\n%s", err, cl.LogTails(15))
+			}
+			if c.quietWait > 0 {
+				if ok, other := cl.WaitQuiet(ctx, c.quiet, c.quietWait); !ok && ctx.Err() == nil {
+					logf("warning: other processes still use %.2f cores after %s; measuring anyway", other, c.quietWait)
+				}
+			}
+			res, err := measure(ctx, c, cl, targets, ids, w, payload, fmt.Sprintf("w%d-r%d", w, r))
+			if err != nil {
+				return err
+			}
+			logf("writers=%d run %d/%d: %.0f events/s, p50 %s, p99 %s, p99.9 %s, errors %d, %.1f events/raft entry, cpu bench %.2f servers %.2f other %.2f cores",
+				w, r+1, c.runs, res.perSec, ms(pct(res.lat, 0.50)), ms(pct(res.lat, 0.99)), ms(pct(res.lat, 0.999)),
+				res.errors, res.perEntry, res.cpuBench, res.cpuServers, res.cpuOther)
+			for msg, n := range res.errSamples {
+				logf("  %d× %s", n, msg)
+			}
+			results[w] = append(results[w], res)
+		}
+	}
+	report := render(c, results)
+	fmt.Print(report)
+	if c.out != "" {
+		if err := os.WriteFile(c.out, []byte(report), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// makePayload returns a JSON object of exactly n bytes.
+func makePayload(n int) []byte {
+	pad := n - len(`{"msg":""}`)
+	return []byte(`{"msg":"` + strings.Repeat("x", pad) + `"}`)
+}
+
+// createTasks creates n pending tasks, spread over the servers.
+func createTasks(ctx context.Context, tasks []warrenv1connect.TaskServiceClient, n int) ([]string, error) {
+	ids := make([]string, n)
+	errs := make([]error, n)
+	sem := make(chan struct{}, 32)
+	var wg sync.WaitGroup
+	for i := range n {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			resp, err := tasks[i%len(tasks)].CreateTask(cctx, connect.NewRequest(&warrenv1.CreateTaskRequest{
+				RequestId: fmt.Sprintf("bench-%d-%d", time.Now().UnixNano(), i),
+				Spec:      &warrenv1.TaskSpec{Repo: "https://example.com/r.git", Base: "main", IssueTitle: "bench appends"},
+			}))
+			if err != nil {
+				errs[i] = fmt.Errorf("create task %d: %w", i, err)
+				return
+			}
+			ids[i] = resp.Msg.GetTask().GetId()
+		})
+	}
+	wg.Wait()
+	return ids, errors.Join(errs...)
+}
+
+// measure runs w writers for warmup+duration and returns what was
+// acknowledged inside the measured window.
+func measure(ctx context.Context, c config, cl *cluster.Cluster, tasks []warrenv1connect.TaskServiceClient,
+	ids []string, w int, payload []byte, prefix string) (result, error) {
+	start := time.Now()
+	t0 := start.Add(c.warmup)
+	t1 := t0.Add(c.duration)
+	events := []*warrenv1.EventInput{{Kind: "log", Payload: payload}}
+
+	type writerOut struct {
+		lat  []time.Duration
+		errs map[string]int
+	}
+	outs := make([]writerOut, w)
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	for i := range w {
+		wg.Go(func() {
+			task := ids[i%len(ids)]
+			o := &outs[i]
+			o.errs = map[string]int{}
+			for n := 0; !stop.Load() && ctx.Err() == nil; n++ {
+				srv := tasks[(i+n)%len(tasks)] // every writer rotates over the servers
+				req := connect.NewRequest(&warrenv1.AppendEventsRequest{
+					TaskId:    task,
+					RequestId: prefix + "-" + strconv.Itoa(i) + "-" + strconv.Itoa(n),
+					Events:    events,
+				})
+				cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				s := time.Now()
+				_, err := srv.AppendEvents(cctx, req)
+				e := time.Now()
+				cancel()
+				if e.Before(t0) || e.After(t1) {
+					continue
+				}
+				if err != nil {
+					if ctx.Err() == nil {
+						o.errs[errKey(err)]++
+					}
+					continue
+				}
+				o.lat = append(o.lat, e.Sub(s))
+			}
+		})
+	}
+
+	leaderIndex := func() (uint64, error) {
+		leader, err := cl.WaitStable(ctx, 10*time.Second)
+		if err != nil {
+			return 0, err
+		}
+		st, err := leader.Status(ctx)
+		return st.GetLastLogIndex(), err
+	}
+	var idx0, idx1 uint64
+	var cpu0, cpu1 [3]time.Duration
+	sleepUntil(ctx, t0)
+	idx0, err0 := leaderIndex()
+	cpu0 = cpuTimes(cl)
+	sleepUntil(ctx, t1)
+	idx1, err1 := leaderIndex()
+	cpu1 = cpuTimes(cl)
+	stop.Store(true)
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		return result{}, errors.New("writers did not stop 20s after the run ended")
+	}
+	if err := ctx.Err(); err != nil {
+		return result{}, err
+	}
+
+	res := result{errSamples: map[string]int{}}
+	for _, o := range outs {
+		res.lat = append(res.lat, o.lat...)
+		for k, n := range o.errs {
+			res.errors += n
+			res.errSamples[k] += n
+		}
+	}
+	slices.Sort(res.lat)
+	res.acked = len(res.lat)
+	secs := c.duration.Seconds()
+	res.perSec = float64(res.acked) / secs
+	if err0 == nil && err1 == nil && idx1 > idx0 {
+		res.perEntry = float64(res.acked) / float64(idx1-idx0)
+	}
+	res.cpuBench = (cpu1[0] - cpu0[0]).Seconds() / secs
+	res.cpuServers = (cpu1[1] - cpu0[1]).Seconds() / secs
+	res.cpuOther = max(0, (cpu1[2]-cpu0[2]).Seconds()/secs-res.cpuBench-res.cpuServers)
+	return res, nil
+}
+
+// cpuTimes returns the CPU time used so far by this process, by all
+// servers together, and by the whole machine.
+func cpuTimes(cl *cluster.Cluster) [3]time.Duration {
+	var s time.Duration
+	for _, n := range cl.Nodes {
+		d, _ := n.CPUTime()
+		s += d
+	}
+	return [3]time.Duration{cluster.SelfCPUTime(), s, cluster.MachineBusy()}
+}
+
+func errKey(err error) string {
+	msg := err.Error()
+	if len(msg) > 160 {
+		msg = msg[:160] + "…"
+	}
+	return msg
+}
+
+func sleepUntil(ctx context.Context, t time.Time) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(time.Until(t)):
+	}
+}
+
+// pct returns the q-quantile of sorted durations (nearest rank).
+func pct(sorted []time.Duration, q float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(q*float64(len(sorted))+0.999999) - 1
+	return sorted[max(0, min(i, len(sorted)-1))]
+}
+
+func ms(d time.Duration) string {
+	v := float64(d) / float64(time.Millisecond)
+	switch {
+	case v < 10:
+		return fmt.Sprintf("%.2f ms", v)
+	case v < 100:
+		return fmt.Sprintf("%.1f ms", v)
+	}
+	return fmt.Sprintf("%.0f ms", v)
+}
+
+func median[T int | float64 | time.Duration](xs []T) T {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func collect[T any](rs []result, f func(result) T) []T {
+	out := make([]T, len(rs))
+	for i, r := range rs {
+		out[i] = f(r)
+	}
+	return out
+}
+
+// render returns the markdown report.
+func render(c config, results map[int][]result) string {
+	var b strings.Builder
+	proto := "HTTP/1.1, one connection per writer"
+	if c.h2c {
+		proto = "HTTP/2 cleartext (h2c), multiplexed"
+	}
+	if !c.gzip {
+		proto += ", gzip responses not accepted"
+	}
+	host, _ := os.Hostname()
+	who := map[string]string{"all": "the 3 servers", "leader": "the leader only", "followers": "the 2 followers only"}[c.targets]
+	fmt.Fprintf(&b, "\n## Event appends, 3 servers on loopback\n\n")
+	fmt.Fprintf(&b, "%s: %d cores (GOMAXPROCS %d), %s, %s. Bench client on the same machine. "+
+		"One event of %d B per AppendEvents, each writer's calls round-robin over %s, %s; "+
+		"%s measured after %s warm-up, median of %d runs. Server flags: %s.\n\n",
+		host, runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.GOOS+"/"+runtime.GOARCH, runtime.Version(),
+		c.payload, who, proto, c.duration, c.warmup, c.runs, strings.Join(c.serverArgs, " "))
+	b.WriteString("| writers | events/s | p50 | p99 | p99.9 | errors | events/raft entry | CPU cores: bench / servers / other |\n")
+	b.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, w := range c.writers {
+		rs := results[w]
+		errs := 0
+		for _, r := range rs {
+			errs += r.errors
+		}
+		fmt.Fprintf(&b, "| %d | %.0f | %s | %s | %s | %d | %.1f | %.2f / %.2f / %.2f |\n", w,
+			median(collect(rs, func(r result) float64 { return r.perSec })),
+			ms(median(collect(rs, func(r result) time.Duration { return pct(r.lat, 0.50) }))),
+			ms(median(collect(rs, func(r result) time.Duration { return pct(r.lat, 0.99) }))),
+			ms(median(collect(rs, func(r result) time.Duration { return pct(r.lat, 0.999) }))),
+			errs,
+			median(collect(rs, func(r result) float64 { return r.perEntry })),
+			median(collect(rs, func(r result) float64 { return r.cpuBench })),
+			median(collect(rs, func(r result) float64 { return r.cpuServers })),
+			median(collect(rs, func(r result) float64 { return r.cpuOther })))
+	}
+	b.WriteString("\nerrors: total over all runs. events/raft entry: acknowledged appends per leader log entry (group commit batch size). " +
+		"CPU: cores busy during the window; other = the rest of the machine (e.g. unrelated builds), which skews the figures when not ~0.\n\n")
+	const goalW, goalRate, goalP99 = 1024, 20000.0, 50 * time.Millisecond
+	if rs, ok := results[goalW]; ok {
+		rate := median(collect(rs, func(r result) float64 { return r.perSec }))
+		p99 := median(collect(rs, func(r result) time.Duration { return pct(r.lat, 0.99) }))
+		var verdict string
+		var miss []string
+		if rate < goalRate {
+			miss = append(miss, fmt.Sprintf("%.0f events/s is below 20,000", rate))
+		}
+		if p99 > goalP99 {
+			miss = append(miss, fmt.Sprintf("p99 %s is over 50 ms", ms(p99)))
+		}
+		if len(miss) > 0 {
+			verdict = "NOT met: " + strings.Join(miss, "; ")
+		} else {
+			verdict = fmt.Sprintf("met (%.0f events/s, p99 %s)", rate, ms(p99))
+		}
+		fmt.Fprintf(&b, "Goal: ≥ 20,000 events/s with 1024 writers, p99 ≤ 50 ms: %s.\n", verdict)
+	} else {
+		b.WriteString("Goal: ≥ 20,000 events/s with 1024 writers, p99 ≤ 50 ms: not measured (1024 not in -writers).\n")
+	}
+	return b.String()
+}
