@@ -46,8 +46,10 @@ func New(servers string) (*Client, error) {
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second}}
 	c := &Client{urls: urls}
 	for _, u := range urls {
-		c.tasks = append(c.tasks, warrenv1connect.NewTaskServiceClient(hc, u))
-		c.cluster = append(c.cluster, warrenv1connect.NewClusterServiceClient(hc, u))
+		// Small requests go uncompressed: gzip costs more than it saves.
+		opt := connect.WithCompressMinBytes(4096)
+		c.tasks = append(c.tasks, warrenv1connect.NewTaskServiceClient(hc, u, opt))
+		c.cluster = append(c.cluster, warrenv1connect.NewClusterServiceClient(hc, u, opt))
 	}
 	return c, nil
 }

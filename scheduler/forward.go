@@ -44,7 +44,7 @@ func (f *forwarder) client(url string) warrenv1connect.ClusterServiceClient {
 	defer f.mu.Unlock()
 	c, ok := f.conn[url]
 	if !ok {
-		c = warrenv1connect.NewClusterServiceClient(f.http, url)
+		c = warrenv1connect.NewClusterServiceClient(f.http, url, connect.WithCompressMinBytes(compressMinBytes))
 		f.conn[url] = c
 	}
 	return c
@@ -94,7 +94,9 @@ func (s *Server) propose(ctx context.Context, msgs ...proto.Message) ([]*fsmv1.R
 			cancel()
 			return res, nil
 		}
-		if !retryable(err) {
+		// A leader that dies mid-call can surface as Canceled although our
+		// caller did not cancel: that, too, is worth another try.
+		if !retryable(err) && (ctx.Err() != nil || connect.CodeOf(err) != connect.CodeCanceled) {
 			return nil, err
 		}
 		s.log.Debug("write not committed yet; retrying", "err", err)
@@ -113,14 +115,39 @@ func (s *Server) proposeOnce(ctx context.Context, cmds [][]byte) ([]*fsmv1.Resul
 	if s.raft.State() == raft.Leader {
 		return s.gc.propose(ctx, cmds)
 	}
-	url, err := s.leaderURL()
+	return s.fgc.propose(ctx, cmds)
+}
+
+// start forwards one batch of commands to the leader (a startFunc for the
+// follower's group commit).
+func (f *forwarder) start(cmds [][]byte) func() ([]*fsmv1.Result, uint64, error) {
+	type outcome struct {
+		res []*fsmv1.Result
+		idx uint64
+		err error
+	}
+	ch := make(chan outcome, 1)
+	go func() {
+		res, idx, err := f.forward(cmds)
+		ch <- outcome{res, idx, err}
+	}()
+	return func() ([]*fsmv1.Result, uint64, error) {
+		o := <-ch
+		return o.res, o.idx, o.err
+	}
+}
+
+func (f *forwarder) forward(cmds [][]byte) ([]*fsmv1.Result, uint64, error) {
+	url, err := f.s.leaderURL()
 	if err != nil {
 		return nil, 0, err
 	}
-	if url == s.cfg.APIURL {
+	if url == f.s.cfg.APIURL {
 		return nil, 0, errNoLeader // stale view of ourselves as leader
 	}
-	resp, err := s.fwd.client(url).Propose(ctx, connect.NewRequest(&warrenv1.ProposeRequest{Commands: cmds}))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := f.client(url).Propose(ctx, connect.NewRequest(&warrenv1.ProposeRequest{Commands: cmds}))
 	if err != nil {
 		return nil, 0, err
 	}

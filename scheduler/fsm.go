@@ -35,6 +35,7 @@ type FSM struct {
 	tmpDir  string // for snapshot checkpoints
 	applied atomic.Uint64
 	watch   *watchers
+	idem    *idemSet // FSM goroutine only
 }
 
 var _ raft.BatchingFSM = (*FSM)(nil)
@@ -42,7 +43,10 @@ var _ raft.BatchingFSM = (*FSM)(nil)
 // NewFSM opens the state machine over db. tmpDir holds snapshot checkpoints
 // while they stream and must be on the same filesystem as db.
 func NewFSM(db *pebble.DB, tmpDir string, log *slog.Logger) (*FSM, error) {
-	f := &FSM{db: db, log: log, tmpDir: tmpDir, watch: newWatchers()}
+	f := &FSM{db: db, log: log, tmpDir: tmpDir, watch: newWatchers(), idem: newIdemSet()}
+	if err := f.idem.load(db); err != nil {
+		return nil, err
+	}
 	v, closer, err := db.Get(keyApplied)
 	switch {
 	case errors.Is(err, pebble.ErrNotFound):
@@ -74,7 +78,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	applied := f.applied.Load()
 	b := f.db.NewIndexedBatch()
 	defer b.Close()
-	a := &applier{b: b, touched: map[string]struct{}{}}
+	a := &applier{b: b, idem: f.idem, touched: map[string]struct{}{}}
 	last := applied
 	for i, l := range logs {
 		if invariants && i > 0 && l.Index <= logs[i-1].Index {
@@ -128,6 +132,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 // everything before it writes, so a refused command leaves no trace.
 type applier struct {
 	b       *pebble.Batch
+	idem    *idemSet
 	touched map[string]struct{}
 }
 
@@ -168,14 +173,28 @@ func (a *applier) idempotent(scope, requestID string, fn func() *fsmv1.Result) *
 	}
 	k := keyIdem(scope, requestID)
 	var prev fsmv1.Result
-	if ok := a.get(k, &prev); ok {
+	if a.getIdem(k, &prev) {
 		return &prev
 	}
 	r := fn()
 	if r.GetCode() == 0 {
-		a.put(k, &fsmv1.Result{FirstSeq: r.GetFirstSeq(), LastSeq: r.GetLastSeq(), Task: r.GetTask()})
+		a.putIdem(k, &fsmv1.Result{FirstSeq: r.GetFirstSeq(), LastSeq: r.GetLastSeq(), Task: r.GetTask()})
 	}
 	return r
+}
+
+// getIdem reads an idempotency record, skipping the read when the key was
+// certainly never written.
+func (a *applier) getIdem(k []byte, m proto.Message) bool {
+	if !a.idem.mayContain(k) {
+		return false
+	}
+	return a.get(k, m)
+}
+
+func (a *applier) putIdem(k []byte, m proto.Message) {
+	a.put(k, m)
+	a.idem.add(k)
 }
 
 func (a *applier) get(k []byte, m proto.Message) bool {
@@ -262,7 +281,7 @@ func (a *applier) createTask(m *fsmv1.CreateTask) *fsmv1.Result {
 	scope := "create/" + m.GetTenant()
 	if m.GetRequestId() != "" {
 		var prev fsmv1.Result
-		if a.get(keyIdem(scope, m.GetRequestId()), &prev) {
+		if a.getIdem(keyIdem(scope, m.GetRequestId()), &prev) {
 			t, r := a.task(prev.GetTask().GetId())
 			if r != nil {
 				return r
@@ -287,7 +306,7 @@ func (a *applier) createTask(m *fsmv1.CreateTask) *fsmv1.Result {
 	}), 0)
 	a.putTask(t, warrenv1.TaskState_TASK_STATE_UNSPECIFIED)
 	if m.GetRequestId() != "" {
-		a.put(keyIdem(scope, m.GetRequestId()), &fsmv1.Result{Task: &warrenv1.Task{Id: t.GetId()}})
+		a.putIdem(keyIdem(scope, m.GetRequestId()), &fsmv1.Result{Task: &warrenv1.Task{Id: t.GetId()}})
 	}
 	return &fsmv1.Result{Task: t, Created: true, FirstSeq: 1, LastSeq: 1}
 }

@@ -297,6 +297,20 @@ func TestApplyIsIdempotentOnIndexAcrossRestart(t *testing.T) {
 	}
 }
 
+func TestRequestIDsSurviveRestart(t *testing.T) {
+	tf := newTestFSM(t)
+	task := tf.create("")
+	tf.ok(&fsmv1.SendMessage{TaskId: task.GetId(), Text: "m", RequestId: "once", Time: timestamppb.New(t0)})
+	tf.reopen()
+	r := tf.ok(&fsmv1.SendMessage{TaskId: task.GetId(), Text: "m", RequestId: "once", Time: timestamppb.New(t0)})[0]
+	if r.GetFirstSeq() != 2 {
+		t.Fatalf("retry after restart got seq %d, want the recorded 2", r.GetFirstSeq())
+	}
+	if got := kindsOf(tf.events(task.GetId())); got != "1:task_created 2:message" {
+		t.Fatalf("events = %s", got)
+	}
+}
+
 func TestUnknownCommandFailsLoudly(t *testing.T) {
 	tf := newTestFSM(t)
 	defer func() {

@@ -11,18 +11,42 @@ import (
 	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
 )
 
-// groupCommit batches commands from concurrent callers into raft entries:
-// it keeps at most `slots` entries in flight, and while they are, new
-// proposals queue up and go out together in the next entry. Throughput
-// therefore grows with concurrency while a lone writer still waits for only
-// one round trip.
+// groupCommit batches commands from concurrent callers: it keeps at most
+// `slots` batches in flight, and while they are, new proposals queue up and
+// go out together in the next batch. Throughput therefore grows with
+// concurrency while a lone writer still waits for only one round trip. The
+// leader sends batches into raft as one entry each; a follower sends them to
+// the leader as one Propose call each.
 type groupCommit struct {
-	raft     *raft.Raft
+	start    startFunc
 	in       chan *proposal
 	slots    chan struct{}
 	maxCmds  int
 	maxBytes int
 	done     chan struct{}
+}
+
+// startFunc starts committing a batch of encoded commands and returns a
+// function that waits for the outcome: one result per command, in order,
+// and the raft index they were applied at. It is called from one goroutine,
+// in batch order; the wait functions run concurrently.
+type startFunc func(cmds [][]byte) (wait func() ([]*fsmv1.Result, uint64, error))
+
+// raftStart commits a batch as one raft entry (leader only).
+func raftStart(r *raft.Raft) startFunc {
+	return func(cmds [][]byte) func() ([]*fsmv1.Result, uint64, error) {
+		f := r.Apply(encodeBatch(cmds), 5*time.Second)
+		return func() ([]*fsmv1.Result, uint64, error) {
+			if err := f.Error(); err != nil {
+				return nil, 0, err
+			}
+			res, ok := f.Response().([]*fsmv1.Result)
+			if !ok || len(res) != len(cmds) {
+				return nil, 0, fmt.Errorf("apply returned %T for %d commands", f.Response(), len(cmds))
+			}
+			return res, f.Index(), nil
+		}
+	}
 }
 
 type proposal struct {
@@ -39,9 +63,9 @@ type proposalResult struct {
 // errProposalAborted is returned to proposals still queued at shutdown.
 var errProposalAborted = errors.New("server shutting down")
 
-func newGroupCommit(r *raft.Raft, inflight, maxCmds, maxBytes int) *groupCommit {
+func newGroupCommit(start startFunc, inflight, maxCmds, maxBytes int) *groupCommit {
 	g := &groupCommit{
-		raft:     r,
+		start:    start,
 		in:       make(chan *proposal, 8192),
 		slots:    make(chan struct{}, inflight),
 		maxCmds:  maxCmds,
@@ -107,22 +131,14 @@ func (g *groupCommit) run() {
 		for _, p := range batch {
 			all = append(all, p.cmds...)
 		}
-		f := g.raft.Apply(encodeBatch(all), 5*time.Second)
-		go g.finish(f, batch)
+		go g.finish(g.start(all), batch)
 	}
 }
 
-func (g *groupCommit) finish(f raft.ApplyFuture, batch []*proposal) {
+func (g *groupCommit) finish(wait func() ([]*fsmv1.Result, uint64, error), batch []*proposal) {
 	defer func() { <-g.slots }()
-	if err := f.Error(); err != nil {
-		for _, p := range batch {
-			p.out <- proposalResult{err: err}
-		}
-		return
-	}
-	res, ok := f.Response().([]*fsmv1.Result)
-	if !ok {
-		err := fmt.Errorf("apply returned %T", f.Response())
+	res, index, err := wait()
+	if err != nil {
 		for _, p := range batch {
 			p.out <- proposalResult{err: err}
 		}
@@ -130,7 +146,7 @@ func (g *groupCommit) finish(f raft.ApplyFuture, batch []*proposal) {
 	}
 	off := 0
 	for _, p := range batch {
-		p.out <- proposalResult{results: res[off : off+len(p.cmds)], index: f.Index()}
+		p.out <- proposalResult{results: res[off : off+len(p.cmds)], index: index}
 		off += len(p.cmds)
 	}
 }

@@ -84,8 +84,9 @@ type Server struct {
 	fsm   *FSM
 	trans *raft.NetworkTransport
 	raft  *raft.Raft
-	gc    *groupCommit
+	gc    *groupCommit // leader: batches into raft entries
 	fwd   *forwarder
+	fgc   *groupCommit // follower: batches into Propose calls to the leader
 
 	stop     chan struct{}
 	wg       sync.WaitGroup
@@ -125,8 +126,9 @@ func Open(cfg Config) (*Server, error) {
 		s.db.Close()
 		return nil, err
 	}
-	s.gc = newGroupCommit(s.raft, 4, 4096, 4<<20)
+	s.gc = newGroupCommit(raftStart(s.raft), 4, 4096, 4<<20)
 	s.fwd = newForwarder(s)
+	s.fgc = newGroupCommit(s.fwd.start, 8, 1024, 4<<20)
 	s.wg.Add(1)
 	go s.watchLeadership()
 	if cfg.JoinURL != "" {
@@ -153,7 +155,9 @@ func (s *Server) startRaft() error {
 	rc.HeartbeatTimeout = orDuration(s.cfg.HeartbeatTimeout, 500*time.Millisecond)
 	rc.ElectionTimeout = orDuration(s.cfg.ElectionTimeout, 500*time.Millisecond)
 	rc.LeaderLeaseTimeout = rc.HeartbeatTimeout / 2
-	rc.CommitTimeout = 10 * time.Millisecond
+	// A follower learns that an entry committed from the next message the
+	// leader sends; a forwarded write waits for that, so keep it short.
+	rc.CommitTimeout = 5 * time.Millisecond
 	rc.MaxAppendEntries = 512
 	rc.BatchApplyCh = true
 	rc.SnapshotThreshold = orUint(s.cfg.SnapshotThreshold, 16384)
@@ -301,6 +305,7 @@ func (s *Server) Close() error {
 	s.closed.Do(func() {
 		close(s.stop)
 		s.gc.close()
+		s.fgc.close()
 		errs := []error{s.raft.Shutdown().Error()}
 		s.wg.Wait()
 		errs = append(errs, s.trans.Close(), s.db.Close())

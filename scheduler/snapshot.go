@@ -122,6 +122,9 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	if err := f.replaceFrom(src); err != nil {
 		return fmt.Errorf("restore snapshot: %w", err)
 	}
+	if err := f.idem.load(f.db); err != nil {
+		return err
+	}
 	f.applied.Store(snapIndex)
 	f.watch.notifyAll()
 	f.log.Info("snapshot restored", "index", snapIndex)

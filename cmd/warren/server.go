@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -23,6 +24,7 @@ type serverFlags struct {
 	cfg      scheduler.Config
 	api      string
 	logLevel string
+	pprof    bool
 }
 
 func (f *serverFlags) register(fs *flag.FlagSet) {
@@ -38,6 +40,7 @@ func (f *serverFlags) register(fs *flag.FlagSet) {
 	fs.Uint64Var(&f.cfg.TrailingLogs, "trailing-logs", 10240, "raft entries kept after a snapshot")
 	fs.DurationVar(&f.cfg.SnapshotInterval, "snapshot-interval", 30*time.Second, "how often to check whether to snapshot")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.BoolVar(&f.pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the API address")
 }
 
 func newLogger(w io.Writer, level string) (*slog.Logger, error) {
@@ -125,7 +128,17 @@ func serve(f serverFlags, stderr io.Writer) error {
 		ln.Close()
 		return err
 	}
-	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	handler := srv.Handler()
+	if f.pprof {
+		mux := http.NewServeMux()
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		mux.Handle("/", handler)
+		handler = mux
+	}
+	hs := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
 	hs.Protocols = new(http.Protocols)
 	hs.Protocols.SetHTTP1(true)
 	hs.Protocols.SetUnencryptedHTTP2(true)
