@@ -78,7 +78,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	applied := f.applied.Load()
 	b := f.db.NewIndexedBatch()
 	defer b.Close()
-	a := &applier{b: b, idem: f.idem, touched: map[string]struct{}{}}
+	a := &applier{b: b, idem: f.idem, touched: map[string]struct{}{}, tasks: map[string]*cachedTask{}}
 	last := applied
 	for i, l := range logs {
 		if invariants && i > 0 && l.Index <= logs[i-1].Index {
@@ -115,6 +115,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	if last == applied {
 		return out
 	}
+	a.flushTasks()
 	if err := b.Set(keyApplied, binary.BigEndian.AppendUint64(nil, last), nil); err != nil {
 		panic(fmt.Sprintf("scheduler: batch set: %v", err))
 	}
@@ -134,6 +135,7 @@ type applier struct {
 	b       *pebble.Batch
 	idem    *idemSet
 	touched map[string]struct{}
+	tasks   map[string]*cachedTask
 }
 
 func fail(code connect.Code, format string, args ...any) *fsmv1.Result {
@@ -222,29 +224,63 @@ func (a *applier) put(k []byte, m proto.Message) {
 	}
 }
 
+// cachedTask is a task read or written during one ApplyBatch. Tasks are
+// written back once, at the end of the batch, however many commands of the
+// batch changed them.
+type cachedTask struct {
+	t     *warrenv1.Task
+	orig  warrenv1.TaskState // state when first read (unspecified if new)
+	dirty bool
+}
+
+// task returns the task (the batch's working copy; mutate it only once the
+// command is sure to succeed, then call putTask).
 func (a *applier) task(id string) (*warrenv1.Task, *fsmv1.Result) {
+	if c, ok := a.tasks[id]; ok {
+		return c.t, nil
+	}
 	t := &warrenv1.Task{}
 	if !a.get(keyTask(id), t) {
 		return nil, fail(connect.CodeNotFound, "task %q not found", id)
 	}
+	a.tasks[id] = &cachedTask{t: t, orig: t.GetState()}
 	return t, nil
 }
 
-// putTask writes the task and keeps the state index in step.
-func (a *applier) putTask(t *warrenv1.Task, oldState warrenv1.TaskState) {
-	if oldState != t.GetState() {
-		if oldState != warrenv1.TaskState_TASK_STATE_UNSPECIFIED {
-			if err := a.b.Delete(keyState(byte(oldState), t.GetId()), nil); err != nil {
-				panic(fmt.Sprintf("scheduler: batch delete: %v", err))
-			}
-		}
-		if err := a.b.Set(keyState(byte(t.GetState()), t.GetId()), nil, nil); err != nil {
-			panic(fmt.Sprintf("scheduler: batch set: %v", err))
-		}
+// putTask marks the task changed; flushTasks writes it.
+func (a *applier) putTask(t *warrenv1.Task) {
+	c, ok := a.tasks[t.GetId()]
+	if !ok {
+		c = &cachedTask{}
+		a.tasks[t.GetId()] = c
 	}
-	a.put(keyTask(t.GetId()), t)
+	c.t, c.dirty = t, true
 	a.touched[t.GetId()] = struct{}{}
 }
+
+// flushTasks writes every changed task and keeps the state index in step.
+func (a *applier) flushTasks() {
+	for id, c := range a.tasks {
+		if !c.dirty {
+			continue
+		}
+		if st := c.t.GetState(); c.orig != st {
+			if c.orig != warrenv1.TaskState_TASK_STATE_UNSPECIFIED {
+				if err := a.b.Delete(keyState(byte(c.orig), id), nil); err != nil {
+					panic(fmt.Sprintf("scheduler: batch delete: %v", err))
+				}
+			}
+			if err := a.b.Set(keyState(byte(st), id), nil, nil); err != nil {
+				panic(fmt.Sprintf("scheduler: batch set: %v", err))
+			}
+		}
+		a.put(keyTask(id), c.t)
+	}
+}
+
+// snapshotTask copies a task for a result, which must not change when later
+// commands of the batch change the working copy.
+func snapshotTask(t *warrenv1.Task) *warrenv1.Task { return proto.Clone(t).(*warrenv1.Task) }
 
 // appendEvent writes one event at the task's next seq.
 func (a *applier) appendEvent(t *warrenv1.Task, ts *timestamppb.Timestamp, kind string, payload []byte, epoch uint64) uint64 {
@@ -286,7 +322,7 @@ func (a *applier) createTask(m *fsmv1.CreateTask) *fsmv1.Result {
 			if r != nil {
 				return r
 			}
-			return &fsmv1.Result{Task: t}
+			return &fsmv1.Result{Task: snapshotTask(t)}
 		}
 	}
 	if _, r := a.task(m.GetId()); r == nil {
@@ -304,11 +340,11 @@ func (a *applier) createTask(m *fsmv1.CreateTask) *fsmv1.Result {
 	a.appendEvent(t, m.GetTime(), KindTaskCreated, mustJSON(map[string]any{
 		"title": m.GetSpec().GetIssueTitle(), "repo": m.GetSpec().GetRepo(), "base": m.GetSpec().GetBase(),
 	}), 0)
-	a.putTask(t, warrenv1.TaskState_TASK_STATE_UNSPECIFIED)
+	a.putTask(t)
 	if m.GetRequestId() != "" {
 		a.putIdem(keyIdem(scope, m.GetRequestId()), &fsmv1.Result{Task: &warrenv1.Task{Id: t.GetId()}})
 	}
-	return &fsmv1.Result{Task: t, Created: true, FirstSeq: 1, LastSeq: 1}
+	return &fsmv1.Result{Task: snapshotTask(t), Created: true, FirstSeq: 1, LastSeq: 1}
 }
 
 // writable returns the task if client and writer events may still be added.
@@ -351,7 +387,6 @@ func (a *applier) appendEvents(m *fsmv1.AppendEvents) *fsmv1.Result {
 			pending = append(pending, payloadString(ev.GetPayload(), "tool_call_id"))
 		}
 	}
-	old := t.GetState()
 	first := t.GetNextSeq()
 	for _, ev := range m.GetEvents() {
 		payload := ev.GetPayload()
@@ -362,7 +397,7 @@ func (a *applier) appendEvents(m *fsmv1.AppendEvents) *fsmv1.Result {
 	}
 	t.State = state
 	t.PendingApprovals = pending
-	a.putTask(t, old)
+	a.putTask(t)
 	return &fsmv1.Result{FirstSeq: first, LastSeq: t.GetNextSeq() - 1}
 }
 
@@ -389,7 +424,7 @@ func (a *applier) sendMessage(m *fsmv1.SendMessage) *fsmv1.Result {
 		return r
 	}
 	seq := a.appendEvent(t, m.GetTime(), KindMessage, mustJSON(map[string]string{"from": "user", "text": m.GetText()}), 0)
-	a.putTask(t, t.GetState())
+	a.putTask(t)
 	return &fsmv1.Result{FirstSeq: seq, LastSeq: seq}
 }
 
@@ -412,7 +447,7 @@ func (a *applier) decide(m *fsmv1.Decide) *fsmv1.Result {
 	seq := a.appendEvent(t, m.GetTime(), KindApprovalDecided, mustJSON(map[string]any{
 		"tool_call_id": m.GetToolCallId(), "approved": m.GetApproved(), "comment": m.GetComment(),
 	}), 0)
-	a.putTask(t, t.GetState())
+	a.putTask(t)
 	return &fsmv1.Result{FirstSeq: seq, LastSeq: seq}
 }
 
@@ -423,11 +458,11 @@ func (a *applier) cancel(m *fsmv1.CancelTask) *fsmv1.Result {
 	}
 	switch {
 	case t.GetState() == warrenv1.TaskState_TASK_STATE_CANCELLED:
-		return &fsmv1.Result{Task: t} // already done
+		return &fsmv1.Result{Task: snapshotTask(t)} // already done
 	case Terminal(t.GetState()):
 		return fail(connect.CodeFailedPrecondition, "task %s already %s", t.GetId(), StateName(t.GetState()))
 	case t.GetCancelRequested() && t.GetState() != warrenv1.TaskState_TASK_STATE_PENDING:
-		return &fsmv1.Result{Task: t} // the node has been told
+		return &fsmv1.Result{Task: snapshotTask(t)} // the node has been told
 	}
 	old := t.GetState()
 	first := a.appendEvent(t, m.GetTime(), KindCancelRequested, mustJSON(map[string]string{"reason": m.GetReason()}), 0)
@@ -436,8 +471,8 @@ func (a *applier) cancel(m *fsmv1.CancelTask) *fsmv1.Result {
 		// Nothing runs it yet: cancel at once.
 		a.setState(t, m.GetTime(), warrenv1.TaskState_TASK_STATE_CANCELLED, map[string]any{"reason": "cancelled before placement"})
 	}
-	a.putTask(t, old)
-	return &fsmv1.Result{Task: t, FirstSeq: first, LastSeq: t.GetNextSeq() - 1}
+	a.putTask(t)
+	return &fsmv1.Result{Task: snapshotTask(t), FirstSeq: first, LastSeq: t.GetNextSeq() - 1}
 }
 
 func (a *applier) grantLease(m *fsmv1.GrantLease) *fsmv1.Result {
@@ -454,8 +489,8 @@ func (a *applier) grantLease(m *fsmv1.GrantLease) *fsmv1.Result {
 	}
 	t.Lease = &warrenv1.Lease{Node: m.GetNode(), Epoch: t.GetLease().GetEpoch() + 1}
 	seq := a.setState(t, m.GetTime(), warrenv1.TaskState_TASK_STATE_PLACED, map[string]any{"node": m.GetNode(), "epoch": t.GetLease().GetEpoch()})
-	a.putTask(t, old)
-	return &fsmv1.Result{Task: t, FirstSeq: seq, LastSeq: seq}
+	a.putTask(t)
+	return &fsmv1.Result{Task: snapshotTask(t), FirstSeq: seq, LastSeq: seq}
 }
 
 func (a *applier) setMember(m *fsmv1.SetMember) *fsmv1.Result {
