@@ -8,6 +8,7 @@ require (
 	github.com/hashicorp/go-hclog v1.6.3
 	github.com/hashicorp/raft v1.8.0
 	github.com/oklog/ulid/v2 v2.1.2
+	go.uber.org/goleak v1.3.0
 	google.golang.org/protobuf v1.36.13-0.20261016172727-e9ee2a76ab8e
 	pgregory.net/rapid v1.3.0
 )

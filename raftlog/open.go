@@ -73,7 +73,7 @@ func options(fs vfs.FS) *pebble.Options {
 		L0StopWritesThreshold:       l0StopWritesThreshold,
 		CacheSize:                   cacheSize,
 		BytesPerSync:                bytesPerSync,
-		Logger:                      quietLogger{},
+		Logger:                      QuietLogger{},
 	}
 	for i := range o.Levels {
 		o.Levels[i].FilterPolicy = bloom.FilterPolicy(bloomBitsPerKey)
@@ -81,18 +81,18 @@ func options(fs vfs.FS) *pebble.Options {
 	return o
 }
 
-// quietLogger drops Pebble's informational messages (it logs every WAL
+// QuietLogger drops Pebble's informational messages (it logs every WAL
 // replayed on open) and passes errors and fatal errors to Pebble's default
 // logger, which writes them through the standard library's log package.
 // The API takes no logger, so this is the least noisy honest choice.
-type quietLogger struct{}
+type QuietLogger struct{}
 
-func (quietLogger) Infof(string, ...any) {}
+func (QuietLogger) Infof(string, ...any) {}
 
-func (quietLogger) Errorf(format string, args ...any) {
+func (QuietLogger) Errorf(format string, args ...any) {
 	pebble.DefaultLogger.Errorf(format, args...)
 }
 
-func (quietLogger) Fatalf(format string, args ...any) {
+func (QuietLogger) Fatalf(format string, args ...any) {
 	pebble.DefaultLogger.Fatalf(format, args...)
 }

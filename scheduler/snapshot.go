@@ -103,7 +103,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	if err := readTar(rc, dir); err != nil {
 		return fmt.Errorf("unpack snapshot: %w", err)
 	}
-	src, err := pebble.Open(dir, &pebble.Options{ReadOnly: true})
+	src, err := pebble.Open(dir, &pebble.Options{ReadOnly: true, Logger: raftlog.QuietLogger{}})
 	if err != nil {
 		return fmt.Errorf("open snapshot: %w", err)
 	}
