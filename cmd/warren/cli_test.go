@@ -1,0 +1,103 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"net"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestCLIContract runs the documented commands against `warren dev` and
+// checks the parts users script against: `.id` from create -o json, one
+// JSON object per line with seq and kind from watch -o json, watch exiting
+// when the task ends, and clear errors naming the bad field.
+func TestCLIContract(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server process")
+	}
+	api := freePort(t)
+	host, port, _ := net.SplitHostPort(api)
+	p, _ := strconv.Atoi(port)
+	if p >= 65534 {
+		t.Skip("no room for the raft port")
+	}
+	dev := exec.Command(warrenBin, "dev", "--data", filepath.Join(t.TempDir(), "dev"), "--api", api, "--raft", freePort(t), "--log-level", "warn")
+	if err := dev.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dev.Process.Kill(); dev.Wait() })
+	server := "--server=http://" + net.JoinHostPort(host, port)
+	run := func(args ...string) (string, string, error) {
+		cmd := exec.Command(warrenBin, append(args, server)...)
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		err := cmd.Run()
+		return out.String(), errb.String(), err
+	}
+	waitUntil(t, "dev to serve", 20*time.Second, func() bool {
+		_, _, err := run("cluster", "status")
+		return err == nil
+	})
+
+	out, stderr, err := run("task", "create", "--repo", "https://git.example.com/a/b.git", "--base", "main", "--title", "t", "-o", "json")
+	if err != nil {
+		t.Fatalf("create: %v %s", err, stderr)
+	}
+	var task struct {
+		ID    string `json:"id"`
+		State string `json:"state"`
+	}
+	if err := json.Unmarshal([]byte(out), &task); err != nil || task.ID == "" {
+		t.Fatalf("create -o json printed %q: %v", out, err)
+	}
+	if _, stderr, err := run("task", "steer", task.ID, "look at b.go"); err != nil {
+		t.Fatalf("steer: %v %s", err, stderr)
+	}
+	if out, _, err := run("task", "list", "--state", "pending"); err != nil || !strings.Contains(out, task.ID) {
+		t.Fatalf("list --state pending: %v\n%s", err, out)
+	}
+	if _, stderr, err := run("task", "cancel", task.ID); err != nil {
+		t.Fatalf("cancel: %v %s", err, stderr)
+	}
+	out, stderr, err = run("task", "watch", task.ID, "-o", "json")
+	if err != nil {
+		t.Fatalf("watch: %v %s", err, stderr)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	var kinds []string
+	for i, l := range lines {
+		var ev struct {
+			Seq  uint64 `json:"seq"`
+			Kind string `json:"kind"`
+		}
+		if err := json.Unmarshal([]byte(l), &ev); err != nil || ev.Seq != uint64(i+1) {
+			t.Fatalf("watch line %d %q: seq %d, %v", i, l, ev.Seq, err)
+		}
+		kinds = append(kinds, ev.Kind)
+	}
+	if got := strings.Join(kinds, ","); got != "task_created,message,cancel_requested,state_changed" {
+		t.Fatalf("watch kinds = %s", got)
+	}
+	out, _, _ = run("task", "watch", task.ID, "--after", "3", "-o", "json")
+	if strings.Count(out, "\n") != 1 || !strings.Contains(out, `"seq":4`) {
+		t.Fatalf("watch --after 3 = %q", out)
+	}
+
+	_, stderr, err = run("task", "create", "--repo", "ftp://x", "--base", "main", "--title", "t")
+	if err == nil || !strings.Contains(stderr, "invalid_argument") || !strings.Contains(stderr, "spec.repo") {
+		t.Fatalf("bad repo: err=%v stderr=%q", err, stderr)
+	}
+	_, stderr, err = run("task", "get", "not-an-id")
+	if err == nil || !strings.Contains(stderr, "id:") {
+		t.Fatalf("bad id: err=%v stderr=%q", err, stderr)
+	}
+	out, _, err = run("cluster", "status", "-o", "json")
+	if err != nil || !strings.Contains(out, `"raft_state":"leader"`) {
+		t.Fatalf("cluster status -o json: %v %s", err, out)
+	}
+}
