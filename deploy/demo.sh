@@ -25,7 +25,7 @@ echo "== starting warren dev (data in $DATA, log in $DATA/dev.log)"
 $W dev --data "$DATA/dev" --api "$API" >"$DATA/dev.log" 2>&1 &
 DEV=$!
 for i in $(seq 1 100); do
-	$W cluster status >/dev/null 2>&1 && break
+	$W cluster status -o json 2>/dev/null | grep -q '"leader_api_url"' && break
 	kill -0 "$DEV" 2>/dev/null || { cat "$DATA/dev.log" >&2; exit 1; }
 	sleep 0.1
 done
@@ -49,4 +49,4 @@ $W task cancel "$ID" --reason "demo over: no nodes run tasks yet" >/dev/null
 wait "$WATCH"
 
 echo
-echo "== done: task $ID is $($W task get "$ID" -o json | sed -n 's/.*"state":"\([^"]*\)".*/\1/p')"
+echo "== done: task $ID is $($W task get "$ID" | awk '$1 == "state" {print $2}')"
