@@ -49,6 +49,7 @@ type config struct {
 	warmup     time.Duration
 	runs       int
 	payload    int
+	batch      int
 	maxTasks   int
 	h2c        bool
 	gzip       bool
@@ -69,6 +70,7 @@ func main() {
 	flag.DurationVar(&c.warmup, "warmup", time.Second, "unmeasured time before each run")
 	flag.IntVar(&c.runs, "runs", 3, "runs per writer count; the table shows medians")
 	flag.IntVar(&c.payload, "payload", 256, "event payload size in bytes (a JSON object)")
+	flag.IntVar(&c.batch, "batch", 1, "events per AppendEvents call (a node sending several of its actors' events at once); events/s counts events")
 	flag.IntVar(&c.maxTasks, "tasks", 256, "at most this many tasks per level; writers share them")
 	flag.BoolVar(&c.h2c, "h2c", false, "use HTTP/2 cleartext (multiplexed) instead of one HTTP/1.1 connection per writer")
 	flag.BoolVar(&c.gzip, "gzip", true, "accept gzip-compressed responses, as connect-go clients (and warren's client package) do by default")
@@ -90,6 +92,9 @@ func main() {
 	}
 	if c.duration <= 0 || c.runs < 1 || c.maxTasks < 1 {
 		errs = append(errs, errors.New("-duration, -runs and -tasks must be positive"))
+	}
+	if c.batch < 1 || c.batch > 256 {
+		errs = append(errs, fmt.Errorf("-batch: %d is not in 1..256", c.batch))
 	}
 	if c.payload < len(`{"msg":""}`) || c.payload > 64<<10 {
 		errs = append(errs, fmt.Errorf("-payload: %d is not in %d..65536", c.payload, len(`{"msg":""}`)))
@@ -240,7 +245,10 @@ func measure(ctx context.Context, c config, cl *cluster.Cluster, tasks []warrenv
 	start := time.Now()
 	t0 := start.Add(c.warmup)
 	t1 := t0.Add(c.duration)
-	events := []*warrenv1.EventInput{{Kind: "log", Payload: payload}}
+	events := make([]*warrenv1.EventInput, c.batch)
+	for i := range events {
+		events[i] = &warrenv1.EventInput{Kind: "log", Payload: payload}
+	}
 
 	type writerOut struct {
 		lat  []time.Duration
@@ -317,7 +325,7 @@ func measure(ctx context.Context, c config, cl *cluster.Cluster, tasks []warrenv
 		}
 	}
 	slices.Sort(res.lat)
-	res.acked = len(res.lat)
+	res.acked = len(res.lat) * c.batch
 	secs := c.duration.Seconds()
 	res.perSec = float64(res.acked) / secs
 	if err0 == nil && err1 == nil && idx1 > idx0 {
@@ -406,10 +414,10 @@ func render(c config, results map[int][]result) string {
 	who := map[string]string{"all": "the 3 servers", "leader": "the leader only", "followers": "the 2 followers only"}[c.targets]
 	fmt.Fprintf(&b, "\n## Event appends, 3 servers on loopback\n\n")
 	fmt.Fprintf(&b, "%s: %d cores (GOMAXPROCS %d), %s, %s. Bench client on the same machine. "+
-		"One event of %d B per AppendEvents, each writer's calls round-robin over %s, %s; "+
+		"%d event(s) of %d B per AppendEvents (latency is per call), each writer's calls round-robin over %s, %s; "+
 		"%s measured after %s warm-up, median of %d runs. Server flags: %s.\n\n",
 		host, runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.GOOS+"/"+runtime.GOARCH, runtime.Version(),
-		c.payload, who, proto, c.duration, c.warmup, c.runs, strings.Join(c.serverArgs, " "))
+		c.batch, c.payload, who, proto, c.duration, c.warmup, c.runs, strings.Join(c.serverArgs, " "))
 	b.WriteString("| writers | events/s | p50 | p99 | p99.9 | errors | events/raft entry | CPU cores: bench / servers / other |\n")
 	b.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, w := range c.writers {
