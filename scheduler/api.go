@@ -22,6 +22,11 @@ const defaultTenant = "default"
 // every tiny write reply cost about an eighth of a server's CPU.
 const compressMinBytes = 4096
 
+// maxRequestBytes bounds one request: a forwarded batch holds at most the
+// largest valid AppendEvents (256 events of 64 KiB) or 4 MiB of smaller
+// commands; allow twice that plus framing.
+const maxRequestBytes = 2*MaxEventsPerAppend*MaxPayloadBytes + 1<<20
+
 // taskAPI implements warrenv1connect.TaskServiceHandler.
 type taskAPI struct{ s *Server }
 
@@ -29,7 +34,11 @@ var _ warrenv1connect.TaskServiceHandler = taskAPI{}
 
 func newMux(s *Server) http.Handler {
 	mux := http.NewServeMux()
-	opts := connect.WithHandlerOptions(connect.WithInterceptors(errorInterceptor{}), connect.WithCompressMinBytes(compressMinBytes))
+	opts := connect.WithHandlerOptions(
+		connect.WithInterceptors(errorInterceptor{}),
+		connect.WithCompressMinBytes(compressMinBytes),
+		connect.WithReadMaxBytes(maxRequestBytes),
+	)
 	mux.Handle(warrenv1connect.NewTaskServiceHandler(taskAPI{s}, opts))
 	mux.Handle(warrenv1connect.NewClusterServiceHandler(clusterAPI{s}, opts))
 	mux.Handle("GET /v1/tasks/{id}/events", sseHandler{s})

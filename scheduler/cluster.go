@@ -99,6 +99,12 @@ func (c clusterAPI) Snapshot(ctx context.Context, _ *connect.Request[warrenv1.Sn
 	return connect.NewResponse(&warrenv1.SnapshotResponse{Index: idx}), nil
 }
 
+// forwardable are the command types a follower forwards: the client
+// writes. Batches, membership and leases are proposed by the leader only.
+var forwardable = map[CmdType]bool{
+	CmdCreateTask: true, CmdAppendEvents: true, CmdSendMessage: true, CmdDecide: true, CmdCancelTask: true,
+}
+
 // Propose applies commands forwarded by a follower. Only the leader
 // accepts them; it never forwards again, so there are no loops.
 func (c clusterAPI) Propose(ctx context.Context, req *connect.Request[warrenv1.ProposeRequest]) (*connect.Response[warrenv1.ProposeResponse], error) {
@@ -111,8 +117,8 @@ func (c clusterAPI) Propose(ctx context.Context, req *connect.Request[warrenv1.P
 		if err != nil {
 			return nil, invalid(fmt.Errorf("commands[%d]: %w", i, err))
 		}
-		if cmd.Type == CmdBatch {
-			return nil, invalid(fmt.Errorf("commands[%d]: batches are built by the leader", i))
+		if !forwardable[cmd.Type] {
+			return nil, invalid(fmt.Errorf("commands[%d]: %s commands are not accepted from other servers", i, cmd.Type))
 		}
 	}
 	if c.s.raft.State() != raft.Leader {

@@ -100,19 +100,26 @@ func (g *groupCommit) propose(ctx context.Context, cmds [][]byte) ([]*fsmv1.Resu
 }
 
 func (g *groupCommit) run() {
+	// carry is a proposal taken from the queue that did not fit into the
+	// previous batch; it opens the next one. A batch therefore exceeds
+	// maxBytes only when its first proposal alone does.
+	var carry *proposal
 	for {
 		select {
 		case g.slots <- struct{}{}:
 		case <-g.done:
-			g.drainAborted()
+			g.abort(carry)
 			return
 		}
-		var first *proposal
-		select {
-		case first = <-g.in:
-		case <-g.done:
-			g.drainAborted()
-			return
+		first := carry
+		carry = nil
+		if first == nil {
+			select {
+			case first = <-g.in:
+			case <-g.done:
+				g.abort(nil)
+				return
+			}
 		}
 		batch := []*proposal{first}
 		n, size := len(first.cmds), cmdBytes(first.cmds)
@@ -120,6 +127,10 @@ func (g *groupCommit) run() {
 		for n < g.maxCmds && size < g.maxBytes {
 			select {
 			case p := <-g.in:
+				if size+cmdBytes(p.cmds) > g.maxBytes || n+len(p.cmds) > g.maxCmds {
+					carry = p
+					break fill
+				}
 				batch = append(batch, p)
 				n += len(p.cmds)
 				size += cmdBytes(p.cmds)
@@ -151,7 +162,11 @@ func (g *groupCommit) finish(wait func() ([]*fsmv1.Result, uint64, error), batch
 	}
 }
 
-func (g *groupCommit) drainAborted() {
+// abort fails the carried proposal and every queued one.
+func (g *groupCommit) abort(carry *proposal) {
+	if carry != nil {
+		carry.out <- proposalResult{err: errProposalAborted}
+	}
 	for {
 		select {
 		case p := <-g.in:
