@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync/atomic"
 
 	"connectrpc.com/connect"
@@ -433,13 +434,7 @@ func (a *applier) decide(m *fsmv1.Decide) *fsmv1.Result {
 	if r != nil {
 		return r
 	}
-	idx := -1
-	for i, id := range t.GetPendingApprovals() {
-		if id == m.GetToolCallId() {
-			idx = i
-			break
-		}
-	}
+	idx := slices.Index(t.GetPendingApprovals(), m.GetToolCallId())
 	if idx < 0 {
 		return fail(connect.CodeFailedPrecondition, "task %s has no pending approval for tool call %q", t.GetId(), m.GetToolCallId())
 	}

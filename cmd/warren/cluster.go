@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"flag"
 	"fmt"
 	"io"
@@ -21,18 +20,10 @@ func cmdCluster(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("cluster "+verb, flag.ContinueOnError)
 	var cf clientFlags
 	cf.register(fs)
-	pos, err := parse(fs, args)
+	_, c, ctx, cancel, err := cf.start(fs, args)
 	if err != nil {
 		return err
 	}
-	if err := wantArgs(fs, pos); err != nil {
-		return err
-	}
-	c, err := cf.dial()
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), cf.timeout)
 	defer cancel()
 	switch verb {
 	case "status":

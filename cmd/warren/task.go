@@ -49,6 +49,24 @@ func (c *clientFlags) dial() (*client.Client, error) {
 	return client.New(c.server)
 }
 
+// start parses a client command's flags and positional arguments (named
+// by names), dials the server and returns a context bounded by --timeout.
+func (c *clientFlags) start(fs *flag.FlagSet, args []string, names ...string) ([]string, *client.Client, context.Context, context.CancelFunc, error) {
+	pos, err := parse(fs, args)
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	if err := wantArgs(fs, pos, names...); err != nil {
+		return nil, nil, nil, nil, err
+	}
+	cl, err := c.dial()
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	return pos, cl, ctx, cancel, nil
+}
+
 var pj = protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: false}
 
 func printJSON(w io.Writer, m proto.Message) error {
@@ -197,18 +215,10 @@ func taskGet(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("task get", flag.ContinueOnError)
 	var cf clientFlags
 	cf.register(fs)
-	pos, err := parse(fs, args)
+	pos, c, ctx, cancel, err := cf.start(fs, args, "ID")
 	if err != nil {
 		return err
 	}
-	if err := wantArgs(fs, pos, "ID"); err != nil {
-		return err
-	}
-	c, err := cf.dial()
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), cf.timeout)
 	defer cancel()
 	resp, err := c.Tasks().GetTask(ctx, connect.NewRequest(&warrenv1.GetTaskRequest{Id: pos[0]}))
 	if err != nil {
@@ -323,18 +333,10 @@ func taskSteer(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("task steer", flag.ContinueOnError)
 	var cf clientFlags
 	cf.register(fs)
-	pos, err := parse(fs, args)
+	pos, c, ctx, cancel, err := cf.start(fs, args, "ID", "TEXT")
 	if err != nil {
 		return err
 	}
-	if err := wantArgs(fs, pos, "ID", "TEXT"); err != nil {
-		return err
-	}
-	c, err := cf.dial()
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), cf.timeout)
 	defer cancel()
 	resp, err := c.Tasks().SendMessage(ctx, connect.NewRequest(&warrenv1.SendMessageRequest{TaskId: pos[0], Text: pos[1], RequestId: newRequestID()}))
 	if err != nil {
@@ -352,18 +354,10 @@ func taskDecide(verb string, args []string, stdout io.Writer) error {
 	var cf clientFlags
 	cf.register(fs)
 	comment := fs.String("comment", "", "a note for the record")
-	pos, err := parse(fs, args)
+	pos, c, ctx, cancel, err := cf.start(fs, args, "ID", "TOOL_CALL_ID")
 	if err != nil {
 		return err
 	}
-	if err := wantArgs(fs, pos, "ID", "TOOL_CALL_ID"); err != nil {
-		return err
-	}
-	c, err := cf.dial()
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), cf.timeout)
 	defer cancel()
 	req := connect.NewRequest(&warrenv1.DecideRequest{TaskId: pos[0], ToolCallId: pos[1], Comment: *comment, RequestId: newRequestID()})
 	var resp *connect.Response[warrenv1.DecideResponse]
@@ -387,18 +381,10 @@ func taskCancel(args []string, stdout io.Writer) error {
 	var cf clientFlags
 	cf.register(fs)
 	reason := fs.String("reason", "", "why, for the record")
-	pos, err := parse(fs, args)
+	pos, c, ctx, cancel, err := cf.start(fs, args, "ID")
 	if err != nil {
 		return err
 	}
-	if err := wantArgs(fs, pos, "ID"); err != nil {
-		return err
-	}
-	c, err := cf.dial()
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), cf.timeout)
 	defer cancel()
 	resp, err := c.Tasks().CancelTask(ctx, connect.NewRequest(&warrenv1.CancelTaskRequest{TaskId: pos[0], Reason: *reason, RequestId: newRequestID()}))
 	if err != nil {
