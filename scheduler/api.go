@@ -194,6 +194,52 @@ func (a taskAPI) AppendEvents(ctx context.Context, req *connect.Request[warrenv1
 	return connect.NewResponse(&warrenv1.AppendEventsResponse{FirstSeq: res.GetFirstSeq(), LastSeq: res.GetLastSeq()}), nil
 }
 
+// MaxAppendsPerBatch bounds one AppendEventsBatch call.
+const MaxAppendsPerBatch = 1024
+
+func (a taskAPI) AppendEventsBatch(ctx context.Context, req *connect.Request[warrenv1.AppendEventsBatchRequest]) (*connect.Response[warrenv1.AppendEventsBatchResponse], error) {
+	items := req.Msg.GetAppends()
+	var p problems
+	switch {
+	case len(items) == 0:
+		p.add("appends", "required: at least one append")
+	case len(items) > MaxAppendsPerBatch:
+		p.add("appends", "%d appends is over the limit of %d per call", len(items), MaxAppendsPerBatch)
+	}
+	for i, it := range items {
+		if err := validateAppend(it); err != nil {
+			p.add(fmt.Sprintf("appends[%d]", i), "%v", err)
+		}
+	}
+	if err := p.err(); err != nil {
+		return nil, invalid(err)
+	}
+	now := a.now()
+	cmds := make([]proto.Message, len(items))
+	for i, it := range items {
+		cmds[i] = &fsmv1.AppendEvents{
+			TaskId:     it.GetTaskId(),
+			LeaseEpoch: it.GetLeaseEpoch(),
+			Events:     it.GetEvents(),
+			RequestId:  requestID(it.GetRequestId()),
+			Time:       now,
+		}
+	}
+	res, err := a.s.propose(ctx, cmds...)
+	if err != nil {
+		return nil, err
+	}
+	out := &warrenv1.AppendEventsBatchResponse{Results: make([]*warrenv1.AppendEventsResult, len(res))}
+	for i, r := range res {
+		ar := &warrenv1.AppendEventsResult{FirstSeq: r.GetFirstSeq(), LastSeq: r.GetLastSeq()}
+		if r.GetCode() != 0 {
+			ar = &warrenv1.AppendEventsResult{ErrorCode: connect.Code(r.GetCode()).String(), ErrorMessage: r.GetMessage()}
+		}
+		out.Results[i] = ar
+	}
+	return connect.NewResponse(out), nil
+}
+
 func (a taskAPI) SendMessage(ctx context.Context, req *connect.Request[warrenv1.SendMessageRequest]) (*connect.Response[warrenv1.SendMessageResponse], error) {
 	if err := validateMessage(req.Msg); err != nil {
 		return nil, invalid(err)

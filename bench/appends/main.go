@@ -40,6 +40,7 @@ import (
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
 	"github.com/warrenhq/warren/bench/internal/cluster"
+	"github.com/warrenhq/warren/client"
 )
 
 type config struct {
@@ -50,6 +51,7 @@ type config struct {
 	runs       int
 	payload    int
 	batch      int
+	appenders  int
 	maxTasks   int
 	h2c        bool
 	gzip       bool
@@ -70,6 +72,7 @@ func main() {
 	flag.DurationVar(&c.warmup, "warmup", time.Second, "unmeasured time before each run")
 	flag.IntVar(&c.runs, "runs", 3, "runs per writer count; the table shows medians")
 	flag.IntVar(&c.payload, "payload", 256, "event payload size in bytes (a JSON object)")
+	flag.IntVar(&c.appenders, "appenders", 0, "send writers' appends through this many shared client.Appenders (as that many node daemons would: each batches its writers' appends into AppendEventsBatch calls); 0: one AppendEvents call per append")
 	flag.IntVar(&c.batch, "batch", 1, "events per AppendEvents call (a node sending several of its actors' events at once); events/s counts events")
 	flag.IntVar(&c.maxTasks, "tasks", 256, "at most this many tasks per level; writers share them")
 	flag.BoolVar(&c.h2c, "h2c", false, "use HTTP/2 cleartext (multiplexed) instead of one HTTP/1.1 connection per writer")
@@ -92,6 +95,9 @@ func main() {
 	}
 	if c.duration <= 0 || c.runs < 1 || c.maxTasks < 1 {
 		errs = append(errs, errors.New("-duration, -runs and -tasks must be positive"))
+	}
+	if c.appenders < 0 || c.appenders > 1024 {
+		errs = append(errs, fmt.Errorf("-appenders: %d is not in 0..1024", c.appenders))
 	}
 	if c.batch < 1 || c.batch > 256 {
 		errs = append(errs, fmt.Errorf("-batch: %d is not in 1..256", c.batch))
@@ -255,6 +261,20 @@ func measure(ctx context.Context, c config, cl *cluster.Cluster, tasks []warrenv
 		errs map[string]int
 	}
 	outs := make([]writerOut, w)
+	// Simulated node daemons: each Appender starts on a different server
+	// and fails over to the others.
+	var apps []*client.Appender
+	for i := 0; i < c.appenders; i++ {
+		urls := cl.URLs()
+		rot := append(append([]string(nil), urls[i%len(urls):]...), urls[:i%len(urls)]...)
+		wc, err := client.New(strings.Join(rot, ","))
+		if err != nil {
+			return result{}, err
+		}
+		app := wc.NewAppender(4, 1024)
+		defer app.Close()
+		apps = append(apps, app)
+	}
 	var stop atomic.Bool
 	var wg sync.WaitGroup
 	for i := range w {
@@ -271,7 +291,12 @@ func measure(ctx context.Context, c config, cl *cluster.Cluster, tasks []warrenv
 				})
 				cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 				s := time.Now()
-				_, err := srv.AppendEvents(cctx, req)
+				var err error
+				if len(apps) > 0 {
+					_, err = apps[i%len(apps)].Append(cctx, req.Msg)
+				} else {
+					_, err = srv.AppendEvents(cctx, req)
+				}
 				e := time.Now()
 				cancel()
 				if e.Before(t0) || e.After(t1) {
@@ -400,6 +425,14 @@ func collect[T any](rs []result, f func(result) T) []T {
 	return out
 }
 
+// how says how writers reach the cluster.
+func how(c config, who, proto string) string {
+	if c.appenders > 0 {
+		return fmt.Sprintf("writers share %d client.Appenders (simulated node daemons, each starting on a different server) that batch their appends into AppendEventsBatch calls, %s", c.appenders, proto)
+	}
+	return fmt.Sprintf("one AppendEvents call per append, each writer's calls round-robin over %s, %s", who, proto)
+}
+
 // render returns the markdown report.
 func render(c config, results map[int][]result) string {
 	var b strings.Builder
@@ -414,10 +447,10 @@ func render(c config, results map[int][]result) string {
 	who := map[string]string{"all": "the 3 servers", "leader": "the leader only", "followers": "the 2 followers only"}[c.targets]
 	fmt.Fprintf(&b, "\n## Event appends, 3 servers on loopback\n\n")
 	fmt.Fprintf(&b, "%s: %d cores (GOMAXPROCS %d), %s, %s. Bench client on the same machine. "+
-		"%d event(s) of %d B per AppendEvents (latency is per call), each writer's calls round-robin over %s, %s; "+
+		"%d event(s) of %d B per append (latency is per append), %s; "+
 		"%s measured after %s warm-up, median of %d runs. Server flags: %s.\n\n",
 		host, runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.GOOS+"/"+runtime.GOARCH, runtime.Version(),
-		c.batch, c.payload, who, proto, c.duration, c.warmup, c.runs, strings.Join(c.serverArgs, " "))
+		c.batch, c.payload, how(c, who, proto), c.duration, c.warmup, c.runs, strings.Join(c.serverArgs, " "))
 	b.WriteString("| writers | events/s | p50 | p99 | p99.9 | errors | events/raft entry | CPU cores: bench / servers / other |\n")
 	b.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, w := range c.writers {

@@ -1038,6 +1038,168 @@ func (x *AppendEventsResponse) GetLastSeq() uint64 {
 	return 0
 }
 
+type AppendEventsBatchRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Appends to one or more tasks, applied in order; each is fenced and
+	// idempotent on its own, exactly as a single AppendEvents.
+	Appends       []*AppendEventsRequest `protobuf:"bytes,1,rep,name=appends,proto3" json:"appends,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AppendEventsBatchRequest) Reset() {
+	*x = AppendEventsBatchRequest{}
+	mi := &file_warren_v1_task_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AppendEventsBatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AppendEventsBatchRequest) ProtoMessage() {}
+
+func (x *AppendEventsBatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_task_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AppendEventsBatchRequest.ProtoReflect.Descriptor instead.
+func (*AppendEventsBatchRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *AppendEventsBatchRequest) GetAppends() []*AppendEventsRequest {
+	if x != nil {
+		return x.Appends
+	}
+	return nil
+}
+
+// AppendEventsResult is the outcome of one append of a batch.
+type AppendEventsResult struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	FirstSeq uint64                 `protobuf:"varint,1,opt,name=first_seq,json=firstSeq,proto3" json:"first_seq,omitempty"`
+	LastSeq  uint64                 `protobuf:"varint,2,opt,name=last_seq,json=lastSeq,proto3" json:"last_seq,omitempty"`
+	// A Connect code name ("failed_precondition", "not_found", ...); empty
+	// on success.
+	ErrorCode     string `protobuf:"bytes,3,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
+	ErrorMessage  string `protobuf:"bytes,4,opt,name=error_message,json=errorMessage,proto3" json:"error_message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AppendEventsResult) Reset() {
+	*x = AppendEventsResult{}
+	mi := &file_warren_v1_task_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AppendEventsResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AppendEventsResult) ProtoMessage() {}
+
+func (x *AppendEventsResult) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_task_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AppendEventsResult.ProtoReflect.Descriptor instead.
+func (*AppendEventsResult) Descriptor() ([]byte, []int) {
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *AppendEventsResult) GetFirstSeq() uint64 {
+	if x != nil {
+		return x.FirstSeq
+	}
+	return 0
+}
+
+func (x *AppendEventsResult) GetLastSeq() uint64 {
+	if x != nil {
+		return x.LastSeq
+	}
+	return 0
+}
+
+func (x *AppendEventsResult) GetErrorCode() string {
+	if x != nil {
+		return x.ErrorCode
+	}
+	return ""
+}
+
+func (x *AppendEventsResult) GetErrorMessage() string {
+	if x != nil {
+		return x.ErrorMessage
+	}
+	return ""
+}
+
+type AppendEventsBatchResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One per append, in request order.
+	Results       []*AppendEventsResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AppendEventsBatchResponse) Reset() {
+	*x = AppendEventsBatchResponse{}
+	mi := &file_warren_v1_task_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AppendEventsBatchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AppendEventsBatchResponse) ProtoMessage() {}
+
+func (x *AppendEventsBatchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_task_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AppendEventsBatchResponse.ProtoReflect.Descriptor instead.
+func (*AppendEventsBatchResponse) Descriptor() ([]byte, []int) {
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *AppendEventsBatchResponse) GetResults() []*AppendEventsResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
 type StreamEventsRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	TaskId string                 `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
@@ -1049,7 +1211,7 @@ type StreamEventsRequest struct {
 
 func (x *StreamEventsRequest) Reset() {
 	*x = StreamEventsRequest{}
-	mi := &file_warren_v1_task_proto_msgTypes[14]
+	mi := &file_warren_v1_task_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1061,7 +1223,7 @@ func (x *StreamEventsRequest) String() string {
 func (*StreamEventsRequest) ProtoMessage() {}
 
 func (x *StreamEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[14]
+	mi := &file_warren_v1_task_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1074,7 +1236,7 @@ func (x *StreamEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamEventsRequest.ProtoReflect.Descriptor instead.
 func (*StreamEventsRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{14}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *StreamEventsRequest) GetTaskId() string {
@@ -1100,7 +1262,7 @@ type StreamEventsResponse struct {
 
 func (x *StreamEventsResponse) Reset() {
 	*x = StreamEventsResponse{}
-	mi := &file_warren_v1_task_proto_msgTypes[15]
+	mi := &file_warren_v1_task_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1112,7 +1274,7 @@ func (x *StreamEventsResponse) String() string {
 func (*StreamEventsResponse) ProtoMessage() {}
 
 func (x *StreamEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[15]
+	mi := &file_warren_v1_task_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1125,7 +1287,7 @@ func (x *StreamEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamEventsResponse.ProtoReflect.Descriptor instead.
 func (*StreamEventsResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{15}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *StreamEventsResponse) GetEvent() *Event {
@@ -1147,7 +1309,7 @@ type SendMessageRequest struct {
 
 func (x *SendMessageRequest) Reset() {
 	*x = SendMessageRequest{}
-	mi := &file_warren_v1_task_proto_msgTypes[16]
+	mi := &file_warren_v1_task_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1159,7 +1321,7 @@ func (x *SendMessageRequest) String() string {
 func (*SendMessageRequest) ProtoMessage() {}
 
 func (x *SendMessageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[16]
+	mi := &file_warren_v1_task_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1172,7 +1334,7 @@ func (x *SendMessageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendMessageRequest.ProtoReflect.Descriptor instead.
 func (*SendMessageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{16}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SendMessageRequest) GetTaskId() string {
@@ -1205,7 +1367,7 @@ type SendMessageResponse struct {
 
 func (x *SendMessageResponse) Reset() {
 	*x = SendMessageResponse{}
-	mi := &file_warren_v1_task_proto_msgTypes[17]
+	mi := &file_warren_v1_task_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1217,7 +1379,7 @@ func (x *SendMessageResponse) String() string {
 func (*SendMessageResponse) ProtoMessage() {}
 
 func (x *SendMessageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[17]
+	mi := &file_warren_v1_task_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1230,7 +1392,7 @@ func (x *SendMessageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendMessageResponse.ProtoReflect.Descriptor instead.
 func (*SendMessageResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{17}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SendMessageResponse) GetSeq() uint64 {
@@ -1253,7 +1415,7 @@ type DecideRequest struct {
 
 func (x *DecideRequest) Reset() {
 	*x = DecideRequest{}
-	mi := &file_warren_v1_task_proto_msgTypes[18]
+	mi := &file_warren_v1_task_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1265,7 +1427,7 @@ func (x *DecideRequest) String() string {
 func (*DecideRequest) ProtoMessage() {}
 
 func (x *DecideRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[18]
+	mi := &file_warren_v1_task_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1278,7 +1440,7 @@ func (x *DecideRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideRequest.ProtoReflect.Descriptor instead.
 func (*DecideRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{18}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *DecideRequest) GetTaskId() string {
@@ -1318,7 +1480,7 @@ type DecideResponse struct {
 
 func (x *DecideResponse) Reset() {
 	*x = DecideResponse{}
-	mi := &file_warren_v1_task_proto_msgTypes[19]
+	mi := &file_warren_v1_task_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1330,7 +1492,7 @@ func (x *DecideResponse) String() string {
 func (*DecideResponse) ProtoMessage() {}
 
 func (x *DecideResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[19]
+	mi := &file_warren_v1_task_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1343,7 +1505,7 @@ func (x *DecideResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideResponse.ProtoReflect.Descriptor instead.
 func (*DecideResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{19}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DecideResponse) GetSeq() uint64 {
@@ -1365,7 +1527,7 @@ type CancelTaskRequest struct {
 
 func (x *CancelTaskRequest) Reset() {
 	*x = CancelTaskRequest{}
-	mi := &file_warren_v1_task_proto_msgTypes[20]
+	mi := &file_warren_v1_task_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1377,7 +1539,7 @@ func (x *CancelTaskRequest) String() string {
 func (*CancelTaskRequest) ProtoMessage() {}
 
 func (x *CancelTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[20]
+	mi := &file_warren_v1_task_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1390,7 +1552,7 @@ func (x *CancelTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelTaskRequest.ProtoReflect.Descriptor instead.
 func (*CancelTaskRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{20}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CancelTaskRequest) GetTaskId() string {
@@ -1423,7 +1585,7 @@ type CancelTaskResponse struct {
 
 func (x *CancelTaskResponse) Reset() {
 	*x = CancelTaskResponse{}
-	mi := &file_warren_v1_task_proto_msgTypes[21]
+	mi := &file_warren_v1_task_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1435,7 +1597,7 @@ func (x *CancelTaskResponse) String() string {
 func (*CancelTaskResponse) ProtoMessage() {}
 
 func (x *CancelTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[21]
+	mi := &file_warren_v1_task_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1448,7 +1610,7 @@ func (x *CancelTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelTaskResponse.ProtoReflect.Descriptor instead.
 func (*CancelTaskResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{21}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CancelTaskResponse) GetTask() *Task {
@@ -1543,7 +1705,17 @@ const file_warren_v1_task_proto_rawDesc = "" +
 	"request_id\x18\x04 \x01(\tR\trequestId\"N\n" +
 	"\x14AppendEventsResponse\x12\x1b\n" +
 	"\tfirst_seq\x18\x01 \x01(\x04R\bfirstSeq\x12\x19\n" +
-	"\blast_seq\x18\x02 \x01(\x04R\alastSeq\"K\n" +
+	"\blast_seq\x18\x02 \x01(\x04R\alastSeq\"T\n" +
+	"\x18AppendEventsBatchRequest\x128\n" +
+	"\aappends\x18\x01 \x03(\v2\x1e.warren.v1.AppendEventsRequestR\aappends\"\x90\x01\n" +
+	"\x12AppendEventsResult\x12\x1b\n" +
+	"\tfirst_seq\x18\x01 \x01(\x04R\bfirstSeq\x12\x19\n" +
+	"\blast_seq\x18\x02 \x01(\x04R\alastSeq\x12\x1d\n" +
+	"\n" +
+	"error_code\x18\x03 \x01(\tR\terrorCode\x12#\n" +
+	"\rerror_message\x18\x04 \x01(\tR\ferrorMessage\"T\n" +
+	"\x19AppendEventsBatchResponse\x127\n" +
+	"\aresults\x18\x01 \x03(\v2\x1d.warren.v1.AppendEventsResultR\aresults\"K\n" +
 	"\x13StreamEventsRequest\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x1b\n" +
 	"\tafter_seq\x18\x02 \x01(\x04R\bafterSeq\">\n" +
@@ -1580,13 +1752,14 @@ const file_warren_v1_task_proto_rawDesc = "" +
 	"\x1bTASK_STATE_WAITING_APPROVAL\x10\x04\x12\x18\n" +
 	"\x14TASK_STATE_SUCCEEDED\x10\x05\x12\x15\n" +
 	"\x11TASK_STATE_FAILED\x10\x06\x12\x18\n" +
-	"\x14TASK_STATE_CANCELLED\x10\a2\xa8\x05\n" +
+	"\x14TASK_STATE_CANCELLED\x10\a2\x88\x06\n" +
 	"\vTaskService\x12I\n" +
 	"\n" +
 	"CreateTask\x12\x1c.warren.v1.CreateTaskRequest\x1a\x1d.warren.v1.CreateTaskResponse\x12E\n" +
 	"\aGetTask\x12\x19.warren.v1.GetTaskRequest\x1a\x1a.warren.v1.GetTaskResponse\"\x03\x90\x02\x01\x12K\n" +
 	"\tListTasks\x12\x1b.warren.v1.ListTasksRequest\x1a\x1c.warren.v1.ListTasksResponse\"\x03\x90\x02\x01\x12O\n" +
-	"\fAppendEvents\x12\x1e.warren.v1.AppendEventsRequest\x1a\x1f.warren.v1.AppendEventsResponse\x12Q\n" +
+	"\fAppendEvents\x12\x1e.warren.v1.AppendEventsRequest\x1a\x1f.warren.v1.AppendEventsResponse\x12^\n" +
+	"\x11AppendEventsBatch\x12#.warren.v1.AppendEventsBatchRequest\x1a$.warren.v1.AppendEventsBatchResponse\x12Q\n" +
 	"\fStreamEvents\x12\x1e.warren.v1.StreamEventsRequest\x1a\x1f.warren.v1.StreamEventsResponse0\x01\x12L\n" +
 	"\vSendMessage\x12\x1d.warren.v1.SendMessageRequest\x1a\x1e.warren.v1.SendMessageResponse\x12>\n" +
 	"\aApprove\x12\x18.warren.v1.DecideRequest\x1a\x19.warren.v1.DecideResponse\x12=\n" +
@@ -1607,74 +1780,81 @@ func file_warren_v1_task_proto_rawDescGZIP() []byte {
 }
 
 var file_warren_v1_task_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_warren_v1_task_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_warren_v1_task_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_warren_v1_task_proto_goTypes = []any{
-	(TaskState)(0),                // 0: warren.v1.TaskState
-	(*Budgets)(nil),               // 1: warren.v1.Budgets
-	(*TaskSpec)(nil),              // 2: warren.v1.TaskSpec
-	(*Lease)(nil),                 // 3: warren.v1.Lease
-	(*Task)(nil),                  // 4: warren.v1.Task
-	(*Event)(nil),                 // 5: warren.v1.Event
-	(*EventInput)(nil),            // 6: warren.v1.EventInput
-	(*CreateTaskRequest)(nil),     // 7: warren.v1.CreateTaskRequest
-	(*CreateTaskResponse)(nil),    // 8: warren.v1.CreateTaskResponse
-	(*GetTaskRequest)(nil),        // 9: warren.v1.GetTaskRequest
-	(*GetTaskResponse)(nil),       // 10: warren.v1.GetTaskResponse
-	(*ListTasksRequest)(nil),      // 11: warren.v1.ListTasksRequest
-	(*ListTasksResponse)(nil),     // 12: warren.v1.ListTasksResponse
-	(*AppendEventsRequest)(nil),   // 13: warren.v1.AppendEventsRequest
-	(*AppendEventsResponse)(nil),  // 14: warren.v1.AppendEventsResponse
-	(*StreamEventsRequest)(nil),   // 15: warren.v1.StreamEventsRequest
-	(*StreamEventsResponse)(nil),  // 16: warren.v1.StreamEventsResponse
-	(*SendMessageRequest)(nil),    // 17: warren.v1.SendMessageRequest
-	(*SendMessageResponse)(nil),   // 18: warren.v1.SendMessageResponse
-	(*DecideRequest)(nil),         // 19: warren.v1.DecideRequest
-	(*DecideResponse)(nil),        // 20: warren.v1.DecideResponse
-	(*CancelTaskRequest)(nil),     // 21: warren.v1.CancelTaskRequest
-	(*CancelTaskResponse)(nil),    // 22: warren.v1.CancelTaskResponse
-	nil,                           // 23: warren.v1.TaskSpec.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 24: google.protobuf.Timestamp
+	(TaskState)(0),                    // 0: warren.v1.TaskState
+	(*Budgets)(nil),                   // 1: warren.v1.Budgets
+	(*TaskSpec)(nil),                  // 2: warren.v1.TaskSpec
+	(*Lease)(nil),                     // 3: warren.v1.Lease
+	(*Task)(nil),                      // 4: warren.v1.Task
+	(*Event)(nil),                     // 5: warren.v1.Event
+	(*EventInput)(nil),                // 6: warren.v1.EventInput
+	(*CreateTaskRequest)(nil),         // 7: warren.v1.CreateTaskRequest
+	(*CreateTaskResponse)(nil),        // 8: warren.v1.CreateTaskResponse
+	(*GetTaskRequest)(nil),            // 9: warren.v1.GetTaskRequest
+	(*GetTaskResponse)(nil),           // 10: warren.v1.GetTaskResponse
+	(*ListTasksRequest)(nil),          // 11: warren.v1.ListTasksRequest
+	(*ListTasksResponse)(nil),         // 12: warren.v1.ListTasksResponse
+	(*AppendEventsRequest)(nil),       // 13: warren.v1.AppendEventsRequest
+	(*AppendEventsResponse)(nil),      // 14: warren.v1.AppendEventsResponse
+	(*AppendEventsBatchRequest)(nil),  // 15: warren.v1.AppendEventsBatchRequest
+	(*AppendEventsResult)(nil),        // 16: warren.v1.AppendEventsResult
+	(*AppendEventsBatchResponse)(nil), // 17: warren.v1.AppendEventsBatchResponse
+	(*StreamEventsRequest)(nil),       // 18: warren.v1.StreamEventsRequest
+	(*StreamEventsResponse)(nil),      // 19: warren.v1.StreamEventsResponse
+	(*SendMessageRequest)(nil),        // 20: warren.v1.SendMessageRequest
+	(*SendMessageResponse)(nil),       // 21: warren.v1.SendMessageResponse
+	(*DecideRequest)(nil),             // 22: warren.v1.DecideRequest
+	(*DecideResponse)(nil),            // 23: warren.v1.DecideResponse
+	(*CancelTaskRequest)(nil),         // 24: warren.v1.CancelTaskRequest
+	(*CancelTaskResponse)(nil),        // 25: warren.v1.CancelTaskResponse
+	nil,                               // 26: warren.v1.TaskSpec.LabelsEntry
+	(*timestamppb.Timestamp)(nil),     // 27: google.protobuf.Timestamp
 }
 var file_warren_v1_task_proto_depIdxs = []int32{
 	1,  // 0: warren.v1.TaskSpec.budgets:type_name -> warren.v1.Budgets
-	23, // 1: warren.v1.TaskSpec.labels:type_name -> warren.v1.TaskSpec.LabelsEntry
+	26, // 1: warren.v1.TaskSpec.labels:type_name -> warren.v1.TaskSpec.LabelsEntry
 	2,  // 2: warren.v1.Task.spec:type_name -> warren.v1.TaskSpec
 	0,  // 3: warren.v1.Task.state:type_name -> warren.v1.TaskState
-	24, // 4: warren.v1.Task.created_at:type_name -> google.protobuf.Timestamp
-	24, // 5: warren.v1.Task.updated_at:type_name -> google.protobuf.Timestamp
+	27, // 4: warren.v1.Task.created_at:type_name -> google.protobuf.Timestamp
+	27, // 5: warren.v1.Task.updated_at:type_name -> google.protobuf.Timestamp
 	3,  // 6: warren.v1.Task.lease:type_name -> warren.v1.Lease
-	24, // 7: warren.v1.Event.time:type_name -> google.protobuf.Timestamp
+	27, // 7: warren.v1.Event.time:type_name -> google.protobuf.Timestamp
 	2,  // 8: warren.v1.CreateTaskRequest.spec:type_name -> warren.v1.TaskSpec
 	4,  // 9: warren.v1.CreateTaskResponse.task:type_name -> warren.v1.Task
 	4,  // 10: warren.v1.GetTaskResponse.task:type_name -> warren.v1.Task
 	0,  // 11: warren.v1.ListTasksRequest.state:type_name -> warren.v1.TaskState
 	4,  // 12: warren.v1.ListTasksResponse.tasks:type_name -> warren.v1.Task
 	6,  // 13: warren.v1.AppendEventsRequest.events:type_name -> warren.v1.EventInput
-	5,  // 14: warren.v1.StreamEventsResponse.event:type_name -> warren.v1.Event
-	4,  // 15: warren.v1.CancelTaskResponse.task:type_name -> warren.v1.Task
-	7,  // 16: warren.v1.TaskService.CreateTask:input_type -> warren.v1.CreateTaskRequest
-	9,  // 17: warren.v1.TaskService.GetTask:input_type -> warren.v1.GetTaskRequest
-	11, // 18: warren.v1.TaskService.ListTasks:input_type -> warren.v1.ListTasksRequest
-	13, // 19: warren.v1.TaskService.AppendEvents:input_type -> warren.v1.AppendEventsRequest
-	15, // 20: warren.v1.TaskService.StreamEvents:input_type -> warren.v1.StreamEventsRequest
-	17, // 21: warren.v1.TaskService.SendMessage:input_type -> warren.v1.SendMessageRequest
-	19, // 22: warren.v1.TaskService.Approve:input_type -> warren.v1.DecideRequest
-	19, // 23: warren.v1.TaskService.Reject:input_type -> warren.v1.DecideRequest
-	21, // 24: warren.v1.TaskService.CancelTask:input_type -> warren.v1.CancelTaskRequest
-	8,  // 25: warren.v1.TaskService.CreateTask:output_type -> warren.v1.CreateTaskResponse
-	10, // 26: warren.v1.TaskService.GetTask:output_type -> warren.v1.GetTaskResponse
-	12, // 27: warren.v1.TaskService.ListTasks:output_type -> warren.v1.ListTasksResponse
-	14, // 28: warren.v1.TaskService.AppendEvents:output_type -> warren.v1.AppendEventsResponse
-	16, // 29: warren.v1.TaskService.StreamEvents:output_type -> warren.v1.StreamEventsResponse
-	18, // 30: warren.v1.TaskService.SendMessage:output_type -> warren.v1.SendMessageResponse
-	20, // 31: warren.v1.TaskService.Approve:output_type -> warren.v1.DecideResponse
-	20, // 32: warren.v1.TaskService.Reject:output_type -> warren.v1.DecideResponse
-	22, // 33: warren.v1.TaskService.CancelTask:output_type -> warren.v1.CancelTaskResponse
-	25, // [25:34] is the sub-list for method output_type
-	16, // [16:25] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	13, // 14: warren.v1.AppendEventsBatchRequest.appends:type_name -> warren.v1.AppendEventsRequest
+	16, // 15: warren.v1.AppendEventsBatchResponse.results:type_name -> warren.v1.AppendEventsResult
+	5,  // 16: warren.v1.StreamEventsResponse.event:type_name -> warren.v1.Event
+	4,  // 17: warren.v1.CancelTaskResponse.task:type_name -> warren.v1.Task
+	7,  // 18: warren.v1.TaskService.CreateTask:input_type -> warren.v1.CreateTaskRequest
+	9,  // 19: warren.v1.TaskService.GetTask:input_type -> warren.v1.GetTaskRequest
+	11, // 20: warren.v1.TaskService.ListTasks:input_type -> warren.v1.ListTasksRequest
+	13, // 21: warren.v1.TaskService.AppendEvents:input_type -> warren.v1.AppendEventsRequest
+	15, // 22: warren.v1.TaskService.AppendEventsBatch:input_type -> warren.v1.AppendEventsBatchRequest
+	18, // 23: warren.v1.TaskService.StreamEvents:input_type -> warren.v1.StreamEventsRequest
+	20, // 24: warren.v1.TaskService.SendMessage:input_type -> warren.v1.SendMessageRequest
+	22, // 25: warren.v1.TaskService.Approve:input_type -> warren.v1.DecideRequest
+	22, // 26: warren.v1.TaskService.Reject:input_type -> warren.v1.DecideRequest
+	24, // 27: warren.v1.TaskService.CancelTask:input_type -> warren.v1.CancelTaskRequest
+	8,  // 28: warren.v1.TaskService.CreateTask:output_type -> warren.v1.CreateTaskResponse
+	10, // 29: warren.v1.TaskService.GetTask:output_type -> warren.v1.GetTaskResponse
+	12, // 30: warren.v1.TaskService.ListTasks:output_type -> warren.v1.ListTasksResponse
+	14, // 31: warren.v1.TaskService.AppendEvents:output_type -> warren.v1.AppendEventsResponse
+	17, // 32: warren.v1.TaskService.AppendEventsBatch:output_type -> warren.v1.AppendEventsBatchResponse
+	19, // 33: warren.v1.TaskService.StreamEvents:output_type -> warren.v1.StreamEventsResponse
+	21, // 34: warren.v1.TaskService.SendMessage:output_type -> warren.v1.SendMessageResponse
+	23, // 35: warren.v1.TaskService.Approve:output_type -> warren.v1.DecideResponse
+	23, // 36: warren.v1.TaskService.Reject:output_type -> warren.v1.DecideResponse
+	25, // 37: warren.v1.TaskService.CancelTask:output_type -> warren.v1.CancelTaskResponse
+	28, // [28:38] is the sub-list for method output_type
+	18, // [18:28] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_warren_v1_task_proto_init() }
@@ -1688,7 +1868,7 @@ func file_warren_v1_task_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warren_v1_task_proto_rawDesc), len(file_warren_v1_task_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   23,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -42,6 +42,9 @@ const (
 	// TaskServiceAppendEventsProcedure is the fully-qualified name of the TaskService's AppendEvents
 	// RPC.
 	TaskServiceAppendEventsProcedure = "/warren.v1.TaskService/AppendEvents"
+	// TaskServiceAppendEventsBatchProcedure is the fully-qualified name of the TaskService's
+	// AppendEventsBatch RPC.
+	TaskServiceAppendEventsBatchProcedure = "/warren.v1.TaskService/AppendEventsBatch"
 	// TaskServiceStreamEventsProcedure is the fully-qualified name of the TaskService's StreamEvents
 	// RPC.
 	TaskServiceStreamEventsProcedure = "/warren.v1.TaskService/StreamEvents"
@@ -62,6 +65,11 @@ type TaskServiceClient interface {
 	ListTasks(context.Context, *connect.Request[v1.ListTasksRequest]) (*connect.Response[v1.ListTasksResponse], error)
 	// AppendEvents is used by node daemons; it is fenced by the lease epoch.
 	AppendEvents(context.Context, *connect.Request[v1.AppendEventsRequest]) (*connect.Response[v1.AppendEventsResponse], error)
+	// AppendEventsBatch carries many tasks' appends in one call (a node sends
+	// its actors' events together). A malformed item fails the whole call
+	// with invalid_argument; refusals of the log (stale epoch, terminal task)
+	// are reported per item.
+	AppendEventsBatch(context.Context, *connect.Request[v1.AppendEventsBatchRequest]) (*connect.Response[v1.AppendEventsBatchResponse], error)
 	// StreamEvents sends every event with seq > after_seq, then tails live,
 	// and ends after the event that made the task terminal.
 	StreamEvents(context.Context, *connect.Request[v1.StreamEventsRequest]) (*connect.ServerStreamForClient[v1.StreamEventsResponse], error)
@@ -109,6 +117,12 @@ func NewTaskServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(taskServiceMethods.ByName("AppendEvents")),
 			connect.WithClientOptions(opts...),
 		),
+		appendEventsBatch: connect.NewClient[v1.AppendEventsBatchRequest, v1.AppendEventsBatchResponse](
+			httpClient,
+			baseURL+TaskServiceAppendEventsBatchProcedure,
+			connect.WithSchema(taskServiceMethods.ByName("AppendEventsBatch")),
+			connect.WithClientOptions(opts...),
+		),
 		streamEvents: connect.NewClient[v1.StreamEventsRequest, v1.StreamEventsResponse](
 			httpClient,
 			baseURL+TaskServiceStreamEventsProcedure,
@@ -144,15 +158,16 @@ func NewTaskServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 
 // taskServiceClient implements TaskServiceClient.
 type taskServiceClient struct {
-	createTask   *connect.Client[v1.CreateTaskRequest, v1.CreateTaskResponse]
-	getTask      *connect.Client[v1.GetTaskRequest, v1.GetTaskResponse]
-	listTasks    *connect.Client[v1.ListTasksRequest, v1.ListTasksResponse]
-	appendEvents *connect.Client[v1.AppendEventsRequest, v1.AppendEventsResponse]
-	streamEvents *connect.Client[v1.StreamEventsRequest, v1.StreamEventsResponse]
-	sendMessage  *connect.Client[v1.SendMessageRequest, v1.SendMessageResponse]
-	approve      *connect.Client[v1.DecideRequest, v1.DecideResponse]
-	reject       *connect.Client[v1.DecideRequest, v1.DecideResponse]
-	cancelTask   *connect.Client[v1.CancelTaskRequest, v1.CancelTaskResponse]
+	createTask        *connect.Client[v1.CreateTaskRequest, v1.CreateTaskResponse]
+	getTask           *connect.Client[v1.GetTaskRequest, v1.GetTaskResponse]
+	listTasks         *connect.Client[v1.ListTasksRequest, v1.ListTasksResponse]
+	appendEvents      *connect.Client[v1.AppendEventsRequest, v1.AppendEventsResponse]
+	appendEventsBatch *connect.Client[v1.AppendEventsBatchRequest, v1.AppendEventsBatchResponse]
+	streamEvents      *connect.Client[v1.StreamEventsRequest, v1.StreamEventsResponse]
+	sendMessage       *connect.Client[v1.SendMessageRequest, v1.SendMessageResponse]
+	approve           *connect.Client[v1.DecideRequest, v1.DecideResponse]
+	reject            *connect.Client[v1.DecideRequest, v1.DecideResponse]
+	cancelTask        *connect.Client[v1.CancelTaskRequest, v1.CancelTaskResponse]
 }
 
 // CreateTask calls warren.v1.TaskService.CreateTask.
@@ -173,6 +188,11 @@ func (c *taskServiceClient) ListTasks(ctx context.Context, req *connect.Request[
 // AppendEvents calls warren.v1.TaskService.AppendEvents.
 func (c *taskServiceClient) AppendEvents(ctx context.Context, req *connect.Request[v1.AppendEventsRequest]) (*connect.Response[v1.AppendEventsResponse], error) {
 	return c.appendEvents.CallUnary(ctx, req)
+}
+
+// AppendEventsBatch calls warren.v1.TaskService.AppendEventsBatch.
+func (c *taskServiceClient) AppendEventsBatch(ctx context.Context, req *connect.Request[v1.AppendEventsBatchRequest]) (*connect.Response[v1.AppendEventsBatchResponse], error) {
+	return c.appendEventsBatch.CallUnary(ctx, req)
 }
 
 // StreamEvents calls warren.v1.TaskService.StreamEvents.
@@ -207,6 +227,11 @@ type TaskServiceHandler interface {
 	ListTasks(context.Context, *connect.Request[v1.ListTasksRequest]) (*connect.Response[v1.ListTasksResponse], error)
 	// AppendEvents is used by node daemons; it is fenced by the lease epoch.
 	AppendEvents(context.Context, *connect.Request[v1.AppendEventsRequest]) (*connect.Response[v1.AppendEventsResponse], error)
+	// AppendEventsBatch carries many tasks' appends in one call (a node sends
+	// its actors' events together). A malformed item fails the whole call
+	// with invalid_argument; refusals of the log (stale epoch, terminal task)
+	// are reported per item.
+	AppendEventsBatch(context.Context, *connect.Request[v1.AppendEventsBatchRequest]) (*connect.Response[v1.AppendEventsBatchResponse], error)
 	// StreamEvents sends every event with seq > after_seq, then tails live,
 	// and ends after the event that made the task terminal.
 	StreamEvents(context.Context, *connect.Request[v1.StreamEventsRequest], *connect.ServerStream[v1.StreamEventsResponse]) error
@@ -250,6 +275,12 @@ func NewTaskServiceHandler(svc TaskServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(taskServiceMethods.ByName("AppendEvents")),
 		connect.WithHandlerOptions(opts...),
 	)
+	taskServiceAppendEventsBatchHandler := connect.NewUnaryHandler(
+		TaskServiceAppendEventsBatchProcedure,
+		svc.AppendEventsBatch,
+		connect.WithSchema(taskServiceMethods.ByName("AppendEventsBatch")),
+		connect.WithHandlerOptions(opts...),
+	)
 	taskServiceStreamEventsHandler := connect.NewServerStreamHandler(
 		TaskServiceStreamEventsProcedure,
 		svc.StreamEvents,
@@ -290,6 +321,8 @@ func NewTaskServiceHandler(svc TaskServiceHandler, opts ...connect.HandlerOption
 			taskServiceListTasksHandler.ServeHTTP(w, r)
 		case TaskServiceAppendEventsProcedure:
 			taskServiceAppendEventsHandler.ServeHTTP(w, r)
+		case TaskServiceAppendEventsBatchProcedure:
+			taskServiceAppendEventsBatchHandler.ServeHTTP(w, r)
 		case TaskServiceStreamEventsProcedure:
 			taskServiceStreamEventsHandler.ServeHTTP(w, r)
 		case TaskServiceSendMessageProcedure:
@@ -323,6 +356,10 @@ func (UnimplementedTaskServiceHandler) ListTasks(context.Context, *connect.Reque
 
 func (UnimplementedTaskServiceHandler) AppendEvents(context.Context, *connect.Request[v1.AppendEventsRequest]) (*connect.Response[v1.AppendEventsResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.TaskService.AppendEvents is not implemented"))
+}
+
+func (UnimplementedTaskServiceHandler) AppendEventsBatch(context.Context, *connect.Request[v1.AppendEventsBatchRequest]) (*connect.Response[v1.AppendEventsBatchResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.TaskService.AppendEventsBatch is not implemented"))
 }
 
 func (UnimplementedTaskServiceHandler) StreamEvents(context.Context, *connect.Request[v1.StreamEventsRequest], *connect.ServerStream[v1.StreamEventsResponse]) error {

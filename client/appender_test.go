@@ -1,0 +1,120 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+
+	"connectrpc.com/connect"
+
+	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/client"
+)
+
+func TestAppenderSharesCallsAndKeepsEachOutcome(t *testing.T) {
+	url, stop := startDev()
+	defer stop()
+	c, err := client.New(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	var ids []string
+	for i := 0; i < 10; i++ {
+		r, err := c.Tasks().CreateTask(ctx, connect.NewRequest(&warrenv1.CreateTaskRequest{Spec: &warrenv1.TaskSpec{
+			Repo: "https://git.example.com/a/b.git", Base: "main", IssueTitle: fmt.Sprint("t", i)}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, r.Msg.GetTask().GetId())
+	}
+	app := c.NewAppender(2, 64)
+	defer app.Close()
+
+	const writers, each = 100, 20
+	var mu sync.Mutex
+	seqs := map[string][]uint64{}
+	var wg sync.WaitGroup
+	for w := 0; w < writers; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for n := 0; n < each; n++ {
+				id := ids[(w+n)%len(ids)]
+				r, err := app.Append(ctx, &warrenv1.AppendEventsRequest{TaskId: id, Events: []*warrenv1.EventInput{
+					{Kind: "log", Payload: []byte(fmt.Sprintf(`{"w":%d,"n":%d}`, w, n))}}})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				seqs[id] = append(seqs[id], r.GetFirstSeq())
+				mu.Unlock()
+			}
+		}(w)
+	}
+	wg.Wait()
+	total := 0
+	for _, id := range ids {
+		s := seqs[id]
+		sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+		for i, v := range s {
+			if v != uint64(i+2) { // seq 1 is task_created
+				t.Fatalf("task %s: acknowledged seqs %v are not 2..%d", id, s, len(s)+1)
+			}
+		}
+		total += len(s)
+		got, err := c.Tasks().GetTask(ctx, connect.NewRequest(&warrenv1.GetTaskRequest{Id: id}))
+		if err != nil || got.Msg.GetTask().GetNextSeq() != uint64(len(s)+2) {
+			t.Fatalf("task %s has next_seq %d after %d appends (%v)", id, got.Msg.GetTask().GetNextSeq(), len(s), err)
+		}
+	}
+	if total != writers*each {
+		t.Fatalf("%d appends acknowledged, want %d", total, writers*each)
+	}
+
+	// A refusal is reported to its own caller only.
+	_, err = app.Append(ctx, &warrenv1.AppendEventsRequest{TaskId: ids[0], LeaseEpoch: 7, Events: []*warrenv1.EventInput{{Kind: "log"}}})
+	if connect.CodeOf(err) != connect.CodeFailedPrecondition {
+		t.Fatalf("stale epoch: %v", err)
+	}
+	if _, err := app.Append(ctx, &warrenv1.AppendEventsRequest{TaskId: ids[0], Events: []*warrenv1.EventInput{{Kind: "log"}}}); err != nil {
+		t.Fatal(err)
+	}
+	// The same request id is applied once.
+	req := func() *warrenv1.AppendEventsRequest {
+		return &warrenv1.AppendEventsRequest{TaskId: ids[1], RequestId: "once", Events: []*warrenv1.EventInput{{Kind: "log"}}}
+	}
+	a1, err1 := app.Append(ctx, req())
+	a2, err2 := app.Append(ctx, req())
+	if err1 != nil || err2 != nil || a1.GetFirstSeq() != a2.GetFirstSeq() {
+		t.Fatalf("retry with one request id: %v %v, seqs %d %d", err1, err2, a1.GetFirstSeq(), a2.GetFirstSeq())
+	}
+
+	// A malformed append fails the whole call it shared, naming the item.
+	_, err = c.Tasks().AppendEventsBatch(ctx, connect.NewRequest(&warrenv1.AppendEventsBatchRequest{Appends: []*warrenv1.AppendEventsRequest{
+		{TaskId: ids[0], Events: []*warrenv1.EventInput{{Kind: "log"}}},
+		{TaskId: ids[0], Events: []*warrenv1.EventInput{{Kind: "nope"}}},
+	}}))
+	if connect.CodeOf(err) != connect.CodeInvalidArgument || !errContains(err, "appends[1]: events[0].kind") {
+		t.Fatalf("malformed batch: %v", err)
+	}
+}
+
+func TestAppenderClosed(t *testing.T) {
+	c, err := client.New("http://127.0.0.1:1") // never dialled
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := c.NewAppender(1, 8)
+	app.Close()
+	if _, err := app.Append(context.Background(), &warrenv1.AppendEventsRequest{TaskId: "x"}); !errors.Is(err, client.ErrAppenderClosed) {
+		t.Fatalf("append after close: %v", err)
+	}
+}
+
+func errContains(err error, s string) bool { return err != nil && strings.Contains(err.Error(), s) }
