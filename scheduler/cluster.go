@@ -99,10 +99,12 @@ func (c clusterAPI) Snapshot(ctx context.Context, _ *connect.Request[warrenv1.Sn
 	return connect.NewResponse(&warrenv1.SnapshotResponse{Index: idx}), nil
 }
 
-// forwardable are the command types a follower forwards: the client
-// writes. Batches, membership and leases are proposed by the leader only.
+// forwardable are the command types a follower forwards: client and
+// operator writes. Batches, membership, plans and leases are proposed by
+// the leader only.
 var forwardable = map[CmdType]bool{
 	CmdCreateTask: true, CmdAppendEvents: true, CmdSendMessage: true, CmdDecide: true, CmdCancelTask: true,
+	CmdRegisterNode: true, CmdNodeOp: true,
 }
 
 // Propose applies commands forwarded by a follower. Only the leader

@@ -20,8 +20,11 @@ const (
 	CmdSendMessage  CmdType = 0x04
 	CmdDecide       CmdType = 0x05
 	CmdCancelTask   CmdType = 0x06
-	CmdGrantLease   CmdType = 0x07
+	CmdGrantLease   CmdType = 0x07 // tests and tools: a lease without node accounting
 	CmdSetMember    CmdType = 0x08
+	CmdRegisterNode CmdType = 0x09
+	CmdNodeOp       CmdType = 0x0a
+	CmdApplyPlan    CmdType = 0x0b
 
 	// FlagIgnorable on a type byte lets servers that do not know the type
 	// skip it instead of refusing it.
@@ -52,6 +55,12 @@ func (t CmdType) String() string {
 		return "grant_lease"
 	case CmdSetMember:
 		return "set_member"
+	case CmdRegisterNode:
+		return "register_node"
+	case CmdNodeOp:
+		return "node_op"
+	case CmdApplyPlan:
+		return "apply_plan"
 	}
 	return fmt.Sprintf("type_0x%02x", byte(t))
 }
@@ -81,6 +90,12 @@ func newBody(t CmdType) proto.Message {
 		return &fsmv1.GrantLease{}
 	case CmdSetMember:
 		return &fsmv1.SetMember{}
+	case CmdRegisterNode:
+		return &fsmv1.RegisterNode{}
+	case CmdNodeOp:
+		return &fsmv1.NodeOp{}
+	case CmdApplyPlan:
+		return &fsmv1.ApplyPlan{}
 	}
 	return nil
 }
@@ -104,6 +119,12 @@ func typeOf(m proto.Message) (CmdType, error) {
 		return CmdGrantLease, nil
 	case *fsmv1.SetMember:
 		return CmdSetMember, nil
+	case *fsmv1.RegisterNode:
+		return CmdRegisterNode, nil
+	case *fsmv1.NodeOp:
+		return CmdNodeOp, nil
+	case *fsmv1.ApplyPlan:
+		return CmdApplyPlan, nil
 	}
 	return 0, fmt.Errorf("%w: %T", ErrUnknownCommand, m)
 }

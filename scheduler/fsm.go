@@ -79,7 +79,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	applied := f.applied.Load()
 	b := f.db.NewIndexedBatch()
 	defer b.Close()
-	a := &applier{b: b, idem: f.idem, touched: map[string]struct{}{}, tasks: map[string]*cachedTask{}}
+	a := &applier{b: b, idem: f.idem, touched: map[string]struct{}{}, tasks: map[string]*cachedTask{}, nodes: map[string]*cachedNode{}}
 	last := applied
 	for i, l := range logs {
 		if invariants && i > 0 && l.Index <= logs[i-1].Index {
@@ -117,6 +117,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 		return out
 	}
 	a.flushTasks()
+	a.flushNodes()
 	if err := b.Set(keyApplied, binary.BigEndian.AppendUint64(nil, last), nil); err != nil {
 		panic(fmt.Sprintf("scheduler: batch set: %v", err))
 	}
@@ -137,6 +138,7 @@ type applier struct {
 	idem    *idemSet
 	touched map[string]struct{}
 	tasks   map[string]*cachedTask
+	nodes   map[string]*cachedNode
 }
 
 func fail(code connect.Code, format string, args ...any) *fsmv1.Result {
@@ -161,6 +163,12 @@ func (a *applier) apply(c Command) *fsmv1.Result {
 		return a.grantLease(m)
 	case *fsmv1.SetMember:
 		return a.setMember(m)
+	case *fsmv1.RegisterNode:
+		return a.registerNode(m)
+	case *fsmv1.NodeOp:
+		return a.nodeOp(m)
+	case *fsmv1.ApplyPlan:
+		return a.applyPlan(m)
 	case *fsmv1.Batch:
 		return fail(connect.CodeInvalidArgument, "nested batch")
 	}
@@ -395,6 +403,19 @@ func (a *applier) appendEvents(m *fsmv1.AppendEvents) *fsmv1.Result {
 			payload = []byte("{}")
 		}
 		a.appendEvent(t, m.GetTime(), ev.GetKind(), payload, m.GetLeaseEpoch())
+	}
+	if from := t.GetState(); state != from {
+		switch {
+		case Terminal(state):
+			a.release(t) // the lease stays on record: where it ran
+		case state == warrenv1.TaskState_TASK_STATE_PENDING:
+			// The holder gives the task back (a drain, a step boundary):
+			// later appends under its epoch are refused.
+			node := t.GetLease().GetNode()
+			a.release(t)
+			t.Lease = &warrenv1.Lease{Epoch: t.GetLease().GetEpoch() + 1}
+			t.Resume, t.LastFailedNode = true, node
+		}
 	}
 	t.State = state
 	t.PendingApprovals = pending

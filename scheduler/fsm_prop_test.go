@@ -40,7 +40,15 @@ func TestFSMInvariants(t *testing.T) {
 				if rapid.Bool().Draw(rt, "stale") {
 					epoch += uint64(rapid.IntRange(1, 2).Draw(rt, "skew"))
 				}
-				switch rapid.IntRange(0, 4).Draw(rt, "kind") {
+				node := rapid.SampledFrom([]string{"n1", "n2"}).Draw(rt, "node")
+				switch rapid.IntRange(0, 7).Draw(rt, "kind") {
+				case 5:
+					msgs = append(msgs, &fsmv1.RegisterNode{Node: &warrenv1.Node{Id: node, Drivers: []string{"sim"},
+						Capacity: &warrenv1.Resources{MilliCpu: 3 * DefaultTaskMilliCPU, MemoryBytes: 3 * DefaultTaskMemoryBytes}}, Time: ts})
+				case 6:
+					msgs = append(msgs, &fsmv1.ApplyPlan{Placements: []*fsmv1.ApplyPlan_Placement{{TaskId: id, NodeId: node}}, Time: ts})
+				case 7:
+					msgs = append(msgs, &fsmv1.NodeOp{Id: node, Op: fsmv1.NodeOp_OP_DOWN, Time: ts})
 				case 0:
 					msgs = append(msgs, &fsmv1.AppendEvents{TaskId: id, LeaseEpoch: epoch, Time: ts,
 						RequestId: rapid.SampledFrom([]string{"", "a", "b"}).Draw(rt, "req"),
@@ -67,6 +75,12 @@ func TestFSMInvariants(t *testing.T) {
 				switch c := m.(type) {
 				case *fsmv1.GrantLease:
 					touched[c.GetTaskId()] = true
+				case *fsmv1.ApplyPlan:
+					touched[c.GetPlacements()[0].GetTaskId()] = true
+				case *fsmv1.NodeOp:
+					for _, id := range ids { // a node going down bumps its tasks' epochs
+						touched[id] = true
+					}
 				case *fsmv1.AppendEvents:
 					b := before[c.GetTaskId()]
 					key := c.GetTaskId() + "/" + c.GetRequestId()
@@ -79,6 +93,9 @@ func TestFSMInvariants(t *testing.T) {
 					if b != nil && !replay && !touched[c.GetTaskId()] && c.GetLeaseEpoch() != b.GetLease().GetEpoch() && res[i].GetCode() == 0 {
 						rt.Fatalf("append with epoch %d accepted; task %s is at %d", c.GetLeaseEpoch(), c.GetTaskId(), b.GetLease().GetEpoch())
 					}
+					if res[i].GetCode() == 0 {
+						touched[c.GetTaskId()] = true // a requeue to pending bumps the epoch
+					}
 				}
 			}
 			checkFSM(rt, tf, ids, before)
@@ -87,6 +104,22 @@ func TestFSMInvariants(t *testing.T) {
 }
 
 func checkFSM(rt *rapid.T, tf *testFSM, ids []string, before map[string]*warrenv1.Task) {
+	// A node's allocation is exactly what the live leases on it need.
+	held := map[string]int64{}
+	for _, id := range ids {
+		if tk, err := tf.fsm.Task(id); err == nil && tk.GetLease().GetNode() != "" && !Terminal(tk.GetState()) {
+			held[tk.GetLease().GetNode()] += TaskNeeds(tk.GetSpec()).GetMilliCpu()
+		}
+	}
+	nodes, _ := tf.fsm.Nodes()
+	for _, n := range nodes {
+		if got := n.GetAllocated().GetMilliCpu(); got != held[n.GetId()] {
+			rt.Fatalf("node %s: allocated %dm, its live leases need %dm", n.GetId(), got, held[n.GetId()])
+		}
+		if n.GetStatus() == warrenv1.NodeStatus_NODE_STATUS_DOWN && held[n.GetId()] != 0 {
+			rt.Fatalf("down node %s still holds leases", n.GetId())
+		}
+	}
 	for _, id := range ids {
 		tk, err := tf.fsm.Task(id)
 		if err != nil {

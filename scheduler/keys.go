@@ -16,6 +16,8 @@ const (
 	prefixIdem     = raftlog.FSMPrefixStart + 3 // scope, 0, request id -> fsm.v1.Result
 	prefixState    = raftlog.FSMPrefixStart + 4 // state byte, task id -> empty
 	prefixMember   = raftlog.FSMPrefixStart + 5 // server id -> fsm.v1.Member
+	prefixNode     = raftlog.FSMPrefixStart + 6 // node id -> warren.v1.Node
+	prefixNodeTask = raftlog.FSMPrefixStart + 7 // node id, 0, task id -> empty: the leases a node holds
 	prefixFSMLimit = raftlog.FSMPrefixEnd
 )
 
@@ -46,6 +48,16 @@ func keyState(state byte, id string) []byte {
 }
 
 func keyMember(id string) []byte { return append([]byte{prefixMember}, id...) }
+
+func keyNode(id string) []byte { return append([]byte{prefixNode}, id...) }
+
+// keyNodeTasks is the prefix of a node's lease index; node ids never hold
+// a 0 byte (validation), so the separator keeps prefixes apart.
+func keyNodeTasks(node string) []byte {
+	return append(append([]byte{prefixNodeTask}, node...), 0)
+}
+
+func keyNodeTask(node, task string) []byte { return append(keyNodeTasks(node), task...) }
 
 // prefixEnd returns the smallest key greater than every key with prefix p.
 func prefixEnd(p []byte) []byte {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -134,6 +135,12 @@ func validateCreate(r *warrenv1.CreateTaskRequest) error {
 		p.text("spec.labels["+truncate(k, 63)+"]", v, false, maxLabelValue, true)
 	}
 	p.text("spec.test_command", s.GetTestCommand(), false, maxTestCommand, false)
+	if r := s.GetResources(); r.GetMilliCpu() < 0 || r.GetMemoryBytes() < 0 {
+		p.add("spec.resources", "must not be negative, got %dm CPU and %d B", r.GetMilliCpu(), r.GetMemoryBytes())
+	}
+	if d := s.GetDriver(); d != "" && !slices.Contains(Drivers, d) {
+		p.add("spec.driver", "%q is not one of %v", truncate(d, 40), Drivers)
+	}
 	return p.err()
 }
 

@@ -2,14 +2,21 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"net"
+	"net/http"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"connectrpc.com/connect"
+
+	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
 )
 
 // TestCLIContract runs the documented commands against `warren dev` and
@@ -96,6 +103,29 @@ func TestCLIContract(t *testing.T) {
 	if err == nil || !strings.Contains(stderr, "id:") {
 		t.Fatalf("bad id: err=%v stderr=%q", err, stderr)
 	}
+	// Nodes: register one through the API (as a node daemon will), then
+	// the operator verbs.
+	cc := warrenv1connect.NewClusterServiceClient(http.DefaultClient, "http://"+net.JoinHostPort(host, port))
+	if _, err := cc.RegisterNode(context.Background(), connect.NewRequest(&warrenv1.RegisterNodeRequest{Node: &warrenv1.Node{
+		Id: "node-a", Drivers: []string{"sim"}, Capacity: &warrenv1.Resources{MilliCpu: 4000, MemoryBytes: 8 << 30},
+	}})); err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []struct{ args, want string }{
+		{"nodes list", "node-a  ready   true"},
+		{"nodes cordon node-a", "node node-a: ready, eligible=false"},
+		{"nodes drain node-a --deadline 10m", "node node-a: draining, eligible=false"},
+		{"nodes uncordon node-a", "node node-a: ready, eligible=true"},
+	} {
+		out, stderr, err := run(strings.Fields(step.args)...)
+		if err != nil || !strings.Contains(out, step.want) {
+			t.Fatalf("%s: %v %s\n%s", step.args, err, stderr, out)
+		}
+	}
+	if _, stderr, err := run("nodes", "drain", "ghost"); err == nil || !strings.Contains(stderr, "not_found") {
+		t.Fatalf("drain unknown node: %v %q", err, stderr)
+	}
+
 	out, _, err = run("cluster", "status", "-o", "json")
 	if err != nil || !strings.Contains(out, `"raft_state":"leader"`) {
 		t.Fatalf("cluster status -o json: %v %s", err, out)

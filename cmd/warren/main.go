@@ -26,6 +26,8 @@ Usage:
   warren task cancel ID [--reason R]
   warren cluster status
   warren cluster snapshot
+  warren nodes list
+  warren nodes cordon ID | uncordon ID | drain ID [--deadline DUR]
 
 Client commands take --server URL[,URL...] (default http://127.0.0.1:7480,
 or $WARREN_SERVER) and -o text|json. Run "warren COMMAND -h" for its flags.
@@ -60,6 +62,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return cmdTask(args[1:], stdout, stderr)
 	case "cluster":
 		return cmdCluster(args[1:], stdout, stderr)
+	case "nodes", "node":
+		return cmdNodes(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil

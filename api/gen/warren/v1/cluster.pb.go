@@ -536,11 +536,322 @@ func (x *ProposeResponse) GetIndex() uint64 {
 	return 0
 }
 
+type RegisterNodeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// id, drivers, templates, labels, capacity, accelerator, address are
+	// taken; status, allocation and times are the server's.
+	Node          *Node `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegisterNodeRequest) Reset() {
+	*x = RegisterNodeRequest{}
+	mi := &file_warren_v1_cluster_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegisterNodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegisterNodeRequest) ProtoMessage() {}
+
+func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_cluster_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegisterNodeRequest.ProtoReflect.Descriptor instead.
+func (*RegisterNodeRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_cluster_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *RegisterNodeRequest) GetNode() *Node {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
+type RegisterNodeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          *Node                  `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegisterNodeResponse) Reset() {
+	*x = RegisterNodeResponse{}
+	mi := &file_warren_v1_cluster_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegisterNodeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegisterNodeResponse) ProtoMessage() {}
+
+func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_cluster_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegisterNodeResponse.ProtoReflect.Descriptor instead.
+func (*RegisterNodeResponse) Descriptor() ([]byte, []int) {
+	return file_warren_v1_cluster_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *RegisterNodeResponse) GetNode() *Node {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
+type ListNodesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListNodesRequest) Reset() {
+	*x = ListNodesRequest{}
+	mi := &file_warren_v1_cluster_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListNodesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListNodesRequest) ProtoMessage() {}
+
+func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_cluster_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
+func (*ListNodesRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_cluster_proto_rawDescGZIP(), []int{11}
+}
+
+type ListNodesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Nodes         []*Node                `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListNodesResponse) Reset() {
+	*x = ListNodesResponse{}
+	mi := &file_warren_v1_cluster_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListNodesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListNodesResponse) ProtoMessage() {}
+
+func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_cluster_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
+func (*ListNodesResponse) Descriptor() ([]byte, []int) {
+	return file_warren_v1_cluster_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ListNodesResponse) GetNodes() []*Node {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+type NodeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeRequest) Reset() {
+	*x = NodeRequest{}
+	mi := &file_warren_v1_cluster_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeRequest) ProtoMessage() {}
+
+func (x *NodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_cluster_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeRequest.ProtoReflect.Descriptor instead.
+func (*NodeRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_cluster_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *NodeRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type DrainNodeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// How long tasks may take to move off; 0 means the server default (1h).
+	DeadlineSeconds int64 `protobuf:"varint,2,opt,name=deadline_seconds,json=deadlineSeconds,proto3" json:"deadline_seconds,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *DrainNodeRequest) Reset() {
+	*x = DrainNodeRequest{}
+	mi := &file_warren_v1_cluster_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainNodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainNodeRequest) ProtoMessage() {}
+
+func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_cluster_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainNodeRequest.ProtoReflect.Descriptor instead.
+func (*DrainNodeRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_cluster_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *DrainNodeRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *DrainNodeRequest) GetDeadlineSeconds() int64 {
+	if x != nil {
+		return x.DeadlineSeconds
+	}
+	return 0
+}
+
+type NodeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          *Node                  `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeResponse) Reset() {
+	*x = NodeResponse{}
+	mi := &file_warren_v1_cluster_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeResponse) ProtoMessage() {}
+
+func (x *NodeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_cluster_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeResponse.ProtoReflect.Descriptor instead.
+func (*NodeResponse) Descriptor() ([]byte, []int) {
+	return file_warren_v1_cluster_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *NodeResponse) GetNode() *Node {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
 var File_warren_v1_cluster_proto protoreflect.FileDescriptor
 
 const file_warren_v1_cluster_proto_rawDesc = "" +
 	"\n" +
-	"\x17warren/v1/cluster.proto\x12\twarren.v1\"\x86\x01\n" +
+	"\x17warren/v1/cluster.proto\x12\twarren.v1\x1a\x14warren/v1/node.proto\"\x86\x01\n" +
 	"\x04Peer\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\fraft_address\x18\x02 \x01(\tR\vraftAddress\x12\x17\n" +
@@ -574,12 +885,32 @@ const file_warren_v1_cluster_proto_rawDesc = "" +
 	"\bcommands\x18\x01 \x03(\fR\bcommands\"A\n" +
 	"\x0fProposeResponse\x12\x18\n" +
 	"\aresults\x18\x01 \x03(\fR\aresults\x12\x14\n" +
-	"\x05index\x18\x02 \x01(\x04R\x05index2\x94\x02\n" +
+	"\x05index\x18\x02 \x01(\x04R\x05index\":\n" +
+	"\x13RegisterNodeRequest\x12#\n" +
+	"\x04node\x18\x01 \x01(\v2\x0f.warren.v1.NodeR\x04node\";\n" +
+	"\x14RegisterNodeResponse\x12#\n" +
+	"\x04node\x18\x01 \x01(\v2\x0f.warren.v1.NodeR\x04node\"\x12\n" +
+	"\x10ListNodesRequest\":\n" +
+	"\x11ListNodesResponse\x12%\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x0f.warren.v1.NodeR\x05nodes\"\x1d\n" +
+	"\vNodeRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"M\n" +
+	"\x10DrainNodeRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12)\n" +
+	"\x10deadline_seconds\x18\x02 \x01(\x03R\x0fdeadlineSeconds\"3\n" +
+	"\fNodeResponse\x12#\n" +
+	"\x04node\x18\x01 \x01(\v2\x0f.warren.v1.NodeR\x04node2\xf5\x04\n" +
 	"\x0eClusterService\x12B\n" +
 	"\x06Status\x12\x18.warren.v1.StatusRequest\x1a\x19.warren.v1.StatusResponse\"\x03\x90\x02\x01\x127\n" +
 	"\x04Join\x12\x16.warren.v1.JoinRequest\x1a\x17.warren.v1.JoinResponse\x12C\n" +
 	"\bSnapshot\x12\x1a.warren.v1.SnapshotRequest\x1a\x1b.warren.v1.SnapshotResponse\x12@\n" +
-	"\aPropose\x12\x19.warren.v1.ProposeRequest\x1a\x1a.warren.v1.ProposeResponseB7Z5github.com/warrenhq/warren/api/gen/warren/v1;warrenv1b\x06proto3"
+	"\aPropose\x12\x19.warren.v1.ProposeRequest\x1a\x1a.warren.v1.ProposeResponse\x12O\n" +
+	"\fRegisterNode\x12\x1e.warren.v1.RegisterNodeRequest\x1a\x1f.warren.v1.RegisterNodeResponse\x12K\n" +
+	"\tListNodes\x12\x1b.warren.v1.ListNodesRequest\x1a\x1c.warren.v1.ListNodesResponse\"\x03\x90\x02\x01\x12=\n" +
+	"\n" +
+	"CordonNode\x12\x16.warren.v1.NodeRequest\x1a\x17.warren.v1.NodeResponse\x12?\n" +
+	"\fUncordonNode\x12\x16.warren.v1.NodeRequest\x1a\x17.warren.v1.NodeResponse\x12A\n" +
+	"\tDrainNode\x12\x1b.warren.v1.DrainNodeRequest\x1a\x17.warren.v1.NodeResponseB7Z5github.com/warrenhq/warren/api/gen/warren/v1;warrenv1b\x06proto3"
 
 var (
 	file_warren_v1_cluster_proto_rawDescOnce sync.Once
@@ -593,33 +924,55 @@ func file_warren_v1_cluster_proto_rawDescGZIP() []byte {
 	return file_warren_v1_cluster_proto_rawDescData
 }
 
-var file_warren_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_warren_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_warren_v1_cluster_proto_goTypes = []any{
-	(*Peer)(nil),             // 0: warren.v1.Peer
-	(*StatusRequest)(nil),    // 1: warren.v1.StatusRequest
-	(*StatusResponse)(nil),   // 2: warren.v1.StatusResponse
-	(*JoinRequest)(nil),      // 3: warren.v1.JoinRequest
-	(*JoinResponse)(nil),     // 4: warren.v1.JoinResponse
-	(*SnapshotRequest)(nil),  // 5: warren.v1.SnapshotRequest
-	(*SnapshotResponse)(nil), // 6: warren.v1.SnapshotResponse
-	(*ProposeRequest)(nil),   // 7: warren.v1.ProposeRequest
-	(*ProposeResponse)(nil),  // 8: warren.v1.ProposeResponse
+	(*Peer)(nil),                 // 0: warren.v1.Peer
+	(*StatusRequest)(nil),        // 1: warren.v1.StatusRequest
+	(*StatusResponse)(nil),       // 2: warren.v1.StatusResponse
+	(*JoinRequest)(nil),          // 3: warren.v1.JoinRequest
+	(*JoinResponse)(nil),         // 4: warren.v1.JoinResponse
+	(*SnapshotRequest)(nil),      // 5: warren.v1.SnapshotRequest
+	(*SnapshotResponse)(nil),     // 6: warren.v1.SnapshotResponse
+	(*ProposeRequest)(nil),       // 7: warren.v1.ProposeRequest
+	(*ProposeResponse)(nil),      // 8: warren.v1.ProposeResponse
+	(*RegisterNodeRequest)(nil),  // 9: warren.v1.RegisterNodeRequest
+	(*RegisterNodeResponse)(nil), // 10: warren.v1.RegisterNodeResponse
+	(*ListNodesRequest)(nil),     // 11: warren.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),    // 12: warren.v1.ListNodesResponse
+	(*NodeRequest)(nil),          // 13: warren.v1.NodeRequest
+	(*DrainNodeRequest)(nil),     // 14: warren.v1.DrainNodeRequest
+	(*NodeResponse)(nil),         // 15: warren.v1.NodeResponse
+	(*Node)(nil),                 // 16: warren.v1.Node
 }
 var file_warren_v1_cluster_proto_depIdxs = []int32{
-	0, // 0: warren.v1.StatusResponse.peers:type_name -> warren.v1.Peer
-	1, // 1: warren.v1.ClusterService.Status:input_type -> warren.v1.StatusRequest
-	3, // 2: warren.v1.ClusterService.Join:input_type -> warren.v1.JoinRequest
-	5, // 3: warren.v1.ClusterService.Snapshot:input_type -> warren.v1.SnapshotRequest
-	7, // 4: warren.v1.ClusterService.Propose:input_type -> warren.v1.ProposeRequest
-	2, // 5: warren.v1.ClusterService.Status:output_type -> warren.v1.StatusResponse
-	4, // 6: warren.v1.ClusterService.Join:output_type -> warren.v1.JoinResponse
-	6, // 7: warren.v1.ClusterService.Snapshot:output_type -> warren.v1.SnapshotResponse
-	8, // 8: warren.v1.ClusterService.Propose:output_type -> warren.v1.ProposeResponse
-	5, // [5:9] is the sub-list for method output_type
-	1, // [1:5] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	0,  // 0: warren.v1.StatusResponse.peers:type_name -> warren.v1.Peer
+	16, // 1: warren.v1.RegisterNodeRequest.node:type_name -> warren.v1.Node
+	16, // 2: warren.v1.RegisterNodeResponse.node:type_name -> warren.v1.Node
+	16, // 3: warren.v1.ListNodesResponse.nodes:type_name -> warren.v1.Node
+	16, // 4: warren.v1.NodeResponse.node:type_name -> warren.v1.Node
+	1,  // 5: warren.v1.ClusterService.Status:input_type -> warren.v1.StatusRequest
+	3,  // 6: warren.v1.ClusterService.Join:input_type -> warren.v1.JoinRequest
+	5,  // 7: warren.v1.ClusterService.Snapshot:input_type -> warren.v1.SnapshotRequest
+	7,  // 8: warren.v1.ClusterService.Propose:input_type -> warren.v1.ProposeRequest
+	9,  // 9: warren.v1.ClusterService.RegisterNode:input_type -> warren.v1.RegisterNodeRequest
+	11, // 10: warren.v1.ClusterService.ListNodes:input_type -> warren.v1.ListNodesRequest
+	13, // 11: warren.v1.ClusterService.CordonNode:input_type -> warren.v1.NodeRequest
+	13, // 12: warren.v1.ClusterService.UncordonNode:input_type -> warren.v1.NodeRequest
+	14, // 13: warren.v1.ClusterService.DrainNode:input_type -> warren.v1.DrainNodeRequest
+	2,  // 14: warren.v1.ClusterService.Status:output_type -> warren.v1.StatusResponse
+	4,  // 15: warren.v1.ClusterService.Join:output_type -> warren.v1.JoinResponse
+	6,  // 16: warren.v1.ClusterService.Snapshot:output_type -> warren.v1.SnapshotResponse
+	8,  // 17: warren.v1.ClusterService.Propose:output_type -> warren.v1.ProposeResponse
+	10, // 18: warren.v1.ClusterService.RegisterNode:output_type -> warren.v1.RegisterNodeResponse
+	12, // 19: warren.v1.ClusterService.ListNodes:output_type -> warren.v1.ListNodesResponse
+	15, // 20: warren.v1.ClusterService.CordonNode:output_type -> warren.v1.NodeResponse
+	15, // 21: warren.v1.ClusterService.UncordonNode:output_type -> warren.v1.NodeResponse
+	15, // 22: warren.v1.ClusterService.DrainNode:output_type -> warren.v1.NodeResponse
+	14, // [14:23] is the sub-list for method output_type
+	5,  // [5:14] is the sub-list for method input_type
+	5,  // [5:5] is the sub-list for extension type_name
+	5,  // [5:5] is the sub-list for extension extendee
+	0,  // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_warren_v1_cluster_proto_init() }
@@ -627,13 +980,14 @@ func file_warren_v1_cluster_proto_init() {
 	if File_warren_v1_cluster_proto != nil {
 		return
 	}
+	file_warren_v1_node_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warren_v1_cluster_proto_rawDesc), len(file_warren_v1_cluster_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

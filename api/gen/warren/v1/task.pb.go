@@ -176,7 +176,11 @@ type TaskSpec struct {
 	Template string            `protobuf:"bytes,8,opt,name=template,proto3" json:"template,omitempty"`
 	Labels   map[string]string `protobuf:"bytes,9,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// The repository's own test command, run outside the model's control.
-	TestCommand   string `protobuf:"bytes,10,opt,name=test_command,json=testCommand,proto3" json:"test_command,omitempty"`
+	TestCommand string `protobuf:"bytes,10,opt,name=test_command,json=testCommand,proto3" json:"test_command,omitempty"`
+	// What the task's sandbox needs; zero fields take the server defaults.
+	Resources *Resources `protobuf:"bytes,11,opt,name=resources,proto3" json:"resources,omitempty"`
+	// Sandbox driver; empty picks the server default ("microvm").
+	Driver        string `protobuf:"bytes,12,opt,name=driver,proto3" json:"driver,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -281,6 +285,20 @@ func (x *TaskSpec) GetTestCommand() string {
 	return ""
 }
 
+func (x *TaskSpec) GetResources() *Resources {
+	if x != nil {
+		return x.Resources
+	}
+	return nil
+}
+
+func (x *TaskSpec) GetDriver() string {
+	if x != nil {
+		return x.Driver
+	}
+	return ""
+}
+
 // Lease is the node that holds a placed task and the fencing epoch that
 // every event append must carry.
 type Lease struct {
@@ -350,8 +368,13 @@ type Task struct {
 	// Tool-call ids with an approval_requested event and no decision yet.
 	PendingApprovals []string `protobuf:"bytes,9,rep,name=pending_approvals,json=pendingApprovals,proto3" json:"pending_approvals,omitempty"`
 	CancelRequested  bool     `protobuf:"varint,10,opt,name=cancel_requested,json=cancelRequested,proto3" json:"cancel_requested,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Set when the task was requeued after losing its node: the next actor
+	// resumes from the event log instead of starting over.
+	Resume bool `protobuf:"varint,11,opt,name=resume,proto3" json:"resume,omitempty"`
+	// The node the task was last lost from; placement avoids it.
+	LastFailedNode string `protobuf:"bytes,12,opt,name=last_failed_node,json=lastFailedNode,proto3" json:"last_failed_node,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Task) Reset() {
@@ -452,6 +475,20 @@ func (x *Task) GetCancelRequested() bool {
 		return x.CancelRequested
 	}
 	return false
+}
+
+func (x *Task) GetResume() bool {
+	if x != nil {
+		return x.Resume
+	}
+	return false
+}
+
+func (x *Task) GetLastFailedNode() string {
+	if x != nil {
+		return x.LastFailedNode
+	}
+	return ""
 }
 
 // Event is one entry of a task's append-only log.
@@ -1624,13 +1661,13 @@ var File_warren_v1_task_proto protoreflect.FileDescriptor
 
 const file_warren_v1_task_proto_rawDesc = "" +
 	"\n" +
-	"\x14warren/v1/task.proto\x12\twarren.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa7\x01\n" +
+	"\x14warren/v1/task.proto\x12\twarren.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14warren/v1/node.proto\"\xa7\x01\n" +
 	"\aBudgets\x12\x1b\n" +
 	"\tmax_steps\x18\x01 \x01(\x03R\bmaxSteps\x12\x1d\n" +
 	"\n" +
 	"max_tokens\x18\x02 \x01(\x03R\tmaxTokens\x12+\n" +
 	"\x12max_cost_micro_usd\x18\x03 \x01(\x03R\x0fmaxCostMicroUsd\x123\n" +
-	"\x16max_wall_clock_seconds\x18\x04 \x01(\x03R\x13maxWallClockSeconds\"\x8c\x03\n" +
+	"\x16max_wall_clock_seconds\x18\x04 \x01(\x03R\x13maxWallClockSeconds\"\xd8\x03\n" +
 	"\bTaskSpec\x12\x12\n" +
 	"\x04repo\x18\x01 \x01(\tR\x04repo\x12\x12\n" +
 	"\x04base\x18\x02 \x01(\tR\x04base\x12\x1f\n" +
@@ -1644,13 +1681,15 @@ const file_warren_v1_task_proto_rawDesc = "" +
 	"\btemplate\x18\b \x01(\tR\btemplate\x127\n" +
 	"\x06labels\x18\t \x03(\v2\x1f.warren.v1.TaskSpec.LabelsEntryR\x06labels\x12!\n" +
 	"\ftest_command\x18\n" +
-	" \x01(\tR\vtestCommand\x1a9\n" +
+	" \x01(\tR\vtestCommand\x122\n" +
+	"\tresources\x18\v \x01(\v2\x14.warren.v1.ResourcesR\tresources\x12\x16\n" +
+	"\x06driver\x18\f \x01(\tR\x06driver\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"1\n" +
 	"\x05Lease\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
-	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"\x94\x03\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"\xd6\x03\n" +
 	"\x04Task\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12'\n" +
@@ -1664,7 +1703,9 @@ const file_warren_v1_task_proto_rawDesc = "" +
 	"\x05lease\x18\b \x01(\v2\x10.warren.v1.LeaseR\x05lease\x12+\n" +
 	"\x11pending_approvals\x18\t \x03(\tR\x10pendingApprovals\x12)\n" +
 	"\x10cancel_requested\x18\n" +
-	" \x01(\bR\x0fcancelRequested\"\xa6\x01\n" +
+	" \x01(\bR\x0fcancelRequested\x12\x16\n" +
+	"\x06resume\x18\v \x01(\bR\x06resume\x12(\n" +
+	"\x10last_failed_node\x18\f \x01(\tR\x0elastFailedNode\"\xa6\x01\n" +
 	"\x05Event\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12.\n" +
@@ -1809,52 +1850,54 @@ var file_warren_v1_task_proto_goTypes = []any{
 	(*CancelTaskRequest)(nil),         // 24: warren.v1.CancelTaskRequest
 	(*CancelTaskResponse)(nil),        // 25: warren.v1.CancelTaskResponse
 	nil,                               // 26: warren.v1.TaskSpec.LabelsEntry
-	(*timestamppb.Timestamp)(nil),     // 27: google.protobuf.Timestamp
+	(*Resources)(nil),                 // 27: warren.v1.Resources
+	(*timestamppb.Timestamp)(nil),     // 28: google.protobuf.Timestamp
 }
 var file_warren_v1_task_proto_depIdxs = []int32{
 	1,  // 0: warren.v1.TaskSpec.budgets:type_name -> warren.v1.Budgets
 	26, // 1: warren.v1.TaskSpec.labels:type_name -> warren.v1.TaskSpec.LabelsEntry
-	2,  // 2: warren.v1.Task.spec:type_name -> warren.v1.TaskSpec
-	0,  // 3: warren.v1.Task.state:type_name -> warren.v1.TaskState
-	27, // 4: warren.v1.Task.created_at:type_name -> google.protobuf.Timestamp
-	27, // 5: warren.v1.Task.updated_at:type_name -> google.protobuf.Timestamp
-	3,  // 6: warren.v1.Task.lease:type_name -> warren.v1.Lease
-	27, // 7: warren.v1.Event.time:type_name -> google.protobuf.Timestamp
-	2,  // 8: warren.v1.CreateTaskRequest.spec:type_name -> warren.v1.TaskSpec
-	4,  // 9: warren.v1.CreateTaskResponse.task:type_name -> warren.v1.Task
-	4,  // 10: warren.v1.GetTaskResponse.task:type_name -> warren.v1.Task
-	0,  // 11: warren.v1.ListTasksRequest.state:type_name -> warren.v1.TaskState
-	4,  // 12: warren.v1.ListTasksResponse.tasks:type_name -> warren.v1.Task
-	6,  // 13: warren.v1.AppendEventsRequest.events:type_name -> warren.v1.EventInput
-	13, // 14: warren.v1.AppendEventsBatchRequest.appends:type_name -> warren.v1.AppendEventsRequest
-	16, // 15: warren.v1.AppendEventsBatchResponse.results:type_name -> warren.v1.AppendEventsResult
-	5,  // 16: warren.v1.StreamEventsResponse.event:type_name -> warren.v1.Event
-	4,  // 17: warren.v1.CancelTaskResponse.task:type_name -> warren.v1.Task
-	7,  // 18: warren.v1.TaskService.CreateTask:input_type -> warren.v1.CreateTaskRequest
-	9,  // 19: warren.v1.TaskService.GetTask:input_type -> warren.v1.GetTaskRequest
-	11, // 20: warren.v1.TaskService.ListTasks:input_type -> warren.v1.ListTasksRequest
-	13, // 21: warren.v1.TaskService.AppendEvents:input_type -> warren.v1.AppendEventsRequest
-	15, // 22: warren.v1.TaskService.AppendEventsBatch:input_type -> warren.v1.AppendEventsBatchRequest
-	18, // 23: warren.v1.TaskService.StreamEvents:input_type -> warren.v1.StreamEventsRequest
-	20, // 24: warren.v1.TaskService.SendMessage:input_type -> warren.v1.SendMessageRequest
-	22, // 25: warren.v1.TaskService.Approve:input_type -> warren.v1.DecideRequest
-	22, // 26: warren.v1.TaskService.Reject:input_type -> warren.v1.DecideRequest
-	24, // 27: warren.v1.TaskService.CancelTask:input_type -> warren.v1.CancelTaskRequest
-	8,  // 28: warren.v1.TaskService.CreateTask:output_type -> warren.v1.CreateTaskResponse
-	10, // 29: warren.v1.TaskService.GetTask:output_type -> warren.v1.GetTaskResponse
-	12, // 30: warren.v1.TaskService.ListTasks:output_type -> warren.v1.ListTasksResponse
-	14, // 31: warren.v1.TaskService.AppendEvents:output_type -> warren.v1.AppendEventsResponse
-	17, // 32: warren.v1.TaskService.AppendEventsBatch:output_type -> warren.v1.AppendEventsBatchResponse
-	19, // 33: warren.v1.TaskService.StreamEvents:output_type -> warren.v1.StreamEventsResponse
-	21, // 34: warren.v1.TaskService.SendMessage:output_type -> warren.v1.SendMessageResponse
-	23, // 35: warren.v1.TaskService.Approve:output_type -> warren.v1.DecideResponse
-	23, // 36: warren.v1.TaskService.Reject:output_type -> warren.v1.DecideResponse
-	25, // 37: warren.v1.TaskService.CancelTask:output_type -> warren.v1.CancelTaskResponse
-	28, // [28:38] is the sub-list for method output_type
-	18, // [18:28] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	27, // 2: warren.v1.TaskSpec.resources:type_name -> warren.v1.Resources
+	2,  // 3: warren.v1.Task.spec:type_name -> warren.v1.TaskSpec
+	0,  // 4: warren.v1.Task.state:type_name -> warren.v1.TaskState
+	28, // 5: warren.v1.Task.created_at:type_name -> google.protobuf.Timestamp
+	28, // 6: warren.v1.Task.updated_at:type_name -> google.protobuf.Timestamp
+	3,  // 7: warren.v1.Task.lease:type_name -> warren.v1.Lease
+	28, // 8: warren.v1.Event.time:type_name -> google.protobuf.Timestamp
+	2,  // 9: warren.v1.CreateTaskRequest.spec:type_name -> warren.v1.TaskSpec
+	4,  // 10: warren.v1.CreateTaskResponse.task:type_name -> warren.v1.Task
+	4,  // 11: warren.v1.GetTaskResponse.task:type_name -> warren.v1.Task
+	0,  // 12: warren.v1.ListTasksRequest.state:type_name -> warren.v1.TaskState
+	4,  // 13: warren.v1.ListTasksResponse.tasks:type_name -> warren.v1.Task
+	6,  // 14: warren.v1.AppendEventsRequest.events:type_name -> warren.v1.EventInput
+	13, // 15: warren.v1.AppendEventsBatchRequest.appends:type_name -> warren.v1.AppendEventsRequest
+	16, // 16: warren.v1.AppendEventsBatchResponse.results:type_name -> warren.v1.AppendEventsResult
+	5,  // 17: warren.v1.StreamEventsResponse.event:type_name -> warren.v1.Event
+	4,  // 18: warren.v1.CancelTaskResponse.task:type_name -> warren.v1.Task
+	7,  // 19: warren.v1.TaskService.CreateTask:input_type -> warren.v1.CreateTaskRequest
+	9,  // 20: warren.v1.TaskService.GetTask:input_type -> warren.v1.GetTaskRequest
+	11, // 21: warren.v1.TaskService.ListTasks:input_type -> warren.v1.ListTasksRequest
+	13, // 22: warren.v1.TaskService.AppendEvents:input_type -> warren.v1.AppendEventsRequest
+	15, // 23: warren.v1.TaskService.AppendEventsBatch:input_type -> warren.v1.AppendEventsBatchRequest
+	18, // 24: warren.v1.TaskService.StreamEvents:input_type -> warren.v1.StreamEventsRequest
+	20, // 25: warren.v1.TaskService.SendMessage:input_type -> warren.v1.SendMessageRequest
+	22, // 26: warren.v1.TaskService.Approve:input_type -> warren.v1.DecideRequest
+	22, // 27: warren.v1.TaskService.Reject:input_type -> warren.v1.DecideRequest
+	24, // 28: warren.v1.TaskService.CancelTask:input_type -> warren.v1.CancelTaskRequest
+	8,  // 29: warren.v1.TaskService.CreateTask:output_type -> warren.v1.CreateTaskResponse
+	10, // 30: warren.v1.TaskService.GetTask:output_type -> warren.v1.GetTaskResponse
+	12, // 31: warren.v1.TaskService.ListTasks:output_type -> warren.v1.ListTasksResponse
+	14, // 32: warren.v1.TaskService.AppendEvents:output_type -> warren.v1.AppendEventsResponse
+	17, // 33: warren.v1.TaskService.AppendEventsBatch:output_type -> warren.v1.AppendEventsBatchResponse
+	19, // 34: warren.v1.TaskService.StreamEvents:output_type -> warren.v1.StreamEventsResponse
+	21, // 35: warren.v1.TaskService.SendMessage:output_type -> warren.v1.SendMessageResponse
+	23, // 36: warren.v1.TaskService.Approve:output_type -> warren.v1.DecideResponse
+	23, // 37: warren.v1.TaskService.Reject:output_type -> warren.v1.DecideResponse
+	25, // 38: warren.v1.TaskService.CancelTask:output_type -> warren.v1.CancelTaskResponse
+	29, // [29:39] is the sub-list for method output_type
+	19, // [19:29] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_warren_v1_task_proto_init() }
@@ -1862,6 +1905,7 @@ func file_warren_v1_task_proto_init() {
 	if File_warren_v1_task_proto != nil {
 		return
 	}
+	file_warren_v1_node_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

@@ -27,6 +27,63 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type NodeOp_Op int32
+
+const (
+	NodeOp_OP_UNSPECIFIED NodeOp_Op = 0
+	NodeOp_OP_CORDON      NodeOp_Op = 1
+	NodeOp_OP_UNCORDON    NodeOp_Op = 2
+	NodeOp_OP_DRAIN       NodeOp_Op = 3
+	// Down bumps the epoch of every lease the node holds and requeues
+	// those tasks with the resume flag.
+	NodeOp_OP_DOWN NodeOp_Op = 4
+)
+
+// Enum value maps for NodeOp_Op.
+var (
+	NodeOp_Op_name = map[int32]string{
+		0: "OP_UNSPECIFIED",
+		1: "OP_CORDON",
+		2: "OP_UNCORDON",
+		3: "OP_DRAIN",
+		4: "OP_DOWN",
+	}
+	NodeOp_Op_value = map[string]int32{
+		"OP_UNSPECIFIED": 0,
+		"OP_CORDON":      1,
+		"OP_UNCORDON":    2,
+		"OP_DRAIN":       3,
+		"OP_DOWN":        4,
+	}
+)
+
+func (x NodeOp_Op) Enum() *NodeOp_Op {
+	p := new(NodeOp_Op)
+	*p = x
+	return p
+}
+
+func (x NodeOp_Op) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (NodeOp_Op) Descriptor() protoreflect.EnumDescriptor {
+	return file_warren_fsm_v1_fsm_proto_enumTypes[0].Descriptor()
+}
+
+func (NodeOp_Op) Type() protoreflect.EnumType {
+	return &file_warren_fsm_v1_fsm_proto_enumTypes[0]
+}
+
+func (x NodeOp_Op) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use NodeOp_Op.Descriptor instead.
+func (NodeOp_Op) EnumDescriptor() ([]byte, []int) {
+	return file_warren_fsm_v1_fsm_proto_rawDescGZIP(), []int{8, 0}
+}
+
 // Batch carries many encoded commands in one raft entry (group commit).
 type Batch struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -505,6 +562,191 @@ func (x *GrantLease) GetTime() *timestamppb.Timestamp {
 	return nil
 }
 
+// RegisterNode adds or updates a node daemon.
+type RegisterNode struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          *v1.Node               `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Time          *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=time,proto3" json:"time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegisterNode) Reset() {
+	*x = RegisterNode{}
+	mi := &file_warren_fsm_v1_fsm_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegisterNode) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegisterNode) ProtoMessage() {}
+
+func (x *RegisterNode) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_fsm_v1_fsm_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegisterNode.ProtoReflect.Descriptor instead.
+func (*RegisterNode) Descriptor() ([]byte, []int) {
+	return file_warren_fsm_v1_fsm_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *RegisterNode) GetNode() *v1.Node {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
+func (x *RegisterNode) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+// NodeOp changes a node's status or eligibility.
+type NodeOp struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Op            NodeOp_Op              `protobuf:"varint,2,opt,name=op,proto3,enum=warren.fsm.v1.NodeOp_Op" json:"op,omitempty"`
+	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	DrainDeadline *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=drain_deadline,json=drainDeadline,proto3" json:"drain_deadline,omitempty"`
+	Time          *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=time,proto3" json:"time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeOp) Reset() {
+	*x = NodeOp{}
+	mi := &file_warren_fsm_v1_fsm_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeOp) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeOp) ProtoMessage() {}
+
+func (x *NodeOp) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_fsm_v1_fsm_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeOp.ProtoReflect.Descriptor instead.
+func (*NodeOp) Descriptor() ([]byte, []int) {
+	return file_warren_fsm_v1_fsm_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *NodeOp) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *NodeOp) GetOp() NodeOp_Op {
+	if x != nil {
+		return x.Op
+	}
+	return NodeOp_OP_UNSPECIFIED
+}
+
+func (x *NodeOp) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *NodeOp) GetDrainDeadline() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DrainDeadline
+	}
+	return nil
+}
+
+func (x *NodeOp) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+// ApplyPlan places many pending tasks in one entry. Each placement is
+// checked again at apply time (task still pending, node ready, eligible and
+// with room), so a plan made on an older snapshot never overcommits.
+type ApplyPlan struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Placements    []*ApplyPlan_Placement `protobuf:"bytes,1,rep,name=placements,proto3" json:"placements,omitempty"`
+	Time          *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=time,proto3" json:"time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApplyPlan) Reset() {
+	*x = ApplyPlan{}
+	mi := &file_warren_fsm_v1_fsm_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApplyPlan) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApplyPlan) ProtoMessage() {}
+
+func (x *ApplyPlan) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_fsm_v1_fsm_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApplyPlan.ProtoReflect.Descriptor instead.
+func (*ApplyPlan) Descriptor() ([]byte, []int) {
+	return file_warren_fsm_v1_fsm_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *ApplyPlan) GetPlacements() []*ApplyPlan_Placement {
+	if x != nil {
+		return x.Placements
+	}
+	return nil
+}
+
+func (x *ApplyPlan) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
 // SetMember records a server's addresses so followers can find the leader's API.
 type SetMember struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -517,7 +759,7 @@ type SetMember struct {
 
 func (x *SetMember) Reset() {
 	*x = SetMember{}
-	mi := &file_warren_fsm_v1_fsm_proto_msgTypes[7]
+	mi := &file_warren_fsm_v1_fsm_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -529,7 +771,7 @@ func (x *SetMember) String() string {
 func (*SetMember) ProtoMessage() {}
 
 func (x *SetMember) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_fsm_v1_fsm_proto_msgTypes[7]
+	mi := &file_warren_fsm_v1_fsm_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -542,7 +784,7 @@ func (x *SetMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetMember.ProtoReflect.Descriptor instead.
 func (*SetMember) Descriptor() ([]byte, []int) {
-	return file_warren_fsm_v1_fsm_proto_rawDescGZIP(), []int{7}
+	return file_warren_fsm_v1_fsm_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SetMember) GetId() string {
@@ -570,19 +812,22 @@ func (x *SetMember) GetApiUrl() string {
 type Result struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// A connect.Code; 0 means success.
-	Code          uint32   `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"`
-	Message       string   `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
-	Task          *v1.Task `protobuf:"bytes,3,opt,name=task,proto3" json:"task,omitempty"`
-	Created       bool     `protobuf:"varint,4,opt,name=created,proto3" json:"created,omitempty"`
-	FirstSeq      uint64   `protobuf:"varint,5,opt,name=first_seq,json=firstSeq,proto3" json:"first_seq,omitempty"`
-	LastSeq       uint64   `protobuf:"varint,6,opt,name=last_seq,json=lastSeq,proto3" json:"last_seq,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Code     uint32   `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"`
+	Message  string   `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	Task     *v1.Task `protobuf:"bytes,3,opt,name=task,proto3" json:"task,omitempty"`
+	Created  bool     `protobuf:"varint,4,opt,name=created,proto3" json:"created,omitempty"`
+	FirstSeq uint64   `protobuf:"varint,5,opt,name=first_seq,json=firstSeq,proto3" json:"first_seq,omitempty"`
+	LastSeq  uint64   `protobuf:"varint,6,opt,name=last_seq,json=lastSeq,proto3" json:"last_seq,omitempty"`
+	Node     *v1.Node `protobuf:"bytes,7,opt,name=node,proto3" json:"node,omitempty"`
+	// ApplyPlan: one entry per placement, "" when placed, else why not.
+	PlacementErrors []string `protobuf:"bytes,8,rep,name=placement_errors,json=placementErrors,proto3" json:"placement_errors,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Result) Reset() {
 	*x = Result{}
-	mi := &file_warren_fsm_v1_fsm_proto_msgTypes[8]
+	mi := &file_warren_fsm_v1_fsm_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -594,7 +839,7 @@ func (x *Result) String() string {
 func (*Result) ProtoMessage() {}
 
 func (x *Result) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_fsm_v1_fsm_proto_msgTypes[8]
+	mi := &file_warren_fsm_v1_fsm_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -607,7 +852,7 @@ func (x *Result) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Result.ProtoReflect.Descriptor instead.
 func (*Result) Descriptor() ([]byte, []int) {
-	return file_warren_fsm_v1_fsm_proto_rawDescGZIP(), []int{8}
+	return file_warren_fsm_v1_fsm_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Result) GetCode() uint32 {
@@ -652,6 +897,20 @@ func (x *Result) GetLastSeq() uint64 {
 	return 0
 }
 
+func (x *Result) GetNode() *v1.Node {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
+func (x *Result) GetPlacementErrors() []string {
+	if x != nil {
+		return x.PlacementErrors
+	}
+	return nil
+}
+
 // Member is the stored form of SetMember.
 type Member struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -664,7 +923,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_warren_fsm_v1_fsm_proto_msgTypes[9]
+	mi := &file_warren_fsm_v1_fsm_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -676,7 +935,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_fsm_v1_fsm_proto_msgTypes[9]
+	mi := &file_warren_fsm_v1_fsm_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -689,7 +948,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_warren_fsm_v1_fsm_proto_rawDescGZIP(), []int{9}
+	return file_warren_fsm_v1_fsm_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Member) GetId() string {
@@ -713,11 +972,71 @@ func (x *Member) GetApiUrl() string {
 	return ""
 }
 
+type ApplyPlan_Placement struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TaskId        string                 `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	NodeId        string                 `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Warm          bool                   `protobuf:"varint,3,opt,name=warm,proto3" json:"warm,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApplyPlan_Placement) Reset() {
+	*x = ApplyPlan_Placement{}
+	mi := &file_warren_fsm_v1_fsm_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApplyPlan_Placement) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApplyPlan_Placement) ProtoMessage() {}
+
+func (x *ApplyPlan_Placement) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_fsm_v1_fsm_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApplyPlan_Placement.ProtoReflect.Descriptor instead.
+func (*ApplyPlan_Placement) Descriptor() ([]byte, []int) {
+	return file_warren_fsm_v1_fsm_proto_rawDescGZIP(), []int{9, 0}
+}
+
+func (x *ApplyPlan_Placement) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
+}
+
+func (x *ApplyPlan_Placement) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *ApplyPlan_Placement) GetWarm() bool {
+	if x != nil {
+		return x.Warm
+	}
+	return false
+}
+
 var File_warren_fsm_v1_fsm_proto protoreflect.FileDescriptor
 
 const file_warren_fsm_v1_fsm_proto_rawDesc = "" +
 	"\n" +
-	"\x17warren/fsm/v1/fsm.proto\x12\rwarren.fsm.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14warren/v1/task.proto\"#\n" +
+	"\x17warren/fsm/v1/fsm.proto\x12\rwarren.fsm.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14warren/v1/node.proto\x1a\x14warren/v1/task.proto\"#\n" +
 	"\x05Batch\x12\x1a\n" +
 	"\bcommands\x18\x01 \x03(\fR\bcommands\"\xac\x01\n" +
 	"\n" +
@@ -762,18 +1081,44 @@ const file_warren_fsm_v1_fsm_proto_rawDesc = "" +
 	"GrantLease\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12.\n" +
-	"\x04time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\"W\n" +
+	"\x04time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\"c\n" +
+	"\fRegisterNode\x12#\n" +
+	"\x04node\x18\x01 \x01(\v2\x0f.warren.v1.NodeR\x04node\x12.\n" +
+	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\"\xa2\x02\n" +
+	"\x06NodeOp\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12(\n" +
+	"\x02op\x18\x02 \x01(\x0e2\x18.warren.fsm.v1.NodeOp.OpR\x02op\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12A\n" +
+	"\x0edrain_deadline\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\rdrainDeadline\x12.\n" +
+	"\x04time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\"S\n" +
+	"\x02Op\x12\x12\n" +
+	"\x0eOP_UNSPECIFIED\x10\x00\x12\r\n" +
+	"\tOP_CORDON\x10\x01\x12\x0f\n" +
+	"\vOP_UNCORDON\x10\x02\x12\f\n" +
+	"\bOP_DRAIN\x10\x03\x12\v\n" +
+	"\aOP_DOWN\x10\x04\"\xd2\x01\n" +
+	"\tApplyPlan\x12B\n" +
+	"\n" +
+	"placements\x18\x01 \x03(\v2\".warren.fsm.v1.ApplyPlan.PlacementR\n" +
+	"placements\x12.\n" +
+	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x1aQ\n" +
+	"\tPlacement\x12\x17\n" +
+	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x12\n" +
+	"\x04warm\x18\x03 \x01(\bR\x04warm\"W\n" +
 	"\tSetMember\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\fraft_address\x18\x02 \x01(\tR\vraftAddress\x12\x17\n" +
-	"\aapi_url\x18\x03 \x01(\tR\x06apiUrl\"\xad\x01\n" +
+	"\aapi_url\x18\x03 \x01(\tR\x06apiUrl\"\xfd\x01\n" +
 	"\x06Result\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12#\n" +
 	"\x04task\x18\x03 \x01(\v2\x0f.warren.v1.TaskR\x04task\x12\x18\n" +
 	"\acreated\x18\x04 \x01(\bR\acreated\x12\x1b\n" +
 	"\tfirst_seq\x18\x05 \x01(\x04R\bfirstSeq\x12\x19\n" +
-	"\blast_seq\x18\x06 \x01(\x04R\alastSeq\"T\n" +
+	"\blast_seq\x18\x06 \x01(\x04R\alastSeq\x12#\n" +
+	"\x04node\x18\a \x01(\v2\x0f.warren.v1.NodeR\x04node\x12)\n" +
+	"\x10placement_errors\x18\b \x03(\tR\x0fplacementErrors\"T\n" +
 	"\x06Member\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\fraft_address\x18\x02 \x01(\tR\vraftAddress\x12\x17\n" +
@@ -791,38 +1136,53 @@ func file_warren_fsm_v1_fsm_proto_rawDescGZIP() []byte {
 	return file_warren_fsm_v1_fsm_proto_rawDescData
 }
 
-var file_warren_fsm_v1_fsm_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_warren_fsm_v1_fsm_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_warren_fsm_v1_fsm_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_warren_fsm_v1_fsm_proto_goTypes = []any{
-	(*Batch)(nil),                 // 0: warren.fsm.v1.Batch
-	(*CreateTask)(nil),            // 1: warren.fsm.v1.CreateTask
-	(*AppendEvents)(nil),          // 2: warren.fsm.v1.AppendEvents
-	(*SendMessage)(nil),           // 3: warren.fsm.v1.SendMessage
-	(*Decide)(nil),                // 4: warren.fsm.v1.Decide
-	(*CancelTask)(nil),            // 5: warren.fsm.v1.CancelTask
-	(*GrantLease)(nil),            // 6: warren.fsm.v1.GrantLease
-	(*SetMember)(nil),             // 7: warren.fsm.v1.SetMember
-	(*Result)(nil),                // 8: warren.fsm.v1.Result
-	(*Member)(nil),                // 9: warren.fsm.v1.Member
-	(*v1.TaskSpec)(nil),           // 10: warren.v1.TaskSpec
-	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
-	(*v1.EventInput)(nil),         // 12: warren.v1.EventInput
-	(*v1.Task)(nil),               // 13: warren.v1.Task
+	(NodeOp_Op)(0),                // 0: warren.fsm.v1.NodeOp.Op
+	(*Batch)(nil),                 // 1: warren.fsm.v1.Batch
+	(*CreateTask)(nil),            // 2: warren.fsm.v1.CreateTask
+	(*AppendEvents)(nil),          // 3: warren.fsm.v1.AppendEvents
+	(*SendMessage)(nil),           // 4: warren.fsm.v1.SendMessage
+	(*Decide)(nil),                // 5: warren.fsm.v1.Decide
+	(*CancelTask)(nil),            // 6: warren.fsm.v1.CancelTask
+	(*GrantLease)(nil),            // 7: warren.fsm.v1.GrantLease
+	(*RegisterNode)(nil),          // 8: warren.fsm.v1.RegisterNode
+	(*NodeOp)(nil),                // 9: warren.fsm.v1.NodeOp
+	(*ApplyPlan)(nil),             // 10: warren.fsm.v1.ApplyPlan
+	(*SetMember)(nil),             // 11: warren.fsm.v1.SetMember
+	(*Result)(nil),                // 12: warren.fsm.v1.Result
+	(*Member)(nil),                // 13: warren.fsm.v1.Member
+	(*ApplyPlan_Placement)(nil),   // 14: warren.fsm.v1.ApplyPlan.Placement
+	(*v1.TaskSpec)(nil),           // 15: warren.v1.TaskSpec
+	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
+	(*v1.EventInput)(nil),         // 17: warren.v1.EventInput
+	(*v1.Node)(nil),               // 18: warren.v1.Node
+	(*v1.Task)(nil),               // 19: warren.v1.Task
 }
 var file_warren_fsm_v1_fsm_proto_depIdxs = []int32{
-	10, // 0: warren.fsm.v1.CreateTask.spec:type_name -> warren.v1.TaskSpec
-	11, // 1: warren.fsm.v1.CreateTask.time:type_name -> google.protobuf.Timestamp
-	12, // 2: warren.fsm.v1.AppendEvents.events:type_name -> warren.v1.EventInput
-	11, // 3: warren.fsm.v1.AppendEvents.time:type_name -> google.protobuf.Timestamp
-	11, // 4: warren.fsm.v1.SendMessage.time:type_name -> google.protobuf.Timestamp
-	11, // 5: warren.fsm.v1.Decide.time:type_name -> google.protobuf.Timestamp
-	11, // 6: warren.fsm.v1.CancelTask.time:type_name -> google.protobuf.Timestamp
-	11, // 7: warren.fsm.v1.GrantLease.time:type_name -> google.protobuf.Timestamp
-	13, // 8: warren.fsm.v1.Result.task:type_name -> warren.v1.Task
-	9,  // [9:9] is the sub-list for method output_type
-	9,  // [9:9] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	15, // 0: warren.fsm.v1.CreateTask.spec:type_name -> warren.v1.TaskSpec
+	16, // 1: warren.fsm.v1.CreateTask.time:type_name -> google.protobuf.Timestamp
+	17, // 2: warren.fsm.v1.AppendEvents.events:type_name -> warren.v1.EventInput
+	16, // 3: warren.fsm.v1.AppendEvents.time:type_name -> google.protobuf.Timestamp
+	16, // 4: warren.fsm.v1.SendMessage.time:type_name -> google.protobuf.Timestamp
+	16, // 5: warren.fsm.v1.Decide.time:type_name -> google.protobuf.Timestamp
+	16, // 6: warren.fsm.v1.CancelTask.time:type_name -> google.protobuf.Timestamp
+	16, // 7: warren.fsm.v1.GrantLease.time:type_name -> google.protobuf.Timestamp
+	18, // 8: warren.fsm.v1.RegisterNode.node:type_name -> warren.v1.Node
+	16, // 9: warren.fsm.v1.RegisterNode.time:type_name -> google.protobuf.Timestamp
+	0,  // 10: warren.fsm.v1.NodeOp.op:type_name -> warren.fsm.v1.NodeOp.Op
+	16, // 11: warren.fsm.v1.NodeOp.drain_deadline:type_name -> google.protobuf.Timestamp
+	16, // 12: warren.fsm.v1.NodeOp.time:type_name -> google.protobuf.Timestamp
+	14, // 13: warren.fsm.v1.ApplyPlan.placements:type_name -> warren.fsm.v1.ApplyPlan.Placement
+	16, // 14: warren.fsm.v1.ApplyPlan.time:type_name -> google.protobuf.Timestamp
+	19, // 15: warren.fsm.v1.Result.task:type_name -> warren.v1.Task
+	18, // 16: warren.fsm.v1.Result.node:type_name -> warren.v1.Node
+	17, // [17:17] is the sub-list for method output_type
+	17, // [17:17] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_warren_fsm_v1_fsm_proto_init() }
@@ -835,13 +1195,14 @@ func file_warren_fsm_v1_fsm_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warren_fsm_v1_fsm_proto_rawDesc), len(file_warren_fsm_v1_fsm_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   10,
+			NumEnums:      1,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
 		GoTypes:           file_warren_fsm_v1_fsm_proto_goTypes,
 		DependencyIndexes: file_warren_fsm_v1_fsm_proto_depIdxs,
+		EnumInfos:         file_warren_fsm_v1_fsm_proto_enumTypes,
 		MessageInfos:      file_warren_fsm_v1_fsm_proto_msgTypes,
 	}.Build()
 	File_warren_fsm_v1_fsm_proto = out.File

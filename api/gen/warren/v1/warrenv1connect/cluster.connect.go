@@ -41,6 +41,21 @@ const (
 	ClusterServiceSnapshotProcedure = "/warren.v1.ClusterService/Snapshot"
 	// ClusterServiceProposeProcedure is the fully-qualified name of the ClusterService's Propose RPC.
 	ClusterServiceProposeProcedure = "/warren.v1.ClusterService/Propose"
+	// ClusterServiceRegisterNodeProcedure is the fully-qualified name of the ClusterService's
+	// RegisterNode RPC.
+	ClusterServiceRegisterNodeProcedure = "/warren.v1.ClusterService/RegisterNode"
+	// ClusterServiceListNodesProcedure is the fully-qualified name of the ClusterService's ListNodes
+	// RPC.
+	ClusterServiceListNodesProcedure = "/warren.v1.ClusterService/ListNodes"
+	// ClusterServiceCordonNodeProcedure is the fully-qualified name of the ClusterService's CordonNode
+	// RPC.
+	ClusterServiceCordonNodeProcedure = "/warren.v1.ClusterService/CordonNode"
+	// ClusterServiceUncordonNodeProcedure is the fully-qualified name of the ClusterService's
+	// UncordonNode RPC.
+	ClusterServiceUncordonNodeProcedure = "/warren.v1.ClusterService/UncordonNode"
+	// ClusterServiceDrainNodeProcedure is the fully-qualified name of the ClusterService's DrainNode
+	// RPC.
+	ClusterServiceDrainNodeProcedure = "/warren.v1.ClusterService/DrainNode"
 )
 
 // ClusterServiceClient is a client for the warren.v1.ClusterService service.
@@ -52,6 +67,15 @@ type ClusterServiceClient interface {
 	Snapshot(context.Context, *connect.Request[v1.SnapshotRequest]) (*connect.Response[v1.SnapshotResponse], error)
 	// Propose is how a follower forwards writes to the leader.
 	Propose(context.Context, *connect.Request[v1.ProposeRequest]) (*connect.Response[v1.ProposeResponse], error)
+	// RegisterNode records a node daemon's resources, drivers, templates and
+	// labels; a re-registration updates them and makes a down node ready.
+	RegisterNode(context.Context, *connect.Request[v1.RegisterNodeRequest]) (*connect.Response[v1.RegisterNodeResponse], error)
+	ListNodes(context.Context, *connect.Request[v1.ListNodesRequest]) (*connect.Response[v1.ListNodesResponse], error)
+	// CordonNode stops new placements on a node; its tasks stay.
+	CordonNode(context.Context, *connect.Request[v1.NodeRequest]) (*connect.Response[v1.NodeResponse], error)
+	UncordonNode(context.Context, *connect.Request[v1.NodeRequest]) (*connect.Response[v1.NodeResponse], error)
+	// DrainNode cordons a node and moves its tasks off at step boundaries.
+	DrainNode(context.Context, *connect.Request[v1.DrainNodeRequest]) (*connect.Response[v1.NodeResponse], error)
 }
 
 // NewClusterServiceClient constructs a client for the warren.v1.ClusterService service. By default,
@@ -90,15 +114,51 @@ func NewClusterServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(clusterServiceMethods.ByName("Propose")),
 			connect.WithClientOptions(opts...),
 		),
+		registerNode: connect.NewClient[v1.RegisterNodeRequest, v1.RegisterNodeResponse](
+			httpClient,
+			baseURL+ClusterServiceRegisterNodeProcedure,
+			connect.WithSchema(clusterServiceMethods.ByName("RegisterNode")),
+			connect.WithClientOptions(opts...),
+		),
+		listNodes: connect.NewClient[v1.ListNodesRequest, v1.ListNodesResponse](
+			httpClient,
+			baseURL+ClusterServiceListNodesProcedure,
+			connect.WithSchema(clusterServiceMethods.ByName("ListNodes")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		cordonNode: connect.NewClient[v1.NodeRequest, v1.NodeResponse](
+			httpClient,
+			baseURL+ClusterServiceCordonNodeProcedure,
+			connect.WithSchema(clusterServiceMethods.ByName("CordonNode")),
+			connect.WithClientOptions(opts...),
+		),
+		uncordonNode: connect.NewClient[v1.NodeRequest, v1.NodeResponse](
+			httpClient,
+			baseURL+ClusterServiceUncordonNodeProcedure,
+			connect.WithSchema(clusterServiceMethods.ByName("UncordonNode")),
+			connect.WithClientOptions(opts...),
+		),
+		drainNode: connect.NewClient[v1.DrainNodeRequest, v1.NodeResponse](
+			httpClient,
+			baseURL+ClusterServiceDrainNodeProcedure,
+			connect.WithSchema(clusterServiceMethods.ByName("DrainNode")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // clusterServiceClient implements ClusterServiceClient.
 type clusterServiceClient struct {
-	status   *connect.Client[v1.StatusRequest, v1.StatusResponse]
-	join     *connect.Client[v1.JoinRequest, v1.JoinResponse]
-	snapshot *connect.Client[v1.SnapshotRequest, v1.SnapshotResponse]
-	propose  *connect.Client[v1.ProposeRequest, v1.ProposeResponse]
+	status       *connect.Client[v1.StatusRequest, v1.StatusResponse]
+	join         *connect.Client[v1.JoinRequest, v1.JoinResponse]
+	snapshot     *connect.Client[v1.SnapshotRequest, v1.SnapshotResponse]
+	propose      *connect.Client[v1.ProposeRequest, v1.ProposeResponse]
+	registerNode *connect.Client[v1.RegisterNodeRequest, v1.RegisterNodeResponse]
+	listNodes    *connect.Client[v1.ListNodesRequest, v1.ListNodesResponse]
+	cordonNode   *connect.Client[v1.NodeRequest, v1.NodeResponse]
+	uncordonNode *connect.Client[v1.NodeRequest, v1.NodeResponse]
+	drainNode    *connect.Client[v1.DrainNodeRequest, v1.NodeResponse]
 }
 
 // Status calls warren.v1.ClusterService.Status.
@@ -121,6 +181,31 @@ func (c *clusterServiceClient) Propose(ctx context.Context, req *connect.Request
 	return c.propose.CallUnary(ctx, req)
 }
 
+// RegisterNode calls warren.v1.ClusterService.RegisterNode.
+func (c *clusterServiceClient) RegisterNode(ctx context.Context, req *connect.Request[v1.RegisterNodeRequest]) (*connect.Response[v1.RegisterNodeResponse], error) {
+	return c.registerNode.CallUnary(ctx, req)
+}
+
+// ListNodes calls warren.v1.ClusterService.ListNodes.
+func (c *clusterServiceClient) ListNodes(ctx context.Context, req *connect.Request[v1.ListNodesRequest]) (*connect.Response[v1.ListNodesResponse], error) {
+	return c.listNodes.CallUnary(ctx, req)
+}
+
+// CordonNode calls warren.v1.ClusterService.CordonNode.
+func (c *clusterServiceClient) CordonNode(ctx context.Context, req *connect.Request[v1.NodeRequest]) (*connect.Response[v1.NodeResponse], error) {
+	return c.cordonNode.CallUnary(ctx, req)
+}
+
+// UncordonNode calls warren.v1.ClusterService.UncordonNode.
+func (c *clusterServiceClient) UncordonNode(ctx context.Context, req *connect.Request[v1.NodeRequest]) (*connect.Response[v1.NodeResponse], error) {
+	return c.uncordonNode.CallUnary(ctx, req)
+}
+
+// DrainNode calls warren.v1.ClusterService.DrainNode.
+func (c *clusterServiceClient) DrainNode(ctx context.Context, req *connect.Request[v1.DrainNodeRequest]) (*connect.Response[v1.NodeResponse], error) {
+	return c.drainNode.CallUnary(ctx, req)
+}
+
 // ClusterServiceHandler is an implementation of the warren.v1.ClusterService service.
 type ClusterServiceHandler interface {
 	Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error)
@@ -130,6 +215,15 @@ type ClusterServiceHandler interface {
 	Snapshot(context.Context, *connect.Request[v1.SnapshotRequest]) (*connect.Response[v1.SnapshotResponse], error)
 	// Propose is how a follower forwards writes to the leader.
 	Propose(context.Context, *connect.Request[v1.ProposeRequest]) (*connect.Response[v1.ProposeResponse], error)
+	// RegisterNode records a node daemon's resources, drivers, templates and
+	// labels; a re-registration updates them and makes a down node ready.
+	RegisterNode(context.Context, *connect.Request[v1.RegisterNodeRequest]) (*connect.Response[v1.RegisterNodeResponse], error)
+	ListNodes(context.Context, *connect.Request[v1.ListNodesRequest]) (*connect.Response[v1.ListNodesResponse], error)
+	// CordonNode stops new placements on a node; its tasks stay.
+	CordonNode(context.Context, *connect.Request[v1.NodeRequest]) (*connect.Response[v1.NodeResponse], error)
+	UncordonNode(context.Context, *connect.Request[v1.NodeRequest]) (*connect.Response[v1.NodeResponse], error)
+	// DrainNode cordons a node and moves its tasks off at step boundaries.
+	DrainNode(context.Context, *connect.Request[v1.DrainNodeRequest]) (*connect.Response[v1.NodeResponse], error)
 }
 
 // NewClusterServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -164,6 +258,37 @@ func NewClusterServiceHandler(svc ClusterServiceHandler, opts ...connect.Handler
 		connect.WithSchema(clusterServiceMethods.ByName("Propose")),
 		connect.WithHandlerOptions(opts...),
 	)
+	clusterServiceRegisterNodeHandler := connect.NewUnaryHandler(
+		ClusterServiceRegisterNodeProcedure,
+		svc.RegisterNode,
+		connect.WithSchema(clusterServiceMethods.ByName("RegisterNode")),
+		connect.WithHandlerOptions(opts...),
+	)
+	clusterServiceListNodesHandler := connect.NewUnaryHandler(
+		ClusterServiceListNodesProcedure,
+		svc.ListNodes,
+		connect.WithSchema(clusterServiceMethods.ByName("ListNodes")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	clusterServiceCordonNodeHandler := connect.NewUnaryHandler(
+		ClusterServiceCordonNodeProcedure,
+		svc.CordonNode,
+		connect.WithSchema(clusterServiceMethods.ByName("CordonNode")),
+		connect.WithHandlerOptions(opts...),
+	)
+	clusterServiceUncordonNodeHandler := connect.NewUnaryHandler(
+		ClusterServiceUncordonNodeProcedure,
+		svc.UncordonNode,
+		connect.WithSchema(clusterServiceMethods.ByName("UncordonNode")),
+		connect.WithHandlerOptions(opts...),
+	)
+	clusterServiceDrainNodeHandler := connect.NewUnaryHandler(
+		ClusterServiceDrainNodeProcedure,
+		svc.DrainNode,
+		connect.WithSchema(clusterServiceMethods.ByName("DrainNode")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/warren.v1.ClusterService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case ClusterServiceStatusProcedure:
@@ -174,6 +299,16 @@ func NewClusterServiceHandler(svc ClusterServiceHandler, opts ...connect.Handler
 			clusterServiceSnapshotHandler.ServeHTTP(w, r)
 		case ClusterServiceProposeProcedure:
 			clusterServiceProposeHandler.ServeHTTP(w, r)
+		case ClusterServiceRegisterNodeProcedure:
+			clusterServiceRegisterNodeHandler.ServeHTTP(w, r)
+		case ClusterServiceListNodesProcedure:
+			clusterServiceListNodesHandler.ServeHTTP(w, r)
+		case ClusterServiceCordonNodeProcedure:
+			clusterServiceCordonNodeHandler.ServeHTTP(w, r)
+		case ClusterServiceUncordonNodeProcedure:
+			clusterServiceUncordonNodeHandler.ServeHTTP(w, r)
+		case ClusterServiceDrainNodeProcedure:
+			clusterServiceDrainNodeHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -197,4 +332,24 @@ func (UnimplementedClusterServiceHandler) Snapshot(context.Context, *connect.Req
 
 func (UnimplementedClusterServiceHandler) Propose(context.Context, *connect.Request[v1.ProposeRequest]) (*connect.Response[v1.ProposeResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.ClusterService.Propose is not implemented"))
+}
+
+func (UnimplementedClusterServiceHandler) RegisterNode(context.Context, *connect.Request[v1.RegisterNodeRequest]) (*connect.Response[v1.RegisterNodeResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.ClusterService.RegisterNode is not implemented"))
+}
+
+func (UnimplementedClusterServiceHandler) ListNodes(context.Context, *connect.Request[v1.ListNodesRequest]) (*connect.Response[v1.ListNodesResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.ClusterService.ListNodes is not implemented"))
+}
+
+func (UnimplementedClusterServiceHandler) CordonNode(context.Context, *connect.Request[v1.NodeRequest]) (*connect.Response[v1.NodeResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.ClusterService.CordonNode is not implemented"))
+}
+
+func (UnimplementedClusterServiceHandler) UncordonNode(context.Context, *connect.Request[v1.NodeRequest]) (*connect.Response[v1.NodeResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.ClusterService.UncordonNode is not implemented"))
+}
+
+func (UnimplementedClusterServiceHandler) DrainNode(context.Context, *connect.Request[v1.DrainNodeRequest]) (*connect.Response[v1.NodeResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.ClusterService.DrainNode is not implemented"))
 }

@@ -1,0 +1,106 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"connectrpc.com/connect"
+
+	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/scheduler"
+)
+
+func cmdNodes(args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return errUsage
+	}
+	verb, args := args[0], args[1:]
+	fs := flag.NewFlagSet("nodes "+verb, flag.ContinueOnError)
+	var cf clientFlags
+	cf.register(fs)
+	switch verb {
+	case "list", "ls":
+		_, c, ctx, cancel, err := cf.start(fs, args)
+		if err != nil {
+			return err
+		}
+		defer cancel()
+		resp, err := c.Cluster().ListNodes(ctx, connect.NewRequest(&warrenv1.ListNodesRequest{}))
+		if err != nil {
+			return err
+		}
+		if cf.output == "json" {
+			for _, n := range resp.Msg.GetNodes() {
+				if err := printJSON(stdout, n); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "ID\tSTATUS\tELIGIBLE\tCPU (ALLOC/CAP)\tMEMORY (ALLOC/CAP)\tTASKS\tDRIVERS\tACCEL")
+		for _, n := range resp.Msg.GetNodes() {
+			fmt.Fprintf(tw, "%s\t%s\t%v\t%s/%s\t%s/%s\t%d\t%s\t%s\n", n.GetId(), scheduler.NodeStatusName(n.GetStatus()), n.GetEligible(),
+				cores(n.GetAllocated().GetMilliCpu()), cores(n.GetCapacity().GetMilliCpu()),
+				bytesIEC(n.GetAllocated().GetMemoryBytes()), bytesIEC(n.GetCapacity().GetMemoryBytes()),
+				n.GetTaskCount(), strings.Join(n.GetDrivers(), ","), orDash(n.GetAccelerator()))
+		}
+		return tw.Flush()
+	case "cordon", "uncordon", "drain":
+		deadline := fs.Duration("deadline", time.Hour, "drain: how long tasks may take to move off")
+		pos, c, ctx, cancel, err := cf.start(fs, args, "ID")
+		if err != nil {
+			return err
+		}
+		defer cancel()
+		var resp *connect.Response[warrenv1.NodeResponse]
+		switch verb {
+		case "cordon":
+			resp, err = c.Cluster().CordonNode(ctx, connect.NewRequest(&warrenv1.NodeRequest{Id: pos[0]}))
+		case "uncordon":
+			resp, err = c.Cluster().UncordonNode(ctx, connect.NewRequest(&warrenv1.NodeRequest{Id: pos[0]}))
+		default:
+			if *deadline <= 0 {
+				return fmt.Errorf("deadline: must be positive, got %v", *deadline)
+			}
+			resp, err = c.Cluster().DrainNode(ctx, connect.NewRequest(&warrenv1.DrainNodeRequest{Id: pos[0], DeadlineSeconds: int64(deadline.Seconds())}))
+		}
+		if err != nil {
+			return err
+		}
+		if cf.output == "json" {
+			return printJSON(stdout, resp.Msg.GetNode())
+		}
+		n := resp.Msg.GetNode()
+		_, err = fmt.Fprintf(stdout, "node %s: %s, eligible=%v, %d tasks\n", n.GetId(), scheduler.NodeStatusName(n.GetStatus()), n.GetEligible(), n.GetTaskCount())
+		return err
+	}
+	return fmt.Errorf("nodes: unknown verb %q (list, cordon, uncordon, drain)", verb)
+}
+
+func cores(milli int64) string { return fmt.Sprintf("%.1f", float64(milli)/1000) }
+
+func bytesIEC(b int64) string {
+	const unit = 1024
+	if b < unit {
+		return fmt.Sprintf("%dB", b)
+	}
+	div, exp := int64(unit), 0
+	for n := b / unit; n >= unit; n /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f%ciB", float64(b)/float64(div), "KMGTPE"[exp])
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

@@ -1,0 +1,313 @@
+package scheduler
+
+import (
+	"errors"
+	"fmt"
+
+	"connectrpc.com/connect"
+	"github.com/cockroachdb/pebble/v2"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
+	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+)
+
+// Default resources of a task whose spec names none.
+const (
+	DefaultTaskMilliCPU    = 1000
+	DefaultTaskMemoryBytes = 512 << 20
+)
+
+// Drivers are the sandbox drivers a node may offer. "sim" is the
+// simulated in-memory driver for control-plane benchmarks.
+var Drivers = []string{"microvm", "container", "sim"}
+
+// DefaultDriver is the driver of a task whose spec names none.
+const DefaultDriver = "microvm"
+
+// TaskNeeds returns the resources a task's sandbox takes on its node.
+func TaskNeeds(spec *warrenv1.TaskSpec) *warrenv1.Resources {
+	r := &warrenv1.Resources{MilliCpu: spec.GetResources().GetMilliCpu(), MemoryBytes: spec.GetResources().GetMemoryBytes()}
+	if r.MilliCpu == 0 {
+		r.MilliCpu = DefaultTaskMilliCPU
+	}
+	if r.MemoryBytes == 0 {
+		r.MemoryBytes = DefaultTaskMemoryBytes
+	}
+	return r
+}
+
+// cachedNode is a node read or written during one ApplyBatch, written back
+// once at the end like cachedTask.
+type cachedNode struct {
+	n     *warrenv1.Node
+	dirty bool
+}
+
+func (a *applier) node(id string) (*warrenv1.Node, *fsmv1.Result) {
+	if c, ok := a.nodes[id]; ok {
+		return c.n, nil
+	}
+	n := &warrenv1.Node{}
+	if !a.get(keyNode(id), n) {
+		return nil, fail(connect.CodeNotFound, "node %q not found", id)
+	}
+	a.nodes[id] = &cachedNode{n: n}
+	return n, nil
+}
+
+func (a *applier) putNode(n *warrenv1.Node) {
+	c, ok := a.nodes[n.GetId()]
+	if !ok {
+		c = &cachedNode{}
+		a.nodes[n.GetId()] = c
+	}
+	c.n, c.dirty = n, true
+}
+
+func (a *applier) flushNodes() {
+	for id, c := range a.nodes {
+		if !c.dirty {
+			continue
+		}
+		if invariants {
+			al, cp := c.n.GetAllocated(), c.n.GetCapacity()
+			if al.GetMilliCpu() < 0 || al.GetMemoryBytes() < 0 || al.GetMilliCpu() > cp.GetMilliCpu() || al.GetMemoryBytes() > cp.GetMemoryBytes() {
+				panic(fmt.Sprintf("invariant: node %s allocated %v outside 0..%v", id, al, cp))
+			}
+		}
+		a.put(keyNode(id), c.n)
+	}
+}
+
+func (a *applier) setIndex(k []byte, on bool) {
+	var err error
+	if on {
+		err = a.b.Set(k, nil, nil)
+	} else {
+		err = a.b.Delete(k, nil)
+	}
+	if err != nil {
+		panic(fmt.Sprintf("scheduler: batch write: %v", err))
+	}
+}
+
+func (a *applier) registerNode(m *fsmv1.RegisterNode) *fsmv1.Result {
+	in := m.GetNode()
+	if in.GetId() == "" {
+		return fail(connect.CodeInvalidArgument, "node.id: required")
+	}
+	n, r := a.node(in.GetId())
+	if r != nil {
+		n = &warrenv1.Node{
+			Id: in.GetId(), Status: warrenv1.NodeStatus_NODE_STATUS_READY, Eligible: true,
+			Allocated: &warrenv1.Resources{}, RegisteredAt: m.GetTime(), StatusChangedAt: m.GetTime(),
+		}
+	} else {
+		n = proto.Clone(n).(*warrenv1.Node)
+	}
+	n.Drivers, n.Templates, n.Labels = in.GetDrivers(), in.GetTemplates(), in.GetLabels()
+	n.Capacity, n.Accelerator, n.Address = in.GetCapacity(), in.GetAccelerator(), in.GetAddress()
+	if n.GetStatus() == warrenv1.NodeStatus_NODE_STATUS_DOWN {
+		n.Status, n.StatusChangedAt, n.StatusReason = warrenv1.NodeStatus_NODE_STATUS_READY, m.GetTime(), "registered again"
+	}
+	a.putNode(n)
+	return &fsmv1.Result{Node: proto.Clone(n).(*warrenv1.Node)}
+}
+
+func (a *applier) nodeOp(m *fsmv1.NodeOp) *fsmv1.Result {
+	n, r := a.node(m.GetId())
+	if r != nil {
+		return r
+	}
+	n = proto.Clone(n).(*warrenv1.Node)
+	status := n.GetStatus()
+	switch m.GetOp() {
+	case fsmv1.NodeOp_OP_CORDON:
+		n.Eligible = false
+	case fsmv1.NodeOp_OP_UNCORDON:
+		n.Eligible = true
+		if status == warrenv1.NodeStatus_NODE_STATUS_DRAINING {
+			n.Status, n.DrainDeadline = warrenv1.NodeStatus_NODE_STATUS_READY, nil
+		}
+	case fsmv1.NodeOp_OP_DRAIN:
+		if status == warrenv1.NodeStatus_NODE_STATUS_DOWN {
+			return fail(connect.CodeFailedPrecondition, "node %s is down", n.GetId())
+		}
+		n.Status, n.Eligible, n.DrainDeadline = warrenv1.NodeStatus_NODE_STATUS_DRAINING, false, m.GetDrainDeadline()
+	case fsmv1.NodeOp_OP_DOWN:
+		if status == warrenv1.NodeStatus_NODE_STATUS_DOWN {
+			return &fsmv1.Result{Node: n}
+		}
+		n.Status = warrenv1.NodeStatus_NODE_STATUS_DOWN
+		a.putNode(n)
+		if err := a.requeueAll(n.GetId(), m.GetTime(), m.GetReason()); err != nil {
+			panic(fmt.Sprintf("scheduler: requeue tasks of %s: %v", n.GetId(), err))
+		}
+		n, _ = a.node(n.GetId()) // requeueing released resources on it
+	default:
+		return fail(connect.CodeInvalidArgument, "op: unknown %v", m.GetOp())
+	}
+	if n.GetStatus() != status {
+		n.StatusChangedAt, n.StatusReason = m.GetTime(), m.GetReason()
+	}
+	a.putNode(n)
+	return &fsmv1.Result{Node: proto.Clone(n).(*warrenv1.Node)}
+}
+
+// requeueAll takes every lease of a down node: each task goes back to
+// pending under a new epoch, so anything the old node still appends is
+// refused.
+func (a *applier) requeueAll(node string, ts *timestamppb.Timestamp, reason string) error {
+	prefix := keyNodeTasks(node)
+	it, err := a.b.NewIter(&pebble.IterOptions{LowerBound: prefix, UpperBound: prefixEnd(prefix)})
+	if err != nil {
+		return err
+	}
+	var ids []string
+	for ok := it.First(); ok; ok = it.Next() {
+		ids = append(ids, string(it.Key()[len(prefix):]))
+	}
+	if err := errors.Join(it.Error(), it.Close()); err != nil {
+		return err
+	}
+	if reason == "" {
+		reason = "node down"
+	}
+	for _, id := range ids {
+		t, r := a.task(id)
+		if r != nil {
+			continue
+		}
+		a.requeue(t, ts, reason)
+		a.putTask(t)
+	}
+	return nil
+}
+
+// requeue moves a task that held a lease back to pending under a new
+// epoch, releasing its node's resources, and marks it for resumption.
+func (a *applier) requeue(t *warrenv1.Task, ts *timestamppb.Timestamp, reason string) {
+	lost := t.GetLease().GetNode()
+	a.release(t)
+	t.Lease = &warrenv1.Lease{Epoch: t.GetLease().GetEpoch() + 1}
+	t.Resume, t.LastFailedNode = true, lost
+	a.setState(t, ts, warrenv1.TaskState_TASK_STATE_PENDING, map[string]any{"reason": reason, "node": lost, "epoch": t.GetLease().GetEpoch()})
+}
+
+// release returns a task's resources to the node holding its lease.
+func (a *applier) release(t *warrenv1.Task) {
+	node := t.GetLease().GetNode()
+	if node == "" {
+		return
+	}
+	k := keyNodeTask(node, t.GetId())
+	if _, closer, err := a.b.Get(k); err != nil {
+		return // not accounted (a lease granted without a node record)
+	} else {
+		closer.Close()
+	}
+	a.setIndex(k, false)
+	n, r := a.node(node)
+	if r != nil {
+		return
+	}
+	n = proto.Clone(n).(*warrenv1.Node)
+	needs := TaskNeeds(t.GetSpec())
+	n.Allocated = &warrenv1.Resources{
+		MilliCpu:    n.GetAllocated().GetMilliCpu() - needs.GetMilliCpu(),
+		MemoryBytes: n.GetAllocated().GetMemoryBytes() - needs.GetMemoryBytes(),
+	}
+	if n.TaskCount > 0 {
+		n.TaskCount--
+	}
+	a.putNode(n)
+}
+
+// applyPlan places tasks, checking each placement against the state now.
+func (a *applier) applyPlan(m *fsmv1.ApplyPlan) *fsmv1.Result {
+	res := &fsmv1.Result{PlacementErrors: make([]string, len(m.GetPlacements()))}
+	for i, p := range m.GetPlacements() {
+		if err := a.place(p, m.GetTime()); err != "" {
+			res.PlacementErrors[i] = err
+		}
+	}
+	return res
+}
+
+func (a *applier) place(p *fsmv1.ApplyPlan_Placement, ts *timestamppb.Timestamp) string {
+	t, r := a.writable(p.GetTaskId())
+	if r != nil {
+		return r.GetMessage()
+	}
+	if t.GetState() != warrenv1.TaskState_TASK_STATE_PENDING {
+		return fmt.Sprintf("task %s is %s, not pending", t.GetId(), StateName(t.GetState()))
+	}
+	n, r := a.node(p.GetNodeId())
+	if r != nil {
+		return r.GetMessage()
+	}
+	if n.GetStatus() != warrenv1.NodeStatus_NODE_STATUS_READY || !n.GetEligible() {
+		return fmt.Sprintf("node %s is not taking tasks (%s, eligible=%v)", n.GetId(), NodeStatusName(n.GetStatus()), n.GetEligible())
+	}
+	needs := TaskNeeds(t.GetSpec())
+	freeCPU := n.GetCapacity().GetMilliCpu() - n.GetAllocated().GetMilliCpu()
+	freeMem := n.GetCapacity().GetMemoryBytes() - n.GetAllocated().GetMemoryBytes()
+	if needs.GetMilliCpu() > freeCPU || needs.GetMemoryBytes() > freeMem {
+		return fmt.Sprintf("node %s has no room: task needs %dm CPU and %d B, %dm and %d B free",
+			n.GetId(), needs.GetMilliCpu(), needs.GetMemoryBytes(), freeCPU, freeMem)
+	}
+	n = proto.Clone(n).(*warrenv1.Node)
+	n.Allocated = &warrenv1.Resources{
+		MilliCpu:    n.GetAllocated().GetMilliCpu() + needs.GetMilliCpu(),
+		MemoryBytes: n.GetAllocated().GetMemoryBytes() + needs.GetMemoryBytes(),
+	}
+	n.TaskCount++
+	a.putNode(n)
+	a.setIndex(keyNodeTask(n.GetId(), t.GetId()), true)
+	t.Lease = &warrenv1.Lease{Node: n.GetId(), Epoch: t.GetLease().GetEpoch() + 1}
+	a.setState(t, ts, warrenv1.TaskState_TASK_STATE_PLACED, map[string]any{"node": n.GetId(), "epoch": t.GetLease().GetEpoch(), "warm": p.GetWarm()})
+	a.putTask(t)
+	return ""
+}
+
+// NodeStatusName is the lower-case name of a node status ("ready").
+func NodeStatusName(s warrenv1.NodeStatus) string {
+	switch s {
+	case warrenv1.NodeStatus_NODE_STATUS_READY:
+		return "ready"
+	case warrenv1.NodeStatus_NODE_STATUS_DOWN:
+		return "down"
+	case warrenv1.NodeStatus_NODE_STATUS_DRAINING:
+		return "draining"
+	}
+	return "unspecified"
+}
+
+// Node returns a node or ErrNotFound.
+func (f *FSM) Node(id string) (*warrenv1.Node, error) {
+	n := &warrenv1.Node{}
+	if err := f.getProto(keyNode(id), n); err != nil {
+		return nil, fmt.Errorf("node %q: %w", id, err)
+	}
+	return n, nil
+}
+
+// Nodes returns every node in id order.
+func (f *FSM) Nodes() ([]*warrenv1.Node, error) {
+	it, err := f.db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixNode}, UpperBound: []byte{prefixNode + 1}})
+	if err != nil {
+		return nil, err
+	}
+	defer it.Close()
+	var out []*warrenv1.Node
+	for ok := it.First(); ok; ok = it.Next() {
+		n := &warrenv1.Node{}
+		if err := proto.Unmarshal(it.Value(), n); err != nil {
+			return nil, fmt.Errorf("decode node %q: %w", it.Key()[1:], err)
+		}
+		out = append(out, n)
+	}
+	return out, it.Error()
+}

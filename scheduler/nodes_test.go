@@ -1,0 +1,186 @@
+package scheduler
+
+import (
+	"strings"
+	"testing"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
+	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+)
+
+// registerNode registers a node with room for `slots` default-sized tasks.
+func (tf *testFSM) registerNode(id string, slots int64) *warrenv1.Node {
+	tf.t.Helper()
+	return tf.ok(&fsmv1.RegisterNode{Node: &warrenv1.Node{
+		Id: id, Drivers: []string{"sim"},
+		Capacity: &warrenv1.Resources{MilliCpu: slots * DefaultTaskMilliCPU, MemoryBytes: slots * DefaultTaskMemoryBytes},
+	}, Time: timestamppb.New(t0)})[0].GetNode()
+}
+
+func (tf *testFSM) plan(pl ...*fsmv1.ApplyPlan_Placement) []string {
+	tf.t.Helper()
+	return tf.ok(&fsmv1.ApplyPlan{Placements: pl, Time: timestamppb.New(t0)})[0].GetPlacementErrors()
+}
+
+func at(task, node string) *fsmv1.ApplyPlan_Placement {
+	return &fsmv1.ApplyPlan_Placement{TaskId: task, NodeId: node}
+}
+
+func (tf *testFSM) mustNode(id string) *warrenv1.Node {
+	tf.t.Helper()
+	n, err := tf.fsm.Node(id)
+	if err != nil {
+		tf.t.Fatal(err)
+	}
+	return n
+}
+
+func (tf *testFSM) mustTask(id string) *warrenv1.Task {
+	tf.t.Helper()
+	t, err := tf.fsm.Task(id)
+	if err != nil {
+		tf.t.Fatal(err)
+	}
+	return t
+}
+
+func TestPlanChecksCapacityAtApply(t *testing.T) {
+	tf := newTestFSM(t)
+	n := tf.registerNode("n1", 2)
+	if n.GetStatus() != warrenv1.NodeStatus_NODE_STATUS_READY || !n.GetEligible() {
+		t.Fatalf("new node = %v", n)
+	}
+	a, b, c := tf.create("").GetId(), tf.create("").GetId(), tf.create("").GetId()
+	errs := tf.plan(at(a, "n1"), at(b, "n1"), at(c, "n1"), at(a, "n1"), at(c, "ghost"))
+	if errs[0] != "" || errs[1] != "" {
+		t.Fatalf("first two placements refused: %q", errs)
+	}
+	for i, want := range map[int]string{2: "no room", 3: "not pending", 4: "not found"} {
+		if !strings.Contains(errs[i], want) {
+			t.Errorf("placement %d: %q, want %q", i, errs[i], want)
+		}
+	}
+	got := tf.mustNode("n1")
+	if got.GetTaskCount() != 2 || got.GetAllocated().GetMilliCpu() != 2*DefaultTaskMilliCPU {
+		t.Fatalf("node after plan: %v", got)
+	}
+	if tk := tf.mustTask(a); tk.GetState() != warrenv1.TaskState_TASK_STATE_PLACED || tk.GetLease().GetNode() != "n1" || tk.GetLease().GetEpoch() != 1 {
+		t.Fatalf("placed task: %v", tk)
+	}
+}
+
+func TestNodeDownRequeuesUnderNewEpoch(t *testing.T) {
+	tf := newTestFSM(t)
+	tf.registerNode("n1", 4)
+	a, b := tf.create("").GetId(), tf.create("").GetId()
+	tf.plan(at(a, "n1"), at(b, "n1"))
+	tf.ok(&fsmv1.AppendEvents{TaskId: a, LeaseEpoch: 1, Events: []*warrenv1.EventInput{stateEvent("running")}, Time: timestamppb.New(t0)})
+
+	tf.ok(&fsmv1.NodeOp{Id: "n1", Op: fsmv1.NodeOp_OP_DOWN, Reason: "no heartbeat for 3s", Time: timestamppb.New(t0)})
+	n := tf.mustNode("n1")
+	if n.GetStatus() != warrenv1.NodeStatus_NODE_STATUS_DOWN || n.GetTaskCount() != 0 || n.GetAllocated().GetMilliCpu() != 0 {
+		t.Fatalf("node after down: %v", n)
+	}
+	for _, id := range []string{a, b} {
+		tk := tf.mustTask(id)
+		if tk.GetState() != warrenv1.TaskState_TASK_STATE_PENDING || tk.GetLease().GetEpoch() != 2 || tk.GetLease().GetNode() != "" ||
+			!tk.GetResume() || tk.GetLastFailedNode() != "n1" {
+			t.Fatalf("task %s after node down: %v", id, tk)
+		}
+	}
+	// The old owner's append is fenced off.
+	r := tf.apply(&fsmv1.AppendEvents{TaskId: a, LeaseEpoch: 1, Events: []*warrenv1.EventInput{logEvent("late")}, Time: timestamppb.New(t0)})[0]
+	if connect.Code(r.GetCode()) != connect.CodeFailedPrecondition || !strings.Contains(r.GetMessage(), ErrStaleEpoch.Error()) {
+		t.Fatalf("stale append after node down: %v %s", connect.Code(r.GetCode()), r.GetMessage())
+	}
+	if got := kindsOf(tf.events(a)); got != "1:task_created 2:state_changed 3:state_changed 4:state_changed" {
+		t.Fatalf("events = %s", got)
+	}
+	// Down twice is a no-op; registering again makes the node ready.
+	tf.ok(&fsmv1.NodeOp{Id: "n1", Op: fsmv1.NodeOp_OP_DOWN, Time: timestamppb.New(t0)})
+	if got := kindsOf(tf.events(a)); !strings.HasSuffix(got, "4:state_changed") {
+		t.Fatalf("second down wrote events: %s", got)
+	}
+	if n := tf.registerNode("n1", 4); n.GetStatus() != warrenv1.NodeStatus_NODE_STATUS_READY {
+		t.Fatalf("re-registered node: %v", n)
+	}
+	if errs := tf.plan(at(a, "n1")); errs[0] != "" {
+		t.Fatalf("re-place: %s", errs[0])
+	}
+	if tk := tf.mustTask(a); tk.GetLease().GetEpoch() != 3 {
+		t.Fatalf("epoch after re-place = %d, want 3", tk.GetLease().GetEpoch())
+	}
+}
+
+func TestWriterEndingOrReturningTaskReleasesNode(t *testing.T) {
+	tf := newTestFSM(t)
+	tf.registerNode("n1", 2)
+	a, b := tf.create("").GetId(), tf.create("").GetId()
+	tf.plan(at(a, "n1"), at(b, "n1"))
+	tf.ok(&fsmv1.AppendEvents{TaskId: a, LeaseEpoch: 1, Events: []*warrenv1.EventInput{stateEvent("running"), stateEvent("succeeded")}, Time: timestamppb.New(t0)})
+	tf.ok(&fsmv1.AppendEvents{TaskId: b, LeaseEpoch: 1, Events: []*warrenv1.EventInput{stateEvent("running"), stateEvent("pending")}, Time: timestamppb.New(t0)})
+	if n := tf.mustNode("n1"); n.GetTaskCount() != 0 || n.GetAllocated().GetMemoryBytes() != 0 {
+		t.Fatalf("node still holds resources: %v", n)
+	}
+	if tk := tf.mustTask(a); tk.GetLease().GetNode() != "n1" {
+		t.Fatalf("a finished task should keep where it ran: %v", tk.GetLease())
+	}
+	if tk := tf.mustTask(b); tk.GetLease().GetEpoch() != 2 || !tk.GetResume() {
+		t.Fatalf("returned task: %v", tk)
+	}
+}
+
+func TestCordonDrainUncordon(t *testing.T) {
+	tf := newTestFSM(t)
+	tf.registerNode("n1", 4)
+	a := tf.create("").GetId()
+	tf.ok(&fsmv1.NodeOp{Id: "n1", Op: fsmv1.NodeOp_OP_CORDON, Time: timestamppb.New(t0)})
+	if errs := tf.plan(at(a, "n1")); !strings.Contains(errs[0], "not taking tasks") {
+		t.Fatalf("placement on a cordoned node: %q", errs[0])
+	}
+	tf.ok(&fsmv1.NodeOp{Id: "n1", Op: fsmv1.NodeOp_OP_UNCORDON, Time: timestamppb.New(t0)})
+	if errs := tf.plan(at(a, "n1")); errs[0] != "" {
+		t.Fatal(errs[0])
+	}
+	n := tf.ok(&fsmv1.NodeOp{Id: "n1", Op: fsmv1.NodeOp_OP_DRAIN, DrainDeadline: timestamppb.New(t0), Time: timestamppb.New(t0)})[0].GetNode()
+	if n.GetStatus() != warrenv1.NodeStatus_NODE_STATUS_DRAINING || n.GetEligible() || n.GetTaskCount() != 1 {
+		t.Fatalf("draining node: %v", n)
+	}
+	n = tf.ok(&fsmv1.NodeOp{Id: "n1", Op: fsmv1.NodeOp_OP_UNCORDON, Time: timestamppb.New(t0)})[0].GetNode()
+	if n.GetStatus() != warrenv1.NodeStatus_NODE_STATUS_READY || !n.GetEligible() {
+		t.Fatalf("uncordoned draining node: %v", n)
+	}
+	if r := tf.apply(&fsmv1.NodeOp{Id: "ghost", Op: fsmv1.NodeOp_OP_CORDON, Time: timestamppb.New(t0)})[0]; connect.Code(r.GetCode()) != connect.CodeNotFound {
+		t.Fatalf("cordon unknown node: %v", r)
+	}
+	nodes, err := tf.fsm.Nodes()
+	if err != nil || len(nodes) != 1 {
+		t.Fatalf("Nodes() = %v, %v", nodes, err)
+	}
+}
+
+func TestValidateNode(t *testing.T) {
+	good := func() *warrenv1.Node {
+		return &warrenv1.Node{Id: "n1", Drivers: []string{"sim"}, Capacity: &warrenv1.Resources{MilliCpu: 2000, MemoryBytes: 1 << 30}}
+	}
+	if err := validateNode(good()); err != nil {
+		t.Fatal(err)
+	}
+	cases := map[string]func(*warrenv1.Node){
+		"node.id":          func(n *warrenv1.Node) { n.Id = "N 1" },
+		"node.drivers":     func(n *warrenv1.Node) { n.Drivers = nil },
+		"node.drivers[0]":  func(n *warrenv1.Node) { n.Drivers = []string{"docker"} },
+		"node.capacity":    func(n *warrenv1.Node) { n.Capacity = nil },
+		"node.accelerator": func(n *warrenv1.Node) { n.Accelerator = "gpu" },
+	}
+	for field, mod := range cases {
+		n := good()
+		mod(n)
+		if err := validateNode(n); err == nil || !strings.Contains(err.Error(), field+":") {
+			t.Errorf("%s: err = %v", field, err)
+		}
+	}
+}
