@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/raft"
 	"google.golang.org/protobuf/proto"
 
+	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
 )
@@ -218,5 +219,72 @@ func TestLateFollowerGetsSnapshot(t *testing.T) {
 	task := createVia(t, late, 1000)
 	if _, err := leader.srv.FSM().Task(task.GetId()); err != nil {
 		waitFor(t, "leader to apply", 5*time.Second, func() bool { _, err := leader.srv.FSM().Task(task.GetId()); return err == nil })
+	}
+}
+
+func countStates(t *testing.T, n *node) map[warrenv1.TaskState]int {
+	t.Helper()
+	tasks, _, err := n.srv.FSM().ListTasks(warrenv1.TaskState_TASK_STATE_UNSPECIFIED, "", 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[warrenv1.TaskState]int{}
+	for _, tk := range tasks {
+		out[tk.GetState()]++
+	}
+	return out
+}
+
+func TestLeaderPlacesPendingTasks(t *testing.T) {
+	nodes := startCluster(t, 0)
+	ctx := context.Background()
+	cc := warrenv1connect.NewClusterServiceClient(http.DefaultClient, nodes[1].url)
+	register := func(id, zone string) {
+		t.Helper()
+		_, err := cc.RegisterNode(ctx, connect.NewRequest(&warrenv1.RegisterNodeRequest{Node: &warrenv1.Node{
+			Id: id, Drivers: []string{"sim"}, Labels: map[string]string{"zone": zone},
+			Capacity: &warrenv1.Resources{MilliCpu: 2 * DefaultTaskMilliCPU, MemoryBytes: 2 * DefaultTaskMemoryBytes},
+		}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	register("n1", "a")
+	register("n2", "b")
+	for i := 0; i < 5; i++ {
+		_, err := nodes[i%3].tasks.CreateTask(ctx, connect.NewRequest(&warrenv1.CreateTaskRequest{Spec: &warrenv1.TaskSpec{
+			Repo: "https://example.com/r.git", Base: "main", IssueTitle: fmt.Sprint("t", i), Driver: "sim"}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	placed := func(n int) func() bool {
+		return func() bool { return countStates(t, nodes[2])[warrenv1.TaskState_TASK_STATE_PLACED] == n }
+	}
+	waitFor(t, "4 of 5 tasks placed (capacity 4)", 10*time.Second, placed(4))
+	for _, id := range []string{"n1", "n2"} {
+		n, _ := nodes[2].srv.FSM().Node(id)
+		if n.GetTaskCount() != 2 {
+			t.Fatalf("%s holds %d tasks, want 2 (spread and capacity)", id, n.GetTaskCount())
+		}
+	}
+	// n1 goes down: its 2 tasks are requeued; only a new node takes them.
+	leader := leaderOf(nodes)
+	if _, _, err := leader.srv.proposeLocal(ctx, &fsmv1.NodeOp{Id: "n1", Op: fsmv1.NodeOp_OP_DOWN, Reason: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "n1's tasks requeued", 10*time.Second, func() bool {
+		return countStates(t, nodes[2])[warrenv1.TaskState_TASK_STATE_PENDING] == 3
+	})
+	register("n3", "a")
+	waitFor(t, "n3 to take two tasks", 10*time.Second, placed(4))
+	tasks, _, _ := nodes[2].srv.FSM().ListTasks(warrenv1.TaskState_TASK_STATE_PLACED, "", 100)
+	for _, tk := range tasks {
+		if tk.GetLease().GetNode() == "n1" {
+			t.Fatalf("task %s placed on the down node", tk.GetId())
+		}
+		if tk.GetResume() && tk.GetLease().GetEpoch() != 3 { // placed 1, down 2, placed again 3
+			t.Fatalf("requeued task %s re-placed under epoch %d, want 3", tk.GetId(), tk.GetLease().GetEpoch())
+		}
 	}
 }

@@ -37,6 +37,10 @@ type FSM struct {
 	applied atomic.Uint64
 	watch   *watchers
 	idem    *idemSet // FSM goroutine only
+	// replanGen changes whenever placement could now place something it
+	// could not before: a task became pending, or a node appeared, changed
+	// or gained room. The leader's placement loop replans only then.
+	replanGen atomic.Uint64
 }
 
 var _ raft.BatchingFSM = (*FSM)(nil)
@@ -127,6 +131,9 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 		panic(fmt.Sprintf("scheduler: commit applied batch: %v", err))
 	}
 	f.applied.Store(last)
+	if a.replan {
+		f.replanGen.Add(1)
+	}
 	f.watch.notify(a.touched)
 	return out
 }
@@ -139,6 +146,7 @@ type applier struct {
 	touched map[string]struct{}
 	tasks   map[string]*cachedTask
 	nodes   map[string]*cachedNode
+	replan  bool // see FSM.replanGen
 }
 
 func fail(code connect.Code, format string, args ...any) *fsmv1.Result {
@@ -350,6 +358,7 @@ func (a *applier) createTask(m *fsmv1.CreateTask) *fsmv1.Result {
 		"title": m.GetSpec().GetIssueTitle(), "repo": m.GetSpec().GetRepo(), "base": m.GetSpec().GetBase(),
 	}), 0)
 	a.putTask(t)
+	a.replan = true
 	if m.GetRequestId() != "" {
 		a.putIdem(keyIdem(scope, m.GetRequestId()), &fsmv1.Result{Task: &warrenv1.Task{Id: t.GetId()}})
 	}
@@ -415,6 +424,7 @@ func (a *applier) appendEvents(m *fsmv1.AppendEvents) *fsmv1.Result {
 			a.release(t)
 			t.Lease = &warrenv1.Lease{Epoch: t.GetLease().GetEpoch() + 1}
 			t.Resume, t.LastFailedNode = true, node
+			a.replan = true
 		}
 	}
 	t.State = state

@@ -113,6 +113,7 @@ func (a *applier) registerNode(m *fsmv1.RegisterNode) *fsmv1.Result {
 		n.Status, n.StatusChangedAt, n.StatusReason = warrenv1.NodeStatus_NODE_STATUS_READY, m.GetTime(), "registered again"
 	}
 	a.putNode(n)
+	a.replan = true
 	return &fsmv1.Result{Node: proto.Clone(n).(*warrenv1.Node)}
 }
 
@@ -153,6 +154,7 @@ func (a *applier) nodeOp(m *fsmv1.NodeOp) *fsmv1.Result {
 		n.StatusChangedAt, n.StatusReason = m.GetTime(), m.GetReason()
 	}
 	a.putNode(n)
+	a.replan = true
 	return &fsmv1.Result{Node: proto.Clone(n).(*warrenv1.Node)}
 }
 
@@ -193,6 +195,7 @@ func (a *applier) requeue(t *warrenv1.Task, ts *timestamppb.Timestamp, reason st
 	a.release(t)
 	t.Lease = &warrenv1.Lease{Epoch: t.GetLease().GetEpoch() + 1}
 	t.Resume, t.LastFailedNode = true, lost
+	a.replan = true
 	a.setState(t, ts, warrenv1.TaskState_TASK_STATE_PENDING, map[string]any{"reason": reason, "node": lost, "epoch": t.GetLease().GetEpoch()})
 }
 
@@ -223,6 +226,7 @@ func (a *applier) release(t *warrenv1.Task) {
 		n.TaskCount--
 	}
 	a.putNode(n)
+	a.replan = true // room freed
 }
 
 // applyPlan places tasks, checking each placement against the state now.

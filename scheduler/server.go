@@ -44,6 +44,9 @@ type Config struct {
 	TrailingLogs      uint64        // entries kept after a snapshot; 0 means 10240
 	SnapshotInterval  time.Duration // 0 means 30s
 
+	PlacementInterval time.Duration // how often the leader checks for work; 0 means 20ms
+	PlacementSeed     uint64        // placement's random seed; 0 means time-based
+
 	Logger    *slog.Logger // nil means discard
 	RaftLogTo io.Writer    // raft's own log; nil means stderr
 	RaftLevel string       // raft's log level; "" means "warn"
@@ -129,8 +132,9 @@ func Open(cfg Config) (*Server, error) {
 	s.gc = newGroupCommit(raftStart(s.raft), 4, 4096, 4<<20)
 	s.fwd = newForwarder(s)
 	s.fgc = newGroupCommit(s.fwd.start, 8, 1024, 4<<20)
-	s.wg.Add(1)
+	s.wg.Add(2)
 	go s.watchLeadership()
+	go s.placementLoop()
 	if cfg.JoinURL != "" {
 		s.wg.Add(1)
 		go s.joinLoop()

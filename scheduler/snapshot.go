@@ -126,6 +126,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 		return err
 	}
 	f.applied.Store(snapIndex)
+	f.replanGen.Add(1)
 	f.watch.notifyAll()
 	f.log.Info("snapshot restored", "index", snapIndex)
 	return nil

@@ -1,0 +1,145 @@
+package scheduler
+
+import (
+	"context"
+	"math/rand/v2"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
+	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+)
+
+// Placement loop tuning.
+const (
+	defaultPlacementInterval = 20 * time.Millisecond
+	maxPendingPerRound       = 20000 // tasks considered per round
+	maxPlacementsPerEntry    = 2000  // placements per ApplyPlan entry
+	spreadLabel              = "zone"
+)
+
+// placementLoop runs on every server and acts only on the leader: whenever
+// the FSM says placement could have changed (a task became pending, a node
+// appeared, changed or gained room), it plans on a snapshot of the local
+// state with Place and commits the plan as ApplyPlan entries, which the FSM
+// checks again at apply time.
+func (s *Server) placementLoop() {
+	defer s.wg.Done()
+	t := time.NewTicker(orDuration(s.cfg.PlacementInterval, defaultPlacementInterval))
+	defer t.Stop()
+	seed := s.cfg.PlacementSeed
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	rng := rand.New(rand.NewPCG(seed, seed>>1|1))
+	done := ^uint64(0) // generation last planned for; none yet
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+		}
+		if s.raft.State() != raft.Leader {
+			done = ^uint64(0)
+			continue
+		}
+		gen := s.fsm.replanGen.Load()
+		if gen == done {
+			continue
+		}
+		done = gen
+		if err := s.placeOnce(rng); err != nil {
+			s.log.Warn("placement round failed", "err", err)
+			done = ^uint64(0) // try again next tick
+		}
+	}
+}
+
+// placeOnce plans every pending task once.
+func (s *Server) placeOnce(rng *rand.Rand) error {
+	nodes, err := s.fsm.Nodes()
+	if err != nil || len(nodes) == 0 {
+		return err
+	}
+	var pending []*warrenv1.Task
+	for after := ""; len(pending) < maxPendingPerRound; {
+		page, next, err := s.fsm.ListTasks(warrenv1.TaskState_TASK_STATE_PENDING, after, 1000)
+		if err != nil {
+			return err
+		}
+		pending = append(pending, page...)
+		if next == "" {
+			break
+		}
+		after = next
+	}
+	if len(pending) == 0 {
+		return nil
+	}
+	plan := Place(placementNodes(nodes), pendingTasks(pending), PlacementConfig{SpreadLabel: spreadLabel}, rng)
+	for len(plan.Placements) > 0 {
+		n := min(len(plan.Placements), maxPlacementsPerEntry)
+		m := &fsmv1.ApplyPlan{Time: timestamppb.New(s.clock.Now())}
+		for _, p := range plan.Placements[:n] {
+			m.Placements = append(m.Placements, &fsmv1.ApplyPlan_Placement{TaskId: p.TaskID, NodeId: p.NodeID, Warm: p.Warm})
+		}
+		plan.Placements = plan.Placements[n:]
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		res, _, err := s.proposeLocal(ctx, m)
+		cancel()
+		if err != nil {
+			return err
+		}
+		placed := 0
+		for i, e := range res.GetPlacementErrors() {
+			if e == "" {
+				placed++
+			} else {
+				s.log.Debug("placement refused at apply", "task", m.Placements[i].GetTaskId(), "node", m.Placements[i].GetNodeId(), "err", e)
+			}
+		}
+		s.log.Debug("placed tasks", "placed", placed, "planned", len(m.Placements))
+	}
+	return nil
+}
+
+func placementNodes(nodes []*warrenv1.Node) []PlacementNode {
+	out := make([]PlacementNode, len(nodes))
+	for i, n := range nodes {
+		st := NodeStatusUnknown
+		switch n.GetStatus() {
+		case warrenv1.NodeStatus_NODE_STATUS_READY:
+			st = NodeReady
+		case warrenv1.NodeStatus_NODE_STATUS_DOWN:
+			st = NodeDown
+		case warrenv1.NodeStatus_NODE_STATUS_DRAINING:
+			st = NodeDraining
+		}
+		out[i] = PlacementNode{
+			ID: n.GetId(), Status: st, Eligible: n.GetEligible(),
+			Drivers: n.GetDrivers(), Templates: n.GetTemplates(), Labels: n.GetLabels(),
+			Capacity:  Resources{MilliCPU: n.GetCapacity().GetMilliCpu(), MemoryBytes: n.GetCapacity().GetMemoryBytes()},
+			Allocated: Resources{MilliCPU: n.GetAllocated().GetMilliCpu(), MemoryBytes: n.GetAllocated().GetMemoryBytes()},
+		}
+	}
+	return out
+}
+
+func pendingTasks(tasks []*warrenv1.Task) []PendingTask {
+	out := make([]PendingTask, len(tasks))
+	for i, t := range tasks {
+		needs := TaskNeeds(t.GetSpec())
+		driver := t.GetSpec().GetDriver()
+		if driver == "" {
+			driver = DefaultDriver
+		}
+		out[i] = PendingTask{
+			ID: t.GetId(), Driver: driver, Template: t.GetSpec().GetTemplate(),
+			Needs:     Resources{MilliCPU: needs.GetMilliCpu(), MemoryBytes: needs.GetMemoryBytes()},
+			AvoidNode: t.GetLastFailedNode(),
+		}
+	}
+	return out
+}
