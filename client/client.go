@@ -29,6 +29,11 @@ type Client struct {
 // New returns a client for a comma-separated list of server URLs. Any
 // server serves every call; Watch moves to the next one when a server fails.
 func New(servers string) (*Client, error) {
+	return NewWith(servers, &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second}})
+}
+
+// NewWith is New with the HTTP client to use.
+func NewWith(servers string, hc *http.Client) (*Client, error) {
 	var urls []string
 	for _, u := range strings.Split(servers, ",") {
 		u = strings.TrimSpace(u)
@@ -43,7 +48,6 @@ func New(servers string) (*Client, error) {
 	if len(urls) == 0 {
 		return nil, errors.New("server: no URL given")
 	}
-	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second}}
 	c := &Client{urls: urls}
 	for _, u := range urls {
 		// Small requests go uncompressed: gzip costs more than it saves.
@@ -125,4 +129,15 @@ func (c *Client) Watch(ctx context.Context, id string, after uint64, fn func(*wa
 		}
 		backoff = min(2*backoff, 2*time.Second)
 	}
+}
+
+// StaleEpochText is how the cluster words a refusal of an append whose
+// lease epoch is not the task's current one.
+const StaleEpochText = "stale lease epoch"
+
+// IsStaleEpoch reports whether err is the cluster refusing an append
+// because its lease epoch is stale: the task moved to another holder, and
+// the writer must stop.
+func IsStaleEpoch(err error) bool {
+	return connect.CodeOf(err) == connect.CodeFailedPrecondition && strings.Contains(err.Error(), StaleEpochText)
 }

@@ -41,6 +41,7 @@ func newMux(s *Server) http.Handler {
 	)
 	mux.Handle(warrenv1connect.NewTaskServiceHandler(taskAPI{s}, opts))
 	mux.Handle(warrenv1connect.NewClusterServiceHandler(clusterAPI{s}, opts))
+	mux.Handle(warrenv1connect.NewNodeServiceHandler(nodeAPI{s}, opts))
 	mux.Handle("GET /v1/tasks/{id}/events", sseHandler{s})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")

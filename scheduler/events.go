@@ -30,6 +30,7 @@ const (
 	KindCheckpoint        = "checkpoint"
 	KindEgress            = "egress"
 	KindLog               = "log"
+	KindEffect            = "effect"
 )
 
 // kinds maps every known kind to whether a writer may append it through
@@ -47,6 +48,7 @@ var kinds = map[string]bool{
 	KindCheckpoint:        true,
 	KindEgress:            true,
 	KindLog:               true,
+	KindEffect:            true,
 }
 
 // Kinds returns every known event kind, sorted.

@@ -315,3 +315,28 @@ func (f *FSM) Nodes() ([]*warrenv1.Node, error) {
 	}
 	return out, it.Error()
 }
+
+// NodeTasks returns the tasks whose leases node holds, in id order.
+func (f *FSM) NodeTasks(node string) ([]*warrenv1.Task, error) {
+	prefix := keyNodeTasks(node)
+	it, err := f.db.NewIter(&pebble.IterOptions{LowerBound: prefix, UpperBound: prefixEnd(prefix)})
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for ok := it.First(); ok; ok = it.Next() {
+		ids = append(ids, string(it.Key()[len(prefix):]))
+	}
+	if err := errors.Join(it.Error(), it.Close()); err != nil {
+		return nil, err
+	}
+	out := make([]*warrenv1.Task, 0, len(ids))
+	for _, id := range ids {
+		t, err := f.Task(id)
+		if err != nil {
+			continue // released between the index read and this one
+		}
+		out = append(out, t)
+	}
+	return out, nil
+}

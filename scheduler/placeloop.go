@@ -92,15 +92,16 @@ func (s *Server) placeOnce(rng *rand.Rand) error {
 		if err != nil {
 			return err
 		}
-		placed := 0
+		var placed []string
 		for i, e := range res.GetPlacementErrors() {
 			if e == "" {
-				placed++
+				placed = append(placed, m.Placements[i].GetTaskId())
 			} else {
 				s.log.Debug("placement refused at apply", "task", m.Placements[i].GetTaskId(), "node", m.Placements[i].GetNodeId(), "err", e)
 			}
 		}
-		s.log.Debug("placed tasks", "placed", placed, "planned", len(m.Placements))
+		s.log.Debug("placed tasks", "placed", len(placed), "planned", len(m.Placements))
+		s.notifyPlaced(placed)
 	}
 	return nil
 }

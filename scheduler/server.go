@@ -18,6 +18,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
+	"github.com/warrenhq/warren/internal/gossip"
 	"github.com/warrenhq/warren/raftlog"
 )
 
@@ -46,6 +47,11 @@ type Config struct {
 
 	PlacementInterval time.Duration // how often the leader checks for work; 0 means 20ms
 	PlacementSeed     uint64        // placement's random seed; 0 means time-based
+
+	NodeHeartbeat time.Duration // how often node daemons heartbeat; 0 means 500ms
+	NodeTTL       time.Duration // a node silent this long is down; 0 means 3s
+	GossipAddr    string        // HOST:PORT for memberlist; "" runs without gossip
+	JoinGossip    []string      // memberlist members to join through
 
 	Logger    *slog.Logger // nil means discard
 	RaftLogTo io.Writer    // raft's own log; nil means stderr
@@ -79,17 +85,19 @@ func (c *Config) Validate() error {
 // Server is one scheduler peer: raft over Pebble, the FSM, group commit,
 // write forwarding and the API.
 type Server struct {
-	cfg   Config
-	log   *slog.Logger
-	clock Clock
-	db    *pebble.DB
-	store *raftlog.Store
-	fsm   *FSM
-	trans *raft.NetworkTransport
-	raft  *raft.Raft
-	gc    *groupCommit // leader: batches into raft entries
-	fwd   *forwarder
-	fgc   *groupCommit // follower: batches into Propose calls to the leader
+	cfg    Config
+	log    *slog.Logger
+	clock  Clock
+	db     *pebble.DB
+	store  *raftlog.Store
+	fsm    *FSM
+	trans  *raft.NetworkTransport
+	raft   *raft.Raft
+	gc     *groupCommit // leader: batches into raft entries
+	fwd    *forwarder
+	fgc    *groupCommit   // follower: batches into Propose calls to the leader
+	sess   *sessions      // leader: node daemon sessions and liveness
+	gossip *gossip.Member // memberlist, when configured
 
 	stop     chan struct{}
 	wg       sync.WaitGroup
@@ -109,7 +117,7 @@ func Open(cfg Config) (*Server, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = systemClock{}
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger.With("server", cfg.ID), clock: cfg.Clock, stop: make(chan struct{})}
+	s := &Server{cfg: cfg, log: cfg.Logger.With("server", cfg.ID), clock: cfg.Clock, stop: make(chan struct{}), sess: newSessions()}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, err
 	}
@@ -132,9 +140,18 @@ func Open(cfg Config) (*Server, error) {
 	s.gc = newGroupCommit(raftStart(s.raft), 4, 4096, 4<<20)
 	s.fwd = newForwarder(s)
 	s.fgc = newGroupCommit(s.fwd.start, 8, 1024, 4<<20)
-	s.wg.Add(2)
+	if cfg.GossipAddr != "" {
+		if s.gossip, err = startGossip(s); err != nil {
+			s.raft.Shutdown()
+			s.trans.Close()
+			s.db.Close()
+			return nil, err
+		}
+	}
+	s.wg.Add(3)
 	go s.watchLeadership()
 	go s.placementLoop()
+	go s.livenessLoop()
 	if cfg.JoinURL != "" {
 		s.wg.Add(1)
 		go s.joinLoop()
@@ -228,8 +245,10 @@ func (s *Server) watchLeadership() {
 			return
 		case isLeader := <-s.raft.LeaderCh():
 			if !isLeader {
+				s.sess.lead(time.Time{})
 				continue
 			}
+			s.sess.lead(s.clock.Now())
 			s.log.Info("became leader")
 			m, err := s.fsm.Member(s.cfg.ID)
 			if err == nil && m.GetApiUrl() == s.cfg.APIURL && m.GetRaftAddress() == s.cfg.RaftAddr {
@@ -308,6 +327,9 @@ func (s *Server) Handler() http.Handler { return newMux(s) }
 func (s *Server) Close() error {
 	s.closed.Do(func() {
 		close(s.stop)
+		if s.gossip != nil {
+			s.gossip.Close()
+		}
 		s.gc.close()
 		s.fgc.close()
 		errs := []error{s.raft.Shutdown().Error()}

@@ -141,8 +141,27 @@ func validateCreate(r *warrenv1.CreateTaskRequest) error {
 	if d := s.GetDriver(); d != "" && !slices.Contains(Drivers, d) {
 		p.add("spec.driver", "%q is not one of %v", truncate(d, 40), Drivers)
 	}
+	if sc := s.GetScript(); sc != nil {
+		if sc.GetSteps() < 1 || sc.GetSteps() > MaxScriptSteps {
+			p.add("spec.script.steps", "must be 1..%d, got %d", MaxScriptSteps, sc.GetSteps())
+		}
+		if sc.GetStepMillis() > maxScriptStepMillis {
+			p.add("spec.script.step_millis", "must be at most %d, got %d", maxScriptStepMillis, sc.GetStepMillis())
+		}
+		if sc.GetOutputBytes() > maxScriptOutput {
+			p.add("spec.script.output_bytes", "must be at most %d, got %d", maxScriptOutput, sc.GetOutputBytes())
+		}
+		p.text("spec.script.command", sc.GetCommand(), false, maxTestCommand, false)
+	}
 	return p.err()
 }
+
+// Limits of a scripted task (TaskSpec.script).
+const (
+	MaxScriptSteps      = 10000
+	maxScriptStepMillis = 600000
+	maxScriptOutput     = 60000
+)
 
 func (p *problems) repo(v string) {
 	const field = "spec.repo"

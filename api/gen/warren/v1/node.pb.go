@@ -292,6 +292,618 @@ func (x *Node) GetStatusReason() string {
 	return ""
 }
 
+type SessionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*SessionRequest_Hello
+	//	*SessionRequest_Heartbeat
+	Msg           isSessionRequest_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionRequest) Reset() {
+	*x = SessionRequest{}
+	mi := &file_warren_v1_node_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionRequest) ProtoMessage() {}
+
+func (x *SessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_node_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionRequest.ProtoReflect.Descriptor instead.
+func (*SessionRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_node_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *SessionRequest) GetMsg() isSessionRequest_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *SessionRequest) GetHello() *Hello {
+	if x != nil {
+		if x, ok := x.Msg.(*SessionRequest_Hello); ok {
+			return x.Hello
+		}
+	}
+	return nil
+}
+
+func (x *SessionRequest) GetHeartbeat() *Heartbeat {
+	if x != nil {
+		if x, ok := x.Msg.(*SessionRequest_Heartbeat); ok {
+			return x.Heartbeat
+		}
+	}
+	return nil
+}
+
+type isSessionRequest_Msg interface {
+	isSessionRequest_Msg()
+}
+
+type SessionRequest_Hello struct {
+	Hello *Hello `protobuf:"bytes,1,opt,name=hello,proto3,oneof"`
+}
+
+type SessionRequest_Heartbeat struct {
+	Heartbeat *Heartbeat `protobuf:"bytes,2,opt,name=heartbeat,proto3,oneof"`
+}
+
+func (*SessionRequest_Hello) isSessionRequest_Msg() {}
+
+func (*SessionRequest_Heartbeat) isSessionRequest_Msg() {}
+
+// Hello opens a session. It registers the node (as RegisterNode) and lists
+// the task actors it runs, so a new leader can reconcile.
+type Hello struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  *Node                  `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// Random per node process: a restarted daemon is a new incarnation.
+	Incarnation   string         `protobuf:"bytes,2,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	Running       []*RunningTask `protobuf:"bytes,3,rep,name=running,proto3" json:"running,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Hello) Reset() {
+	*x = Hello{}
+	mi := &file_warren_v1_node_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Hello) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Hello) ProtoMessage() {}
+
+func (x *Hello) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_node_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Hello.ProtoReflect.Descriptor instead.
+func (*Hello) Descriptor() ([]byte, []int) {
+	return file_warren_v1_node_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Hello) GetNode() *Node {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
+func (x *Hello) GetIncarnation() string {
+	if x != nil {
+		return x.Incarnation
+	}
+	return ""
+}
+
+func (x *Hello) GetRunning() []*RunningTask {
+	if x != nil {
+		return x.Running
+	}
+	return nil
+}
+
+type RunningTask struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TaskId        string                 `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	Epoch         uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunningTask) Reset() {
+	*x = RunningTask{}
+	mi := &file_warren_v1_node_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunningTask) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunningTask) ProtoMessage() {}
+
+func (x *RunningTask) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_node_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunningTask.ProtoReflect.Descriptor instead.
+func (*RunningTask) Descriptor() ([]byte, []int) {
+	return file_warren_v1_node_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *RunningTask) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
+}
+
+func (x *RunningTask) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+type Heartbeat struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Seq   uint64                 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	// Task actors the node runs now.
+	Running       uint32 `protobuf:"varint,2,opt,name=running,proto3" json:"running,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Heartbeat) Reset() {
+	*x = Heartbeat{}
+	mi := &file_warren_v1_node_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Heartbeat) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Heartbeat) ProtoMessage() {}
+
+func (x *Heartbeat) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_node_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
+func (*Heartbeat) Descriptor() ([]byte, []int) {
+	return file_warren_v1_node_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *Heartbeat) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *Heartbeat) GetRunning() uint32 {
+	if x != nil {
+		return x.Running
+	}
+	return 0
+}
+
+type SessionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*SessionResponse_Welcome
+	//	*SessionResponse_Start
+	//	*SessionResponse_Stop
+	//	*SessionResponse_SetPoolTarget
+	Msg           isSessionResponse_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionResponse) Reset() {
+	*x = SessionResponse{}
+	mi := &file_warren_v1_node_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionResponse) ProtoMessage() {}
+
+func (x *SessionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_node_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionResponse.ProtoReflect.Descriptor instead.
+func (*SessionResponse) Descriptor() ([]byte, []int) {
+	return file_warren_v1_node_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *SessionResponse) GetMsg() isSessionResponse_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *SessionResponse) GetWelcome() *Welcome {
+	if x != nil {
+		if x, ok := x.Msg.(*SessionResponse_Welcome); ok {
+			return x.Welcome
+		}
+	}
+	return nil
+}
+
+func (x *SessionResponse) GetStart() *StartTask {
+	if x != nil {
+		if x, ok := x.Msg.(*SessionResponse_Start); ok {
+			return x.Start
+		}
+	}
+	return nil
+}
+
+func (x *SessionResponse) GetStop() *StopTask {
+	if x != nil {
+		if x, ok := x.Msg.(*SessionResponse_Stop); ok {
+			return x.Stop
+		}
+	}
+	return nil
+}
+
+func (x *SessionResponse) GetSetPoolTarget() *SetPoolTarget {
+	if x != nil {
+		if x, ok := x.Msg.(*SessionResponse_SetPoolTarget); ok {
+			return x.SetPoolTarget
+		}
+	}
+	return nil
+}
+
+type isSessionResponse_Msg interface {
+	isSessionResponse_Msg()
+}
+
+type SessionResponse_Welcome struct {
+	Welcome *Welcome `protobuf:"bytes,1,opt,name=welcome,proto3,oneof"`
+}
+
+type SessionResponse_Start struct {
+	Start *StartTask `protobuf:"bytes,2,opt,name=start,proto3,oneof"`
+}
+
+type SessionResponse_Stop struct {
+	Stop *StopTask `protobuf:"bytes,3,opt,name=stop,proto3,oneof"`
+}
+
+type SessionResponse_SetPoolTarget struct {
+	SetPoolTarget *SetPoolTarget `protobuf:"bytes,4,opt,name=set_pool_target,json=setPoolTarget,proto3,oneof"`
+}
+
+func (*SessionResponse_Welcome) isSessionResponse_Msg() {}
+
+func (*SessionResponse_Start) isSessionResponse_Msg() {}
+
+func (*SessionResponse_Stop) isSessionResponse_Msg() {}
+
+func (*SessionResponse_SetPoolTarget) isSessionResponse_Msg() {}
+
+type Welcome struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	LeaderId string                 `protobuf:"bytes,1,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
+	// How often the node must heartbeat, and after how long without one the
+	// leader declares it down.
+	HeartbeatIntervalMs int64 `protobuf:"varint,2,opt,name=heartbeat_interval_ms,json=heartbeatIntervalMs,proto3" json:"heartbeat_interval_ms,omitempty"`
+	TtlMs               int64 `protobuf:"varint,3,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *Welcome) Reset() {
+	*x = Welcome{}
+	mi := &file_warren_v1_node_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Welcome) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Welcome) ProtoMessage() {}
+
+func (x *Welcome) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_node_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
+func (*Welcome) Descriptor() ([]byte, []int) {
+	return file_warren_v1_node_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *Welcome) GetLeaderId() string {
+	if x != nil {
+		return x.LeaderId
+	}
+	return ""
+}
+
+func (x *Welcome) GetHeartbeatIntervalMs() int64 {
+	if x != nil {
+		return x.HeartbeatIntervalMs
+	}
+	return 0
+}
+
+func (x *Welcome) GetTtlMs() int64 {
+	if x != nil {
+		return x.TtlMs
+	}
+	return 0
+}
+
+// StartTask asks the node to run a task's actor under the lease epoch.
+type StartTask struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	TaskId string                 `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	Epoch  uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// The task was requeued: the actor resumes from the event log.
+	Resume        bool `protobuf:"varint,3,opt,name=resume,proto3" json:"resume,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartTask) Reset() {
+	*x = StartTask{}
+	mi := &file_warren_v1_node_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartTask) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartTask) ProtoMessage() {}
+
+func (x *StartTask) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_node_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartTask.ProtoReflect.Descriptor instead.
+func (*StartTask) Descriptor() ([]byte, []int) {
+	return file_warren_v1_node_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *StartTask) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
+}
+
+func (x *StartTask) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *StartTask) GetResume() bool {
+	if x != nil {
+		return x.Resume
+	}
+	return false
+}
+
+// StopTask asks the node to stop a task's actor.
+type StopTask struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	TaskId string                 `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	Epoch  uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Reason string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Give the task back at the next step boundary (drain) instead of
+	// stopping at once: the actor records state_changed to pending.
+	Yield         bool `protobuf:"varint,4,opt,name=yield,proto3" json:"yield,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StopTask) Reset() {
+	*x = StopTask{}
+	mi := &file_warren_v1_node_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StopTask) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StopTask) ProtoMessage() {}
+
+func (x *StopTask) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_node_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StopTask.ProtoReflect.Descriptor instead.
+func (*StopTask) Descriptor() ([]byte, []int) {
+	return file_warren_v1_node_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *StopTask) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
+}
+
+func (x *StopTask) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *StopTask) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *StopTask) GetYield() bool {
+	if x != nil {
+		return x.Yield
+	}
+	return false
+}
+
+// SetPoolTarget sets how many warm sandboxes of a template the node keeps.
+type SetPoolTarget struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Template      string                 `protobuf:"bytes,1,opt,name=template,proto3" json:"template,omitempty"`
+	Target        uint32                 `protobuf:"varint,2,opt,name=target,proto3" json:"target,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetPoolTarget) Reset() {
+	*x = SetPoolTarget{}
+	mi := &file_warren_v1_node_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetPoolTarget) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetPoolTarget) ProtoMessage() {}
+
+func (x *SetPoolTarget) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_node_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetPoolTarget.ProtoReflect.Descriptor instead.
+func (*SetPoolTarget) Descriptor() ([]byte, []int) {
+	return file_warren_v1_node_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *SetPoolTarget) GetTemplate() string {
+	if x != nil {
+		return x.Template
+	}
+	return ""
+}
+
+func (x *SetPoolTarget) GetTarget() uint32 {
+	if x != nil {
+		return x.Target
+	}
+	return 0
+}
+
 var File_warren_v1_node_proto protoreflect.FileDescriptor
 
 const file_warren_v1_node_proto_rawDesc = "" +
@@ -320,13 +932,51 @@ const file_warren_v1_node_proto_rawDesc = "" +
 	"\rstatus_reason\x18\x0f \x01(\tR\fstatusReason\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*p\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"w\n" +
+	"\x0eSessionRequest\x12(\n" +
+	"\x05hello\x18\x01 \x01(\v2\x10.warren.v1.HelloH\x00R\x05hello\x124\n" +
+	"\theartbeat\x18\x02 \x01(\v2\x14.warren.v1.HeartbeatH\x00R\theartbeatB\x05\n" +
+	"\x03msg\"\x80\x01\n" +
+	"\x05Hello\x12#\n" +
+	"\x04node\x18\x01 \x01(\v2\x0f.warren.v1.NodeR\x04node\x12 \n" +
+	"\vincarnation\x18\x02 \x01(\tR\vincarnation\x120\n" +
+	"\arunning\x18\x03 \x03(\v2\x16.warren.v1.RunningTaskR\arunning\"<\n" +
+	"\vRunningTask\x12\x17\n" +
+	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"7\n" +
+	"\tHeartbeat\x12\x10\n" +
+	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x18\n" +
+	"\arunning\x18\x02 \x01(\rR\arunning\"\xe5\x01\n" +
+	"\x0fSessionResponse\x12.\n" +
+	"\awelcome\x18\x01 \x01(\v2\x12.warren.v1.WelcomeH\x00R\awelcome\x12,\n" +
+	"\x05start\x18\x02 \x01(\v2\x14.warren.v1.StartTaskH\x00R\x05start\x12)\n" +
+	"\x04stop\x18\x03 \x01(\v2\x13.warren.v1.StopTaskH\x00R\x04stop\x12B\n" +
+	"\x0fset_pool_target\x18\x04 \x01(\v2\x18.warren.v1.SetPoolTargetH\x00R\rsetPoolTargetB\x05\n" +
+	"\x03msg\"q\n" +
+	"\aWelcome\x12\x1b\n" +
+	"\tleader_id\x18\x01 \x01(\tR\bleaderId\x122\n" +
+	"\x15heartbeat_interval_ms\x18\x02 \x01(\x03R\x13heartbeatIntervalMs\x12\x15\n" +
+	"\x06ttl_ms\x18\x03 \x01(\x03R\x05ttlMs\"R\n" +
+	"\tStartTask\x12\x17\n" +
+	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x16\n" +
+	"\x06resume\x18\x03 \x01(\bR\x06resume\"g\n" +
+	"\bStopTask\x12\x17\n" +
+	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x14\n" +
+	"\x05yield\x18\x04 \x01(\bR\x05yield\"C\n" +
+	"\rSetPoolTarget\x12\x1a\n" +
+	"\btemplate\x18\x01 \x01(\tR\btemplate\x12\x16\n" +
+	"\x06target\x18\x02 \x01(\rR\x06target*p\n" +
 	"\n" +
 	"NodeStatus\x12\x1b\n" +
 	"\x17NODE_STATUS_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11NODE_STATUS_READY\x10\x01\x12\x14\n" +
 	"\x10NODE_STATUS_DOWN\x10\x02\x12\x18\n" +
-	"\x14NODE_STATUS_DRAINING\x10\x03B7Z5github.com/warrenhq/warren/api/gen/warren/v1;warrenv1b\x06proto3"
+	"\x14NODE_STATUS_DRAINING\x10\x032S\n" +
+	"\vNodeService\x12D\n" +
+	"\aSession\x12\x19.warren.v1.SessionRequest\x1a\x1a.warren.v1.SessionResponse(\x010\x01B7Z5github.com/warrenhq/warren/api/gen/warren/v1;warrenv1b\x06proto3"
 
 var (
 	file_warren_v1_node_proto_rawDescOnce sync.Once
@@ -341,27 +991,46 @@ func file_warren_v1_node_proto_rawDescGZIP() []byte {
 }
 
 var file_warren_v1_node_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_warren_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
+var file_warren_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_warren_v1_node_proto_goTypes = []any{
 	(NodeStatus)(0),               // 0: warren.v1.NodeStatus
 	(*Resources)(nil),             // 1: warren.v1.Resources
 	(*Node)(nil),                  // 2: warren.v1.Node
-	nil,                           // 3: warren.v1.Node.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 4: google.protobuf.Timestamp
+	(*SessionRequest)(nil),        // 3: warren.v1.SessionRequest
+	(*Hello)(nil),                 // 4: warren.v1.Hello
+	(*RunningTask)(nil),           // 5: warren.v1.RunningTask
+	(*Heartbeat)(nil),             // 6: warren.v1.Heartbeat
+	(*SessionResponse)(nil),       // 7: warren.v1.SessionResponse
+	(*Welcome)(nil),               // 8: warren.v1.Welcome
+	(*StartTask)(nil),             // 9: warren.v1.StartTask
+	(*StopTask)(nil),              // 10: warren.v1.StopTask
+	(*SetPoolTarget)(nil),         // 11: warren.v1.SetPoolTarget
+	nil,                           // 12: warren.v1.Node.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
 }
 var file_warren_v1_node_proto_depIdxs = []int32{
-	0, // 0: warren.v1.Node.status:type_name -> warren.v1.NodeStatus
-	3, // 1: warren.v1.Node.labels:type_name -> warren.v1.Node.LabelsEntry
-	1, // 2: warren.v1.Node.capacity:type_name -> warren.v1.Resources
-	1, // 3: warren.v1.Node.allocated:type_name -> warren.v1.Resources
-	4, // 4: warren.v1.Node.registered_at:type_name -> google.protobuf.Timestamp
-	4, // 5: warren.v1.Node.status_changed_at:type_name -> google.protobuf.Timestamp
-	4, // 6: warren.v1.Node.drain_deadline:type_name -> google.protobuf.Timestamp
-	7, // [7:7] is the sub-list for method output_type
-	7, // [7:7] is the sub-list for method input_type
-	7, // [7:7] is the sub-list for extension type_name
-	7, // [7:7] is the sub-list for extension extendee
-	0, // [0:7] is the sub-list for field type_name
+	0,  // 0: warren.v1.Node.status:type_name -> warren.v1.NodeStatus
+	12, // 1: warren.v1.Node.labels:type_name -> warren.v1.Node.LabelsEntry
+	1,  // 2: warren.v1.Node.capacity:type_name -> warren.v1.Resources
+	1,  // 3: warren.v1.Node.allocated:type_name -> warren.v1.Resources
+	13, // 4: warren.v1.Node.registered_at:type_name -> google.protobuf.Timestamp
+	13, // 5: warren.v1.Node.status_changed_at:type_name -> google.protobuf.Timestamp
+	13, // 6: warren.v1.Node.drain_deadline:type_name -> google.protobuf.Timestamp
+	4,  // 7: warren.v1.SessionRequest.hello:type_name -> warren.v1.Hello
+	6,  // 8: warren.v1.SessionRequest.heartbeat:type_name -> warren.v1.Heartbeat
+	2,  // 9: warren.v1.Hello.node:type_name -> warren.v1.Node
+	5,  // 10: warren.v1.Hello.running:type_name -> warren.v1.RunningTask
+	8,  // 11: warren.v1.SessionResponse.welcome:type_name -> warren.v1.Welcome
+	9,  // 12: warren.v1.SessionResponse.start:type_name -> warren.v1.StartTask
+	10, // 13: warren.v1.SessionResponse.stop:type_name -> warren.v1.StopTask
+	11, // 14: warren.v1.SessionResponse.set_pool_target:type_name -> warren.v1.SetPoolTarget
+	3,  // 15: warren.v1.NodeService.Session:input_type -> warren.v1.SessionRequest
+	7,  // 16: warren.v1.NodeService.Session:output_type -> warren.v1.SessionResponse
+	16, // [16:17] is the sub-list for method output_type
+	15, // [15:16] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_warren_v1_node_proto_init() }
@@ -369,15 +1038,25 @@ func file_warren_v1_node_proto_init() {
 	if File_warren_v1_node_proto != nil {
 		return
 	}
+	file_warren_v1_node_proto_msgTypes[2].OneofWrappers = []any{
+		(*SessionRequest_Hello)(nil),
+		(*SessionRequest_Heartbeat)(nil),
+	}
+	file_warren_v1_node_proto_msgTypes[6].OneofWrappers = []any{
+		(*SessionResponse_Welcome)(nil),
+		(*SessionResponse_Start)(nil),
+		(*SessionResponse_Stop)(nil),
+		(*SessionResponse_SetPoolTarget)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warren_v1_node_proto_rawDesc), len(file_warren_v1_node_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   3,
+			NumMessages:   12,
 			NumExtensions: 0,
-			NumServices:   0,
+			NumServices:   1,
 		},
 		GoTypes:           file_warren_v1_node_proto_goTypes,
 		DependencyIndexes: file_warren_v1_node_proto_depIdxs,

@@ -180,7 +180,10 @@ type TaskSpec struct {
 	// What the task's sandbox needs; zero fields take the server defaults.
 	Resources *Resources `protobuf:"bytes,11,opt,name=resources,proto3" json:"resources,omitempty"`
 	// Sandbox driver; empty picks the server default ("microvm").
-	Driver        string `protobuf:"bytes,12,opt,name=driver,proto3" json:"driver,omitempty"`
+	Driver string `protobuf:"bytes,12,opt,name=driver,proto3" json:"driver,omitempty"`
+	// Scripted steps for a task actor to run instead of the agent loop (used
+	// until the agent loop exists, by tests and by the capacity benchmark).
+	Script        *Script `protobuf:"bytes,13,opt,name=script,proto3" json:"script,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -299,6 +302,88 @@ func (x *TaskSpec) GetDriver() string {
 	return ""
 }
 
+func (x *TaskSpec) GetScript() *Script {
+	if x != nil {
+		return x.Script
+	}
+	return nil
+}
+
+// Script is a scripted trajectory: steps that each record a tool_call, run
+// a command in the sandbox, record an idempotent external effect and record
+// the tool_result. It is not a model: no model is called.
+type Script struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Number of steps; 1..10000.
+	Steps uint32 `protobuf:"varint,1,opt,name=steps,proto3" json:"steps,omitempty"`
+	// How long each step's command runs in the sandbox (milliseconds).
+	StepMillis uint32 `protobuf:"varint,2,opt,name=step_millis,json=stepMillis,proto3" json:"step_millis,omitempty"`
+	// Size of each tool_result's output (bytes, at most 60000).
+	OutputBytes uint32 `protobuf:"varint,3,opt,name=output_bytes,json=outputBytes,proto3" json:"output_bytes,omitempty"`
+	// The command each step runs; empty means "true".
+	Command       string `protobuf:"bytes,4,opt,name=command,proto3" json:"command,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Script) Reset() {
+	*x = Script{}
+	mi := &file_warren_v1_task_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Script) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Script) ProtoMessage() {}
+
+func (x *Script) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_task_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Script.ProtoReflect.Descriptor instead.
+func (*Script) Descriptor() ([]byte, []int) {
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Script) GetSteps() uint32 {
+	if x != nil {
+		return x.Steps
+	}
+	return 0
+}
+
+func (x *Script) GetStepMillis() uint32 {
+	if x != nil {
+		return x.StepMillis
+	}
+	return 0
+}
+
+func (x *Script) GetOutputBytes() uint32 {
+	if x != nil {
+		return x.OutputBytes
+	}
+	return 0
+}
+
+func (x *Script) GetCommand() string {
+	if x != nil {
+		return x.Command
+	}
+	return ""
+}
+
 // Lease is the node that holds a placed task and the fencing epoch that
 // every event append must carry.
 type Lease struct {
@@ -311,7 +396,7 @@ type Lease struct {
 
 func (x *Lease) Reset() {
 	*x = Lease{}
-	mi := &file_warren_v1_task_proto_msgTypes[2]
+	mi := &file_warren_v1_task_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -323,7 +408,7 @@ func (x *Lease) String() string {
 func (*Lease) ProtoMessage() {}
 
 func (x *Lease) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[2]
+	mi := &file_warren_v1_task_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -336,7 +421,7 @@ func (x *Lease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lease.ProtoReflect.Descriptor instead.
 func (*Lease) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{2}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Lease) GetNode() string {
@@ -379,7 +464,7 @@ type Task struct {
 
 func (x *Task) Reset() {
 	*x = Task{}
-	mi := &file_warren_v1_task_proto_msgTypes[3]
+	mi := &file_warren_v1_task_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -391,7 +476,7 @@ func (x *Task) String() string {
 func (*Task) ProtoMessage() {}
 
 func (x *Task) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[3]
+	mi := &file_warren_v1_task_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -404,7 +489,7 @@ func (x *Task) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Task.ProtoReflect.Descriptor instead.
 func (*Task) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{3}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Task) GetId() string {
@@ -510,7 +595,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_warren_v1_task_proto_msgTypes[4]
+	mi := &file_warren_v1_task_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -522,7 +607,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[4]
+	mi := &file_warren_v1_task_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -535,7 +620,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{4}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Event) GetTaskId() string {
@@ -591,7 +676,7 @@ type EventInput struct {
 
 func (x *EventInput) Reset() {
 	*x = EventInput{}
-	mi := &file_warren_v1_task_proto_msgTypes[5]
+	mi := &file_warren_v1_task_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -603,7 +688,7 @@ func (x *EventInput) String() string {
 func (*EventInput) ProtoMessage() {}
 
 func (x *EventInput) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[5]
+	mi := &file_warren_v1_task_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -616,7 +701,7 @@ func (x *EventInput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventInput.ProtoReflect.Descriptor instead.
 func (*EventInput) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{5}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *EventInput) GetKind() string {
@@ -646,7 +731,7 @@ type CreateTaskRequest struct {
 
 func (x *CreateTaskRequest) Reset() {
 	*x = CreateTaskRequest{}
-	mi := &file_warren_v1_task_proto_msgTypes[6]
+	mi := &file_warren_v1_task_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -658,7 +743,7 @@ func (x *CreateTaskRequest) String() string {
 func (*CreateTaskRequest) ProtoMessage() {}
 
 func (x *CreateTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[6]
+	mi := &file_warren_v1_task_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -671,7 +756,7 @@ func (x *CreateTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTaskRequest.ProtoReflect.Descriptor instead.
 func (*CreateTaskRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{6}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CreateTaskRequest) GetRequestId() string {
@@ -706,7 +791,7 @@ type CreateTaskResponse struct {
 
 func (x *CreateTaskResponse) Reset() {
 	*x = CreateTaskResponse{}
-	mi := &file_warren_v1_task_proto_msgTypes[7]
+	mi := &file_warren_v1_task_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -718,7 +803,7 @@ func (x *CreateTaskResponse) String() string {
 func (*CreateTaskResponse) ProtoMessage() {}
 
 func (x *CreateTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[7]
+	mi := &file_warren_v1_task_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -731,7 +816,7 @@ func (x *CreateTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTaskResponse.ProtoReflect.Descriptor instead.
 func (*CreateTaskResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{7}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CreateTaskResponse) GetTask() *Task {
@@ -757,7 +842,7 @@ type GetTaskRequest struct {
 
 func (x *GetTaskRequest) Reset() {
 	*x = GetTaskRequest{}
-	mi := &file_warren_v1_task_proto_msgTypes[8]
+	mi := &file_warren_v1_task_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -769,7 +854,7 @@ func (x *GetTaskRequest) String() string {
 func (*GetTaskRequest) ProtoMessage() {}
 
 func (x *GetTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[8]
+	mi := &file_warren_v1_task_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -782,7 +867,7 @@ func (x *GetTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTaskRequest.ProtoReflect.Descriptor instead.
 func (*GetTaskRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{8}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GetTaskRequest) GetId() string {
@@ -801,7 +886,7 @@ type GetTaskResponse struct {
 
 func (x *GetTaskResponse) Reset() {
 	*x = GetTaskResponse{}
-	mi := &file_warren_v1_task_proto_msgTypes[9]
+	mi := &file_warren_v1_task_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -813,7 +898,7 @@ func (x *GetTaskResponse) String() string {
 func (*GetTaskResponse) ProtoMessage() {}
 
 func (x *GetTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[9]
+	mi := &file_warren_v1_task_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -826,7 +911,7 @@ func (x *GetTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTaskResponse.ProtoReflect.Descriptor instead.
 func (*GetTaskResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{9}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GetTaskResponse) GetTask() *Task {
@@ -850,7 +935,7 @@ type ListTasksRequest struct {
 
 func (x *ListTasksRequest) Reset() {
 	*x = ListTasksRequest{}
-	mi := &file_warren_v1_task_proto_msgTypes[10]
+	mi := &file_warren_v1_task_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -862,7 +947,7 @@ func (x *ListTasksRequest) String() string {
 func (*ListTasksRequest) ProtoMessage() {}
 
 func (x *ListTasksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[10]
+	mi := &file_warren_v1_task_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -875,7 +960,7 @@ func (x *ListTasksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTasksRequest.ProtoReflect.Descriptor instead.
 func (*ListTasksRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{10}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListTasksRequest) GetState() TaskState {
@@ -910,7 +995,7 @@ type ListTasksResponse struct {
 
 func (x *ListTasksResponse) Reset() {
 	*x = ListTasksResponse{}
-	mi := &file_warren_v1_task_proto_msgTypes[11]
+	mi := &file_warren_v1_task_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -922,7 +1007,7 @@ func (x *ListTasksResponse) String() string {
 func (*ListTasksResponse) ProtoMessage() {}
 
 func (x *ListTasksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[11]
+	mi := &file_warren_v1_task_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -935,7 +1020,7 @@ func (x *ListTasksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTasksResponse.ProtoReflect.Descriptor instead.
 func (*ListTasksResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{11}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListTasksResponse) GetTasks() []*Task {
@@ -967,7 +1052,7 @@ type AppendEventsRequest struct {
 
 func (x *AppendEventsRequest) Reset() {
 	*x = AppendEventsRequest{}
-	mi := &file_warren_v1_task_proto_msgTypes[12]
+	mi := &file_warren_v1_task_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -979,7 +1064,7 @@ func (x *AppendEventsRequest) String() string {
 func (*AppendEventsRequest) ProtoMessage() {}
 
 func (x *AppendEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[12]
+	mi := &file_warren_v1_task_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -992,7 +1077,7 @@ func (x *AppendEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendEventsRequest.ProtoReflect.Descriptor instead.
 func (*AppendEventsRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{12}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *AppendEventsRequest) GetTaskId() string {
@@ -1033,7 +1118,7 @@ type AppendEventsResponse struct {
 
 func (x *AppendEventsResponse) Reset() {
 	*x = AppendEventsResponse{}
-	mi := &file_warren_v1_task_proto_msgTypes[13]
+	mi := &file_warren_v1_task_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1045,7 +1130,7 @@ func (x *AppendEventsResponse) String() string {
 func (*AppendEventsResponse) ProtoMessage() {}
 
 func (x *AppendEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[13]
+	mi := &file_warren_v1_task_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1058,7 +1143,7 @@ func (x *AppendEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendEventsResponse.ProtoReflect.Descriptor instead.
 func (*AppendEventsResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{13}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *AppendEventsResponse) GetFirstSeq() uint64 {
@@ -1086,7 +1171,7 @@ type AppendEventsBatchRequest struct {
 
 func (x *AppendEventsBatchRequest) Reset() {
 	*x = AppendEventsBatchRequest{}
-	mi := &file_warren_v1_task_proto_msgTypes[14]
+	mi := &file_warren_v1_task_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1098,7 +1183,7 @@ func (x *AppendEventsBatchRequest) String() string {
 func (*AppendEventsBatchRequest) ProtoMessage() {}
 
 func (x *AppendEventsBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[14]
+	mi := &file_warren_v1_task_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1111,7 +1196,7 @@ func (x *AppendEventsBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendEventsBatchRequest.ProtoReflect.Descriptor instead.
 func (*AppendEventsBatchRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{14}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *AppendEventsBatchRequest) GetAppends() []*AppendEventsRequest {
@@ -1136,7 +1221,7 @@ type AppendEventsResult struct {
 
 func (x *AppendEventsResult) Reset() {
 	*x = AppendEventsResult{}
-	mi := &file_warren_v1_task_proto_msgTypes[15]
+	mi := &file_warren_v1_task_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1148,7 +1233,7 @@ func (x *AppendEventsResult) String() string {
 func (*AppendEventsResult) ProtoMessage() {}
 
 func (x *AppendEventsResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[15]
+	mi := &file_warren_v1_task_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1161,7 +1246,7 @@ func (x *AppendEventsResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendEventsResult.ProtoReflect.Descriptor instead.
 func (*AppendEventsResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{15}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *AppendEventsResult) GetFirstSeq() uint64 {
@@ -1202,7 +1287,7 @@ type AppendEventsBatchResponse struct {
 
 func (x *AppendEventsBatchResponse) Reset() {
 	*x = AppendEventsBatchResponse{}
-	mi := &file_warren_v1_task_proto_msgTypes[16]
+	mi := &file_warren_v1_task_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1214,7 +1299,7 @@ func (x *AppendEventsBatchResponse) String() string {
 func (*AppendEventsBatchResponse) ProtoMessage() {}
 
 func (x *AppendEventsBatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[16]
+	mi := &file_warren_v1_task_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1227,7 +1312,7 @@ func (x *AppendEventsBatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendEventsBatchResponse.ProtoReflect.Descriptor instead.
 func (*AppendEventsBatchResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{16}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *AppendEventsBatchResponse) GetResults() []*AppendEventsResult {
@@ -1248,7 +1333,7 @@ type StreamEventsRequest struct {
 
 func (x *StreamEventsRequest) Reset() {
 	*x = StreamEventsRequest{}
-	mi := &file_warren_v1_task_proto_msgTypes[17]
+	mi := &file_warren_v1_task_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1260,7 +1345,7 @@ func (x *StreamEventsRequest) String() string {
 func (*StreamEventsRequest) ProtoMessage() {}
 
 func (x *StreamEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[17]
+	mi := &file_warren_v1_task_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1273,7 +1358,7 @@ func (x *StreamEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamEventsRequest.ProtoReflect.Descriptor instead.
 func (*StreamEventsRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{17}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *StreamEventsRequest) GetTaskId() string {
@@ -1299,7 +1384,7 @@ type StreamEventsResponse struct {
 
 func (x *StreamEventsResponse) Reset() {
 	*x = StreamEventsResponse{}
-	mi := &file_warren_v1_task_proto_msgTypes[18]
+	mi := &file_warren_v1_task_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1311,7 +1396,7 @@ func (x *StreamEventsResponse) String() string {
 func (*StreamEventsResponse) ProtoMessage() {}
 
 func (x *StreamEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[18]
+	mi := &file_warren_v1_task_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1324,7 +1409,7 @@ func (x *StreamEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamEventsResponse.ProtoReflect.Descriptor instead.
 func (*StreamEventsResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{18}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *StreamEventsResponse) GetEvent() *Event {
@@ -1346,7 +1431,7 @@ type SendMessageRequest struct {
 
 func (x *SendMessageRequest) Reset() {
 	*x = SendMessageRequest{}
-	mi := &file_warren_v1_task_proto_msgTypes[19]
+	mi := &file_warren_v1_task_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1358,7 +1443,7 @@ func (x *SendMessageRequest) String() string {
 func (*SendMessageRequest) ProtoMessage() {}
 
 func (x *SendMessageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[19]
+	mi := &file_warren_v1_task_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1371,7 +1456,7 @@ func (x *SendMessageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendMessageRequest.ProtoReflect.Descriptor instead.
 func (*SendMessageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{19}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SendMessageRequest) GetTaskId() string {
@@ -1404,7 +1489,7 @@ type SendMessageResponse struct {
 
 func (x *SendMessageResponse) Reset() {
 	*x = SendMessageResponse{}
-	mi := &file_warren_v1_task_proto_msgTypes[20]
+	mi := &file_warren_v1_task_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1416,7 +1501,7 @@ func (x *SendMessageResponse) String() string {
 func (*SendMessageResponse) ProtoMessage() {}
 
 func (x *SendMessageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[20]
+	mi := &file_warren_v1_task_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1429,7 +1514,7 @@ func (x *SendMessageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendMessageResponse.ProtoReflect.Descriptor instead.
 func (*SendMessageResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{20}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SendMessageResponse) GetSeq() uint64 {
@@ -1452,7 +1537,7 @@ type DecideRequest struct {
 
 func (x *DecideRequest) Reset() {
 	*x = DecideRequest{}
-	mi := &file_warren_v1_task_proto_msgTypes[21]
+	mi := &file_warren_v1_task_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1464,7 +1549,7 @@ func (x *DecideRequest) String() string {
 func (*DecideRequest) ProtoMessage() {}
 
 func (x *DecideRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[21]
+	mi := &file_warren_v1_task_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1477,7 +1562,7 @@ func (x *DecideRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideRequest.ProtoReflect.Descriptor instead.
 func (*DecideRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{21}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DecideRequest) GetTaskId() string {
@@ -1517,7 +1602,7 @@ type DecideResponse struct {
 
 func (x *DecideResponse) Reset() {
 	*x = DecideResponse{}
-	mi := &file_warren_v1_task_proto_msgTypes[22]
+	mi := &file_warren_v1_task_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1529,7 +1614,7 @@ func (x *DecideResponse) String() string {
 func (*DecideResponse) ProtoMessage() {}
 
 func (x *DecideResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[22]
+	mi := &file_warren_v1_task_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1542,7 +1627,7 @@ func (x *DecideResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideResponse.ProtoReflect.Descriptor instead.
 func (*DecideResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{22}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *DecideResponse) GetSeq() uint64 {
@@ -1564,7 +1649,7 @@ type CancelTaskRequest struct {
 
 func (x *CancelTaskRequest) Reset() {
 	*x = CancelTaskRequest{}
-	mi := &file_warren_v1_task_proto_msgTypes[23]
+	mi := &file_warren_v1_task_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1576,7 +1661,7 @@ func (x *CancelTaskRequest) String() string {
 func (*CancelTaskRequest) ProtoMessage() {}
 
 func (x *CancelTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[23]
+	mi := &file_warren_v1_task_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1589,7 +1674,7 @@ func (x *CancelTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelTaskRequest.ProtoReflect.Descriptor instead.
 func (*CancelTaskRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{23}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CancelTaskRequest) GetTaskId() string {
@@ -1622,7 +1707,7 @@ type CancelTaskResponse struct {
 
 func (x *CancelTaskResponse) Reset() {
 	*x = CancelTaskResponse{}
-	mi := &file_warren_v1_task_proto_msgTypes[24]
+	mi := &file_warren_v1_task_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1634,7 +1719,7 @@ func (x *CancelTaskResponse) String() string {
 func (*CancelTaskResponse) ProtoMessage() {}
 
 func (x *CancelTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[24]
+	mi := &file_warren_v1_task_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1647,7 +1732,7 @@ func (x *CancelTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelTaskResponse.ProtoReflect.Descriptor instead.
 func (*CancelTaskResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{24}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CancelTaskResponse) GetTask() *Task {
@@ -1667,7 +1752,7 @@ const file_warren_v1_task_proto_rawDesc = "" +
 	"\n" +
 	"max_tokens\x18\x02 \x01(\x03R\tmaxTokens\x12+\n" +
 	"\x12max_cost_micro_usd\x18\x03 \x01(\x03R\x0fmaxCostMicroUsd\x123\n" +
-	"\x16max_wall_clock_seconds\x18\x04 \x01(\x03R\x13maxWallClockSeconds\"\xd8\x03\n" +
+	"\x16max_wall_clock_seconds\x18\x04 \x01(\x03R\x13maxWallClockSeconds\"\x83\x04\n" +
 	"\bTaskSpec\x12\x12\n" +
 	"\x04repo\x18\x01 \x01(\tR\x04repo\x12\x12\n" +
 	"\x04base\x18\x02 \x01(\tR\x04base\x12\x1f\n" +
@@ -1683,10 +1768,17 @@ const file_warren_v1_task_proto_rawDesc = "" +
 	"\ftest_command\x18\n" +
 	" \x01(\tR\vtestCommand\x122\n" +
 	"\tresources\x18\v \x01(\v2\x14.warren.v1.ResourcesR\tresources\x12\x16\n" +
-	"\x06driver\x18\f \x01(\tR\x06driver\x1a9\n" +
+	"\x06driver\x18\f \x01(\tR\x06driver\x12)\n" +
+	"\x06script\x18\r \x01(\v2\x11.warren.v1.ScriptR\x06script\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"1\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"|\n" +
+	"\x06Script\x12\x14\n" +
+	"\x05steps\x18\x01 \x01(\rR\x05steps\x12\x1f\n" +
+	"\vstep_millis\x18\x02 \x01(\rR\n" +
+	"stepMillis\x12!\n" +
+	"\foutput_bytes\x18\x03 \x01(\rR\voutputBytes\x12\x18\n" +
+	"\acommand\x18\x04 \x01(\tR\acommand\"1\n" +
 	"\x05Lease\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"\xd6\x03\n" +
@@ -1821,83 +1913,85 @@ func file_warren_v1_task_proto_rawDescGZIP() []byte {
 }
 
 var file_warren_v1_task_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_warren_v1_task_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_warren_v1_task_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_warren_v1_task_proto_goTypes = []any{
 	(TaskState)(0),                    // 0: warren.v1.TaskState
 	(*Budgets)(nil),                   // 1: warren.v1.Budgets
 	(*TaskSpec)(nil),                  // 2: warren.v1.TaskSpec
-	(*Lease)(nil),                     // 3: warren.v1.Lease
-	(*Task)(nil),                      // 4: warren.v1.Task
-	(*Event)(nil),                     // 5: warren.v1.Event
-	(*EventInput)(nil),                // 6: warren.v1.EventInput
-	(*CreateTaskRequest)(nil),         // 7: warren.v1.CreateTaskRequest
-	(*CreateTaskResponse)(nil),        // 8: warren.v1.CreateTaskResponse
-	(*GetTaskRequest)(nil),            // 9: warren.v1.GetTaskRequest
-	(*GetTaskResponse)(nil),           // 10: warren.v1.GetTaskResponse
-	(*ListTasksRequest)(nil),          // 11: warren.v1.ListTasksRequest
-	(*ListTasksResponse)(nil),         // 12: warren.v1.ListTasksResponse
-	(*AppendEventsRequest)(nil),       // 13: warren.v1.AppendEventsRequest
-	(*AppendEventsResponse)(nil),      // 14: warren.v1.AppendEventsResponse
-	(*AppendEventsBatchRequest)(nil),  // 15: warren.v1.AppendEventsBatchRequest
-	(*AppendEventsResult)(nil),        // 16: warren.v1.AppendEventsResult
-	(*AppendEventsBatchResponse)(nil), // 17: warren.v1.AppendEventsBatchResponse
-	(*StreamEventsRequest)(nil),       // 18: warren.v1.StreamEventsRequest
-	(*StreamEventsResponse)(nil),      // 19: warren.v1.StreamEventsResponse
-	(*SendMessageRequest)(nil),        // 20: warren.v1.SendMessageRequest
-	(*SendMessageResponse)(nil),       // 21: warren.v1.SendMessageResponse
-	(*DecideRequest)(nil),             // 22: warren.v1.DecideRequest
-	(*DecideResponse)(nil),            // 23: warren.v1.DecideResponse
-	(*CancelTaskRequest)(nil),         // 24: warren.v1.CancelTaskRequest
-	(*CancelTaskResponse)(nil),        // 25: warren.v1.CancelTaskResponse
-	nil,                               // 26: warren.v1.TaskSpec.LabelsEntry
-	(*Resources)(nil),                 // 27: warren.v1.Resources
-	(*timestamppb.Timestamp)(nil),     // 28: google.protobuf.Timestamp
+	(*Script)(nil),                    // 3: warren.v1.Script
+	(*Lease)(nil),                     // 4: warren.v1.Lease
+	(*Task)(nil),                      // 5: warren.v1.Task
+	(*Event)(nil),                     // 6: warren.v1.Event
+	(*EventInput)(nil),                // 7: warren.v1.EventInput
+	(*CreateTaskRequest)(nil),         // 8: warren.v1.CreateTaskRequest
+	(*CreateTaskResponse)(nil),        // 9: warren.v1.CreateTaskResponse
+	(*GetTaskRequest)(nil),            // 10: warren.v1.GetTaskRequest
+	(*GetTaskResponse)(nil),           // 11: warren.v1.GetTaskResponse
+	(*ListTasksRequest)(nil),          // 12: warren.v1.ListTasksRequest
+	(*ListTasksResponse)(nil),         // 13: warren.v1.ListTasksResponse
+	(*AppendEventsRequest)(nil),       // 14: warren.v1.AppendEventsRequest
+	(*AppendEventsResponse)(nil),      // 15: warren.v1.AppendEventsResponse
+	(*AppendEventsBatchRequest)(nil),  // 16: warren.v1.AppendEventsBatchRequest
+	(*AppendEventsResult)(nil),        // 17: warren.v1.AppendEventsResult
+	(*AppendEventsBatchResponse)(nil), // 18: warren.v1.AppendEventsBatchResponse
+	(*StreamEventsRequest)(nil),       // 19: warren.v1.StreamEventsRequest
+	(*StreamEventsResponse)(nil),      // 20: warren.v1.StreamEventsResponse
+	(*SendMessageRequest)(nil),        // 21: warren.v1.SendMessageRequest
+	(*SendMessageResponse)(nil),       // 22: warren.v1.SendMessageResponse
+	(*DecideRequest)(nil),             // 23: warren.v1.DecideRequest
+	(*DecideResponse)(nil),            // 24: warren.v1.DecideResponse
+	(*CancelTaskRequest)(nil),         // 25: warren.v1.CancelTaskRequest
+	(*CancelTaskResponse)(nil),        // 26: warren.v1.CancelTaskResponse
+	nil,                               // 27: warren.v1.TaskSpec.LabelsEntry
+	(*Resources)(nil),                 // 28: warren.v1.Resources
+	(*timestamppb.Timestamp)(nil),     // 29: google.protobuf.Timestamp
 }
 var file_warren_v1_task_proto_depIdxs = []int32{
 	1,  // 0: warren.v1.TaskSpec.budgets:type_name -> warren.v1.Budgets
-	26, // 1: warren.v1.TaskSpec.labels:type_name -> warren.v1.TaskSpec.LabelsEntry
-	27, // 2: warren.v1.TaskSpec.resources:type_name -> warren.v1.Resources
-	2,  // 3: warren.v1.Task.spec:type_name -> warren.v1.TaskSpec
-	0,  // 4: warren.v1.Task.state:type_name -> warren.v1.TaskState
-	28, // 5: warren.v1.Task.created_at:type_name -> google.protobuf.Timestamp
-	28, // 6: warren.v1.Task.updated_at:type_name -> google.protobuf.Timestamp
-	3,  // 7: warren.v1.Task.lease:type_name -> warren.v1.Lease
-	28, // 8: warren.v1.Event.time:type_name -> google.protobuf.Timestamp
-	2,  // 9: warren.v1.CreateTaskRequest.spec:type_name -> warren.v1.TaskSpec
-	4,  // 10: warren.v1.CreateTaskResponse.task:type_name -> warren.v1.Task
-	4,  // 11: warren.v1.GetTaskResponse.task:type_name -> warren.v1.Task
-	0,  // 12: warren.v1.ListTasksRequest.state:type_name -> warren.v1.TaskState
-	4,  // 13: warren.v1.ListTasksResponse.tasks:type_name -> warren.v1.Task
-	6,  // 14: warren.v1.AppendEventsRequest.events:type_name -> warren.v1.EventInput
-	13, // 15: warren.v1.AppendEventsBatchRequest.appends:type_name -> warren.v1.AppendEventsRequest
-	16, // 16: warren.v1.AppendEventsBatchResponse.results:type_name -> warren.v1.AppendEventsResult
-	5,  // 17: warren.v1.StreamEventsResponse.event:type_name -> warren.v1.Event
-	4,  // 18: warren.v1.CancelTaskResponse.task:type_name -> warren.v1.Task
-	7,  // 19: warren.v1.TaskService.CreateTask:input_type -> warren.v1.CreateTaskRequest
-	9,  // 20: warren.v1.TaskService.GetTask:input_type -> warren.v1.GetTaskRequest
-	11, // 21: warren.v1.TaskService.ListTasks:input_type -> warren.v1.ListTasksRequest
-	13, // 22: warren.v1.TaskService.AppendEvents:input_type -> warren.v1.AppendEventsRequest
-	15, // 23: warren.v1.TaskService.AppendEventsBatch:input_type -> warren.v1.AppendEventsBatchRequest
-	18, // 24: warren.v1.TaskService.StreamEvents:input_type -> warren.v1.StreamEventsRequest
-	20, // 25: warren.v1.TaskService.SendMessage:input_type -> warren.v1.SendMessageRequest
-	22, // 26: warren.v1.TaskService.Approve:input_type -> warren.v1.DecideRequest
-	22, // 27: warren.v1.TaskService.Reject:input_type -> warren.v1.DecideRequest
-	24, // 28: warren.v1.TaskService.CancelTask:input_type -> warren.v1.CancelTaskRequest
-	8,  // 29: warren.v1.TaskService.CreateTask:output_type -> warren.v1.CreateTaskResponse
-	10, // 30: warren.v1.TaskService.GetTask:output_type -> warren.v1.GetTaskResponse
-	12, // 31: warren.v1.TaskService.ListTasks:output_type -> warren.v1.ListTasksResponse
-	14, // 32: warren.v1.TaskService.AppendEvents:output_type -> warren.v1.AppendEventsResponse
-	17, // 33: warren.v1.TaskService.AppendEventsBatch:output_type -> warren.v1.AppendEventsBatchResponse
-	19, // 34: warren.v1.TaskService.StreamEvents:output_type -> warren.v1.StreamEventsResponse
-	21, // 35: warren.v1.TaskService.SendMessage:output_type -> warren.v1.SendMessageResponse
-	23, // 36: warren.v1.TaskService.Approve:output_type -> warren.v1.DecideResponse
-	23, // 37: warren.v1.TaskService.Reject:output_type -> warren.v1.DecideResponse
-	25, // 38: warren.v1.TaskService.CancelTask:output_type -> warren.v1.CancelTaskResponse
-	29, // [29:39] is the sub-list for method output_type
-	19, // [19:29] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	27, // 1: warren.v1.TaskSpec.labels:type_name -> warren.v1.TaskSpec.LabelsEntry
+	28, // 2: warren.v1.TaskSpec.resources:type_name -> warren.v1.Resources
+	3,  // 3: warren.v1.TaskSpec.script:type_name -> warren.v1.Script
+	2,  // 4: warren.v1.Task.spec:type_name -> warren.v1.TaskSpec
+	0,  // 5: warren.v1.Task.state:type_name -> warren.v1.TaskState
+	29, // 6: warren.v1.Task.created_at:type_name -> google.protobuf.Timestamp
+	29, // 7: warren.v1.Task.updated_at:type_name -> google.protobuf.Timestamp
+	4,  // 8: warren.v1.Task.lease:type_name -> warren.v1.Lease
+	29, // 9: warren.v1.Event.time:type_name -> google.protobuf.Timestamp
+	2,  // 10: warren.v1.CreateTaskRequest.spec:type_name -> warren.v1.TaskSpec
+	5,  // 11: warren.v1.CreateTaskResponse.task:type_name -> warren.v1.Task
+	5,  // 12: warren.v1.GetTaskResponse.task:type_name -> warren.v1.Task
+	0,  // 13: warren.v1.ListTasksRequest.state:type_name -> warren.v1.TaskState
+	5,  // 14: warren.v1.ListTasksResponse.tasks:type_name -> warren.v1.Task
+	7,  // 15: warren.v1.AppendEventsRequest.events:type_name -> warren.v1.EventInput
+	14, // 16: warren.v1.AppendEventsBatchRequest.appends:type_name -> warren.v1.AppendEventsRequest
+	17, // 17: warren.v1.AppendEventsBatchResponse.results:type_name -> warren.v1.AppendEventsResult
+	6,  // 18: warren.v1.StreamEventsResponse.event:type_name -> warren.v1.Event
+	5,  // 19: warren.v1.CancelTaskResponse.task:type_name -> warren.v1.Task
+	8,  // 20: warren.v1.TaskService.CreateTask:input_type -> warren.v1.CreateTaskRequest
+	10, // 21: warren.v1.TaskService.GetTask:input_type -> warren.v1.GetTaskRequest
+	12, // 22: warren.v1.TaskService.ListTasks:input_type -> warren.v1.ListTasksRequest
+	14, // 23: warren.v1.TaskService.AppendEvents:input_type -> warren.v1.AppendEventsRequest
+	16, // 24: warren.v1.TaskService.AppendEventsBatch:input_type -> warren.v1.AppendEventsBatchRequest
+	19, // 25: warren.v1.TaskService.StreamEvents:input_type -> warren.v1.StreamEventsRequest
+	21, // 26: warren.v1.TaskService.SendMessage:input_type -> warren.v1.SendMessageRequest
+	23, // 27: warren.v1.TaskService.Approve:input_type -> warren.v1.DecideRequest
+	23, // 28: warren.v1.TaskService.Reject:input_type -> warren.v1.DecideRequest
+	25, // 29: warren.v1.TaskService.CancelTask:input_type -> warren.v1.CancelTaskRequest
+	9,  // 30: warren.v1.TaskService.CreateTask:output_type -> warren.v1.CreateTaskResponse
+	11, // 31: warren.v1.TaskService.GetTask:output_type -> warren.v1.GetTaskResponse
+	13, // 32: warren.v1.TaskService.ListTasks:output_type -> warren.v1.ListTasksResponse
+	15, // 33: warren.v1.TaskService.AppendEvents:output_type -> warren.v1.AppendEventsResponse
+	18, // 34: warren.v1.TaskService.AppendEventsBatch:output_type -> warren.v1.AppendEventsBatchResponse
+	20, // 35: warren.v1.TaskService.StreamEvents:output_type -> warren.v1.StreamEventsResponse
+	22, // 36: warren.v1.TaskService.SendMessage:output_type -> warren.v1.SendMessageResponse
+	24, // 37: warren.v1.TaskService.Approve:output_type -> warren.v1.DecideResponse
+	24, // 38: warren.v1.TaskService.Reject:output_type -> warren.v1.DecideResponse
+	26, // 39: warren.v1.TaskService.CancelTask:output_type -> warren.v1.CancelTaskResponse
+	30, // [30:40] is the sub-list for method output_type
+	20, // [20:30] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_warren_v1_task_proto_init() }
@@ -1912,7 +2006,7 @@ func file_warren_v1_task_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warren_v1_task_proto_rawDesc), len(file_warren_v1_task_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   26,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

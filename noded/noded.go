@@ -1,0 +1,253 @@
+// Package noded is the node daemon: it joins memberlist gossip, keeps one
+// session with the scheduler leader (heartbeats up, commands down), hosts
+// task actors on actor/, and runs their sandboxes through a driver.
+package noded
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/warrenhq/warren/actor"
+	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/client"
+	"github.com/warrenhq/warren/internal/gossip"
+	"github.com/warrenhq/warren/noded/driver"
+)
+
+// Config is one node daemon's configuration.
+type Config struct {
+	ID         string
+	DataDir    string
+	Servers    []string // API URLs of the servers
+	GossipAddr string   // HOST:PORT for memberlist; "" runs without gossip (tests)
+	JoinGossip []string
+	Driver     driver.Driver
+	Capacity   *warrenv1.Resources
+	Labels     map[string]string
+	Templates  []string
+	Address    string // informational, shown in `warren nodes list`
+
+	// Heartbeat is used until the leader's Welcome names one; 0 means 500ms.
+	Heartbeat time.Duration
+	Logger    *slog.Logger
+}
+
+// Validate reports every problem at once.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.ID == "" {
+		errs = append(errs, errors.New("id: required"))
+	}
+	if c.DataDir == "" {
+		errs = append(errs, errors.New("data: required"))
+	}
+	if len(c.Servers) == 0 {
+		errs = append(errs, errors.New("servers: at least one server URL is required"))
+	}
+	for _, s := range c.Servers {
+		if !strings.HasPrefix(s, "http://") && !strings.HasPrefix(s, "https://") {
+			errs = append(errs, fmt.Errorf("servers: %q must start with http:// or https://", s))
+		}
+	}
+	if c.Driver == nil {
+		errs = append(errs, errors.New("driver: required"))
+	}
+	if c.Capacity.GetMilliCpu() <= 0 || c.Capacity.GetMemoryBytes() <= 0 {
+		errs = append(errs, fmt.Errorf("capacity: cpu and memory must both be positive, got %dm and %d B",
+			c.Capacity.GetMilliCpu(), c.Capacity.GetMemoryBytes()))
+	}
+	return errors.Join(errs...)
+}
+
+// Daemon is a running node daemon.
+type Daemon struct {
+	cfg         Config
+	log         *slog.Logger
+	incarnation string
+	cl          *client.Client
+	app         *client.Appender
+	sys         *actor.System
+	gossip      *gossip.Member
+	net         *netFaults
+
+	mu     sync.Mutex
+	actors map[string]*taskRef // task id -> its actor
+	stats  Stats
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// Stats counts what the daemon did (tests and benchmarks read them).
+type Stats struct {
+	Started, Finished, Yielded, StoppedStale, Stopped int
+	Sessions                                          int // sessions opened
+}
+
+type taskRef struct {
+	ref    *actor.Ref
+	epoch  uint64
+	cancel context.CancelFunc
+}
+
+// Start runs a node daemon until Close.
+func Start(cfg Config) (*Daemon, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("data: %w", err)
+	}
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	d := &Daemon{cfg: cfg, log: cfg.Logger.With("node", cfg.ID), incarnation: hex.EncodeToString(b),
+		actors: map[string]*taskRef{}, net: newNetFaults()}
+	cl, err := client.NewWith(strings.Join(cfg.Servers, ","), d.net.client(false))
+	if err != nil {
+		return nil, fmt.Errorf("servers: %w", err)
+	}
+	d.cl = cl
+	d.app = cl.NewAppender(8, 1024)
+	d.sys = actor.NewSystem(actor.Config{Logger: d.log})
+	d.ctx, d.cancel = context.WithCancel(context.Background())
+	if cfg.GossipAddr != "" {
+		if d.gossip, err = gossip.Start(gossip.Config{Role: gossip.RoleNode, ID: cfg.ID, Addr: cfg.GossipAddr,
+			Join: cfg.JoinGossip, Logger: d.log, Wrap: d.net.wrapGossip}); err != nil {
+			d.app.Close()
+			return nil, err
+		}
+	}
+	d.wg.Add(1)
+	go d.sessionLoop()
+	d.log.Info("node daemon started", "driver", cfg.Driver.Name(), "servers", cfg.Servers, "gossip", cfg.GossipAddr)
+	return d, nil
+}
+
+// Close stops the actors (their tasks stay leased to this node until it is
+// declared down, or until the daemon comes back), leaves gossip and
+// destroys the sandboxes.
+func (d *Daemon) Close() error {
+	d.cancel()
+	d.wg.Wait()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	errs := []error{d.sys.Shutdown(ctx)}
+	d.app.Close()
+	if d.gossip != nil {
+		errs = append(errs, d.gossip.Close())
+	}
+	errs = append(errs, d.cfg.Driver.Close())
+	return errors.Join(errs...)
+}
+
+// Running returns the number of task actors.
+func (d *Daemon) Running() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.actors)
+}
+
+// Stats returns a copy of the counters.
+func (d *Daemon) Stats() Stats {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.stats
+}
+
+// Partition cuts (true) or restores (false) all of the daemon's traffic
+// to the servers and the other gossip members, as a network partition
+// would. It is for tests.
+func (d *Daemon) Partition(cut bool) { d.net.set(cut) }
+
+func (d *Daemon) node() *warrenv1.Node {
+	drv := d.cfg.Driver
+	return &warrenv1.Node{
+		Id: d.cfg.ID, Drivers: []string{drv.Name()}, Templates: d.cfg.Templates, Labels: d.cfg.Labels,
+		Capacity: d.cfg.Capacity, Accelerator: drv.Accelerator(), Address: d.cfg.Address,
+	}
+}
+
+func (d *Daemon) running() []*warrenv1.RunningTask {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make([]*warrenv1.RunningTask, 0, len(d.actors))
+	for id, r := range d.actors {
+		out = append(out, &warrenv1.RunningTask{TaskId: id, Epoch: r.epoch})
+	}
+	return out
+}
+
+// startTask spawns the task's actor unless one runs it already under the
+// same or a newer epoch; an actor under an older epoch is stopped first.
+func (d *Daemon) startTask(m *warrenv1.StartTask) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if cur, ok := d.actors[m.GetTaskId()]; ok {
+		if cur.epoch >= m.GetEpoch() {
+			return
+		}
+		cur.cancel()
+		cur.ref.Stop()
+		delete(d.actors, m.GetTaskId())
+	}
+	ctx, cancel := context.WithCancel(d.ctx)
+	id, epoch, resume := m.GetTaskId(), m.GetEpoch(), m.GetResume()
+	ref, err := d.sys.Spawn(fmt.Sprintf("task-%s-e%d", id, epoch),
+		func() actor.Behavior { return &taskActor{d: d, id: id, epoch: epoch, resume: resume, ctx: ctx} },
+		actor.WithMailbox(16),
+		actor.WithPolicy(actor.RestartPolicy{MaxRestarts: 3, Window: time.Minute}))
+	if err != nil {
+		cancel()
+		d.log.Error("spawn task actor", "task", m.GetTaskId(), "err", err)
+		return
+	}
+	d.actors[m.GetTaskId()] = &taskRef{ref: ref, epoch: m.GetEpoch(), cancel: cancel}
+	d.stats.Started++
+}
+
+// stopTask handles a StopTask command.
+func (d *Daemon) stopTask(m *warrenv1.StopTask) {
+	d.mu.Lock()
+	cur, ok := d.actors[m.GetTaskId()]
+	if !ok || cur.epoch > m.GetEpoch() {
+		d.mu.Unlock()
+		return
+	}
+	if m.GetYield() {
+		d.mu.Unlock()
+		_ = cur.ref.Send(yieldMsg{reason: m.GetReason()})
+		return
+	}
+	delete(d.actors, m.GetTaskId())
+	d.stats.Stopped++
+	d.mu.Unlock()
+	d.log.Info("stopping task actor", "task", m.GetTaskId(), "epoch", m.GetEpoch(), "reason", m.GetReason())
+	cur.cancel()
+	cur.ref.Stop()
+}
+
+// actorDone removes a task actor that ended by itself.
+func (d *Daemon) actorDone(id string, epoch uint64, how *int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if cur, ok := d.actors[id]; ok && cur.epoch == epoch {
+		cur.cancel()
+		delete(d.actors, id)
+	}
+	if how != nil {
+		*how++
+	}
+}

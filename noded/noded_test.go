@@ -1,0 +1,329 @@
+package noded_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/client"
+	"github.com/warrenhq/warren/noded"
+	"github.com/warrenhq/warren/noded/driver/sim"
+	"github.com/warrenhq/warren/scheduler"
+)
+
+// cluster is three in-process servers (real raft on loopback, Pebble on
+// disk, memberlist) for node daemons to join.
+type cluster struct {
+	t       *testing.T
+	dir     string
+	servers []*server
+	gossip  []string
+	cl      *client.Client
+}
+
+type server struct {
+	srv *scheduler.Server
+	hs  *http.Server
+	url string
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func startCluster(t *testing.T, n int, ttl time.Duration) *cluster {
+	t.Helper()
+	c := &cluster{t: t, dir: t.TempDir()}
+	for i := 0; i < n; i++ {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		url := "http://" + ln.Addr().String()
+		gaddr := freePort(t)
+		cfg := scheduler.Config{
+			ID: fmt.Sprintf("s%d", i+1), DataDir: filepath.Join(c.dir, fmt.Sprint(i)), RaftAddr: freePort(t), APIURL: url,
+			Bootstrap: i == 0, SnapshotInterval: time.Hour, RaftLevel: "error",
+			NodeTTL: ttl, GossipAddr: gaddr, JoinGossip: c.gossip, RaftLogTo: io.Discard,
+		}
+		if i > 0 {
+			cfg.JoinURL = c.servers[0].url
+		}
+		srv, err := scheduler.Open(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs := &http.Server{Handler: srv.Handler()}
+		hs.Protocols = new(http.Protocols)
+		hs.Protocols.SetHTTP1(true)
+		hs.Protocols.SetUnencryptedHTTP2(true)
+		go hs.Serve(ln)
+		s := &server{srv: srv, hs: hs, url: url}
+		t.Cleanup(func() { s.srv.Close(); s.hs.Close() })
+		c.servers = append(c.servers, s)
+		c.gossip = append(c.gossip, gaddr)
+		if i == 0 {
+			waitFor(t, "first leader", 10*time.Second, func() bool { return srv.Raft().State().String() == "Leader" })
+		}
+	}
+	var urls []string
+	for _, s := range c.servers {
+		urls = append(urls, s.url)
+	}
+	cl, err := client.New(joinComma(urls))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.cl = cl
+	waitFor(t, "all servers to be voters", 20*time.Second, func() bool {
+		st, err := cl.Cluster().Status(context.Background(), connect.NewRequest(&warrenv1.StatusRequest{}))
+		return err == nil && len(st.Msg.GetPeers()) == n && st.Msg.GetLeaderApiUrl() != ""
+	})
+	return c
+}
+
+func joinComma(xs []string) string {
+	s := ""
+	for i, x := range xs {
+		if i > 0 {
+			s += ","
+		}
+		s += x
+	}
+	return s
+}
+
+func (c *cluster) urls() []string {
+	var out []string
+	for _, s := range c.servers {
+		out = append(out, s.url)
+	}
+	return out
+}
+
+func (c *cluster) startNode(id string, latency time.Duration) *noded.Daemon {
+	c.t.Helper()
+	d, err := noded.Start(noded.Config{
+		ID: id, DataDir: filepath.Join(c.dir, "node-"+id), Servers: c.urls(),
+		GossipAddr: freePort(c.t), JoinGossip: c.gossip,
+		Driver:   sim.New(sim.Config{RestoreLatency: latency, ExecLatency: latency}),
+		Capacity: &warrenv1.Resources{MilliCpu: 1000 * 1000, MemoryBytes: 1 << 50},
+		Labels:   map[string]string{"zone": id},
+	})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(func() { d.Close() })
+	waitFor(c.t, "node "+id+" ready", 10*time.Second, func() bool {
+		n, err := c.node(id)
+		return err == nil && n.GetStatus() == warrenv1.NodeStatus_NODE_STATUS_READY
+	})
+	return d
+}
+
+func (c *cluster) node(id string) (*warrenv1.Node, error) {
+	resp, err := c.cl.Cluster().ListNodes(context.Background(), connect.NewRequest(&warrenv1.ListNodesRequest{}))
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range resp.Msg.GetNodes() {
+		if n.GetId() == id {
+			return n, nil
+		}
+	}
+	return nil, fmt.Errorf("node %s not registered", id)
+}
+
+func (c *cluster) submit(n int, script *warrenv1.Script) []string {
+	c.t.Helper()
+	var ids []string
+	for i := 0; i < n; i++ {
+		resp, err := c.cl.Tasks().CreateTask(context.Background(), connect.NewRequest(&warrenv1.CreateTaskRequest{
+			RequestId: fmt.Sprint("req-", i), Spec: &warrenv1.TaskSpec{Repo: "https://example.com/r.git", Base: "main",
+				IssueTitle: fmt.Sprint("scripted ", i), Driver: "sim", Script: script}}))
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		ids = append(ids, resp.Msg.GetTask().GetId())
+	}
+	return ids
+}
+
+func (c *cluster) task(id string) *warrenv1.Task {
+	resp, err := c.cl.Tasks().GetTask(context.Background(), connect.NewRequest(&warrenv1.GetTaskRequest{Id: id}))
+	if err != nil {
+		return nil
+	}
+	return resp.Msg.GetTask()
+}
+
+func (c *cluster) events(id string) []*warrenv1.Event {
+	c.t.Helper()
+	var out []*warrenv1.Event
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := c.cl.Watch(ctx, id, 0, func(e *warrenv1.Event) error { out = append(out, e); return nil }, nil); err != nil {
+		c.t.Fatalf("watch %s: %v", id, err)
+	}
+	return out
+}
+
+func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (c *cluster) allEnded(ids []string) func() bool {
+	return func() bool {
+		for _, id := range ids {
+			t := c.task(id)
+			if t == nil || t.GetState() != warrenv1.TaskState_TASK_STATE_SUCCEEDED {
+				return false
+			}
+		}
+		return true
+	}
+}
+
+// checkLog checks one finished task's log: gapless, every step has exactly
+// one effect and at least one result, and no event was appended under an
+// epoch older than one already seen (a stale owner never lands after the
+// bump).
+func checkLog(t *testing.T, id string, events []*warrenv1.Event, steps int) (nodes map[string]bool) {
+	t.Helper()
+	nodes = map[string]bool{}
+	effects := map[string]int{}
+	results := map[string]int{}
+	var maxEpoch uint64
+	for i, e := range events {
+		if e.GetSeq() != uint64(i+1) {
+			t.Fatalf("task %s: event %d has seq %d: log not gapless", id, i, e.GetSeq())
+		}
+		if e.GetEpoch() != 0 {
+			if e.GetEpoch() < maxEpoch {
+				t.Fatalf("task %s: seq %d appended under epoch %d after epoch %d", id, e.GetSeq(), e.GetEpoch(), maxEpoch)
+			}
+			maxEpoch = e.GetEpoch()
+		}
+		var p map[string]any
+		_ = json.Unmarshal(e.GetPayload(), &p)
+		switch e.GetKind() {
+		case "effect":
+			effects[p["idempotency_key"].(string)]++
+			nodes[p["node"].(string)] = true
+		case "tool_result":
+			results[p["tool_call_id"].(string)]++
+		}
+	}
+	for s := 1; s <= steps; s++ {
+		key := id + "/step-" + strconv.Itoa(s)
+		if effects[key] != 1 {
+			t.Fatalf("task %s: effect %s recorded %d times, want 1", id, key, effects[key])
+		}
+		if results["step-"+strconv.Itoa(s)] < 1 {
+			t.Fatalf("task %s: step %d has no result", id, s)
+		}
+	}
+	if len(effects) != steps {
+		t.Fatalf("task %s: %d effects, want %d", id, len(effects), steps)
+	}
+	return nodes
+}
+
+func TestTasksRunOnNodes(t *testing.T) {
+	c := startCluster(t, 3, 0)
+	c.startNode("n1", 0)
+	c.startNode("n2", 0)
+	ids := c.submit(20, &warrenv1.Script{Steps: 5, StepMillis: 10, OutputBytes: 100})
+	waitFor(t, "all tasks to succeed", 60*time.Second, c.allEnded(ids))
+	used := map[string]bool{}
+	for _, id := range ids {
+		for n := range checkLog(t, id, c.events(id), 5) {
+			used[n] = true
+		}
+	}
+	if len(used) != 2 {
+		t.Fatalf("tasks ran on %v, want both nodes (spread)", used)
+	}
+	waitFor(t, "allocations released", 5*time.Second, func() bool {
+		n1, _ := c.node("n1")
+		n2, _ := c.node("n2")
+		return n1.GetTaskCount() == 0 && n2.GetTaskCount() == 0
+	})
+}
+
+// TestPartitionedNodeIsFenced cuts a node off from servers and gossip
+// mid-run: its tasks are re-placed; when it comes back, its stale appends
+// are refused and its actors stop; no event of the old epoch lands after
+// the bump.
+func TestPartitionedNodeIsFenced(t *testing.T) {
+	c := startCluster(t, 3, time.Second)
+	a := c.startNode("a", 0)
+	ids := c.submit(10, &warrenv1.Script{Steps: 30, StepMillis: 50})
+	waitFor(t, "tasks running on a", 20*time.Second, func() bool { return a.Running() == 10 })
+	waitFor(t, "a few steps done", 20*time.Second, func() bool { return c.task(ids[0]).GetNextSeq() > 8 })
+	a.Partition(true)
+	b := c.startNode("b", 0)
+	waitFor(t, "a declared down", 20*time.Second, func() bool {
+		n, _ := c.node("a")
+		return n.GetStatus() == warrenv1.NodeStatus_NODE_STATUS_DOWN
+	})
+	waitFor(t, "a's tasks re-placed on b", 20*time.Second, func() bool { return b.Running() == 10 })
+	time.Sleep(300 * time.Millisecond) // a keeps trying to append, blind
+	a.Partition(false)
+	waitFor(t, "a's actors stop", 20*time.Second, func() bool { return a.Running() == 0 })
+	waitFor(t, "all tasks to succeed", 60*time.Second, c.allEnded(ids))
+	for _, id := range ids {
+		nodes := checkLog(t, id, c.events(id), 30)
+		if !nodes["b"] {
+			t.Fatalf("task %s: no effect recorded by b, the new owner: %v", id, nodes)
+		}
+	}
+	if st := a.Stats(); st.StoppedStale+st.Stopped == 0 {
+		t.Fatalf("a's actors were not stopped by the fence: %+v", st)
+	}
+}
+
+func TestDrainMovesTasks(t *testing.T) {
+	c := startCluster(t, 1, 0)
+	a := c.startNode("a", 0)
+	ids := c.submit(10, &warrenv1.Script{Steps: 20, StepMillis: 50})
+	waitFor(t, "tasks running on a", 20*time.Second, func() bool { return a.Running() == 10 })
+	b := c.startNode("b", 0)
+	if _, err := c.cl.Cluster().DrainNode(context.Background(), connect.NewRequest(&warrenv1.DrainNodeRequest{Id: "a"})); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "all tasks to succeed", 60*time.Second, c.allEnded(ids))
+	for _, id := range ids {
+		nodes := checkLog(t, id, c.events(id), 20)
+		if !nodes["b"] {
+			t.Fatalf("task %s never moved to b: %v", id, nodes)
+		}
+	}
+	if st := a.Stats(); st.Yielded != 10 {
+		t.Fatalf("a yielded %d tasks, want 10: %+v", st.Yielded, st)
+	}
+	_ = b
+}

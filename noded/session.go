@@ -1,0 +1,137 @@
+package noded
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"connectrpc.com/connect"
+
+	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
+)
+
+// sessionLoop keeps one session with the leader, finding the leader again
+// after every failure.
+func (d *Daemon) sessionLoop() {
+	defer d.wg.Done()
+	h2c := d.net.client(true)
+	backoff := 20 * time.Millisecond
+	for d.ctx.Err() == nil {
+		url, err := d.findLeader()
+		if err == nil {
+			start := time.Now()
+			err = d.runSession(warrenv1connect.NewNodeServiceClient(h2c, url), url)
+			if time.Since(start) > 5*time.Second {
+				backoff = 20 * time.Millisecond // it was a healthy session
+			}
+		}
+		if d.ctx.Err() != nil {
+			return
+		}
+		d.log.Debug("session ended; reconnecting", "err", err, "backoff", backoff)
+		select {
+		case <-d.ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// findLeader asks the servers who leads, and returns its API URL.
+func (d *Daemon) findLeader() (string, error) {
+	var errs []error
+	for _, url := range d.cfg.Servers {
+		cc := warrenv1connect.NewClusterServiceClient(d.net.client(false), url)
+		ctx, cancel := context.WithTimeout(d.ctx, time.Second)
+		st, err := cc.Status(ctx, connect.NewRequest(&warrenv1.StatusRequest{}))
+		cancel()
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if u := st.Msg.GetLeaderApiUrl(); u != "" {
+			return u, nil
+		}
+		errs = append(errs, fmt.Errorf("%s: no leader known", url))
+	}
+	return "", fmt.Errorf("no leader: %w", errors.Join(errs...))
+}
+
+// runSession holds one session until it breaks: Hello, then heartbeats
+// every interval the leader asks for, while commands are applied as they
+// come.
+func (d *Daemon) runSession(nc warrenv1connect.NodeServiceClient, url string) error {
+	ctx, cancel := context.WithCancel(d.ctx)
+	defer cancel()
+	d.net.whenCut(cancel)
+	stream := nc.Session(ctx)
+	defer stream.CloseResponse()
+	hello := &warrenv1.SessionRequest{Msg: &warrenv1.SessionRequest_Hello{Hello: &warrenv1.Hello{
+		Node: d.node(), Incarnation: d.incarnation, Running: d.running()}}}
+	if err := stream.Send(hello); err != nil {
+		return err
+	}
+	first, err := stream.Receive()
+	if err != nil {
+		return err
+	}
+	w := first.GetWelcome()
+	if w == nil {
+		return errors.New("leader did not welcome the session")
+	}
+	d.mu.Lock()
+	d.stats.Sessions++
+	d.mu.Unlock()
+	every := orDuration(time.Duration(w.GetHeartbeatIntervalMs())*time.Millisecond, orDuration(d.cfg.Heartbeat, 500*time.Millisecond))
+	d.log.Info("session opened", "leader", w.GetLeaderId(), "url", url, "heartbeat", every)
+
+	sendErr := make(chan error, 1)
+	go func() {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		var seq uint64
+		for {
+			select {
+			case <-ctx.Done():
+				sendErr <- ctx.Err()
+				return
+			case <-t.C:
+			}
+			seq++
+			hb := &warrenv1.SessionRequest{Msg: &warrenv1.SessionRequest_Heartbeat{Heartbeat: &warrenv1.Heartbeat{
+				Seq: seq, Running: uint32(d.Running())}}}
+			if err := stream.Send(hb); err != nil {
+				sendErr <- err
+				cancel()
+				return
+			}
+		}
+	}()
+	for {
+		m, err := stream.Receive()
+		if err != nil {
+			cancel()
+			<-sendErr
+			return err
+		}
+		switch c := m.GetMsg().(type) {
+		case *warrenv1.SessionResponse_Start:
+			d.startTask(c.Start)
+		case *warrenv1.SessionResponse_Stop:
+			d.stopTask(c.Stop)
+		case *warrenv1.SessionResponse_SetPoolTarget:
+			d.log.Info("pool target", "template", c.SetPoolTarget.GetTemplate(), "target", c.SetPoolTarget.GetTarget())
+			d.cfg.Driver.SetPoolTarget(c.SetPoolTarget.GetTemplate(), int(c.SetPoolTarget.GetTarget()))
+		}
+	}
+}
+
+func orDuration(d, def time.Duration) time.Duration {
+	if d <= 0 {
+		return def
+	}
+	return d
+}

@@ -1,0 +1,292 @@
+package noded
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/warrenhq/warren/actor"
+	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/client"
+	"github.com/warrenhq/warren/noded/driver"
+)
+
+// Messages of a task actor.
+type (
+	startMsg struct{}
+	stepMsg  struct{}
+	yieldMsg struct{ reason string }
+)
+
+// defaultScript is what a task without a script runs until the agent loop
+// exists: three short scripted steps.
+var defaultScript = &warrenv1.Script{Steps: 3, StepMillis: 200}
+
+// retryAfter is how long an actor waits before retrying a step whose
+// append failed for a reason other than losing its lease.
+const retryAfter = 500 * time.Millisecond
+
+// taskActor runs one task's scripted steps under one lease epoch,
+// write-ahead: a step's tool_call is committed before its command runs,
+// its effect is recorded once under an idempotency key (task id + step)
+// whoever runs it, and its tool_result is committed before the next step
+// starts. It reads the task's log first and resumes after the last step
+// with a result, so a requeued task continues where its last node stopped.
+type taskActor struct {
+	d      *Daemon
+	id     string
+	epoch  uint64
+	resume bool
+	ctx    context.Context
+
+	script  *warrenv1.Script
+	next    uint32 // the next step to run, from 1
+	sb      driver.Sandbox
+	yield   string // set when asked to give the task back
+	started bool
+	done    bool
+}
+
+// Started runs at spawn and after a restart: (re)read the log.
+func (a *taskActor) Started(c *actor.Context) { _ = c.Self().Send(startMsg{}) }
+
+// Stopped destroys the sandbox.
+func (a *taskActor) Stopped(*actor.Context) {
+	if a.sb != nil {
+		_ = a.sb.Destroy()
+		a.sb = nil
+	}
+}
+
+func (a *taskActor) Receive(c *actor.Context, msg any) {
+	if a.done || a.ctx.Err() != nil {
+		return
+	}
+	switch m := msg.(type) {
+	case startMsg:
+		a.start(c)
+	case stepMsg:
+		a.step(c)
+	case yieldMsg:
+		a.yield = m.reason
+		if a.yield == "" {
+			a.yield = "asked to yield"
+		}
+	}
+}
+
+// start loads the task and its log, claims a sandbox and records that the
+// task runs here.
+func (a *taskActor) start(c *actor.Context) {
+	ctx := a.ctx
+	resp, err := a.d.cl.Tasks().GetTask(ctx, connect.NewRequest(&warrenv1.GetTaskRequest{Id: a.id}))
+	if err != nil {
+		a.failed(c, "read task", err, startMsg{})
+		return
+	}
+	t := resp.Msg.GetTask()
+	switch e := t.GetLease().GetEpoch(); {
+	case isTerminal(t.GetState()):
+		a.finish(c, "task already ended", &a.d.stats.Finished)
+		return
+	case e > a.epoch:
+		a.finish(c, fmt.Sprintf("lease moved on to epoch %d", e), &a.d.stats.StoppedStale)
+		return
+	case e < a.epoch: // the server that answered lags behind
+		c.After(50*time.Millisecond, startMsg{})
+		return
+	}
+	events, err := a.d.readLog(ctx, a.id, t.GetNextSeq()-1)
+	if err != nil {
+		a.failed(c, "read log", err, startMsg{})
+		return
+	}
+	a.script = t.GetSpec().GetScript()
+	if a.script == nil {
+		a.script = defaultScript
+	}
+	a.next = lastCompletedStep(events) + 1
+	if a.sb == nil {
+		sb, err := a.d.cfg.Driver.Claim(ctx, driver.ClaimRequest{ID: fmt.Sprintf("%s-e%d", a.id, a.epoch), Template: t.GetSpec().GetTemplate()})
+		if err != nil {
+			a.failed(c, "claim sandbox", err, startMsg{})
+			return
+		}
+		a.sb = sb
+	}
+	if t.GetState() == warrenv1.TaskState_TASK_STATE_PLACED {
+		payload := map[string]any{"to": "running", "node": a.d.cfg.ID, "epoch": a.epoch,
+			"sandbox": a.sb.ID(), "driver": a.d.cfg.Driver.Name(), "warm": a.sb.Warm()}
+		if a.next > 1 {
+			payload["resumed_at_step"] = a.next
+		}
+		if _, err := a.append(ctx, "running", ev("state_changed", payload)); err != nil {
+			a.failed(c, "record running", err, startMsg{})
+			return
+		}
+	}
+	a.started = true
+	_ = c.Self().Send(stepMsg{})
+}
+
+// step runs one scripted step, or ends the actor at a step boundary.
+func (a *taskActor) step(c *actor.Context) {
+	ctx := a.ctx
+	if a.yield != "" {
+		if _, err := a.append(ctx, "yield", ev("state_changed", map[string]any{"to": "pending", "reason": a.yield, "node": a.d.cfg.ID})); err != nil {
+			a.failed(c, "give the task back", err, stepMsg{})
+			return
+		}
+		a.finish(c, "gave the task back: "+a.yield, &a.d.stats.Yielded)
+		return
+	}
+	if a.next > a.script.GetSteps() {
+		if _, err := a.append(ctx, "done", ev("state_changed", map[string]any{"to": "succeeded", "steps": a.script.GetSteps()})); err != nil {
+			a.failed(c, "record success", err, stepMsg{})
+			return
+		}
+		a.finish(c, "succeeded", &a.d.stats.Finished)
+		return
+	}
+	n := a.next
+	callID := fmt.Sprintf("step-%d", n)
+	cmd := a.script.GetCommand()
+	if cmd == "" {
+		cmd = "sleep " + strconv.FormatFloat(float64(a.script.GetStepMillis())/1000, 'f', -1, 64)
+	}
+	if _, err := a.append(ctx, fmt.Sprintf("s%d/call", n), ev("tool_call", map[string]any{
+		"tool_call_id": callID, "tool": "run_command", "input": map[string]any{"command": cmd}, "scripted": true})); err != nil {
+		a.failed(c, "record tool_call", err, stepMsg{})
+		return
+	}
+	res, err := a.sb.Exec(ctx, driver.ExecRequest{Command: cmd})
+	if err != nil {
+		a.failed(c, "exec", err, stepMsg{})
+		return
+	}
+	// The step's external effect: recorded once per (task, step) in the
+	// replicated state, whichever owner and epoch gets there first; a rerun
+	// gets the first record back.
+	key := fmt.Sprintf("%s/step-%d", a.id, n)
+	eff, err := a.d.app.Append(ctx, &warrenv1.AppendEventsRequest{TaskId: a.id, LeaseEpoch: a.epoch,
+		RequestId: "effect/" + callID, Events: []*warrenv1.EventInput{ev("effect", map[string]any{
+			"idempotency_key": key, "tool_call_id": callID, "node": a.d.cfg.ID, "epoch": a.epoch})}})
+	if err != nil {
+		a.failed(c, "record effect", err, stepMsg{})
+		return
+	}
+	out := string(res.Output)
+	if want := int(a.script.GetOutputBytes()); len(out) < want {
+		out += strings.Repeat(".", want-len(out))
+	}
+	if _, err := a.append(ctx, fmt.Sprintf("s%d/result", n), ev("tool_result", map[string]any{
+		"tool_call_id": callID, "exit_code": res.ExitCode, "output": out, "effect_seq": eff.GetFirstSeq(),
+		"duration_ms": res.Duration.Milliseconds()})); err != nil {
+		a.failed(c, "record tool_result", err, stepMsg{})
+		return
+	}
+	a.next++
+	_ = c.Self().Send(stepMsg{})
+}
+
+// append appends one event under the actor's epoch with an idempotency key
+// scoped to the epoch, so a retry by this owner lands once.
+func (a *taskActor) append(ctx context.Context, key string, e *warrenv1.EventInput) (*warrenv1.AppendEventsResponse, error) {
+	return a.d.app.Append(ctx, &warrenv1.AppendEventsRequest{TaskId: a.id, LeaseEpoch: a.epoch,
+		RequestId: fmt.Sprintf("e%d/%s", a.epoch, key), Events: []*warrenv1.EventInput{e}})
+}
+
+// failed handles an error: a stale lease or an ended task stops the actor
+// (another owner has the task, or it is over); anything else is retried.
+func (a *taskActor) failed(c *actor.Context, what string, err error, retry any) {
+	switch {
+	case a.ctx.Err() != nil:
+		return // stopped
+	case client.IsStaleEpoch(err):
+		c.Logger().Info("lease lost: stopping", "task", a.id, "epoch", a.epoch, "during", what)
+		a.finish(c, "stale lease epoch", &a.d.stats.StoppedStale)
+	case connect.CodeOf(err) == connect.CodeFailedPrecondition, connect.CodeOf(err) == connect.CodeNotFound:
+		c.Logger().Info("task refused the write: stopping", "task", a.id, "during", what, "err", err)
+		a.finish(c, err.Error(), &a.d.stats.Stopped)
+	default:
+		c.Logger().Warn("step failed; retrying", "task", a.id, "during", what, "err", err)
+		c.After(retryAfter, retry)
+	}
+}
+
+func (a *taskActor) finish(c *actor.Context, why string, counter *int) {
+	a.done = true
+	c.Logger().Debug("task actor ends", "task", a.id, "epoch", a.epoch, "why", why)
+	a.d.actorDone(a.id, a.epoch, counter)
+	c.Stop()
+}
+
+func ev(kind string, payload any) *warrenv1.EventInput {
+	b, err := json.Marshal(payload)
+	if err != nil {
+		panic(err) // payloads are built here from plain values
+	}
+	return &warrenv1.EventInput{Kind: kind, Payload: b}
+}
+
+func isTerminal(s warrenv1.TaskState) bool {
+	return s == warrenv1.TaskState_TASK_STATE_SUCCEEDED || s == warrenv1.TaskState_TASK_STATE_FAILED ||
+		s == warrenv1.TaskState_TASK_STATE_CANCELLED
+}
+
+// lastCompletedStep is the highest step n such that steps 1..n all have a
+// tool_result in the log. A step with a tool_call and no result is rerun.
+func lastCompletedStep(events []*warrenv1.Event) uint32 {
+	done := map[uint32]bool{}
+	for _, e := range events {
+		if e.GetKind() != "tool_result" {
+			continue
+		}
+		var p struct {
+			ID string `json:"tool_call_id"`
+		}
+		if json.Unmarshal(e.GetPayload(), &p) != nil {
+			continue
+		}
+		if n, err := strconv.ParseUint(strings.TrimPrefix(p.ID, "step-"), 10, 32); err == nil && strings.HasPrefix(p.ID, "step-") {
+			done[uint32(n)] = true
+		}
+	}
+	var n uint32
+	for done[n+1] {
+		n++
+	}
+	return n
+}
+
+// readLog reads a task's events 1..upTo.
+func (d *Daemon) readLog(ctx context.Context, id string, upTo uint64) ([]*warrenv1.Event, error) {
+	if upTo == 0 {
+		return nil, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	stream, err := d.cl.Tasks().StreamEvents(ctx, connect.NewRequest(&warrenv1.StreamEventsRequest{TaskId: id}))
+	if err != nil {
+		return nil, err
+	}
+	defer stream.Close()
+	var out []*warrenv1.Event
+	for stream.Receive() {
+		e := stream.Msg().GetEvent()
+		out = append(out, e)
+		if e.GetSeq() >= upTo {
+			return out, nil
+		}
+	}
+	if err := stream.Err(); err != nil {
+		return nil, err
+	}
+	return nil, errors.New("event stream ended before the log's end")
+}

@@ -1,0 +1,350 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/hashicorp/raft"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
+	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
+)
+
+// Liveness defaults.
+const (
+	DefaultNodeHeartbeat = 500 * time.Millisecond
+	DefaultNodeTTL       = 3 * time.Second
+	sessionQueue         = 8192 // commands buffered per session before it is cut
+)
+
+// session is the leader's end of one node daemon's stream.
+type session struct {
+	node        string
+	incarnation string
+	out         chan *warrenv1.SessionResponse
+	closed      chan struct{}
+	closeOnce   sync.Once
+	yielded     map[string]uint64 // task -> epoch asked to yield (drain); monitor goroutine only
+}
+
+func (c *session) close() { c.closeOnce.Do(func() { close(c.closed) }) }
+
+// send queues a command; a session that cannot keep up is cut, and the
+// node's next Hello reconciles what it missed.
+func (c *session) send(m *warrenv1.SessionResponse) {
+	select {
+	case c.out <- m:
+	case <-c.closed:
+	default:
+		c.close()
+	}
+}
+
+// sessions is the leader's in-memory view of its node daemons: their
+// streams, when each was last heard from, and what memberlist says. None of
+// it goes through raft; a new leader starts it afresh and gives every node a
+// full TTL of grace.
+type sessions struct {
+	mu          sync.Mutex
+	byNode      map[string]*session
+	lastSeen    map[string]time.Time
+	gossipDead  map[string]time.Time // memberlist declared the node dead at
+	leaderSince time.Time            // zero when not leader
+}
+
+func newSessions() *sessions {
+	return &sessions{byNode: map[string]*session{}, lastSeen: map[string]time.Time{}, gossipDead: map[string]time.Time{}}
+}
+
+// lead resets the view when this server becomes leader (now) or stops
+// being leader (zero time), cutting every session.
+func (h *sessions) lead(now time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, c := range h.byNode {
+		c.close()
+	}
+	h.byNode = map[string]*session{}
+	h.lastSeen = map[string]time.Time{}
+	h.gossipDead = map[string]time.Time{}
+	h.leaderSince = now
+}
+
+func (h *sessions) attach(c *session, now time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if old := h.byNode[c.node]; old != nil {
+		old.close()
+	}
+	h.byNode[c.node] = c
+	h.lastSeen[c.node] = now
+	delete(h.gossipDead, c.node) // a hello proves it is alive
+}
+
+func (h *sessions) detach(c *session) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.byNode[c.node] == c {
+		delete(h.byNode, c.node)
+	}
+	c.close()
+}
+
+func (h *sessions) seen(node string, now time.Time) {
+	h.mu.Lock()
+	h.lastSeen[node] = now
+	h.mu.Unlock()
+}
+
+func (h *sessions) get(node string) *session {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.byNode[node]
+}
+
+// gossip records memberlist's verdict on a node daemon.
+func (h *sessions) gossip(node string, dead bool, now time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if dead {
+		h.gossipDead[node] = now
+	} else {
+		delete(h.gossipDead, node)
+	}
+}
+
+// verdict says whether node should be declared down now, and why.
+func (h *sessions) verdict(node string, now time.Time, ttl time.Duration) (string, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.leaderSince.IsZero() || now.Sub(h.leaderSince) < ttl {
+		return "", false // grace after a leader change
+	}
+	last := h.lastSeen[node]
+	if last.Before(h.leaderSince) {
+		last = h.leaderSince
+	}
+	if d := now.Sub(last); d > ttl {
+		return fmt.Sprintf("no heartbeat for %s (ttl %s)", d.Round(time.Millisecond), ttl), true
+	}
+	if _, ok := h.gossipDead[node]; ok {
+		return "memberlist declared it dead", true
+	}
+	return "", false
+}
+
+// nodeAPI implements warrenv1connect.NodeServiceHandler.
+type nodeAPI struct{ s *Server }
+
+var _ warrenv1connect.NodeServiceHandler = nodeAPI{}
+
+func (n nodeAPI) notLeader() error {
+	addr, id := n.s.raft.LeaderWithID()
+	url := ""
+	if m, err := n.s.fsm.Member(string(id)); err == nil {
+		url = m.GetApiUrl()
+	}
+	return connect.NewError(connect.CodeFailedPrecondition,
+		fmt.Errorf("%w: sessions are held by the leader %q (raft %s, api %s)", raft.ErrNotLeader, id, addr, url))
+}
+
+// Session holds one node daemon's stream on the leader.
+func (n nodeAPI) Session(ctx context.Context, stream *connect.BidiStream[warrenv1.SessionRequest, warrenv1.SessionResponse]) error {
+	s := n.s
+	if s.raft.State() != raft.Leader {
+		return n.notLeader()
+	}
+	first, err := stream.Receive()
+	if err != nil {
+		return err
+	}
+	hello := first.GetHello()
+	if hello == nil {
+		return connect.NewError(connect.CodeInvalidArgument, errors.New("msg: the first message of a session must be a hello"))
+	}
+	if err := validateNode(hello.GetNode()); err != nil {
+		return invalid(fmt.Errorf("hello: %w", err))
+	}
+	id := hello.GetNode().GetId()
+	res, _, err := s.proposeLocal(ctx, &fsmv1.RegisterNode{Node: hello.GetNode(), Time: timestamppb.New(s.clock.Now())})
+	if err != nil {
+		return toConnect(err)
+	}
+	if err := resultErr(res); err != nil {
+		return err
+	}
+	c := &session{node: id, incarnation: hello.GetIncarnation(), out: make(chan *warrenv1.SessionResponse, sessionQueue),
+		closed: make(chan struct{}), yielded: map[string]uint64{}}
+	s.sess.attach(c, s.clock.Now())
+	defer s.sess.detach(c)
+	s.log.Info("node session opened", "node", id, "incarnation", c.incarnation, "running", len(hello.GetRunning()))
+	c.send(&warrenv1.SessionResponse{Msg: &warrenv1.SessionResponse_Welcome{Welcome: &warrenv1.Welcome{
+		LeaderId: s.cfg.ID, HeartbeatIntervalMs: s.heartbeat().Milliseconds(), TtlMs: s.ttl().Milliseconds()}}})
+	if err := s.reconcile(c, hello.GetRunning()); err != nil {
+		return toConnect(err)
+	}
+
+	recv := make(chan error, 1)
+	go func() {
+		for {
+			m, err := stream.Receive()
+			if err != nil {
+				recv <- err
+				return
+			}
+			if m.GetHeartbeat() != nil {
+				s.sess.seen(id, s.clock.Now())
+			}
+		}
+	}()
+	for {
+		select {
+		case m := <-c.out:
+			if err := stream.Send(m); err != nil {
+				return err
+			}
+		case err := <-recv:
+			s.log.Info("node session ended", "node", id, "err", err)
+			return nil
+		case <-c.closed:
+			return connect.NewError(connect.CodeUnavailable, errors.New("session closed by the leader; reconnect"))
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-s.stop:
+			return connect.NewError(connect.CodeUnavailable, errors.New("server shutting down"))
+		}
+	}
+}
+
+// reconcile tells a (re)connected node what it should run: a start for
+// every lease it holds, a stop for every actor it runs under a lease it no
+// longer holds.
+func (s *Server) reconcile(c *session, running []*warrenv1.RunningTask) error {
+	tasks, err := s.fsm.NodeTasks(c.node)
+	if err != nil {
+		return err
+	}
+	held := map[string]uint64{}
+	for _, t := range tasks {
+		if Terminal(t.GetState()) || t.GetLease().GetNode() != c.node {
+			continue
+		}
+		held[t.GetId()] = t.GetLease().GetEpoch()
+		c.send(startCommand(t))
+	}
+	for _, r := range running {
+		if held[r.GetTaskId()] != r.GetEpoch() {
+			c.send(&warrenv1.SessionResponse{Msg: &warrenv1.SessionResponse_Stop{Stop: &warrenv1.StopTask{
+				TaskId: r.GetTaskId(), Epoch: r.GetEpoch(), Reason: "the node no longer holds this lease"}}})
+		}
+	}
+	return nil
+}
+
+func startCommand(t *warrenv1.Task) *warrenv1.SessionResponse {
+	return &warrenv1.SessionResponse{Msg: &warrenv1.SessionResponse_Start{Start: &warrenv1.StartTask{
+		TaskId: t.GetId(), Epoch: t.GetLease().GetEpoch(), Resume: t.GetResume()}}}
+}
+
+// notifyPlaced sends start commands for tasks the leader just placed.
+func (s *Server) notifyPlaced(ids []string) {
+	for _, id := range ids {
+		t, err := s.fsm.Task(id)
+		if err != nil || t.GetState() != warrenv1.TaskState_TASK_STATE_PLACED {
+			continue
+		}
+		if c := s.sess.get(t.GetLease().GetNode()); c != nil {
+			c.send(startCommand(t))
+		}
+	}
+}
+
+func (s *Server) heartbeat() time.Duration {
+	return orDuration(s.cfg.NodeHeartbeat, DefaultNodeHeartbeat)
+}
+func (s *Server) ttl() time.Duration { return orDuration(s.cfg.NodeTTL, DefaultNodeTTL) }
+
+// livenessLoop runs on every server and acts only on the leader: it
+// declares down the nodes that stopped heartbeating or that memberlist
+// declared dead (each one raft command), asks draining nodes to give their
+// tasks back, and ends drains whose deadline passed.
+func (s *Server) livenessLoop() {
+	defer s.wg.Done()
+	tick := time.NewTicker(max(s.heartbeat()/5, 20*time.Millisecond))
+	defer tick.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-tick.C:
+		}
+		if s.raft.State() != raft.Leader {
+			continue
+		}
+		nodes, err := s.fsm.Nodes()
+		if err != nil {
+			s.log.Warn("liveness: list nodes", "err", err)
+			continue
+		}
+		now := s.clock.Now()
+		for _, n := range nodes {
+			st := n.GetStatus()
+			if st != warrenv1.NodeStatus_NODE_STATUS_READY && st != warrenv1.NodeStatus_NODE_STATUS_DRAINING {
+				continue
+			}
+			reason, down := s.sess.verdict(n.GetId(), now, s.ttl())
+			if !down && st == warrenv1.NodeStatus_NODE_STATUS_DRAINING && n.GetTaskCount() > 0 {
+				if dl := n.GetDrainDeadline(); dl != nil && now.After(dl.AsTime()) {
+					reason, down = "drain deadline passed", true
+				} else {
+					s.askToYield(n.GetId())
+				}
+			}
+			if !down {
+				continue
+			}
+			s.log.Warn("declaring node down", "node", n.GetId(), "reason", reason)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			res, _, err := s.proposeLocal(ctx, &fsmv1.NodeOp{Id: n.GetId(), Op: fsmv1.NodeOp_OP_DOWN, Reason: reason, Time: timestamppb.New(now)})
+			cancel()
+			if err == nil {
+				err = resultErr(res)
+			}
+			if err != nil {
+				s.log.Warn("declare node down", "node", n.GetId(), "err", err)
+				continue
+			}
+			if c := s.sess.get(n.GetId()); c != nil {
+				c.close() // it must say hello again to be ready
+			}
+		}
+	}
+}
+
+// askToYield asks a draining node to give back, at the next step boundary,
+// each task it has not been asked about yet under its current epoch.
+func (s *Server) askToYield(node string) {
+	c := s.sess.get(node)
+	if c == nil {
+		return
+	}
+	tasks, err := s.fsm.NodeTasks(node)
+	if err != nil {
+		return
+	}
+	for _, t := range tasks {
+		e := t.GetLease().GetEpoch()
+		if Terminal(t.GetState()) || c.yielded[t.GetId()] == e {
+			continue
+		}
+		c.yielded[t.GetId()] = e
+		c.send(&warrenv1.SessionResponse{Msg: &warrenv1.SessionResponse_Stop{Stop: &warrenv1.StopTask{
+			TaskId: t.GetId(), Epoch: e, Reason: "node draining", Yield: true}}})
+	}
+}
