@@ -15,6 +15,9 @@ const usage = `warren runs coding-agent tasks on your own machines.
 
 Usage:
   warren server --id NAME --data DIR --api HOST:PORT --raft HOST:PORT [--bootstrap | --join API_URL]
+                [--gossip HOST:PORT] [--join-gossip HOST:PORT,...]
+  warren node --id NAME --data DIR --servers URL[,URL...] --gossip HOST:PORT [--join-gossip HOST:PORT,...]
+              --driver sim|microvm|container [--capacity cpu=N,mem=SIZE] [--labels k=v,...]
   warren dev [--data DIR] [--api HOST:PORT]
   warren task create --repo URL --base REV --title T [--body TEXT | --body-file F] [--model M]
   warren task get ID
@@ -62,8 +65,13 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return cmdTask(args[1:], stdout, stderr)
 	case "cluster":
 		return cmdCluster(args[1:], stdout, stderr)
-	case "nodes", "node":
+	case "nodes":
 		return cmdNodes(args[1:], stdout, stderr)
+	case "node":
+		if len(args) > 1 && (args[1] == "list" || args[1] == "ls" || args[1] == "cordon" || args[1] == "uncordon" || args[1] == "drain") {
+			return cmdNodes(args[1:], stdout, stderr) // "warren node list" reads as "nodes list"
+		}
+		return cmdNode(args[1:], stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil

@@ -48,7 +48,7 @@ func cmdNodes(args []string, stdout, stderr io.Writer) error {
 			fmt.Fprintf(tw, "%s\t%s\t%v\t%s/%s\t%s/%s\t%d\t%s\t%s\n", n.GetId(), scheduler.NodeStatusName(n.GetStatus()), n.GetEligible(),
 				cores(n.GetAllocated().GetMilliCpu()), cores(n.GetCapacity().GetMilliCpu()),
 				bytesIEC(n.GetAllocated().GetMemoryBytes()), bytesIEC(n.GetCapacity().GetMemoryBytes()),
-				n.GetTaskCount(), strings.Join(n.GetDrivers(), ","), orDash(n.GetAccelerator()))
+				n.GetTaskCount(), driverNames(n.GetDrivers()), orDash(n.GetAccelerator()))
 		}
 		return tw.Flush()
 	case "cordon", "uncordon", "drain":
@@ -103,4 +103,16 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// driverNames lists drivers, naming the simulated one as such.
+func driverNames(ds []string) string {
+	out := make([]string, len(ds))
+	for i, d := range ds {
+		out[i] = d
+		if d == "sim" {
+			out[i] = "sim(simulated)"
+		}
+	}
+	return strings.Join(out, ",")
 }

@@ -46,7 +46,9 @@ type proc struct {
 	dataDir string
 	api     string // HOST:PORT
 	raft    string
-	extra   []string
+	extra   []string // on the first start only
+	persist []string // on every start
+	argv    []string // if set, the whole command line (a node daemon)
 	cmd     *exec.Cmd
 	up      atomic.Bool // set while the process runs; read by writers
 	log     *os.File
@@ -79,6 +81,10 @@ func (p *proc) url() string { return "http://" + p.api }
 func (p *proc) start() {
 	p.t.Helper()
 	args := append([]string{"server", "--id", p.id, "--data", p.dataDir, "--api", p.api, "--raft", p.raft, "--log-level", "warn"}, p.extra...)
+	args = append(args, p.persist...)
+	if p.argv != nil {
+		args = p.argv
+	}
 	var err error
 	p.log, err = os.OpenFile(p.dataDir+".log", os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
@@ -135,18 +141,25 @@ func waitUntil(t *testing.T, what string, d time.Duration, cond func() bool) {
 }
 
 // startCluster starts three server processes and waits for 3 voters with a
-// leader whose address every server knows.
-func startCluster(t *testing.T) []*proc {
+// leader whose address every server knows. Servers get the persistent
+// flags persist(i) if it is not nil.
+func startCluster(t *testing.T) []*proc { return startClusterWith(t, t.TempDir(), nil) }
+
+func startClusterWith(t *testing.T, dir string, persist func(i int) []string) []*proc {
 	t.Helper()
-	dir := t.TempDir()
 	s1 := newProc(t, dir, "s1", "--bootstrap")
+	s2 := newProc(t, dir, "s2", "--join", s1.url())
+	s3 := newProc(t, dir, "s3", "--join", s1.url())
+	if persist != nil {
+		for i, p := range []*proc{s1, s2, s3} {
+			p.persist = persist(i)
+		}
+	}
 	s1.start()
 	waitUntil(t, "s1 to lead", 20*time.Second, func() bool {
 		st, err := s1.status(context.Background())
 		return err == nil && st.GetRaftState() == "leader" && st.GetLeaderApiUrl() != ""
 	})
-	s2 := newProc(t, dir, "s2", "--join", s1.url())
-	s3 := newProc(t, dir, "s3", "--join", s1.url())
 	s2.start()
 	s3.start()
 	procs := []*proc{s1, s2, s3}

@@ -14,9 +14,11 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
+	"github.com/warrenhq/warren/noded"
 	"github.com/warrenhq/warren/scheduler"
 )
 
@@ -39,6 +41,13 @@ func (f *serverFlags) register(fs *flag.FlagSet) {
 	fs.Uint64Var(&f.cfg.SnapshotThreshold, "snapshot-threshold", 16384, "raft entries between snapshots")
 	fs.Uint64Var(&f.cfg.TrailingLogs, "trailing-logs", 10240, "raft entries kept after a snapshot")
 	fs.DurationVar(&f.cfg.SnapshotInterval, "snapshot-interval", 30*time.Second, "how often to check whether to snapshot")
+	fs.StringVar(&f.cfg.GossipAddr, "gossip", "", "HOST:PORT for memberlist gossip with node daemons (UDP and TCP); empty: heartbeats only")
+	fs.Func("join-gossip", "comma-separated gossip HOST:PORTs of members to join", func(s string) error {
+		f.cfg.JoinGossip = splitComma(s)
+		return nil
+	})
+	fs.DurationVar(&f.cfg.NodeHeartbeat, "node-heartbeat", 500*time.Millisecond, "how often node daemons heartbeat")
+	fs.DurationVar(&f.cfg.NodeTTL, "node-ttl", 3*time.Second, "a node without a heartbeat this long is declared down")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.BoolVar(&f.pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the API address")
 }
@@ -62,7 +71,7 @@ func cmdServer(args []string, stderr io.Writer) error {
 	if err := wantArgs(fs, pos); err != nil {
 		return err
 	}
-	return serve(f, stderr)
+	return serve(f, stderr, nil)
 }
 
 func cmdDev(args []string, stdout, stderr io.Writer) error {
@@ -71,6 +80,8 @@ func cmdDev(args []string, stdout, stderr io.Writer) error {
 	api := fs.String("api", "127.0.0.1:7480", "HOST:PORT the API listens on")
 	raftAddr := fs.String("raft", "", "HOST:PORT for raft (default: the API port + 1 on the same host)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	nodeDriver := fs.String("node-driver", "sim", "driver of the built-in node daemon: sim (simulated); \"none\" runs no node")
+	capacity := fs.String("capacity", "", "the built-in node's capacity, cpu=N,mem=SIZE (default: this host's)")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -94,12 +105,29 @@ func cmdDev(args []string, stdout, stderr io.Writer) error {
 	f.cfg.DataDir = *data
 	f.cfg.RaftAddr = *raftAddr
 	f.cfg.Bootstrap = true
-	fmt.Fprintf(stdout, "warren dev: single-voter cluster, data in %s, API at http://%s\n", *data, *api)
-	return serve(f, stderr)
+	var startNode func(*slog.Logger) (io.Closer, error)
+	if *nodeDriver != "none" {
+		nf := nodeFlags{id: "dev", data: filepath.Join(*data, "node"), servers: "http://" + *api, driver: *nodeDriver, capacity: *capacity}
+		cfg, err := nf.config()
+		if err != nil && !strings.HasPrefix(err.Error(), "gossip:") {
+			return err
+		}
+		cfg.GossipAddr, cfg.Address = "", "in-process"
+		if err := cfg.Validate(); err != nil {
+			return err
+		}
+		startNode = func(log *slog.Logger) (io.Closer, error) {
+			cfg.Logger = log
+			return noded.Start(cfg)
+		}
+	}
+	fmt.Fprintf(stdout, "warren dev: single-voter cluster and node daemon (driver %s), data in %s, API at http://%s\n", *nodeDriver, *data, *api)
+	return serve(f, stderr, startNode)
 }
 
-// serve runs one scheduler peer until SIGINT or SIGTERM.
-func serve(f serverFlags, stderr io.Writer) error {
+// serve runs one scheduler peer until SIGINT or SIGTERM, and with it the
+// node daemon that startNode starts, if any.
+func serve(f serverFlags, stderr io.Writer, startNode func(*slog.Logger) (io.Closer, error)) error {
 	log, err := newLogger(stderr, f.logLevel)
 	if err != nil {
 		return err
@@ -145,6 +173,14 @@ func serve(f serverFlags, stderr io.Writer) error {
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	log.Info("serving", "server", f.cfg.ID, "api", f.cfg.APIURL, "raft", f.cfg.RaftAddr, "data", f.cfg.DataDir)
+	var node io.Closer
+	if startNode != nil {
+		if node, err = startNode(log); err != nil {
+			srv.Close()
+			hs.Close()
+			return fmt.Errorf("node: %w", err)
+		}
+	}
 
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
@@ -156,6 +192,9 @@ func serve(f serverFlags, stderr io.Writer) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	if node != nil {
+		_ = node.Close()
+	}
 	// Close the server first so streams end, then the HTTP listener.
 	cerr := srv.Close()
 	_ = hs.Shutdown(ctx)

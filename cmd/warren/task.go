@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -131,6 +132,18 @@ func taskCreate(args []string, stdout io.Writer) error {
 	fs.Int64Var(&spec.Budgets.MaxTokens, "max-tokens", 0, "token budget (0: none)")
 	fs.Int64Var(&spec.Budgets.MaxWallClockSeconds, "max-wall-clock", 0, "wall-clock budget in seconds (0: none)")
 	egress := fs.String("egress", "", "comma-separated egress allow-list (host or *.suffix)")
+	fs.StringVar(&spec.Driver, "driver", "", "sandbox driver: microvm (default), container or sim (simulated)")
+	script := &warrenv1.Script{}
+	fs.Func("script-steps", "run N scripted steps instead of the agent loop (no model is called)", func(v string) error {
+		n, err := strconv.ParseUint(v, 10, 32)
+		if err != nil {
+			return fmt.Errorf("not a number of steps: %q", v)
+		}
+		script.Steps = uint32(n)
+		return nil
+	})
+	stepMillis := fs.Uint("script-step-millis", 200, "how long each scripted step's command runs (ms)")
+	scriptOutput := fs.Uint("script-output-bytes", 0, "size of each scripted step's output")
 	labels := fs.String("labels", "", "comma-separated k=v labels")
 	tenant := fs.String("tenant", "", "tenant (default: default)")
 	reqID := fs.String("request-id", "", "idempotency key (default: random)")
@@ -156,6 +169,10 @@ func taskCreate(args []string, stdout io.Writer) error {
 			return fmt.Errorf("body-file: %w", err)
 		}
 		spec.IssueBody = string(b)
+	}
+	if script.Steps > 0 {
+		script.StepMillis, script.OutputBytes = uint32(*stepMillis), uint32(*scriptOutput)
+		spec.Script = script
 	}
 	if *egress != "" {
 		spec.EgressAllow = strings.Split(*egress, ",")

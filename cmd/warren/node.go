@@ -1,0 +1,224 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/noded"
+	"github.com/warrenhq/warren/noded/driver"
+	"github.com/warrenhq/warren/noded/driver/sim"
+)
+
+type nodeFlags struct {
+	id, data, servers, gossip, join, driver, capacity, labels, templates, logLevel string
+	simRestore, simExec                                                            time.Duration
+}
+
+func (f *nodeFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.id, "id", "", "node id, unique in the cluster (required)")
+	fs.StringVar(&f.data, "data", "", "data directory (required)")
+	fs.StringVar(&f.servers, "servers", "", "comma-separated API URLs of the servers (required)")
+	fs.StringVar(&f.gossip, "gossip", "", "HOST:PORT for memberlist gossip, UDP and TCP (required)")
+	fs.StringVar(&f.join, "join-gossip", "", "comma-separated gossip HOST:PORTs of members to join (servers or nodes)")
+	fs.StringVar(&f.driver, "driver", "", "sandbox driver: sim (simulated), microvm or container (required)")
+	fs.StringVar(&f.capacity, "capacity", "", "what tasks may use, cpu=N,mem=SIZE (default: this host's cores and memory)")
+	fs.StringVar(&f.labels, "labels", "", "comma-separated k=v labels (the \"zone\" label spreads tasks)")
+	fs.StringVar(&f.templates, "templates", "", "comma-separated sandbox templates this node serves")
+	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.DurationVar(&f.simRestore, "sim-restore-latency", 0, "sim driver only: simulated sandbox restore time")
+	fs.DurationVar(&f.simExec, "sim-exec-latency", 0, "sim driver only: simulated time of every command")
+}
+
+func cmdNode(args []string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("node", flag.ContinueOnError)
+	var f nodeFlags
+	f.register(fs)
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := wantArgs(fs, pos); err != nil {
+		return err
+	}
+	log, err := newLogger(stderr, f.logLevel)
+	if err != nil {
+		return err
+	}
+	cfg, err := f.config()
+	if err != nil {
+		return err
+	}
+	cfg.Logger = log
+	d, err := noded.Start(cfg)
+	if err != nil {
+		return err
+	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	s := <-sig
+	log.Info("shutting down", "signal", s.String())
+	return d.Close()
+}
+
+func (f *nodeFlags) config() (noded.Config, error) {
+	var errs []error
+	cfg := noded.Config{ID: f.id, DataDir: f.data, GossipAddr: f.gossip, Address: f.gossip}
+	if f.data != "" {
+		if abs, err := filepath.Abs(f.data); err == nil {
+			cfg.DataDir = abs
+		}
+	}
+	cfg.Servers = splitComma(f.servers)
+	cfg.JoinGossip = splitComma(f.join)
+	cfg.Templates = splitComma(f.templates)
+	if f.gossip == "" {
+		errs = append(errs, errors.New("gossip: required (HOST:PORT)"))
+	}
+	drv, err := newDriver(f)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	if cfg.Capacity, err = parseCapacity(f.capacity); err != nil {
+		errs = append(errs, err)
+		cfg.Capacity = &warrenv1.Resources{MilliCpu: 1, MemoryBytes: 1} // reported above
+	}
+	if cfg.Labels, err = parseLabels(f.labels); err != nil {
+		errs = append(errs, err)
+	}
+	if f.driver == "" {
+		errs = append(errs, errors.New("driver: required: sim (simulated), microvm or container"))
+	}
+	cfg.Driver = drv
+	if drv == nil {
+		cfg.Driver = noDriver{} // reported above; keep Validate from repeating it
+	}
+	return cfg, errors.Join(append(errs, cfg.Validate())...)
+}
+
+func newDriver(f *nodeFlags) (driver.Driver, error) {
+	if f.driver != "sim" && (f.simRestore != 0 || f.simExec != 0) {
+		return nil, errors.New("sim-restore-latency, sim-exec-latency: only for --driver sim")
+	}
+	switch f.driver {
+	case "sim":
+		return sim.New(sim.Config{RestoreLatency: f.simRestore, WarmLatency: f.simRestore / 10, ExecLatency: f.simExec}), nil
+	case "microvm", "container":
+		return nil, fmt.Errorf("driver: %q is not built yet; only sim (simulated) runs tasks so far", f.driver)
+	case "":
+		return nil, nil
+	}
+	return nil, fmt.Errorf("driver: %q is not sim, microvm or container", f.driver)
+}
+
+func splitComma(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func parseLabels(s string) (map[string]string, error) {
+	if s == "" {
+		return nil, nil
+	}
+	out := map[string]string{}
+	for _, kv := range splitComma(s) {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("labels: %q is not k=v", kv)
+		}
+		out[k] = v
+	}
+	return out, nil
+}
+
+// parseCapacity parses "cpu=N,mem=SIZE"; missing parts default to this
+// host's cores and memory.
+func parseCapacity(s string) (*warrenv1.Resources, error) {
+	r := &warrenv1.Resources{MilliCpu: int64(hostCPUs()) * 1000, MemoryBytes: hostMemory()}
+	for _, kv := range splitComma(s) {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return nil, fmt.Errorf("capacity: %q is not cpu=N or mem=SIZE", kv)
+		}
+		switch k {
+		case "cpu":
+			c, err := strconv.ParseFloat(v, 64)
+			if err != nil || c <= 0 || c > 1e6 {
+				return nil, fmt.Errorf("capacity: cpu=%q is not a positive number of cores", v)
+			}
+			r.MilliCpu = int64(c * 1000)
+		case "mem":
+			b, err := parseSize(v)
+			if err != nil {
+				return nil, fmt.Errorf("capacity: mem=%q: %v", v, err)
+			}
+			r.MemoryBytes = b
+		default:
+			return nil, fmt.Errorf("capacity: unknown resource %q (cpu or mem)", k)
+		}
+	}
+	return r, nil
+}
+
+// parseSize parses 512MiB, 8GiB, 1G, 1024 (bytes) and the like.
+func parseSize(s string) (int64, error) {
+	units := []struct {
+		suffix string
+		mult   int64
+	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10},
+		{"T", 1 << 40}, {"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}, {"B", 1}, {"", 1}}
+	for _, u := range units {
+		if num, ok := strings.CutSuffix(s, u.suffix); ok {
+			n, err := strconv.ParseFloat(num, 64)
+			if err != nil || n <= 0 {
+				return 0, errors.New("not a positive size like 512MiB or 8GiB")
+			}
+			return int64(n * float64(u.mult)), nil
+		}
+	}
+	return 0, errors.New("not a size")
+}
+
+func hostCPUs() int {
+	n := 0
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		n = strings.Count(string(b), "\nprocessor")
+		if strings.HasPrefix(string(b), "processor") {
+			n++
+		}
+	}
+	return max(n, 1)
+}
+
+func hostMemory() int64 {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 1 << 30
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "MemTotal:" {
+			if kb, err := strconv.ParseInt(f[1], 10, 64); err == nil {
+				return kb << 10
+			}
+		}
+	}
+	return 1 << 30
+}
+
+// noDriver stands in for a driver that failed to parse, so that Validate
+// reports only the other problems.
+type noDriver struct{ driver.Driver }
