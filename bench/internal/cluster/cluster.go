@@ -27,18 +27,21 @@ type Options struct {
 	Binary     string               // the warren binary (required; see Build)
 	Servers    int                  // 0 means 3
 	ServerArgs []string             // extra flags for every server, e.g. --log-level=warn
+	Gossip     bool                 // give servers memberlist ports (for node daemons)
 	Keep       bool                 // keep the data directories and logs at exit
 	Logf       func(string, ...any) // progress messages; nil discards
 }
 
-// Node is one server process.
+// Node is one server process, or one node daemon process (Daemon).
 type Node struct {
-	ID   string
-	API  string // HOST:PORT
-	Raft string // HOST:PORT
-	URL  string // http://API
-	Data string // data directory
-	Log  string // stdout and stderr of every incarnation, appended
+	ID     string
+	API    string // HOST:PORT
+	Raft   string // HOST:PORT
+	Gossip string // HOST:PORT, when gossip is on
+	Daemon bool   // a `warren node` process, not a server
+	URL    string // http://API
+	Data   string // data directory
+	Log    string // stdout and stderr of every incarnation, appended
 
 	bin    string
 	extra  []string
@@ -52,8 +55,9 @@ type Node struct {
 // Cluster is a set of server processes on loopback. Its methods are safe
 // for concurrent use.
 type Cluster struct {
-	Nodes []*Node
-	Dir   string
+	Nodes   []*Node // servers
+	Daemons []*Node // node daemons (StartDaemon)
+	Dir     string
 
 	logf      func(string, ...any)
 	keep      bool
@@ -80,10 +84,16 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 	c := &Cluster{Dir: dir, logf: o.Logf, keep: o.Keep}
 	atExit(c.Close)
 
-	ports, err := freePorts(2 * o.Servers)
+	ports, err := freePorts(3 * o.Servers)
 	if err != nil {
 		c.Close()
 		return nil, err
+	}
+	var gossip []string
+	if o.Gossip {
+		for i := range o.Servers {
+			gossip = append(gossip, net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[2*o.Servers+i])))
+		}
 	}
 	hc := HTTPClient(false, 4)
 	for i := range o.Servers {
@@ -98,6 +108,10 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 		}
 		n.URL = "http://" + n.API
 		n.status = warrenv1connect.NewClusterServiceClient(hc, n.URL)
+		if o.Gossip {
+			n.Gossip = gossip[i]
+			n.extra = append([]string{"--gossip", n.Gossip, "--join-gossip", strings.Join(gossip, ",")}, n.extra...)
+		}
 		c.Nodes = append(c.Nodes, n)
 	}
 	fail := func(err error) (*Cluster, error) {
@@ -217,13 +231,38 @@ func (c *Cluster) waitFor(ctx context.Context, timeout time.Duration, what strin
 	}
 }
 
-// Close kills every server and removes the directory (unless Keep).
+// StartDaemon starts a node daemon process, `warren node --driver sim`
+// (simulated sandboxes) with the given extra flags, joined to the servers'
+// gossip when the cluster has it.
+func (c *Cluster) StartDaemon(id string, extra ...string) (*Node, error) {
+	ports, err := freePorts(1)
+	if err != nil {
+		return nil, err
+	}
+	var gossip []string
+	for _, s := range c.Nodes {
+		if s.Gossip != "" {
+			gossip = append(gossip, s.Gossip)
+		}
+	}
+	n := &Node{ID: id, Daemon: true, Gossip: net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0])),
+		Data: filepath.Join(c.Dir, id), Log: filepath.Join(c.Dir, id+".log"), bin: c.Nodes[0].bin}
+	n.extra = append([]string{"--servers", strings.Join(c.URLs(), ","), "--gossip", n.Gossip, "--driver", "sim"}, extra...)
+	if len(gossip) > 0 {
+		n.extra = append(n.extra, "--join-gossip", strings.Join(gossip, ","))
+	}
+	c.Daemons = append(c.Daemons, n)
+	return n, n.start()
+}
+
+// Close kills every process and removes the directory (unless Keep).
 func (c *Cluster) Close() {
 	c.closeOnce.Do(func() {
-		for _, n := range c.Nodes {
+		all := append(append([]*Node{}, c.Nodes...), c.Daemons...)
+		for _, n := range all {
 			n.Kill()
 		}
-		for _, n := range c.Nodes {
+		for _, n := range all {
 			n.wait(5 * time.Second)
 		}
 		if c.keep {
@@ -237,7 +276,7 @@ func (c *Cluster) Close() {
 // LogTails returns the last lines of every server's log, for error reports.
 func (c *Cluster) LogTails(lines int) string {
 	var b strings.Builder
-	for _, n := range c.Nodes {
+	for _, n := range append(append([]*Node{}, c.Nodes...), c.Daemons...) {
 		data, _ := os.ReadFile(n.Log)
 		ls := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
 		if len(ls) > lines {
@@ -259,6 +298,9 @@ func (n *Node) start(args ...string) error {
 		return err
 	}
 	argv := append([]string{"server", "--id", n.ID, "--data", n.Data, "--api", n.API, "--raft", n.Raft}, args...)
+	if n.Daemon {
+		argv = append([]string{"node", "--id", n.ID, "--data", n.Data}, args...)
+	}
 	argv = append(argv, n.extra...)
 	fmt.Fprintf(logf, "=== %s %s\n", time.Now().Format(time.RFC3339Nano), strings.Join(argv, " "))
 	cmd := exec.Command(n.bin, argv...)
