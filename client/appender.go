@@ -194,7 +194,7 @@ func (a *Appender) send(batch []*pendingAppend) {
 
 func itemOutcome(r *warrenv1.AppendEventsResult) appendOutcome {
 	if r.GetErrorCode() == "" {
-		return appendOutcome{res: &warrenv1.AppendEventsResponse{FirstSeq: r.GetFirstSeq(), LastSeq: r.GetLastSeq()}}
+		return appendOutcome{res: &warrenv1.AppendEventsResponse{FirstSeq: r.GetFirstSeq(), LastSeq: r.GetLastSeq(), CancelRequested: r.GetCancelRequested()}}
 	}
 	var code connect.Code
 	if err := code.UnmarshalText([]byte(r.GetErrorCode())); err != nil {

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -326,4 +327,33 @@ func TestDrainMovesTasks(t *testing.T) {
 		t.Fatalf("a yielded %d tasks, want 10: %+v", st.Yielded, st)
 	}
 	_ = b
+}
+
+func TestCancelStopsRunningTask(t *testing.T) {
+	c := startCluster(t, 1, 0)
+	a := c.startNode("a", 0)
+	ids := c.submit(3, &warrenv1.Script{Steps: 200, StepMillis: 20})
+	waitFor(t, "tasks running", 20*time.Second, func() bool {
+		return a.Running() == 3 && c.task(ids[0]).GetState() == warrenv1.TaskState_TASK_STATE_RUNNING
+	})
+	for _, id := range ids {
+		if _, err := c.cl.Tasks().CancelTask(context.Background(), connect.NewRequest(&warrenv1.CancelTaskRequest{TaskId: id, Reason: "test"})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "tasks cancelled", 20*time.Second, func() bool {
+		for _, id := range ids {
+			if c.task(id).GetState() != warrenv1.TaskState_TASK_STATE_CANCELLED {
+				return false
+			}
+		}
+		return a.Running() == 0
+	})
+	for _, id := range ids {
+		evs := c.events(id)
+		last := evs[len(evs)-1]
+		if last.GetKind() != "state_changed" || !strings.Contains(string(last.GetPayload()), `"to":"cancelled"`) || last.GetEpoch() == 0 {
+			t.Fatalf("task %s: last event %s %s (epoch %d), want the node's state_changed to cancelled", id, last.GetKind(), last.GetPayload(), last.GetEpoch())
+		}
+	}
 }

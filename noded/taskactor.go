@@ -49,6 +49,7 @@ type taskActor struct {
 	next    uint32 // the next step to run, from 1
 	sb      driver.Sandbox
 	yield   string // set when asked to give the task back
+	cancel  bool   // the task has a cancel request
 	started bool
 	done    bool
 }
@@ -107,6 +108,7 @@ func (a *taskActor) start(c *actor.Context) {
 		a.failed(c, "read log", err, startMsg{})
 		return
 	}
+	a.cancel = t.GetCancelRequested()
 	a.script = t.GetSpec().GetScript()
 	if a.script == nil {
 		a.script = defaultScript
@@ -138,6 +140,14 @@ func (a *taskActor) start(c *actor.Context) {
 // step runs one scripted step, or ends the actor at a step boundary.
 func (a *taskActor) step(c *actor.Context) {
 	ctx := a.ctx
+	if a.cancel {
+		if _, err := a.append(ctx, "cancelled", ev("state_changed", map[string]any{"to": "cancelled", "reason": "cancel requested", "at_step": a.next})); err != nil {
+			a.failed(c, "record cancellation", err, stepMsg{})
+			return
+		}
+		a.finish(c, "cancelled", &a.d.stats.Finished)
+		return
+	}
 	if a.yield != "" {
 		if _, err := a.append(ctx, "yield", ev("state_changed", map[string]any{"to": "pending", "reason": a.yield, "node": a.d.cfg.ID})); err != nil {
 			a.failed(c, "give the task back", err, stepMsg{})
@@ -174,7 +184,7 @@ func (a *taskActor) step(c *actor.Context) {
 	// replicated state, whichever owner and epoch gets there first; a rerun
 	// gets the first record back.
 	key := fmt.Sprintf("%s/step-%d", a.id, n)
-	eff, err := a.d.app.Append(ctx, &warrenv1.AppendEventsRequest{TaskId: a.id, LeaseEpoch: a.epoch,
+	eff, err := a.appendReq(ctx, &warrenv1.AppendEventsRequest{TaskId: a.id, LeaseEpoch: a.epoch,
 		RequestId: "effect/" + callID, Events: []*warrenv1.EventInput{ev("effect", map[string]any{
 			"idempotency_key": key, "tool_call_id": callID, "node": a.d.cfg.ID, "epoch": a.epoch})}})
 	if err != nil {
@@ -198,8 +208,17 @@ func (a *taskActor) step(c *actor.Context) {
 // append appends one event under the actor's epoch with an idempotency key
 // scoped to the epoch, so a retry by this owner lands once.
 func (a *taskActor) append(ctx context.Context, key string, e *warrenv1.EventInput) (*warrenv1.AppendEventsResponse, error) {
-	return a.d.app.Append(ctx, &warrenv1.AppendEventsRequest{TaskId: a.id, LeaseEpoch: a.epoch,
+	return a.appendReq(ctx, &warrenv1.AppendEventsRequest{TaskId: a.id, LeaseEpoch: a.epoch,
 		RequestId: fmt.Sprintf("e%d/%s", a.epoch, key), Events: []*warrenv1.EventInput{e}})
+}
+
+// appendReq appends and notes a cancel request the log reports.
+func (a *taskActor) appendReq(ctx context.Context, req *warrenv1.AppendEventsRequest) (*warrenv1.AppendEventsResponse, error) {
+	res, err := a.d.app.Append(ctx, req)
+	if res.GetCancelRequested() {
+		a.cancel = true
+	}
+	return res, err
 }
 
 // failed handles an error: a stale lease or an ended task stops the actor

@@ -192,7 +192,7 @@ func (a taskAPI) AppendEvents(ctx context.Context, req *connect.Request[warrenv1
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&warrenv1.AppendEventsResponse{FirstSeq: res.GetFirstSeq(), LastSeq: res.GetLastSeq()}), nil
+	return connect.NewResponse(&warrenv1.AppendEventsResponse{FirstSeq: res.GetFirstSeq(), LastSeq: res.GetLastSeq(), CancelRequested: res.GetCancelRequested()}), nil
 }
 
 // MaxAppendsPerBatch bounds one AppendEventsBatch call.
@@ -232,7 +232,7 @@ func (a taskAPI) AppendEventsBatch(ctx context.Context, req *connect.Request[war
 	}
 	out := &warrenv1.AppendEventsBatchResponse{Results: make([]*warrenv1.AppendEventsResult, len(res))}
 	for i, r := range res {
-		ar := &warrenv1.AppendEventsResult{FirstSeq: r.GetFirstSeq(), LastSeq: r.GetLastSeq()}
+		ar := &warrenv1.AppendEventsResult{FirstSeq: r.GetFirstSeq(), LastSeq: r.GetLastSeq(), CancelRequested: r.GetCancelRequested()}
 		if r.GetCode() != 0 {
 			ar = &warrenv1.AppendEventsResult{ErrorCode: connect.Code(r.GetCode()).String(), ErrorMessage: r.GetMessage()}
 		}

@@ -430,7 +430,7 @@ func (a *applier) appendEvents(m *fsmv1.AppendEvents) *fsmv1.Result {
 	t.State = state
 	t.PendingApprovals = pending
 	a.putTask(t)
-	return &fsmv1.Result{FirstSeq: first, LastSeq: t.GetNextSeq() - 1}
+	return &fsmv1.Result{FirstSeq: first, LastSeq: t.GetNextSeq() - 1, CancelRequested: t.GetCancelRequested()}
 }
 
 func payloadState(p []byte) warrenv1.TaskState {

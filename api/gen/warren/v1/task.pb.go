@@ -1109,11 +1109,14 @@ func (x *AppendEventsRequest) GetRequestId() string {
 }
 
 type AppendEventsResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	FirstSeq      uint64                 `protobuf:"varint,1,opt,name=first_seq,json=firstSeq,proto3" json:"first_seq,omitempty"`
-	LastSeq       uint64                 `protobuf:"varint,2,opt,name=last_seq,json=lastSeq,proto3" json:"last_seq,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	FirstSeq uint64                 `protobuf:"varint,1,opt,name=first_seq,json=firstSeq,proto3" json:"first_seq,omitempty"`
+	LastSeq  uint64                 `protobuf:"varint,2,opt,name=last_seq,json=lastSeq,proto3" json:"last_seq,omitempty"`
+	// The task has a cancel request: the writer should stop at its next step
+	// boundary and record state_changed to cancelled.
+	CancelRequested bool `protobuf:"varint,3,opt,name=cancel_requested,json=cancelRequested,proto3" json:"cancel_requested,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *AppendEventsResponse) Reset() {
@@ -1158,6 +1161,13 @@ func (x *AppendEventsResponse) GetLastSeq() uint64 {
 		return x.LastSeq
 	}
 	return 0
+}
+
+func (x *AppendEventsResponse) GetCancelRequested() bool {
+	if x != nil {
+		return x.CancelRequested
+	}
+	return false
 }
 
 type AppendEventsBatchRequest struct {
@@ -1213,10 +1223,12 @@ type AppendEventsResult struct {
 	LastSeq  uint64                 `protobuf:"varint,2,opt,name=last_seq,json=lastSeq,proto3" json:"last_seq,omitempty"`
 	// A Connect code name ("failed_precondition", "not_found", ...); empty
 	// on success.
-	ErrorCode     string `protobuf:"bytes,3,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
-	ErrorMessage  string `protobuf:"bytes,4,opt,name=error_message,json=errorMessage,proto3" json:"error_message,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ErrorCode    string `protobuf:"bytes,3,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
+	ErrorMessage string `protobuf:"bytes,4,opt,name=error_message,json=errorMessage,proto3" json:"error_message,omitempty"`
+	// As in AppendEventsResponse.
+	CancelRequested bool `protobuf:"varint,5,opt,name=cancel_requested,json=cancelRequested,proto3" json:"cancel_requested,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *AppendEventsResult) Reset() {
@@ -1275,6 +1287,13 @@ func (x *AppendEventsResult) GetErrorMessage() string {
 		return x.ErrorMessage
 	}
 	return ""
+}
+
+func (x *AppendEventsResult) GetCancelRequested() bool {
+	if x != nil {
+		return x.CancelRequested
+	}
+	return false
 }
 
 type AppendEventsBatchResponse struct {
@@ -1835,18 +1854,20 @@ const file_warren_v1_task_proto_rawDesc = "" +
 	"leaseEpoch\x12-\n" +
 	"\x06events\x18\x03 \x03(\v2\x15.warren.v1.EventInputR\x06events\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x04 \x01(\tR\trequestId\"N\n" +
+	"request_id\x18\x04 \x01(\tR\trequestId\"y\n" +
 	"\x14AppendEventsResponse\x12\x1b\n" +
 	"\tfirst_seq\x18\x01 \x01(\x04R\bfirstSeq\x12\x19\n" +
-	"\blast_seq\x18\x02 \x01(\x04R\alastSeq\"T\n" +
+	"\blast_seq\x18\x02 \x01(\x04R\alastSeq\x12)\n" +
+	"\x10cancel_requested\x18\x03 \x01(\bR\x0fcancelRequested\"T\n" +
 	"\x18AppendEventsBatchRequest\x128\n" +
-	"\aappends\x18\x01 \x03(\v2\x1e.warren.v1.AppendEventsRequestR\aappends\"\x90\x01\n" +
+	"\aappends\x18\x01 \x03(\v2\x1e.warren.v1.AppendEventsRequestR\aappends\"\xbb\x01\n" +
 	"\x12AppendEventsResult\x12\x1b\n" +
 	"\tfirst_seq\x18\x01 \x01(\x04R\bfirstSeq\x12\x19\n" +
 	"\blast_seq\x18\x02 \x01(\x04R\alastSeq\x12\x1d\n" +
 	"\n" +
 	"error_code\x18\x03 \x01(\tR\terrorCode\x12#\n" +
-	"\rerror_message\x18\x04 \x01(\tR\ferrorMessage\"T\n" +
+	"\rerror_message\x18\x04 \x01(\tR\ferrorMessage\x12)\n" +
+	"\x10cancel_requested\x18\x05 \x01(\bR\x0fcancelRequested\"T\n" +
 	"\x19AppendEventsBatchResponse\x127\n" +
 	"\aresults\x18\x01 \x03(\v2\x1d.warren.v1.AppendEventsResultR\aresults\"K\n" +
 	"\x13StreamEventsRequest\x12\x17\n" +

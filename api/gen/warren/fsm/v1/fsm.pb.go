@@ -821,6 +821,8 @@ type Result struct {
 	Node     *v1.Node `protobuf:"bytes,7,opt,name=node,proto3" json:"node,omitempty"`
 	// ApplyPlan: one entry per placement, "" when placed, else why not.
 	PlacementErrors []string `protobuf:"bytes,8,rep,name=placement_errors,json=placementErrors,proto3" json:"placement_errors,omitempty"`
+	// AppendEvents: the task has a cancel request.
+	CancelRequested bool `protobuf:"varint,9,opt,name=cancel_requested,json=cancelRequested,proto3" json:"cancel_requested,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -909,6 +911,13 @@ func (x *Result) GetPlacementErrors() []string {
 		return x.PlacementErrors
 	}
 	return nil
+}
+
+func (x *Result) GetCancelRequested() bool {
+	if x != nil {
+		return x.CancelRequested
+	}
+	return false
 }
 
 // Member is the stored form of SetMember.
@@ -1109,7 +1118,7 @@ const file_warren_fsm_v1_fsm_proto_rawDesc = "" +
 	"\tSetMember\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\fraft_address\x18\x02 \x01(\tR\vraftAddress\x12\x17\n" +
-	"\aapi_url\x18\x03 \x01(\tR\x06apiUrl\"\xfd\x01\n" +
+	"\aapi_url\x18\x03 \x01(\tR\x06apiUrl\"\xa8\x02\n" +
 	"\x06Result\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12#\n" +
@@ -1118,7 +1127,8 @@ const file_warren_fsm_v1_fsm_proto_rawDesc = "" +
 	"\tfirst_seq\x18\x05 \x01(\x04R\bfirstSeq\x12\x19\n" +
 	"\blast_seq\x18\x06 \x01(\x04R\alastSeq\x12#\n" +
 	"\x04node\x18\a \x01(\v2\x0f.warren.v1.NodeR\x04node\x12)\n" +
-	"\x10placement_errors\x18\b \x03(\tR\x0fplacementErrors\"T\n" +
+	"\x10placement_errors\x18\b \x03(\tR\x0fplacementErrors\x12)\n" +
+	"\x10cancel_requested\x18\t \x01(\bR\x0fcancelRequested\"T\n" +
 	"\x06Member\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\fraft_address\x18\x02 \x01(\tR\vraftAddress\x12\x17\n" +
