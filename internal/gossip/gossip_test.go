@@ -1,0 +1,80 @@
+package gossip
+
+import (
+	"net"
+	"sync"
+	"testing"
+	"time"
+)
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// TestDeadMemberDetected starts four members, kills one without leaving
+// (a crash), and reports how long the others took to declare it dead.
+func TestDeadMemberDetected(t *testing.T) {
+	var mu sync.Mutex
+	deadAt := map[string]time.Time{}
+	watch := func(role, id string, alive bool) {
+		if !alive {
+			mu.Lock()
+			if _, ok := deadAt[id]; !ok {
+				deadAt[id] = time.Now()
+			}
+			mu.Unlock()
+		}
+	}
+	first := freeAddr(t)
+	var members []*Member
+	for i, id := range []string{"s1", "s2", "n1", "n2"} {
+		role := RoleServer
+		if id[0] == 'n' {
+			role = RoleNode
+		}
+		addr := first
+		if i > 0 {
+			addr = freeAddr(t)
+		}
+		m, err := Start(Config{Role: role, ID: id, Addr: addr, Join: []string{first}, OnChange: watch})
+		if err != nil {
+			t.Fatal(err)
+		}
+		members = append(members, m)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(members[0].Members()) != 4 {
+		if time.Now().After(deadline) {
+			t.Fatalf("members: %v", members[0].Members())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	killed := time.Now()
+	if err := members[3].Kill(); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		mu.Lock()
+		at, ok := deadAt["n2"]
+		mu.Unlock()
+		if ok {
+			t.Logf("crashed member declared dead after %v", at.Sub(killed).Round(time.Millisecond))
+			break
+		}
+		if time.Since(killed) > 15*time.Second {
+			t.Fatal("crashed member never declared dead")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, m := range members[:3] {
+		if err := m.Close(); err != nil {
+			t.Error(err)
+		}
+	}
+}

@@ -1,0 +1,55 @@
+package scheduler
+
+import (
+	"testing"
+	"time"
+)
+
+func TestLivenessVerdict(t *testing.T) {
+	ttl := 3 * time.Second
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	h := newSessions()
+	if _, down := h.verdict("n1", t0.Add(time.Hour), ttl); down {
+		t.Fatal("a follower (never led) declared a node down")
+	}
+	h.lead(t0)
+	// Fresh grace: a node never heard from by this leader is not down
+	// before a full TTL of leadership has passed.
+	if _, down := h.verdict("n1", t0.Add(ttl-time.Millisecond), ttl); down {
+		t.Fatal("node declared down inside the grace period after a leader change")
+	}
+	if r, down := h.verdict("n1", t0.Add(ttl+time.Millisecond), ttl); !down {
+		t.Fatal("silent node not declared down after grace + ttl")
+	} else {
+		t.Logf("reason: %s", r)
+	}
+	h.seen("n1", t0.Add(5*time.Second))
+	if _, down := h.verdict("n1", t0.Add(5*time.Second+ttl), ttl); down {
+		t.Fatal("node declared down exactly at ttl after its heartbeat")
+	}
+	if _, down := h.verdict("n1", t0.Add(5*time.Second+ttl+time.Millisecond), ttl); !down {
+		t.Fatal("node not declared down after ttl without heartbeat")
+	}
+	// memberlist's verdict counts past the grace, even with fresh heartbeats.
+	h.seen("n1", t0.Add(10*time.Second))
+	h.gossip("n1", true, t0.Add(10*time.Second))
+	if r, down := h.verdict("n1", t0.Add(10*time.Second), ttl); !down || r != "memberlist declared it dead" {
+		t.Fatalf("memberlist death ignored: %q %v", r, down)
+	}
+	h.gossip("n1", false, t0.Add(11*time.Second))
+	if _, down := h.verdict("n1", t0.Add(11*time.Second), ttl); down {
+		t.Fatal("node down after memberlist saw it alive again")
+	}
+	// A new leader forgets everything and grants grace again.
+	h.gossip("n1", true, t0.Add(12*time.Second))
+	h.lead(t0.Add(20 * time.Second))
+	if _, down := h.verdict("n1", t0.Add(22*time.Second), ttl); down {
+		t.Fatal("new leader declared a node down inside its grace")
+	}
+	// A hello clears memberlist's verdict: the node proves it is alive.
+	h.gossip("n1", true, t0.Add(24*time.Second))
+	h.attach(&session{node: "n1", closed: make(chan struct{})}, t0.Add(25*time.Second))
+	if _, down := h.verdict("n1", t0.Add(25*time.Second), ttl); down {
+		t.Fatal("node down right after its hello")
+	}
+}
