@@ -3,15 +3,16 @@ GO      ?= go
 PKGS    ?= ./...
 TESTFLAGS ?=
 
-.PHONY: all build run test lint proto bench bench-logstore bench-appends bench-failover clean
+.PHONY: all build run test lint proto bench bench-logstore bench-appends bench-failover bench-recovery clean
 
 all: build
 
 build:
 	$(GO) build -o bin/warren ./cmd/warren
 
-# The demo: a single-process cluster (warren dev), one task, a steering
-# message and the task's event stream.
+# The demo: a single-process cluster with a built-in node (warren dev, sim
+# driver: simulated sandboxes), one scripted task, a steering message and
+# the task's event stream.
 run: build
 	./deploy/demo.sh
 
@@ -28,7 +29,7 @@ lint:
 proto:
 	$(GO) tool buf generate
 
-bench: bench-logstore bench-appends bench-failover
+bench: bench-logstore bench-appends bench-failover bench-recovery
 
 bench-logstore:
 	cd bench/logstore && $(GO) run . -out ../results/logstore.md
@@ -38,6 +39,9 @@ bench-appends:
 
 bench-failover:
 	$(GO) run ./bench/failover -out bench/results/failover.md
+
+bench-recovery:
+	$(GO) run ./bench/recovery -runs 3 -out bench/results/recovery.md
 
 clean:
 	rm -rf bin .warren
