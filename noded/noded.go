@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"strings"
 	"sync"
@@ -39,6 +40,30 @@ type Config struct {
 	// Heartbeat is used until the leader's Welcome names one; 0 means 500ms.
 	Heartbeat time.Duration
 	Logger    *slog.Logger
+	// Shared, if set, is the API client, appender and session transport of
+	// a process that hosts many daemons (simulated fleets); otherwise each
+	// daemon has its own. Partition works only without it.
+	Shared *Shared
+	// Metrics, if set, counts appends and their latency (may be shared).
+	Metrics *Metrics
+}
+
+// Shared is what daemons in one process can share.
+type Shared struct {
+	Client   *client.Client
+	Appender *client.Appender
+	H2C      *http.Client
+	HTTP     *http.Client
+}
+
+// NewShared makes a Shared for servers.
+func NewShared(servers []string) (*Shared, error) {
+	n := newNetFaults()
+	cl, err := client.NewWith(strings.Join(servers, ","), n.client(false))
+	if err != nil {
+		return nil, err
+	}
+	return &Shared{Client: cl, Appender: cl.NewAppender(16, 1024), H2C: n.client(true), HTTP: n.client(false)}, nil
 }
 
 // Validate reports every problem at once.
@@ -75,6 +100,7 @@ type Daemon struct {
 	incarnation string
 	cl          *client.Client
 	app         *client.Appender
+	h2c, plain  *http.Client
 	sys         *actor.System
 	gossip      *gossip.Member
 	net         *netFaults
@@ -115,18 +141,28 @@ func Start(cfg Config) (*Daemon, error) {
 	_, _ = rand.Read(b)
 	d := &Daemon{cfg: cfg, log: cfg.Logger.With("node", cfg.ID), incarnation: hex.EncodeToString(b),
 		actors: map[string]*taskRef{}, net: newNetFaults()}
-	cl, err := client.NewWith(strings.Join(cfg.Servers, ","), d.net.client(false))
-	if err != nil {
-		return nil, fmt.Errorf("servers: %w", err)
+	if cfg.Shared != nil {
+		d.cl, d.app, d.h2c, d.plain = cfg.Shared.Client, cfg.Shared.Appender, cfg.Shared.H2C, cfg.Shared.HTTP
+	} else {
+		cl, err := client.NewWith(strings.Join(cfg.Servers, ","), d.net.client(false))
+		if err != nil {
+			return nil, fmt.Errorf("servers: %w", err)
+		}
+		d.cl, d.app, d.h2c, d.plain = cl, cl.NewAppender(8, 1024), d.net.client(true), d.net.client(false)
 	}
-	d.cl = cl
-	d.app = cl.NewAppender(8, 1024)
+	if cfg.Metrics == nil {
+		cfg.Metrics = &Metrics{}
+		d.cfg.Metrics = cfg.Metrics
+	}
+	var err error
 	d.sys = actor.NewSystem(actor.Config{Logger: d.log})
 	d.ctx, d.cancel = context.WithCancel(context.Background())
 	if cfg.GossipAddr != "" {
 		if d.gossip, err = gossip.Start(gossip.Config{Role: gossip.RoleNode, ID: cfg.ID, Addr: cfg.GossipAddr,
 			Join: cfg.JoinGossip, Logger: d.log, Wrap: d.net.wrapGossip}); err != nil {
-			d.app.Close()
+			if cfg.Shared == nil {
+				d.app.Close()
+			}
 			return nil, err
 		}
 	}
@@ -145,7 +181,9 @@ func (d *Daemon) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	errs := []error{d.sys.Shutdown(ctx)}
-	d.app.Close()
+	if d.cfg.Shared == nil {
+		d.app.Close()
+	}
 	if d.gossip != nil {
 		errs = append(errs, d.gossip.Close())
 	}

@@ -16,7 +16,7 @@ import (
 // after every failure.
 func (d *Daemon) sessionLoop() {
 	defer d.wg.Done()
-	h2c := d.net.client(true)
+	h2c := d.h2c
 	backoff := 20 * time.Millisecond
 	for d.ctx.Err() == nil {
 		url, err := d.findLeader()
@@ -44,7 +44,7 @@ func (d *Daemon) sessionLoop() {
 func (d *Daemon) findLeader() (string, error) {
 	var errs []error
 	for _, url := range d.cfg.Servers {
-		cc := warrenv1connect.NewClusterServiceClient(d.net.client(false), url)
+		cc := warrenv1connect.NewClusterServiceClient(d.plain, url)
 		ctx, cancel := context.WithTimeout(d.ctx, time.Second)
 		st, err := cc.Status(ctx, connect.NewRequest(&warrenv1.StatusRequest{}))
 		cancel()

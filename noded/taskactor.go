@@ -214,7 +214,9 @@ func (a *taskActor) append(ctx context.Context, key string, e *warrenv1.EventInp
 
 // appendReq appends and notes a cancel request the log reports.
 func (a *taskActor) appendReq(ctx context.Context, req *warrenv1.AppendEventsRequest) (*warrenv1.AppendEventsResponse, error) {
+	start := time.Now()
 	res, err := a.d.app.Append(ctx, req)
+	a.d.cfg.Metrics.observe(time.Since(start), err)
 	if res.GetCancelRequested() {
 		a.cancel = true
 	}

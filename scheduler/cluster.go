@@ -39,7 +39,9 @@ func (s *Server) Status() *warrenv1.StatusResponse {
 		AppliedIndex:      u("applied_index"),
 		LastSnapshotIndex: u("last_snapshot_index"),
 		FsmAppliedIndex:   s.fsm.Applied(),
+		NodeSessions:      uint32(s.sess.count()),
 	}
+	out.AppliedEntries, out.AppliedCommands, out.CommandsPerEntry = s.fsm.ApplyStats()
 	if leaderID != "" {
 		if m, err := s.fsm.Member(string(leaderID)); err == nil {
 			out.LeaderApiUrl = m.GetApiUrl()

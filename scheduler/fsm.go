@@ -41,6 +41,35 @@ type FSM struct {
 	// could not before: a task became pending, or a node appeared, changed
 	// or gained room. The leader's placement loop replans only then.
 	replanGen atomic.Uint64
+	stats     applyStats
+}
+
+// applyStats counts what the FSM applied since the process started: raft
+// entries, the commands in them, and a histogram of commands per entry
+// (bucket i holds entries of 2^(i-1) < n <= 2^i commands).
+type applyStats struct {
+	entries, commands atomic.Uint64
+	perEntry          [16]atomic.Uint64
+}
+
+func (s *applyStats) add(n int) {
+	s.entries.Add(1)
+	s.commands.Add(uint64(n))
+	b := 0
+	for b < len(s.perEntry)-1 && 1<<b < n {
+		b++
+	}
+	s.perEntry[b].Add(1)
+}
+
+// ApplyStats returns the entries and commands applied since start and the
+// commands-per-entry histogram (bucket i: up to 2^i commands).
+func (f *FSM) ApplyStats() (entries, commands uint64, perEntry []uint64) {
+	perEntry = make([]uint64, len(f.stats.perEntry))
+	for i := range perEntry {
+		perEntry[i] = f.stats.perEntry[i].Load()
+	}
+	return f.stats.entries.Load(), f.stats.commands.Load(), perEntry
 }
 
 var _ raft.BatchingFSM = (*FSM)(nil)
@@ -113,9 +142,11 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 				res[j] = a.apply(c)
 			}
 			out[i] = res
+			f.stats.add(len(sub))
 			continue
 		}
 		out[i] = []*fsmv1.Result{a.apply(cmd)}
+		f.stats.add(1)
 	}
 	if last == applied {
 		return out

@@ -102,6 +102,12 @@ func (h *sessions) seen(node string, now time.Time) {
 	h.mu.Unlock()
 }
 
+func (h *sessions) count() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.byNode)
+}
+
 func (h *sessions) get(node string) *session {
 	h.mu.Lock()
 	defer h.mu.Unlock()

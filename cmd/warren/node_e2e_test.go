@@ -104,17 +104,34 @@ func (f *fleet) node(id string) *warrenv1.Node {
 	return nil
 }
 
+// submit creates n scripted tasks, 16 at a time.
 func (f *fleet) submit(n int, script *warrenv1.Script) []string {
 	f.t.Helper()
-	var ids []string
-	for i := 0; i < n; i++ {
-		resp, err := f.cl.Tasks().CreateTask(context.Background(), connect.NewRequest(&warrenv1.CreateTaskRequest{
-			RequestId: fmt.Sprint("e2e-", i), Spec: &warrenv1.TaskSpec{Repo: "https://example.com/r.git", Base: "main",
-				IssueTitle: fmt.Sprint("scripted ", i), Driver: "sim", Script: script}}))
+	ids := make([]string, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 16)
+	for i := range n {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			resp, err := f.cl.Tasks().CreateTask(context.Background(), connect.NewRequest(&warrenv1.CreateTaskRequest{
+				RequestId: fmt.Sprint("e2e-", i), Spec: &warrenv1.TaskSpec{Repo: "https://example.com/r.git", Base: "main",
+					IssueTitle: fmt.Sprint("scripted ", i), Driver: "sim", Script: script}}))
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			ids[i] = resp.Msg.GetTask().GetId()
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
 		if err != nil {
 			f.t.Fatal(err)
 		}
-		ids = append(ids, resp.Msg.GetTask().GetId())
 	}
 	return ids
 }
@@ -243,14 +260,14 @@ func TestNodeKillTasksFinishElsewhere(t *testing.T) {
 	}
 	f := startFleet(t, 3)
 	const tasks, steps = 300, 20
-	ids := f.submit(tasks, &warrenv1.Script{Steps: steps, StepMillis: 100, OutputBytes: 256})
+	ids := f.submit(tasks, &warrenv1.Script{Steps: steps, StepMillis: 300, OutputBytes: 256})
 	waitUntil(t, "all tasks placed", 60*time.Second, func() bool {
 		c := f.counts()
 		return c[warrenv1.TaskState_TASK_STATE_PENDING] == 0 && c != nil
 	})
 	victim := f.nodes[0]
-	waitUntil(t, "the victim to run tasks", 30*time.Second, func() bool { return f.node(victim.id).GetTaskCount() > 50 })
-	time.Sleep(time.Second) // mid-run: some steps done, most to go
+	waitUntil(t, "the victim to run tasks", 60*time.Second, func() bool { return f.node(victim.id).GetTaskCount() >= 30 })
+	time.Sleep(500 * time.Millisecond) // mid-run: some steps done, most to go
 	before := f.node(victim.id).GetTaskCount()
 	victim.kill()
 	killed := time.Now()

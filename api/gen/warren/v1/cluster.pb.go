@@ -150,8 +150,16 @@ type StatusResponse struct {
 	Peers             []*Peer `protobuf:"bytes,10,rep,name=peers,proto3" json:"peers,omitempty"`
 	// The FSM's own applied index (persisted with its state).
 	FsmAppliedIndex uint64 `protobuf:"varint,11,opt,name=fsm_applied_index,json=fsmAppliedIndex,proto3" json:"fsm_applied_index,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Since this process started: raft command entries applied, the commands
+	// in them, and how many commands each entry held (bucket i counts
+	// entries of up to 2^i commands, more than 2^(i-1)).
+	AppliedEntries   uint64   `protobuf:"varint,12,opt,name=applied_entries,json=appliedEntries,proto3" json:"applied_entries,omitempty"`
+	AppliedCommands  uint64   `protobuf:"varint,13,opt,name=applied_commands,json=appliedCommands,proto3" json:"applied_commands,omitempty"`
+	CommandsPerEntry []uint64 `protobuf:"varint,14,rep,packed,name=commands_per_entry,json=commandsPerEntry,proto3" json:"commands_per_entry,omitempty"`
+	// Node daemons with a session on this server (the leader).
+	NodeSessions  uint32 `protobuf:"varint,15,opt,name=node_sessions,json=nodeSessions,proto3" json:"node_sessions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
@@ -257,6 +265,34 @@ func (x *StatusResponse) GetPeers() []*Peer {
 func (x *StatusResponse) GetFsmAppliedIndex() uint64 {
 	if x != nil {
 		return x.FsmAppliedIndex
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetAppliedEntries() uint64 {
+	if x != nil {
+		return x.AppliedEntries
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetAppliedCommands() uint64 {
+	if x != nil {
+		return x.AppliedCommands
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetCommandsPerEntry() []uint64 {
+	if x != nil {
+		return x.CommandsPerEntry
+	}
+	return nil
+}
+
+func (x *StatusResponse) GetNodeSessions() uint32 {
+	if x != nil {
+		return x.NodeSessions
 	}
 	return 0
 }
@@ -858,7 +894,7 @@ const file_warren_v1_cluster_proto_rawDesc = "" +
 	"\aapi_url\x18\x03 \x01(\tR\x06apiUrl\x12\x1a\n" +
 	"\bsuffrage\x18\x04 \x01(\tR\bsuffrage\x12\x16\n" +
 	"\x06leader\x18\x05 \x01(\bR\x06leader\"\x0f\n" +
-	"\rStatusRequest\"\x94\x03\n" +
+	"\rStatusRequest\"\xbb\x04\n" +
 	"\x0eStatusResponse\x12\x1b\n" +
 	"\tserver_id\x18\x01 \x01(\tR\bserverId\x12\x1d\n" +
 	"\n" +
@@ -872,7 +908,11 @@ const file_warren_v1_cluster_proto_rawDesc = "" +
 	"\x13last_snapshot_index\x18\t \x01(\x04R\x11lastSnapshotIndex\x12%\n" +
 	"\x05peers\x18\n" +
 	" \x03(\v2\x0f.warren.v1.PeerR\x05peers\x12*\n" +
-	"\x11fsm_applied_index\x18\v \x01(\x04R\x0ffsmAppliedIndex\"Y\n" +
+	"\x11fsm_applied_index\x18\v \x01(\x04R\x0ffsmAppliedIndex\x12'\n" +
+	"\x0fapplied_entries\x18\f \x01(\x04R\x0eappliedEntries\x12)\n" +
+	"\x10applied_commands\x18\r \x01(\x04R\x0fappliedCommands\x12,\n" +
+	"\x12commands_per_entry\x18\x0e \x03(\x04R\x10commandsPerEntry\x12#\n" +
+	"\rnode_sessions\x18\x0f \x01(\rR\fnodeSessions\"Y\n" +
 	"\vJoinRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\fraft_address\x18\x02 \x01(\tR\vraftAddress\x12\x17\n" +

@@ -1,0 +1,83 @@
+package noded
+
+import (
+	"math"
+	"sync/atomic"
+	"time"
+)
+
+// Histogram buckets for append latency: bucket i holds latencies up to
+// bucketBase × bucketGrowth^i (50 µs growing by 15%, about 800 s at the top).
+const (
+	bucketBase   = 50 * time.Microsecond
+	bucketGrowth = 1.15
+	nBuckets     = 120
+)
+
+// Metrics counts what the task actors of one process did; daemons in one
+// process may share it. All methods are safe for concurrent use.
+type Metrics struct {
+	appends, appendErrors atomic.Uint64
+	lastAppend            atomic.Int64 // unix nanoseconds of the last success
+	buckets               [nBuckets]atomic.Uint64
+}
+
+// MetricsSnapshot is a point-in-time copy, as served by `warren node
+// --metrics` in JSON.
+type MetricsSnapshot struct {
+	Time               time.Time `json:"time"`
+	Nodes              int       `json:"nodes"`
+	Running            int       `json:"running"` // task actors now
+	Started            int       `json:"started"`
+	Finished           int       `json:"finished"`
+	Yielded            int       `json:"yielded"`
+	StoppedStale       int       `json:"stopped_stale"`
+	Sessions           int       `json:"sessions"`
+	Appends            uint64    `json:"appends"`
+	AppendErrors       uint64    `json:"append_errors"`
+	LastAppendUnixNano int64     `json:"last_append_unix_nano"`
+	// Latency histogram: Buckets[i] counts appends that took at most
+	// BucketBaseMicros × BucketGrowth^i microseconds.
+	Buckets          []uint64 `json:"buckets"`
+	BucketBaseMicros float64  `json:"bucket_base_micros"`
+	BucketGrowth     float64  `json:"bucket_growth"`
+}
+
+func (m *Metrics) observe(d time.Duration, err error) {
+	if err != nil {
+		m.appendErrors.Add(1)
+		return
+	}
+	m.appends.Add(1)
+	m.lastAppend.Store(time.Now().UnixNano())
+	i := 0
+	if d > bucketBase {
+		i = int(math.Ceil(math.Log(float64(d)/float64(bucketBase)) / math.Log(bucketGrowth)))
+	}
+	m.buckets[min(i, nBuckets-1)].Add(1)
+}
+
+// Snapshot copies the counters and adds the daemons' actor counts.
+func (m *Metrics) Snapshot(daemons []*Daemon) MetricsSnapshot {
+	s := MetricsSnapshot{Time: time.Now(), Nodes: len(daemons), Appends: m.appends.Load(), AppendErrors: m.appendErrors.Load(),
+		LastAppendUnixNano: m.lastAppend.Load(), Buckets: make([]uint64, nBuckets),
+		BucketBaseMicros: float64(bucketBase) / float64(time.Microsecond), BucketGrowth: bucketGrowth}
+	for i := range s.Buckets {
+		s.Buckets[i] = m.buckets[i].Load()
+	}
+	for _, d := range daemons {
+		st := d.Stats()
+		s.Running += d.Running()
+		s.Started += st.Started
+		s.Finished += st.Finished
+		s.Yielded += st.Yielded
+		s.StoppedStale += st.StoppedStale
+		s.Sessions += st.Sessions
+	}
+	return s
+}
+
+// BucketBound returns the upper bound of histogram bucket i.
+func BucketBound(base time.Duration, growth float64, i int) time.Duration {
+	return time.Duration(float64(base) * math.Pow(growth, float64(i)))
+}
