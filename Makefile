@@ -3,7 +3,7 @@ GO      ?= go
 PKGS    ?= ./...
 TESTFLAGS ?=
 
-.PHONY: all build run test lint proto bench bench-logstore bench-appends bench-failover bench-recovery clean
+.PHONY: all build run test lint proto bench bench-logstore bench-appends bench-failover bench-recovery bench-capacity bench-capacity-ci clean
 
 all: build
 
@@ -42,6 +42,14 @@ bench-failover:
 
 bench-recovery:
 	$(GO) run ./bench/recovery -runs 3 -out bench/results/recovery.md
+
+# The capacity benchmark (warren bench capacity): the default preset takes
+# a long time; bench-capacity-ci is the small one CI runs.
+bench-capacity: build
+	./bin/warren bench capacity --preset default --out bench/results
+
+bench-capacity-ci: build
+	./bin/warren bench capacity --preset ci --out bench/results
 
 clean:
 	rm -rf bin .warren

@@ -19,6 +19,7 @@ const (
 type Metrics struct {
 	appends, appendErrors atomic.Uint64
 	lastAppend            atomic.Int64 // unix nanoseconds of the last success
+	recordedRunning       atomic.Uint64
 	buckets               [nBuckets]atomic.Uint64
 }
 
@@ -33,6 +34,8 @@ type MetricsSnapshot struct {
 	Yielded            int       `json:"yielded"`
 	StoppedStale       int       `json:"stopped_stale"`
 	Sessions           int       `json:"sessions"`
+	// Task actors that recorded state_changed to running (once per lease).
+	RecordedRunning uint64 `json:"recorded_running"`
 	Appends            uint64    `json:"appends"`
 	AppendErrors       uint64    `json:"append_errors"`
 	LastAppendUnixNano int64     `json:"last_append_unix_nano"`
@@ -60,7 +63,7 @@ func (m *Metrics) observe(d time.Duration, err error) {
 // Snapshot copies the counters and adds the daemons' actor counts.
 func (m *Metrics) Snapshot(daemons []*Daemon) MetricsSnapshot {
 	s := MetricsSnapshot{Time: time.Now(), Nodes: len(daemons), Appends: m.appends.Load(), AppendErrors: m.appendErrors.Load(),
-		LastAppendUnixNano: m.lastAppend.Load(), Buckets: make([]uint64, nBuckets),
+		LastAppendUnixNano: m.lastAppend.Load(), RecordedRunning: m.recordedRunning.Load(), Buckets: make([]uint64, nBuckets),
 		BucketBaseMicros: float64(bucketBase) / float64(time.Microsecond), BucketGrowth: bucketGrowth}
 	for i := range s.Buckets {
 		s.Buckets[i] = m.buckets[i].Load()

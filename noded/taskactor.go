@@ -132,6 +132,7 @@ func (a *taskActor) start(c *actor.Context) {
 			a.failed(c, "record running", err, startMsg{})
 			return
 		}
+		a.d.cfg.Metrics.recordedRunning.Add(1)
 	}
 	a.started = true
 	_ = c.Self().Send(stepMsg{})

@@ -1,10 +1,13 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -22,6 +25,8 @@ import (
 type nodeFlags struct {
 	id, data, servers, gossip, join, driver, capacity, labels, templates, logLevel string
 	simRestore, simExec                                                            time.Duration
+	count                                                                          int
+	metrics                                                                        string
 }
 
 func (f *nodeFlags) register(fs *flag.FlagSet) {
@@ -37,6 +42,8 @@ func (f *nodeFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.DurationVar(&f.simRestore, "sim-restore-latency", 0, "sim driver only: simulated sandbox restore time")
 	fs.DurationVar(&f.simExec, "sim-exec-latency", 0, "sim driver only: simulated time of every command")
+	fs.IntVar(&f.count, "count", 1, "sim driver only: host this many simulated nodes in this process, ids ID-0001..., gossip ports from --gossip's up")
+	fs.StringVar(&f.metrics, "metrics", "", "HOST:PORT to serve the nodes' counters and append latency as JSON at /metrics")
 }
 
 func cmdNode(args []string, stderr io.Writer) error {
@@ -58,16 +65,88 @@ func cmdNode(args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	cfg.Logger = log
-	d, err := noded.Start(cfg)
-	if err != nil {
-		return err
+	if f.count < 1 || f.count > 10000 {
+		return fmt.Errorf("count: must be 1..10000, got %d", f.count)
 	}
+	if f.count > 1 && f.driver != "sim" {
+		return errors.New("count: more than one node per process is only for --driver sim (simulated fleets)")
+	}
+	cfg.Logger = log
+	cfg.Metrics = &noded.Metrics{}
+	cfgs := []noded.Config{cfg}
+	if f.count > 1 {
+		if cfgs, err = f.fleet(cfg); err != nil {
+			return err
+		}
+	}
+	var daemons []*noded.Daemon
+	closeAll := func() error {
+		var errs []error
+		for _, d := range daemons {
+			errs = append(errs, d.Close())
+		}
+		return errors.Join(errs...)
+	}
+	for _, c := range cfgs {
+		d, err := noded.Start(c)
+		if err != nil {
+			closeAll()
+			return fmt.Errorf("node %s: %w", c.ID, err)
+		}
+		daemons = append(daemons, d)
+	}
+	if f.metrics != "" {
+		ln, err := net.Listen("tcp", f.metrics)
+		if err != nil {
+			closeAll()
+			return fmt.Errorf("metrics: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			_ = json.NewEncoder(w).Encode(cfg.Metrics.Snapshot(daemons))
+		})
+		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go hs.Serve(ln)
+		defer hs.Close()
+	}
+	log.Info("node daemons running", "count", len(daemons))
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	s := <-sig
 	log.Info("shutting down", "signal", s.String())
-	return d.Close()
+	return closeAll()
+}
+
+// fleet derives count simulated nodes from one config: ids ID-0001...,
+// data dirs under DATA, consecutive gossip ports, one shared client,
+// appender and session transport.
+func (f *nodeFlags) fleet(base noded.Config) ([]noded.Config, error) {
+	host, port, err := net.SplitHostPort(base.GossipAddr)
+	if err != nil {
+		return nil, fmt.Errorf("gossip: %q is not HOST:PORT: %v", base.GossipAddr, err)
+	}
+	p0, err := strconv.Atoi(port)
+	if err != nil || p0 <= 0 || p0+f.count > 65535 {
+		return nil, fmt.Errorf("gossip: port %q leaves no room for %d consecutive ports", port, f.count)
+	}
+	shared, err := noded.NewShared(base.Servers)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]noded.Config, f.count)
+	for i := range out {
+		c := base
+		c.ID = fmt.Sprintf("%s-%04d", base.ID, i+1)
+		c.DataDir = filepath.Join(base.DataDir, c.ID)
+		c.GossipAddr = net.JoinHostPort(host, strconv.Itoa(p0+i))
+		c.Address = c.GossipAddr
+		c.Driver = sim.New(sim.Config{RestoreLatency: f.simRestore, WarmLatency: f.simRestore / 10, ExecLatency: f.simExec})
+		c.Shared = shared
+		c.Logger = base.Logger.With("node", c.ID)
+		out[i] = c
+	}
+	return out, nil
 }
 
 func (f *nodeFlags) config() (noded.Config, error) {

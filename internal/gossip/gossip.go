@@ -182,9 +182,11 @@ func (w slogWriter) Write(p []byte) (int, error) {
 	level := slog.LevelDebug
 	switch {
 	case strings.HasPrefix(s, "[ERR]"):
-		level = slog.LevelError
-	case strings.HasPrefix(s, "[WARN]"):
+		// memberlist logs every failed probe as an error; a death is
+		// reported through the events, so these are warnings.
 		level = slog.LevelWarn
+	case strings.HasPrefix(s, "[WARN]"):
+		level = slog.LevelInfo
 	case strings.HasPrefix(s, "[INFO]"):
 		level = slog.LevelInfo
 	}

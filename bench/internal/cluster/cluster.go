@@ -34,14 +34,15 @@ type Options struct {
 
 // Node is one server process, or one node daemon process (Daemon).
 type Node struct {
-	ID     string
-	API    string // HOST:PORT
-	Raft   string // HOST:PORT
-	Gossip string // HOST:PORT, when gossip is on
-	Daemon bool   // a `warren node` process, not a server
-	URL    string // http://API
-	Data   string // data directory
-	Log    string // stdout and stderr of every incarnation, appended
+	ID      string
+	API     string // HOST:PORT
+	Raft    string // HOST:PORT
+	Gossip  string // HOST:PORT, when gossip is on
+	Daemon  bool   // a `warren node` process, not a server
+	Metrics string // HOST:PORT of a fleet process's /metrics
+	URL     string // http://API
+	Data    string // data directory
+	Log     string // stdout and stderr of every incarnation, appended
 
 	bin    string
 	extra  []string
@@ -156,9 +157,9 @@ func (c *Cluster) URLs() []string {
 	return out
 }
 
-// Node returns the node with this id, or nil.
+// Node returns the server or node process with this id, or nil.
 func (c *Cluster) Node(id string) *Node {
-	for _, n := range c.Nodes {
+	for _, n := range append(append([]*Node{}, c.Nodes...), c.Daemons...) {
 		if n.ID == id {
 			return n
 		}
@@ -253,6 +254,77 @@ func (c *Cluster) StartDaemon(id string, extra ...string) (*Node, error) {
 	}
 	c.Daemons = append(c.Daemons, n)
 	return n, n.start()
+}
+
+// StartFleet starts one node daemon process hosting count simulated nodes
+// (`warren node --count`, ids ID-0001...) on consecutive free gossip
+// ports, serving its counters at Metrics (http://HOST:PORT/metrics).
+func (c *Cluster) StartFleet(id string, count int, extra ...string) (*Node, error) {
+	base, err := consecutivePorts(count + 1)
+	if err != nil {
+		return nil, err
+	}
+	var gossip []string
+	for _, s := range c.Nodes {
+		if s.Gossip != "" {
+			gossip = append(gossip, s.Gossip)
+		}
+	}
+	n := &Node{ID: id, Daemon: true, Gossip: net.JoinHostPort("127.0.0.1", strconv.Itoa(base+1)),
+		Metrics: net.JoinHostPort("127.0.0.1", strconv.Itoa(base)),
+		Data:    filepath.Join(c.Dir, id), Log: filepath.Join(c.Dir, id+".log"), bin: c.Nodes[0].bin}
+	n.extra = append([]string{"--servers", strings.Join(c.URLs(), ","), "--gossip", n.Gossip, "--driver", "sim",
+		"--count", strconv.Itoa(count), "--metrics", n.Metrics}, extra...)
+	if len(gossip) > 0 {
+		n.extra = append(n.extra, "--join-gossip", strings.Join(gossip, ","))
+	}
+	c.Daemons = append(c.Daemons, n)
+	return n, n.start()
+}
+
+// portCursor hands out port ranges in order, so that ranges given to
+// processes that have not bound them yet never overlap.
+var (
+	portMu     sync.Mutex
+	portCursor = 20000 + rand.IntN(4000)
+)
+
+// consecutivePorts finds n consecutive ports free for TCP and UDP on
+// 127.0.0.1, below the ephemeral range, and returns the first.
+func consecutivePorts(n int) (int, error) {
+	portMu.Lock()
+	defer portMu.Unlock()
+	for try := 0; try < 200; try++ {
+		if portCursor+n > 32000 {
+			portCursor = 20000
+		}
+		base := portCursor
+		portCursor += n
+		ok := true
+		var closers []func() error
+		for p := base; p < base+n && ok; p++ {
+			addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(p))
+			l, err := net.Listen("tcp", addr)
+			if err != nil {
+				ok = false
+				break
+			}
+			closers = append(closers, l.Close)
+			u, err := net.ListenPacket("udp", addr)
+			if err != nil {
+				ok = false
+				break
+			}
+			closers = append(closers, u.Close)
+		}
+		for _, c := range closers {
+			c()
+		}
+		if ok {
+			return base, nil
+		}
+	}
+	return 0, fmt.Errorf("no %d consecutive free ports", n)
 }
 
 // Close kills every process and removes the directory (unless Keep).

@@ -99,3 +99,22 @@ func (c *Cluster) WaitQuiet(ctx context.Context, maxCores float64, timeout time.
 		}
 	}
 }
+
+// RSS returns the process's resident set size in bytes.
+func (n *Node) RSS() (int64, error) {
+	pid := n.PID()
+	if pid == 0 {
+		return 0, fmt.Errorf("%s: not running", n.ID)
+	}
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
+			kb, err := strconv.ParseInt(f[1], 10, 64)
+			return kb << 10, err
+		}
+	}
+	return 0, fmt.Errorf("%s: no VmRSS", n.ID)
+}
