@@ -26,19 +26,19 @@ type Metrics struct {
 // MetricsSnapshot is a point-in-time copy, as served by `warren node
 // --metrics` in JSON.
 type MetricsSnapshot struct {
-	Time               time.Time `json:"time"`
-	Nodes              int       `json:"nodes"`
-	Running            int       `json:"running"` // task actors now
-	Started            int       `json:"started"`
-	Finished           int       `json:"finished"`
-	Yielded            int       `json:"yielded"`
-	StoppedStale       int       `json:"stopped_stale"`
-	Sessions           int       `json:"sessions"`
+	Time         time.Time `json:"time"`
+	Nodes        int       `json:"nodes"`
+	Running      int       `json:"running"` // task actors now
+	Started      int       `json:"started"`
+	Finished     int       `json:"finished"`
+	Yielded      int       `json:"yielded"`
+	StoppedStale int       `json:"stopped_stale"`
+	Sessions     int       `json:"sessions"`
 	// Task actors that recorded state_changed to running (once per lease).
-	RecordedRunning uint64 `json:"recorded_running"`
-	Appends            uint64    `json:"appends"`
-	AppendErrors       uint64    `json:"append_errors"`
-	LastAppendUnixNano int64     `json:"last_append_unix_nano"`
+	RecordedRunning    uint64 `json:"recorded_running"`
+	Appends            uint64 `json:"appends"`
+	AppendErrors       uint64 `json:"append_errors"`
+	LastAppendUnixNano int64  `json:"last_append_unix_nano"`
 	// Latency histogram: Buckets[i] counts appends that took at most
 	// BucketBaseMicros × BucketGrowth^i microseconds.
 	Buckets          []uint64 `json:"buckets"`
