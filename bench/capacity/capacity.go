@@ -713,18 +713,18 @@ func (r *run) killNodes(ctx context.Context) error {
 		var wg sync.WaitGroup
 		sem := make(chan struct{}, 32)
 		mu.Lock()
-		ids := make([]string, 0, len(held))
-		for id := range held {
-			ids = append(ids, id)
+		todo := make(map[string]uint64, len(held))
+		for id, e := range held {
+			todo[id] = e
 		}
 		mu.Unlock()
-		for _, id := range ids {
+		for id, epoch := range todo {
 			wg.Add(1)
 			sem <- struct{}{}
 			go func() {
 				defer wg.Done()
 				defer func() { <-sem }()
-				at, st, desc := firstOwnerEvent(ctx, tasks, id, held[id])
+				at, st, desc := firstOwnerEvent(ctx, tasks, id, epoch)
 				mu.Lock()
 				defer mu.Unlock()
 				switch st {
