@@ -31,11 +31,14 @@ type Config struct {
 	Servers    []string // API URLs of the servers
 	GossipAddr string   // HOST:PORT for memberlist; "" runs without gossip (tests)
 	JoinGossip []string
-	Driver     driver.Driver
-	Capacity   *warrenv1.Resources
-	Labels     map[string]string
-	Templates  []string
-	Address    string // informational, shown in `warren nodes list`
+	// GossipFleet uses memberlist's slower fleet timing (many simulated
+	// nodes per process) instead of the LAN tuning.
+	GossipFleet bool
+	Driver      driver.Driver
+	Capacity    *warrenv1.Resources
+	Labels      map[string]string
+	Templates   []string
+	Address     string // informational, shown in `warren nodes list`
 
 	// Heartbeat is used until the leader's Welcome names one; 0 means 500ms.
 	Heartbeat time.Duration
@@ -159,7 +162,7 @@ func Start(cfg Config) (*Daemon, error) {
 	d.ctx, d.cancel = context.WithCancel(context.Background())
 	if cfg.GossipAddr != "" {
 		if d.gossip, err = gossip.Start(gossip.Config{Role: gossip.RoleNode, ID: cfg.ID, Addr: cfg.GossipAddr,
-			Join: cfg.JoinGossip, Logger: d.log, Wrap: d.net.wrapGossip}); err != nil {
+			Join: cfg.JoinGossip, Logger: d.log, Wrap: d.net.wrapGossip, Fleet: cfg.GossipFleet}); err != nil {
 			if cfg.Shared == nil {
 				d.app.Close()
 			}

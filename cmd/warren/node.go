@@ -26,6 +26,7 @@ type nodeFlags struct {
 	id, data, servers, gossip, join, driver, capacity, labels, templates, logLevel string
 	simRestore, simExec                                                            time.Duration
 	count                                                                          int
+	gossipProfile                                                                  string
 	metrics                                                                        string
 }
 
@@ -43,6 +44,7 @@ func (f *nodeFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.simRestore, "sim-restore-latency", 0, "sim driver only: simulated sandbox restore time")
 	fs.DurationVar(&f.simExec, "sim-exec-latency", 0, "sim driver only: simulated time of every command")
 	fs.IntVar(&f.count, "count", 1, "sim driver only: host this many simulated nodes in this process, ids ID-0001..., gossip ports from --gossip's up")
+	fs.StringVar(&f.gossipProfile, "gossip-profile", "", "lan (probe every 250 ms) or fleet (memberlist's 1 s timing, for many simulated nodes per process); default lan, fleet with --count > 1")
 	fs.StringVar(&f.metrics, "metrics", "", "HOST:PORT to serve the nodes' counters and append latency as JSON at /metrics")
 }
 
@@ -70,6 +72,15 @@ func cmdNode(args []string, stderr io.Writer) error {
 	}
 	if f.count > 1 && f.driver != "sim" {
 		return errors.New("count: more than one node per process is only for --driver sim (simulated fleets)")
+	}
+	switch f.gossipProfile {
+	case "":
+		cfg.GossipFleet = f.count > 1
+	case "lan":
+	case "fleet":
+		cfg.GossipFleet = true
+	default:
+		return fmt.Errorf("gossip-profile: %q is not lan or fleet", f.gossipProfile)
 	}
 	cfg.Logger = log
 	cfg.Metrics = &noded.Metrics{}

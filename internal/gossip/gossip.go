@@ -35,6 +35,9 @@ type Config struct {
 	// Wrap, if set, wraps memberlist's network transport (tests cut it to
 	// simulate a partition).
 	Wrap func(memberlist.Transport) memberlist.Transport
+	// Fleet selects FleetConfig instead of LANConfig: for many simulated
+	// members in one process.
+	Fleet bool
 }
 
 // Member is a running memberlist instance.
@@ -62,6 +65,21 @@ func LANConfig() *memberlist.Config {
 	return c
 }
 
+// FleetConfig is memberlist's own LAN timing (a probe a second with a
+// 500 ms timeout, suspicion 4 × log10(N) probe intervals) with slower
+// gossip and push-pull. It is for simulated fleets, where one process
+// hosts many members and a machine a thousand: LANConfig's probe and
+// gossip rates times a thousand members would take the machine's CPU.
+// A dead member takes a few seconds to be declared, so the heartbeat
+// TTL usually wins.
+func FleetConfig() *memberlist.Config {
+	c := memberlist.DefaultLANConfig()
+	c.GossipInterval = 500 * time.Millisecond
+	c.PushPullInterval = 60 * time.Second
+	c.TCPTimeout = 5 * time.Second
+	return c
+}
+
 // Name is the memberlist name of a member.
 func Name(role, id string) string { return role + ":" + id }
 
@@ -83,6 +101,9 @@ func Start(cfg Config) (*Member, error) {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	mc := LANConfig()
+	if cfg.Fleet {
+		mc = FleetConfig()
+	}
 	mc.Name = Name(cfg.Role, cfg.ID)
 	mc.BindAddr, mc.BindPort = host, p
 	mc.AdvertiseAddr, mc.AdvertisePort = host, p
