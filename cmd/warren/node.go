@@ -17,6 +17,7 @@ import (
 	"time"
 
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/internal/gossip"
 	"github.com/warrenhq/warren/noded"
 	"github.com/warrenhq/warren/noded/driver"
 	"github.com/warrenhq/warren/noded/driver/sim"
@@ -43,7 +44,7 @@ func (f *nodeFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.DurationVar(&f.simRestore, "sim-restore-latency", 0, "sim driver only: simulated sandbox restore time")
 	fs.DurationVar(&f.simExec, "sim-exec-latency", 0, "sim driver only: simulated time of every command")
-	fs.IntVar(&f.count, "count", 1, "sim driver only: host this many simulated nodes in this process, ids ID-0001..., gossip ports from --gossip's up")
+	fs.IntVar(&f.count, "count", 1, "sim driver only: host this many simulated nodes in this process, ids ID-0001...; the process is one memberlist member for all of them")
 	fs.StringVar(&f.gossipProfile, "gossip-profile", "", "lan (probe every 250 ms) or fleet (memberlist's 1 s timing, for many simulated nodes per process); default lan, fleet with --count > 1")
 	fs.StringVar(&f.metrics, "metrics", "", "HOST:PORT to serve the nodes' counters and append latency as JSON at /metrics")
 }
@@ -91,12 +92,25 @@ func cmdNode(args []string, stderr io.Writer) error {
 		}
 	}
 	var daemons []*noded.Daemon
+	var member *gossip.Member
 	closeAll := func() error {
 		var errs []error
 		for _, d := range daemons {
 			errs = append(errs, d.Close())
 		}
+		if member != nil {
+			errs = append(errs, member.Close())
+		}
 		return errors.Join(errs...)
+	}
+	if f.count > 1 {
+		// The simulated nodes of one process share its fate, so they share
+		// one memberlist member; sessions and heartbeats stay per node.
+		member, err = gossip.Start(gossip.Config{Role: gossip.RoleFleet, ID: f.id, Count: f.count, Addr: cfg.GossipAddr,
+			Join: cfg.JoinGossip, Logger: log, Fleet: cfg.GossipFleet})
+		if err != nil {
+			return err
+		}
 	}
 	for _, c := range cfgs {
 		d, err := noded.Start(c)
@@ -130,17 +144,9 @@ func cmdNode(args []string, stderr io.Writer) error {
 }
 
 // fleet derives count simulated nodes from one config: ids ID-0001...,
-// data dirs under DATA, consecutive gossip ports, one shared client,
-// appender and session transport.
+// data dirs under DATA, one shared client, appender and session transport,
+// and no gossip of their own (the process is one memberlist member).
 func (f *nodeFlags) fleet(base noded.Config) ([]noded.Config, error) {
-	host, port, err := net.SplitHostPort(base.GossipAddr)
-	if err != nil {
-		return nil, fmt.Errorf("gossip: %q is not HOST:PORT: %v", base.GossipAddr, err)
-	}
-	p0, err := strconv.Atoi(port)
-	if err != nil || p0 <= 0 || p0+f.count > 65535 {
-		return nil, fmt.Errorf("gossip: port %q leaves no room for %d consecutive ports", port, f.count)
-	}
 	shared, err := noded.NewShared(base.Servers)
 	if err != nil {
 		return nil, err
@@ -148,10 +154,10 @@ func (f *nodeFlags) fleet(base noded.Config) ([]noded.Config, error) {
 	out := make([]noded.Config, f.count)
 	for i := range out {
 		c := base
-		c.ID = fmt.Sprintf("%s-%04d", base.ID, i+1)
+		c.ID = gossip.FleetNodeID(base.ID, i+1)
 		c.DataDir = filepath.Join(base.DataDir, c.ID)
-		c.GossipAddr = net.JoinHostPort(host, strconv.Itoa(p0+i))
-		c.Address = c.GossipAddr
+		c.GossipAddr = ""
+		c.Address = base.GossipAddr
 		c.Driver = sim.New(sim.Config{RestoreLatency: f.simRestore, WarmLatency: f.simRestore / 10, ExecLatency: f.simExec})
 		c.Shared = shared
 		c.Logger = base.Logger.With("node", c.ID)

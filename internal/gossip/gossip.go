@@ -21,6 +21,10 @@ import (
 const (
 	RoleServer = "server"
 	RoleNode   = "node"
+	// RoleFleet is one process hosting Count simulated nodes named
+	// ID-0001 ... ID-<Count>: they share the process's fate, so they share
+	// one member. Its changes are reported as changes of each node.
+	RoleFleet = "fleet"
 )
 
 // Config is one member's gossip configuration.
@@ -38,7 +42,12 @@ type Config struct {
 	// Fleet selects FleetConfig instead of LANConfig: for many simulated
 	// members in one process.
 	Fleet bool
+	// Count is the number of nodes a RoleFleet member stands for.
+	Count int
 }
+
+// FleetNodeID is the id of node i (from 1) of a fleet process.
+func FleetNodeID(fleet string, i int) string { return fmt.Sprintf("%s-%04d", fleet, i) }
 
 // Member is a running memberlist instance.
 type Member struct {
@@ -109,6 +118,9 @@ func Start(cfg Config) (*Member, error) {
 	mc.AdvertiseAddr, mc.AdvertisePort = host, p
 	mc.Logger = log.New(slogWriter{cfg.Logger}, "", 0)
 	mc.Events = events{cfg.OnChange}
+	if cfg.Role == RoleFleet {
+		mc.Delegate = meta(strconv.Itoa(cfg.Count))
+	}
 	if cfg.Wrap != nil {
 		nt, err := memberlist.NewNetTransport(&memberlist.NetTransportConfig{BindAddrs: []string{host}, BindPort: p, Logger: mc.Logger})
 		if err != nil {
@@ -185,10 +197,33 @@ func (e events) tell(n *memberlist.Node, alive bool) {
 	if e.fn == nil {
 		return
 	}
-	if role, id, ok := Split(n.Name); ok {
-		e.fn(role, id, alive)
+	role, id, ok := Split(n.Name)
+	if !ok {
+		return
 	}
+	if role == RoleFleet {
+		count, _ := strconv.Atoi(string(n.Meta))
+		for i := 1; i <= count; i++ {
+			e.fn(RoleNode, FleetNodeID(id, i), alive)
+		}
+		return
+	}
+	e.fn(role, id, alive)
 }
+
+// meta is a memberlist delegate that only publishes node metadata.
+type meta string
+
+func (m meta) NodeMeta(limit int) []byte {
+	if len(m) > limit {
+		return nil
+	}
+	return []byte(m)
+}
+func (meta) NotifyMsg([]byte)                {}
+func (meta) GetBroadcasts(int, int) [][]byte { return nil }
+func (meta) LocalState(bool) []byte          { return nil }
+func (meta) MergeRemoteState([]byte, bool)   {}
 
 func (e events) NotifyJoin(n *memberlist.Node)   { e.tell(n, true) }
 func (e events) NotifyLeave(n *memberlist.Node)  { e.tell(n, false) }

@@ -78,3 +78,51 @@ func TestDeadMemberDetected(t *testing.T) {
 		}
 	}
 }
+
+// TestFleetMemberStandsForItsNodes: a fleet member's death is reported
+// as the death of each node it hosts.
+func TestFleetMemberStandsForItsNodes(t *testing.T) {
+	var mu sync.Mutex
+	dead := map[string]bool{}
+	first := freeAddr(t)
+	s, err := Start(Config{Role: RoleServer, ID: "s1", Addr: first, OnChange: func(role, id string, alive bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		if role == RoleNode && !alive {
+			dead[id] = true
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	f, err := Start(Config{Role: RoleFleet, ID: "h1", Count: 3, Addr: freeAddr(t), Join: []string{first}, Fleet: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(s.Members()) != 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("members: %v", s.Members())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	f.Kill()
+	for {
+		mu.Lock()
+		n := len(dead)
+		mu.Unlock()
+		if n == 3 {
+			break
+		}
+		if time.Now().After(deadline.Add(20 * time.Second)) {
+			t.Fatalf("dead nodes: %v, want h1-0001..h1-0003", dead)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, id := range []string{"h1-0001", "h1-0002", "h1-0003"} {
+		if !dead[id] {
+			t.Fatalf("dead nodes: %v, missing %s", dead, id)
+		}
+	}
+}

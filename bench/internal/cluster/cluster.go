@@ -257,10 +257,10 @@ func (c *Cluster) StartDaemon(id string, extra ...string) (*Node, error) {
 }
 
 // StartFleet starts one node daemon process hosting count simulated nodes
-// (`warren node --count`, ids ID-0001...) on consecutive free gossip
-// ports, serving its counters at Metrics (http://HOST:PORT/metrics).
+// (`warren node --count`, ids ID-0001..., one memberlist member for the
+// process), serving its counters at Metrics (http://HOST:PORT/metrics).
 func (c *Cluster) StartFleet(id string, count int, extra ...string) (*Node, error) {
-	base, err := consecutivePorts(count + 1)
+	base, err := consecutivePorts(2)
 	if err != nil {
 		return nil, err
 	}
