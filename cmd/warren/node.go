@@ -283,6 +283,9 @@ func parseSize(s string) (int64, error) {
 			if err != nil || n <= 0 {
 				return 0, errors.New("not a positive size like 512MiB or 8GiB")
 			}
+			if b := n * float64(u.mult); b < 1 || b > 1<<60 {
+				return 0, errors.New("must be from 1 byte to 1 EiB")
+			}
 			return int64(n * float64(u.mult)), nil
 		}
 	}

@@ -1,0 +1,61 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+)
+
+// TestNodeAndBenchFlagErrors: bad flags of `warren node` and `warren
+// bench` are refused with every problem named, before anything starts.
+func TestNodeAndBenchFlagErrors(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"node", "--id", "n1"}, []string{"gossip: required", "driver: required", "data: required", "servers: at least one"}},
+		{[]string{"node", "--id", "n1", "--data", "/tmp/x", "--servers", "ftp://a", "--gossip", "127.0.0.1:1", "--driver", "docker"},
+			[]string{`servers: "ftp://a" must start with http://`, `driver: "docker" is not sim, microvm or container`}},
+		{[]string{"node", "--id", "n1", "--data", "/tmp/x", "--servers", "http://a", "--gossip", "127.0.0.1:1", "--driver", "microvm"},
+			[]string{`driver: "microvm" is not built yet`}},
+		{[]string{"node", "--id", "n1", "--data", "/tmp/x", "--servers", "http://a", "--gossip", "127.0.0.1:1", "--driver", "sim", "--capacity", "cpu=0,mem=1GiB"},
+			[]string{`capacity: cpu="0" is not a positive number of cores`}},
+		{[]string{"node", "--id", "n1", "--data", "/tmp/x", "--servers", "http://a", "--gossip", "127.0.0.1:1", "--driver", "sim", "--capacity", "disk=1"},
+			[]string{`capacity: unknown resource "disk"`}},
+		{[]string{"node", "--id", "n1", "--data", "/tmp/x", "--servers", "http://a", "--gossip", "127.0.0.1:1", "--driver", "sim", "--labels", "zone"},
+			[]string{`labels: "zone" is not k=v`}},
+		{[]string{"node", "--id", "n1", "--data", "/tmp/x", "--servers", "http://a", "--gossip", "127.0.0.1:1", "--driver", "sim", "--count", "0"},
+			[]string{"count: must be 1..10000"}},
+		{[]string{"node", "--id", "n1", "--data", "/tmp/x", "--servers", "http://a", "--gossip", "127.0.0.1:1", "--driver", "sim", "--sim-exec-latency", "1s", "--gossip-profile", "wan"},
+			[]string{`gossip-profile: "wan" is not lan or fleet`}},
+		{[]string{"bench"}, []string{`the only benchmark here is "capacity"`}},
+		{[]string{"bench", "capacity", "--preset", "huge"}, []string{`preset: "huge" is not default or ci`}},
+		{[]string{"bench", "capacity", "--nodes", "7", "--nodes-per-process", "5"}, []string{"nodes: 7 is not a multiple of nodes-per-process 5"}},
+	} {
+		var out, errOut bytes.Buffer
+		err := run(c.args, &out, &errOut)
+		if err == nil {
+			t.Errorf("warren %s: no error", strings.Join(c.args, " "))
+			continue
+		}
+		for _, w := range c.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("warren %s: error %q does not say %q", strings.Join(c.args, " "), err, w)
+			}
+		}
+	}
+}
+
+// FuzzParseCapacity: any --capacity or --labels text is parsed or refused
+// with an error, never a panic, and a parsed capacity is positive.
+func FuzzParseCapacity(f *testing.F) {
+	for _, s := range []string{"", "cpu=2,mem=4GiB", "cpu=0.5", "mem=512MiB", "mem=1.5T", "cpu=", "=", ",,", "cpu=1e400", "mem=-1G", "mem=9999999999T", "a=b,c=d"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if r, err := parseCapacity(s); err == nil && (r.GetMilliCpu() <= 0 || r.GetMemoryBytes() <= 0) {
+			t.Fatalf("parseCapacity(%q) = %v without an error", s, r)
+		}
+		_, _ = parseLabels(s)
+	})
+}
