@@ -9,6 +9,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/hashicorp/raft"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
@@ -299,6 +300,7 @@ func (s *Server) livenessLoop() {
 			continue
 		}
 		now := s.clock.Now()
+		var downs []*fsmv1.NodeOp
 		for _, n := range nodes {
 			st := n.GetStatus()
 			if st != warrenv1.NodeStatus_NODE_STATUS_READY && st != warrenv1.NodeStatus_NODE_STATUS_DRAINING {
@@ -312,21 +314,40 @@ func (s *Server) livenessLoop() {
 					s.askToYield(n.GetId())
 				}
 			}
-			if !down {
+			if down {
+				s.log.Warn("declaring node down", "node", n.GetId(), "reason", reason)
+				downs = append(downs, &fsmv1.NodeOp{Id: n.GetId(), Op: fsmv1.NodeOp_OP_DOWN, Reason: reason, Time: timestamppb.New(now)})
+			}
+		}
+		s.declareDown(downs)
+	}
+}
+
+// declareDown proposes the downs of one liveness round together, in raft
+// entries of up to 64 (many nodes die at once when a host running many
+// simulated nodes dies, or a rack does), and cuts their sessions.
+func (s *Server) declareDown(downs []*fsmv1.NodeOp) {
+	for len(downs) > 0 {
+		n := min(len(downs), 64)
+		chunk := downs[:n]
+		downs = downs[n:]
+		cmds := make([]proto.Message, len(chunk))
+		for i, d := range chunk {
+			cmds[i] = d
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		res, err := s.propose(ctx, cmds...)
+		cancel()
+		if err != nil {
+			s.log.Warn("declare nodes down", "nodes", len(chunk), "err", err)
+			return // the next round tries again
+		}
+		for i, d := range chunk {
+			if err := resultErr(res[i]); err != nil {
+				s.log.Warn("declare node down", "node", d.GetId(), "err", err)
 				continue
 			}
-			s.log.Warn("declaring node down", "node", n.GetId(), "reason", reason)
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			res, _, err := s.proposeLocal(ctx, &fsmv1.NodeOp{Id: n.GetId(), Op: fsmv1.NodeOp_OP_DOWN, Reason: reason, Time: timestamppb.New(now)})
-			cancel()
-			if err == nil {
-				err = resultErr(res)
-			}
-			if err != nil {
-				s.log.Warn("declare node down", "node", n.GetId(), "err", err)
-				continue
-			}
-			if c := s.sess.get(n.GetId()); c != nil {
+			if c := s.sess.get(d.GetId()); c != nil {
 				c.close() // it must say hello again to be ready
 			}
 		}
