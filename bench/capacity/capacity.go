@@ -158,8 +158,12 @@ func (r *run) do(ctx context.Context) (*Report, error) {
 	r.logf("starting %d node processes x %d simulated nodes", procs, o.NodesPerProcess)
 	nodesStart := time.Now()
 	for i := range procs {
+		// Room for twice the average share of tasks: bin-packing then fills
+		// nodes to about that and spreads the rest, as on a real fleet,
+		// instead of packing a whole zone's tasks onto its first nodes.
+		cpu := max(4, 2*((o.Tasks+o.Nodes-1)/o.Nodes))
 		if _, err := r.cl.StartFleet(fmt.Sprintf("h%03d", i+1), o.NodesPerProcess,
-			"--capacity", "cpu=1000,mem=4000GiB", "--labels", fmt.Sprintf("zone=z%d", i%3), "--log-level", "warn"); err != nil {
+			"--capacity", fmt.Sprintf("cpu=%d,mem=4000GiB", cpu), "--labels", fmt.Sprintf("zone=z%d", i%3), "--log-level", "warn"); err != nil {
 			return nil, err
 		}
 	}
