@@ -103,7 +103,7 @@ func (a *taskActor) start(c *actor.Context) {
 		c.After(50*time.Millisecond, startMsg{})
 		return
 	}
-	events, err := a.d.readLog(ctx, a.id, t.GetNextSeq()-1)
+	done, err := a.d.completedSteps(ctx, a.id, t.GetNextSeq()-1)
 	if err != nil {
 		a.failed(c, "read log", err, startMsg{})
 		return
@@ -113,7 +113,7 @@ func (a *taskActor) start(c *actor.Context) {
 	if a.script == nil {
 		a.script = defaultScript
 	}
-	a.next = lastCompletedStep(events) + 1
+	a.next = done + 1
 	if a.sb == nil {
 		sb, err := a.d.cfg.Driver.Claim(ctx, driver.ClaimRequest{ID: fmt.Sprintf("%s-e%d", a.id, a.epoch), Template: t.GetSpec().GetTemplate()})
 		if err != nil {
@@ -262,10 +262,9 @@ func isTerminal(s warrenv1.TaskState) bool {
 		s == warrenv1.TaskState_TASK_STATE_CANCELLED
 }
 
-// lastCompletedStep is the highest step n such that steps 1..n all have a
-// tool_result in the log. A step with a tool_call and no result is rerun.
-func lastCompletedStep(events []*warrenv1.Event) uint32 {
-	done := map[uint32]bool{}
+// lastResultStep is the step of the last tool_result among events, or 0.
+func lastResultStep(events []*warrenv1.Event) uint32 {
+	var last uint32
 	for _, e := range events {
 		if e.GetKind() != "tool_result" {
 			continue
@@ -273,28 +272,45 @@ func lastCompletedStep(events []*warrenv1.Event) uint32 {
 		var p struct {
 			ID string `json:"tool_call_id"`
 		}
-		if json.Unmarshal(e.GetPayload(), &p) != nil {
+		if json.Unmarshal(e.GetPayload(), &p) != nil || !strings.HasPrefix(p.ID, "step-") {
 			continue
 		}
-		if n, err := strconv.ParseUint(strings.TrimPrefix(p.ID, "step-"), 10, 32); err == nil && strings.HasPrefix(p.ID, "step-") {
-			done[uint32(n)] = true
+		if n, err := strconv.ParseUint(strings.TrimPrefix(p.ID, "step-"), 10, 32); err == nil {
+			last = max(last, uint32(n))
 		}
 	}
-	var n uint32
-	for done[n+1] {
-		n++
-	}
-	return n
+	return last
 }
 
-// readLog reads a task's events 1..upTo.
-func (d *Daemon) readLog(ctx context.Context, id string, upTo uint64) ([]*warrenv1.Event, error) {
-	if upTo == 0 {
+// completedSteps returns the last step with a result in the log of events
+// 1..upTo. Steps run in order and a step's result is recorded only after
+// every earlier step's, so steps 1..n are all complete when n has a
+// result: it reads the log's tail, widening it until it holds a result or
+// reaches the start, instead of reading the whole log on every resume.
+func (d *Daemon) completedSteps(ctx context.Context, id string, upTo uint64) (uint32, error) {
+	for k := uint64(8); ; k *= 4 {
+		from := uint64(0)
+		if upTo > k {
+			from = upTo - k
+		}
+		events, err := d.readLog(ctx, id, from, upTo)
+		if err != nil {
+			return 0, err
+		}
+		if n := lastResultStep(events); n > 0 || from == 0 {
+			return n, nil
+		}
+	}
+}
+
+// readLog reads a task's events after+1..upTo.
+func (d *Daemon) readLog(ctx context.Context, id string, after, upTo uint64) ([]*warrenv1.Event, error) {
+	if upTo <= after {
 		return nil, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	stream, err := d.cl.Tasks().StreamEvents(ctx, connect.NewRequest(&warrenv1.StreamEventsRequest{TaskId: id}))
+	stream, err := d.cl.Tasks().StreamEvents(ctx, connect.NewRequest(&warrenv1.StreamEventsRequest{TaskId: id, AfterSeq: after}))
 	if err != nil {
 		return nil, err
 	}
