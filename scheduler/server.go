@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -98,6 +99,11 @@ type Server struct {
 	fgc    *groupCommit   // follower: batches into Propose calls to the leader
 	sess   *sessions      // leader: node daemon sessions and liveness
 	gossip *gossip.Member // memberlist, when configured
+
+	// readyTerm is the raft term in which this server, as leader, has
+	// applied everything committed before it led (a barrier); sessions wait
+	// for it so that a new leader never reconciles nodes from a lagging FSM.
+	readyTerm atomic.Uint64
 
 	stop     chan struct{}
 	wg       sync.WaitGroup
@@ -253,6 +259,16 @@ func (s *Server) watchLeadership() {
 			}
 			s.sess.lead(s.clock.Now())
 			s.log.Info("became leader")
+			term := s.raft.CurrentTerm()
+			go func() {
+				if err := s.raft.Barrier(30 * time.Second).Error(); err != nil {
+					s.log.Warn("leader barrier", "err", err)
+					return
+				}
+				if s.raft.CurrentTerm() == term {
+					s.readyTerm.Store(term)
+				}
+			}()
 			m, err := s.fsm.Member(s.cfg.ID)
 			if err == nil && m.GetApiUrl() == s.cfg.APIURL && m.GetRaftAddress() == s.cfg.RaftAddr {
 				continue

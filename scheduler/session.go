@@ -167,6 +167,21 @@ func (n nodeAPI) Session(ctx context.Context, stream *connect.BidiStream[warrenv
 	if s.raft.State() != raft.Leader {
 		return n.notLeader()
 	}
+	// A new leader first applies what was committed before it led;
+	// reconciling nodes from a lagging FSM would stop actors whose leases
+	// it has not seen yet.
+	for s.readyTerm.Load() != s.raft.CurrentTerm() {
+		if s.raft.State() != raft.Leader {
+			return n.notLeader()
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-s.stop:
+			return connect.NewError(connect.CodeUnavailable, errors.New("server shutting down"))
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 	first, err := stream.Receive()
 	if err != nil {
 		return err
