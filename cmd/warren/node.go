@@ -158,7 +158,9 @@ func (f *nodeFlags) fleet(base noded.Config) ([]noded.Config, error) {
 		c.DataDir = filepath.Join(base.DataDir, c.ID)
 		c.GossipAddr = ""
 		c.Address = base.GossipAddr
-		c.Driver = sim.New(sim.Config{RestoreLatency: f.simRestore, WarmLatency: f.simRestore / 10, ExecLatency: f.simExec})
+		if c.Driver, err = newDriver(f); err != nil { // one simulated driver per node
+			return nil, err
+		}
 		c.Shared = shared
 		c.Logger = base.Logger.With("node", c.ID)
 		out[i] = c
