@@ -240,20 +240,7 @@ func (c *Cluster) StartDaemon(id string, extra ...string) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	var gossip []string
-	for _, s := range c.Nodes {
-		if s.Gossip != "" {
-			gossip = append(gossip, s.Gossip)
-		}
-	}
-	n := &Node{ID: id, Daemon: true, Gossip: net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0])),
-		Data: filepath.Join(c.Dir, id), Log: filepath.Join(c.Dir, id+".log"), bin: c.Nodes[0].bin}
-	n.extra = append([]string{"--servers", strings.Join(c.URLs(), ","), "--gossip", n.Gossip, "--driver", "sim"}, extra...)
-	if len(gossip) > 0 {
-		n.extra = append(n.extra, "--join-gossip", strings.Join(gossip, ","))
-	}
-	c.Daemons = append(c.Daemons, n)
-	return n, n.start()
+	return c.startDaemon(id, ports[0], "", extra)
 }
 
 // StartFleet starts one node daemon process hosting count simulated nodes
@@ -264,17 +251,22 @@ func (c *Cluster) StartFleet(id string, count int, extra ...string) (*Node, erro
 	if err != nil {
 		return nil, err
 	}
+	metrics := net.JoinHostPort("127.0.0.1", strconv.Itoa(base))
+	return c.startDaemon(id, base+1, metrics, append([]string{"--count", strconv.Itoa(count), "--metrics", metrics}, extra...))
+}
+
+// startDaemon starts `warren node --driver sim` with gossip on port, joined
+// to the servers' gossip when the cluster has it.
+func (c *Cluster) startDaemon(id string, port int, metrics string, extra []string) (*Node, error) {
+	n := &Node{ID: id, Daemon: true, Gossip: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Metrics: metrics,
+		Data: filepath.Join(c.Dir, id), Log: filepath.Join(c.Dir, id+".log"), bin: c.Nodes[0].bin}
+	n.extra = append([]string{"--servers", strings.Join(c.URLs(), ","), "--gossip", n.Gossip, "--driver", "sim"}, extra...)
 	var gossip []string
 	for _, s := range c.Nodes {
 		if s.Gossip != "" {
 			gossip = append(gossip, s.Gossip)
 		}
 	}
-	n := &Node{ID: id, Daemon: true, Gossip: net.JoinHostPort("127.0.0.1", strconv.Itoa(base+1)),
-		Metrics: net.JoinHostPort("127.0.0.1", strconv.Itoa(base)),
-		Data:    filepath.Join(c.Dir, id), Log: filepath.Join(c.Dir, id+".log"), bin: c.Nodes[0].bin}
-	n.extra = append([]string{"--servers", strings.Join(c.URLs(), ","), "--gossip", n.Gossip, "--driver", "sim",
-		"--count", strconv.Itoa(count), "--metrics", n.Metrics}, extra...)
 	if len(gossip) > 0 {
 		n.extra = append(n.extra, "--join-gossip", strings.Join(gossip, ","))
 	}
