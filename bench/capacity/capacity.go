@@ -672,19 +672,12 @@ func (r *run) killNodes(ctx context.Context) error {
 	}
 	held := map[string]uint64{}
 	tasks, _ := r.servers()
-	for token := ""; ; {
-		resp, err := tasks.ListTasks(ctx, connect.NewRequest(&warrenv1.ListTasksRequest{PageSize: 1000, PageToken: token}))
-		if err != nil {
-			return err
+	if err := cluster.EachTask(ctx, tasks, warrenv1.TaskState_TASK_STATE_UNSPECIFIED, func(t *warrenv1.Task) {
+		if (t.GetState() == warrenv1.TaskState_TASK_STATE_RUNNING || t.GetState() == warrenv1.TaskState_TASK_STATE_PLACED) && onVictim(t.GetLease().GetNode()) {
+			held[t.GetId()] = t.GetLease().GetEpoch()
 		}
-		for _, t := range resp.Msg.GetTasks() {
-			if (t.GetState() == warrenv1.TaskState_TASK_STATE_RUNNING || t.GetState() == warrenv1.TaskState_TASK_STATE_PLACED) && onVictim(t.GetLease().GetNode()) {
-				held[t.GetId()] = t.GetLease().GetEpoch()
-			}
-		}
-		if token = resp.Msg.GetNextPageToken(); token == "" {
-			break
-		}
+	}); err != nil {
+		return err
 	}
 	r.rep.KilledNodes = procs * r.o.NodesPerProcess
 	r.rep.KilledTasks = len(held)
@@ -739,14 +732,14 @@ func (r *run) killNodes(ctx context.Context) error {
 			go func() {
 				defer wg.Done()
 				defer func() { <-sem }()
-				at, st, desc := firstOwnerEvent(ctx, tasks, id, epoch)
+				at, st, desc := cluster.FirstOwnerEvent(ctx, tasks, id, epoch)
 				mu.Lock()
 				defer mu.Unlock()
 				switch st {
-				case recovered:
+				case cluster.Recovered:
 					rec = append(rec, at.Sub(killed))
 					delete(held, id)
-				case endedBefore:
+				case cluster.EndedBefore:
 					ended++
 					delete(held, id)
 				default:
@@ -782,50 +775,6 @@ func pct(ds []time.Duration, q float64) float64 {
 	slices.Sort(s)
 	i := int(math.Ceil(q*float64(len(s)))) - 1
 	return s[min(max(i, 0), len(s)-1)].Seconds()
-}
-
-// ownerState is what a lost task's log says after the kill.
-type ownerState int
-
-const (
-	notYet      ownerState = iota
-	recovered              // the new owner recorded running at the returned time
-	endedBefore            // it ended on the old node before the kill took effect
-)
-
-// firstOwnerEvent returns when the task's new owner (epoch above old)
-// recorded state_changed to running.
-func firstOwnerEvent(ctx context.Context, tasks warrenv1connect.TaskServiceClient, id string, old uint64) (time.Time, ownerState, string) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	resp, err := tasks.GetTask(ctx, connect.NewRequest(&warrenv1.GetTaskRequest{Id: id}))
-	if err != nil {
-		return time.Time{}, notYet, err.Error()
-	}
-	t := resp.Msg.GetTask()
-	desc := fmt.Sprintf("%s %s on %q epoch %d (was %d)", id, t.GetState(), t.GetLease().GetNode(), t.GetLease().GetEpoch(), old)
-	if t.GetLease().GetEpoch() <= old {
-		if t.GetState() == warrenv1.TaskState_TASK_STATE_SUCCEEDED {
-			return time.Time{}, endedBefore, desc
-		}
-		return time.Time{}, notYet, desc
-	}
-	st, err := tasks.StreamEvents(ctx, connect.NewRequest(&warrenv1.StreamEventsRequest{TaskId: id}))
-	if err != nil {
-		return time.Time{}, notYet, desc
-	}
-	defer st.Close()
-	last := t.GetNextSeq() - 1
-	for st.Receive() {
-		e := st.Msg().GetEvent()
-		if e.GetEpoch() > old && e.GetKind() == "state_changed" && strings.Contains(string(e.GetPayload()), `"to":"running"`) {
-			return e.GetTime().AsTime(), recovered, desc
-		}
-		if e.GetSeq() >= last {
-			break
-		}
-	}
-	return time.Time{}, notYet, desc
 }
 
 // killLeader SIGKILLs the leader and measures the time to the first
@@ -944,17 +893,8 @@ func (r *run) countEnded(ctx context.Context) (int, error) {
 	tasks, _ := r.servers()
 	n := 0
 	for _, state := range []warrenv1.TaskState{warrenv1.TaskState_TASK_STATE_SUCCEEDED, warrenv1.TaskState_TASK_STATE_FAILED} {
-		for token := ""; ; {
-			cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			resp, err := tasks.ListTasks(cctx, connect.NewRequest(&warrenv1.ListTasksRequest{State: state, PageSize: 1000, PageToken: token}))
-			cancel()
-			if err != nil {
-				return 0, err
-			}
-			n += len(resp.Msg.GetTasks())
-			if token = resp.Msg.GetNextPageToken(); token == "" {
-				break
-			}
+		if err := cluster.EachTask(ctx, tasks, state, func(*warrenv1.Task) { n++ }); err != nil {
+			return 0, err
 		}
 	}
 	return n, nil
@@ -992,16 +932,8 @@ func (r *run) check(ctx context.Context, ids []string) {
 	wg.Wait()
 	r.rep.CheckedLogs, r.rep.CheckedEvents = len(sample), events
 	succeeded := 0
-	for token := ""; ; {
-		resp, err := tasks.ListTasks(ctx, connect.NewRequest(&warrenv1.ListTasksRequest{State: warrenv1.TaskState_TASK_STATE_SUCCEEDED, PageSize: 1000, PageToken: token}))
-		if err != nil {
-			r.rep.Violations = append(r.rep.Violations, "list succeeded tasks: "+err.Error())
-			break
-		}
-		succeeded += len(resp.Msg.GetTasks())
-		if token = resp.Msg.GetNextPageToken(); token == "" {
-			break
-		}
+	if err := cluster.EachTask(ctx, tasks, warrenv1.TaskState_TASK_STATE_SUCCEEDED, func(*warrenv1.Task) { succeeded++ }); err != nil {
+		r.rep.Violations = append(r.rep.Violations, "list succeeded tasks: "+err.Error())
 	}
 	r.rep.Succeeded = succeeded
 	if succeeded != len(ids) {

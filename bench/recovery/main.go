@@ -19,7 +19,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"math/rand/v2"
@@ -199,18 +198,10 @@ func oneRun(ctx context.Context, c config) (runResult, error) {
 	}
 	running := func() []*warrenv1.Task {
 		var out []*warrenv1.Task
-		token := ""
-		for {
-			resp, err := tasks.ListTasks(ctx, connect.NewRequest(&warrenv1.ListTasksRequest{
-				State: warrenv1.TaskState_TASK_STATE_RUNNING, PageSize: 1000, PageToken: token}))
-			if err != nil {
-				return nil
-			}
-			out = append(out, resp.Msg.GetTasks()...)
-			if token = resp.Msg.GetNextPageToken(); token == "" {
-				return out
-			}
+		if cluster.EachTask(ctx, tasks, warrenv1.TaskState_TASK_STATE_RUNNING, func(t *warrenv1.Task) { out = append(out, t) }) != nil {
+			return nil
 		}
+		return out
 	}
 	if err := wait(ctx, 120*time.Second, "every task running", func() bool { return len(running()) == c.tasks }); err != nil {
 		return fail(err)
@@ -245,8 +236,8 @@ func oneRun(ctx context.Context, c config) (runResult, error) {
 	}
 	if err := wait(ctx, 60*time.Second, "every moved task's new owner to append", func() bool {
 		for id := range pendingIDs {
-			at, ok := firstOwnerEvent(ctx, tasks, id, held[id])
-			if !ok {
+			at, st, _ := cluster.FirstOwnerEvent(ctx, tasks, id, held[id])
+			if st != cluster.Recovered {
 				return false
 			}
 			r.recovered = append(r.recovered, at.Sub(killed))
@@ -262,36 +253,6 @@ func oneRun(ctx context.Context, c config) (runResult, error) {
 		}
 	}
 	return r, nil
-}
-
-// firstOwnerEvent returns the time of the first event the task's new owner
-// appended (its state_changed to running under an epoch above old).
-func firstOwnerEvent(ctx context.Context, tasks warrenv1connect.TaskServiceClient, id string, old uint64) (time.Time, bool) {
-	resp, err := tasks.GetTask(ctx, connect.NewRequest(&warrenv1.GetTaskRequest{Id: id}))
-	if err != nil || resp.Msg.GetTask().GetLease().GetEpoch() <= old {
-		return time.Time{}, false
-	}
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	st, err := tasks.StreamEvents(ctx, connect.NewRequest(&warrenv1.StreamEventsRequest{TaskId: id}))
-	if err != nil {
-		return time.Time{}, false
-	}
-	defer st.Close()
-	last := resp.Msg.GetTask().GetNextSeq() - 1
-	for st.Receive() {
-		e := st.Msg().GetEvent()
-		if e.GetEpoch() > old && e.GetKind() == "state_changed" {
-			var p struct{ To string }
-			if json.Unmarshal(e.GetPayload(), &p) == nil && p.To == "running" {
-				return e.GetTime().AsTime(), true
-			}
-		}
-		if e.GetSeq() >= last {
-			break
-		}
-	}
-	return time.Time{}, false
 }
 
 func wait(ctx context.Context, d time.Duration, what string, cond func() bool) error {
