@@ -18,7 +18,7 @@ run: build
 
 # Every test, with the race detector and the invariant checks compiled in.
 test: lint
-	$(GO) test -race -tags invariants -timeout 30m $(TESTFLAGS) $(PKGS)
+	$(GO) test -race -tags invariants -timeout 15m $(TESTFLAGS) $(PKGS)
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

@@ -77,11 +77,11 @@ func TestGroupCommitBatchesWhileSlotsAreBusy(t *testing.T) {
 
 func TestGroupCommitRespectsByteLimit(t *testing.T) {
 	f := &fakeStart{release: make(chan struct{})}
-	close(f.release)
 	g := newGroupCommit(f.start, 1, 100, 10)
 	defer g.close()
-	// Fill the queue before the loop can take anything: hold the only slot.
-	g.slots <- struct{}{}
+	// Fill the queue before the loop can take anything: a first proposal
+	// holds the only slot until release closes.
+	holdSlot(t, g, f)
 	type out struct {
 		res []*fsmv1.Result
 		err error
@@ -94,7 +94,7 @@ func TestGroupCommitRespectsByteLimit(t *testing.T) {
 		}()
 		waitFor(t, "queued in order", 5*time.Second, func() bool { return len(g.in) == i+1 })
 	}
-	<-g.slots
+	close(f.release)
 	for i := 0; i < 3; i++ {
 		if o := <-outs; o.err != nil {
 			t.Fatal(o.err)
@@ -105,15 +105,17 @@ func TestGroupCommitRespectsByteLimit(t *testing.T) {
 			t.Fatalf("batch %d has %d bytes, over the 10-byte limit", i, cmdBytes(b))
 		}
 	}
-	if f.count() != 2 {
-		t.Fatalf("batches = %d, want 2 (6 bytes, then 6+2)", f.count())
+	// The holder, then 6 bytes, then 6+2.
+	if f.count() != 3 || len(f.batches[1]) != 1 || len(f.batches[2]) != 2 {
+		t.Fatalf("batches = %v, want [hold] [aaaaaa] [bbbbbb cc]", f.batches)
 	}
 }
 
 func TestGroupCommitCloseFailsQueued(t *testing.T) {
 	f := &fakeStart{release: make(chan struct{})}
 	g := newGroupCommit(f.start, 1, 100, 1<<20)
-	g.slots <- struct{}{} // the loop can take nothing
+	defer close(f.release)
+	holdSlot(t, g, f) // the loop can take nothing more
 	errc := make(chan error, 1)
 	go func() {
 		_, _, err := g.propose(context.Background(), [][]byte{[]byte("x")})
@@ -124,4 +126,13 @@ func TestGroupCommitCloseFailsQueued(t *testing.T) {
 	if err := <-errc; !errors.Is(err, errProposalAborted) {
 		t.Fatalf("err = %v, want errProposalAborted", err)
 	}
+}
+
+// holdSlot proposes one command and waits until it is in flight, so that it
+// holds a slot until f.release closes. (Sending into g.slots from the test
+// would race with the loop, which takes a slot before it reads the queue.)
+func holdSlot(t *testing.T, g *groupCommit, f *fakeStart) {
+	t.Helper()
+	go g.propose(context.Background(), [][]byte{[]byte("h")})
+	waitFor(t, "holder in flight", 5*time.Second, func() bool { return f.count() == 1 })
 }
