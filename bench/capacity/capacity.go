@@ -163,7 +163,7 @@ func (r *run) do(ctx context.Context) (*Report, error) {
 		// instead of packing a whole zone's tasks onto its first nodes.
 		cpu := max(4, 2*((o.Tasks+o.Nodes-1)/o.Nodes))
 		if _, err := r.cl.StartFleet(fmt.Sprintf("h%03d", i+1), o.NodesPerProcess,
-			"--capacity", fmt.Sprintf("cpu=%d,mem=4000GiB", cpu), "--labels", fmt.Sprintf("zone=z%d", i%3), "--log-level", "warn"); err != nil {
+			"--capacity", fmt.Sprintf("cpu=%d,mem=4000GiB", cpu), "--labels", fmt.Sprintf("zone=z%d", i%3), "--log-level", "warn", "--pprof"); err != nil {
 			return nil, err
 		}
 	}
@@ -612,40 +612,59 @@ func (r *run) fleetRSS() map[string]int64 {
 	return out
 }
 
-// profile takes a CPU profile of the leader for d (and a heap profile
-// after it) into the output directory, and summarises the CPU profile.
+// profile takes CPU profiles of the leader and of the first node process
+// for d (and the leader's heap profile after it) into the output
+// directory, and summarises the leader's CPU profile.
 func (r *run) profile(ctx context.Context, d time.Duration) <-chan struct{} {
 	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		leader := r.cl.Node(r.leaderID.Load().(string))
-		if leader == nil || r.o.OutDir == "" {
-			return
-		}
-		cpuFile := filepath.Join(r.o.OutDir, fmt.Sprintf("capacity-%s-leader-cpu.pprof", r.o.Preset))
-		heapFile := filepath.Join(r.o.OutDir, fmt.Sprintf("capacity-%s-leader-heap.pprof", r.o.Preset))
-		get := func(url, file string) error {
-			ctx, cancel := context.WithTimeout(ctx, d+30*time.Second)
-			defer cancel()
-			req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				return err
-			}
-			defer resp.Body.Close()
-			f, err := os.Create(file)
-			if err != nil {
-				return err
-			}
-			defer f.Close()
-			_, err = io.Copy(f, resp.Body)
+	leader := r.cl.Node(r.leaderID.Load().(string))
+	if leader == nil || r.o.OutDir == "" {
+		close(done)
+		return done
+	}
+	file := func(what string) string {
+		return filepath.Join(r.o.OutDir, fmt.Sprintf("capacity-%s-%s.pprof", r.o.Preset, what))
+	}
+	get := func(url, file string) error {
+		ctx, cancel := context.WithTimeout(ctx, d+30*time.Second)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
 			return err
 		}
-		if err := get(fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", leader.URL, int(d.Seconds())), cpuFile); err != nil {
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("GET %s: %s", url, resp.Status)
+		}
+		f, err := os.Create(file)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		_, err = io.Copy(f, resp.Body)
+		return err
+	}
+	cpuURL := fmt.Sprintf("/debug/pprof/profile?seconds=%d", int(d.Seconds()))
+	var wg sync.WaitGroup
+	if len(r.cl.Daemons) > 0 && r.cl.Daemons[0].Metrics != "" {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := get("http://"+r.cl.Daemons[0].Metrics+cpuURL, file("node-cpu")); err != nil {
+				r.logf("node process CPU profile: %v", err)
+			}
+		}()
+	}
+	go func() {
+		defer close(done)
+		defer wg.Wait()
+		cpuFile := file("leader-cpu")
+		if err := get(leader.URL+cpuURL, cpuFile); err != nil {
 			r.logf("leader CPU profile: %v", err)
 			return
 		}
-		_ = get(leader.URL+"/debug/pprof/heap", heapFile)
+		_ = get(leader.URL+"/debug/pprof/heap", file("leader-heap"))
 		if out, err := exec.Command("go", "tool", "pprof", "-top", "-nodecount=15", r.o.Binary, cpuFile).Output(); err == nil {
 			lines := strings.Split(string(out), "\n")
 			r.mu.Lock()

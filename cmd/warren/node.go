@@ -29,6 +29,7 @@ type nodeFlags struct {
 	count                                                                          int
 	gossipProfile                                                                  string
 	metrics                                                                        string
+	pprof                                                                          bool
 }
 
 func (f *nodeFlags) register(fs *flag.FlagSet) {
@@ -47,6 +48,7 @@ func (f *nodeFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.count, "count", 1, "sim driver only: host this many simulated nodes in this process, ids ID-0001...; the process is one memberlist member for all of them")
 	fs.StringVar(&f.gossipProfile, "gossip-profile", "", "lan (probe every 250 ms) or fleet (memberlist's 1 s timing, for many simulated nodes per process); default lan, fleet with --count > 1")
 	fs.StringVar(&f.metrics, "metrics", "", "HOST:PORT to serve the nodes' counters and append latency as JSON at /metrics")
+	fs.BoolVar(&f.pprof, "pprof", false, "also serve Go profiles at /debug/pprof/ on the --metrics address")
 }
 
 func cmdNode(args []string, stderr io.Writer) error {
@@ -131,6 +133,9 @@ func cmdNode(args []string, stderr io.Writer) error {
 			w.Header().Set("Content-Type", "application/json")
 			_ = json.NewEncoder(w).Encode(cfg.Metrics.Snapshot(daemons))
 		})
+		if f.pprof {
+			servePprof(mux)
+		}
 		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 		go hs.Serve(ln)
 		defer hs.Close()
@@ -192,6 +197,9 @@ func (f *nodeFlags) config() (noded.Config, error) {
 	}
 	if cfg.Labels, err = parseLabels(f.labels); err != nil {
 		errs = append(errs, err)
+	}
+	if f.pprof && f.metrics == "" {
+		errs = append(errs, errors.New("pprof: needs --metrics, the address it is served on"))
 	}
 	if f.driver == "" {
 		errs = append(errs, errors.New("driver: required: sim (simulated), microvm or container"))

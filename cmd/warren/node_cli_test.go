@@ -28,6 +28,8 @@ func TestNodeAndBenchFlagErrors(t *testing.T) {
 			[]string{"count: must be 1..10000"}},
 		{[]string{"node", "--id", "n1", "--data", "/tmp/x", "--servers", "http://a", "--gossip", "127.0.0.1:1", "--driver", "sim", "--sim-exec-latency", "1s", "--gossip-profile", "wan"},
 			[]string{`gossip-profile: "wan" is not lan or fleet`}},
+		{[]string{"node", "--id", "n1", "--data", "/tmp/x", "--servers", "http://a", "--gossip", "127.0.0.1:1", "--driver", "sim", "--pprof"},
+			[]string{"pprof: needs --metrics"}},
 		{[]string{"bench"}, []string{`the only benchmark here is "capacity"`}},
 		{[]string{"bench", "capacity", "--preset", "huge"}, []string{`preset: "huge" is not default or ci`}},
 		{[]string{"bench", "capacity", "--nodes", "7", "--nodes-per-process", "5"}, []string{"nodes: 7 is not a multiple of nodes-per-process 5"}},
