@@ -37,6 +37,13 @@ type FSM struct {
 	applied atomic.Uint64
 	watch   *watchers
 	idem    *idemSet // FSM goroutine only
+	// live caches the stored record of every task that is not terminal
+	// and was written since the process started (FSM goroutine only). The
+	// applier reads a task from here instead of Pebble, where under load
+	// the record is usually in an sstable block that is not cached. An
+	// entry is exactly what the last flush wrote; appliers work on clones.
+	live   map[string]*warrenv1.Task
+	noLive bool // benchmarks only: the baseline without the cache
 	// replanGen changes whenever placement could now place something it
 	// could not before: a task became pending, or a node appeared, changed
 	// or gained room. The leader's placement loop replans only then.
@@ -77,7 +84,7 @@ var _ raft.BatchingFSM = (*FSM)(nil)
 // NewFSM opens the state machine over db. tmpDir holds snapshot checkpoints
 // while they stream and must be on the same filesystem as db.
 func NewFSM(db *pebble.DB, tmpDir string, log *slog.Logger) (*FSM, error) {
-	f := &FSM{db: db, log: log, tmpDir: tmpDir, watch: newWatchers(), idem: newIdemSet()}
+	f := &FSM{db: db, log: log, tmpDir: tmpDir, watch: newWatchers(), idem: newIdemSet(), live: map[string]*warrenv1.Task{}}
 	if err := f.idem.load(db); err != nil {
 		return nil, err
 	}
@@ -112,7 +119,11 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	applied := f.applied.Load()
 	b := f.db.NewIndexedBatch()
 	defer b.Close()
-	a := &applier{b: b, idem: f.idem, touched: map[string]struct{}{}, tasks: map[string]*cachedTask{}, nodes: map[string]*cachedNode{}}
+	live := f.live
+	if f.noLive {
+		live = map[string]*warrenv1.Task{}
+	}
+	a := &applier{b: b, idem: f.idem, live: live, touched: map[string]struct{}{}, tasks: map[string]*cachedTask{}, nodes: map[string]*cachedNode{}}
 	last := applied
 	for i, l := range logs {
 		if invariants && i > 0 && l.Index <= logs[i-1].Index {
@@ -174,6 +185,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 type applier struct {
 	b       *pebble.Batch
 	idem    *idemSet
+	live    map[string]*warrenv1.Task // FSM.live
 	touched map[string]struct{}
 	tasks   map[string]*cachedTask
 	nodes   map[string]*cachedNode
@@ -287,6 +299,17 @@ func (a *applier) task(id string) (*warrenv1.Task, *fsmv1.Result) {
 	if c, ok := a.tasks[id]; ok {
 		return c.t, nil
 	}
+	if c, ok := a.live[id]; ok {
+		if invariants {
+			stored := &warrenv1.Task{}
+			if !a.get(keyTask(id), stored) || !proto.Equal(stored, c) {
+				panic(fmt.Sprintf("invariant: cached task %s differs from its stored record", id))
+			}
+		}
+		t := snapshotTask(c)
+		a.tasks[id] = &cachedTask{t: t, orig: t.GetState()}
+		return t, nil
+	}
 	t := &warrenv1.Task{}
 	if !a.get(keyTask(id), t) {
 		return nil, fail(connect.CodeNotFound, "task %q not found", id)
@@ -323,6 +346,13 @@ func (a *applier) flushTasks() {
 			}
 		}
 		a.put(keyTask(id), c.t)
+		// The working copy is not used after the batch, so it becomes the
+		// cached record.
+		if Terminal(c.t.GetState()) {
+			delete(a.live, id)
+		} else {
+			a.live[id] = c.t
+		}
 	}
 }
 

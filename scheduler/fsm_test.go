@@ -414,6 +414,12 @@ func TestSnapshotRestoresIntoFreshFSM(t *testing.T) {
 	if _, err := dst.fsm.Task(stale.GetId()); err == nil {
 		t.Fatal("state from before the restore survived it")
 	}
+	// Nor does the applier's cache of live tasks keep it.
+	dst.index = src.fsm.Applied()
+	if r := dst.apply(&fsmv1.AppendEvents{TaskId: stale.GetId(), Events: []*warrenv1.EventInput{logEvent("late")},
+		Time: timestamppb.New(t0)})[0]; connect.Code(r.GetCode()) != connect.CodeNotFound {
+		t.Fatalf("append to a task the restore removed: code %d %q, want not found", r.GetCode(), r.GetMessage())
+	}
 	for _, id := range ids {
 		a, _ := src.fsm.Task(id)
 		b, err := dst.fsm.Task(id)
@@ -425,7 +431,6 @@ func TestSnapshotRestoresIntoFreshFSM(t *testing.T) {
 		}
 	}
 	// The idempotency records came along: a retried create finds its task.
-	dst.index = src.fsm.Applied()
 	r := dst.ok(&fsmv1.CreateTask{Id: ulid.Make().String(), Tenant: "default", RequestId: "r7", Spec: testSpec(), Time: timestamppb.New(t0)})[0]
 	if r.GetCreated() || r.GetTask().GetId() != ids[7] {
 		t.Fatalf("retried create after restore: created=%v id=%s", r.GetCreated(), r.GetTask().GetId())

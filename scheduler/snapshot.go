@@ -119,6 +119,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 		f.log.Info("snapshot restore skipped: local state is newer", "snapshot_index", snapIndex, "applied", f.Applied())
 		return nil
 	}
+	clear(f.live) // before the copy: a failed copy must not leave stale entries
 	if err := f.replaceFrom(src); err != nil {
 		return fmt.Errorf("restore snapshot: %w", err)
 	}

@@ -1,0 +1,63 @@
+package scheduler
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/oklog/ulid/v2"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
+	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+)
+
+// BenchmarkFSMAppend applies raft entries of 40 one-event appends (1 KiB
+// payloads, each with a request id) to random tasks among 20,000 whose
+// records were flushed to sstables, as on a loaded leader. live-cache=false
+// is the baseline in the same run: every append reads its task from Pebble.
+func BenchmarkFSMAppend(b *testing.B) {
+	const tasks, perEntry = 20000, 40
+	for _, cache := range []bool{true, false} {
+		b.Run(fmt.Sprintf("live-cache=%v", cache), func(b *testing.B) {
+			tf := newTestFSM(b)
+			tf.fsm.noLive = !cache
+			ids := make([]string, tasks)
+			for i := 0; i < tasks; i += 500 {
+				var msgs []proto.Message
+				for j := i; j < i+500; j++ {
+					ids[j] = ulid.Make().String()
+					msgs = append(msgs, &fsmv1.CreateTask{Id: ids[j], Tenant: "default", Spec: testSpec(), Time: timestamppb.New(t0)})
+				}
+				tf.ok(msgs...)
+			}
+			// A first append to each puts it in the cache (when on), as the
+			// running state_changed event does in the cluster.
+			for i := 0; i < tasks; i += perEntry {
+				var msgs []proto.Message
+				for _, id := range ids[i : i+perEntry] {
+					msgs = append(msgs, &fsmv1.AppendEvents{TaskId: id, Events: []*warrenv1.EventInput{logEvent("first")}, Time: timestamppb.New(t0)})
+				}
+				tf.ok(msgs...)
+			}
+			if err := tf.db.Flush(); err != nil {
+				b.Fatal(err)
+			}
+			payload := []byte(fmt.Sprintf(`{"output":%q}`, strings.Repeat("x", 1000)))
+			rng := rand.New(rand.NewPCG(1, 2))
+			b.ReportAllocs()
+			b.ResetTimer()
+			for n := 0; n < b.N; n++ {
+				msgs := make([]proto.Message, perEntry)
+				for i := range msgs {
+					msgs[i] = &fsmv1.AppendEvents{TaskId: ids[rng.IntN(tasks)], RequestId: fmt.Sprint("r", n, "/", i),
+						Events: []*warrenv1.EventInput{{Kind: KindLog, Payload: payload}}, Time: timestamppb.New(t0)}
+				}
+				tf.ok(msgs...)
+			}
+			b.ReportMetric(float64(b.N*perEntry)/b.Elapsed().Seconds(), "appends/s")
+		})
+	}
+}
