@@ -18,7 +18,8 @@ const (
 // process may share it. All methods are safe for concurrent use.
 type Metrics struct {
 	appends, appendErrors atomic.Uint64
-	lastAppend            atomic.Int64 // unix nanoseconds of the last success
+	events                atomic.Uint64 // events in the successful appends
+	lastAppend            atomic.Int64  // unix nanoseconds of the last success
 	recordedRunning       atomic.Uint64
 	buckets               [nBuckets]atomic.Uint64
 }
@@ -36,7 +37,8 @@ type MetricsSnapshot struct {
 	Sessions     int       `json:"sessions"`
 	// Task actors that recorded state_changed to running (once per lease).
 	RecordedRunning    uint64 `json:"recorded_running"`
-	Appends            uint64 `json:"appends"`
+	Appends            uint64 `json:"appends"` // successful append calls
+	Events             uint64 `json:"events"`  // events those calls appended
 	AppendErrors       uint64 `json:"append_errors"`
 	LastAppendUnixNano int64  `json:"last_append_unix_nano"`
 	// Latency histogram: Buckets[i] counts appends that took at most
@@ -46,12 +48,13 @@ type MetricsSnapshot struct {
 	BucketGrowth     float64  `json:"bucket_growth"`
 }
 
-func (m *Metrics) observe(d time.Duration, err error) {
+func (m *Metrics) observe(d time.Duration, events int, err error) {
 	if err != nil {
 		m.appendErrors.Add(1)
 		return
 	}
 	m.appends.Add(1)
+	m.events.Add(uint64(events))
 	m.lastAppend.Store(time.Now().UnixNano())
 	i := 0
 	if d > bucketBase {
@@ -62,7 +65,7 @@ func (m *Metrics) observe(d time.Duration, err error) {
 
 // Snapshot copies the counters and adds the daemons' actor counts.
 func (m *Metrics) Snapshot(daemons []*Daemon) MetricsSnapshot {
-	s := MetricsSnapshot{Time: time.Now(), Nodes: len(daemons), Appends: m.appends.Load(), AppendErrors: m.appendErrors.Load(),
+	s := MetricsSnapshot{Time: time.Now(), Nodes: len(daemons), Appends: m.appends.Load(), Events: m.events.Load(), AppendErrors: m.appendErrors.Load(),
 		LastAppendUnixNano: m.lastAppend.Load(), RecordedRunning: m.recordedRunning.Load(), Buckets: make([]uint64, nBuckets),
 		BucketBaseMicros: float64(bucketBase) / float64(time.Microsecond), BucketGrowth: bucketGrowth}
 	for i := range s.Buckets {

@@ -181,25 +181,22 @@ func (a *taskActor) step(c *actor.Context) {
 		a.failed(c, "exec", err, stepMsg{})
 		return
 	}
-	// The step's external effect: recorded once per (task, step) in the
-	// replicated state, whichever owner and epoch gets there first; a rerun
-	// gets the first record back.
-	key := fmt.Sprintf("%s/step-%d", a.id, n)
-	eff, err := a.appendReq(ctx, &warrenv1.AppendEventsRequest{TaskId: a.id, LeaseEpoch: a.epoch,
-		RequestId: "effect/" + callID, Events: []*warrenv1.EventInput{ev("effect", map[string]any{
-			"idempotency_key": key, "tool_call_id": callID, "node": a.d.cfg.ID, "epoch": a.epoch})}})
-	if err != nil {
-		a.failed(c, "record effect", err, stepMsg{})
-		return
-	}
+	// The step's external effect and its result, in one append: recorded
+	// once per (task, step) in the replicated state, whichever owner and
+	// epoch gets there first (a rerun gets the first record back), and
+	// never an effect without its result.
 	out := string(res.Output)
 	if want := int(a.script.GetOutputBytes()); len(out) < want {
 		out += strings.Repeat(".", want-len(out))
 	}
-	if _, err := a.append(ctx, fmt.Sprintf("s%d/result", n), ev("tool_result", map[string]any{
-		"tool_call_id": callID, "exit_code": res.ExitCode, "output": out, "effect_seq": eff.GetFirstSeq(),
-		"duration_ms": res.Duration.Milliseconds()})); err != nil {
-		a.failed(c, "record tool_result", err, stepMsg{})
+	key := fmt.Sprintf("%s/step-%d", a.id, n)
+	if _, err := a.appendReq(ctx, &warrenv1.AppendEventsRequest{TaskId: a.id, LeaseEpoch: a.epoch,
+		RequestId: "effect/" + callID, Events: []*warrenv1.EventInput{
+			ev("effect", map[string]any{"idempotency_key": key, "tool_call_id": callID, "node": a.d.cfg.ID, "epoch": a.epoch}),
+			ev("tool_result", map[string]any{"tool_call_id": callID, "exit_code": res.ExitCode, "output": out,
+				"duration_ms": res.Duration.Milliseconds()}),
+		}}); err != nil {
+		a.failed(c, "record effect and tool_result", err, stepMsg{})
 		return
 	}
 	a.next++
@@ -217,7 +214,7 @@ func (a *taskActor) append(ctx context.Context, key string, e *warrenv1.EventInp
 func (a *taskActor) appendReq(ctx context.Context, req *warrenv1.AppendEventsRequest) (*warrenv1.AppendEventsResponse, error) {
 	start := time.Now()
 	res, err := a.d.app.Append(ctx, req)
-	a.d.cfg.Metrics.observe(time.Since(start), err)
+	a.d.cfg.Metrics.observe(time.Since(start), len(req.GetEvents()), err)
 	if res.GetCancelRequested() {
 		a.cancel = true
 	}

@@ -87,7 +87,7 @@ func (r *Report) Markdown() string {
 		fmt.Fprintf(&b, "%stext\n%s\n%s\n\n", fence, strings.TrimRight(r.ProfileTop, "\n"), fence)
 	}
 
-	fmt.Fprintf(&b, "![appends/s and p99 latency over time](capacity-%s.svg)\n", url.PathEscape(r.Preset))
+	fmt.Fprintf(&b, "![events/s and p99 append latency over time](capacity-%s.svg)\n", url.PathEscape(r.Preset))
 	return b.String()
 }
 
@@ -101,8 +101,10 @@ func (r *Report) renderFigures() []renderGroup {
 	win := func(phase string, w Window) renderGroup {
 		return renderGroup{phase, [][2]string{
 			{"duration", renderSeconds(w.Seconds)},
-			{"appends", renderThousands(int64(w.Appends))},
-			{"appends/s", renderRate(w.AppendsPerSec)},
+			{"events appended", renderThousands(int64(w.Events))},
+			{"events/s", renderRate(w.EventsPerSec)},
+			{"append calls", renderThousands(int64(w.Appends))},
+			{"append calls/s", renderRate(w.AppendsPerSec)},
 			{"append latency p50", renderMs(w.P50Ms)},
 			{"append latency p99", renderMs(w.P99Ms)},
 			{"append latency p99.9", renderMs(w.P999Ms)},
@@ -170,7 +172,7 @@ func (r *Report) renderFigures() []renderGroup {
 	}
 }
 
-// SVG renders r.Timeline as a self-contained SVG line chart: appends/s on
+// SVG renders r.Timeline as a self-contained SVG line chart: events/s on
 // the left axis (blue), p99 append latency in ms on the right axis (red),
 // seconds on the x axis, and every mark as a dashed vertical line.
 func (r *Report) SVG() string {
@@ -204,8 +206,8 @@ func (r *Report) SVG() string {
 	}
 	for _, s := range r.Timeline {
 		see(s.T)
-		if renderFinite(s.AppendsPerSec) {
-			aMax = math.Max(aMax, s.AppendsPerSec)
+		if renderFinite(s.EventsPerSec) {
+			aMax = math.Max(aMax, s.EventsPerSec)
 		}
 		if renderFinite(s.P99Ms) {
 			pMax = math.Max(pMax, s.P99Ms)
@@ -240,14 +242,14 @@ func (r *Report) SVG() string {
 
 	// Title.
 	fmt.Fprintf(&b, `<text x="%s" y="22" text-anchor="middle" font-size="15" font-weight="bold">%s</text>`+"\n",
-		renderCoord(width/2), renderXML(fmt.Sprintf("warren capacity (preset %s): appends/s and p99 latency", r.Preset)))
+		renderCoord(width/2), renderXML(fmt.Sprintf("warren capacity (preset %s): events/s and p99 append latency", r.Preset)))
 
 	// Legend, under the title.
 	legendY := 42.0
 	lx := width/2 - 170
 	fmt.Fprintf(&b, `<line x1="%s" y1="%s" x2="%s" y2="%s" stroke="%s" stroke-width="2"/>`+"\n",
 		renderCoord(lx), renderCoord(legendY), renderCoord(lx+24), renderCoord(legendY), blue)
-	fmt.Fprintf(&b, `<text x="%s" y="%s">appends/s (left axis)</text>`+"\n", renderCoord(lx+30), renderCoord(legendY+4))
+	fmt.Fprintf(&b, `<text x="%s" y="%s">events/s (left axis)</text>`+"\n", renderCoord(lx+30), renderCoord(legendY+4))
 	lx += 175
 	fmt.Fprintf(&b, `<line x1="%s" y1="%s" x2="%s" y2="%s" stroke="%s" stroke-width="2"/>`+"\n",
 		renderCoord(lx), renderCoord(legendY), renderCoord(lx+24), renderCoord(legendY), red)
@@ -292,7 +294,7 @@ func (r *Report) SVG() string {
 	fmt.Fprintf(&b, `<text x="%s" y="%s" text-anchor="middle" font-size="12">seconds since first task submitted</text>`+"\n",
 		renderCoord(plotX0+plotW/2), renderCoord(height-12))
 	ly := plotY0 + plotH/2
-	fmt.Fprintf(&b, `<text x="18" y="%s" text-anchor="middle" font-size="12" fill="%s" transform="rotate(-90 18 %s)">appends/s</text>`+"\n",
+	fmt.Fprintf(&b, `<text x="18" y="%s" text-anchor="middle" font-size="12" fill="%s" transform="rotate(-90 18 %s)">events/s</text>`+"\n",
 		renderCoord(ly), blue, renderCoord(ly))
 	rx := width - 18
 	fmt.Fprintf(&b, `<text x="%s" y="%s" text-anchor="middle" font-size="12" fill="%s" transform="rotate(90 %s %s)">p99 append latency (ms)</text>`+"\n",
@@ -338,7 +340,7 @@ func (r *Report) SVG() string {
 				fmt.Fprintf(&b, `<circle cx="%s" cy="%s" r="2.5" fill="%s"/>`+"\n", xy[0], xy[1], colour)
 			}
 		}
-		series(func(s Sample) float64 { return s.AppendsPerSec }, sa, blue)
+		series(func(s Sample) float64 { return s.EventsPerSec }, sa, blue)
 		series(func(s Sample) float64 { return s.P99Ms }, sp, red)
 	}
 

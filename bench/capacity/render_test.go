@@ -19,7 +19,7 @@ func renderTestReport() *Report {
 
 		NodesReadySeconds: 1.234,
 		PlacementsPerSec:  4321.5,
-		Steady: Window{Seconds: 60, Appends: 1234567, AppendsPerSec: 20576.1,
+		Steady: Window{Seconds: 60, Events: 1234567, EventsPerSec: 20576.1, Appends: 987654, AppendsPerSec: 16460.9,
 			P50Ms: 1.5, P99Ms: 12.25, P999Ms: 40},
 		CommandsPerEntryHis: []uint64{5, 0, 7, 1},
 		LeaderRSSBytes:      300 << 20,
@@ -38,9 +38,9 @@ func renderTestReport() *Report {
 	}
 	for i := 0; i < 10; i++ {
 		r.Timeline = append(r.Timeline, Sample{
-			T:             float64(i),
-			AppendsPerSec: float64(1000 * (i + 1)),
-			P99Ms:         float64(i%4) * 3.3,
+			T:            float64(i),
+			EventsPerSec: float64(1000 * (i + 1)),
+			P99Ms:        float64(i%4) * 3.3,
 		})
 	}
 	return r
@@ -78,7 +78,7 @@ func TestReportMarkdown(t *testing.T) {
 		"- task 7 ran twice",
 		"## Leader CPU profile (top)",
 		"```text\n",
-		"![appends/s and p99 latency over time](capacity-small.svg)",
+		"![events/s and p99 append latency over time](capacity-small.svg)",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("Markdown() lacks %q:\n%s", want, md)
@@ -100,7 +100,7 @@ func TestReportSVG(t *testing.T) {
 	svg := renderTestReport().SVG()
 	renderParseXML(t, svg)
 	for _, want := range []string{"<polyline", "stroke-dasharray", "kill leader &lt;n1&gt; &amp; co",
-		"warren capacity (preset small): appends/s and p99 latency"} {
+		"warren capacity (preset small): events/s and p99 append latency"} {
 		if !strings.Contains(svg, want) {
 			t.Errorf("SVG() lacks %q", want)
 		}
@@ -112,7 +112,7 @@ func TestReportSVG(t *testing.T) {
 	for name, r := range map[string]*Report{
 		"empty":  {},
 		"zeroes": {Timeline: []Sample{{T: 0}, {T: 0}}},
-		"single": {Timeline: []Sample{{T: 5, AppendsPerSec: 10, P99Ms: 0}}, Marks: []Mark{{T: 5, Label: "x"}}},
+		"single": {Timeline: []Sample{{T: 5, EventsPerSec: 10, P99Ms: 0}}, Marks: []Mark{{T: 5, Label: "x"}}},
 	} {
 		svg := r.SVG()
 		renderParseXML(t, svg)

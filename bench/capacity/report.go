@@ -83,9 +83,13 @@ type Machine struct {
 	Kernel   string `json:"kernel"`
 }
 
-// Window summarises event appends over a span of the run.
+// Window summarises event appends over a span of the run. Events counts
+// the events appended; Appends the append calls that carried them (a step
+// appends its effect and tool_result in one call). Latency is per call.
 type Window struct {
 	Seconds       float64 `json:"seconds"`
+	Events        uint64  `json:"events"`
+	EventsPerSec  float64 `json:"events_per_sec"`
 	Appends       uint64  `json:"appends"`
 	AppendsPerSec float64 `json:"appends_per_sec"`
 	P50Ms         float64 `json:"p50_ms"`
@@ -97,6 +101,7 @@ type Window struct {
 // Sample is one second of the run.
 type Sample struct {
 	T             float64 `json:"t"` // seconds since the first task was submitted
+	EventsPerSec  float64 `json:"events_per_sec"`
 	AppendsPerSec float64 `json:"appends_per_sec"`
 	P50Ms         float64 `json:"p50_ms"`
 	P99Ms         float64 `json:"p99_ms"`
