@@ -133,21 +133,64 @@ func (a taskAPI) CreateTask(ctx context.Context, req *connect.Request[warrenv1.C
 	if err := validateCreate(req.Msg); err != nil {
 		return nil, invalid(err)
 	}
-	tenant := req.Msg.GetTenant()
-	if tenant == "" {
-		tenant = defaultTenant
-	}
-	res, err := a.write(ctx, &fsmv1.CreateTask{
-		Id:        ulid.Make().String(),
-		Tenant:    tenant,
-		RequestId: requestID(req.Msg.GetRequestId()),
-		Spec:      req.Msg.GetSpec(),
-		Time:      a.now(),
-	})
+	res, err := a.write(ctx, a.createCommand(req.Msg))
 	if err != nil {
 		return nil, err
 	}
 	return connect.NewResponse(&warrenv1.CreateTaskResponse{Task: res.GetTask(), Created: res.GetCreated()}), nil
+}
+
+func (a taskAPI) createCommand(r *warrenv1.CreateTaskRequest) *fsmv1.CreateTask {
+	tenant := r.GetTenant()
+	if tenant == "" {
+		tenant = defaultTenant
+	}
+	return &fsmv1.CreateTask{
+		Id:        ulid.Make().String(),
+		Tenant:    tenant,
+		RequestId: requestID(r.GetRequestId()),
+		Spec:      r.GetSpec(),
+		Time:      a.now(),
+	}
+}
+
+// MaxCreatesPerBatch bounds one CreateTasks call.
+const MaxCreatesPerBatch = 1000
+
+func (a taskAPI) CreateTasks(ctx context.Context, req *connect.Request[warrenv1.CreateTasksRequest]) (*connect.Response[warrenv1.CreateTasksResponse], error) {
+	items := req.Msg.GetTasks()
+	var p problems
+	switch {
+	case len(items) == 0:
+		p.add("tasks", "required: at least one task")
+	case len(items) > MaxCreatesPerBatch:
+		p.add("tasks", "%d tasks is over the limit of %d per call", len(items), MaxCreatesPerBatch)
+	}
+	for i, it := range items {
+		if err := validateCreate(it); err != nil {
+			p.add(fmt.Sprintf("tasks[%d]", i), "%v", err)
+		}
+	}
+	if err := p.err(); err != nil {
+		return nil, invalid(err)
+	}
+	cmds := make([]proto.Message, len(items))
+	for i, it := range items {
+		cmds[i] = a.createCommand(it)
+	}
+	res, err := a.s.propose(ctx, cmds...)
+	if err != nil {
+		return nil, err
+	}
+	out := &warrenv1.CreateTasksResponse{Results: make([]*warrenv1.CreateTasksResult, len(res))}
+	for i, r := range res {
+		cr := &warrenv1.CreateTasksResult{Task: r.GetTask(), Created: r.GetCreated()}
+		if r.GetCode() != 0 {
+			cr = &warrenv1.CreateTasksResult{ErrorCode: connect.Code(r.GetCode()).String(), ErrorMessage: r.GetMessage()}
+		}
+		out.Results[i] = cr
+	}
+	return connect.NewResponse(out), nil
 }
 
 func (a taskAPI) GetTask(ctx context.Context, req *connect.Request[warrenv1.GetTaskRequest]) (*connect.Response[warrenv1.GetTaskResponse], error) {

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -285,6 +286,69 @@ func TestLeaderPlacesPendingTasks(t *testing.T) {
 		}
 		if tk.GetResume() && tk.GetLease().GetEpoch() != 3 { // placed 1, down 2, placed again 3
 			t.Fatalf("requeued task %s re-placed under epoch %d, want 3", tk.GetId(), tk.GetLease().GetEpoch())
+		}
+	}
+}
+
+func TestCreateTasksBatch(t *testing.T) {
+	nodes := startCluster(t, 0)
+	var follower *node
+	for _, n := range nodes {
+		if n.srv.Raft().State() != raft.Leader {
+			follower = n
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	batch := func(n int) []*warrenv1.CreateTaskRequest {
+		out := make([]*warrenv1.CreateTaskRequest, n)
+		for i := range out {
+			out[i] = &warrenv1.CreateTaskRequest{RequestId: fmt.Sprint("b-", i), Spec: testSpec()}
+		}
+		return out
+	}
+	resp, err := follower.tasks.CreateTasks(ctx, connect.NewRequest(&warrenv1.CreateTasksRequest{Tasks: batch(300)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := map[string]bool{}
+	for i, r := range resp.Msg.GetResults() {
+		if r.GetErrorCode() != "" || !r.GetCreated() || r.GetTask().GetId() == "" {
+			t.Fatalf("result %d: %v", i, r)
+		}
+		ids[r.GetTask().GetId()] = true
+	}
+	if len(resp.Msg.GetResults()) != 300 || len(ids) != 300 {
+		t.Fatalf("%d results, %d distinct tasks; want 300 of each", len(resp.Msg.GetResults()), len(ids))
+	}
+	// The same request ids again, through another server: the same tasks.
+	again, err := nodes[0].tasks.CreateTasks(ctx, connect.NewRequest(&warrenv1.CreateTasksRequest{Tasks: batch(300)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range again.Msg.GetResults() {
+		if r.GetCreated() || r.GetTask().GetId() != resp.Msg.GetResults()[i].GetTask().GetId() {
+			t.Fatalf("retried item %d: created=%v id %s, want the first id", i, r.GetCreated(), r.GetTask().GetId())
+		}
+	}
+	// Each is a task like any other.
+	if got := countStates(t, follower)[warrenv1.TaskState_TASK_STATE_PENDING]; got != 300 {
+		t.Fatalf("%d pending tasks, want 300", got)
+	}
+	// A malformed item fails the call, naming it; so do empty and oversized calls.
+	bad := batch(3)
+	bad[2].Spec = nil
+	for _, c := range []struct {
+		tasks []*warrenv1.CreateTaskRequest
+		want  string
+	}{
+		{bad, "tasks[2]: spec"},
+		{nil, "tasks: required"},
+		{batch(MaxCreatesPerBatch + 1), "over the limit"},
+	} {
+		_, err := follower.tasks.CreateTasks(ctx, connect.NewRequest(&warrenv1.CreateTasksRequest{Tasks: c.tasks}))
+		if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), c.want) {
+			t.Fatalf("want invalid_argument saying %q, got %v", c.want, err)
 		}
 	}
 }

@@ -383,33 +383,49 @@ func (r *run) submit(ctx context.Context) ([]string, error) {
 	for _, s := range r.cl.Nodes {
 		clients = append(clients, warrenv1connect.NewTaskServiceClient(r.hc, s.URL))
 	}
+	// CreateTasks calls of submitChunk tasks from a few workers: the
+	// creates then take their share of the raft pipeline in a few large
+	// commands, instead of 64 small calls queued among the appends of
+	// thousands of running actors.
+	const submitChunk, submitWorkers = 500, 4
 	ids := make([]string, o.Tasks)
 	var next atomic.Int64
 	var firstErr atomic.Value
 	var wg sync.WaitGroup
-	for w := range 64 {
+	for w := range submitWorkers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for {
-				i := int(next.Add(1)) - 1
-				if i >= o.Tasks || firstErr.Load() != nil {
+				lo := int(next.Add(submitChunk)) - submitChunk
+				if lo >= o.Tasks || firstErr.Load() != nil {
 					return
+				}
+				hi := min(lo+submitChunk, o.Tasks)
+				req := &warrenv1.CreateTasksRequest{}
+				for i := lo; i < hi; i++ {
+					req.Tasks = append(req.Tasks, &warrenv1.CreateTaskRequest{RequestId: fmt.Sprint("cap-", i), Spec: specs[i]})
 				}
 				var err error
 				for attempt := 0; attempt < 5; attempt++ {
 					c := clients[(w+attempt)%len(clients)]
-					cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-					var resp *connect.Response[warrenv1.CreateTaskResponse]
-					resp, err = c.CreateTask(cctx, connect.NewRequest(&warrenv1.CreateTaskRequest{RequestId: fmt.Sprint("cap-", i), Spec: specs[i]}))
+					cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+					var resp *connect.Response[warrenv1.CreateTasksResponse]
+					resp, err = c.CreateTasks(cctx, connect.NewRequest(req))
 					cancel()
 					if err == nil {
-						ids[i] = resp.Msg.GetTask().GetId()
+						for j, res := range resp.Msg.GetResults() {
+							if res.GetErrorCode() != "" {
+								err = fmt.Errorf("task %d: %s: %s", lo+j, res.GetErrorCode(), res.GetErrorMessage())
+								break
+							}
+							ids[lo+j] = res.GetTask().GetId()
+						}
 						break
 					}
 				}
 				if err != nil {
-					firstErr.CompareAndSwap(nil, fmt.Errorf("create task %d: %w", i, err))
+					firstErr.CompareAndSwap(nil, fmt.Errorf("create tasks %d..%d: %w", lo, hi-1, err))
 				}
 			}
 		}()

@@ -833,6 +833,167 @@ func (x *CreateTaskResponse) GetCreated() bool {
 	return false
 }
 
+type CreateTasksRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Up to 1,000 creates, each idempotent on its own request_id exactly as
+	// a single CreateTask.
+	Tasks         []*CreateTaskRequest `protobuf:"bytes,1,rep,name=tasks,proto3" json:"tasks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateTasksRequest) Reset() {
+	*x = CreateTasksRequest{}
+	mi := &file_warren_v1_task_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateTasksRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateTasksRequest) ProtoMessage() {}
+
+func (x *CreateTasksRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_task_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateTasksRequest.ProtoReflect.Descriptor instead.
+func (*CreateTasksRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *CreateTasksRequest) GetTasks() []*CreateTaskRequest {
+	if x != nil {
+		return x.Tasks
+	}
+	return nil
+}
+
+// CreateTasksResult is the outcome of one create of a batch.
+type CreateTasksResult struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Task    *Task                  `protobuf:"bytes,1,opt,name=task,proto3" json:"task,omitempty"`
+	Created bool                   `protobuf:"varint,2,opt,name=created,proto3" json:"created,omitempty"`
+	// A Connect code name; empty on success.
+	ErrorCode     string `protobuf:"bytes,3,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
+	ErrorMessage  string `protobuf:"bytes,4,opt,name=error_message,json=errorMessage,proto3" json:"error_message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateTasksResult) Reset() {
+	*x = CreateTasksResult{}
+	mi := &file_warren_v1_task_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateTasksResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateTasksResult) ProtoMessage() {}
+
+func (x *CreateTasksResult) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_task_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateTasksResult.ProtoReflect.Descriptor instead.
+func (*CreateTasksResult) Descriptor() ([]byte, []int) {
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *CreateTasksResult) GetTask() *Task {
+	if x != nil {
+		return x.Task
+	}
+	return nil
+}
+
+func (x *CreateTasksResult) GetCreated() bool {
+	if x != nil {
+		return x.Created
+	}
+	return false
+}
+
+func (x *CreateTasksResult) GetErrorCode() string {
+	if x != nil {
+		return x.ErrorCode
+	}
+	return ""
+}
+
+func (x *CreateTasksResult) GetErrorMessage() string {
+	if x != nil {
+		return x.ErrorMessage
+	}
+	return ""
+}
+
+type CreateTasksResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One per create, in request order.
+	Results       []*CreateTasksResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateTasksResponse) Reset() {
+	*x = CreateTasksResponse{}
+	mi := &file_warren_v1_task_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateTasksResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateTasksResponse) ProtoMessage() {}
+
+func (x *CreateTasksResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_task_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateTasksResponse.ProtoReflect.Descriptor instead.
+func (*CreateTasksResponse) Descriptor() ([]byte, []int) {
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *CreateTasksResponse) GetResults() []*CreateTasksResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
 type GetTaskRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -842,7 +1003,7 @@ type GetTaskRequest struct {
 
 func (x *GetTaskRequest) Reset() {
 	*x = GetTaskRequest{}
-	mi := &file_warren_v1_task_proto_msgTypes[9]
+	mi := &file_warren_v1_task_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -854,7 +1015,7 @@ func (x *GetTaskRequest) String() string {
 func (*GetTaskRequest) ProtoMessage() {}
 
 func (x *GetTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[9]
+	mi := &file_warren_v1_task_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -867,7 +1028,7 @@ func (x *GetTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTaskRequest.ProtoReflect.Descriptor instead.
 func (*GetTaskRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{9}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GetTaskRequest) GetId() string {
@@ -886,7 +1047,7 @@ type GetTaskResponse struct {
 
 func (x *GetTaskResponse) Reset() {
 	*x = GetTaskResponse{}
-	mi := &file_warren_v1_task_proto_msgTypes[10]
+	mi := &file_warren_v1_task_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -898,7 +1059,7 @@ func (x *GetTaskResponse) String() string {
 func (*GetTaskResponse) ProtoMessage() {}
 
 func (x *GetTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[10]
+	mi := &file_warren_v1_task_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -911,7 +1072,7 @@ func (x *GetTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTaskResponse.ProtoReflect.Descriptor instead.
 func (*GetTaskResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{10}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GetTaskResponse) GetTask() *Task {
@@ -935,7 +1096,7 @@ type ListTasksRequest struct {
 
 func (x *ListTasksRequest) Reset() {
 	*x = ListTasksRequest{}
-	mi := &file_warren_v1_task_proto_msgTypes[11]
+	mi := &file_warren_v1_task_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -947,7 +1108,7 @@ func (x *ListTasksRequest) String() string {
 func (*ListTasksRequest) ProtoMessage() {}
 
 func (x *ListTasksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[11]
+	mi := &file_warren_v1_task_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -960,7 +1121,7 @@ func (x *ListTasksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTasksRequest.ProtoReflect.Descriptor instead.
 func (*ListTasksRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{11}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListTasksRequest) GetState() TaskState {
@@ -995,7 +1156,7 @@ type ListTasksResponse struct {
 
 func (x *ListTasksResponse) Reset() {
 	*x = ListTasksResponse{}
-	mi := &file_warren_v1_task_proto_msgTypes[12]
+	mi := &file_warren_v1_task_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1007,7 +1168,7 @@ func (x *ListTasksResponse) String() string {
 func (*ListTasksResponse) ProtoMessage() {}
 
 func (x *ListTasksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[12]
+	mi := &file_warren_v1_task_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1020,7 +1181,7 @@ func (x *ListTasksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTasksResponse.ProtoReflect.Descriptor instead.
 func (*ListTasksResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{12}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListTasksResponse) GetTasks() []*Task {
@@ -1052,7 +1213,7 @@ type AppendEventsRequest struct {
 
 func (x *AppendEventsRequest) Reset() {
 	*x = AppendEventsRequest{}
-	mi := &file_warren_v1_task_proto_msgTypes[13]
+	mi := &file_warren_v1_task_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1064,7 +1225,7 @@ func (x *AppendEventsRequest) String() string {
 func (*AppendEventsRequest) ProtoMessage() {}
 
 func (x *AppendEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[13]
+	mi := &file_warren_v1_task_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1077,7 +1238,7 @@ func (x *AppendEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendEventsRequest.ProtoReflect.Descriptor instead.
 func (*AppendEventsRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{13}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *AppendEventsRequest) GetTaskId() string {
@@ -1121,7 +1282,7 @@ type AppendEventsResponse struct {
 
 func (x *AppendEventsResponse) Reset() {
 	*x = AppendEventsResponse{}
-	mi := &file_warren_v1_task_proto_msgTypes[14]
+	mi := &file_warren_v1_task_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1133,7 +1294,7 @@ func (x *AppendEventsResponse) String() string {
 func (*AppendEventsResponse) ProtoMessage() {}
 
 func (x *AppendEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[14]
+	mi := &file_warren_v1_task_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1146,7 +1307,7 @@ func (x *AppendEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendEventsResponse.ProtoReflect.Descriptor instead.
 func (*AppendEventsResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{14}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *AppendEventsResponse) GetFirstSeq() uint64 {
@@ -1181,7 +1342,7 @@ type AppendEventsBatchRequest struct {
 
 func (x *AppendEventsBatchRequest) Reset() {
 	*x = AppendEventsBatchRequest{}
-	mi := &file_warren_v1_task_proto_msgTypes[15]
+	mi := &file_warren_v1_task_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1193,7 +1354,7 @@ func (x *AppendEventsBatchRequest) String() string {
 func (*AppendEventsBatchRequest) ProtoMessage() {}
 
 func (x *AppendEventsBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[15]
+	mi := &file_warren_v1_task_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1206,7 +1367,7 @@ func (x *AppendEventsBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendEventsBatchRequest.ProtoReflect.Descriptor instead.
 func (*AppendEventsBatchRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{15}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *AppendEventsBatchRequest) GetAppends() []*AppendEventsRequest {
@@ -1233,7 +1394,7 @@ type AppendEventsResult struct {
 
 func (x *AppendEventsResult) Reset() {
 	*x = AppendEventsResult{}
-	mi := &file_warren_v1_task_proto_msgTypes[16]
+	mi := &file_warren_v1_task_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1245,7 +1406,7 @@ func (x *AppendEventsResult) String() string {
 func (*AppendEventsResult) ProtoMessage() {}
 
 func (x *AppendEventsResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[16]
+	mi := &file_warren_v1_task_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1258,7 +1419,7 @@ func (x *AppendEventsResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendEventsResult.ProtoReflect.Descriptor instead.
 func (*AppendEventsResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{16}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *AppendEventsResult) GetFirstSeq() uint64 {
@@ -1306,7 +1467,7 @@ type AppendEventsBatchResponse struct {
 
 func (x *AppendEventsBatchResponse) Reset() {
 	*x = AppendEventsBatchResponse{}
-	mi := &file_warren_v1_task_proto_msgTypes[17]
+	mi := &file_warren_v1_task_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1318,7 +1479,7 @@ func (x *AppendEventsBatchResponse) String() string {
 func (*AppendEventsBatchResponse) ProtoMessage() {}
 
 func (x *AppendEventsBatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[17]
+	mi := &file_warren_v1_task_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1331,7 +1492,7 @@ func (x *AppendEventsBatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendEventsBatchResponse.ProtoReflect.Descriptor instead.
 func (*AppendEventsBatchResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{17}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *AppendEventsBatchResponse) GetResults() []*AppendEventsResult {
@@ -1352,7 +1513,7 @@ type StreamEventsRequest struct {
 
 func (x *StreamEventsRequest) Reset() {
 	*x = StreamEventsRequest{}
-	mi := &file_warren_v1_task_proto_msgTypes[18]
+	mi := &file_warren_v1_task_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1364,7 +1525,7 @@ func (x *StreamEventsRequest) String() string {
 func (*StreamEventsRequest) ProtoMessage() {}
 
 func (x *StreamEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[18]
+	mi := &file_warren_v1_task_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1377,7 +1538,7 @@ func (x *StreamEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamEventsRequest.ProtoReflect.Descriptor instead.
 func (*StreamEventsRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{18}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *StreamEventsRequest) GetTaskId() string {
@@ -1403,7 +1564,7 @@ type StreamEventsResponse struct {
 
 func (x *StreamEventsResponse) Reset() {
 	*x = StreamEventsResponse{}
-	mi := &file_warren_v1_task_proto_msgTypes[19]
+	mi := &file_warren_v1_task_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1415,7 +1576,7 @@ func (x *StreamEventsResponse) String() string {
 func (*StreamEventsResponse) ProtoMessage() {}
 
 func (x *StreamEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[19]
+	mi := &file_warren_v1_task_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1428,7 +1589,7 @@ func (x *StreamEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamEventsResponse.ProtoReflect.Descriptor instead.
 func (*StreamEventsResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{19}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *StreamEventsResponse) GetEvent() *Event {
@@ -1450,7 +1611,7 @@ type SendMessageRequest struct {
 
 func (x *SendMessageRequest) Reset() {
 	*x = SendMessageRequest{}
-	mi := &file_warren_v1_task_proto_msgTypes[20]
+	mi := &file_warren_v1_task_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1462,7 +1623,7 @@ func (x *SendMessageRequest) String() string {
 func (*SendMessageRequest) ProtoMessage() {}
 
 func (x *SendMessageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[20]
+	mi := &file_warren_v1_task_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1475,7 +1636,7 @@ func (x *SendMessageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendMessageRequest.ProtoReflect.Descriptor instead.
 func (*SendMessageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{20}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SendMessageRequest) GetTaskId() string {
@@ -1508,7 +1669,7 @@ type SendMessageResponse struct {
 
 func (x *SendMessageResponse) Reset() {
 	*x = SendMessageResponse{}
-	mi := &file_warren_v1_task_proto_msgTypes[21]
+	mi := &file_warren_v1_task_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1520,7 +1681,7 @@ func (x *SendMessageResponse) String() string {
 func (*SendMessageResponse) ProtoMessage() {}
 
 func (x *SendMessageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[21]
+	mi := &file_warren_v1_task_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1533,7 +1694,7 @@ func (x *SendMessageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendMessageResponse.ProtoReflect.Descriptor instead.
 func (*SendMessageResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{21}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *SendMessageResponse) GetSeq() uint64 {
@@ -1556,7 +1717,7 @@ type DecideRequest struct {
 
 func (x *DecideRequest) Reset() {
 	*x = DecideRequest{}
-	mi := &file_warren_v1_task_proto_msgTypes[22]
+	mi := &file_warren_v1_task_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1568,7 +1729,7 @@ func (x *DecideRequest) String() string {
 func (*DecideRequest) ProtoMessage() {}
 
 func (x *DecideRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[22]
+	mi := &file_warren_v1_task_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1581,7 +1742,7 @@ func (x *DecideRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideRequest.ProtoReflect.Descriptor instead.
 func (*DecideRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{22}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *DecideRequest) GetTaskId() string {
@@ -1621,7 +1782,7 @@ type DecideResponse struct {
 
 func (x *DecideResponse) Reset() {
 	*x = DecideResponse{}
-	mi := &file_warren_v1_task_proto_msgTypes[23]
+	mi := &file_warren_v1_task_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1633,7 +1794,7 @@ func (x *DecideResponse) String() string {
 func (*DecideResponse) ProtoMessage() {}
 
 func (x *DecideResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[23]
+	mi := &file_warren_v1_task_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1646,7 +1807,7 @@ func (x *DecideResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideResponse.ProtoReflect.Descriptor instead.
 func (*DecideResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{23}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *DecideResponse) GetSeq() uint64 {
@@ -1668,7 +1829,7 @@ type CancelTaskRequest struct {
 
 func (x *CancelTaskRequest) Reset() {
 	*x = CancelTaskRequest{}
-	mi := &file_warren_v1_task_proto_msgTypes[24]
+	mi := &file_warren_v1_task_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1680,7 +1841,7 @@ func (x *CancelTaskRequest) String() string {
 func (*CancelTaskRequest) ProtoMessage() {}
 
 func (x *CancelTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[24]
+	mi := &file_warren_v1_task_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1693,7 +1854,7 @@ func (x *CancelTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelTaskRequest.ProtoReflect.Descriptor instead.
 func (*CancelTaskRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{24}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *CancelTaskRequest) GetTaskId() string {
@@ -1726,7 +1887,7 @@ type CancelTaskResponse struct {
 
 func (x *CancelTaskResponse) Reset() {
 	*x = CancelTaskResponse{}
-	mi := &file_warren_v1_task_proto_msgTypes[25]
+	mi := &file_warren_v1_task_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1738,7 +1899,7 @@ func (x *CancelTaskResponse) String() string {
 func (*CancelTaskResponse) ProtoMessage() {}
 
 func (x *CancelTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[25]
+	mi := &file_warren_v1_task_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1751,7 +1912,7 @@ func (x *CancelTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelTaskResponse.ProtoReflect.Descriptor instead.
 func (*CancelTaskResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{25}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *CancelTaskResponse) GetTask() *Task {
@@ -1835,7 +1996,17 @@ const file_warren_v1_task_proto_rawDesc = "" +
 	"\x04spec\x18\x03 \x01(\v2\x13.warren.v1.TaskSpecR\x04spec\"S\n" +
 	"\x12CreateTaskResponse\x12#\n" +
 	"\x04task\x18\x01 \x01(\v2\x0f.warren.v1.TaskR\x04task\x12\x18\n" +
-	"\acreated\x18\x02 \x01(\bR\acreated\" \n" +
+	"\acreated\x18\x02 \x01(\bR\acreated\"H\n" +
+	"\x12CreateTasksRequest\x122\n" +
+	"\x05tasks\x18\x01 \x03(\v2\x1c.warren.v1.CreateTaskRequestR\x05tasks\"\x96\x01\n" +
+	"\x11CreateTasksResult\x12#\n" +
+	"\x04task\x18\x01 \x01(\v2\x0f.warren.v1.TaskR\x04task\x12\x18\n" +
+	"\acreated\x18\x02 \x01(\bR\acreated\x12\x1d\n" +
+	"\n" +
+	"error_code\x18\x03 \x01(\tR\terrorCode\x12#\n" +
+	"\rerror_message\x18\x04 \x01(\tR\ferrorMessage\"M\n" +
+	"\x13CreateTasksResponse\x126\n" +
+	"\aresults\x18\x01 \x03(\v2\x1c.warren.v1.CreateTasksResultR\aresults\" \n" +
 	"\x0eGetTaskRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"6\n" +
 	"\x0fGetTaskResponse\x12#\n" +
@@ -1906,10 +2077,11 @@ const file_warren_v1_task_proto_rawDesc = "" +
 	"\x1bTASK_STATE_WAITING_APPROVAL\x10\x04\x12\x18\n" +
 	"\x14TASK_STATE_SUCCEEDED\x10\x05\x12\x15\n" +
 	"\x11TASK_STATE_FAILED\x10\x06\x12\x18\n" +
-	"\x14TASK_STATE_CANCELLED\x10\a2\x88\x06\n" +
+	"\x14TASK_STATE_CANCELLED\x10\a2\xd6\x06\n" +
 	"\vTaskService\x12I\n" +
 	"\n" +
-	"CreateTask\x12\x1c.warren.v1.CreateTaskRequest\x1a\x1d.warren.v1.CreateTaskResponse\x12E\n" +
+	"CreateTask\x12\x1c.warren.v1.CreateTaskRequest\x1a\x1d.warren.v1.CreateTaskResponse\x12L\n" +
+	"\vCreateTasks\x12\x1d.warren.v1.CreateTasksRequest\x1a\x1e.warren.v1.CreateTasksResponse\x12E\n" +
 	"\aGetTask\x12\x19.warren.v1.GetTaskRequest\x1a\x1a.warren.v1.GetTaskResponse\"\x03\x90\x02\x01\x12K\n" +
 	"\tListTasks\x12\x1b.warren.v1.ListTasksRequest\x1a\x1c.warren.v1.ListTasksResponse\"\x03\x90\x02\x01\x12O\n" +
 	"\fAppendEvents\x12\x1e.warren.v1.AppendEventsRequest\x1a\x1f.warren.v1.AppendEventsResponse\x12^\n" +
@@ -1934,7 +2106,7 @@ func file_warren_v1_task_proto_rawDescGZIP() []byte {
 }
 
 var file_warren_v1_task_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_warren_v1_task_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_warren_v1_task_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_warren_v1_task_proto_goTypes = []any{
 	(TaskState)(0),                    // 0: warren.v1.TaskState
 	(*Budgets)(nil),                   // 1: warren.v1.Budgets
@@ -1946,73 +2118,81 @@ var file_warren_v1_task_proto_goTypes = []any{
 	(*EventInput)(nil),                // 7: warren.v1.EventInput
 	(*CreateTaskRequest)(nil),         // 8: warren.v1.CreateTaskRequest
 	(*CreateTaskResponse)(nil),        // 9: warren.v1.CreateTaskResponse
-	(*GetTaskRequest)(nil),            // 10: warren.v1.GetTaskRequest
-	(*GetTaskResponse)(nil),           // 11: warren.v1.GetTaskResponse
-	(*ListTasksRequest)(nil),          // 12: warren.v1.ListTasksRequest
-	(*ListTasksResponse)(nil),         // 13: warren.v1.ListTasksResponse
-	(*AppendEventsRequest)(nil),       // 14: warren.v1.AppendEventsRequest
-	(*AppendEventsResponse)(nil),      // 15: warren.v1.AppendEventsResponse
-	(*AppendEventsBatchRequest)(nil),  // 16: warren.v1.AppendEventsBatchRequest
-	(*AppendEventsResult)(nil),        // 17: warren.v1.AppendEventsResult
-	(*AppendEventsBatchResponse)(nil), // 18: warren.v1.AppendEventsBatchResponse
-	(*StreamEventsRequest)(nil),       // 19: warren.v1.StreamEventsRequest
-	(*StreamEventsResponse)(nil),      // 20: warren.v1.StreamEventsResponse
-	(*SendMessageRequest)(nil),        // 21: warren.v1.SendMessageRequest
-	(*SendMessageResponse)(nil),       // 22: warren.v1.SendMessageResponse
-	(*DecideRequest)(nil),             // 23: warren.v1.DecideRequest
-	(*DecideResponse)(nil),            // 24: warren.v1.DecideResponse
-	(*CancelTaskRequest)(nil),         // 25: warren.v1.CancelTaskRequest
-	(*CancelTaskResponse)(nil),        // 26: warren.v1.CancelTaskResponse
-	nil,                               // 27: warren.v1.TaskSpec.LabelsEntry
-	(*Resources)(nil),                 // 28: warren.v1.Resources
-	(*timestamppb.Timestamp)(nil),     // 29: google.protobuf.Timestamp
+	(*CreateTasksRequest)(nil),        // 10: warren.v1.CreateTasksRequest
+	(*CreateTasksResult)(nil),         // 11: warren.v1.CreateTasksResult
+	(*CreateTasksResponse)(nil),       // 12: warren.v1.CreateTasksResponse
+	(*GetTaskRequest)(nil),            // 13: warren.v1.GetTaskRequest
+	(*GetTaskResponse)(nil),           // 14: warren.v1.GetTaskResponse
+	(*ListTasksRequest)(nil),          // 15: warren.v1.ListTasksRequest
+	(*ListTasksResponse)(nil),         // 16: warren.v1.ListTasksResponse
+	(*AppendEventsRequest)(nil),       // 17: warren.v1.AppendEventsRequest
+	(*AppendEventsResponse)(nil),      // 18: warren.v1.AppendEventsResponse
+	(*AppendEventsBatchRequest)(nil),  // 19: warren.v1.AppendEventsBatchRequest
+	(*AppendEventsResult)(nil),        // 20: warren.v1.AppendEventsResult
+	(*AppendEventsBatchResponse)(nil), // 21: warren.v1.AppendEventsBatchResponse
+	(*StreamEventsRequest)(nil),       // 22: warren.v1.StreamEventsRequest
+	(*StreamEventsResponse)(nil),      // 23: warren.v1.StreamEventsResponse
+	(*SendMessageRequest)(nil),        // 24: warren.v1.SendMessageRequest
+	(*SendMessageResponse)(nil),       // 25: warren.v1.SendMessageResponse
+	(*DecideRequest)(nil),             // 26: warren.v1.DecideRequest
+	(*DecideResponse)(nil),            // 27: warren.v1.DecideResponse
+	(*CancelTaskRequest)(nil),         // 28: warren.v1.CancelTaskRequest
+	(*CancelTaskResponse)(nil),        // 29: warren.v1.CancelTaskResponse
+	nil,                               // 30: warren.v1.TaskSpec.LabelsEntry
+	(*Resources)(nil),                 // 31: warren.v1.Resources
+	(*timestamppb.Timestamp)(nil),     // 32: google.protobuf.Timestamp
 }
 var file_warren_v1_task_proto_depIdxs = []int32{
 	1,  // 0: warren.v1.TaskSpec.budgets:type_name -> warren.v1.Budgets
-	27, // 1: warren.v1.TaskSpec.labels:type_name -> warren.v1.TaskSpec.LabelsEntry
-	28, // 2: warren.v1.TaskSpec.resources:type_name -> warren.v1.Resources
+	30, // 1: warren.v1.TaskSpec.labels:type_name -> warren.v1.TaskSpec.LabelsEntry
+	31, // 2: warren.v1.TaskSpec.resources:type_name -> warren.v1.Resources
 	3,  // 3: warren.v1.TaskSpec.script:type_name -> warren.v1.Script
 	2,  // 4: warren.v1.Task.spec:type_name -> warren.v1.TaskSpec
 	0,  // 5: warren.v1.Task.state:type_name -> warren.v1.TaskState
-	29, // 6: warren.v1.Task.created_at:type_name -> google.protobuf.Timestamp
-	29, // 7: warren.v1.Task.updated_at:type_name -> google.protobuf.Timestamp
+	32, // 6: warren.v1.Task.created_at:type_name -> google.protobuf.Timestamp
+	32, // 7: warren.v1.Task.updated_at:type_name -> google.protobuf.Timestamp
 	4,  // 8: warren.v1.Task.lease:type_name -> warren.v1.Lease
-	29, // 9: warren.v1.Event.time:type_name -> google.protobuf.Timestamp
+	32, // 9: warren.v1.Event.time:type_name -> google.protobuf.Timestamp
 	2,  // 10: warren.v1.CreateTaskRequest.spec:type_name -> warren.v1.TaskSpec
 	5,  // 11: warren.v1.CreateTaskResponse.task:type_name -> warren.v1.Task
-	5,  // 12: warren.v1.GetTaskResponse.task:type_name -> warren.v1.Task
-	0,  // 13: warren.v1.ListTasksRequest.state:type_name -> warren.v1.TaskState
-	5,  // 14: warren.v1.ListTasksResponse.tasks:type_name -> warren.v1.Task
-	7,  // 15: warren.v1.AppendEventsRequest.events:type_name -> warren.v1.EventInput
-	14, // 16: warren.v1.AppendEventsBatchRequest.appends:type_name -> warren.v1.AppendEventsRequest
-	17, // 17: warren.v1.AppendEventsBatchResponse.results:type_name -> warren.v1.AppendEventsResult
-	6,  // 18: warren.v1.StreamEventsResponse.event:type_name -> warren.v1.Event
-	5,  // 19: warren.v1.CancelTaskResponse.task:type_name -> warren.v1.Task
-	8,  // 20: warren.v1.TaskService.CreateTask:input_type -> warren.v1.CreateTaskRequest
-	10, // 21: warren.v1.TaskService.GetTask:input_type -> warren.v1.GetTaskRequest
-	12, // 22: warren.v1.TaskService.ListTasks:input_type -> warren.v1.ListTasksRequest
-	14, // 23: warren.v1.TaskService.AppendEvents:input_type -> warren.v1.AppendEventsRequest
-	16, // 24: warren.v1.TaskService.AppendEventsBatch:input_type -> warren.v1.AppendEventsBatchRequest
-	19, // 25: warren.v1.TaskService.StreamEvents:input_type -> warren.v1.StreamEventsRequest
-	21, // 26: warren.v1.TaskService.SendMessage:input_type -> warren.v1.SendMessageRequest
-	23, // 27: warren.v1.TaskService.Approve:input_type -> warren.v1.DecideRequest
-	23, // 28: warren.v1.TaskService.Reject:input_type -> warren.v1.DecideRequest
-	25, // 29: warren.v1.TaskService.CancelTask:input_type -> warren.v1.CancelTaskRequest
-	9,  // 30: warren.v1.TaskService.CreateTask:output_type -> warren.v1.CreateTaskResponse
-	11, // 31: warren.v1.TaskService.GetTask:output_type -> warren.v1.GetTaskResponse
-	13, // 32: warren.v1.TaskService.ListTasks:output_type -> warren.v1.ListTasksResponse
-	15, // 33: warren.v1.TaskService.AppendEvents:output_type -> warren.v1.AppendEventsResponse
-	18, // 34: warren.v1.TaskService.AppendEventsBatch:output_type -> warren.v1.AppendEventsBatchResponse
-	20, // 35: warren.v1.TaskService.StreamEvents:output_type -> warren.v1.StreamEventsResponse
-	22, // 36: warren.v1.TaskService.SendMessage:output_type -> warren.v1.SendMessageResponse
-	24, // 37: warren.v1.TaskService.Approve:output_type -> warren.v1.DecideResponse
-	24, // 38: warren.v1.TaskService.Reject:output_type -> warren.v1.DecideResponse
-	26, // 39: warren.v1.TaskService.CancelTask:output_type -> warren.v1.CancelTaskResponse
-	30, // [30:40] is the sub-list for method output_type
-	20, // [20:30] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	8,  // 12: warren.v1.CreateTasksRequest.tasks:type_name -> warren.v1.CreateTaskRequest
+	5,  // 13: warren.v1.CreateTasksResult.task:type_name -> warren.v1.Task
+	11, // 14: warren.v1.CreateTasksResponse.results:type_name -> warren.v1.CreateTasksResult
+	5,  // 15: warren.v1.GetTaskResponse.task:type_name -> warren.v1.Task
+	0,  // 16: warren.v1.ListTasksRequest.state:type_name -> warren.v1.TaskState
+	5,  // 17: warren.v1.ListTasksResponse.tasks:type_name -> warren.v1.Task
+	7,  // 18: warren.v1.AppendEventsRequest.events:type_name -> warren.v1.EventInput
+	17, // 19: warren.v1.AppendEventsBatchRequest.appends:type_name -> warren.v1.AppendEventsRequest
+	20, // 20: warren.v1.AppendEventsBatchResponse.results:type_name -> warren.v1.AppendEventsResult
+	6,  // 21: warren.v1.StreamEventsResponse.event:type_name -> warren.v1.Event
+	5,  // 22: warren.v1.CancelTaskResponse.task:type_name -> warren.v1.Task
+	8,  // 23: warren.v1.TaskService.CreateTask:input_type -> warren.v1.CreateTaskRequest
+	10, // 24: warren.v1.TaskService.CreateTasks:input_type -> warren.v1.CreateTasksRequest
+	13, // 25: warren.v1.TaskService.GetTask:input_type -> warren.v1.GetTaskRequest
+	15, // 26: warren.v1.TaskService.ListTasks:input_type -> warren.v1.ListTasksRequest
+	17, // 27: warren.v1.TaskService.AppendEvents:input_type -> warren.v1.AppendEventsRequest
+	19, // 28: warren.v1.TaskService.AppendEventsBatch:input_type -> warren.v1.AppendEventsBatchRequest
+	22, // 29: warren.v1.TaskService.StreamEvents:input_type -> warren.v1.StreamEventsRequest
+	24, // 30: warren.v1.TaskService.SendMessage:input_type -> warren.v1.SendMessageRequest
+	26, // 31: warren.v1.TaskService.Approve:input_type -> warren.v1.DecideRequest
+	26, // 32: warren.v1.TaskService.Reject:input_type -> warren.v1.DecideRequest
+	28, // 33: warren.v1.TaskService.CancelTask:input_type -> warren.v1.CancelTaskRequest
+	9,  // 34: warren.v1.TaskService.CreateTask:output_type -> warren.v1.CreateTaskResponse
+	12, // 35: warren.v1.TaskService.CreateTasks:output_type -> warren.v1.CreateTasksResponse
+	14, // 36: warren.v1.TaskService.GetTask:output_type -> warren.v1.GetTaskResponse
+	16, // 37: warren.v1.TaskService.ListTasks:output_type -> warren.v1.ListTasksResponse
+	18, // 38: warren.v1.TaskService.AppendEvents:output_type -> warren.v1.AppendEventsResponse
+	21, // 39: warren.v1.TaskService.AppendEventsBatch:output_type -> warren.v1.AppendEventsBatchResponse
+	23, // 40: warren.v1.TaskService.StreamEvents:output_type -> warren.v1.StreamEventsResponse
+	25, // 41: warren.v1.TaskService.SendMessage:output_type -> warren.v1.SendMessageResponse
+	27, // 42: warren.v1.TaskService.Approve:output_type -> warren.v1.DecideResponse
+	27, // 43: warren.v1.TaskService.Reject:output_type -> warren.v1.DecideResponse
+	29, // 44: warren.v1.TaskService.CancelTask:output_type -> warren.v1.CancelTaskResponse
+	34, // [34:45] is the sub-list for method output_type
+	23, // [23:34] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_warren_v1_task_proto_init() }
@@ -2027,7 +2207,7 @@ func file_warren_v1_task_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warren_v1_task_proto_rawDesc), len(file_warren_v1_task_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   27,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -35,6 +35,8 @@ const (
 const (
 	// TaskServiceCreateTaskProcedure is the fully-qualified name of the TaskService's CreateTask RPC.
 	TaskServiceCreateTaskProcedure = "/warren.v1.TaskService/CreateTask"
+	// TaskServiceCreateTasksProcedure is the fully-qualified name of the TaskService's CreateTasks RPC.
+	TaskServiceCreateTasksProcedure = "/warren.v1.TaskService/CreateTasks"
 	// TaskServiceGetTaskProcedure is the fully-qualified name of the TaskService's GetTask RPC.
 	TaskServiceGetTaskProcedure = "/warren.v1.TaskService/GetTask"
 	// TaskServiceListTasksProcedure is the fully-qualified name of the TaskService's ListTasks RPC.
@@ -61,6 +63,9 @@ const (
 // TaskServiceClient is a client for the warren.v1.TaskService service.
 type TaskServiceClient interface {
 	CreateTask(context.Context, *connect.Request[v1.CreateTaskRequest]) (*connect.Response[v1.CreateTaskResponse], error)
+	// CreateTasks creates many tasks in one call, committed together (a
+	// malformed item fails the whole call with invalid_argument).
+	CreateTasks(context.Context, *connect.Request[v1.CreateTasksRequest]) (*connect.Response[v1.CreateTasksResponse], error)
 	GetTask(context.Context, *connect.Request[v1.GetTaskRequest]) (*connect.Response[v1.GetTaskResponse], error)
 	ListTasks(context.Context, *connect.Request[v1.ListTasksRequest]) (*connect.Response[v1.ListTasksResponse], error)
 	// AppendEvents is used by node daemons; it is fenced by the lease epoch.
@@ -95,6 +100,12 @@ func NewTaskServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			httpClient,
 			baseURL+TaskServiceCreateTaskProcedure,
 			connect.WithSchema(taskServiceMethods.ByName("CreateTask")),
+			connect.WithClientOptions(opts...),
+		),
+		createTasks: connect.NewClient[v1.CreateTasksRequest, v1.CreateTasksResponse](
+			httpClient,
+			baseURL+TaskServiceCreateTasksProcedure,
+			connect.WithSchema(taskServiceMethods.ByName("CreateTasks")),
 			connect.WithClientOptions(opts...),
 		),
 		getTask: connect.NewClient[v1.GetTaskRequest, v1.GetTaskResponse](
@@ -159,6 +170,7 @@ func NewTaskServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 // taskServiceClient implements TaskServiceClient.
 type taskServiceClient struct {
 	createTask        *connect.Client[v1.CreateTaskRequest, v1.CreateTaskResponse]
+	createTasks       *connect.Client[v1.CreateTasksRequest, v1.CreateTasksResponse]
 	getTask           *connect.Client[v1.GetTaskRequest, v1.GetTaskResponse]
 	listTasks         *connect.Client[v1.ListTasksRequest, v1.ListTasksResponse]
 	appendEvents      *connect.Client[v1.AppendEventsRequest, v1.AppendEventsResponse]
@@ -173,6 +185,11 @@ type taskServiceClient struct {
 // CreateTask calls warren.v1.TaskService.CreateTask.
 func (c *taskServiceClient) CreateTask(ctx context.Context, req *connect.Request[v1.CreateTaskRequest]) (*connect.Response[v1.CreateTaskResponse], error) {
 	return c.createTask.CallUnary(ctx, req)
+}
+
+// CreateTasks calls warren.v1.TaskService.CreateTasks.
+func (c *taskServiceClient) CreateTasks(ctx context.Context, req *connect.Request[v1.CreateTasksRequest]) (*connect.Response[v1.CreateTasksResponse], error) {
+	return c.createTasks.CallUnary(ctx, req)
 }
 
 // GetTask calls warren.v1.TaskService.GetTask.
@@ -223,6 +240,9 @@ func (c *taskServiceClient) CancelTask(ctx context.Context, req *connect.Request
 // TaskServiceHandler is an implementation of the warren.v1.TaskService service.
 type TaskServiceHandler interface {
 	CreateTask(context.Context, *connect.Request[v1.CreateTaskRequest]) (*connect.Response[v1.CreateTaskResponse], error)
+	// CreateTasks creates many tasks in one call, committed together (a
+	// malformed item fails the whole call with invalid_argument).
+	CreateTasks(context.Context, *connect.Request[v1.CreateTasksRequest]) (*connect.Response[v1.CreateTasksResponse], error)
 	GetTask(context.Context, *connect.Request[v1.GetTaskRequest]) (*connect.Response[v1.GetTaskResponse], error)
 	ListTasks(context.Context, *connect.Request[v1.ListTasksRequest]) (*connect.Response[v1.ListTasksResponse], error)
 	// AppendEvents is used by node daemons; it is fenced by the lease epoch.
@@ -253,6 +273,12 @@ func NewTaskServiceHandler(svc TaskServiceHandler, opts ...connect.HandlerOption
 		TaskServiceCreateTaskProcedure,
 		svc.CreateTask,
 		connect.WithSchema(taskServiceMethods.ByName("CreateTask")),
+		connect.WithHandlerOptions(opts...),
+	)
+	taskServiceCreateTasksHandler := connect.NewUnaryHandler(
+		TaskServiceCreateTasksProcedure,
+		svc.CreateTasks,
+		connect.WithSchema(taskServiceMethods.ByName("CreateTasks")),
 		connect.WithHandlerOptions(opts...),
 	)
 	taskServiceGetTaskHandler := connect.NewUnaryHandler(
@@ -315,6 +341,8 @@ func NewTaskServiceHandler(svc TaskServiceHandler, opts ...connect.HandlerOption
 		switch r.URL.Path {
 		case TaskServiceCreateTaskProcedure:
 			taskServiceCreateTaskHandler.ServeHTTP(w, r)
+		case TaskServiceCreateTasksProcedure:
+			taskServiceCreateTasksHandler.ServeHTTP(w, r)
 		case TaskServiceGetTaskProcedure:
 			taskServiceGetTaskHandler.ServeHTTP(w, r)
 		case TaskServiceListTasksProcedure:
@@ -344,6 +372,10 @@ type UnimplementedTaskServiceHandler struct{}
 
 func (UnimplementedTaskServiceHandler) CreateTask(context.Context, *connect.Request[v1.CreateTaskRequest]) (*connect.Response[v1.CreateTaskResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.TaskService.CreateTask is not implemented"))
+}
+
+func (UnimplementedTaskServiceHandler) CreateTasks(context.Context, *connect.Request[v1.CreateTasksRequest]) (*connect.Response[v1.CreateTasksResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.TaskService.CreateTasks is not implemented"))
 }
 
 func (UnimplementedTaskServiceHandler) GetTask(context.Context, *connect.Request[v1.GetTaskRequest]) (*connect.Response[v1.GetTaskResponse], error) {
