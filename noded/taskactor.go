@@ -103,10 +103,14 @@ func (a *taskActor) start(c *actor.Context) {
 		c.After(50*time.Millisecond, startMsg{})
 		return
 	}
-	done, err := a.d.completedSteps(ctx, a.id, t.GetNextSeq()-1)
-	if err != nil {
-		a.failed(c, "read log", err, startMsg{})
-		return
+	// A task placed for the first time has run no step: only a resumed
+	// one (requeued, or running here before a restart) reads its log.
+	var done uint32
+	if t.GetState() != warrenv1.TaskState_TASK_STATE_PLACED || t.GetResume() {
+		if done, err = a.d.completedSteps(ctx, a.id, t.GetNextSeq()-1); err != nil {
+			a.failed(c, "read log", err, startMsg{})
+			return
+		}
 	}
 	a.cancel = t.GetCancelRequested()
 	a.script = t.GetSpec().GetScript()
