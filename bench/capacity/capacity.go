@@ -53,25 +53,35 @@ type Options struct {
 	SteadySeconds   float64       `json:"steady_seconds"` // measuring window before the faults
 	KillFraction    float64       `json:"kill_fraction"`  // of the nodes, in whole node processes
 	CheckLogs       int           `json:"check_logs"`     // logs to check at the end; 0 = all
-	Timeout         time.Duration `json:"timeout"`        // the whole run
-	Binary          string        `json:"-"`              // the warren binary
-	OutDir          string        `json:"-"`              // where results go
-	Keep            bool          `json:"-"`              // keep data and logs
-	Seed            uint64        `json:"seed"`
+	// Finish is how the run ends after the faults: "run" waits for every
+	// task to succeed; "cancel" cancels them all (each ends at its next
+	// step boundary) and waits for every task to end, which bounds a run
+	// whose tasks would take most of an hour.
+	Finish string `json:"finish"`
+	// FleetNice runs the node processes under nice(1) at this value (0:
+	// not niced). The servers then keep their cores, as on a deployment
+	// where the fleet runs on other machines, and a fleet that offers more
+	// than the servers sustain is slowed instead of starving raft's
+	// heartbeats.
+	FleetNice int           `json:"fleet_nice"`
+	Timeout   time.Duration `json:"timeout"` // the whole run
+	Binary    string        `json:"-"`       // the warren binary
+	OutDir    string        `json:"-"`       // where results go
+	Keep      bool          `json:"-"`       // keep data and logs
+	Seed      uint64        `json:"seed"`
 }
 
 // Presets.
 var Presets = map[string]Options{
 	// default runs steps in real time (a 20 s median): 40,000 tasks then
-	// offer about 6,000 appends/s, what this control plane sustains on a
-	// 2-core box; compressed 4×, they offered 24,000/s and queued for
-	// seconds.
+	// offer about 6,000 events/s in 4,000 append calls/s. Its tasks would
+	// need 15-27 minutes to finish, so it cancels them after the faults.
 	"default": {Preset: "default", Servers: 3, Nodes: 1000, NodesPerProcess: 100, Tasks: 40000, Steps: 40,
 		StepMedian: 20 * time.Second, TimeScale: 1, OutputMedian: 1024, SteadySeconds: 30, KillFraction: 0.1,
-		CheckLogs: 2000, Timeout: 60 * time.Minute},
+		CheckLogs: 2000, Timeout: 60 * time.Minute, Finish: "cancel", FleetNice: 10},
 	"ci": {Preset: "ci", Servers: 3, Nodes: 50, NodesPerProcess: 5, Tasks: 2000, Steps: 40,
 		StepMedian: 20 * time.Second, TimeScale: 20, OutputMedian: 1024, SteadySeconds: 10, KillFraction: 0.1,
-		CheckLogs: 0, Timeout: 10 * time.Minute},
+		CheckLogs: 0, Timeout: 10 * time.Minute, Finish: "run", FleetNice: 10},
 }
 
 // run is the state of one run.
@@ -108,6 +118,9 @@ func Run(ctx context.Context, o Options, progress io.Writer) (*Report, error) {
 	if o.Tasks < 1 || o.Steps < 1 || o.TimeScale <= 0 || o.Servers < 3 {
 		return nil, errors.New("tasks, steps and time-scale must be positive, and servers at least 3")
 	}
+	if o.Finish != "run" && o.Finish != "cancel" {
+		return nil, fmt.Errorf("finish: %q is not run or cancel", o.Finish)
+	}
 	if o.Seed == 0 {
 		o.Seed = uint64(time.Now().UnixNano())
 	}
@@ -120,9 +133,15 @@ func Run(ctx context.Context, o Options, progress io.Writer) (*Report, error) {
 			fmt.Sprintf("%d node daemons in %d processes: memberlist gossip (UDP/TCP), sessions with the leader, heartbeats every 500 ms, task actors, batched appends over HTTP", o.Nodes, o.Nodes/o.NodesPerProcess),
 			"SIGKILL of node processes and of the leader"},
 		Simulated: []string{"sandboxes: the sim driver (in memory; a step's command is a timed sleep, no process runs)",
-			"the model: tasks run scripted steps (tool_call, effect, tool_result per step) with durations and output sizes drawn from distributions; no model is called",
+			"the model: tasks run scripted steps (tool_call, then effect and tool_result in one append, per step) with durations and output sizes drawn from distributions; no model is called",
 			fmt.Sprintf("time: step durations are divided by %g", o.TimeScale)},
 		DetectedBy: map[string]int{}}
+	if o.FleetNice > 0 {
+		r.rep.Real = append(r.rep.Real, fmt.Sprintf("one box: the node processes run at nice %d, so the servers keep priority on the shared cores, as they would on their own machines", o.FleetNice))
+	}
+	if o.Finish == "cancel" {
+		r.rep.Real = append(r.rep.Real, "the end: after the faults every task is cancelled (it ends at its next step boundary) instead of running its 40 steps to the end")
+	}
 	rep, err := r.do(ctx)
 	if err != nil && r.cl != nil {
 		r.rep.Violations = append(r.rep.Violations, "run failed: "+firstLine(err.Error()))
@@ -149,7 +168,7 @@ func (r *run) do(ctx context.Context) (*Report, error) {
 	defer cancel()
 	var err error
 	r.logf("starting %d servers", o.Servers)
-	r.cl, err = cluster.Start(ctx, cluster.Options{Binary: o.Binary, Servers: o.Servers, Gossip: true, Keep: o.Keep,
+	r.cl, err = cluster.Start(ctx, cluster.Options{Binary: o.Binary, Servers: o.Servers, Gossip: true, Keep: o.Keep, DaemonNice: o.FleetNice,
 		ServerArgs: []string{"--log-level", "warn", "--pprof"}, Logf: func(f string, a ...any) { r.logf(f, a...) }})
 	if err != nil {
 		return nil, err
@@ -266,13 +285,19 @@ func (r *run) do(ctx context.Context) (*Report, error) {
 		return nil, r.withLogs(err)
 	}
 
-	// The end: every task must finish; a task making no progress is stuck.
+	// The end: every task must end (succeed, or with --finish cancel be
+	// cancelled); a task making no progress is stuck.
+	if o.Finish == "cancel" {
+		if err := r.cancelAll(ctx, ids); err != nil {
+			return nil, r.withLogs(err)
+		}
+	}
 	if err := r.waitFinished(ctx, ids); err != nil {
 		return nil, r.withLogs(err)
 	}
 	r.rep.TotalSeconds = time.Since(r.t0).Seconds()
 	r.rep.Overall = window(r.base, r.aggregate())
-	r.logf("every task finished %.1fs after the first submission; checking logs", r.rep.TotalSeconds)
+	r.logf("every task ended %.1fs after the first submission; checking logs", r.rep.TotalSeconds)
 	r.check(ctx, ids)
 	r.finish()
 	return r.rep, nil
@@ -927,10 +952,51 @@ func (r *run) waitFinished(ctx context.Context, ids []string) error {
 	}
 }
 
+// cancelAll cancels every task that has not ended; each actor records the
+// cancellation at its next step boundary.
+func (r *run) cancelAll(ctx context.Context, ids []string) error {
+	r.mark("cancel all")
+	r.logf("cancelling the %d tasks (--finish cancel)", len(ids))
+	tasks, _ := r.servers()
+	var next atomic.Int64
+	var firstErr atomic.Value
+	var wg sync.WaitGroup
+	for range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= len(ids) || firstErr.Load() != nil {
+					return
+				}
+				var err error
+				for attempt := 0; attempt < 5; attempt++ {
+					cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+					_, err = tasks.CancelTask(cctx, connect.NewRequest(&warrenv1.CancelTaskRequest{TaskId: ids[i], RequestId: "bench-cancel"}))
+					cancel()
+					if err == nil || connect.CodeOf(err) == connect.CodeFailedPrecondition {
+						err = nil // or it had already ended
+						break
+					}
+				}
+				if err != nil {
+					firstErr.CompareAndSwap(nil, fmt.Errorf("cancel task %s: %w", ids[i], err))
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if e := firstErr.Load(); e != nil {
+		return e.(error)
+	}
+	return nil
+}
+
 func (r *run) countEnded(ctx context.Context) (int, error) {
 	tasks, _ := r.servers()
 	n := 0
-	for _, state := range []warrenv1.TaskState{warrenv1.TaskState_TASK_STATE_SUCCEEDED, warrenv1.TaskState_TASK_STATE_FAILED} {
+	for _, state := range []warrenv1.TaskState{warrenv1.TaskState_TASK_STATE_SUCCEEDED, warrenv1.TaskState_TASK_STATE_FAILED, warrenv1.TaskState_TASK_STATE_CANCELLED} {
 		if err := cluster.EachTask(ctx, tasks, state, func(*warrenv1.Task) { n++ }); err != nil {
 			return 0, err
 		}
@@ -960,7 +1026,7 @@ func (r *run) check(ctx context.Context, ids []string) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			n, problems := checkLog(ctx, tasks, id, r.o.Steps)
+			n, problems := checkLog(ctx, tasks, id, r.o.Steps, r.o.Finish == "cancel")
 			mu.Lock()
 			events += n
 			r.rep.Violations = append(r.rep.Violations, problems...)
@@ -974,13 +1040,27 @@ func (r *run) check(ctx context.Context, ids []string) {
 		r.rep.Violations = append(r.rep.Violations, "list succeeded tasks: "+err.Error())
 	}
 	r.rep.Succeeded = succeeded
-	if succeeded != len(ids) {
+	if r.o.Finish == "cancel" {
+		cancelled := 0
+		if err := cluster.EachTask(ctx, tasks, warrenv1.TaskState_TASK_STATE_CANCELLED, func(*warrenv1.Task) { cancelled++ }); err != nil {
+			r.rep.Violations = append(r.rep.Violations, "list cancelled tasks: "+err.Error())
+		}
+		r.rep.Cancelled = cancelled
+		if succeeded+cancelled != len(ids) {
+			r.rep.Violations = append(r.rep.Violations, fmt.Sprintf("%d of %d tasks succeeded and %d were cancelled", succeeded, len(ids), cancelled))
+		}
+	} else if succeeded != len(ids) {
 		r.rep.Violations = append(r.rep.Violations, fmt.Sprintf("%d of %d tasks succeeded", succeeded, len(ids)))
 	}
 	r.logf("checked %d logs (%d events): %d violations", len(sample), events, len(r.rep.Violations))
 }
 
-func checkLog(ctx context.Context, tasks warrenv1connect.TaskServiceClient, id string, steps int) (int, []string) {
+// checkLog checks one task's log: gapless from 1, epochs never going back,
+// ended in success (or, when cancelled is allowed, in cancellation), and
+// each step's effect recorded exactly once with its result: every step of a
+// task that succeeded, every step up to the last one with an effect of a
+// task that was cancelled.
+func checkLog(ctx context.Context, tasks warrenv1connect.TaskServiceClient, id string, steps int, cancelled bool) (int, []string) {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	st, err := tasks.StreamEvents(ctx, connect.NewRequest(&warrenv1.StreamEventsRequest{TaskId: id}))
@@ -1017,8 +1097,19 @@ func checkLog(ctx context.Context, tasks warrenv1connect.TaskServiceClient, id s
 			c, _ := p["tool_call_id"].(string)
 			results[c] = true
 		case "state_changed":
-			if p["to"] == "succeeded" {
+			switch p["to"] {
+			case "succeeded":
 				ended = true
+			case "cancelled":
+				if cancelled {
+					ended = true
+					steps = 0
+					for k := range effects {
+						if s, err := strconv.Atoi(strings.TrimPrefix(k, id+"/step-")); err == nil {
+							steps = max(steps, s)
+						}
+					}
+				}
 			}
 		}
 	}
@@ -1026,7 +1117,11 @@ func checkLog(ctx context.Context, tasks warrenv1connect.TaskServiceClient, id s
 		problems = append(problems, fmt.Sprintf("task %s: stream: %v", id, err))
 	}
 	if !ended {
-		problems = append(problems, fmt.Sprintf("task %s: log does not end in success", id))
+		want := "success"
+		if cancelled {
+			want = "success or cancellation"
+		}
+		problems = append(problems, fmt.Sprintf("task %s: log does not end in %s", id, want))
 	}
 	for s := 1; s <= steps; s++ {
 		k := id + "/step-" + strconv.Itoa(s)

@@ -165,6 +165,7 @@ func (r *Report) renderFigures() []renderGroup {
 		{"End", [][2]string{
 			{"total run time", renderSeconds(r.TotalSeconds)},
 			{"tasks succeeded", renderThousands(int64(r.Succeeded))},
+			{"tasks cancelled at the end", renderThousands(int64(r.Cancelled))},
 			{"logs checked", renderThousands(int64(r.CheckedLogs))},
 			{"events checked", renderThousands(int64(r.CheckedEvents))},
 			{"invariant violations", renderThousands(int64(len(r.Violations)))},

@@ -63,6 +63,7 @@ type Report struct {
 	// The end.
 	TotalSeconds  float64  `json:"total_seconds"`
 	Succeeded     int      `json:"succeeded"`
+	Cancelled     int      `json:"cancelled"` // with --finish cancel
 	CheckedLogs   int      `json:"checked_logs"`
 	CheckedEvents int      `json:"checked_events"`
 	Violations    []string `json:"violations"` // invariant breaks; empty on a good run

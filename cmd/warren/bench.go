@@ -31,6 +31,8 @@ func cmdBench(args []string, stdout, stderr io.Writer) error {
 	bin := fs.String("warren", "", "warren binary for the servers and nodes (default: this one)")
 	keep := fs.Bool("keep", false, "keep data directories and logs")
 	timeout := fs.Duration("timeout", 0, "give up after this long (0: the preset's)")
+	finish := fs.String("finish", "", "after the faults: run (wait for every task to succeed) or cancel (cancel every task and wait for all to end) (empty: the preset's: cancel for default, run for ci)")
+	nice := fs.Int("fleet-nice", -1, "run the node processes at this nice(1) value, 0 for not niced (-1: the preset's, 10)")
 	pos, err := parse(fs, args[1:])
 	if err != nil {
 		return err
@@ -66,6 +68,19 @@ func cmdBench(args []string, stdout, stderr io.Writer) error {
 	}
 	if *timeout > 0 {
 		o.Timeout = *timeout
+	}
+	switch *finish {
+	case "":
+	case "run", "cancel":
+		o.Finish = *finish
+	default:
+		return fmt.Errorf("finish: %q is not run or cancel", *finish)
+	}
+	if *nice > 19 {
+		return fmt.Errorf("fleet-nice: %d is over 19, the lowest priority", *nice)
+	}
+	if *nice >= 0 {
+		o.FleetNice = *nice
 	}
 	if o.Nodes%o.NodesPerProcess != 0 {
 		return fmt.Errorf("nodes: %d is not a multiple of nodes-per-process %d", o.Nodes, o.NodesPerProcess)

@@ -32,6 +32,8 @@ func TestNodeAndBenchFlagErrors(t *testing.T) {
 			[]string{"pprof: needs --metrics"}},
 		{[]string{"bench"}, []string{`the only benchmark here is "capacity"`}},
 		{[]string{"bench", "capacity", "--preset", "huge"}, []string{`preset: "huge" is not default or ci`}},
+		{[]string{"bench", "capacity", "--finish", "later"}, []string{`finish: "later" is not run or cancel`}},
+		{[]string{"bench", "capacity", "--fleet-nice", "20"}, []string{"fleet-nice: 20 is over 19"}},
 		{[]string{"bench", "capacity", "--nodes", "7", "--nodes-per-process", "5"}, []string{"nodes: 7 is not a multiple of nodes-per-process 5"}},
 	} {
 		var out, errOut bytes.Buffer

@@ -24,11 +24,16 @@ import (
 
 // Options configures Start.
 type Options struct {
-	Binary     string               // the warren binary (required; see Build)
-	Servers    int                  // 0 means 3
-	ServerArgs []string             // extra flags for every server, e.g. --log-level=warn
-	Gossip     bool                 // give servers memberlist ports (for node daemons)
-	Keep       bool                 // keep the data directories and logs at exit
+	Binary     string   // the warren binary (required; see Build)
+	Servers    int      // 0 means 3
+	ServerArgs []string // extra flags for every server, e.g. --log-level=warn
+	Gossip     bool     // give servers memberlist ports (for node daemons)
+	Keep       bool     // keep the data directories and logs at exit
+	// DaemonNice runs node daemon processes under `nice -n DaemonNice`
+	// (0: not at all), so that a simulated fleet sharing the servers'
+	// cores, as it does not in a real deployment, cannot starve the
+	// servers' raft heartbeats.
+	DaemonNice int
 	Logf       func(string, ...any) // progress messages; nil discards
 }
 
@@ -45,6 +50,7 @@ type Node struct {
 	Log     string // stdout and stderr of every incarnation, appended
 
 	bin    string
+	nice   int
 	extra  []string
 	status warrenv1connect.ClusterServiceClient
 
@@ -60,9 +66,10 @@ type Cluster struct {
 	Daemons []*Node // node daemons (StartDaemon)
 	Dir     string
 
-	logf      func(string, ...any)
-	keep      bool
-	closeOnce sync.Once
+	logf       func(string, ...any)
+	keep       bool
+	daemonNice int
+	closeOnce  sync.Once
 }
 
 // Start builds a cluster: the first server bootstraps, the others join it,
@@ -82,7 +89,7 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Cluster{Dir: dir, logf: o.Logf, keep: o.Keep}
+	c := &Cluster{Dir: dir, logf: o.Logf, keep: o.Keep, daemonNice: o.DaemonNice}
 	atExit(c.Close)
 
 	ports, err := freePorts(3 * o.Servers)
@@ -259,7 +266,7 @@ func (c *Cluster) StartFleet(id string, count int, extra ...string) (*Node, erro
 // to the servers' gossip when the cluster has it.
 func (c *Cluster) startDaemon(id string, port int, metrics string, extra []string) (*Node, error) {
 	n := &Node{ID: id, Daemon: true, Gossip: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Metrics: metrics,
-		Data: filepath.Join(c.Dir, id), Log: filepath.Join(c.Dir, id+".log"), bin: c.Nodes[0].bin}
+		Data: filepath.Join(c.Dir, id), Log: filepath.Join(c.Dir, id+".log"), bin: c.Nodes[0].bin, nice: c.daemonNice}
 	n.extra = append([]string{"--servers", strings.Join(c.URLs(), ","), "--gossip", n.Gossip, "--driver", "sim"}, extra...)
 	var gossip []string
 	for _, s := range c.Nodes {
@@ -368,6 +375,9 @@ func (n *Node) start(args ...string) error {
 	argv = append(argv, n.extra...)
 	fmt.Fprintf(logf, "=== %s %s\n", time.Now().Format(time.RFC3339Nano), strings.Join(argv, " "))
 	cmd := exec.Command(n.bin, argv...)
+	if n.Daemon && n.nice > 0 {
+		cmd = exec.Command("nice", append([]string{"-n", strconv.Itoa(n.nice), n.bin}, argv...)...)
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Own process group, so a terminal's Ctrl-C reaches only the bench,
 	// which then kills the servers; Pdeathsig kills them if the bench dies.
