@@ -37,18 +37,22 @@ func freeAddr(t *testing.T) string {
 	return l.Addr().String()
 }
 
-func startNode(t *testing.T, dir, id string, bootstrap bool, join string, trailing uint64) *node {
+func startNode(t *testing.T, dir, id string, bootstrap bool, join string, trailing uint64, tweak ...func(*Config)) *node {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	url := "http://" + ln.Addr().String()
-	srv, err := Open(Config{
+	cfg := Config{
 		ID: id, DataDir: filepath.Join(dir, id), RaftAddr: freeAddr(t), APIURL: url,
 		Bootstrap: bootstrap, JoinURL: join, TrailingLogs: trailing, SnapshotThreshold: 1 << 30,
 		SnapshotInterval: time.Hour, RaftLevel: "error",
-	})
+	}
+	for _, f := range tweak {
+		f(&cfg)
+	}
+	srv, err := Open(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,12 +88,12 @@ func leaderOf(nodes []*node) *node {
 	return nil
 }
 
-func startCluster(t *testing.T, trailing uint64) []*node {
+func startCluster(t *testing.T, trailing uint64, tweak ...func(*Config)) []*node {
 	dir := t.TempDir()
-	a := startNode(t, dir, "s1", true, "", trailing)
+	a := startNode(t, dir, "s1", true, "", trailing, tweak...)
 	waitFor(t, "s1 to lead", 10*time.Second, func() bool { return leaderOf([]*node{a}) != nil })
-	b := startNode(t, dir, "s2", false, a.url, trailing)
-	c := startNode(t, dir, "s3", false, a.url, trailing)
+	b := startNode(t, dir, "s2", false, a.url, trailing, tweak...)
+	c := startNode(t, dir, "s3", false, a.url, trailing, tweak...)
 	nodes := []*node{a, b, c}
 	waitFor(t, "3 voters", 15*time.Second, func() bool { return len(a.srv.Status().GetPeers()) == 3 })
 	return nodes
@@ -351,4 +355,44 @@ func TestCreateTasksBatch(t *testing.T) {
 			t.Fatalf("want invalid_argument saying %q, got %v", c.want, err)
 		}
 	}
+}
+
+// TestPlacementPacesStarts: with MaxStarting 3, at most 3 tasks wait in
+// placed at once; as each starts (records running), another is placed.
+func TestPlacementPacesStarts(t *testing.T) {
+	nodes := startCluster(t, 0, func(c *Config) { c.MaxStarting = 3 })
+	ctx := context.Background()
+	cc := warrenv1connect.NewClusterServiceClient(http.DefaultClient, nodes[1].url)
+	_, err := cc.RegisterNode(ctx, connect.NewRequest(&warrenv1.RegisterNodeRequest{Node: &warrenv1.Node{
+		Id: "n1", Drivers: []string{"sim"}, Capacity: &warrenv1.Resources{MilliCpu: 100 * DefaultTaskMilliCPU, MemoryBytes: 100 * DefaultTaskMemoryBytes},
+	}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 10; i++ {
+		if _, err := nodes[i%3].tasks.CreateTask(ctx, connect.NewRequest(&warrenv1.CreateTaskRequest{Spec: &warrenv1.TaskSpec{
+			Repo: "https://example.com/r.git", Base: "main", IssueTitle: fmt.Sprint("t", i), Driver: "sim"}})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	states := func() map[warrenv1.TaskState]int { return countStates(t, nodes[0]) }
+	waitFor(t, "3 tasks placed", 10*time.Second, func() bool { return states()[warrenv1.TaskState_TASK_STATE_PLACED] == 3 })
+	time.Sleep(200 * time.Millisecond) // ten placement ticks: still 3
+	if got := states(); got[warrenv1.TaskState_TASK_STATE_PLACED] != 3 || got[warrenv1.TaskState_TASK_STATE_PENDING] != 7 {
+		t.Fatalf("states %v, want 3 placed and 7 pending", got)
+	}
+	// Start one (as its actor would): one more is placed.
+	tasks, _, err := nodes[0].srv.FSM().ListTasks(warrenv1.TaskState_TASK_STATE_PLACED, "", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk := tasks[0]
+	if _, err := nodes[0].tasks.AppendEvents(ctx, connect.NewRequest(&warrenv1.AppendEventsRequest{TaskId: tk.GetId(),
+		LeaseEpoch: tk.GetLease().GetEpoch(), Events: []*warrenv1.EventInput{stateEvent("running")}})); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a fourth task placed", 10*time.Second, func() bool {
+		got := states()
+		return got[warrenv1.TaskState_TASK_STATE_RUNNING] == 1 && got[warrenv1.TaskState_TASK_STATE_PLACED] == 3 && got[warrenv1.TaskState_TASK_STATE_PENDING] == 6
+	})
 }

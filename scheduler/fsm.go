@@ -336,6 +336,9 @@ func (a *applier) flushTasks() {
 			continue
 		}
 		if st := c.t.GetState(); c.orig != st {
+			if c.orig == warrenv1.TaskState_TASK_STATE_PLACED {
+				a.replan = true // a start finished: room under Config.MaxStarting
+			}
 			if c.orig != warrenv1.TaskState_TASK_STATE_UNSPECIFIED {
 				if err := a.b.Delete(keyState(byte(c.orig), id), nil); err != nil {
 					panic(fmt.Sprintf("scheduler: batch delete: %v", err))

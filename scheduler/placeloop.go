@@ -17,7 +17,13 @@ const (
 	defaultPlacementInterval = 20 * time.Millisecond
 	maxPendingPerRound       = 20000 // tasks considered per round
 	maxPlacementsPerEntry    = 2000  // placements per ApplyPlan entry
-	spreadLabel              = "zone"
+	// DefaultMaxStarting bounds the tasks placed but not yet running,
+	// cluster-wide. Each start costs a node a sandbox claim and the
+	// cluster a few writes; placing 40,000 at once made a start storm that
+	// starved heartbeats on a small box. Placement continues as starts
+	// complete.
+	DefaultMaxStarting = 4000
+	spreadLabel        = "zone"
 )
 
 // placementLoop runs on every server and acts only on the leader: whenever
@@ -74,9 +80,21 @@ func (s *Server) placeOnce(rng *rand.Rand) error {
 	if err != nil || len(nodes) == 0 {
 		return err
 	}
+	limit := s.cfg.MaxStarting
+	if limit == 0 {
+		limit = DefaultMaxStarting
+	}
+	starting, err := s.fsm.CountState(warrenv1.TaskState_TASK_STATE_PLACED, limit)
+	if err != nil {
+		return err
+	}
+	room := min(maxPendingPerRound, limit-starting)
+	if room <= 0 {
+		return nil // a task leaving placed changes replanGen
+	}
 	var pending []*warrenv1.Task
-	for after := ""; len(pending) < maxPendingPerRound; {
-		page, next, err := s.fsm.ListTasks(warrenv1.TaskState_TASK_STATE_PENDING, after, 1000)
+	for after := ""; len(pending) < room; {
+		page, next, err := s.fsm.ListTasks(warrenv1.TaskState_TASK_STATE_PENDING, after, min(1000, room-len(pending)))
 		if err != nil {
 			return err
 		}

@@ -42,6 +42,7 @@ type Config struct {
 
 	HeartbeatTimeout  time.Duration // 0 means 500ms
 	ElectionTimeout   time.Duration // 0 means 500ms
+	MaxStarting       int           // tasks placed but not yet running, cluster-wide; 0 means DefaultMaxStarting
 	SnapshotThreshold uint64        // entries between snapshots; 0 means 16384
 	TrailingLogs      uint64        // entries kept after a snapshot; 0 means 10240
 	SnapshotInterval  time.Duration // 0 means 30s
@@ -79,6 +80,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Bootstrap && c.JoinURL != "" {
 		errs = append(errs, errors.New("bootstrap and join: choose one"))
+	}
+	if c.MaxStarting < 0 {
+		errs = append(errs, fmt.Errorf("max-starting: %d must be positive (0: the default, %d)", c.MaxStarting, DefaultMaxStarting))
 	}
 	return errors.Join(errs...)
 }

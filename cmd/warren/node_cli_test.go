@@ -30,6 +30,8 @@ func TestNodeAndBenchFlagErrors(t *testing.T) {
 			[]string{`gossip-profile: "wan" is not lan or fleet`}},
 		{[]string{"node", "--id", "n1", "--data", "/tmp/x", "--servers", "http://a", "--gossip", "127.0.0.1:1", "--driver", "sim", "--pprof"},
 			[]string{"pprof: needs --metrics"}},
+		{[]string{"server", "--id", "s1", "--data", "/nonexistent/x", "--api", "127.0.0.1:1", "--raft", "127.0.0.1:2", "--max-starting", "-1"},
+			[]string{"max-starting: -1 must be positive"}},
 		{[]string{"bench"}, []string{`the only benchmark here is "capacity"`}},
 		{[]string{"bench", "capacity", "--preset", "huge"}, []string{`preset: "huge" is not default or ci`}},
 		{[]string{"bench", "capacity", "--finish", "later"}, []string{`finish: "later" is not run or cancel`}},
