@@ -245,9 +245,12 @@ func (d *Daemon) startTask(m *warrenv1.StartTask) {
 		delete(d.actors, m.GetTaskId())
 	}
 	ctx, cancel := context.WithCancel(d.ctx)
-	id, epoch, resume := m.GetTaskId(), m.GetEpoch(), m.GetResume()
+	id, epoch, resume, task := m.GetTaskId(), m.GetEpoch(), m.GetResume(), m.GetTask()
+	if task.GetId() != id || task.GetLease().GetEpoch() != epoch {
+		task = nil // not this lease's: read it
+	}
 	ref, err := d.sys.Spawn(fmt.Sprintf("task-%s-e%d", id, epoch),
-		func() actor.Behavior { return &taskActor{d: d, id: id, epoch: epoch, resume: resume, ctx: ctx} },
+		func() actor.Behavior { return &taskActor{d: d, id: id, epoch: epoch, resume: resume, given: task, ctx: ctx} },
 		actor.WithMailbox(16),
 		actor.WithPolicy(actor.RestartPolicy{MaxRestarts: 3, Window: time.Minute}))
 	if err != nil {

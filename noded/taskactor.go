@@ -43,6 +43,7 @@ type taskActor struct {
 	id     string
 	epoch  uint64
 	resume bool
+	given  *warrenv1.Task // from StartTask, used by the first start only
 	ctx    context.Context
 
 	script  *warrenv1.Script
@@ -86,12 +87,16 @@ func (a *taskActor) Receive(c *actor.Context, msg any) {
 // task runs here.
 func (a *taskActor) start(c *actor.Context) {
 	ctx := a.ctx
-	resp, err := a.d.cl.Tasks().GetTask(ctx, connect.NewRequest(&warrenv1.GetTaskRequest{Id: a.id}))
-	if err != nil {
-		a.failed(c, "read task", err, startMsg{})
-		return
+	t := a.given
+	a.given = nil // a retry or a restart reads the task afresh
+	if t == nil {
+		resp, err := a.d.cl.Tasks().GetTask(ctx, connect.NewRequest(&warrenv1.GetTaskRequest{Id: a.id}))
+		if err != nil {
+			a.failed(c, "read task", err, startMsg{})
+			return
+		}
+		t = resp.Msg.GetTask()
 	}
-	t := resp.Msg.GetTask()
 	switch e := t.GetLease().GetEpoch(); {
 	case isTerminal(t.GetState()):
 		a.finish(c, "task already ended", &a.d.stats.Finished)
@@ -107,6 +112,7 @@ func (a *taskActor) start(c *actor.Context) {
 	// one (requeued, or running here before a restart) reads its log.
 	var done uint32
 	if t.GetState() != warrenv1.TaskState_TASK_STATE_PLACED || t.GetResume() {
+		var err error
 		if done, err = a.d.completedSteps(ctx, a.id, t.GetNextSeq()-1); err != nil {
 			a.failed(c, "read log", err, startMsg{})
 			return

@@ -271,7 +271,7 @@ func (s *Server) reconcile(c *session, running []*warrenv1.RunningTask) error {
 
 func startCommand(t *warrenv1.Task) *warrenv1.SessionResponse {
 	return &warrenv1.SessionResponse{Msg: &warrenv1.SessionResponse_Start{Start: &warrenv1.StartTask{
-		TaskId: t.GetId(), Epoch: t.GetLease().GetEpoch(), Resume: t.GetResume()}}}
+		TaskId: t.GetId(), Epoch: t.GetLease().GetEpoch(), Resume: t.GetResume(), Task: t}}}
 }
 
 // notifyPlaced sends start commands for tasks the leader just placed.

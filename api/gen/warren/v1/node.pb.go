@@ -77,59 +77,6 @@ func (NodeStatus) EnumDescriptor() ([]byte, []int) {
 	return file_warren_v1_node_proto_rawDescGZIP(), []int{0}
 }
 
-type Resources struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// Thousandths of a CPU core.
-	MilliCpu      int64 `protobuf:"varint,1,opt,name=milli_cpu,json=milliCpu,proto3" json:"milli_cpu,omitempty"`
-	MemoryBytes   int64 `protobuf:"varint,2,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *Resources) Reset() {
-	*x = Resources{}
-	mi := &file_warren_v1_node_proto_msgTypes[0]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *Resources) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*Resources) ProtoMessage() {}
-
-func (x *Resources) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_node_proto_msgTypes[0]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use Resources.ProtoReflect.Descriptor instead.
-func (*Resources) Descriptor() ([]byte, []int) {
-	return file_warren_v1_node_proto_rawDescGZIP(), []int{0}
-}
-
-func (x *Resources) GetMilliCpu() int64 {
-	if x != nil {
-		return x.MilliCpu
-	}
-	return 0
-}
-
-func (x *Resources) GetMemoryBytes() int64 {
-	if x != nil {
-		return x.MemoryBytes
-	}
-	return 0
-}
-
 type Node struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Id     string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -159,7 +106,7 @@ type Node struct {
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_warren_v1_node_proto_msgTypes[1]
+	mi := &file_warren_v1_node_proto_msgTypes[0]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -171,7 +118,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_node_proto_msgTypes[1]
+	mi := &file_warren_v1_node_proto_msgTypes[0]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -184,7 +131,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_warren_v1_node_proto_rawDescGZIP(), []int{1}
+	return file_warren_v1_node_proto_rawDescGZIP(), []int{0}
 }
 
 func (x *Node) GetId() string {
@@ -305,7 +252,7 @@ type SessionRequest struct {
 
 func (x *SessionRequest) Reset() {
 	*x = SessionRequest{}
-	mi := &file_warren_v1_node_proto_msgTypes[2]
+	mi := &file_warren_v1_node_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -317,7 +264,7 @@ func (x *SessionRequest) String() string {
 func (*SessionRequest) ProtoMessage() {}
 
 func (x *SessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_node_proto_msgTypes[2]
+	mi := &file_warren_v1_node_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -330,7 +277,7 @@ func (x *SessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionRequest.ProtoReflect.Descriptor instead.
 func (*SessionRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_node_proto_rawDescGZIP(), []int{2}
+	return file_warren_v1_node_proto_rawDescGZIP(), []int{1}
 }
 
 func (x *SessionRequest) GetMsg() isSessionRequest_Msg {
@@ -388,7 +335,7 @@ type Hello struct {
 
 func (x *Hello) Reset() {
 	*x = Hello{}
-	mi := &file_warren_v1_node_proto_msgTypes[3]
+	mi := &file_warren_v1_node_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -400,7 +347,7 @@ func (x *Hello) String() string {
 func (*Hello) ProtoMessage() {}
 
 func (x *Hello) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_node_proto_msgTypes[3]
+	mi := &file_warren_v1_node_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -413,7 +360,7 @@ func (x *Hello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hello.ProtoReflect.Descriptor instead.
 func (*Hello) Descriptor() ([]byte, []int) {
-	return file_warren_v1_node_proto_rawDescGZIP(), []int{3}
+	return file_warren_v1_node_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Hello) GetNode() *Node {
@@ -447,7 +394,7 @@ type RunningTask struct {
 
 func (x *RunningTask) Reset() {
 	*x = RunningTask{}
-	mi := &file_warren_v1_node_proto_msgTypes[4]
+	mi := &file_warren_v1_node_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -459,7 +406,7 @@ func (x *RunningTask) String() string {
 func (*RunningTask) ProtoMessage() {}
 
 func (x *RunningTask) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_node_proto_msgTypes[4]
+	mi := &file_warren_v1_node_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -472,7 +419,7 @@ func (x *RunningTask) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunningTask.ProtoReflect.Descriptor instead.
 func (*RunningTask) Descriptor() ([]byte, []int) {
-	return file_warren_v1_node_proto_rawDescGZIP(), []int{4}
+	return file_warren_v1_node_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *RunningTask) GetTaskId() string {
@@ -500,7 +447,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_warren_v1_node_proto_msgTypes[5]
+	mi := &file_warren_v1_node_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -512,7 +459,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_node_proto_msgTypes[5]
+	mi := &file_warren_v1_node_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -525,7 +472,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_warren_v1_node_proto_rawDescGZIP(), []int{5}
+	return file_warren_v1_node_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Heartbeat) GetSeq() uint64 {
@@ -557,7 +504,7 @@ type SessionResponse struct {
 
 func (x *SessionResponse) Reset() {
 	*x = SessionResponse{}
-	mi := &file_warren_v1_node_proto_msgTypes[6]
+	mi := &file_warren_v1_node_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -569,7 +516,7 @@ func (x *SessionResponse) String() string {
 func (*SessionResponse) ProtoMessage() {}
 
 func (x *SessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_node_proto_msgTypes[6]
+	mi := &file_warren_v1_node_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -582,7 +529,7 @@ func (x *SessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionResponse.ProtoReflect.Descriptor instead.
 func (*SessionResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_node_proto_rawDescGZIP(), []int{6}
+	return file_warren_v1_node_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *SessionResponse) GetMsg() isSessionResponse_Msg {
@@ -669,7 +616,7 @@ type Welcome struct {
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_warren_v1_node_proto_msgTypes[7]
+	mi := &file_warren_v1_node_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -681,7 +628,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_node_proto_msgTypes[7]
+	mi := &file_warren_v1_node_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -694,7 +641,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_warren_v1_node_proto_rawDescGZIP(), []int{7}
+	return file_warren_v1_node_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Welcome) GetLeaderId() string {
@@ -724,14 +671,19 @@ type StartTask struct {
 	TaskId string                 `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
 	Epoch  uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	// The task was requeued: the actor resumes from the event log.
-	Resume        bool `protobuf:"varint,3,opt,name=resume,proto3" json:"resume,omitempty"`
+	Resume bool `protobuf:"varint,3,opt,name=resume,proto3" json:"resume,omitempty"`
+	// The task as the leader read it when sending this: the actor starts
+	// from it instead of reading it back (a start storm of 40,000 tasks
+	// otherwise adds 40,000 reads). May be stale by the time it arrives;
+	// appends are fenced by the epoch either way.
+	Task          *Task `protobuf:"bytes,4,opt,name=task,proto3" json:"task,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StartTask) Reset() {
 	*x = StartTask{}
-	mi := &file_warren_v1_node_proto_msgTypes[8]
+	mi := &file_warren_v1_node_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -743,7 +695,7 @@ func (x *StartTask) String() string {
 func (*StartTask) ProtoMessage() {}
 
 func (x *StartTask) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_node_proto_msgTypes[8]
+	mi := &file_warren_v1_node_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -756,7 +708,7 @@ func (x *StartTask) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartTask.ProtoReflect.Descriptor instead.
 func (*StartTask) Descriptor() ([]byte, []int) {
-	return file_warren_v1_node_proto_rawDescGZIP(), []int{8}
+	return file_warren_v1_node_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *StartTask) GetTaskId() string {
@@ -780,6 +732,13 @@ func (x *StartTask) GetResume() bool {
 	return false
 }
 
+func (x *StartTask) GetTask() *Task {
+	if x != nil {
+		return x.Task
+	}
+	return nil
+}
+
 // StopTask asks the node to stop a task's actor.
 type StopTask struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
@@ -795,7 +754,7 @@ type StopTask struct {
 
 func (x *StopTask) Reset() {
 	*x = StopTask{}
-	mi := &file_warren_v1_node_proto_msgTypes[9]
+	mi := &file_warren_v1_node_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -807,7 +766,7 @@ func (x *StopTask) String() string {
 func (*StopTask) ProtoMessage() {}
 
 func (x *StopTask) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_node_proto_msgTypes[9]
+	mi := &file_warren_v1_node_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -820,7 +779,7 @@ func (x *StopTask) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopTask.ProtoReflect.Descriptor instead.
 func (*StopTask) Descriptor() ([]byte, []int) {
-	return file_warren_v1_node_proto_rawDescGZIP(), []int{9}
+	return file_warren_v1_node_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *StopTask) GetTaskId() string {
@@ -862,7 +821,7 @@ type SetPoolTarget struct {
 
 func (x *SetPoolTarget) Reset() {
 	*x = SetPoolTarget{}
-	mi := &file_warren_v1_node_proto_msgTypes[10]
+	mi := &file_warren_v1_node_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -874,7 +833,7 @@ func (x *SetPoolTarget) String() string {
 func (*SetPoolTarget) ProtoMessage() {}
 
 func (x *SetPoolTarget) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_node_proto_msgTypes[10]
+	mi := &file_warren_v1_node_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -887,7 +846,7 @@ func (x *SetPoolTarget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPoolTarget.ProtoReflect.Descriptor instead.
 func (*SetPoolTarget) Descriptor() ([]byte, []int) {
-	return file_warren_v1_node_proto_rawDescGZIP(), []int{10}
+	return file_warren_v1_node_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *SetPoolTarget) GetTemplate() string {
@@ -908,10 +867,7 @@ var File_warren_v1_node_proto protoreflect.FileDescriptor
 
 const file_warren_v1_node_proto_rawDesc = "" +
 	"\n" +
-	"\x14warren/v1/node.proto\x12\twarren.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"K\n" +
-	"\tResources\x12\x1b\n" +
-	"\tmilli_cpu\x18\x01 \x01(\x03R\bmilliCpu\x12!\n" +
-	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\"\xbb\x05\n" +
+	"\x14warren/v1/node.proto\x12\twarren.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19warren/v1/resources.proto\x1a\x14warren/v1/task.proto\"\xbb\x05\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12-\n" +
 	"\x06status\x18\x02 \x01(\x0e2\x15.warren.v1.NodeStatusR\x06status\x12\x1a\n" +
@@ -956,11 +912,12 @@ const file_warren_v1_node_proto_rawDesc = "" +
 	"\aWelcome\x12\x1b\n" +
 	"\tleader_id\x18\x01 \x01(\tR\bleaderId\x122\n" +
 	"\x15heartbeat_interval_ms\x18\x02 \x01(\x03R\x13heartbeatIntervalMs\x12\x15\n" +
-	"\x06ttl_ms\x18\x03 \x01(\x03R\x05ttlMs\"R\n" +
+	"\x06ttl_ms\x18\x03 \x01(\x03R\x05ttlMs\"w\n" +
 	"\tStartTask\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x16\n" +
-	"\x06resume\x18\x03 \x01(\bR\x06resume\"g\n" +
+	"\x06resume\x18\x03 \x01(\bR\x06resume\x12#\n" +
+	"\x04task\x18\x04 \x01(\v2\x0f.warren.v1.TaskR\x04task\"g\n" +
 	"\bStopTask\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x16\n" +
@@ -991,46 +948,48 @@ func file_warren_v1_node_proto_rawDescGZIP() []byte {
 }
 
 var file_warren_v1_node_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_warren_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_warren_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_warren_v1_node_proto_goTypes = []any{
 	(NodeStatus)(0),               // 0: warren.v1.NodeStatus
-	(*Resources)(nil),             // 1: warren.v1.Resources
-	(*Node)(nil),                  // 2: warren.v1.Node
-	(*SessionRequest)(nil),        // 3: warren.v1.SessionRequest
-	(*Hello)(nil),                 // 4: warren.v1.Hello
-	(*RunningTask)(nil),           // 5: warren.v1.RunningTask
-	(*Heartbeat)(nil),             // 6: warren.v1.Heartbeat
-	(*SessionResponse)(nil),       // 7: warren.v1.SessionResponse
-	(*Welcome)(nil),               // 8: warren.v1.Welcome
-	(*StartTask)(nil),             // 9: warren.v1.StartTask
-	(*StopTask)(nil),              // 10: warren.v1.StopTask
-	(*SetPoolTarget)(nil),         // 11: warren.v1.SetPoolTarget
-	nil,                           // 12: warren.v1.Node.LabelsEntry
+	(*Node)(nil),                  // 1: warren.v1.Node
+	(*SessionRequest)(nil),        // 2: warren.v1.SessionRequest
+	(*Hello)(nil),                 // 3: warren.v1.Hello
+	(*RunningTask)(nil),           // 4: warren.v1.RunningTask
+	(*Heartbeat)(nil),             // 5: warren.v1.Heartbeat
+	(*SessionResponse)(nil),       // 6: warren.v1.SessionResponse
+	(*Welcome)(nil),               // 7: warren.v1.Welcome
+	(*StartTask)(nil),             // 8: warren.v1.StartTask
+	(*StopTask)(nil),              // 9: warren.v1.StopTask
+	(*SetPoolTarget)(nil),         // 10: warren.v1.SetPoolTarget
+	nil,                           // 11: warren.v1.Node.LabelsEntry
+	(*Resources)(nil),             // 12: warren.v1.Resources
 	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
+	(*Task)(nil),                  // 14: warren.v1.Task
 }
 var file_warren_v1_node_proto_depIdxs = []int32{
 	0,  // 0: warren.v1.Node.status:type_name -> warren.v1.NodeStatus
-	12, // 1: warren.v1.Node.labels:type_name -> warren.v1.Node.LabelsEntry
-	1,  // 2: warren.v1.Node.capacity:type_name -> warren.v1.Resources
-	1,  // 3: warren.v1.Node.allocated:type_name -> warren.v1.Resources
+	11, // 1: warren.v1.Node.labels:type_name -> warren.v1.Node.LabelsEntry
+	12, // 2: warren.v1.Node.capacity:type_name -> warren.v1.Resources
+	12, // 3: warren.v1.Node.allocated:type_name -> warren.v1.Resources
 	13, // 4: warren.v1.Node.registered_at:type_name -> google.protobuf.Timestamp
 	13, // 5: warren.v1.Node.status_changed_at:type_name -> google.protobuf.Timestamp
 	13, // 6: warren.v1.Node.drain_deadline:type_name -> google.protobuf.Timestamp
-	4,  // 7: warren.v1.SessionRequest.hello:type_name -> warren.v1.Hello
-	6,  // 8: warren.v1.SessionRequest.heartbeat:type_name -> warren.v1.Heartbeat
-	2,  // 9: warren.v1.Hello.node:type_name -> warren.v1.Node
-	5,  // 10: warren.v1.Hello.running:type_name -> warren.v1.RunningTask
-	8,  // 11: warren.v1.SessionResponse.welcome:type_name -> warren.v1.Welcome
-	9,  // 12: warren.v1.SessionResponse.start:type_name -> warren.v1.StartTask
-	10, // 13: warren.v1.SessionResponse.stop:type_name -> warren.v1.StopTask
-	11, // 14: warren.v1.SessionResponse.set_pool_target:type_name -> warren.v1.SetPoolTarget
-	3,  // 15: warren.v1.NodeService.Session:input_type -> warren.v1.SessionRequest
-	7,  // 16: warren.v1.NodeService.Session:output_type -> warren.v1.SessionResponse
-	16, // [16:17] is the sub-list for method output_type
-	15, // [15:16] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	3,  // 7: warren.v1.SessionRequest.hello:type_name -> warren.v1.Hello
+	5,  // 8: warren.v1.SessionRequest.heartbeat:type_name -> warren.v1.Heartbeat
+	1,  // 9: warren.v1.Hello.node:type_name -> warren.v1.Node
+	4,  // 10: warren.v1.Hello.running:type_name -> warren.v1.RunningTask
+	7,  // 11: warren.v1.SessionResponse.welcome:type_name -> warren.v1.Welcome
+	8,  // 12: warren.v1.SessionResponse.start:type_name -> warren.v1.StartTask
+	9,  // 13: warren.v1.SessionResponse.stop:type_name -> warren.v1.StopTask
+	10, // 14: warren.v1.SessionResponse.set_pool_target:type_name -> warren.v1.SetPoolTarget
+	14, // 15: warren.v1.StartTask.task:type_name -> warren.v1.Task
+	2,  // 16: warren.v1.NodeService.Session:input_type -> warren.v1.SessionRequest
+	6,  // 17: warren.v1.NodeService.Session:output_type -> warren.v1.SessionResponse
+	17, // [17:18] is the sub-list for method output_type
+	16, // [16:17] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_warren_v1_node_proto_init() }
@@ -1038,11 +997,13 @@ func file_warren_v1_node_proto_init() {
 	if File_warren_v1_node_proto != nil {
 		return
 	}
-	file_warren_v1_node_proto_msgTypes[2].OneofWrappers = []any{
+	file_warren_v1_resources_proto_init()
+	file_warren_v1_task_proto_init()
+	file_warren_v1_node_proto_msgTypes[1].OneofWrappers = []any{
 		(*SessionRequest_Hello)(nil),
 		(*SessionRequest_Heartbeat)(nil),
 	}
-	file_warren_v1_node_proto_msgTypes[6].OneofWrappers = []any{
+	file_warren_v1_node_proto_msgTypes[5].OneofWrappers = []any{
 		(*SessionResponse_Welcome)(nil),
 		(*SessionResponse_Start)(nil),
 		(*SessionResponse_Stop)(nil),
@@ -1054,7 +1015,7 @@ func file_warren_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warren_v1_node_proto_rawDesc), len(file_warren_v1_node_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   12,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1926,7 +1926,7 @@ var File_warren_v1_task_proto protoreflect.FileDescriptor
 
 const file_warren_v1_task_proto_rawDesc = "" +
 	"\n" +
-	"\x14warren/v1/task.proto\x12\twarren.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14warren/v1/node.proto\"\xa7\x01\n" +
+	"\x14warren/v1/task.proto\x12\twarren.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19warren/v1/resources.proto\"\xa7\x01\n" +
 	"\aBudgets\x12\x1b\n" +
 	"\tmax_steps\x18\x01 \x01(\x03R\bmaxSteps\x12\x1d\n" +
 	"\n" +
@@ -2200,7 +2200,7 @@ func file_warren_v1_task_proto_init() {
 	if File_warren_v1_task_proto != nil {
 		return
 	}
-	file_warren_v1_node_proto_init()
+	file_warren_v1_resources_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
