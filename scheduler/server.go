@@ -270,6 +270,7 @@ func (s *Server) watchLeadership() {
 					return
 				}
 				if s.raft.CurrentTerm() == term {
+					s.sess.ready(s.clock.Now())
 					s.readyTerm.Store(term)
 				}
 			}()

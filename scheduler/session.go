@@ -77,6 +77,18 @@ func (h *sessions) lead(now time.Time) {
 	h.leaderSince = now
 }
 
+// ready restarts the grace when the new leader starts accepting sessions
+// (after its barrier), which under load can be seconds after it won the
+// election: nodes cannot reconnect before that, so their TTL counts from
+// here.
+func (h *sessions) ready(now time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.leaderSince.IsZero() {
+		h.leaderSince = now
+	}
+}
+
 func (h *sessions) attach(c *session, now time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -194,6 +206,9 @@ func (n nodeAPI) Session(ctx context.Context, stream *connect.BidiStream[warrenv
 		return invalid(fmt.Errorf("hello: %w", err))
 	}
 	id := hello.GetNode().GetId()
+	// A hello is a sign of life; registering and reconciling can take
+	// seconds under load, and the node's heartbeats are read only after.
+	s.sess.seen(id, s.clock.Now())
 	res, _, err := s.proposeLocal(ctx, &fsmv1.RegisterNode{Node: hello.GetNode(), Time: timestamppb.New(s.clock.Now())})
 	if err != nil {
 		return toConnect(err)
@@ -211,6 +226,7 @@ func (n nodeAPI) Session(ctx context.Context, stream *connect.BidiStream[warrenv
 	if err := s.reconcile(c, hello.GetRunning()); err != nil {
 		return toConnect(err)
 	}
+	s.sess.seen(id, s.clock.Now())
 
 	recv := make(chan error, 1)
 	go func() {

@@ -52,4 +52,20 @@ func TestLivenessVerdict(t *testing.T) {
 	if _, down := h.verdict("n1", t0.Add(25*time.Second), ttl); down {
 		t.Fatal("node down right after its hello")
 	}
+	// A leader that becomes ready (its barrier applied) late restarts the
+	// grace then: nodes could not reconnect before.
+	h.lead(t0.Add(30 * time.Second))
+	h.ready(t0.Add(35 * time.Second))
+	if _, down := h.verdict("n1", t0.Add(35*time.Second+ttl-time.Millisecond), ttl); down {
+		t.Fatal("node down within the TTL after the leader became ready")
+	}
+	if _, down := h.verdict("n1", t0.Add(35*time.Second+ttl+time.Millisecond), ttl); !down {
+		t.Fatal("node silent for a TTL after the leader became ready is not down")
+	}
+	// ready does nothing on a server that is not leading.
+	h.lead(time.Time{})
+	h.ready(t0.Add(40 * time.Second))
+	if _, down := h.verdict("n1", t0.Add(time.Hour), ttl); down {
+		t.Fatal("a follower declared a node down")
+	}
 }

@@ -32,7 +32,7 @@ func cmdBench(args []string, stdout, stderr io.Writer) error {
 	keep := fs.Bool("keep", false, "keep data directories and logs")
 	timeout := fs.Duration("timeout", 0, "give up after this long (0: the preset's)")
 	finish := fs.String("finish", "", "after the faults: run (wait for every task to succeed) or cancel (cancel every task and wait for all to end) (empty: the preset's: cancel for default, run for ci)")
-	nice := fs.Int("fleet-nice", -1, "run the node processes at this nice(1) value, 0 for not niced (-1: the preset's, 10)")
+	nice := fs.Int("fleet-nice", -1, "run the node processes at this nice(1) value, 0 for not niced (-1: the preset's, 0)")
 	pos, err := parse(fs, args[1:])
 	if err != nil {
 		return err
