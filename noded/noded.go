@@ -250,7 +250,9 @@ func (d *Daemon) startTask(m *warrenv1.StartTask) {
 		task = nil // not this lease's: read it
 	}
 	ref, err := d.sys.Spawn(fmt.Sprintf("task-%s-e%d", id, epoch),
-		func() actor.Behavior { return &taskActor{d: d, id: id, epoch: epoch, resume: resume, given: task, ctx: ctx} },
+		func() actor.Behavior {
+			return &taskActor{d: d, id: id, epoch: epoch, resume: resume, given: task, ctx: ctx}
+		},
 		actor.WithMailbox(16),
 		actor.WithPolicy(actor.RestartPolicy{MaxRestarts: 3, Window: time.Minute}))
 	if err != nil {

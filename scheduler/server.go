@@ -40,8 +40,8 @@ type Config struct {
 	Bootstrap bool   // form a new single-voter cluster if there is no state yet
 	JoinURL   string // API URL of any member to join through (ignored if state exists)
 
-	HeartbeatTimeout  time.Duration // 0 means 500ms
-	ElectionTimeout   time.Duration // 0 means 500ms
+	HeartbeatTimeout  time.Duration // 0 means DefaultHeartbeatTimeout
+	ElectionTimeout   time.Duration // 0 means DefaultElectionTimeout
 	MaxStarting       int           // tasks placed but not yet running, cluster-wide; 0 means DefaultMaxStarting
 	SnapshotThreshold uint64        // entries between snapshots; 0 means 16384
 	TrailingLogs      uint64        // entries kept after a snapshot; 0 means 10240
@@ -60,6 +60,17 @@ type Config struct {
 	RaftLevel string       // raft's log level; "" means "warn"
 	Clock     Clock        // nil means the system clock
 }
+
+// Raft timing. A follower calls an election after 1-2 heartbeat timeouts
+// without the leader, so failover takes about 1-1.6 s. With 500 ms, leaders
+// on a CPU-starved box (the capacity benchmark's 40,000 tasks, fleet and
+// servers on 2 cores) lost their lease to 500-950 ms stalls; and candidates
+// whose vote round trips took longer than a 500 ms election timeout split
+// the vote again and again (6 s failovers).
+const (
+	DefaultHeartbeatTimeout = 750 * time.Millisecond
+	DefaultElectionTimeout  = time.Second
+)
 
 // Validate reports every problem with the config at once.
 func (c *Config) Validate() error {
@@ -183,8 +194,8 @@ func (s *Server) startRaft() error {
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(s.cfg.ID)
 	rc.Logger = hl
-	rc.HeartbeatTimeout = orDuration(s.cfg.HeartbeatTimeout, 500*time.Millisecond)
-	rc.ElectionTimeout = orDuration(s.cfg.ElectionTimeout, 500*time.Millisecond)
+	rc.HeartbeatTimeout = orDuration(s.cfg.HeartbeatTimeout, DefaultHeartbeatTimeout)
+	rc.ElectionTimeout = orDuration(s.cfg.ElectionTimeout, DefaultElectionTimeout)
 	// A leader steps down after a whole heartbeat timeout without a quorum
 	// (not half of one): on a CPU-starved box a shorter lease made leaders
 	// step down under load (seen in the capacity benchmark).

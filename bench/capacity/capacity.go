@@ -230,7 +230,15 @@ func (r *run) do(ctx context.Context) (*Report, error) {
 	r.logf("all %d tasks placed and running %.1fs after the first submission (%.0f/s)", o.Tasks, r.rep.AllRunningSeconds, r.rep.PlacementsPerSec)
 	r.mark("all running")
 
-	// Steady state.
+	// Steady state, after one median step: the tasks started within
+	// seconds of one another, so until their first steps end they append
+	// little, and then all at once.
+	warm := time.Duration(float64(o.StepMedian) / o.TimeScale)
+	r.logf("warming up for %s (one median step) before measuring", warm.Round(100*time.Millisecond))
+	if err := sleep(ctx, warm); err != nil {
+		return nil, err
+	}
+	r.mark("steady")
 	steadyFrom, aFrom := time.Now(), r.aggregate()
 	st0, _ := r.leaderStatus(ctx)
 	cpu0 := r.cpuTimes()
@@ -966,7 +974,9 @@ func (r *run) cancelAll(ctx context.Context, ids []string) error {
 	var next atomic.Int64
 	var firstErr atomic.Value
 	var wg sync.WaitGroup
-	for range 32 {
+	// Each cancel is a raft write that queues with the appends of every
+	// running actor: many in flight, or 40,000 take many minutes.
+	for range 512 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
