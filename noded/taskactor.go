@@ -3,7 +3,6 @@ package noded
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -310,28 +309,38 @@ func (d *Daemon) completedSteps(ctx context.Context, id string, upTo uint64) (ui
 	}
 }
 
-// readLog reads a task's events after+1..upTo.
+// readLog reads a task's events after+1..upTo with ListEvents pages. The
+// server that answers may not have applied up to upTo yet; it then asks
+// again shortly.
 func (d *Daemon) readLog(ctx context.Context, id string, after, upTo uint64) ([]*warrenv1.Event, error) {
 	if upTo <= after {
 		return nil, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	stream, err := d.cl.Tasks().StreamEvents(ctx, connect.NewRequest(&warrenv1.StreamEventsRequest{TaskId: id, AfterSeq: after}))
-	if err != nil {
-		return nil, err
-	}
-	defer stream.Close()
 	var out []*warrenv1.Event
-	for stream.Receive() {
-		e := stream.Msg().GetEvent()
-		out = append(out, e)
-		if e.GetSeq() >= upTo {
-			return out, nil
+	for after < upTo {
+		resp, err := d.cl.Tasks().ListEvents(ctx, connect.NewRequest(&warrenv1.ListEventsRequest{
+			TaskId: id, AfterSeq: after, Limit: uint32(min(upTo-after, 1000))})) // 1000: the server's page limit
+		if err != nil {
+			return nil, err
+		}
+		evs := resp.Msg.GetEvents()
+		if len(evs) == 0 {
+			select {
+			case <-ctx.Done():
+				return nil, fmt.Errorf("the log ends at seq %d, before %d: %w", after, upTo, ctx.Err())
+			case <-time.After(20 * time.Millisecond):
+			}
+			continue
+		}
+		for _, e := range evs {
+			if e.GetSeq() > upTo {
+				return out, nil
+			}
+			out = append(out, e)
+			after = e.GetSeq()
 		}
 	}
-	if err := stream.Err(); err != nil {
-		return nil, err
-	}
-	return nil, errors.New("event stream ended before the log's end")
+	return out, nil
 }

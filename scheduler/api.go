@@ -387,6 +387,32 @@ func (s *Server) tail(ctx context.Context, id string, after uint64, send func(*w
 	}
 }
 
+// MaxListEvents bounds one ListEvents page.
+const MaxListEvents = 1000
+
+func (a taskAPI) ListEvents(ctx context.Context, req *connect.Request[warrenv1.ListEventsRequest]) (*connect.Response[warrenv1.ListEventsResponse], error) {
+	var p problems
+	p.taskID("task_id", req.Msg.GetTaskId())
+	if req.Msg.GetLimit() > MaxListEvents {
+		p.add("limit", "%d is over the maximum of %d", req.Msg.GetLimit(), MaxListEvents)
+	}
+	if err := p.err(); err != nil {
+		return nil, invalid(err)
+	}
+	limit := int(req.Msg.GetLimit())
+	if limit == 0 {
+		limit = 100
+	}
+	if _, err := a.s.fsm.Task(req.Msg.GetTaskId()); err != nil {
+		return nil, err
+	}
+	evs, err := a.s.fsm.Events(req.Msg.GetTaskId(), req.Msg.GetAfterSeq(), limit)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&warrenv1.ListEventsResponse{Events: evs}), nil
+}
+
 func (a taskAPI) StreamEvents(ctx context.Context, req *connect.Request[warrenv1.StreamEventsRequest], stream *connect.ServerStream[warrenv1.StreamEventsResponse]) error {
 	var p problems
 	p.taskID("task_id", req.Msg.GetTaskId())

@@ -396,3 +396,39 @@ func TestPlacementPacesStarts(t *testing.T) {
 		return got[warrenv1.TaskState_TASK_STATE_RUNNING] == 1 && got[warrenv1.TaskState_TASK_STATE_PLACED] == 3 && got[warrenv1.TaskState_TASK_STATE_PENDING] == 6
 	})
 }
+
+func TestListEventsPages(t *testing.T) {
+	nodes := startCluster(t, 0)
+	ctx := context.Background()
+	task := createVia(t, nodes[0], 1)
+	for i := 0; i < 5; i++ {
+		if _, err := nodes[1].tasks.AppendEvents(ctx, connect.NewRequest(&warrenv1.AppendEventsRequest{TaskId: task.GetId(),
+			Events: []*warrenv1.EventInput{logEvent(fmt.Sprint("m", i))}})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resp, err := nodes[1].tasks.ListEvents(ctx, connect.NewRequest(&warrenv1.ListEventsRequest{TaskId: task.GetId(), AfterSeq: 2, Limit: 2}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if evs := resp.Msg.GetEvents(); len(evs) != 2 || evs[0].GetSeq() != 3 || evs[1].GetSeq() != 4 || evs[0].GetTaskId() != task.GetId() {
+		t.Fatalf("after 2, limit 2: %v", evs)
+	}
+	// The rest, then nothing past the end.
+	resp, err = nodes[1].tasks.ListEvents(ctx, connect.NewRequest(&warrenv1.ListEventsRequest{TaskId: task.GetId(), AfterSeq: 4}))
+	if err != nil || len(resp.Msg.GetEvents()) != 2 {
+		t.Fatalf("after 4: %v %v", resp.Msg.GetEvents(), err)
+	}
+	resp, err = nodes[1].tasks.ListEvents(ctx, connect.NewRequest(&warrenv1.ListEventsRequest{TaskId: task.GetId(), AfterSeq: 6}))
+	if err != nil || len(resp.Msg.GetEvents()) != 0 {
+		t.Fatalf("after the end: %v %v", resp.Msg.GetEvents(), err)
+	}
+	_, err = nodes[1].tasks.ListEvents(ctx, connect.NewRequest(&warrenv1.ListEventsRequest{TaskId: "01J00000000000000000000000"}))
+	if connect.CodeOf(err) != connect.CodeNotFound {
+		t.Fatalf("unknown task: %v", err)
+	}
+	_, err = nodes[1].tasks.ListEvents(ctx, connect.NewRequest(&warrenv1.ListEventsRequest{TaskId: task.GetId(), Limit: MaxListEvents + 1}))
+	if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "limit") {
+		t.Fatalf("limit over the maximum: %v", err)
+	}
+}

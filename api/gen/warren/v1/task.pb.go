@@ -1599,6 +1599,114 @@ func (x *StreamEventsResponse) GetEvent() *Event {
 	return nil
 }
 
+type ListEventsRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	TaskId string                 `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	// Return events with seq > after_seq.
+	AfterSeq uint64 `protobuf:"varint,2,opt,name=after_seq,json=afterSeq,proto3" json:"after_seq,omitempty"`
+	// At most this many (0 means 100; at most 1,000).
+	Limit         uint32 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListEventsRequest) Reset() {
+	*x = ListEventsRequest{}
+	mi := &file_warren_v1_task_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListEventsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListEventsRequest) ProtoMessage() {}
+
+func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_task_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListEventsRequest.ProtoReflect.Descriptor instead.
+func (*ListEventsRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *ListEventsRequest) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
+}
+
+func (x *ListEventsRequest) GetAfterSeq() uint64 {
+	if x != nil {
+		return x.AfterSeq
+	}
+	return 0
+}
+
+func (x *ListEventsRequest) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+type ListEventsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// In seq order. Fewer than limit when the log (as this server has
+	// applied it) has no more.
+	Events        []*Event `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListEventsResponse) Reset() {
+	*x = ListEventsResponse{}
+	mi := &file_warren_v1_task_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListEventsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListEventsResponse) ProtoMessage() {}
+
+func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_task_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListEventsResponse.ProtoReflect.Descriptor instead.
+func (*ListEventsResponse) Descriptor() ([]byte, []int) {
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *ListEventsResponse) GetEvents() []*Event {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
 type SendMessageRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	TaskId string                 `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
@@ -1611,7 +1719,7 @@ type SendMessageRequest struct {
 
 func (x *SendMessageRequest) Reset() {
 	*x = SendMessageRequest{}
-	mi := &file_warren_v1_task_proto_msgTypes[23]
+	mi := &file_warren_v1_task_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1623,7 +1731,7 @@ func (x *SendMessageRequest) String() string {
 func (*SendMessageRequest) ProtoMessage() {}
 
 func (x *SendMessageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[23]
+	mi := &file_warren_v1_task_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1636,7 +1744,7 @@ func (x *SendMessageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendMessageRequest.ProtoReflect.Descriptor instead.
 func (*SendMessageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{23}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *SendMessageRequest) GetTaskId() string {
@@ -1669,7 +1777,7 @@ type SendMessageResponse struct {
 
 func (x *SendMessageResponse) Reset() {
 	*x = SendMessageResponse{}
-	mi := &file_warren_v1_task_proto_msgTypes[24]
+	mi := &file_warren_v1_task_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1681,7 +1789,7 @@ func (x *SendMessageResponse) String() string {
 func (*SendMessageResponse) ProtoMessage() {}
 
 func (x *SendMessageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[24]
+	mi := &file_warren_v1_task_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1694,7 +1802,7 @@ func (x *SendMessageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendMessageResponse.ProtoReflect.Descriptor instead.
 func (*SendMessageResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{24}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *SendMessageResponse) GetSeq() uint64 {
@@ -1717,7 +1825,7 @@ type DecideRequest struct {
 
 func (x *DecideRequest) Reset() {
 	*x = DecideRequest{}
-	mi := &file_warren_v1_task_proto_msgTypes[25]
+	mi := &file_warren_v1_task_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1729,7 +1837,7 @@ func (x *DecideRequest) String() string {
 func (*DecideRequest) ProtoMessage() {}
 
 func (x *DecideRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[25]
+	mi := &file_warren_v1_task_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1742,7 +1850,7 @@ func (x *DecideRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideRequest.ProtoReflect.Descriptor instead.
 func (*DecideRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{25}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *DecideRequest) GetTaskId() string {
@@ -1782,7 +1890,7 @@ type DecideResponse struct {
 
 func (x *DecideResponse) Reset() {
 	*x = DecideResponse{}
-	mi := &file_warren_v1_task_proto_msgTypes[26]
+	mi := &file_warren_v1_task_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1794,7 +1902,7 @@ func (x *DecideResponse) String() string {
 func (*DecideResponse) ProtoMessage() {}
 
 func (x *DecideResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[26]
+	mi := &file_warren_v1_task_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1807,7 +1915,7 @@ func (x *DecideResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideResponse.ProtoReflect.Descriptor instead.
 func (*DecideResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{26}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *DecideResponse) GetSeq() uint64 {
@@ -1829,7 +1937,7 @@ type CancelTaskRequest struct {
 
 func (x *CancelTaskRequest) Reset() {
 	*x = CancelTaskRequest{}
-	mi := &file_warren_v1_task_proto_msgTypes[27]
+	mi := &file_warren_v1_task_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1841,7 +1949,7 @@ func (x *CancelTaskRequest) String() string {
 func (*CancelTaskRequest) ProtoMessage() {}
 
 func (x *CancelTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[27]
+	mi := &file_warren_v1_task_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1854,7 +1962,7 @@ func (x *CancelTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelTaskRequest.ProtoReflect.Descriptor instead.
 func (*CancelTaskRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{27}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *CancelTaskRequest) GetTaskId() string {
@@ -1887,7 +1995,7 @@ type CancelTaskResponse struct {
 
 func (x *CancelTaskResponse) Reset() {
 	*x = CancelTaskResponse{}
-	mi := &file_warren_v1_task_proto_msgTypes[28]
+	mi := &file_warren_v1_task_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1899,7 +2007,7 @@ func (x *CancelTaskResponse) String() string {
 func (*CancelTaskResponse) ProtoMessage() {}
 
 func (x *CancelTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[28]
+	mi := &file_warren_v1_task_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1912,7 +2020,7 @@ func (x *CancelTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelTaskResponse.ProtoReflect.Descriptor instead.
 func (*CancelTaskResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{28}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *CancelTaskResponse) GetTask() *Task {
@@ -2045,7 +2153,13 @@ const file_warren_v1_task_proto_rawDesc = "" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x1b\n" +
 	"\tafter_seq\x18\x02 \x01(\x04R\bafterSeq\">\n" +
 	"\x14StreamEventsResponse\x12&\n" +
-	"\x05event\x18\x01 \x01(\v2\x10.warren.v1.EventR\x05event\"`\n" +
+	"\x05event\x18\x01 \x01(\v2\x10.warren.v1.EventR\x05event\"_\n" +
+	"\x11ListEventsRequest\x12\x17\n" +
+	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x1b\n" +
+	"\tafter_seq\x18\x02 \x01(\x04R\bafterSeq\x12\x14\n" +
+	"\x05limit\x18\x03 \x01(\rR\x05limit\">\n" +
+	"\x12ListEventsResponse\x12(\n" +
+	"\x06events\x18\x01 \x03(\v2\x10.warren.v1.EventR\x06events\"`\n" +
 	"\x12SendMessageRequest\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x12\n" +
 	"\x04text\x18\x02 \x01(\tR\x04text\x12\x1d\n" +
@@ -2077,7 +2191,7 @@ const file_warren_v1_task_proto_rawDesc = "" +
 	"\x1bTASK_STATE_WAITING_APPROVAL\x10\x04\x12\x18\n" +
 	"\x14TASK_STATE_SUCCEEDED\x10\x05\x12\x15\n" +
 	"\x11TASK_STATE_FAILED\x10\x06\x12\x18\n" +
-	"\x14TASK_STATE_CANCELLED\x10\a2\xd6\x06\n" +
+	"\x14TASK_STATE_CANCELLED\x10\a2\xa6\a\n" +
 	"\vTaskService\x12I\n" +
 	"\n" +
 	"CreateTask\x12\x1c.warren.v1.CreateTaskRequest\x1a\x1d.warren.v1.CreateTaskResponse\x12L\n" +
@@ -2086,7 +2200,9 @@ const file_warren_v1_task_proto_rawDesc = "" +
 	"\tListTasks\x12\x1b.warren.v1.ListTasksRequest\x1a\x1c.warren.v1.ListTasksResponse\"\x03\x90\x02\x01\x12O\n" +
 	"\fAppendEvents\x12\x1e.warren.v1.AppendEventsRequest\x1a\x1f.warren.v1.AppendEventsResponse\x12^\n" +
 	"\x11AppendEventsBatch\x12#.warren.v1.AppendEventsBatchRequest\x1a$.warren.v1.AppendEventsBatchResponse\x12Q\n" +
-	"\fStreamEvents\x12\x1e.warren.v1.StreamEventsRequest\x1a\x1f.warren.v1.StreamEventsResponse0\x01\x12L\n" +
+	"\fStreamEvents\x12\x1e.warren.v1.StreamEventsRequest\x1a\x1f.warren.v1.StreamEventsResponse0\x01\x12N\n" +
+	"\n" +
+	"ListEvents\x12\x1c.warren.v1.ListEventsRequest\x1a\x1d.warren.v1.ListEventsResponse\"\x03\x90\x02\x01\x12L\n" +
 	"\vSendMessage\x12\x1d.warren.v1.SendMessageRequest\x1a\x1e.warren.v1.SendMessageResponse\x12>\n" +
 	"\aApprove\x12\x18.warren.v1.DecideRequest\x1a\x19.warren.v1.DecideResponse\x12=\n" +
 	"\x06Reject\x12\x18.warren.v1.DecideRequest\x1a\x19.warren.v1.DecideResponse\x12I\n" +
@@ -2106,7 +2222,7 @@ func file_warren_v1_task_proto_rawDescGZIP() []byte {
 }
 
 var file_warren_v1_task_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_warren_v1_task_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_warren_v1_task_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_warren_v1_task_proto_goTypes = []any{
 	(TaskState)(0),                    // 0: warren.v1.TaskState
 	(*Budgets)(nil),                   // 1: warren.v1.Budgets
@@ -2132,27 +2248,29 @@ var file_warren_v1_task_proto_goTypes = []any{
 	(*AppendEventsBatchResponse)(nil), // 21: warren.v1.AppendEventsBatchResponse
 	(*StreamEventsRequest)(nil),       // 22: warren.v1.StreamEventsRequest
 	(*StreamEventsResponse)(nil),      // 23: warren.v1.StreamEventsResponse
-	(*SendMessageRequest)(nil),        // 24: warren.v1.SendMessageRequest
-	(*SendMessageResponse)(nil),       // 25: warren.v1.SendMessageResponse
-	(*DecideRequest)(nil),             // 26: warren.v1.DecideRequest
-	(*DecideResponse)(nil),            // 27: warren.v1.DecideResponse
-	(*CancelTaskRequest)(nil),         // 28: warren.v1.CancelTaskRequest
-	(*CancelTaskResponse)(nil),        // 29: warren.v1.CancelTaskResponse
-	nil,                               // 30: warren.v1.TaskSpec.LabelsEntry
-	(*Resources)(nil),                 // 31: warren.v1.Resources
-	(*timestamppb.Timestamp)(nil),     // 32: google.protobuf.Timestamp
+	(*ListEventsRequest)(nil),         // 24: warren.v1.ListEventsRequest
+	(*ListEventsResponse)(nil),        // 25: warren.v1.ListEventsResponse
+	(*SendMessageRequest)(nil),        // 26: warren.v1.SendMessageRequest
+	(*SendMessageResponse)(nil),       // 27: warren.v1.SendMessageResponse
+	(*DecideRequest)(nil),             // 28: warren.v1.DecideRequest
+	(*DecideResponse)(nil),            // 29: warren.v1.DecideResponse
+	(*CancelTaskRequest)(nil),         // 30: warren.v1.CancelTaskRequest
+	(*CancelTaskResponse)(nil),        // 31: warren.v1.CancelTaskResponse
+	nil,                               // 32: warren.v1.TaskSpec.LabelsEntry
+	(*Resources)(nil),                 // 33: warren.v1.Resources
+	(*timestamppb.Timestamp)(nil),     // 34: google.protobuf.Timestamp
 }
 var file_warren_v1_task_proto_depIdxs = []int32{
 	1,  // 0: warren.v1.TaskSpec.budgets:type_name -> warren.v1.Budgets
-	30, // 1: warren.v1.TaskSpec.labels:type_name -> warren.v1.TaskSpec.LabelsEntry
-	31, // 2: warren.v1.TaskSpec.resources:type_name -> warren.v1.Resources
+	32, // 1: warren.v1.TaskSpec.labels:type_name -> warren.v1.TaskSpec.LabelsEntry
+	33, // 2: warren.v1.TaskSpec.resources:type_name -> warren.v1.Resources
 	3,  // 3: warren.v1.TaskSpec.script:type_name -> warren.v1.Script
 	2,  // 4: warren.v1.Task.spec:type_name -> warren.v1.TaskSpec
 	0,  // 5: warren.v1.Task.state:type_name -> warren.v1.TaskState
-	32, // 6: warren.v1.Task.created_at:type_name -> google.protobuf.Timestamp
-	32, // 7: warren.v1.Task.updated_at:type_name -> google.protobuf.Timestamp
+	34, // 6: warren.v1.Task.created_at:type_name -> google.protobuf.Timestamp
+	34, // 7: warren.v1.Task.updated_at:type_name -> google.protobuf.Timestamp
 	4,  // 8: warren.v1.Task.lease:type_name -> warren.v1.Lease
-	32, // 9: warren.v1.Event.time:type_name -> google.protobuf.Timestamp
+	34, // 9: warren.v1.Event.time:type_name -> google.protobuf.Timestamp
 	2,  // 10: warren.v1.CreateTaskRequest.spec:type_name -> warren.v1.TaskSpec
 	5,  // 11: warren.v1.CreateTaskResponse.task:type_name -> warren.v1.Task
 	8,  // 12: warren.v1.CreateTasksRequest.tasks:type_name -> warren.v1.CreateTaskRequest
@@ -2165,34 +2283,37 @@ var file_warren_v1_task_proto_depIdxs = []int32{
 	17, // 19: warren.v1.AppendEventsBatchRequest.appends:type_name -> warren.v1.AppendEventsRequest
 	20, // 20: warren.v1.AppendEventsBatchResponse.results:type_name -> warren.v1.AppendEventsResult
 	6,  // 21: warren.v1.StreamEventsResponse.event:type_name -> warren.v1.Event
-	5,  // 22: warren.v1.CancelTaskResponse.task:type_name -> warren.v1.Task
-	8,  // 23: warren.v1.TaskService.CreateTask:input_type -> warren.v1.CreateTaskRequest
-	10, // 24: warren.v1.TaskService.CreateTasks:input_type -> warren.v1.CreateTasksRequest
-	13, // 25: warren.v1.TaskService.GetTask:input_type -> warren.v1.GetTaskRequest
-	15, // 26: warren.v1.TaskService.ListTasks:input_type -> warren.v1.ListTasksRequest
-	17, // 27: warren.v1.TaskService.AppendEvents:input_type -> warren.v1.AppendEventsRequest
-	19, // 28: warren.v1.TaskService.AppendEventsBatch:input_type -> warren.v1.AppendEventsBatchRequest
-	22, // 29: warren.v1.TaskService.StreamEvents:input_type -> warren.v1.StreamEventsRequest
-	24, // 30: warren.v1.TaskService.SendMessage:input_type -> warren.v1.SendMessageRequest
-	26, // 31: warren.v1.TaskService.Approve:input_type -> warren.v1.DecideRequest
-	26, // 32: warren.v1.TaskService.Reject:input_type -> warren.v1.DecideRequest
-	28, // 33: warren.v1.TaskService.CancelTask:input_type -> warren.v1.CancelTaskRequest
-	9,  // 34: warren.v1.TaskService.CreateTask:output_type -> warren.v1.CreateTaskResponse
-	12, // 35: warren.v1.TaskService.CreateTasks:output_type -> warren.v1.CreateTasksResponse
-	14, // 36: warren.v1.TaskService.GetTask:output_type -> warren.v1.GetTaskResponse
-	16, // 37: warren.v1.TaskService.ListTasks:output_type -> warren.v1.ListTasksResponse
-	18, // 38: warren.v1.TaskService.AppendEvents:output_type -> warren.v1.AppendEventsResponse
-	21, // 39: warren.v1.TaskService.AppendEventsBatch:output_type -> warren.v1.AppendEventsBatchResponse
-	23, // 40: warren.v1.TaskService.StreamEvents:output_type -> warren.v1.StreamEventsResponse
-	25, // 41: warren.v1.TaskService.SendMessage:output_type -> warren.v1.SendMessageResponse
-	27, // 42: warren.v1.TaskService.Approve:output_type -> warren.v1.DecideResponse
-	27, // 43: warren.v1.TaskService.Reject:output_type -> warren.v1.DecideResponse
-	29, // 44: warren.v1.TaskService.CancelTask:output_type -> warren.v1.CancelTaskResponse
-	34, // [34:45] is the sub-list for method output_type
-	23, // [23:34] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	6,  // 22: warren.v1.ListEventsResponse.events:type_name -> warren.v1.Event
+	5,  // 23: warren.v1.CancelTaskResponse.task:type_name -> warren.v1.Task
+	8,  // 24: warren.v1.TaskService.CreateTask:input_type -> warren.v1.CreateTaskRequest
+	10, // 25: warren.v1.TaskService.CreateTasks:input_type -> warren.v1.CreateTasksRequest
+	13, // 26: warren.v1.TaskService.GetTask:input_type -> warren.v1.GetTaskRequest
+	15, // 27: warren.v1.TaskService.ListTasks:input_type -> warren.v1.ListTasksRequest
+	17, // 28: warren.v1.TaskService.AppendEvents:input_type -> warren.v1.AppendEventsRequest
+	19, // 29: warren.v1.TaskService.AppendEventsBatch:input_type -> warren.v1.AppendEventsBatchRequest
+	22, // 30: warren.v1.TaskService.StreamEvents:input_type -> warren.v1.StreamEventsRequest
+	24, // 31: warren.v1.TaskService.ListEvents:input_type -> warren.v1.ListEventsRequest
+	26, // 32: warren.v1.TaskService.SendMessage:input_type -> warren.v1.SendMessageRequest
+	28, // 33: warren.v1.TaskService.Approve:input_type -> warren.v1.DecideRequest
+	28, // 34: warren.v1.TaskService.Reject:input_type -> warren.v1.DecideRequest
+	30, // 35: warren.v1.TaskService.CancelTask:input_type -> warren.v1.CancelTaskRequest
+	9,  // 36: warren.v1.TaskService.CreateTask:output_type -> warren.v1.CreateTaskResponse
+	12, // 37: warren.v1.TaskService.CreateTasks:output_type -> warren.v1.CreateTasksResponse
+	14, // 38: warren.v1.TaskService.GetTask:output_type -> warren.v1.GetTaskResponse
+	16, // 39: warren.v1.TaskService.ListTasks:output_type -> warren.v1.ListTasksResponse
+	18, // 40: warren.v1.TaskService.AppendEvents:output_type -> warren.v1.AppendEventsResponse
+	21, // 41: warren.v1.TaskService.AppendEventsBatch:output_type -> warren.v1.AppendEventsBatchResponse
+	23, // 42: warren.v1.TaskService.StreamEvents:output_type -> warren.v1.StreamEventsResponse
+	25, // 43: warren.v1.TaskService.ListEvents:output_type -> warren.v1.ListEventsResponse
+	27, // 44: warren.v1.TaskService.SendMessage:output_type -> warren.v1.SendMessageResponse
+	29, // 45: warren.v1.TaskService.Approve:output_type -> warren.v1.DecideResponse
+	29, // 46: warren.v1.TaskService.Reject:output_type -> warren.v1.DecideResponse
+	31, // 47: warren.v1.TaskService.CancelTask:output_type -> warren.v1.CancelTaskResponse
+	36, // [36:48] is the sub-list for method output_type
+	24, // [24:36] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_warren_v1_task_proto_init() }
@@ -2207,7 +2328,7 @@ func file_warren_v1_task_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warren_v1_task_proto_rawDesc), len(file_warren_v1_task_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   30,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -50,6 +50,8 @@ const (
 	// TaskServiceStreamEventsProcedure is the fully-qualified name of the TaskService's StreamEvents
 	// RPC.
 	TaskServiceStreamEventsProcedure = "/warren.v1.TaskService/StreamEvents"
+	// TaskServiceListEventsProcedure is the fully-qualified name of the TaskService's ListEvents RPC.
+	TaskServiceListEventsProcedure = "/warren.v1.TaskService/ListEvents"
 	// TaskServiceSendMessageProcedure is the fully-qualified name of the TaskService's SendMessage RPC.
 	TaskServiceSendMessageProcedure = "/warren.v1.TaskService/SendMessage"
 	// TaskServiceApproveProcedure is the fully-qualified name of the TaskService's Approve RPC.
@@ -78,6 +80,9 @@ type TaskServiceClient interface {
 	// StreamEvents sends every event with seq > after_seq, then tails live,
 	// and ends after the event that made the task terminal.
 	StreamEvents(context.Context, *connect.Request[v1.StreamEventsRequest]) (*connect.ServerStreamForClient[v1.StreamEventsResponse], error)
+	// ListEvents reads a page of a task's log without following it: what a
+	// resuming actor needs, without a stream's setup and watcher.
+	ListEvents(context.Context, *connect.Request[v1.ListEventsRequest]) (*connect.Response[v1.ListEventsResponse], error)
 	// SendMessage steers the task: the actor reads it at the next step.
 	SendMessage(context.Context, *connect.Request[v1.SendMessageRequest]) (*connect.Response[v1.SendMessageResponse], error)
 	Approve(context.Context, *connect.Request[v1.DecideRequest]) (*connect.Response[v1.DecideResponse], error)
@@ -140,6 +145,13 @@ func NewTaskServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(taskServiceMethods.ByName("StreamEvents")),
 			connect.WithClientOptions(opts...),
 		),
+		listEvents: connect.NewClient[v1.ListEventsRequest, v1.ListEventsResponse](
+			httpClient,
+			baseURL+TaskServiceListEventsProcedure,
+			connect.WithSchema(taskServiceMethods.ByName("ListEvents")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
 		sendMessage: connect.NewClient[v1.SendMessageRequest, v1.SendMessageResponse](
 			httpClient,
 			baseURL+TaskServiceSendMessageProcedure,
@@ -176,6 +188,7 @@ type taskServiceClient struct {
 	appendEvents      *connect.Client[v1.AppendEventsRequest, v1.AppendEventsResponse]
 	appendEventsBatch *connect.Client[v1.AppendEventsBatchRequest, v1.AppendEventsBatchResponse]
 	streamEvents      *connect.Client[v1.StreamEventsRequest, v1.StreamEventsResponse]
+	listEvents        *connect.Client[v1.ListEventsRequest, v1.ListEventsResponse]
 	sendMessage       *connect.Client[v1.SendMessageRequest, v1.SendMessageResponse]
 	approve           *connect.Client[v1.DecideRequest, v1.DecideResponse]
 	reject            *connect.Client[v1.DecideRequest, v1.DecideResponse]
@@ -217,6 +230,11 @@ func (c *taskServiceClient) StreamEvents(ctx context.Context, req *connect.Reque
 	return c.streamEvents.CallServerStream(ctx, req)
 }
 
+// ListEvents calls warren.v1.TaskService.ListEvents.
+func (c *taskServiceClient) ListEvents(ctx context.Context, req *connect.Request[v1.ListEventsRequest]) (*connect.Response[v1.ListEventsResponse], error) {
+	return c.listEvents.CallUnary(ctx, req)
+}
+
 // SendMessage calls warren.v1.TaskService.SendMessage.
 func (c *taskServiceClient) SendMessage(ctx context.Context, req *connect.Request[v1.SendMessageRequest]) (*connect.Response[v1.SendMessageResponse], error) {
 	return c.sendMessage.CallUnary(ctx, req)
@@ -255,6 +273,9 @@ type TaskServiceHandler interface {
 	// StreamEvents sends every event with seq > after_seq, then tails live,
 	// and ends after the event that made the task terminal.
 	StreamEvents(context.Context, *connect.Request[v1.StreamEventsRequest], *connect.ServerStream[v1.StreamEventsResponse]) error
+	// ListEvents reads a page of a task's log without following it: what a
+	// resuming actor needs, without a stream's setup and watcher.
+	ListEvents(context.Context, *connect.Request[v1.ListEventsRequest]) (*connect.Response[v1.ListEventsResponse], error)
 	// SendMessage steers the task: the actor reads it at the next step.
 	SendMessage(context.Context, *connect.Request[v1.SendMessageRequest]) (*connect.Response[v1.SendMessageResponse], error)
 	Approve(context.Context, *connect.Request[v1.DecideRequest]) (*connect.Response[v1.DecideResponse], error)
@@ -313,6 +334,13 @@ func NewTaskServiceHandler(svc TaskServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(taskServiceMethods.ByName("StreamEvents")),
 		connect.WithHandlerOptions(opts...),
 	)
+	taskServiceListEventsHandler := connect.NewUnaryHandler(
+		TaskServiceListEventsProcedure,
+		svc.ListEvents,
+		connect.WithSchema(taskServiceMethods.ByName("ListEvents")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
 	taskServiceSendMessageHandler := connect.NewUnaryHandler(
 		TaskServiceSendMessageProcedure,
 		svc.SendMessage,
@@ -353,6 +381,8 @@ func NewTaskServiceHandler(svc TaskServiceHandler, opts ...connect.HandlerOption
 			taskServiceAppendEventsBatchHandler.ServeHTTP(w, r)
 		case TaskServiceStreamEventsProcedure:
 			taskServiceStreamEventsHandler.ServeHTTP(w, r)
+		case TaskServiceListEventsProcedure:
+			taskServiceListEventsHandler.ServeHTTP(w, r)
 		case TaskServiceSendMessageProcedure:
 			taskServiceSendMessageHandler.ServeHTTP(w, r)
 		case TaskServiceApproveProcedure:
@@ -396,6 +426,10 @@ func (UnimplementedTaskServiceHandler) AppendEventsBatch(context.Context, *conne
 
 func (UnimplementedTaskServiceHandler) StreamEvents(context.Context, *connect.Request[v1.StreamEventsRequest], *connect.ServerStream[v1.StreamEventsResponse]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.TaskService.StreamEvents is not implemented"))
+}
+
+func (UnimplementedTaskServiceHandler) ListEvents(context.Context, *connect.Request[v1.ListEventsRequest]) (*connect.Response[v1.ListEventsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.TaskService.ListEvents is not implemented"))
 }
 
 func (UnimplementedTaskServiceHandler) SendMessage(context.Context, *connect.Request[v1.SendMessageRequest]) (*connect.Response[v1.SendMessageResponse], error) {
