@@ -145,11 +145,15 @@ func (h *sessions) verdict(node string, now time.Time, ttl time.Duration) (strin
 	if h.leaderSince.IsZero() || now.Sub(h.leaderSince) < ttl {
 		return "", false // grace after a leader change
 	}
-	last := h.lastSeen[node]
-	if last.Before(h.leaderSince) {
-		last = h.leaderSince
-	}
-	if d := now.Sub(last); d > ttl {
+	if last := h.lastSeen[node]; last.Before(h.leaderSince) {
+		// Not heard from since this leader became ready: its session has
+		// to find the new leader (backing off up to 1 s while the election
+		// runs) and register, which takes seconds under load. Give it two
+		// TTLs; memberlist's verdict still counts after one.
+		if d := now.Sub(h.leaderSince); d > 2*ttl {
+			return fmt.Sprintf("no session since this leader took over %s ago (allowed 2 × ttl %s)", d.Round(time.Millisecond), ttl), true
+		}
+	} else if d := now.Sub(last); d > ttl {
 		return fmt.Sprintf("no heartbeat for %s (ttl %s)", d.Round(time.Millisecond), ttl), true
 	}
 	if _, ok := h.gossipDead[node]; ok {

@@ -14,12 +14,12 @@ func TestLivenessVerdict(t *testing.T) {
 	}
 	h.lead(t0)
 	// Fresh grace: a node never heard from by this leader is not down
-	// before a full TTL of leadership has passed.
-	if _, down := h.verdict("n1", t0.Add(ttl-time.Millisecond), ttl); down {
+	// before two TTLs of leadership have passed.
+	if _, down := h.verdict("n1", t0.Add(2*ttl-time.Millisecond), ttl); down {
 		t.Fatal("node declared down inside the grace period after a leader change")
 	}
-	if r, down := h.verdict("n1", t0.Add(ttl+time.Millisecond), ttl); !down {
-		t.Fatal("silent node not declared down after grace + ttl")
+	if r, down := h.verdict("n1", t0.Add(2*ttl+time.Millisecond), ttl); !down {
+		t.Fatal("silent node not declared down after two TTLs")
 	} else {
 		t.Logf("reason: %s", r)
 	}
@@ -56,11 +56,11 @@ func TestLivenessVerdict(t *testing.T) {
 	// grace then: nodes could not reconnect before.
 	h.lead(t0.Add(30 * time.Second))
 	h.ready(t0.Add(35 * time.Second))
-	if _, down := h.verdict("n1", t0.Add(35*time.Second+ttl-time.Millisecond), ttl); down {
-		t.Fatal("node down within the TTL after the leader became ready")
+	if _, down := h.verdict("n1", t0.Add(35*time.Second+2*ttl-time.Millisecond), ttl); down {
+		t.Fatal("node down within two TTLs after the leader became ready")
 	}
-	if _, down := h.verdict("n1", t0.Add(35*time.Second+ttl+time.Millisecond), ttl); !down {
-		t.Fatal("node silent for a TTL after the leader became ready is not down")
+	if _, down := h.verdict("n1", t0.Add(35*time.Second+2*ttl+time.Millisecond), ttl); !down {
+		t.Fatal("node silent for two TTLs after the leader became ready is not down")
 	}
 	// ready does nothing on a server that is not leading.
 	h.lead(time.Time{})
