@@ -23,6 +23,10 @@ const (
 	// starved heartbeats on a small box. Placement continues as starts
 	// complete.
 	DefaultMaxStarting = 4000
+	// maxStartingPerNode spreads those starts: with bin-packing, a dead
+	// node's 8,000 tasks went to the fullest nodes of one or two fleet
+	// processes, whose start storm then got them declared dead too.
+	maxStartingPerNode = 16
 	spreadLabel        = "zone"
 )
 
@@ -88,9 +92,22 @@ func (s *Server) placeOnce(rng *rand.Rand) (time.Duration, error) {
 	if limit == 0 {
 		limit = DefaultMaxStarting
 	}
-	starting, err := s.fsm.CountState(warrenv1.TaskState_TASK_STATE_PLACED, limit)
-	if err != nil {
-		return time.Since(start), err
+	// The tasks starting now, and on which nodes.
+	startingOn := map[string]int{}
+	starting := 0
+	for after := ""; starting < limit; {
+		page, next, err := s.fsm.ListTasks(warrenv1.TaskState_TASK_STATE_PLACED, after, min(1000, limit-starting))
+		if err != nil {
+			return time.Since(start), err
+		}
+		for _, t := range page {
+			startingOn[t.GetLease().GetNode()]++
+		}
+		starting += len(page)
+		if next == "" {
+			break
+		}
+		after = next
 	}
 	room := min(maxPendingPerRound, limit-starting)
 	if room <= 0 {
@@ -111,7 +128,11 @@ func (s *Server) placeOnce(rng *rand.Rand) (time.Duration, error) {
 	if len(pending) == 0 {
 		return time.Since(start), nil
 	}
-	plan := Place(placementNodes(nodes), pendingTasks(pending), PlacementConfig{SpreadLabel: spreadLabel}, rng)
+	pn := placementNodes(nodes)
+	for i := range pn {
+		pn[i].Starting = startingOn[pn[i].ID]
+	}
+	plan := Place(pn, pendingTasks(pending), PlacementConfig{SpreadLabel: spreadLabel, MaxStartingPerNode: maxStartingPerNode}, rng)
 	cost := time.Since(start)
 	for len(plan.Placements) > 0 {
 		n := min(len(plan.Placements), maxPlacementsPerEntry)

@@ -51,6 +51,8 @@ type PlacementNode struct {
 	// Capacity (an over-committed snapshot); such a node fits nothing.
 	Allocated Resources
 	Labels    map[string]string
+	// Starting is how many tasks placed here have not started yet.
+	Starting int
 }
 
 // PendingTask is a task waiting for a node.
@@ -84,6 +86,12 @@ type Plan struct {
 
 // PlacementConfig tunes Place. The zero value is usable.
 type PlacementConfig struct {
+	// MaxStartingPerNode: a node with this many tasks starting (placed,
+	// not yet running) takes no more until some start. 0 means no limit.
+	// It spreads a burst of placements (a big submission, or a dead
+	// node's tasks) over many nodes instead of packing one host with
+	// starts it cannot absorb at once.
+	MaxStartingPerNode int
 	// SpreadLabel is the node label naming a failure domain ("zone").
 	// Empty turns spreading off. Nodes without the label form one domain.
 	SpreadLabel string
@@ -201,6 +209,7 @@ type placer struct {
 	rng              *rand.Rand
 	capCPU, capMem   []int64
 	freeCPU, freeMem []int64
+	startLeft        []int // per node, when MaxStartingPerNode is set
 	// dom is each schedulable node's failure domain, or nil when spreading
 	// is off; domUsed and domCap are per domain.
 	dom             []int32
@@ -263,6 +272,12 @@ func newPlacer(nodes []PlacementNode, cfg PlacementConfig, rng *rand.Rand) *plac
 		p.capCPU[i], p.capMem[i] = nd.Capacity.MilliCPU, nd.Capacity.MemoryBytes
 		p.freeCPU[i] = nd.Capacity.MilliCPU - nd.Allocated.MilliCPU
 		p.freeMem[i] = nd.Capacity.MemoryBytes - nd.Allocated.MemoryBytes
+	}
+	if cfg.MaxStartingPerNode > 0 {
+		p.startLeft = make([]int, n)
+		for i := range nodes {
+			p.startLeft[i] = cfg.MaxStartingPerNode - nodes[i].Starting
+		}
 	}
 	if cfg.SpreadLabel != "" {
 		p.dom = make([]int32, n)
@@ -470,13 +485,16 @@ func shareOf(used, capacity int64) float64 {
 }
 
 func (p *placer) fits(i int, need Resources) bool {
-	return need.MilliCPU <= p.freeCPU[i] && need.MemoryBytes <= p.freeMem[i]
+	return need.MilliCPU <= p.freeCPU[i] && need.MemoryBytes <= p.freeMem[i] && (p.startLeft == nil || p.startLeft[i] > 0)
 }
 
 // commit records t on node i, using a warm slot when wl is set.
 func (p *placer) commit(i int, t *PendingTask, wl []int32) {
 	p.freeCPU[i] -= t.Needs.MilliCPU
 	p.freeMem[i] -= t.Needs.MemoryBytes
+	if p.startLeft != nil {
+		p.startLeft[i]--
+	}
 	if p.dom != nil {
 		d := p.dom[i]
 		p.domUsed[d].MilliCPU += t.Needs.MilliCPU

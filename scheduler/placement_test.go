@@ -657,3 +657,32 @@ func TestPlaceUnplacedReasons(t *testing.T) {
 		})
 	}
 }
+
+// TestPlaceCapsStartsPerNode: with MaxStartingPerNode, no node is given
+// more starts than the cap minus those it already has, even where
+// bin-packing would fill it.
+func TestPlaceCapsStartsPerNode(t *testing.T) {
+	var nodes []PlacementNode
+	for _, id := range []string{"a", "b", "c", "d"} {
+		nodes = append(nodes, PlacementNode{ID: id, Status: NodeReady, Eligible: true, Drivers: []string{"sim"},
+			Capacity: Resources{100000, 100 << 30}})
+	}
+	nodes[0].Starting = 2
+	var tasks []PendingTask
+	for i := range 20 {
+		tasks = append(tasks, PendingTask{ID: fmt.Sprint("t", i), Driver: "sim", Needs: Resources{1000, 1 << 30}})
+	}
+	plan := Place(nodes, tasks, PlacementConfig{MaxStartingPerNode: 3}, rand.New(rand.NewPCG(1, 2)))
+	per := map[string]int{}
+	for _, p := range plan.Placements {
+		per[p.NodeID]++
+	}
+	if per["a"] != 1 || per["b"] != 3 || per["c"] != 3 || per["d"] != 3 || len(plan.Unplaced) != 10 {
+		t.Fatalf("placements per node %v, %d unplaced; want a:1 b:3 c:3 d:3 and 10 unplaced", per, len(plan.Unplaced))
+	}
+	// Without the cap, all 20 are placed.
+	plan = Place(nodes, tasks, PlacementConfig{}, rand.New(rand.NewPCG(1, 2)))
+	if len(plan.Placements) != 20 || len(plan.Unplaced) != 0 {
+		t.Fatalf("uncapped: %d placed, %d unplaced", len(plan.Placements), len(plan.Unplaced))
+	}
+}

@@ -93,22 +93,6 @@ func (f *FSM) ListTasks(state warrenv1.TaskState, after string, limit int) (task
 	return tasks, "", it.Error()
 }
 
-// CountState counts the tasks in state, stopping at limit. It reads the
-// state index's keys only.
-func (f *FSM) CountState(state warrenv1.TaskState, limit int) (int, error) {
-	lower := []byte{prefixState, byte(state)}
-	it, err := f.db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: prefixEnd(lower)})
-	if err != nil {
-		return 0, err
-	}
-	defer it.Close()
-	n := 0
-	for ok := it.First(); ok && n < limit; ok = it.Next() {
-		n++
-	}
-	return n, it.Error()
-}
-
 // Member returns a server's recorded addresses or ErrNotFound.
 func (f *FSM) Member(id string) (*fsmv1.Member, error) {
 	m := &fsmv1.Member{}
