@@ -155,6 +155,7 @@ func (r *Report) renderFigures() []renderGroup {
 			{"recovery p50", renderSeconds(r.RecoveryP50)},
 			{"recovery p99", renderSeconds(r.RecoveryP99)},
 			{"recovery max", renderSeconds(r.RecoveryMax)},
+			{"healthy nodes declared down meanwhile", renderThousands(int64(r.Fault1FalseDowns))},
 		}},
 		{"Fault 2: leader kill", [][2]string{
 			{"failover (kill → first append on new leader)", renderSeconds(r.FailoverSeconds)},

@@ -45,14 +45,17 @@ type Report struct {
 	ServerCPUCores      float64 `json:"server_cpu_cores"`       // all servers, steady window average
 
 	// Fault phase 1: SIGKILL of KilledNodes nodes (whole node processes).
-	KilledNodes    int            `json:"killed_nodes"`
-	KilledTasks    int            `json:"killed_tasks"`   // tasks they held
-	DetectSeconds  float64        `json:"detect_seconds"` // kill -> last of them declared down
-	DetectedBy     map[string]int `json:"detected_by"`    // reason -> nodes
-	RecoveryP50    float64        `json:"recovery_p50_seconds"`
-	RecoveryP99    float64        `json:"recovery_p99_seconds"`
-	RecoveryMax    float64        `json:"recovery_max_seconds"`
-	RecoveredTasks int            `json:"recovered_tasks"`
+	KilledNodes   int     `json:"killed_nodes"`
+	KilledTasks   int     `json:"killed_tasks"`   // tasks they held
+	DetectSeconds float64 `json:"detect_seconds"` // kill -> last of them declared down
+	// Nodes not killed whose status changed after the kill (declared down,
+	// perhaps registered again since).
+	Fault1FalseDowns int            `json:"fault1_false_downs"`
+	DetectedBy       map[string]int `json:"detected_by"` // reason -> nodes
+	RecoveryP50      float64        `json:"recovery_p50_seconds"`
+	RecoveryP99      float64        `json:"recovery_p99_seconds"`
+	RecoveryMax      float64        `json:"recovery_max_seconds"`
+	RecoveredTasks   int            `json:"recovered_tasks"`
 
 	// Fault phase 2: SIGKILL of the leader.
 	FailoverSeconds float64 `json:"failover_seconds"` // kill -> first acknowledged append on the new leader
