@@ -23,12 +23,24 @@ func TestLivenessVerdict(t *testing.T) {
 	} else {
 		t.Logf("reason: %s", r)
 	}
+	// Within failoverWindow TTLs of leading, a heartbeat may lag two TTLs.
 	h.seen("n1", t0.Add(5*time.Second))
-	if _, down := h.verdict("n1", t0.Add(5*time.Second+ttl), ttl); down {
+	if _, down := h.verdict("n1", t0.Add(5*time.Second+2*ttl), ttl); down {
+		t.Fatal("node declared down within two TTLs of its heartbeat, right after a failover")
+	}
+	if _, down := h.verdict("n1", t0.Add(5*time.Second+2*ttl+time.Millisecond), ttl); !down {
+		t.Fatal("node not declared down two TTLs after its last heartbeat")
+	}
+	// After the window, one TTL.
+	late := t0.Add(failoverWindow * ttl)
+	h.seen("n1", late)
+	if _, down := h.verdict("n1", late.Add(ttl), ttl); down {
 		t.Fatal("node declared down exactly at ttl after its heartbeat")
 	}
-	if _, down := h.verdict("n1", t0.Add(5*time.Second+ttl+time.Millisecond), ttl); !down {
+	if r, down := h.verdict("n1", late.Add(ttl+time.Millisecond), ttl); !down {
 		t.Fatal("node not declared down after ttl without heartbeat")
+	} else {
+		t.Logf("reason: %s", r)
 	}
 	// memberlist's verdict counts past the grace, even with fresh heartbeats.
 	h.seen("n1", t0.Add(10*time.Second))
