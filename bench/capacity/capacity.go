@@ -994,18 +994,24 @@ func (r *run) cancelAll(ctx context.Context, ids []string) error {
 				if i >= len(ids) || firstErr.Load() != nil {
 					return
 				}
-				var err error
-				for attempt := 0; attempt < 5; attempt++ {
+				// Retry until the run's deadline: under overload a cancel
+				// can take minutes, and a task that never ends is caught
+				// as stuck by waitFinished.
+				for backoff := time.Second; ; backoff = min(2*backoff, 10*time.Second) {
 					cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-					_, err = tasks.CancelTask(cctx, connect.NewRequest(&warrenv1.CancelTaskRequest{TaskId: ids[i], RequestId: "bench-cancel"}))
+					_, err := tasks.CancelTask(cctx, connect.NewRequest(&warrenv1.CancelTaskRequest{TaskId: ids[i], RequestId: "bench-cancel"}))
 					cancel()
 					if err == nil || connect.CodeOf(err) == connect.CodeFailedPrecondition {
-						err = nil // or it had already ended
-						break
+						break // cancelled, or it had already ended
 					}
-				}
-				if err != nil {
-					firstErr.CompareAndSwap(nil, fmt.Errorf("cancel task %s: %w", ids[i], err))
+					if ctx.Err() != nil {
+						firstErr.CompareAndSwap(nil, fmt.Errorf("cancel task %s: %w", ids[i], err))
+						return
+					}
+					r.logf("cancel task %s: %v; retrying in %s", ids[i], err, backoff)
+					if sleep(ctx, backoff) != nil {
+						return
+					}
 				}
 			}
 		}()
