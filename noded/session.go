@@ -69,6 +69,11 @@ func (d *Daemon) runSession(nc warrenv1connect.NodeServiceClient, url string) er
 	d.net.whenCut(cancel)
 	stream := nc.Session(ctx)
 	defer stream.CloseResponse()
+	// A cancelled context does not always unblock Receive (through the
+	// fault-injecting transport it did not, and Close then waited until the
+	// leader cut the session); closing the response does.
+	stopClose := context.AfterFunc(ctx, func() { _ = stream.CloseResponse() })
+	defer stopClose()
 	hello := &warrenv1.SessionRequest{Msg: &warrenv1.SessionRequest_Hello{Hello: &warrenv1.Hello{
 		Node: d.node(), Incarnation: d.incarnation, Running: d.running()}}}
 	if err := stream.Send(hello); err != nil {
