@@ -1,7 +1,6 @@
 package scheduler
 
 import (
-	"context"
 	"math/rand/v2"
 	"time"
 
@@ -141,7 +140,7 @@ func (s *Server) placeOnce(rng *rand.Rand) (time.Duration, error) {
 			m.Placements = append(m.Placements, &fsmv1.ApplyPlan_Placement{TaskId: p.TaskID, NodeId: p.NodeID, Warm: p.Warm})
 		}
 		plan.Placements = plan.Placements[n:]
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := s.bgContext(10 * time.Second)
 		res, _, err := s.proposeLocal(ctx, m)
 		cancel()
 		if err != nil {

@@ -289,13 +289,28 @@ func (s *Server) watchLeadership() {
 			if err == nil && m.GetApiUrl() == s.cfg.APIURL && m.GetRaftAddress() == s.cfg.RaftAddr {
 				continue
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			ctx, cancel := s.bgContext(10 * time.Second)
 			if _, _, err := s.proposeLocal(ctx, &fsmv1.SetMember{Id: s.cfg.ID, RaftAddress: s.cfg.RaftAddr, ApiUrl: s.cfg.APIURL}); err != nil {
 				s.log.Warn("record own address", "err", err)
 			}
 			cancel()
 		}
 	}
+}
+
+// bgContext is a context for the server's own background work: it ends
+// after d or when the server stops, so Close does not wait for a proposal
+// that can no longer commit (the others may be stopping too).
+func (s *Server) bgContext(d time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	go func() {
+		select {
+		case <-s.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
 }
 
 // joinLoop asks the cluster to add this server until it is a member.
@@ -306,7 +321,7 @@ func (s *Server) joinLoop() {
 		if s.isMember() {
 			return
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := s.bgContext(10 * time.Second)
 		err := s.fwd.join(ctx, s.cfg.JoinURL)
 		cancel()
 		if err == nil {

@@ -388,7 +388,7 @@ func (s *Server) declareDown(downs []*fsmv1.NodeOp) {
 		for i, d := range chunk {
 			cmds[i] = d
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := s.bgContext(10 * time.Second)
 		res, err := s.propose(ctx, cmds...)
 		cancel()
 		if err != nil {
