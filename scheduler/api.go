@@ -154,24 +154,30 @@ func (a taskAPI) createCommand(r *warrenv1.CreateTaskRequest) *fsmv1.CreateTask 
 	}
 }
 
+// validateBatch checks a batch call's items: at least one, at most max,
+// and each valid, naming a bad one field[i].
+func validateBatch[T any](field, noun string, items []T, max int, check func(T) error) error {
+	var p problems
+	switch {
+	case len(items) == 0:
+		p.add(field, "required: at least one %s", noun)
+	case len(items) > max:
+		p.add(field, "%d %ss is over the limit of %d per call", len(items), noun, max)
+	}
+	for i, it := range items {
+		if err := check(it); err != nil {
+			p.add(fmt.Sprintf("%s[%d]", field, i), "%v", err)
+		}
+	}
+	return p.err()
+}
+
 // MaxCreatesPerBatch bounds one CreateTasks call.
 const MaxCreatesPerBatch = 1000
 
 func (a taskAPI) CreateTasks(ctx context.Context, req *connect.Request[warrenv1.CreateTasksRequest]) (*connect.Response[warrenv1.CreateTasksResponse], error) {
 	items := req.Msg.GetTasks()
-	var p problems
-	switch {
-	case len(items) == 0:
-		p.add("tasks", "required: at least one task")
-	case len(items) > MaxCreatesPerBatch:
-		p.add("tasks", "%d tasks is over the limit of %d per call", len(items), MaxCreatesPerBatch)
-	}
-	for i, it := range items {
-		if err := validateCreate(it); err != nil {
-			p.add(fmt.Sprintf("tasks[%d]", i), "%v", err)
-		}
-	}
-	if err := p.err(); err != nil {
+	if err := validateBatch("tasks", "task", items, MaxCreatesPerBatch, validateCreate); err != nil {
 		return nil, invalid(err)
 	}
 	cmds := make([]proto.Message, len(items))
@@ -243,19 +249,7 @@ const MaxAppendsPerBatch = 1024
 
 func (a taskAPI) AppendEventsBatch(ctx context.Context, req *connect.Request[warrenv1.AppendEventsBatchRequest]) (*connect.Response[warrenv1.AppendEventsBatchResponse], error) {
 	items := req.Msg.GetAppends()
-	var p problems
-	switch {
-	case len(items) == 0:
-		p.add("appends", "required: at least one append")
-	case len(items) > MaxAppendsPerBatch:
-		p.add("appends", "%d appends is over the limit of %d per call", len(items), MaxAppendsPerBatch)
-	}
-	for i, it := range items {
-		if err := validateAppend(it); err != nil {
-			p.add(fmt.Sprintf("appends[%d]", i), "%v", err)
-		}
-	}
-	if err := p.err(); err != nil {
+	if err := validateBatch("appends", "append", items, MaxAppendsPerBatch, validateAppend); err != nil {
 		return nil, invalid(err)
 	}
 	now := a.now()

@@ -99,6 +99,17 @@ func startCluster(t *testing.T, trailing uint64, tweak ...func(*Config)) []*node
 	return nodes
 }
 
+// followerOf returns a server that is not the leader.
+func followerOf(nodes []*node) *node {
+	var follower *node
+	for _, n := range nodes {
+		if n.srv.Raft().State() != raft.Leader {
+			follower = n
+		}
+	}
+	return follower
+}
+
 func createVia(t *testing.T, n *node, i int) *warrenv1.Task {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -114,12 +125,7 @@ func createVia(t *testing.T, n *node, i int) *warrenv1.Task {
 
 func TestClusterForwardsWritesAndReadsLocally(t *testing.T) {
 	nodes := startCluster(t, 0)
-	var follower *node
-	for _, n := range nodes {
-		if n.srv.Raft().State() != raft.Leader {
-			follower = n
-		}
-	}
+	follower := followerOf(nodes)
 	task := createVia(t, follower, 1)
 	// Read-your-writes on the follower that forwarded the create.
 	if _, err := follower.srv.FSM().Task(task.GetId()); err != nil {
@@ -296,12 +302,7 @@ func TestLeaderPlacesPendingTasks(t *testing.T) {
 
 func TestCreateTasksBatch(t *testing.T) {
 	nodes := startCluster(t, 0)
-	var follower *node
-	for _, n := range nodes {
-		if n.srv.Raft().State() != raft.Leader {
-			follower = n
-		}
-	}
+	follower := followerOf(nodes)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	batch := func(n int) []*warrenv1.CreateTaskRequest {
