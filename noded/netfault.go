@@ -142,5 +142,23 @@ func (t *faultTransport) StreamCh() <-chan net.Conn { return t.streams }
 
 func (t *faultTransport) Shutdown() error {
 	t.once.Do(func() { close(t.done) })
-	return t.inner.Shutdown()
+	// The inner transport's listeners may be blocked handing over a packet
+	// or a connection; its Shutdown waits for them, so keep taking what
+	// they hand over until it returns (once pump has stopped, nothing
+	// else would, and Shutdown hung: seen in CI as a 14-minute hang).
+	drained := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-t.inner.PacketCh():
+			case c := <-t.inner.StreamCh():
+				c.Close()
+			case <-drained:
+				return
+			}
+		}
+	}()
+	err := t.inner.Shutdown()
+	close(drained)
+	return err
 }
