@@ -92,37 +92,21 @@ func (s *Server) placeOnce(rng *rand.Rand) (time.Duration, error) {
 		limit = DefaultMaxStarting
 	}
 	// The tasks starting now, and on which nodes.
-	startingOn := map[string]int{}
-	starting := 0
-	for after := ""; starting < limit; {
-		page, next, err := s.fsm.ListTasks(warrenv1.TaskState_TASK_STATE_PLACED, after, min(1000, limit-starting))
-		if err != nil {
-			return time.Since(start), err
-		}
-		for _, t := range page {
-			startingOn[t.GetLease().GetNode()]++
-		}
-		starting += len(page)
-		if next == "" {
-			break
-		}
-		after = next
+	starting, _, err := s.fsm.ListTasks(warrenv1.TaskState_TASK_STATE_PLACED, "", limit)
+	if err != nil {
+		return time.Since(start), err
 	}
-	room := min(maxPendingPerRound, limit-starting)
+	startingOn := map[string]int{}
+	for _, t := range starting {
+		startingOn[t.GetLease().GetNode()]++
+	}
+	room := min(maxPendingPerRound, limit-len(starting))
 	if room <= 0 {
 		return time.Since(start), nil // a task leaving placed changes replanGen
 	}
-	var pending []*warrenv1.Task
-	for after := ""; len(pending) < room; {
-		page, next, err := s.fsm.ListTasks(warrenv1.TaskState_TASK_STATE_PENDING, after, min(1000, room-len(pending)))
-		if err != nil {
-			return time.Since(start), err
-		}
-		pending = append(pending, page...)
-		if next == "" {
-			break
-		}
-		after = next
+	pending, _, err := s.fsm.ListTasks(warrenv1.TaskState_TASK_STATE_PENDING, "", room)
+	if err != nil {
+		return time.Since(start), err
 	}
 	if len(pending) == 0 {
 		return time.Since(start), nil
