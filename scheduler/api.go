@@ -397,12 +397,14 @@ func (a taskAPI) ListEvents(ctx context.Context, req *connect.Request[warrenv1.L
 	if limit == 0 {
 		limit = 100
 	}
-	if _, err := a.s.fsm.Task(req.Msg.GetTaskId()); err != nil {
-		return nil, err
-	}
 	evs, err := a.s.fsm.Events(req.Msg.GetTaskId(), req.Msg.GetAfterSeq(), limit)
 	if err != nil {
 		return nil, err
+	}
+	if len(evs) == 0 { // the end of the log, or no such task
+		if _, err := a.s.fsm.Task(req.Msg.GetTaskId()); err != nil {
+			return nil, err
+		}
 	}
 	return connect.NewResponse(&warrenv1.ListEventsResponse{Events: evs}), nil
 }
