@@ -121,6 +121,8 @@ type Server struct {
 	readyTerm atomic.Uint64
 
 	stop     chan struct{}
+	stopCtx  context.Context // done when stop is closed
+	stopAll  context.CancelFunc
 	wg       sync.WaitGroup
 	closeErr error
 	closed   sync.Once
@@ -139,6 +141,7 @@ func Open(cfg Config) (*Server, error) {
 		cfg.Clock = systemClock{}
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger.With("server", cfg.ID), clock: cfg.Clock, stop: make(chan struct{}), sess: newSessions()}
+	s.stopCtx, s.stopAll = context.WithCancel(context.Background())
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, err
 	}
@@ -302,15 +305,7 @@ func (s *Server) watchLeadership() {
 // after d or when the server stops, so Close does not wait for a proposal
 // that can no longer commit (the others may be stopping too).
 func (s *Server) bgContext(d time.Duration) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	go func() {
-		select {
-		case <-s.stop:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	return ctx, cancel
+	return context.WithTimeout(s.stopCtx, d)
 }
 
 // joinLoop asks the cluster to add this server until it is a member.
@@ -377,6 +372,7 @@ func (s *Server) Handler() http.Handler { return newMux(s) }
 func (s *Server) Close() error {
 	s.closed.Do(func() {
 		close(s.stop)
+		s.stopAll()
 		if s.gossip != nil {
 			s.gossip.Close()
 		}
