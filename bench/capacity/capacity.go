@@ -427,50 +427,36 @@ func (r *run) submit(ctx context.Context) ([]string, error) {
 	// thousands of running actors.
 	const submitChunk, submitWorkers = 500, 4
 	ids := make([]string, o.Tasks)
-	var next atomic.Int64
-	var firstErr atomic.Value
-	var wg sync.WaitGroup
-	for w := range submitWorkers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				lo := int(next.Add(submitChunk)) - submitChunk
-				if lo >= o.Tasks || firstErr.Load() != nil {
-					return
-				}
-				hi := min(lo+submitChunk, o.Tasks)
-				req := &warrenv1.CreateTasksRequest{}
-				for i := lo; i < hi; i++ {
-					req.Tasks = append(req.Tasks, &warrenv1.CreateTaskRequest{RequestId: fmt.Sprint("cap-", i), Spec: specs[i]})
-				}
-				var err error
-				for attempt := 0; attempt < 5; attempt++ {
-					c := clients[(w+attempt)%len(clients)]
-					cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-					var resp *connect.Response[warrenv1.CreateTasksResponse]
-					resp, err = c.CreateTasks(cctx, connect.NewRequest(req))
-					cancel()
-					if err == nil {
-						for j, res := range resp.Msg.GetResults() {
-							if res.GetErrorCode() != "" {
-								err = fmt.Errorf("task %d: %s: %s", lo+j, res.GetErrorCode(), res.GetErrorMessage())
-								break
-							}
-							ids[lo+j] = res.GetTask().GetId()
-						}
+	err := inParallel(o.Tasks, submitChunk, submitWorkers, func(w, lo, hi int) error {
+		req := &warrenv1.CreateTasksRequest{}
+		for i := lo; i < hi; i++ {
+			req.Tasks = append(req.Tasks, &warrenv1.CreateTaskRequest{RequestId: fmt.Sprint("cap-", i), Spec: specs[i]})
+		}
+		var err error
+		for attempt := 0; attempt < 5; attempt++ {
+			c := clients[(w+attempt)%len(clients)]
+			cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+			var resp *connect.Response[warrenv1.CreateTasksResponse]
+			resp, err = c.CreateTasks(cctx, connect.NewRequest(req))
+			cancel()
+			if err == nil {
+				for j, res := range resp.Msg.GetResults() {
+					if res.GetErrorCode() != "" {
+						err = fmt.Errorf("task %d: %s: %s", lo+j, res.GetErrorCode(), res.GetErrorMessage())
 						break
 					}
+					ids[lo+j] = res.GetTask().GetId()
 				}
-				if err != nil {
-					firstErr.CompareAndSwap(nil, fmt.Errorf("create tasks %d..%d: %w", lo, hi-1, err))
-				}
+				break
 			}
-		}()
-	}
-	wg.Wait()
-	if e := firstErr.Load(); e != nil {
-		return nil, e.(error)
+		}
+		if err != nil {
+			return fmt.Errorf("create tasks %d..%d: %w", lo, hi-1, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	return ids, nil
 }
@@ -980,38 +966,48 @@ func (r *run) cancelAll(ctx context.Context, ids []string) error {
 	r.mark("cancel all")
 	r.logf("cancelling the %d tasks (--finish cancel)", len(ids))
 	tasks, _ := r.servers()
+	// Each cancel is a raft write that queues with the appends of every
+	// running actor: many in flight, or 40,000 take many minutes.
+	return inParallel(len(ids), 1, 512, func(_, i, _ int) error {
+		// Retry until the run's deadline: under overload a cancel can take
+		// minutes, and a task that never ends is caught as stuck by
+		// waitFinished.
+		for backoff := time.Second; ; backoff = min(2*backoff, 10*time.Second) {
+			cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			_, err := tasks.CancelTask(cctx, connect.NewRequest(&warrenv1.CancelTaskRequest{TaskId: ids[i], RequestId: "bench-cancel"}))
+			cancel()
+			if err == nil || connect.CodeOf(err) == connect.CodeFailedPrecondition {
+				return nil // cancelled, or it had already ended
+			}
+			if ctx.Err() != nil {
+				return fmt.Errorf("cancel task %s: %w", ids[i], err)
+			}
+			r.logf("cancel task %s: %v; retrying in %s", ids[i], err, backoff)
+			if err := sleep(ctx, backoff); err != nil {
+				return err
+			}
+		}
+	})
+}
+
+// inParallel calls fn(worker, lo, hi) for the chunks [lo, hi) of [0, n),
+// chunk long, from workers goroutines. After the first error it hands out
+// no more chunks, and it returns that error once every call has returned.
+func inParallel(n, chunk, workers int, fn func(worker, lo, hi int) error) error {
 	var next atomic.Int64
 	var firstErr atomic.Value
 	var wg sync.WaitGroup
-	// Each cancel is a raft write that queues with the appends of every
-	// running actor: many in flight, or 40,000 take many minutes.
-	for range 512 {
+	for w := range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for {
-				i := int(next.Add(1)) - 1
-				if i >= len(ids) || firstErr.Load() != nil {
+				lo := int(next.Add(int64(chunk))) - chunk
+				if lo >= n || firstErr.Load() != nil {
 					return
 				}
-				// Retry until the run's deadline: under overload a cancel
-				// can take minutes, and a task that never ends is caught
-				// as stuck by waitFinished.
-				for backoff := time.Second; ; backoff = min(2*backoff, 10*time.Second) {
-					cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-					_, err := tasks.CancelTask(cctx, connect.NewRequest(&warrenv1.CancelTaskRequest{TaskId: ids[i], RequestId: "bench-cancel"}))
-					cancel()
-					if err == nil || connect.CodeOf(err) == connect.CodeFailedPrecondition {
-						break // cancelled, or it had already ended
-					}
-					if ctx.Err() != nil {
-						firstErr.CompareAndSwap(nil, fmt.Errorf("cancel task %s: %w", ids[i], err))
-						return
-					}
-					r.logf("cancel task %s: %v; retrying in %s", ids[i], err, backoff)
-					if sleep(ctx, backoff) != nil {
-						return
-					}
+				if err := fn(w, lo, min(lo+chunk, n)); err != nil {
+					firstErr.CompareAndSwap(nil, err)
 				}
 			}
 		}()
