@@ -1,0 +1,308 @@
+package guest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"time"
+
+	"github.com/hashicorp/yamux"
+)
+
+// Client is the host's end of one guest connection. It is safe for
+// concurrent use; each call opens its own stream.
+type Client struct {
+	sess *yamux.Session
+}
+
+// NewClient starts a session on conn (a virtio-serial chardev socket, a
+// pipe in tests). The Client owns conn.
+func NewClient(conn io.ReadWriteCloser) (*Client, error) {
+	sess, err := yamux.Client(conn, YamuxConfig())
+	if err != nil {
+		return nil, err
+	}
+	return &Client{sess: sess}, nil
+}
+
+// Dial connects to a guest's unix socket.
+func Dial(ctx context.Context, path string) (*Client, error) {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", path)
+	if err != nil {
+		return nil, err
+	}
+	return NewClient(conn)
+}
+
+// Close ends the session.
+func (c *Client) Close() error { return c.sess.Close() }
+
+// Done is closed when the session ends.
+func (c *Client) Done() <-chan struct{} { return c.sess.CloseChan() }
+
+// call is one open stream; ctx closes it, which makes the guest abandon
+// the call (and kill an exec's process group).
+type call struct {
+	st   *yamux.Stream
+	stop func() bool
+	ctx  context.Context
+}
+
+func (c *Client) open(ctx context.Context, req *Request) (*call, error) {
+	st, err := c.sess.OpenStream()
+	if err != nil {
+		return nil, fmt.Errorf("guest: open stream: %w", err)
+	}
+	stop := context.AfterFunc(ctx, func() { st.Close() })
+	if err := writeJSON(st, frameRequest, req); err != nil {
+		stop()
+		st.Close()
+		return nil, c.err(ctx, err)
+	}
+	return &call{st: st, stop: stop, ctx: ctx}, nil
+}
+
+func (c *Client) err(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return fmt.Errorf("guest: %w", err)
+}
+
+func (cl *call) close() {
+	cl.stop()
+	cl.st.Close()
+}
+
+// finish reads frames until the result, handing data frames to onData.
+func (c *Client) finish(cl *call, onData func(kind byte, p []byte) error) (*Result, error) {
+	defer cl.close()
+	for {
+		kind, p, err := readFrame(cl.st)
+		if err != nil {
+			return nil, c.err(cl.ctx, err)
+		}
+		switch kind {
+		case frameResult:
+			if err := cl.ctx.Err(); err != nil {
+				return nil, err // the call was abandoned, whatever it did
+			}
+			var res Result
+			if err := json.Unmarshal(p, &res); err != nil {
+				return nil, fmt.Errorf("guest: result: %w", err)
+			}
+			return &res, nil
+		case frameError:
+			return nil, &RemoteError{Msg: string(p)}
+		default:
+			if onData == nil {
+				return nil, fmt.Errorf("guest: unexpected frame %q", kind)
+			}
+			if err := onData(kind, p); err != nil {
+				return nil, err
+			}
+		}
+	}
+}
+
+func (c *Client) simple(ctx context.Context, req *Request) (*Result, error) {
+	cl, err := c.open(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return c.finish(cl, nil)
+}
+
+// Ping returns the guest's clock.
+func (c *Client) Ping(ctx context.Context) (time.Time, error) {
+	res, err := c.simple(ctx, &Request{Op: OpPing})
+	if err != nil {
+		return time.Time{}, err
+	}
+	return time.Unix(0, res.GuestUnixNano), nil
+}
+
+// ExecRequest is one command.
+type ExecRequest struct {
+	Argv    []string
+	Env     map[string]string
+	Dir     string
+	Timeout time.Duration
+	Stdin   io.Reader // nil: the command's stdin is empty
+}
+
+// ExecResult is how a command ended.
+type ExecResult struct {
+	ExitCode int
+	Signal   int
+	TimedOut bool
+	Duration time.Duration
+}
+
+// Exec runs a command, writing its output to stdout and stderr (either may
+// be nil) as it arrives.
+func (c *Client) Exec(ctx context.Context, req ExecRequest, stdout, stderr io.Writer) (ExecResult, error) {
+	if err := CheckExec(req.Argv, req.Env); err != nil {
+		return ExecResult{}, err
+	}
+	cl, err := c.open(ctx, &Request{Op: OpExec, Argv: req.Argv, Env: req.Env, Dir: req.Dir,
+		TimeoutMS: req.Timeout.Milliseconds(), Stdin: req.Stdin != nil})
+	if err != nil {
+		return ExecResult{}, err
+	}
+	if req.Stdin != nil {
+		go func() {
+			if _, err := writeChunks(cl.st, frameData, req.Stdin); err == nil {
+				_ = writeFrame(cl.st, frameEOF, nil)
+			}
+		}()
+	}
+	res, err := c.finish(cl, func(kind byte, p []byte) error {
+		var w io.Writer
+		switch kind {
+		case frameStdout:
+			w = stdout
+		case frameStderr:
+			w = stderr
+		default:
+			return fmt.Errorf("guest: unexpected frame %q in exec", kind)
+		}
+		if w != nil {
+			if _, err := w.Write(p); err != nil {
+				return fmt.Errorf("guest: output: %w", err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return ExecResult{}, err
+	}
+	return ExecResult{ExitCode: res.ExitCode, Signal: res.Signal, TimedOut: res.TimedOut,
+		Duration: time.Duration(res.DurationUS) * time.Microsecond}, nil
+}
+
+// ReadFile copies a guest file to w. limit > 0 refuses larger files.
+func (c *Client) ReadFile(ctx context.Context, path string, limit int64, w io.Writer) (FileInfo, error) {
+	if err := CheckPath(path); err != nil {
+		return FileInfo{}, err
+	}
+	cl, err := c.open(ctx, &Request{Op: OpRead, Path: path, Limit: limit})
+	if err != nil {
+		return FileInfo{}, err
+	}
+	res, err := c.finish(cl, func(kind byte, p []byte) error {
+		if kind != frameData {
+			return fmt.Errorf("guest: unexpected frame %q in read", kind)
+		}
+		_, err := w.Write(p)
+		return err
+	})
+	if err != nil {
+		return FileInfo{}, err
+	}
+	if res.File == nil {
+		return FileInfo{}, errors.New("guest: read: no file info")
+	}
+	return *res.File, nil
+}
+
+// WriteFile replaces (atomically) or creates a guest file with r's bytes,
+// creating parent directories. mode 0 means 0644.
+func (c *Client) WriteFile(ctx context.Context, path string, mode uint32, r io.Reader) (FileInfo, error) {
+	if err := CheckPath(path); err != nil {
+		return FileInfo{}, err
+	}
+	cl, err := c.open(ctx, &Request{Op: OpWrite, Path: path, Mode: mode})
+	if err != nil {
+		return FileInfo{}, err
+	}
+	if _, err := writeChunks(cl.st, frameData, r); err != nil {
+		cl.close()
+		return FileInfo{}, c.err(ctx, err)
+	}
+	if err := writeFrame(cl.st, frameEOF, nil); err != nil {
+		cl.close()
+		return FileInfo{}, c.err(ctx, err)
+	}
+	res, err := c.finish(cl, nil)
+	if err != nil {
+		return FileInfo{}, err
+	}
+	if res.File == nil {
+		return FileInfo{}, errors.New("guest: write: no file info")
+	}
+	return *res.File, nil
+}
+
+// List returns the entries of a guest directory.
+func (c *Client) List(ctx context.Context, path string) ([]FileInfo, error) {
+	if err := CheckPath(path); err != nil {
+		return nil, err
+	}
+	res, err := c.simple(ctx, &Request{Op: OpList, Path: path})
+	if err != nil {
+		return nil, err
+	}
+	return res.Files, nil
+}
+
+// Stat describes one guest path (without following a final symlink).
+func (c *Client) Stat(ctx context.Context, path string) (FileInfo, error) {
+	if err := CheckPath(path); err != nil {
+		return FileInfo{}, err
+	}
+	res, err := c.simple(ctx, &Request{Op: OpStat, Path: path})
+	if err != nil {
+		return FileInfo{}, err
+	}
+	return *res.File, nil
+}
+
+// ClaimRequest binds a restored guest's identity.
+type ClaimRequest struct {
+	Now      time.Time
+	Entropy  []byte
+	Hostname string
+	Env      map[string]string
+}
+
+// Claim sets the guest's clock, reseeds its entropy, and sets its hostname
+// and base environment. It returns the guest's clock after the call.
+func (c *Client) Claim(ctx context.Context, req ClaimRequest) (time.Time, error) {
+	res, err := c.simple(ctx, &Request{Op: OpClaim, UnixNano: req.Now.UnixNano(), Entropy: req.Entropy,
+		Hostname: req.Hostname, Env: req.Env})
+	if err != nil {
+		return time.Time{}, err
+	}
+	return time.Unix(0, res.GuestUnixNano), nil
+}
+
+// Stats reports the guest's resources.
+func (c *Client) Stats(ctx context.Context) (Stats, error) {
+	res, err := c.simple(ctx, &Request{Op: OpStats})
+	if err != nil {
+		return Stats{}, err
+	}
+	if res.Stats == nil {
+		return Stats{}, errors.New("guest: stats: empty")
+	}
+	return *res.Stats, nil
+}
+
+// Sync flushes the guest's file systems (before a snapshot).
+func (c *Client) Sync(ctx context.Context) error {
+	_, err := c.simple(ctx, &Request{Op: OpSync})
+	return err
+}
+
+// Output runs argv and returns its combined output (a convenience).
+func (c *Client) Output(ctx context.Context, argv ...string) ([]byte, ExecResult, error) {
+	var b bytes.Buffer
+	res, err := c.Exec(ctx, ExecRequest{Argv: argv}, &b, &b)
+	return b.Bytes(), res, err
+}

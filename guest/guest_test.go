@@ -1,0 +1,294 @@
+package guest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+type fakeSys struct {
+	mu       sync.Mutex
+	now      int64
+	entropy  []byte
+	hostname string
+}
+
+func (f *fakeSys) SetTime(ns int64) error { f.mu.Lock(); f.now = ns; f.mu.Unlock(); return nil }
+func (f *fakeSys) AddEntropy(b []byte) error {
+	f.mu.Lock()
+	f.entropy = append([]byte(nil), b...)
+	f.mu.Unlock()
+	return nil
+}
+func (f *fakeSys) SetHostname(n string) error     { f.mu.Lock(); f.hostname = n; f.mu.Unlock(); return nil }
+func (f *fakeSys) Stats() (Stats, error)          { return Stats{Procs: 7}, nil }
+func (f *fakeSys) ExecAttr() *syscall.SysProcAttr { return &syscall.SysProcAttr{Setpgid: true} }
+
+// pair runs a Server on one end of a pipe and returns a Client on the other.
+func pair(t *testing.T, sys System) *Client {
+	t.Helper()
+	a, b := net.Pipe()
+	srv := &Server{Sys: sys}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(b) }()
+	c, err := NewClient(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(); <-done })
+	return c
+}
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestExecStreamsOutputAndExitCode(t *testing.T) {
+	c := pair(t, &fakeSys{})
+	var out, errb bytes.Buffer
+	res, err := c.Exec(context.Background(), ExecRequest{Argv: []string{"sh", "-c", "echo $((6*7)); echo oops >&2; echo $FOO; exit 3"},
+		Env: map[string]string{"FOO": "bar"}}, &out, &errb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.ExitCode != 3 || out.String() != "42\nbar\n" || errb.String() != "oops\n" {
+		t.Fatalf("exit %d stdout %q stderr %q", res.ExitCode, out.String(), errb.String())
+	}
+}
+
+func TestExecStdinAndDir(t *testing.T) {
+	c := pair(t, &fakeSys{})
+	dir := t.TempDir()
+	var out bytes.Buffer
+	res, err := c.Exec(context.Background(), ExecRequest{Argv: []string{"sh", "-c", "pwd; tr a-z A-Z"}, Dir: dir,
+		Stdin: strings.NewReader("hello\n")}, &out, nil)
+	if err != nil || res.ExitCode != 0 {
+		t.Fatal(res, err)
+	}
+	if want := dir + "\nHELLO\n"; out.String() != want {
+		t.Fatalf("got %q want %q", out.String(), want)
+	}
+}
+
+// A timeout kills the whole process group, background children included.
+func TestExecTimeoutKillsGroup(t *testing.T) {
+	c := pair(t, &fakeSys{})
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	res, err := c.Exec(context.Background(), ExecRequest{Argv: []string{"sh", "-c", "sleep 30 & echo $! > " + pidFile + "; wait"},
+		Timeout: 300 * time.Millisecond}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.TimedOut || res.Signal != int(syscall.SIGKILL) {
+		t.Fatalf("result %+v, want timed out by SIGKILL", res)
+	}
+	assertGone(t, pidFile)
+}
+
+// Cancelling the caller's context kills the command's group.
+func TestExecCancelKillsGroup(t *testing.T) {
+	c := pair(t, &fakeSys{})
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		for range 200 {
+			if b, _ := os.ReadFile(pidFile); len(b) > 0 {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		cancel()
+	}()
+	_, err := c.Exec(ctx, ExecRequest{Argv: []string{"sh", "-c", "sleep 30 & echo $! > " + pidFile + "; wait"}}, nil, nil)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("err %v, want context.Canceled", err)
+	}
+	assertGone(t, pidFile)
+}
+
+func assertGone(t *testing.T, pidFile string) {
+	t.Helper()
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pid int
+	for _, ch := range strings.TrimSpace(string(b)) {
+		pid = pid*10 + int(ch-'0')
+	}
+	for range 300 {
+		// A killed child may linger as a zombie until its parent reaps it.
+		st, err := os.ReadFile("/proc/" + strings.TrimSpace(string(b)) + "/stat")
+		if err != nil || strings.Contains(string(st), ") Z ") {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("background child %d still runs", pid)
+}
+
+func TestFiles(t *testing.T) {
+	c := pair(t, &fakeSys{})
+	ctx := context.Background()
+	dir := t.TempDir()
+	p := filepath.Join(dir, "a", "b.txt")
+	big := bytes.Repeat([]byte("x"), 3*MaxFrame+17)
+	fi, err := c.WriteFile(ctx, p, 0o600, bytes.NewReader(big))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Size != int64(len(big)) || os.FileMode(fi.Mode).Perm() != 0o600 {
+		t.Fatalf("info %+v", fi)
+	}
+	var got bytes.Buffer
+	if _, err := c.ReadFile(ctx, p, 0, &got); err != nil || !bytes.Equal(got.Bytes(), big) {
+		t.Fatalf("read back %d bytes, err %v", got.Len(), err)
+	}
+	if _, err := c.ReadFile(ctx, p, 10, &got); err == nil || !strings.Contains(err.Error(), "over the limit") {
+		t.Fatalf("limit: err %v", err)
+	}
+	ls, err := c.List(ctx, filepath.Join(dir, "a"))
+	if err != nil || len(ls) != 1 || ls[0].Name != "b.txt" {
+		t.Fatalf("list %+v %v", ls, err)
+	}
+	if st, err := c.Stat(ctx, dir); err != nil || !st.Dir {
+		t.Fatalf("stat %+v %v", st, err)
+	}
+	if _, err := c.Stat(ctx, filepath.Join(dir, "missing")); err == nil {
+		t.Fatal("stat of a missing file succeeded")
+	}
+}
+
+func TestBadInputNamesTheField(t *testing.T) {
+	c := pair(t, &fakeSys{})
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name string
+		err  error
+		want string
+	}{
+		{"relative", func() error { _, err := c.Stat(ctx, "etc/passwd"); return err }(), "must be absolute"},
+		{"dotdot", func() error { _, err := c.List(ctx, "/tmp/../etc"); return err }(), `".."`},
+		{"nul", func() error { _, err := c.Stat(ctx, "/tmp/\x00"); return err }(), "NUL"},
+		{"long path", func() error { _, err := c.Stat(ctx, "/"+strings.Repeat("a", MaxPathBytes)); return err }(), "over the limit"},
+		{"empty command", func() error { _, err := c.Exec(ctx, ExecRequest{}, nil, nil); return err }(), "command: required"},
+		{"huge command", func() error {
+			_, err := c.Exec(ctx, ExecRequest{Argv: []string{"echo", strings.Repeat("a", MaxCommandBytes)}}, nil, nil)
+			return err
+		}(), "over the limit"},
+		{"bad env", func() error {
+			_, err := c.Exec(ctx, ExecRequest{Argv: []string{"true"}, Env: map[string]string{"A=B": "c"}}, nil, nil)
+			return err
+		}(), "env"},
+	} {
+		if tc.err == nil || !strings.Contains(tc.err.Error(), tc.want) {
+			t.Errorf("%s: err %v, want it to mention %q", tc.name, tc.err, tc.want)
+		}
+	}
+	// The guest checks too: a request that skips the client's checks.
+	st, err := c.sess.OpenStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := &call{st: st, stop: func() bool { return true }, ctx: ctx}
+	if err := writeJSON(st, frameRequest, &Request{Op: OpRead, Path: "../x"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.finish(cl, nil); err == nil || !strings.Contains(err.Error(), "must be absolute") {
+		t.Fatalf("guest-side check: %v", err)
+	}
+}
+
+func TestClaimSetsIdentity(t *testing.T) {
+	sys := &fakeSys{}
+	c := pair(t, sys)
+	now := time.Unix(1_800_000_000, 5)
+	if _, err := c.Claim(context.Background(), ClaimRequest{Now: now, Entropy: []byte{1, 2, 3}, Hostname: "sb-1",
+		Env: map[string]string{"SANDBOX_ID": "sb-1"}}); err != nil {
+		t.Fatal(err)
+	}
+	sys.mu.Lock()
+	if sys.now != now.UnixNano() || !bytes.Equal(sys.entropy, []byte{1, 2, 3}) || sys.hostname != "sb-1" {
+		t.Errorf("system after claim: %+v", sys)
+	}
+	sys.mu.Unlock()
+	out, _, err := c.Output(context.Background(), "sh", "-c", "echo $SANDBOX_ID")
+	if err != nil || string(out) != "sb-1\n" {
+		t.Fatalf("claim env: %q %v", out, err)
+	}
+}
+
+func TestManyConcurrentCalls(t *testing.T) {
+	c := pair(t, &fakeSys{})
+	var wg sync.WaitGroup
+	errs := make(chan error, 32)
+	for i := range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out, res, err := c.Output(context.Background(), "sh", "-c", "sleep 0.2; echo "+strings.Repeat("y", i))
+			if err != nil || res.ExitCode != 0 || len(out) != i+1 {
+				errs <- errors.New("call failed: " + string(out))
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+func TestParseCmdline(t *testing.T) {
+	c, err := ParseCmdline("console=ttyS0 warren.pids=64 warren.root=/dev/vdb warren.probe=1")
+	if err != nil || c.Pids != 64 || c.Root != "/dev/vdb" || !c.Probe || c.ReserveMB != 24 {
+		t.Fatalf("%+v %v", c, err)
+	}
+	if _, err := ParseCmdline("warren.pids=many"); err == nil || !strings.Contains(err.Error(), "warren.pids") {
+		t.Fatalf("bad value: %v", err)
+	}
+}
+
+// FuzzServer feeds arbitrary bytes to the agent as one call: it must answer
+// or hang up, never crash.
+func FuzzServer(f *testing.F) {
+	f.Add([]byte("q\x00\x00\x00\x0d{\"op\":\"ping\"}"))
+	f.Add([]byte("q\x00\x00\x00\x1c{\"op\":\"stat\",\"path\":\"/tmp\"}"))
+	f.Add([]byte("q\x00\x00\x00\x1c{\"op\":\"list\",\"path\":\"../x\"}"))
+	f.Add([]byte("d\xff\xff\xff\xff"))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		if bytes.Contains(in, []byte("exec")) || bytes.Contains(in, []byte("write")) || bytes.Contains(in, []byte("claim")) || bytes.Contains(in, []byte("sync")) {
+			return // those act on the host running the fuzzer
+		}
+		a, b := net.Pipe()
+		srv := &Server{Sys: &fakeSys{}}
+		done := make(chan struct{})
+		go func() { defer close(done); _ = srv.Serve(b) }()
+		c, err := NewClient(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := c.sess.OpenStream()
+		if err == nil {
+			_, _ = st.Write(in)
+			_ = st.Close()
+			buf := make([]byte, 4096)
+			_ = st.SetReadDeadline(time.Now().Add(time.Second))
+			for {
+				if _, err := st.Read(buf); err != nil {
+					break
+				}
+			}
+		}
+		c.Close()
+		<-done
+	})
+}

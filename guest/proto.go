@@ -1,0 +1,188 @@
+package guest
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// Wire format. Every message in either direction is a frame:
+//
+//	kind (1 byte) | length (4 bytes, big endian) | payload (length bytes)
+//
+// A call is one yamux stream. The host writes a frameRequest (JSON
+// Request), then, for calls that carry data (write, exec with stdin),
+// frameData frames and a frameEOF. The guest answers with frameStdout,
+// frameStderr or frameData frames and ends with exactly one frameResult
+// (JSON Result) or frameError (a UTF-8 message).
+const (
+	frameRequest byte = 'q'
+	frameData    byte = 'd'
+	frameEOF     byte = 'z'
+	frameStdout  byte = 'o'
+	frameStderr  byte = 'e'
+	frameResult  byte = 'r'
+	frameError   byte = 'x'
+)
+
+// MaxFrame is the largest payload of one frame. Larger data is split.
+const MaxFrame = 1 << 20
+
+// Limits the guest enforces on requests.
+const (
+	MaxCommandBytes = 128 << 10 // command line plus environment
+	MaxPathBytes    = 4096
+)
+
+// Op names a call.
+type Op string
+
+// The calls.
+const (
+	OpPing  Op = "ping"
+	OpExec  Op = "exec"
+	OpRead  Op = "read"
+	OpWrite Op = "write"
+	OpList  Op = "list"
+	OpStat  Op = "stat"
+	OpClaim Op = "claim"
+	OpStats Op = "stats"
+	OpSync  Op = "sync"
+)
+
+// Request is the first frame of every call. Fields not used by Op are empty.
+type Request struct {
+	Op Op `json:"op"`
+
+	// exec
+	Argv      []string          `json:"argv,omitempty"`
+	Env       map[string]string `json:"env,omitempty"`
+	Dir       string            `json:"dir,omitempty"`
+	TimeoutMS int64             `json:"timeout_ms,omitempty"`
+	Stdin     bool              `json:"stdin,omitempty"`
+
+	// read, write, list, stat
+	Path  string `json:"path,omitempty"`
+	Mode  uint32 `json:"mode,omitempty"`
+	Limit int64  `json:"limit,omitempty"` // read: at most this many bytes (0: no limit)
+
+	// claim
+	UnixNano int64  `json:"unix_nano,omitempty"`
+	Entropy  []byte `json:"entropy,omitempty"`
+	Hostname string `json:"hostname,omitempty"`
+}
+
+// Result is the last frame of a successful call.
+type Result struct {
+	// exec
+	ExitCode   int   `json:"exit_code"`
+	Signal     int   `json:"signal,omitempty"`
+	TimedOut   bool  `json:"timed_out,omitempty"`
+	DurationUS int64 `json:"duration_us,omitempty"`
+
+	// read, write, stat
+	File *FileInfo `json:"file,omitempty"`
+	// list
+	Files []FileInfo `json:"files,omitempty"`
+	// stats
+	Stats *Stats `json:"stats,omitempty"`
+	// ping, claim: the guest's clock after the call
+	GuestUnixNano int64 `json:"guest_unix_nano,omitempty"`
+}
+
+// FileInfo describes one file in the guest.
+type FileInfo struct {
+	Name    string `json:"name"`
+	Size    int64  `json:"size"`
+	Mode    uint32 `json:"mode"` // Go fs.FileMode bits
+	ModNano int64  `json:"mod_nano"`
+	Dir     bool   `json:"dir,omitempty"`
+}
+
+// Stats is a snapshot of the guest's resources.
+type Stats struct {
+	MemTotalKB     int64   `json:"mem_total_kb"`
+	MemAvailableKB int64   `json:"mem_available_kb"`
+	Load1          float64 `json:"load1"`
+	Procs          int     `json:"procs"`
+	DiskTotalKB    int64   `json:"disk_total_kb"`
+	DiskFreeKB     int64   `json:"disk_free_kb"`
+	UptimeMS       int64   `json:"uptime_ms"`
+}
+
+// RemoteError is an error the guest reported for a call.
+type RemoteError struct{ Msg string }
+
+func (e *RemoteError) Error() string { return "guest: " + e.Msg }
+
+// ErrFrameTooLarge is returned for a frame whose length exceeds MaxFrame.
+var ErrFrameTooLarge = errors.New("guest: frame too large")
+
+func writeFrame(w io.Writer, kind byte, p []byte) error {
+	if len(p) > MaxFrame {
+		return ErrFrameTooLarge
+	}
+	var h [5]byte
+	h[0] = kind
+	binary.BigEndian.PutUint32(h[1:], uint32(len(p)))
+	if len(p) == 0 {
+		_, err := w.Write(h[:])
+		return err
+	}
+	// One write per frame keeps frames whole on the yamux stream.
+	buf := make([]byte, 0, 5+len(p))
+	buf = append(append(buf, h[:]...), p...)
+	_, err := w.Write(buf)
+	return err
+}
+
+func writeJSON(w io.Writer, kind byte, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return writeFrame(w, kind, b)
+}
+
+// readFrame reads one frame. The payload is freshly allocated.
+func readFrame(r io.Reader) (byte, []byte, error) {
+	var h [5]byte
+	if _, err := io.ReadFull(r, h[:]); err != nil {
+		return 0, nil, err
+	}
+	n := binary.BigEndian.Uint32(h[1:])
+	if n > MaxFrame {
+		return 0, nil, fmt.Errorf("%w: %d bytes", ErrFrameTooLarge, n)
+	}
+	p := make([]byte, n)
+	if _, err := io.ReadFull(r, p); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return 0, nil, err
+	}
+	return h[0], p, nil
+}
+
+// writeChunks sends r as frameData frames of at most MaxFrame bytes.
+func writeChunks(w io.Writer, kind byte, r io.Reader) (int64, error) {
+	buf := make([]byte, 64<<10)
+	var total int64
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			total += int64(n)
+			if werr := writeFrame(w, kind, buf[:n]); werr != nil {
+				return total, werr
+			}
+		}
+		if err == io.EOF {
+			return total, nil
+		}
+		if err != nil {
+			return total, err
+		}
+	}
+}

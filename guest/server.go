@@ -1,0 +1,481 @@
+package guest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/yamux"
+)
+
+// System is what the agent changes in the guest beyond files and
+// processes. The Linux implementation is in system_linux.go; tests use a
+// fake.
+type System interface {
+	SetTime(unixNano int64) error
+	AddEntropy(seed []byte) error
+	SetHostname(name string) error
+	Stats() (Stats, error)
+	// ExecAttr returns the process attributes of one exec'd command: its
+	// own process group, and the cgroup that bounds what it may use.
+	ExecAttr() *syscall.SysProcAttr
+}
+
+// Server answers calls on one connection at a time.
+type Server struct {
+	Sys    System
+	Logger *slog.Logger
+
+	mu  sync.Mutex
+	env map[string]string // set by claim; the base of every exec's env
+}
+
+// BaseEnv is the environment every command starts from.
+var BaseEnv = map[string]string{
+	"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/go/bin:/usr/lib/go/bin",
+	"HOME": "/root",
+	"LANG": "C.UTF-8",
+	"TERM": "dumb",
+}
+
+// YamuxConfig is the session tuning both ends use. Keepalives are off: a
+// paused VM cannot answer them, and the host notices a dead guest through
+// its VMM instead.
+func YamuxConfig() *yamux.Config {
+	c := yamux.DefaultConfig()
+	c.EnableKeepAlive = false
+	c.AcceptBacklog = 1024
+	c.ConnectionWriteTimeout = 60 * time.Second
+	c.StreamCloseTimeout = time.Minute
+	c.LogOutput = io.Discard
+	c.Logger = nil
+	return c
+}
+
+// Serve runs one yamux session on conn until it ends, answering each
+// stream as one call. It returns when conn fails or closes.
+func (s *Server) Serve(conn io.ReadWriteCloser) error {
+	sess, err := yamux.Server(conn, YamuxConfig())
+	if err != nil {
+		return err
+	}
+	defer sess.Close()
+	for {
+		st, err := sess.AcceptStream()
+		if err != nil {
+			if errors.Is(err, io.EOF) || errors.Is(err, yamux.ErrSessionShutdown) || errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			return err
+		}
+		go s.handle(st)
+	}
+}
+
+func (s *Server) log() *slog.Logger {
+	if s.Logger != nil {
+		return s.Logger
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+// handle runs one call. Every path ends with a result or an error frame.
+func (s *Server) handle(st *yamux.Stream) {
+	defer st.Close()
+	kind, p, err := readFrame(st)
+	if err != nil {
+		return
+	}
+	if kind != frameRequest {
+		_ = writeFrame(st, frameError, []byte(fmt.Sprintf("first frame is %q, want a request", kind)))
+		return
+	}
+	var req Request
+	if err := json.Unmarshal(p, &req); err != nil {
+		_ = writeFrame(st, frameError, []byte("request: "+err.Error()))
+		return
+	}
+	res, err := s.call(st, &req)
+	if err != nil {
+		_ = writeFrame(st, frameError, []byte(err.Error()))
+		return
+	}
+	_ = writeJSON(st, frameResult, res)
+}
+
+func (s *Server) call(st *yamux.Stream, req *Request) (*Result, error) {
+	switch req.Op {
+	case OpPing:
+		return &Result{GuestUnixNano: time.Now().UnixNano()}, nil
+	case OpExec:
+		return s.exec(st, req)
+	case OpRead:
+		return s.read(st, req)
+	case OpWrite:
+		return s.write(st, req)
+	case OpList:
+		return s.list(req)
+	case OpStat:
+		return s.stat(req)
+	case OpClaim:
+		return s.claim(req)
+	case OpStats:
+		if s.Sys == nil {
+			return nil, errors.New("stats: not supported here")
+		}
+		st, err := s.Sys.Stats()
+		if err != nil {
+			return nil, err
+		}
+		return &Result{Stats: &st}, nil
+	case OpSync:
+		syscall.Sync()
+		return &Result{}, nil
+	default:
+		return nil, fmt.Errorf("op %q: unknown", req.Op)
+	}
+}
+
+// CheckPath reports whether p may name a file in a sandbox: absolute, no
+// ".." element, no NUL byte, at most MaxPathBytes.
+func CheckPath(p string) error {
+	switch {
+	case p == "":
+		return errors.New("path: required")
+	case len(p) > MaxPathBytes:
+		return fmt.Errorf("path: %d bytes, over the limit of %d", len(p), MaxPathBytes)
+	case strings.IndexByte(p, 0) >= 0:
+		return errors.New("path: contains a NUL byte")
+	case !strings.HasPrefix(p, "/"):
+		return fmt.Errorf("path %q: must be absolute", p)
+	}
+	for _, el := range strings.Split(p, "/") {
+		if el == ".." {
+			return fmt.Errorf("path %q: must not contain \"..\" (it would leave the sandbox's tree)", p)
+		}
+	}
+	return nil
+}
+
+// CheckExec reports whether an exec request is within the limits.
+func CheckExec(argv []string, env map[string]string) error {
+	if len(argv) == 0 || argv[0] == "" {
+		return errors.New("command: required")
+	}
+	n := 0
+	for _, a := range argv {
+		if strings.IndexByte(a, 0) >= 0 {
+			return errors.New("command: contains a NUL byte")
+		}
+		n += len(a) + 1
+	}
+	for k, v := range env {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.IndexByte(v, 0) >= 0 {
+			return fmt.Errorf("env %q: name must be non-empty without '=' or NUL, value without NUL", k)
+		}
+		n += len(k) + len(v) + 2
+	}
+	if n > MaxCommandBytes {
+		return fmt.Errorf("command: %d bytes with its environment, over the limit of %d", n, MaxCommandBytes)
+	}
+	return nil
+}
+
+// streamWriter sends each Write as one frame of kind; safe for concurrent use.
+type streamWriter struct {
+	mu   *sync.Mutex
+	w    io.Writer
+	kind byte
+}
+
+func (w streamWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for off := 0; off < len(p); off += MaxFrame {
+		end := min(off+MaxFrame, len(p))
+		if err := writeFrame(w.w, w.kind, p[off:end]); err != nil {
+			return off, err
+		}
+	}
+	return len(p), nil
+}
+
+func (s *Server) exec(st *yamux.Stream, req *Request) (*Result, error) {
+	if err := CheckExec(req.Argv, req.Env); err != nil {
+		return nil, err
+	}
+	dir := req.Dir
+	if dir == "" {
+		dir = "/root"
+		if _, err := os.Stat(dir); err != nil {
+			dir = "/"
+		}
+	} else if err := CheckPath(dir); err != nil {
+		return nil, fmt.Errorf("dir: %w", err)
+	}
+	env := maps.Clone(BaseEnv)
+	s.mu.Lock()
+	maps.Copy(env, s.env)
+	s.mu.Unlock()
+	maps.Copy(env, req.Env)
+	keys := make([]string, 0, len(env))
+	for k := range env {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	envv := make([]string, 0, len(keys))
+	for _, k := range keys {
+		envv = append(envv, k+"="+env[k])
+	}
+
+	cmd := exec.Command(req.Argv[0], req.Argv[1:]...)
+	cmd.Env = envv
+	cmd.Dir = dir
+	if s.Sys != nil {
+		cmd.SysProcAttr = s.Sys.ExecAttr()
+	} else {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	}
+	var wmu sync.Mutex
+	cmd.Stdout = streamWriter{&wmu, st, frameStdout}
+	cmd.Stderr = streamWriter{&wmu, st, frameStderr}
+	// Background children that keep the pipes open do not hold the call.
+	cmd.WaitDelay = 500 * time.Millisecond
+	var stdin *io.PipeWriter
+	if req.Stdin {
+		pr, pw := io.Pipe()
+		cmd.Stdin, stdin = pr, pw
+	}
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %q: %w", req.Argv[0], err)
+	}
+	pgid := cmd.Process.Pid
+	kill := func() { _ = syscall.Kill(-pgid, syscall.SIGKILL) }
+
+	// The host's frames: stdin data, then EOF; a closed stream means the
+	// host gave up on the call, and the command's process group is killed.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		for {
+			kind, p, err := readFrame(st)
+			if err != nil {
+				if ctx.Err() == nil {
+					kill()
+				}
+				if stdin != nil {
+					stdin.CloseWithError(io.ErrUnexpectedEOF)
+				}
+				return
+			}
+			if stdin == nil {
+				continue
+			}
+			switch kind {
+			case frameData:
+				if _, err := stdin.Write(p); err != nil {
+					// The command closed its stdin; drop the rest.
+					continue
+				}
+			case frameEOF:
+				stdin.Close()
+			}
+		}
+	}()
+	var timedOut bool
+	if req.TimeoutMS > 0 {
+		t := time.AfterFunc(time.Duration(req.TimeoutMS)*time.Millisecond, func() {
+			wmu.Lock()
+			timedOut = true
+			wmu.Unlock()
+			kill()
+		})
+		defer t.Stop()
+	}
+	err := cmd.Wait()
+	// The whole group goes with its leader: nothing the command started
+	// outlives the call.
+	kill()
+	cancel()
+	res := &Result{DurationUS: time.Since(start).Microseconds()}
+	wmu.Lock()
+	res.TimedOut = timedOut
+	wmu.Unlock()
+	ps := cmd.ProcessState
+	if ps == nil {
+		return nil, fmt.Errorf("wait %q: %w", req.Argv[0], err)
+	}
+	res.ExitCode = ps.ExitCode()
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		res.Signal = int(ws.Signal())
+		res.ExitCode = 128 + res.Signal
+	}
+	return res, nil
+}
+
+func fileInfo(name string, fi os.FileInfo) FileInfo {
+	return FileInfo{Name: name, Size: fi.Size(), Mode: uint32(fi.Mode()), ModNano: fi.ModTime().UnixNano(), Dir: fi.IsDir()}
+}
+
+func (s *Server) read(st *yamux.Stream, req *Request) (*Result, error) {
+	if err := CheckPath(req.Path); err != nil {
+		return nil, err
+	}
+	f, err := os.Open(req.Path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if fi.IsDir() {
+		return nil, fmt.Errorf("read %s: is a directory", req.Path)
+	}
+	if req.Limit > 0 && fi.Size() > req.Limit {
+		return nil, fmt.Errorf("read %s: %d bytes, over the limit of %d", req.Path, fi.Size(), req.Limit)
+	}
+	var r io.Reader = f
+	if req.Limit > 0 {
+		r = io.LimitReader(f, req.Limit)
+	}
+	if _, err := writeChunks(st, frameData, r); err != nil {
+		return nil, err
+	}
+	info := fileInfo(req.Path, fi)
+	return &Result{File: &info}, nil
+}
+
+func (s *Server) write(st *yamux.Stream, req *Request) (*Result, error) {
+	if err := CheckPath(req.Path); err != nil {
+		return nil, err
+	}
+	mode := os.FileMode(req.Mode & 0o7777)
+	if mode == 0 {
+		mode = 0o644
+	}
+	dir := filepath.Dir(req.Path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	tmp, err := os.CreateTemp(dir, ".warren-write-*")
+	if err != nil {
+		return nil, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			tmp.Close()
+			os.Remove(tmp.Name())
+		}
+	}()
+	for {
+		kind, p, err := readFrame(st)
+		if err != nil {
+			return nil, fmt.Errorf("write %s: data: %w", req.Path, err)
+		}
+		if kind == frameEOF {
+			break
+		}
+		if kind != frameData {
+			return nil, fmt.Errorf("write %s: unexpected frame %q", req.Path, kind)
+		}
+		if _, err := tmp.Write(p); err != nil {
+			return nil, fmt.Errorf("write %s: %w", req.Path, err)
+		}
+	}
+	if err := tmp.Chmod(mode); err != nil {
+		return nil, err
+	}
+	if err := tmp.Close(); err != nil {
+		return nil, fmt.Errorf("write %s: %w", req.Path, err)
+	}
+	if err := os.Rename(tmp.Name(), req.Path); err != nil {
+		return nil, fmt.Errorf("write %s: %w", req.Path, err)
+	}
+	ok = true
+	fi, err := os.Stat(req.Path)
+	if err != nil {
+		return nil, err
+	}
+	info := fileInfo(req.Path, fi)
+	return &Result{File: &info}, nil
+}
+
+func (s *Server) list(req *Request) (*Result, error) {
+	if err := CheckPath(req.Path); err != nil {
+		return nil, err
+	}
+	ents, err := os.ReadDir(req.Path)
+	if err != nil {
+		return nil, err
+	}
+	files := make([]FileInfo, 0, len(ents))
+	for _, e := range ents {
+		fi, err := e.Info()
+		if err != nil {
+			continue // removed meanwhile
+		}
+		files = append(files, fileInfo(e.Name(), fi))
+	}
+	return &Result{Files: files}, nil
+}
+
+func (s *Server) stat(req *Request) (*Result, error) {
+	if err := CheckPath(req.Path); err != nil {
+		return nil, err
+	}
+	fi, err := os.Lstat(req.Path)
+	if err != nil {
+		return nil, err
+	}
+	info := fileInfo(req.Path, fi)
+	return &Result{File: &info}, nil
+}
+
+// claim binds a restored sandbox's identity: clock, entropy, hostname and
+// the environment of later commands.
+func (s *Server) claim(req *Request) (*Result, error) {
+	for k, v := range req.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.IndexByte(v, 0) >= 0 {
+			return nil, fmt.Errorf("env %q: invalid", k)
+		}
+	}
+	if s.Sys != nil {
+		if req.UnixNano != 0 {
+			if err := s.Sys.SetTime(req.UnixNano); err != nil {
+				return nil, fmt.Errorf("set time: %w", err)
+			}
+		}
+		if len(req.Entropy) > 0 {
+			if err := s.Sys.AddEntropy(req.Entropy); err != nil {
+				return nil, fmt.Errorf("reseed: %w", err)
+			}
+		}
+		if req.Hostname != "" {
+			if err := s.Sys.SetHostname(req.Hostname); err != nil {
+				return nil, fmt.Errorf("hostname: %w", err)
+			}
+		}
+	}
+	s.mu.Lock()
+	s.env = maps.Clone(req.Env)
+	s.mu.Unlock()
+	s.log().Info("claimed", "hostname", req.Hostname)
+	return &Result{GuestUnixNano: time.Now().UnixNano()}, nil
+}

@@ -1,0 +1,119 @@
+package guest
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// LinuxSystem is the System of a Linux guest.
+type LinuxSystem struct {
+	// cgroupFD, if >= 0, is an open cgroup v2 directory every exec'd
+	// command is started in: its pids.max and memory.max bound the
+	// sandbox's workload, not the agent.
+	cgroupFD int
+}
+
+// NewLinuxSystem opens execCgroup ("" for none) once for all commands.
+func NewLinuxSystem(execCgroup string) (*LinuxSystem, error) {
+	s := &LinuxSystem{cgroupFD: -1}
+	if execCgroup != "" {
+		fd, err := unix.Open(execCgroup, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, fmt.Errorf("exec cgroup %s: %w", execCgroup, err)
+		}
+		s.cgroupFD = fd
+	}
+	return s, nil
+}
+
+// SetTime sets CLOCK_REALTIME.
+func (*LinuxSystem) SetTime(unixNano int64) error {
+	ts := unix.NsecToTimespec(unixNano)
+	return unix.ClockSettime(unix.CLOCK_REALTIME, &ts)
+}
+
+// AddEntropy mixes seed into the kernel's pool, credits it, and forces the
+// CRNG to reseed, so a clone's random stream departs from its snapshot's.
+func (*LinuxSystem) AddEntropy(seed []byte) error {
+	f, err := os.OpenFile("/dev/urandom", os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	// struct rand_pool_info { int entropy_count; int buf_size; __u32 buf[]; }
+	buf := make([]byte, 8+len(seed))
+	*(*int32)(unsafe.Pointer(&buf[0])) = int32(len(seed) * 8)
+	*(*int32)(unsafe.Pointer(&buf[4])) = int32(len(seed))
+	copy(buf[8:], seed)
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.RNDADDENTROPY, uintptr(unsafe.Pointer(&buf[0]))); e != 0 {
+		return fmt.Errorf("RNDADDENTROPY: %w", e)
+	}
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.RNDRESEEDCRNG, 0); e != 0 {
+		return fmt.Errorf("RNDRESEEDCRNG: %w", e)
+	}
+	return nil
+}
+
+// SetHostname sets the UTS hostname.
+func (*LinuxSystem) SetHostname(name string) error { return unix.Sethostname([]byte(name)) }
+
+// ExecAttr puts the command in its own process group and, when the exec
+// cgroup exists, in that cgroup from its first instruction.
+func (s *LinuxSystem) ExecAttr() *syscall.SysProcAttr {
+	attr := &syscall.SysProcAttr{Setpgid: true}
+	if s.cgroupFD >= 0 {
+		attr.UseCgroupFD = true
+		attr.CgroupFD = s.cgroupFD
+	}
+	return attr
+}
+
+// Stats reads /proc and statfs.
+func (*LinuxSystem) Stats() (Stats, error) {
+	var st Stats
+	if f, err := os.Open("/proc/meminfo"); err == nil {
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			fs := strings.Fields(sc.Text())
+			if len(fs) < 2 {
+				continue
+			}
+			v, _ := strconv.ParseInt(fs[1], 10, 64)
+			switch fs[0] {
+			case "MemTotal:":
+				st.MemTotalKB = v
+			case "MemAvailable:":
+				st.MemAvailableKB = v
+			}
+		}
+		f.Close()
+	}
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		if fs := strings.Fields(string(b)); len(fs) > 0 {
+			st.Load1, _ = strconv.ParseFloat(fs[0], 64)
+		}
+	}
+	if b, err := os.ReadFile("/proc/uptime"); err == nil {
+		if fs := strings.Fields(string(b)); len(fs) > 0 {
+			f, _ := strconv.ParseFloat(fs[0], 64)
+			st.UptimeMS = int64(f * 1000)
+		}
+	}
+	if m, err := filepath.Glob("/proc/[0-9]*"); err == nil {
+		st.Procs = len(m)
+	}
+	var sfs unix.Statfs_t
+	if err := unix.Statfs("/", &sfs); err == nil {
+		st.DiskTotalKB = int64(sfs.Blocks) * sfs.Bsize / 1024
+		st.DiskFreeKB = int64(sfs.Bavail) * sfs.Bsize / 1024
+	}
+	return st, nil
+}
