@@ -286,4 +286,3 @@ func RunAgent(logger *slog.Logger) error {
 		}
 	}
 }
-
