@@ -3,7 +3,7 @@ GO      ?= go
 PKGS    ?= ./...
 TESTFLAGS ?=
 
-.PHONY: all build run test lint proto bench bench-logstore bench-appends bench-failover bench-recovery bench-capacity bench-capacity-ci clean
+.PHONY: all build image run test lint proto bench bench-logstore bench-appends bench-failover bench-recovery bench-capacity bench-capacity-ci clean
 
 all: build
 
@@ -53,3 +53,14 @@ bench-capacity-ci: build
 
 clean:
 	rm -rf bin .warren
+
+# The guest agent, static: it is /init of every microVM.
+bin/warren-guest: $(shell find guest cmd/warren-guest -name '*.go') go.mod
+	CGO_ENABLED=0 $(GO) build -o bin/warren-guest ./cmd/warren-guest
+
+# The guest template: kernel, initramfs and debootstrap root file system,
+# in $WARREN_IMAGE_DIR (default /var/lib/warren/templates). Needs root,
+# debootstrap, e2fsprogs, xz-utils, qemu-system-x86, qemu-utils and a
+# Debian kernel (linux-image-amd64); .ci/run installs them.
+image: build bin/warren-guest
+	./bin/warren image build --name default

@@ -72,6 +72,7 @@ type Request struct {
 	UnixNano int64  `json:"unix_nano,omitempty"`
 	Entropy  []byte `json:"entropy,omitempty"`
 	Hostname string `json:"hostname,omitempty"`
+	Pids     int    `json:"pids,omitempty"`
 }
 
 // Result is the last frame of a successful call.

@@ -28,6 +28,8 @@ type System interface {
 	SetTime(unixNano int64) error
 	AddEntropy(seed []byte) error
 	SetHostname(name string) error
+	// SetPids sets the commands' process limit.
+	SetPids(n int) error
 	Stats() (Stats, error)
 	// ExecAttr returns the process attributes of one exec'd command: its
 	// own process group, and the cgroup that bounds what it may use.
@@ -241,7 +243,8 @@ func (s *Server) exec(st *yamux.Stream, req *Request) (*Result, error) {
 		envv = append(envv, k+"="+env[k])
 	}
 
-	cmd := exec.Command(req.Argv[0], req.Argv[1:]...)
+	// The command is looked up in the command's PATH, not the agent's.
+	cmd := exec.Command(lookPath(req.Argv[0], env["PATH"]), req.Argv[1:]...)
 	cmd.Env = envv
 	cmd.Dir = dir
 	if s.Sys != nil {
@@ -325,6 +328,20 @@ func (s *Server) exec(st *yamux.Stream, req *Request) (*Result, error) {
 		res.ExitCode = 128 + res.Signal
 	}
 	return res, nil
+}
+
+// lookPath finds name in path (a PATH value) unless it has a slash.
+func lookPath(name, path string) string {
+	if strings.Contains(name, "/") {
+		return name
+	}
+	for _, dir := range filepath.SplitList(path) {
+		p := filepath.Join(dir, name)
+		if fi, err := os.Stat(p); err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0 {
+			return p
+		}
+	}
+	return name // exec reports it not found
 }
 
 func fileInfo(name string, fi os.FileInfo) FileInfo {
@@ -465,6 +482,11 @@ func (s *Server) claim(req *Request) (*Result, error) {
 		if len(req.Entropy) > 0 {
 			if err := s.Sys.AddEntropy(req.Entropy); err != nil {
 				return nil, fmt.Errorf("reseed: %w", err)
+			}
+		}
+		if req.Pids > 0 {
+			if err := s.Sys.SetPids(req.Pids); err != nil {
+				return nil, fmt.Errorf("pids: %w", err)
 			}
 		}
 		if req.Hostname != "" {

@@ -19,11 +19,12 @@ type LinuxSystem struct {
 	// command is started in: its pids.max and memory.max bound the
 	// sandbox's workload, not the agent.
 	cgroupFD int
+	cgroup   string
 }
 
 // NewLinuxSystem opens execCgroup ("" for none) once for all commands.
 func NewLinuxSystem(execCgroup string) (*LinuxSystem, error) {
-	s := &LinuxSystem{cgroupFD: -1}
+	s := &LinuxSystem{cgroupFD: -1, cgroup: execCgroup}
 	if execCgroup != "" {
 		fd, err := unix.Open(execCgroup, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		if err != nil {
@@ -60,6 +61,14 @@ func (*LinuxSystem) AddEntropy(seed []byte) error {
 		return fmt.Errorf("RNDRESEEDCRNG: %w", e)
 	}
 	return nil
+}
+
+// SetPids writes the commands' cgroup's pids.max.
+func (s *LinuxSystem) SetPids(n int) error {
+	if s.cgroupFD < 0 {
+		return nil
+	}
+	return os.WriteFile(filepath.Join(s.cgroup, "pids.max"), []byte(strconv.Itoa(n)), 0o644)
 }
 
 // SetHostname sets the UTS hostname.

@@ -32,6 +32,8 @@ Usage:
   warren nodes list
   warren nodes cordon ID | uncordon ID | drain ID [--deadline DUR]
   warren bench capacity [--preset default|ci] [--nodes N] [--tasks N] [--out DIR]
+  warren image build [--name default] [--dir DIR] [--packages a,b] [--free-mb N]
+  warren image list [--dir DIR]
 
 Client commands take --server URL[,URL...] (default http://127.0.0.1:7480,
 or $WARREN_SERVER) and -o text|json. Run "warren COMMAND -h" for its flags.
@@ -70,6 +72,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return cmdNodes(args[1:], stdout, stderr)
 	case "bench":
 		return cmdBench(args[1:], stdout, stderr)
+	case "image", "images":
+		return cmdImage(args[1:], stdout, stderr)
 	case "node":
 		if len(args) > 1 && (args[1] == "list" || args[1] == "ls" || args[1] == "cordon" || args[1] == "uncordon" || args[1] == "drain") {
 			return cmdNodes(args[1:], stdout, stderr) // "warren node list" reads as "nodes list"

@@ -4,7 +4,11 @@ package driver
 
 import (
 	"context"
+	"errors"
+	"io"
 	"time"
+
+	"github.com/warrenhq/warren/guest"
 )
 
 // Driver creates sandboxes of one kind.
@@ -26,6 +30,73 @@ type Driver interface {
 type ClaimRequest struct {
 	ID       string // sandbox id, unique on the node
 	Template string // "" means the driver's default
+	Limits   Limits // zero fields take the driver's defaults
+	// TTL is the sandbox's wall-clock life; the node destroys it then,
+	// whether or not the servers are reachable. 0 means the default.
+	TTL time.Duration
+	// Env is set in every command's environment.
+	Env map[string]string
+}
+
+// Limits bound one sandbox.
+type Limits struct {
+	VCPUs  int
+	MemMB  int
+	DiskMB int
+	Pids   int // processes inside the sandbox
+}
+
+// Start says how a sandbox came to run.
+type Start string
+
+// The ways a sandbox starts: from a warm pool, restored from the
+// template's snapshot on demand (a cold claim), or booted from scratch.
+const (
+	StartWarm    Start = "warm"
+	StartRestore Start = "restore"
+	StartBoot    Start = "boot"
+)
+
+// Info describes a sandbox.
+type Info struct {
+	ID          string
+	Template    string // name@version
+	State       string // "running" or "paused"
+	Start       Start
+	Limits      Limits
+	Created     time.Time
+	Expires     time.Time
+	ClaimTime   time.Duration // from the claim's start to the guest answering
+	Accelerator string
+}
+
+// Errors every driver returns for bad input, so the API maps them once.
+var (
+	ErrInvalid     = errors.New("invalid argument")
+	ErrNotFound    = errors.New("not found")
+	ErrUnavailable = errors.New("unavailable")
+)
+
+// Interactive is a sandbox with a real guest: the microvm and container
+// drivers' sandboxes implement it, the sim driver's do not.
+type Interactive interface {
+	Sandbox
+	Info() Info
+	// Run runs argv, streaming its output as it comes.
+	Run(ctx context.Context, req guest.ExecRequest, stdout, stderr io.Writer) (guest.ExecResult, error)
+	ReadFile(ctx context.Context, path string, limit int64, w io.Writer) (guest.FileInfo, error)
+	WriteFile(ctx context.Context, path string, mode uint32, r io.Reader) (guest.FileInfo, error)
+	ListFiles(ctx context.Context, path string) ([]guest.FileInfo, error)
+	// Pause saves the sandbox to disk and stops it; Resume brings it back
+	// on the same node.
+	Pause(ctx context.Context) error
+	Resume(ctx context.Context) error
+}
+
+// Lister is a driver that can list its live sandboxes (those it re-adopted
+// after a restart included).
+type Lister interface {
+	Sandboxes() []Sandbox
 }
 
 // Sandbox is one isolated environment.

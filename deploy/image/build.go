@@ -1,0 +1,386 @@
+package image
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/warrenhq/warren/guest"
+)
+
+// DefaultPackages are installed in the "default" template's root file
+// system on top of debootstrap's minbase.
+var DefaultPackages = []string{
+	"git", "ca-certificates", "coreutils", "procps", "iproute2", "ripgrep", "python3", "golang-go", "make",
+}
+
+// Config is one build.
+type Config struct {
+	Name     string   // template name, e.g. "default"
+	Out      string   // template store root
+	Kernel   string   // a vmlinuz; "" picks the newest /boot/vmlinuz-*
+	Agent    string   // the static warren-guest binary
+	Suite    string   // Debian suite for debootstrap
+	Mirror   string   // Debian mirror
+	Packages []string // extra packages
+	// FreeMB is the free space left in the root file system: the most a
+	// sandbox can write to its disk.
+	FreeMB int
+	// Smoke boots the result once and records the accelerator and boot time.
+	Smoke func(ctx context.Context, t *guest.Template) (accel string, boot time.Duration, err error)
+	// QEMUVersion is recorded in the manifest.
+	QEMUVersion string
+	Progress    io.Writer
+}
+
+func (c *Config) validate() error {
+	var errs []error
+	if c.Name == "" || strings.ContainsAny(c.Name, "/\\@ ") || strings.HasPrefix(c.Name, ".") {
+		errs = append(errs, fmt.Errorf("name %q: must be a plain name without /, @ or spaces", c.Name))
+	}
+	if c.Out == "" {
+		errs = append(errs, errors.New("out: required"))
+	}
+	if c.Agent == "" {
+		errs = append(errs, errors.New("agent: required (the static warren-guest binary)"))
+	} else if _, err := os.Stat(c.Agent); err != nil {
+		errs = append(errs, fmt.Errorf("agent: %w (build it with `make bin/warren-guest`)", err))
+	}
+	if c.FreeMB < 64 || c.FreeMB > 1<<20 {
+		errs = append(errs, fmt.Errorf("free-mb %d: must be between 64 and 1048576", c.FreeMB))
+	}
+	for _, tool := range []string{"debootstrap", "mkfs.ext4", "xz"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			errs = append(errs, fmt.Errorf("%s: not installed (apt-get install debootstrap e2fsprogs xz-utils)", tool))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (c *Config) step(format string, args ...any) {
+	if c.Progress != nil {
+		fmt.Fprintf(c.Progress, "image: "+format+"\n", args...)
+	}
+}
+
+// Build makes a template and points <out>/<name>/current at it.
+func Build(ctx context.Context, c Config) (*guest.Template, error) {
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	if c.Kernel == "" {
+		ks, _ := filepath.Glob("/boot/vmlinuz-*")
+		if len(ks) == 0 {
+			return nil, errors.New("kernel: no /boot/vmlinuz-* (apt-get install linux-image-amd64)")
+		}
+		sort.Strings(ks)
+		c.Kernel = ks[len(ks)-1]
+	}
+	release := strings.TrimPrefix(filepath.Base(c.Kernel), "vmlinuz-")
+	modDir := filepath.Join("/lib/modules", release)
+	if _, err := os.Stat(modDir); err != nil {
+		return nil, fmt.Errorf("kernel %s: modules: %w", c.Kernel, err)
+	}
+	root := filepath.Join(c.Out, c.Name)
+	work, err := os.MkdirTemp(root+"-build", "")
+	if errors.Is(err, os.ErrNotExist) {
+		if err = os.MkdirAll(root+"-build", 0o755); err == nil {
+			work, err = os.MkdirTemp(root+"-build", "")
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(work)
+
+	c.step("[1/5] kernel: uncompressing %s", c.Kernel)
+	if err := extractVmlinux(c.Kernel, filepath.Join(work, "vmlinux")); err != nil {
+		return nil, err
+	}
+	c.step("[2/5] initramfs: warren-guest and %d modules from %s", len(GuestModules), modDir)
+	if err := buildInitramfs(c.Agent, modDir, filepath.Join(work, "initramfs.cpio")); err != nil {
+		return nil, err
+	}
+	pkgs := append(append([]string(nil), DefaultPackages...), c.Packages...)
+	c.step("[3/5] rootfs: debootstrap %s with %s (this takes a few minutes)", c.Suite, strings.Join(pkgs, ","))
+	rootDir := filepath.Join(c.Out, ".cache", c.Name+"-rootfs-"+shortHash(c.Suite+c.Mirror+strings.Join(pkgs, ",")))
+	if err := debootstrap(ctx, c, pkgs, rootDir); err != nil {
+		return nil, err
+	}
+	c.step("[4/5] rootfs: mkfs.ext4 with %d MiB free", c.FreeMB)
+	fsBytes, err := mkfs(ctx, c, c.Agent, rootDir, filepath.Join(work, "rootfs.ext4"))
+	if err != nil {
+		return nil, err
+	}
+	m := guest.Manifest{Name: c.Name, Created: time.Now().UTC().Format(time.RFC3339), KernelRelease: release,
+		QEMUVersion: c.QEMUVersion, Packages: pkgs, Suite: c.Suite, DiskBytes: fsBytes}
+	for _, a := range []struct {
+		dst  *guest.Artifact
+		file string
+	}{{&m.Kernel, "vmlinux"}, {&m.Initramfs, "initramfs.cpio"}, {&m.Rootfs, "rootfs.ext4"}} {
+		sum, n, err := guest.FileSHA256(filepath.Join(work, a.file))
+		if err != nil {
+			return nil, err
+		}
+		*a.dst = guest.Artifact{File: a.file, SHA256: sum, Size: n}
+	}
+	if sum, n, err := guest.FileSHA256(c.Agent); err == nil {
+		m.Agent = guest.Artifact{File: "initramfs.cpio:/init", SHA256: sum, Size: n}
+	}
+	m.Version = shortHash(m.Kernel.SHA256 + m.Initramfs.SHA256 + m.Rootfs.SHA256)
+	final := filepath.Join(root, m.Version)
+	if err := writeManifest(work, &m); err != nil {
+		return nil, err
+	}
+	if _, err := os.Stat(final); err == nil {
+		os.RemoveAll(final) // the same content: replace it whole
+	}
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(work, 0o755); err != nil {
+		return nil, err
+	}
+	if err := os.Rename(work, final); err != nil {
+		return nil, err
+	}
+	t := &guest.Template{Dir: final, Manifest: m}
+	if c.Smoke != nil {
+		c.step("[5/5] smoke boot")
+		accel, boot, err := c.Smoke(ctx, t)
+		if err != nil {
+			return nil, fmt.Errorf("smoke boot of %s: %w (the template is in %s)", m.Version, err, final)
+		}
+		t.Accelerator, t.BootMS = accel, boot.Milliseconds()
+		if err := writeManifest(final, &t.Manifest); err != nil {
+			return nil, err
+		}
+		c.step("      booted on %s in %v", accel, boot.Round(time.Millisecond))
+	}
+	tmpLink := filepath.Join(root, ".current-"+m.Version)
+	_ = os.Remove(tmpLink)
+	if err := os.Symlink(m.Version, tmpLink); err != nil {
+		return nil, err
+	}
+	if err := os.Rename(tmpLink, filepath.Join(root, "current")); err != nil {
+		return nil, err
+	}
+	c.step("done: %s@%s in %s (%v)", c.Name, m.Version, final, time.Since(start).Round(time.Second))
+	return t, nil
+}
+
+func shortHash(s string) string {
+	h := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(h[:])[:16]
+}
+
+func writeManifest(dir string, m *guest.Manifest) error {
+	b, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(dir, guest.ManifestFile+".tmp")
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(dir, guest.ManifestFile))
+}
+
+// extractVmlinux finds the xz stream in a bzImage and uncompresses it: QEMU
+// boots the ELF (PVH) kernel on the microvm machine.
+func extractVmlinux(vmlinuz, out string) error {
+	b, err := os.ReadFile(vmlinuz)
+	if err != nil {
+		return err
+	}
+	magic := []byte{0xFD, '7', 'z', 'X', 'Z', 0x00}
+	i := bytes.Index(b, magic)
+	if i < 0 {
+		return fmt.Errorf("kernel %s: no xz payload (only xz-compressed Debian kernels are supported)", vmlinuz)
+	}
+	f, err := os.Create(out)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	cmd := exec.Command("xz", "-dcq", "--single-stream")
+	cmd.Stdin = bytes.NewReader(b[i:])
+	cmd.Stdout = f
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	// xz warns about the bytes after the stream; the ELF check below is
+	// what tells success.
+	_ = cmd.Run()
+	if err := f.Sync(); err != nil {
+		return err
+	}
+	head := make([]byte, 4)
+	if _, err := f.ReadAt(head, 0); err != nil || string(head) != "\x7fELF" {
+		return fmt.Errorf("kernel %s: uncompressed payload is not an ELF file: %s", vmlinuz, strings.TrimSpace(stderr.String()))
+	}
+	return nil
+}
+
+func buildInitramfs(agent, modDir, out string) error {
+	mods, err := moduleOrder(modDir, GuestModules)
+	if err != nil {
+		return err
+	}
+	f, err := os.Create(out)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	w := &cpioWriter{w: f}
+	for _, d := range []string{"dev", "proc", "sys", "etc", "etc/warren", "newroot", "lib", "lib/modules"} {
+		w.Dir(d)
+	}
+	w.Char("dev/console", 5, 1)
+	agentBin, err := os.ReadFile(agent)
+	if err != nil {
+		return err
+	}
+	w.File("init", 0o755, agentBin)
+	dirs := map[string]bool{}
+	var list []string
+	for _, m := range mods {
+		rel := filepath.Join("lib/modules", filepath.Base(modDir), m)
+		for d := filepath.Dir(rel); d != "lib/modules" && d != "."; d = filepath.Dir(d) {
+			if dirs[d] {
+				break
+			}
+			dirs[d] = true
+		}
+		list = append(list, "/"+rel)
+	}
+	// Parents first.
+	ds := make([]string, 0, len(dirs))
+	for d := range dirs {
+		ds = append(ds, d)
+	}
+	sort.Slice(ds, func(i, j int) bool { return strings.Count(ds[i], "/") < strings.Count(ds[j], "/") || (strings.Count(ds[i], "/") == strings.Count(ds[j], "/") && ds[i] < ds[j]) })
+	for _, d := range ds {
+		w.Dir(d)
+	}
+	for _, m := range mods {
+		b, err := os.ReadFile(filepath.Join(modDir, m))
+		if err != nil {
+			return err
+		}
+		w.File(filepath.Join("lib/modules", filepath.Base(modDir), m), 0o644, b)
+	}
+	w.File(strings.TrimPrefix(guest.ModuleList, "/"), 0o644, []byte(strings.Join(list, "\n")+"\n"))
+	if err := w.Close(); err != nil {
+		return err
+	}
+	return f.Close()
+}
+
+// debootstrap fills dir once; a finished dir (marked by .warren-done) is
+// reused by later builds with the same packages.
+func debootstrap(ctx context.Context, c Config, pkgs []string, dir string) error {
+	done := filepath.Join(dir, ".warren-done")
+	if _, err := os.Stat(done); err == nil {
+		c.step("      reusing %s", dir)
+		return nil
+	}
+	os.RemoveAll(dir)
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return err
+	}
+	cmd := exec.CommandContext(ctx, "debootstrap", "--variant=minbase", "--include="+strings.Join(pkgs, ","),
+		c.Suite, dir, c.Mirror)
+	if err := runLogged(cmd, c.Progress, "debootstrap"); err != nil {
+		return err
+	}
+	// A sandbox has no network of its own yet; apt lists are dead weight.
+	_ = os.RemoveAll(filepath.Join(dir, "var/cache/apt/archives"))
+	_ = os.MkdirAll(filepath.Join(dir, "var/cache/apt/archives/partial"), 0o755)
+	return os.WriteFile(done, nil, 0o644)
+}
+
+// runLogged runs cmd, passing every 50th line of its output as progress
+// and keeping the tail for the error.
+func runLogged(cmd *exec.Cmd, progress io.Writer, name string) error {
+	pr, pw := io.Pipe()
+	cmd.Stdout, cmd.Stderr = pw, pw
+	var tail []string
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		buf := make([]byte, 0, 4096)
+		b := make([]byte, 4096)
+		n := 0
+		for {
+			k, err := pr.Read(b)
+			buf = append(buf, b[:k]...)
+			for {
+				i := bytes.IndexByte(buf, '\n')
+				if i < 0 {
+					break
+				}
+				line := string(buf[:i])
+				buf = buf[i+1:]
+				n++
+				tail = append(tail, line)
+				if len(tail) > 20 {
+					tail = tail[1:]
+				}
+				if progress != nil && n%50 == 1 {
+					fmt.Fprintf(progress, "image:       %s: %s\n", name, line)
+				}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	err := cmd.Run()
+	pw.Close()
+	<-done
+	if err != nil {
+		return fmt.Errorf("%s: %w\n%s", name, err, strings.Join(tail, "\n"))
+	}
+	return nil
+}
+
+// mkfs makes an ext4 image holding dir plus the agent (also at
+// /usr/local/bin/warren-guest, for `warren-guest serve` in containers) with
+// freeMB of room. It returns the file system's size.
+func mkfs(ctx context.Context, c Config, agent, dir, out string) (int64, error) {
+	bin := filepath.Join(dir, "usr/local/bin/warren-guest")
+	if err := os.MkdirAll(filepath.Dir(bin), 0o755); err != nil {
+		return 0, err
+	}
+	b, err := os.ReadFile(agent)
+	if err != nil {
+		return 0, err
+	}
+	if err := os.WriteFile(bin, b, 0o755); err != nil {
+		return 0, err
+	}
+	du, err := exec.CommandContext(ctx, "du", "-sm", dir).Output()
+	if err != nil {
+		return 0, fmt.Errorf("du %s: %w", dir, err)
+	}
+	var usedMB int64
+	fmt.Sscan(string(du), &usedMB)
+	size := (usedMB*11/10 + int64(c.FreeMB)) << 20
+	cmd := exec.CommandContext(ctx, "mkfs.ext4", "-q", "-F", "-L", "warren-root", "-d", dir, "-E", "root_owner=0:0", "-m", "0", out, fmt.Sprintf("%dM", size>>20))
+	if err := runLogged(cmd, c.Progress, "mkfs.ext4"); err != nil {
+		return 0, err
+	}
+	return size, nil
+}

@@ -1,0 +1,169 @@
+package microvm
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/warrenhq/warren/guest"
+)
+
+// adoptAll runs once at start: each VM a previous run of this node left is
+// re-adopted if it is a claimed sandbox whose QEMU still answers (or one
+// paused to disk), and destroyed otherwise. Warm-pool members are
+// destroyed: the pool refills.
+func (d *Driver) adoptAll() {
+	ents, _ := os.ReadDir(filepath.Join(d.cfg.StateDir, "vms"))
+	for _, e := range ents {
+		if !e.IsDir() {
+			continue
+		}
+		dir := filepath.Join(d.cfg.StateDir, "vms", e.Name())
+		vm, why := d.adopt(dir, e.Name())
+		if vm == nil {
+			d.log.Info("destroying a VM left by a previous run", "vm", e.Name(), "why", why)
+			d.destroyLeftover(dir, e.Name())
+			continue
+		}
+		d.mu.Lock()
+		d.live[vm.sandboxID] = vm
+		d.known[vm.id] = true
+		d.mu.Unlock()
+		vm.armTTL()
+		d.log.Info("re-adopted sandbox", "sandbox", vm.sandboxID, "vm", vm.id, "state", vm.state)
+	}
+	d.reap()
+}
+
+func (d *Driver) adopt(dir, id string) (*VM, string) {
+	b, err := os.ReadFile(filepath.Join(dir, "meta.json"))
+	if err != nil {
+		return nil, "no meta.json"
+	}
+	var m vmMeta
+	if err := json.Unmarshal(b, &m); err != nil || m.ID != id {
+		return nil, "unreadable meta.json"
+	}
+	if m.SandboxID == "" || m.State == "pool" {
+		return nil, "a warm-pool member"
+	}
+	if time.Now().After(m.Expires) {
+		return nil, "its TTL ended"
+	}
+	vm := &VM{d: d, id: id, spec: m.Spec, template: m.Template, state: m.State, sandboxID: m.SandboxID, start: m.Start,
+		limits: m.Limits, created: m.Created, expires: m.Expires, env: m.Env}
+	switch m.State {
+	case "paused":
+		if _, err := os.Stat(filepath.Join(dir, "paused.state")); err != nil {
+			return nil, "paused, but its state file is gone"
+		}
+		return vm, ""
+	case "running":
+	default:
+		return nil, "state " + m.State
+	}
+	pid := readPid(dir)
+	if pid <= 0 || !isOurQEMU(pid, id) {
+		return nil, "its QEMU is gone"
+	}
+	vm.p = adopt(pid)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	q, err := DialQMP(ctx, vm.spec.qmpPath())
+	if err != nil {
+		vm.p.kill()
+		return nil, "QMP does not answer: " + err.Error()
+	}
+	vm.qmp = q
+	if st, err := q.Status(ctx); err == nil && st == "paused" {
+		_, _ = q.Run(ctx, "cont", nil)
+	}
+	c, err := guest.Dial(ctx, vm.spec.agentPath())
+	if err == nil {
+		if _, err = c.Ping(ctx); err != nil {
+			c.Close()
+		}
+	}
+	if err != nil {
+		q.Close()
+		vm.p.kill()
+		return nil, "its agent does not answer: " + err.Error()
+	}
+	vm.agent = c
+	return vm, ""
+}
+
+func (d *Driver) destroyLeftover(dir, id string) {
+	if pid := readPid(dir); pid > 0 && isOurQEMU(pid, id) {
+		adopt(pid).kill()
+	}
+	if d.cg != nil {
+		_ = d.cg.remove(id)
+	}
+	_ = os.RemoveAll(dir)
+}
+
+func (d *Driver) reapLoop() {
+	defer d.wg.Done()
+	t := time.NewTicker(d.cfg.ReapInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-d.stop:
+			return
+		case <-t.C:
+			d.reap()
+		}
+	}
+}
+
+// reap kills this driver's QEMUs, and removes its VM directories and
+// cgroups, that no live, pooled or in-progress VM owns. It returns how
+// many things it removed.
+func (d *Driver) reap() int {
+	owned := map[string]bool{}
+	d.mu.Lock()
+	for id := range d.known {
+		owned[id] = true
+	}
+	for _, vm := range d.live {
+		if vm != nil {
+			owned[vm.id] = true
+		}
+	}
+	for _, ts := range d.templates {
+		for _, vm := range ts.pool {
+			owned[vm.id] = true
+		}
+	}
+	d.mu.Unlock()
+	mine := func(id string) bool { return strings.HasPrefix(id, d.scope+"-") && !owned[id] }
+	n := 0
+	for id, pid := range ourQEMUs() {
+		if mine(id) {
+			d.log.Warn("reaping an orphaned QEMU", "vm", id, "pid", pid)
+			adopt(pid).kill()
+			n++
+		}
+	}
+	ents, _ := os.ReadDir(filepath.Join(d.cfg.StateDir, "vms"))
+	for _, e := range ents {
+		if mine(e.Name()) {
+			d.log.Warn("reaping an orphaned VM directory", "vm", e.Name())
+			_ = os.RemoveAll(filepath.Join(d.cfg.StateDir, "vms", e.Name()))
+			n++
+		}
+	}
+	if d.cg != nil {
+		for _, id := range d.cg.list() {
+			if mine(id) {
+				_ = d.cg.remove(id)
+				n++
+			}
+		}
+	}
+	return n
+}

@@ -1,0 +1,601 @@
+package microvm
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/warrenhq/warren/guest"
+	"github.com/warrenhq/warren/noded/driver"
+)
+
+// Config is the driver's configuration.
+type Config struct {
+	ImageDir string // template store (DefaultImageDir if empty)
+	StateDir string // this node's VMs and snapshots (required)
+	QEMU     string // "qemu-system-x86_64" if empty
+	Accel    string // "auto" (probe KVM once), "kvm" or "tcg"
+	// DefaultTemplate is used when a claim names none ("default").
+	DefaultTemplate string
+	// SnapshotMemMB is the memory of snapshots and of sandboxes restored
+	// from them (256). A claim asking for other memory or vCPUs boots cold.
+	SnapshotMemMB int
+	// DefaultTTL applies when a claim gives none (1h); MaxTTL bounds it (24h).
+	DefaultTTL, MaxTTL time.Duration
+	// CgroupRoot is the cgroup mount ("/sys/fs/cgroup"); "none" runs QEMU
+	// without cgroups (tests without root only).
+	CgroupRoot string
+	// ReapInterval is how often orphaned QEMUs, VM directories and cgroups
+	// are looked for (30s).
+	ReapInterval time.Duration
+	Logger       *slog.Logger
+}
+
+// Driver is the microvm driver.
+type Driver struct {
+	cfg      Config
+	log      *slog.Logger
+	scope    string // this driver's mark in VM ids: the reaper touches only its own
+	qver     string
+	accel    string
+	accelWhy string
+	cg       *cgroups
+
+	mu        sync.Mutex
+	templates map[string]*tplState
+	live      map[string]*VM  // by sandbox id
+	known     map[string]bool // VM ids with a process or directory being made
+	closed    bool
+	stop      chan struct{}
+	wg        sync.WaitGroup
+}
+
+type tplState struct {
+	t        *guest.Template
+	snap     *snapshot
+	snapWhy  string // why there is no snapshot
+	snapping bool
+	target   int
+	pool     []*VM // paused, restored, ready to claim
+	filling  int
+}
+
+// New checks QEMU and the template store, chooses the accelerator (probing
+// KVM once), re-adopts or destroys the VMs a previous run left, and starts
+// the reaper.
+func New(cfg Config) (*Driver, error) {
+	if cfg.StateDir == "" {
+		return nil, errors.New("microvm: state dir: required")
+	}
+	if cfg.ImageDir == "" {
+		cfg.ImageDir = DefaultImageDir
+	}
+	if cfg.QEMU == "" {
+		cfg.QEMU = "qemu-system-x86_64"
+	}
+	if cfg.Accel == "" {
+		cfg.Accel = "auto"
+	}
+	if cfg.DefaultTemplate == "" {
+		cfg.DefaultTemplate = "default"
+	}
+	if cfg.SnapshotMemMB == 0 {
+		cfg.SnapshotMemMB = 256
+	}
+	if cfg.DefaultTTL == 0 {
+		cfg.DefaultTTL = time.Hour
+	}
+	if cfg.MaxTTL == 0 {
+		cfg.MaxTTL = 24 * time.Hour
+	}
+	if cfg.ReapInterval == 0 {
+		cfg.ReapInterval = 30 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	switch cfg.Accel {
+	case "auto", "kvm", "tcg":
+	default:
+		return nil, fmt.Errorf("microvm: accel %q: want auto, kvm or tcg", cfg.Accel)
+	}
+	qemu, err := exec.LookPath(cfg.QEMU)
+	if err != nil {
+		return nil, fmt.Errorf("microvm: %s: %w (apt-get install qemu-system-x86)", cfg.QEMU, err)
+	}
+	cfg.QEMU = qemu
+	if _, err := exec.LookPath("qemu-img"); err != nil {
+		return nil, fmt.Errorf("microvm: qemu-img: %w (apt-get install qemu-utils)", err)
+	}
+	t, err := guest.LoadTemplate(cfg.ImageDir, cfg.DefaultTemplate)
+	if err != nil {
+		return nil, fmt.Errorf("microvm: %w (run `make image`)", err)
+	}
+	if err := os.MkdirAll(filepath.Join(cfg.StateDir, "vms"), 0o755); err != nil {
+		return nil, err
+	}
+	abs, _ := filepath.Abs(cfg.StateDir)
+	h := sha256.Sum256([]byte(abs))
+	d := &Driver{cfg: cfg, log: cfg.Logger, scope: hex.EncodeToString(h[:])[:8], templates: map[string]*tplState{},
+		live: map[string]*VM{}, known: map[string]bool{}, stop: make(chan struct{})}
+	if d.qver, err = qemuVersion(qemu); err != nil {
+		return nil, err
+	}
+	if cfg.CgroupRoot != "none" {
+		if d.cg, err = detectCgroups(cfg.CgroupRoot); err != nil {
+			return nil, fmt.Errorf("microvm: %w", err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	d.accel, d.accelWhy = chooseAccel(ctx, cfg.Accel, qemu, d.qver, t, cfg.StateDir)
+	cancel()
+	d.log.Info("microvm driver", "accelerator", d.accel, "why", d.accelWhy, "qemu", d.qver, "template", t.Name+"@"+t.Version)
+	d.templates[t.Name] = &tplState{t: t}
+	d.adoptAll()
+	d.wg.Add(1)
+	go d.reapLoop()
+	return d, nil
+}
+
+// Name is "microvm".
+func (d *Driver) Name() string { return "microvm" }
+
+// Accelerator is "kvm" or "tcg".
+func (d *Driver) Accelerator() string { return d.accel }
+
+// AcceleratorReason says why the accelerator was chosen.
+func (d *Driver) AcceleratorReason() string { return d.accelWhy }
+
+// Templates lists the template names in the store.
+func (d *Driver) Templates() []string { return guest.ListTemplates(d.cfg.ImageDir) }
+
+func (d *Driver) newVMID() string { return d.scope + "-" + randID() }
+
+// track marks a VM id as known to this driver (so the reaper spares it)
+// or forgets it.
+func (d *Driver) track(id string, on bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if on {
+		d.known[id] = true
+	} else {
+		delete(d.known, id)
+	}
+}
+
+// template returns the loaded state of a template, loading (and checking)
+// it on first use.
+func (d *Driver) template(name string) (*tplState, error) {
+	if name == "" {
+		name = d.cfg.DefaultTemplate
+	}
+	d.mu.Lock()
+	ts, ok := d.templates[name]
+	d.mu.Unlock()
+	if ok {
+		return ts, nil
+	}
+	t, err := guest.LoadTemplate(d.cfg.ImageDir, name)
+	if err != nil {
+		if errors.Is(err, guest.ErrNoTemplate) {
+			return nil, fmt.Errorf("%w: template %q: not in %s (have: %v)", driver.ErrNotFound, name, d.cfg.ImageDir, d.Templates())
+		}
+		return nil, fmt.Errorf("%w: %v", driver.ErrInvalid, err)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if ts, ok := d.templates[name]; ok {
+		return ts, nil
+	}
+	ts = &tplState{t: t}
+	d.templates[name] = ts
+	return ts, nil
+}
+
+// snapshotFor returns the template's snapshot, starting to make one in the
+// background when there is none (callers boot cold meanwhile).
+func (d *Driver) snapshotFor(ts *tplState) *snapshot {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if ts.snap != nil || d.closed {
+		return ts.snap
+	}
+	if ts.snapping {
+		return nil
+	}
+	s, err := d.loadSnapshot(ts.t)
+	if err == nil {
+		ts.snap = s
+		return s
+	}
+	ts.snapWhy = err.Error()
+	ts.snapping = true
+	d.log.Info("no usable snapshot; booting cold until one is made", "template", ts.t.Name, "reason", err)
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		ctx, cancel := d.stopContext(5 * time.Minute)
+		defer cancel()
+		s, err := d.makeSnapshot(ctx, ts.t)
+		d.mu.Lock()
+		ts.snapping = false
+		if err != nil {
+			ts.snapWhy = "making the snapshot failed: " + err.Error()
+			d.mu.Unlock()
+			d.log.Warn("snapshot failed", "template", ts.t.Name, "err", err)
+			return
+		}
+		ts.snap = s
+		d.mu.Unlock()
+		d.log.Info("snapshot ready", "template", ts.t.Name, "took", time.Duration(s.Meta.TookMS)*time.Millisecond)
+		d.refill(ts)
+	}()
+	return nil
+}
+
+// EnsureSnapshot makes the template's snapshot now if it has none, and
+// returns when it exists (benchmarks and tests use it to start warm).
+func (d *Driver) EnsureSnapshot(ctx context.Context, template string) error {
+	ts, err := d.template(template)
+	if err != nil {
+		return err
+	}
+	for {
+		if d.snapshotFor(ts) != nil {
+			return nil
+		}
+		d.mu.Lock()
+		snapping, why := ts.snapping, ts.snapWhy
+		d.mu.Unlock()
+		if !snapping {
+			return errors.New(why)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func (d *Driver) stopContext(timeout time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	go func() {
+		select {
+		case <-d.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
+}
+
+// checkLimits fills defaults and rejects what this host cannot give.
+func (d *Driver) checkLimits(ts *tplState, l driver.Limits) (driver.Limits, error) {
+	var errs []error
+	if l.VCPUs == 0 {
+		l.VCPUs = 1
+	}
+	if l.MemMB == 0 {
+		l.MemMB = d.cfg.SnapshotMemMB
+	}
+	if l.Pids == 0 {
+		l.Pids = 4096
+	}
+	diskMB := int(ts.t.DiskBytes >> 20)
+	if l.VCPUs < 1 || l.VCPUs > runtime.NumCPU() {
+		errs = append(errs, fmt.Errorf("limits.vcpus %d: must be between 1 and %d (this node's CPUs)", l.VCPUs, runtime.NumCPU()))
+	}
+	if l.MemMB < 128 || l.MemMB > 64<<10 {
+		errs = append(errs, fmt.Errorf("limits.memory_mb %d: must be between 128 and 65536", l.MemMB))
+	}
+	if l.DiskMB != 0 && l.DiskMB != diskMB {
+		errs = append(errs, fmt.Errorf("limits.disk_mb %d: template %s's disk is %d MiB and this driver cannot change it (build a template with --free-mb)", l.DiskMB, ts.t.Name, diskMB))
+	}
+	l.DiskMB = diskMB
+	if l.Pids < 16 || l.Pids > 1<<20 {
+		errs = append(errs, fmt.Errorf("limits.pids %d: must be between 16 and 1048576", l.Pids))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return l, fmt.Errorf("%w: %v", driver.ErrInvalid, err)
+	}
+	return l, nil
+}
+
+// Claim returns a running sandbox: warm from the pool when one is ready,
+// restored from the template's snapshot otherwise, or booted cold when
+// there is no snapshot or the limits differ from it.
+func (d *Driver) Claim(ctx context.Context, req driver.ClaimRequest) (driver.Sandbox, error) {
+	t0 := time.Now()
+	if req.ID == "" {
+		return nil, fmt.Errorf("%w: id: required", driver.ErrInvalid)
+	}
+	ts, err := d.template(req.Template)
+	if err != nil {
+		return nil, err
+	}
+	lim, err := d.checkLimits(ts, req.Limits)
+	if err != nil {
+		return nil, err
+	}
+	ttl := req.TTL
+	if ttl == 0 {
+		ttl = d.cfg.DefaultTTL
+	}
+	if ttl < 0 || ttl > d.cfg.MaxTTL {
+		return nil, fmt.Errorf("%w: ttl %v: must be between 1s and %v", driver.ErrInvalid, ttl, d.cfg.MaxTTL)
+	}
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil, fmt.Errorf("%w: driver closed", driver.ErrUnavailable)
+	}
+	if _, dup := d.live[req.ID]; dup {
+		d.mu.Unlock()
+		return nil, fmt.Errorf("%w: sandbox %q exists", driver.ErrInvalid, req.ID)
+	}
+	d.live[req.ID] = nil // reserved
+	d.mu.Unlock()
+	vm, err := d.claim(ctx, ts, req, lim)
+	if err != nil {
+		d.mu.Lock()
+		delete(d.live, req.ID)
+		d.mu.Unlock()
+		return nil, err
+	}
+	vm.claimTime = time.Since(t0)
+	vm.expires = time.Now().Add(ttl)
+	if err := vm.bind(ctx, req); err != nil {
+		vm.destroy()
+		d.mu.Lock()
+		delete(d.live, req.ID)
+		d.mu.Unlock()
+		return nil, err
+	}
+	vm.claimTime = time.Since(t0)
+	d.mu.Lock()
+	d.live[req.ID] = vm
+	d.mu.Unlock()
+	vm.armTTL()
+	vm.save()
+	d.log.Info("sandbox claimed", "sandbox", req.ID, "start", vm.start, "took", vm.claimTime, "template", ts.t.Name)
+	go d.refill(ts)
+	return vm, nil
+}
+
+func (d *Driver) claim(ctx context.Context, ts *tplState, req driver.ClaimRequest, lim driver.Limits) (*VM, error) {
+	snapShape := lim.VCPUs == 1 && lim.MemMB == d.cfg.SnapshotMemMB
+	if snapShape {
+		d.mu.Lock()
+		var vm *VM
+		if n := len(ts.pool); n > 0 {
+			vm = ts.pool[n-1]
+			ts.pool = ts.pool[:n-1]
+		}
+		d.mu.Unlock()
+		if vm != nil {
+			if err := vm.cont(ctx); err == nil {
+				vm.sandboxID, vm.start = req.ID, driver.StartWarm
+				return vm, nil
+			} else {
+				d.log.Warn("warm sandbox did not resume; restoring another", "err", err)
+				vm.destroy()
+			}
+		}
+		if snap := d.snapshotFor(ts); snap != nil {
+			vm, err := d.restore(ctx, ts, snap, req.ID, lim)
+			if err == nil {
+				if err = vm.cont(ctx); err == nil {
+					vm.start = driver.StartRestore
+					return vm, nil
+				}
+				vm.destroy()
+			}
+			d.log.Warn("restore failed; booting cold", "template", ts.t.Name, "err", err)
+		}
+	} else {
+		d.log.Info("booting cold: limits differ from the snapshot's", "sandbox", req.ID, "vcpus", lim.VCPUs, "memory_mb", lim.MemMB)
+	}
+	return d.boot(ctx, ts, req.ID, lim)
+}
+
+// SetPoolTarget sets how many warm sandboxes of template to keep. The pool
+// fills in the background.
+func (d *Driver) SetPoolTarget(template string, n int) {
+	ts, err := d.template(template)
+	if err != nil {
+		d.log.Warn("pool target for an unknown template", "template", template, "err", err)
+		return
+	}
+	d.mu.Lock()
+	ts.target = n
+	var drop []*VM
+	for len(ts.pool) > n {
+		drop = append(drop, ts.pool[len(ts.pool)-1])
+		ts.pool = ts.pool[:len(ts.pool)-1]
+	}
+	d.mu.Unlock()
+	for _, vm := range drop {
+		vm.destroy()
+	}
+	go d.refill(ts)
+}
+
+// PoolStatus is one template's pool.
+type PoolStatus struct {
+	Template string
+	Target   int
+	Ready    int
+	Filling  int
+	Snapshot string // "ready", "making" or why there is none
+}
+
+// Pools reports every template's pool.
+func (d *Driver) Pools() []PoolStatus {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []PoolStatus
+	for name, ts := range d.templates {
+		st := PoolStatus{Template: name, Target: ts.target, Ready: len(ts.pool), Filling: ts.filling}
+		switch {
+		case ts.snap != nil:
+			st.Snapshot = "ready"
+		case ts.snapping:
+			st.Snapshot = "making"
+		default:
+			st.Snapshot = ts.snapWhy
+		}
+		out = append(out, st)
+	}
+	return out
+}
+
+// refill restores clones until the pool has its target, one at a time per
+// template (restores compete with claims for the CPU).
+func (d *Driver) refill(ts *tplState) {
+	for {
+		d.mu.Lock()
+		if d.closed || ts.filling > 0 || len(ts.pool) >= ts.target {
+			d.mu.Unlock()
+			return
+		}
+		ts.filling++
+		d.mu.Unlock()
+		snap := d.snapshotFor(ts)
+		var vm *VM
+		var err error
+		if snap != nil {
+			ctx, cancel := d.stopContext(time.Minute)
+			vm, err = d.restore(ctx, ts, snap, "", driver.Limits{VCPUs: 1, MemMB: d.cfg.SnapshotMemMB, Pids: 4096, DiskMB: int(ts.t.DiskBytes >> 20)})
+			if err == nil {
+				// Run it once so the agent is connected and answering,
+				// then freeze it until a claim.
+				if err = vm.cont(ctx); err == nil {
+					_, err = vm.qmp.Run(ctx, "stop", nil)
+				}
+				if err != nil {
+					vm.destroy()
+				}
+			}
+			cancel()
+		}
+		d.mu.Lock()
+		ts.filling--
+		if snap == nil || err != nil || d.closed {
+			closed := d.closed
+			d.mu.Unlock()
+			if err != nil && !closed {
+				d.log.Warn("warm pool refill failed", "template", ts.t.Name, "err", err)
+			}
+			if vm != nil && closed {
+				vm.destroy()
+			}
+			return // the snapshot's completion calls refill again
+		}
+		vm.state = "pool"
+		ts.pool = append(ts.pool, vm)
+		d.mu.Unlock()
+		vm.save()
+	}
+}
+
+// Sandboxes lists the claimed sandboxes.
+func (d *Driver) Sandboxes() []driver.Sandbox {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make([]driver.Sandbox, 0, len(d.live))
+	for _, vm := range d.live {
+		if vm != nil {
+			out = append(out, vm)
+		}
+	}
+	return out
+}
+
+// Get returns a claimed sandbox.
+func (d *Driver) Get(id string) (driver.Sandbox, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	vm := d.live[id]
+	return vm, vm != nil
+}
+
+// Close destroys every sandbox and pool and stops the reaper.
+func (d *Driver) Close() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil
+	}
+	d.closed = true
+	close(d.stop)
+	var all []*VM
+	for _, vm := range d.live {
+		if vm != nil {
+			all = append(all, vm)
+		}
+	}
+	for _, ts := range d.templates {
+		all = append(all, ts.pool...)
+		ts.pool = nil
+	}
+	d.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, vm := range all {
+		wg.Add(1)
+		go func() { defer wg.Done(); vm.destroy() }()
+	}
+	wg.Wait()
+	d.wg.Wait()
+	return nil
+}
+
+// Detach stops the driver's background work and closes its connections
+// but leaves every claimed sandbox running, for the next run of the node
+// to re-adopt (an upgrade in place). Warm-pool members are destroyed.
+func (d *Driver) Detach() {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return
+	}
+	d.closed = true
+	close(d.stop)
+	var pool, live []*VM
+	for _, ts := range d.templates {
+		pool = append(pool, ts.pool...)
+		ts.pool = nil
+	}
+	for _, vm := range d.live {
+		if vm != nil {
+			live = append(live, vm)
+		}
+	}
+	d.mu.Unlock()
+	for _, vm := range pool {
+		vm.destroy()
+	}
+	for _, vm := range live {
+		vm.mu.Lock()
+		if vm.ttl != nil {
+			vm.ttl.Stop()
+		}
+		if vm.agent != nil {
+			vm.agent.Close()
+		}
+		if vm.qmp != nil {
+			vm.qmp.Close()
+		}
+		vm.mu.Unlock()
+	}
+	d.wg.Wait()
+}

@@ -1,0 +1,285 @@
+package microvm
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/warrenhq/warren/guest"
+	"github.com/warrenhq/warren/noded/driver"
+)
+
+// These tests boot real microVMs. They need root (cgroups), QEMU and a
+// template (`make image`); without them they skip and say why.
+
+func imageDir() string {
+	if d := os.Getenv("WARREN_IMAGE_DIR"); d != "" {
+		return d
+	}
+	return DefaultImageDir
+}
+
+func needVM(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("boots microVMs; skipped in -short")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for cgroups")
+	}
+	for _, bin := range []string{"qemu-system-x86_64", "qemu-img"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			t.Skipf("needs %s (apt-get install qemu-system-x86 qemu-utils)", bin)
+		}
+	}
+	if _, err := guest.LoadTemplate(imageDir(), "default"); err != nil {
+		t.Skipf("needs the default template: %v (run `make image`)", err)
+	}
+}
+
+func newDriver(t *testing.T, stateDir string) *Driver {
+	t.Helper()
+	needVM(t)
+	if stateDir == "" {
+		stateDir = t.TempDir()
+	}
+	d, err := New(Config{ImageDir: imageDir(), StateDir: stateDir, Accel: os.Getenv("WARREN_TEST_ACCEL"),
+		Logger: slog.New(slog.NewTextHandler(tlog{t}, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+type tlog struct{ t *testing.T }
+
+func (l tlog) Write(p []byte) (int, error) { l.t.Log(strings.TrimSpace(string(p))); return len(p), nil }
+
+func step(t *testing.T, name string, t0 *time.Time) {
+	t.Logf("%s: %v", name, time.Since(*t0).Round(time.Millisecond))
+	*t0 = time.Now()
+}
+
+func ctxT(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func run(t *testing.T, sb driver.Sandbox, script string) (string, int) {
+	t.Helper()
+	var out bytes.Buffer
+	res, err := sb.(driver.Interactive).Run(ctxT(t, 2*time.Minute), guest.ExecRequest{Argv: []string{"/bin/sh", "-c", script}}, &out, &out)
+	if err != nil {
+		t.Fatalf("%q: %v", script, err)
+	}
+	return out.String(), res.ExitCode
+}
+
+// assertNothingLeft checks that no QEMU, VM directory or cgroup of d
+// remains.
+func assertNothingLeft(t *testing.T, d *Driver) {
+	t.Helper()
+	for id, pid := range ourQEMUs() {
+		if strings.HasPrefix(id, d.scope+"-") {
+			t.Errorf("QEMU %s (pid %d) left behind", id, pid)
+		}
+	}
+	ents, _ := os.ReadDir(filepath.Join(d.cfg.StateDir, "vms"))
+	for _, e := range ents {
+		t.Errorf("VM directory %s left behind", e.Name())
+	}
+	if d.cg != nil {
+		for _, id := range d.cg.list() {
+			if strings.HasPrefix(id, d.scope+"-") {
+				t.Errorf("cgroup %s left behind", id)
+			}
+		}
+	}
+}
+
+// Acceptance 1: create, run, files, pause and resume, destroy.
+func TestSandboxLifecycle(t *testing.T) {
+	d := newDriver(t, "")
+	defer d.Close()
+	ctx := ctxT(t, 5*time.Minute)
+	t0 := time.Now()
+	sb, err := d.Claim(ctx, driver.ClaimRequest{ID: "sb-life", Env: map[string]string{"GREETING": "hi"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	step(t, "claim", &t0)
+	out, code := run(t, sb, "uname -a; echo $((6*7)); echo $GREETING")
+	if code != 0 || !strings.Contains(out, "Linux sb-life") || !strings.Contains(out, "\n42\nhi\n") {
+		t.Fatalf("exit %d, output %q", code, out)
+	}
+	ia := sb.(driver.Interactive)
+	if _, err := ia.WriteFile(ctx, "/work/note.txt", 0o644, strings.NewReader("kept across pause\n")); err != nil {
+		t.Fatal(err)
+	}
+	t0 = time.Now()
+	if err := ia.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	step(t, "pause", &t0)
+	if pid := readPid(ia.(*VM).spec.Dir); pid > 0 && isOurQEMU(pid, ia.(*VM).id) {
+		t.Fatal("QEMU still runs after pause")
+	}
+	if _, err := ia.ListFiles(ctx, "/"); !errors.Is(err, driver.ErrInvalid) {
+		t.Fatalf("a call on a paused sandbox: %v, want ErrInvalid", err)
+	}
+	if err := ia.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	step(t, "resume", &t0)
+	var got bytes.Buffer
+	if _, err := ia.ReadFile(ctx, "/work/note.txt", 0, &got); err != nil || got.String() != "kept across pause\n" {
+		t.Fatalf("after resume: %q %v", got.String(), err)
+	}
+	out, _ = run(t, sb, "date +%s")
+	if guestNow, _ := strconv.ParseInt(strings.TrimSpace(out), 10, 64); absDur(time.Unix(guestNow, 0).Sub(time.Now())) > 2*time.Second {
+		t.Errorf("guest clock after resume: %s, host %d", out, time.Now().Unix())
+	}
+	t0 = time.Now()
+	if err := sb.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	step(t, "destroy", &t0)
+	assertNothingLeft(t, d)
+}
+
+func absDur(d time.Duration) time.Duration {
+	if d < 0 {
+		return -d
+	}
+	return d
+}
+
+// Acceptance 3: two clones of one snapshot are isolated, their clocks are
+// the host's and their random streams differ.
+func TestClonesAreIsolated(t *testing.T) {
+	d := newDriver(t, "")
+	defer d.Close()
+	ctx := ctxT(t, 5*time.Minute)
+	if err := d.EnsureSnapshot(ctx, ""); err != nil {
+		t.Fatal(err)
+	}
+	var sbs []driver.Sandbox
+	for _, id := range []string{"sb-a", "sb-b"} {
+		sb, err := d.Claim(ctx, driver.ClaimRequest{ID: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := sb.(driver.Interactive).Info().Start; got != driver.StartRestore {
+			t.Fatalf("%s started %q, want a restore from the snapshot", id, got)
+		}
+		sbs = append(sbs, sb)
+	}
+	if _, code := run(t, sbs[0], "echo secret > /root/a-only && sync"); code != 0 {
+		t.Fatal("write failed")
+	}
+	if out, code := run(t, sbs[1], "ls /root/a-only"); code == 0 {
+		t.Fatalf("clone b sees clone a's file: %q", out)
+	}
+	var rnd []string
+	for _, sb := range sbs {
+		out, _ := run(t, sb, "date +%s.%N; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo; cat /proc/sys/kernel/random/boot_id")
+		host := time.Now()
+		f := strings.Fields(out)
+		if len(f) != 3 {
+			t.Fatalf("output %q", out)
+		}
+		sec, _ := strconv.ParseFloat(f[0], 64)
+		if skew := absDur(host.Sub(time.Unix(0, int64(sec*1e9)))); skew > time.Second {
+			t.Errorf("%s: guest clock %.3f is %v from the host's", sb.ID(), sec, skew)
+		} else {
+			t.Logf("%s: clock skew %v", sb.ID(), skew)
+		}
+		rnd = append(rnd, f[1])
+	}
+	if rnd[0] == rnd[1] {
+		t.Errorf("both clones read the same random bytes %s", rnd[0])
+	}
+	for _, sb := range sbs {
+		sb.Destroy()
+	}
+	assertNothingLeft(t, d)
+}
+
+func TestWarmPoolClaim(t *testing.T) {
+	d := newDriver(t, "")
+	defer d.Close()
+	ctx := ctxT(t, 5*time.Minute)
+	if err := d.EnsureSnapshot(ctx, ""); err != nil {
+		t.Fatal(err)
+	}
+	d.SetPoolTarget("default", 2)
+	waitPool(t, d, 2)
+	sb, err := d.Claim(ctx, driver.ClaimRequest{ID: "sb-warm"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := sb.(driver.Interactive).Info()
+	if info.Start != driver.StartWarm {
+		t.Fatalf("start %q, want warm", info.Start)
+	}
+	t.Logf("warm claim took %v", info.ClaimTime)
+	if out, code := run(t, sb, "hostname; echo $((6*7))"); code != 0 || out != "sb-warm\n42\n" {
+		t.Fatalf("exit %d %q", code, out)
+	}
+	waitPool(t, d, 2) // refilled
+	d.SetPoolTarget("default", 0)
+	sb.Destroy()
+	if p := d.Pools(); len(p) != 1 || p[0].Ready != 0 {
+		t.Fatalf("pools after target 0: %+v", p)
+	}
+	assertNothingLeft(t, d)
+}
+
+func waitPool(t *testing.T, d *Driver, n int) {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Minute)
+	for time.Now().Before(deadline) {
+		for _, p := range d.Pools() {
+			if p.Template == "default" && p.Ready >= n {
+				return
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("pool did not reach %d: %+v", n, d.Pools())
+}
+
+// Acceptance 5 (driver part): bad input is refused with the field named.
+func TestBadClaims(t *testing.T) {
+	d := newDriver(t, "")
+	defer d.Close()
+	ctx := ctxT(t, time.Minute)
+	for _, tc := range []struct {
+		req  driver.ClaimRequest
+		want string
+		err  error
+	}{
+		{driver.ClaimRequest{ID: "x", Template: "no-such"}, `template "no-such"`, driver.ErrNotFound},
+		{driver.ClaimRequest{ID: "x", Limits: driver.Limits{VCPUs: 999}}, "limits.vcpus", driver.ErrInvalid},
+		{driver.ClaimRequest{ID: "x", Limits: driver.Limits{MemMB: 1 << 30}}, "limits.memory_mb", driver.ErrInvalid},
+		{driver.ClaimRequest{ID: "x", Limits: driver.Limits{Pids: 1}}, "limits.pids", driver.ErrInvalid},
+		{driver.ClaimRequest{ID: "x", Limits: driver.Limits{DiskMB: 1 << 30}}, "limits.disk_mb", driver.ErrInvalid},
+		{driver.ClaimRequest{ID: "x", TTL: 1000 * time.Hour}, "ttl", driver.ErrInvalid},
+		{driver.ClaimRequest{}, "id: required", driver.ErrInvalid},
+	} {
+		_, err := d.Claim(ctx, tc.req)
+		if !errors.Is(err, tc.err) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: err %v, want %v mentioning %q", tc.req, err, tc.err, tc.want)
+		}
+	}
+	assertNothingLeft(t, d)
+}

@@ -1,0 +1,143 @@
+package microvm
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/warrenhq/warren/guest"
+)
+
+// Accelerator verdicts are cached in this file of the state directory,
+// keyed by kernel and QEMU version: a probe costs a boot.
+const accelCacheFile = "accel.json"
+
+type accelVerdict struct {
+	Kernel string `json:"kernel_sha256"`
+	QEMU   string `json:"qemu_version"`
+	Accel  string `json:"accelerator"`
+	Reason string `json:"reason"`
+}
+
+// probeKVM boots t's kernel and initramfs under KVM in probe mode (no
+// root disk; the guest prints guest.ProbeMarker and powers off) and
+// reports whether the marker appeared in time. A KVM that exists but does
+// not run a stock kernel (such as a PVM backend) fails here.
+func probeKVM(ctx context.Context, qemu string, t *guest.Template, dir string) (bool, string) {
+	if _, err := os.Stat("/dev/kvm"); err != nil {
+		return false, "no /dev/kvm"
+	}
+	f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0)
+	if err != nil {
+		return false, "/dev/kvm: " + err.Error()
+	}
+	f.Close()
+	s := vmSpec{ID: "probe-" + randID(), Dir: filepath.Join(dir, "probe-"+randID()), Kernel: t.Path(t.Kernel),
+		Initramfs: t.Path(t.Initramfs), MemMB: 128, VCPUs: 1, Accel: "kvm", Cmdline: kernelCmdline("warren.probe=1")}
+	defer os.RemoveAll(s.Dir)
+	p, err := start(qemu, s, nil)
+	if err != nil {
+		return false, err.Error()
+	}
+	defer p.kill()
+	deadline := time.After(8 * time.Second)
+	for {
+		if b, _ := os.ReadFile(filepath.Join(s.Dir, "console.log")); strings.Contains(string(b), guest.ProbeMarker) {
+			return true, "a probe boot under KVM printed its marker"
+		}
+		select {
+		case <-p.exited:
+			if b, _ := os.ReadFile(filepath.Join(s.Dir, "console.log")); strings.Contains(string(b), guest.ProbeMarker) {
+				return true, "a probe boot under KVM printed its marker"
+			}
+			return false, "a probe boot under KVM exited without its marker: " + tail(filepath.Join(s.Dir, "qemu.log"))
+		case <-deadline:
+			return false, "a probe boot under KVM printed nothing in 8s (KVM here does not run a stock kernel)"
+		case <-ctx.Done():
+			return false, ctx.Err().Error()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// chooseAccel returns "kvm" or "tcg" and why, probing once per kernel and
+// QEMU version and caching the verdict in stateDir.
+func chooseAccel(ctx context.Context, want, qemu, qver string, t *guest.Template, stateDir string) (string, string) {
+	switch want {
+	case "tcg":
+		return "tcg", "set by configuration"
+	case "kvm":
+		return "kvm", "set by configuration"
+	}
+	path := filepath.Join(stateDir, accelCacheFile)
+	var v accelVerdict
+	if b, err := os.ReadFile(path); err == nil && json.Unmarshal(b, &v) == nil && v.Kernel == t.Kernel.SHA256 && v.QEMU == qver {
+		return v.Accel, v.Reason + " (cached)"
+	}
+	ok, why := probeKVM(ctx, qemu, t, stateDir)
+	v = accelVerdict{Kernel: t.Kernel.SHA256, QEMU: qver, Accel: "tcg", Reason: why}
+	if ok {
+		v.Accel = "kvm"
+	}
+	if b, err := json.Marshal(v); err == nil {
+		_ = os.WriteFile(path, b, 0o644)
+	}
+	return v.Accel, v.Reason
+}
+
+// SmokeBoot cold-boots t once with accel ("" probes) and returns the
+// accelerator used and the time from QEMU's start to the agent's first
+// answer to `uname -r`. `warren image build` records both in the manifest.
+func SmokeBoot(ctx context.Context, qemu string, accel string, t *guest.Template, workDir string) (string, time.Duration, error) {
+	qver, err := qemuVersion(qemu)
+	if err != nil {
+		return "", 0, err
+	}
+	if accel == "" || accel == "auto" {
+		accel, _ = chooseAccel(ctx, "auto", qemu, qver, t, workDir)
+	}
+	dir := filepath.Join(workDir, "smoke-"+randID())
+	defer os.RemoveAll(dir)
+	disk := filepath.Join(dir, "disk.qcow2")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", 0, err
+	}
+	if err := createOverlay(ctx, t.Path(t.Rootfs), "raw", disk); err != nil {
+		return "", 0, err
+	}
+	s := vmSpec{ID: "smoke-" + randID(), Dir: dir, Kernel: t.Path(t.Kernel), Initramfs: t.Path(t.Initramfs), Disk: disk,
+		MemMB: 256, VCPUs: 1, Accel: accel, Cmdline: kernelCmdline("")}
+	t0 := time.Now()
+	p, err := start(qemu, s, nil)
+	if err != nil {
+		return "", 0, err
+	}
+	defer p.kill()
+	bctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	c, err := waitAgent(bctx, s, p.exited)
+	if err != nil {
+		return "", 0, err
+	}
+	defer c.Close()
+	out, res, err := c.Output(bctx, "uname", "-r")
+	if err != nil {
+		return "", 0, err
+	}
+	if res.ExitCode != 0 || strings.TrimSpace(string(out)) != t.KernelRelease {
+		return "", 0, fmt.Errorf("uname -r: exit %d, %q; want %q", res.ExitCode, out, t.KernelRelease)
+	}
+	return accel, time.Since(t0), nil
+}
+
+func randID() string {
+	b := make([]byte, 5)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}

@@ -1,0 +1,418 @@
+package microvm
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/warrenhq/warren/guest"
+	"github.com/warrenhq/warren/noded/driver"
+)
+
+// VM is one microVM: a sandbox once claimed, or a member of a warm pool.
+type VM struct {
+	d         *Driver
+	id        string // VM id: directory, cgroup and QEMU -name
+	spec      vmSpec
+	template  string // name@version
+	snapState string // the snapshot state file a paused-to-disk VM resumes from ("" for fresh)
+	memShared bool
+
+	mu        sync.Mutex // serialises lifecycle changes (pause, resume, destroy)
+	p         *proc
+	qmp       *QMP
+	agent     *guest.Client
+	state     string // "pool", "running", "paused", "destroyed"
+	sandboxID string
+	start     driver.Start
+	limits    driver.Limits
+	created   time.Time
+	expires   time.Time
+	claimTime time.Duration
+	env       map[string]string
+	ttl       *time.Timer
+}
+
+// vmMeta is what survives a node restart, in <vm dir>/meta.json.
+type vmMeta struct {
+	ID        string            `json:"id"`
+	SandboxID string            `json:"sandbox_id"`
+	Template  string            `json:"template"`
+	State     string            `json:"state"`
+	Start     driver.Start      `json:"start"`
+	Limits    driver.Limits     `json:"limits"`
+	Created   time.Time         `json:"created"`
+	Expires   time.Time         `json:"expires"`
+	Spec      vmSpec            `json:"spec"`
+	Env       map[string]string `json:"env,omitempty"`
+	PausedTo  string            `json:"paused_to,omitempty"`
+}
+
+func (d *Driver) vmDir(id string) string { return filepath.Join(d.cfg.StateDir, "vms", id) }
+
+func (vm *VM) cgLimits() cgLimits {
+	return cgLimits{CPUs: vm.limits.VCPUs, MemBytes: int64(vm.limits.MemMB+tbSizeMB+160) << 20, Pids: 256}
+}
+
+// launch starts the VM's QEMU in its cgroup and connects QMP.
+func (vm *VM) launch(ctx context.Context) error {
+	var procs []string
+	if vm.d.cg != nil {
+		var err error
+		if procs, err = vm.d.cg.create(vm.id, vm.cgLimits()); err != nil {
+			return err
+		}
+	}
+	p, err := start(vm.d.cfg.QEMU, vm.spec, procs)
+	if err != nil {
+		return err
+	}
+	vm.p = p
+	q, err := DialQMP(ctx, vm.spec.qmpPath())
+	if err != nil {
+		return fmt.Errorf("%w: %s", err, tail(filepath.Join(vm.spec.Dir, "qemu.log")))
+	}
+	vm.qmp = q
+	return nil
+}
+
+// restore starts a clone of snap, loaded but paused.
+func (d *Driver) restore(ctx context.Context, ts *tplState, snap *snapshot, sandboxID string, lim driver.Limits) (*VM, error) {
+	id := d.newVMID()
+	d.track(id, true)
+	vm := &VM{d: d, id: id, template: ts.t.Name + "@" + ts.t.Version, sandboxID: sandboxID, limits: lim, created: time.Now(),
+		state: "running", snapState: snap.state(), memShared: true}
+	vm.spec = vmSpec{ID: id, Dir: d.vmDir(id), Kernel: ts.t.Path(ts.t.Kernel), Initramfs: ts.t.Path(ts.t.Initramfs),
+		Disk: filepath.Join(d.vmDir(id), "disk.qcow2"), MemMB: snap.Meta.MemMB, VCPUs: snap.Meta.VCPUs,
+		MemFile: snap.mem(), Accel: d.accel, Incoming: true, Cmdline: snap.Meta.Cmdline}
+	if err := os.MkdirAll(vm.spec.Dir, 0o755); err != nil {
+		d.track(id, false)
+		return nil, err
+	}
+	if err := createOverlay(ctx, snap.disk(), "qcow2", vm.spec.Disk); err != nil {
+		vm.destroy()
+		return nil, err
+	}
+	if err := vm.launch(ctx); err != nil {
+		vm.destroy()
+		return nil, err
+	}
+	if err := loadState(ctx, vm.qmp, snap.state(), true); err != nil {
+		vm.destroy()
+		return nil, fmt.Errorf("restore: %w", err)
+	}
+	return vm, nil
+}
+
+// boot starts a fresh VM from the template's kernel and root file system.
+func (d *Driver) boot(ctx context.Context, ts *tplState, sandboxID string, lim driver.Limits) (*VM, error) {
+	id := d.newVMID()
+	d.track(id, true)
+	vm := &VM{d: d, id: id, template: ts.t.Name + "@" + ts.t.Version, sandboxID: sandboxID, limits: lim, created: time.Now(),
+		state: "running", start: driver.StartBoot}
+	vm.spec = vmSpec{ID: id, Dir: d.vmDir(id), Kernel: ts.t.Path(ts.t.Kernel), Initramfs: ts.t.Path(ts.t.Initramfs),
+		Disk: filepath.Join(d.vmDir(id), "disk.qcow2"), MemMB: lim.MemMB, VCPUs: lim.VCPUs, Accel: d.accel,
+		Cmdline: kernelCmdline("warren.pids=" + strconv.Itoa(lim.Pids))}
+	if err := os.MkdirAll(vm.spec.Dir, 0o755); err != nil {
+		d.track(id, false)
+		return nil, err
+	}
+	if err := createOverlay(ctx, ts.t.Path(ts.t.Rootfs), "raw", vm.spec.Disk); err != nil {
+		vm.destroy()
+		return nil, err
+	}
+	if err := vm.launch(ctx); err != nil {
+		vm.destroy()
+		return nil, err
+	}
+	bctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	c, err := waitAgent(bctx, vm.spec, vm.p.exited)
+	if err != nil {
+		vm.destroy()
+		return nil, fmt.Errorf("boot: %w", err)
+	}
+	vm.agent = c
+	return vm, nil
+}
+
+// cont runs a loaded or paused VM and makes sure its agent answers.
+func (vm *VM) cont(ctx context.Context) error {
+	if _, err := vm.qmp.Run(ctx, "cont", nil); err != nil {
+		return err
+	}
+	if vm.agent != nil {
+		return nil
+	}
+	actx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	c, err := waitAgent(actx, vm.spec, vm.p.exited)
+	if err != nil {
+		return err
+	}
+	vm.agent = c
+	return nil
+}
+
+// bind gives a claimed VM its identity: the host's clock, fresh entropy,
+// its hostname, its environment and its process limit.
+func (vm *VM) bind(ctx context.Context, req driver.ClaimRequest) error {
+	seed := make([]byte, 64)
+	_, _ = rand.Read(seed)
+	vm.mu.Lock()
+	vm.sandboxID, vm.env, vm.state = req.ID, req.Env, "running"
+	vm.mu.Unlock()
+	_, err := vm.agent.Claim(ctx, guest.ClaimRequest{Now: time.Now(), Entropy: seed, Hostname: hostname(req.ID), Env: req.Env, Pids: vm.limits.Pids})
+	if err != nil {
+		return fmt.Errorf("claim: %w", err)
+	}
+	return nil
+}
+
+// hostname is the sandbox id cut to a valid host name.
+func hostname(id string) string {
+	if len(id) > 63 {
+		id = id[:63]
+	}
+	return id
+}
+
+func (vm *VM) save() {
+	vm.mu.Lock()
+	m := vmMeta{ID: vm.id, SandboxID: vm.sandboxID, Template: vm.template, State: vm.state, Start: vm.start, Limits: vm.limits,
+		Created: vm.created, Expires: vm.expires, Spec: vm.spec, Env: vm.env}
+	if vm.state == "paused" {
+		m.PausedTo = filepath.Join(vm.spec.Dir, "paused.state")
+	}
+	vm.mu.Unlock()
+	b, _ := json.MarshalIndent(m, "", "  ")
+	tmp := filepath.Join(vm.spec.Dir, "meta.json.tmp")
+	if os.WriteFile(tmp, b, 0o644) == nil {
+		_ = os.Rename(tmp, filepath.Join(vm.spec.Dir, "meta.json"))
+	}
+}
+
+// armTTL destroys the sandbox at its deadline, servers or not.
+func (vm *VM) armTTL() {
+	vm.mu.Lock()
+	defer vm.mu.Unlock()
+	if vm.ttl != nil {
+		vm.ttl.Stop()
+	}
+	vm.ttl = time.AfterFunc(time.Until(vm.expires), func() {
+		vm.d.log.Info("sandbox expired; destroying", "sandbox", vm.sandboxID, "ttl_end", vm.expires)
+		_ = vm.Destroy()
+	})
+}
+
+// ID is the sandbox id.
+func (vm *VM) ID() string { vm.mu.Lock(); defer vm.mu.Unlock(); return vm.sandboxID }
+
+// Warm reports whether the sandbox came from a warm pool.
+func (vm *VM) Warm() bool { return vm.start == driver.StartWarm }
+
+// Info describes the sandbox.
+func (vm *VM) Info() driver.Info {
+	vm.mu.Lock()
+	defer vm.mu.Unlock()
+	return driver.Info{ID: vm.sandboxID, Template: vm.template, State: vm.state, Start: vm.start, Limits: vm.limits,
+		Created: vm.created, Expires: vm.expires, ClaimTime: vm.claimTime, Accelerator: vm.d.accel}
+}
+
+// client returns the agent of a running sandbox.
+func (vm *VM) client() (*guest.Client, error) {
+	vm.mu.Lock()
+	defer vm.mu.Unlock()
+	switch {
+	case vm.state == "destroyed":
+		return nil, fmt.Errorf("%w: sandbox %s is destroyed", driver.ErrNotFound, vm.sandboxID)
+	case vm.state == "paused":
+		return nil, fmt.Errorf("%w: sandbox %s is paused; resume it first", driver.ErrInvalid, vm.sandboxID)
+	case vm.agent == nil:
+		return nil, fmt.Errorf("%w: sandbox %s has no agent connection", driver.ErrUnavailable, vm.sandboxID)
+	}
+	return vm.agent, nil
+}
+
+// Exec runs a shell command and returns its combined output (task actors).
+func (vm *VM) Exec(ctx context.Context, req driver.ExecRequest) (driver.ExecResult, error) {
+	var out bytes.Buffer
+	res, err := vm.Run(ctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", req.Command}, Timeout: req.Timeout}, &out, &out)
+	if err != nil {
+		return driver.ExecResult{}, err
+	}
+	return driver.ExecResult{ExitCode: res.ExitCode, Output: out.Bytes(), Duration: res.Duration}, nil
+}
+
+// Run runs argv in the guest.
+func (vm *VM) Run(ctx context.Context, req guest.ExecRequest, stdout, stderr io.Writer) (guest.ExecResult, error) {
+	c, err := vm.client()
+	if err != nil {
+		return guest.ExecResult{}, err
+	}
+	return c.Exec(ctx, req, stdout, stderr)
+}
+
+// ReadFile copies a guest file to w.
+func (vm *VM) ReadFile(ctx context.Context, path string, limit int64, w io.Writer) (guest.FileInfo, error) {
+	c, err := vm.client()
+	if err != nil {
+		return guest.FileInfo{}, err
+	}
+	return c.ReadFile(ctx, path, limit, w)
+}
+
+// WriteFile writes a guest file.
+func (vm *VM) WriteFile(ctx context.Context, path string, mode uint32, r io.Reader) (guest.FileInfo, error) {
+	c, err := vm.client()
+	if err != nil {
+		return guest.FileInfo{}, err
+	}
+	return c.WriteFile(ctx, path, mode, r)
+}
+
+// ListFiles lists a guest directory.
+func (vm *VM) ListFiles(ctx context.Context, path string) ([]guest.FileInfo, error) {
+	c, err := vm.client()
+	if err != nil {
+		return nil, err
+	}
+	return c.List(ctx, path)
+}
+
+// Pause flushes the guest's disks, saves memory and devices to
+// paused.state in the VM's directory, and ends QEMU. The overlay stays.
+func (vm *VM) Pause(ctx context.Context) error {
+	vm.mu.Lock()
+	defer vm.mu.Unlock()
+	switch vm.state {
+	case "paused":
+		return nil
+	case "destroyed":
+		return fmt.Errorf("%w: sandbox %s is destroyed", driver.ErrNotFound, vm.sandboxID)
+	}
+	if err := vm.agent.Sync(ctx); err != nil {
+		return fmt.Errorf("pause: sync: %w", err)
+	}
+	if _, err := vm.qmp.Run(ctx, "stop", nil); err != nil {
+		return fmt.Errorf("pause: %w", err)
+	}
+	state := filepath.Join(vm.spec.Dir, "paused.state")
+	// Memory is migrated in full: a clone's mapping is private, and a
+	// booted VM's is anonymous.
+	if err := saveState(ctx, vm.qmp, state, false); err != nil {
+		_, _ = vm.qmp.Run(ctx, "cont", nil)
+		return fmt.Errorf("pause: %w", err)
+	}
+	vm.agent.Close()
+	vm.agent = nil
+	_, _ = vm.qmp.Run(ctx, "quit", nil)
+	vm.qmp.Close()
+	vm.qmp = nil
+	select {
+	case <-vm.p.exited:
+	case <-time.After(10 * time.Second):
+		vm.p.kill()
+	}
+	vm.p = nil
+	vm.state = "paused"
+	go vm.save()
+	return nil
+}
+
+// Resume starts QEMU again from paused.state, on this node.
+func (vm *VM) Resume(ctx context.Context) error {
+	vm.mu.Lock()
+	defer vm.mu.Unlock()
+	switch vm.state {
+	case "running":
+		return nil
+	case "destroyed":
+		return fmt.Errorf("%w: sandbox %s is destroyed", driver.ErrNotFound, vm.sandboxID)
+	}
+	state := filepath.Join(vm.spec.Dir, "paused.state")
+	vm.spec.Incoming = true
+	if err := vm.launch(ctx); err != nil {
+		return fmt.Errorf("resume: %w", err)
+	}
+	if err := loadState(ctx, vm.qmp, state, false); err != nil {
+		vm.p.kill()
+		return fmt.Errorf("resume: %w", err)
+	}
+	if err := vm.cont(ctx); err != nil {
+		vm.p.kill()
+		return fmt.Errorf("resume: %w", err)
+	}
+	// The clock stood still while the VM was on disk.
+	if _, err := vm.agent.Claim(ctx, guest.ClaimRequest{Now: time.Now(), Hostname: hostname(vm.sandboxID), Env: vm.env}); err != nil {
+		return fmt.Errorf("resume: set clock: %w", err)
+	}
+	os.Remove(state)
+	vm.state = "running"
+	go vm.save()
+	return nil
+}
+
+// Destroy stops the VM and removes its process, files and cgroup.
+func (vm *VM) Destroy() error {
+	vm.destroy()
+	return nil
+}
+
+func (vm *VM) destroy() {
+	vm.mu.Lock()
+	if vm.state == "destroyed" {
+		vm.mu.Unlock()
+		return
+	}
+	vm.state = "destroyed"
+	if vm.ttl != nil {
+		vm.ttl.Stop()
+	}
+	if vm.agent != nil {
+		vm.agent.Close()
+	}
+	if vm.qmp != nil {
+		vm.qmp.Close()
+	}
+	p := vm.p
+	vm.mu.Unlock()
+	if p != nil {
+		p.kill()
+	} else if pid := readPid(vm.spec.Dir); pid > 0 && isOurQEMU(pid, vm.id) {
+		adopt(pid).kill()
+	}
+	if vm.d.cg != nil {
+		if err := vm.d.cg.remove(vm.id); err != nil {
+			vm.d.log.Warn("cgroup not removed", "vm", vm.id, "err", err)
+		}
+	}
+	_ = os.RemoveAll(vm.spec.Dir)
+	d := vm.d
+	d.mu.Lock()
+	if cur, ok := d.live[vm.sandboxID]; ok && cur == vm {
+		delete(d.live, vm.sandboxID)
+	}
+	delete(d.known, vm.id)
+	d.mu.Unlock()
+}
+
+func readPid(dir string) int {
+	b, err := os.ReadFile(filepath.Join(dir, "pid"))
+	if err != nil {
+		return 0
+	}
+	pid, _ := strconv.Atoi(string(bytes.TrimSpace(b)))
+	return pid
+}
+
+var errNotAdoptable = errors.New("not adoptable")

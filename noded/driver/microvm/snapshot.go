@@ -1,0 +1,226 @@
+package microvm
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/warrenhq/warren/guest"
+)
+
+// A snapshot is a template booted, warmed up and saved: its memory file
+// (mapped by clones copy-on-write), its device state, and its root disk
+// overlay (the backing file of every clone's overlay).
+type snapshot struct {
+	Dir  string
+	Meta snapMeta
+}
+
+type snapMeta struct {
+	Template        string `json:"template"`
+	TemplateVersion string `json:"template_version"`
+	KernelSHA256    string `json:"kernel_sha256"`
+	QEMUVersion     string `json:"qemu_version"`
+	Accel           string `json:"accelerator"`
+	MemMB           int    `json:"mem_mb"`
+	VCPUs           int    `json:"vcpus"`
+	Cmdline         string `json:"cmdline"`
+	Created         string `json:"created"`
+	TookMS          int64  `json:"took_ms"`
+}
+
+func (s *snapshot) mem() string   { return filepath.Join(s.Dir, "mem") }
+func (s *snapshot) state() string { return filepath.Join(s.Dir, "state") }
+func (s *snapshot) disk() string  { return filepath.Join(s.Dir, "disk.qcow2") }
+
+// snapshotDir is where t's snapshot for these settings lives.
+func (d *Driver) snapshotDir(t *guest.Template) string {
+	return filepath.Join(d.cfg.StateDir, "snapshots", fmt.Sprintf("%s-%s-%dm-%s", t.Name, t.Version, d.cfg.SnapshotMemMB, d.accel))
+}
+
+func (d *Driver) wantMeta(t *guest.Template) snapMeta {
+	return snapMeta{Template: t.Name, TemplateVersion: t.Version, KernelSHA256: t.Kernel.SHA256, QEMUVersion: d.qver,
+		Accel: d.accel, MemMB: d.cfg.SnapshotMemMB, VCPUs: 1, Cmdline: kernelCmdline("")}
+}
+
+// loadSnapshot returns t's snapshot if one exists and matches this node's
+// template, QEMU and accelerator; otherwise the reason it cannot be used.
+func (d *Driver) loadSnapshot(t *guest.Template) (*snapshot, error) {
+	dir := d.snapshotDir(t)
+	b, err := os.ReadFile(filepath.Join(dir, "meta.json"))
+	if err != nil {
+		return nil, fmt.Errorf("no snapshot of %s@%s yet", t.Name, t.Version)
+	}
+	s := &snapshot{Dir: dir}
+	if err := json.Unmarshal(b, &s.Meta); err != nil {
+		return nil, fmt.Errorf("snapshot meta: %w", err)
+	}
+	want := d.wantMeta(t)
+	got := s.Meta
+	got.Created, got.TookMS = "", 0
+	if got != want {
+		return nil, fmt.Errorf("snapshot %s does not match: has %+v, want %+v", dir, got, want)
+	}
+	for _, f := range []string{s.mem(), s.state(), s.disk()} {
+		if _, err := os.Stat(f); err != nil {
+			return nil, fmt.Errorf("snapshot: %w", err)
+		}
+	}
+	return s, nil
+}
+
+// makeSnapshot boots t with its memory in a shared file, warms it up,
+// disconnects from the agent (so a clone's agent waits for a new host),
+// and saves the device state next to the memory file. The guest memory
+// itself is not copied: with x-ignore-shared, the file is the memory.
+func (d *Driver) makeSnapshot(ctx context.Context, t *guest.Template) (*snapshot, error) {
+	t0 := time.Now()
+	final := d.snapshotDir(t)
+	tmp := final + ".tmp-" + randID()
+	if err := os.MkdirAll(tmp, 0o755); err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+	s := &snapshot{Dir: tmp}
+	if err := createOverlay(ctx, t.Path(t.Rootfs), "raw", s.disk()); err != nil {
+		return nil, err
+	}
+	m := d.wantMeta(t)
+	id := d.newVMID()
+	spec := vmSpec{ID: id, Dir: d.vmDir(id), Kernel: t.Path(t.Kernel), Initramfs: t.Path(t.Initramfs),
+		Disk: s.disk(), MemMB: m.MemMB, VCPUs: m.VCPUs, MemFile: s.mem(), MemShare: true, Accel: d.accel, Cmdline: m.Cmdline}
+	d.track(id, true)
+	defer d.track(id, false)
+	p, err := start(d.cfg.QEMU, spec, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer p.kill()
+	bctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	q, err := DialQMP(bctx, spec.qmpPath())
+	if err != nil {
+		return nil, err
+	}
+	defer q.Close()
+	c, err := waitAgent(bctx, spec, p.exited)
+	if err != nil {
+		return nil, err
+	}
+	// Warm-up: the first commands fault in the shell, libc and the page
+	// cache, so every clone starts with them in memory.
+	for _, argv := range [][]string{{"true"}, {"sh", "-c", "ls / >/dev/null; uname -a >/dev/null; echo $((6*7)) >/dev/null"}} {
+		if _, _, err := c.Output(bctx, argv...); err != nil {
+			c.Close()
+			return nil, fmt.Errorf("warm-up: %w", err)
+		}
+	}
+	if err := c.Sync(bctx); err != nil {
+		c.Close()
+		return nil, err
+	}
+	c.Close()
+	// The guest sees the host hang up and goes back to waiting for one;
+	// give it a moment, then freeze it.
+	time.Sleep(300 * time.Millisecond)
+	if _, err := q.Run(bctx, "stop", nil); err != nil {
+		return nil, err
+	}
+	if err := saveState(bctx, q, s.state(), true); err != nil {
+		return nil, err
+	}
+	_, _ = q.Run(bctx, "quit", nil)
+	select {
+	case <-p.exited:
+	case <-time.After(10 * time.Second):
+	}
+	os.RemoveAll(spec.Dir) // sockets and logs of the snapshot boot
+	m.Created = time.Now().UTC().Format(time.RFC3339)
+	m.TookMS = time.Since(t0).Milliseconds()
+	b, _ := json.MarshalIndent(m, "", "  ")
+	if err := os.WriteFile(filepath.Join(tmp, "meta.json"), b, 0o644); err != nil {
+		return nil, err
+	}
+	os.RemoveAll(final)
+	if err := os.Rename(tmp, final); err != nil {
+		return nil, err
+	}
+	s.Dir, s.Meta = final, m
+	return s, nil
+}
+
+// saveState migrates a stopped VM's device state (and, unless its memory
+// is a shared file and ignoreShared is set, its memory) into path.
+func saveState(ctx context.Context, q *QMP, path string, ignoreShared bool) error {
+	if _, err := q.Run(ctx, "migrate-set-capabilities", map[string]any{
+		"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": ignoreShared}},
+	}); err != nil {
+		return err
+	}
+	if _, err := q.Run(ctx, "migrate", map[string]any{"uri": "exec:cat > " + shellQuote(path)}); err != nil {
+		return err
+	}
+	for {
+		st, desc, err := q.Migration(ctx)
+		if err != nil {
+			return err
+		}
+		switch st {
+		case "completed":
+			return nil
+		case "failed", "cancelled":
+			return fmt.Errorf("save state: migration %s: %s", st, desc)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+}
+
+// loadState restores device state (and memory) from path into a QEMU
+// started with -incoming defer, and waits until it is loaded (paused).
+func loadState(ctx context.Context, q *QMP, path string, ignoreShared bool) error {
+	if _, err := q.Run(ctx, "migrate-set-capabilities", map[string]any{
+		"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": ignoreShared}},
+	}); err != nil {
+		return err
+	}
+	if _, err := q.Run(ctx, "migrate-incoming", map[string]any{"uri": "exec:cat " + shellQuote(path)}); err != nil {
+		return err
+	}
+	for {
+		st, err := q.Status(ctx)
+		if err != nil {
+			return err
+		}
+		switch st {
+		case "paused", "running", "postmigrate":
+			return nil
+		case "inmigrate", "prelaunch":
+		default:
+			return fmt.Errorf("load state: VM is %s", st)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+func shellQuote(s string) string {
+	out := "'"
+	for _, r := range s {
+		if r == '\'' {
+			out += `'\''`
+		} else {
+			out += string(r)
+		}
+	}
+	return out + "'"
+}

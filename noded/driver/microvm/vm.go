@@ -1,0 +1,287 @@
+package microvm
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/warrenhq/warren/guest"
+)
+
+// vmSpec is one QEMU process. It is pure data; args renders the command
+// line (tested without QEMU).
+type vmSpec struct {
+	ID        string // also in QEMU's -name as "warren-<ID>": the reaper's mark
+	Dir       string // qmp.sock, agent.sock, console.log, disk.qcow2 live here
+	Kernel    string
+	Initramfs string
+	Disk      string // the qcow2 overlay; "" boots without a root disk (probe)
+	MemMB     int
+	VCPUs     int
+	// MemFile backs guest memory with a file: shared (a template being
+	// snapshotted) or private copy-on-write (a clone of that snapshot).
+	MemFile  string
+	MemShare bool
+	Accel    string // "kvm" or "tcg"
+	Incoming bool   // wait for migrate-incoming (a restore)
+	Cmdline  string // kernel command line (must match between snapshot and clone)
+}
+
+const tbSizeMB = 64 // TCG's translation cache; QEMU's default is 1 GiB
+
+func (s vmSpec) qmpPath() string   { return filepath.Join(s.Dir, "qmp.sock") }
+func (s vmSpec) agentPath() string { return filepath.Join(s.Dir, "agent.sock") }
+
+func (s vmSpec) args() []string {
+	machine := "microvm"
+	accel := "tcg,tb-size=" + strconv.Itoa(tbSizeMB)
+	if s.Accel == "kvm" {
+		accel = "kvm"
+	}
+	a := []string{
+		"-name", "warren-" + s.ID,
+		"-accel", accel,
+		"-smp", strconv.Itoa(max(s.VCPUs, 1)),
+		"-m", strconv.Itoa(s.MemMB),
+		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
+		"-kernel", s.Kernel, "-initrd", s.Initramfs,
+		"-append", s.Cmdline,
+		"-serial", "file:" + filepath.Join(s.Dir, "console.log"),
+		"-device", "virtio-serial-device",
+		"-chardev", "socket,id=agent,path=" + s.agentPath() + ",server=on,wait=off",
+		"-device", "virtserialport,chardev=agent,name=" + guest.PortName,
+		"-qmp", "unix:" + s.qmpPath() + ",server=on,wait=off",
+	}
+	if s.Accel == "kvm" {
+		a = append(a, "-cpu", "host")
+	}
+	if s.MemFile != "" {
+		share := "off"
+		if s.MemShare {
+			share = "on"
+		}
+		a = append(a, "-object", fmt.Sprintf("memory-backend-file,id=mem,size=%dM,mem-path=%s,share=%s", s.MemMB, s.MemFile, share))
+		machine += ",memory-backend=mem"
+	}
+	a = append([]string{"-M", machine}, a...)
+	if s.Disk != "" {
+		a = append(a, "-drive", "id=root,file="+s.Disk+",format=qcow2,if=none,discard=unmap",
+			"-device", "virtio-blk-device,drive=root")
+	}
+	if s.Incoming {
+		a = append(a, "-incoming", "defer")
+	}
+	return a
+}
+
+// kernelCmdline is the guest's command line. tsc_early_khz avoids a hang
+// in TSC calibration under TCG.
+func kernelCmdline(extra string) string {
+	c := "console=ttyS0 quiet panic=-1 reboot=t"
+	if khz := hostTSCkHz(); khz > 0 {
+		c += " tsc_early_khz=" + strconv.Itoa(khz)
+	}
+	if extra != "" {
+		c += " " + extra
+	}
+	return c
+}
+
+func hostTSCkHz() int {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "cpu MHz" {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err == nil {
+				return int(f * 1000)
+			}
+		}
+	}
+	return 0
+}
+
+// proc is a running QEMU.
+type proc struct {
+	pid    int
+	exited chan struct{} // closed when the process is gone
+}
+
+// start launches QEMU in its own session (it outlives a node restart, to be
+// re-adopted) and, when procsFiles are given, inside those cgroups before
+// QEMU's first instruction: a shell joins them and execs QEMU.
+func start(qemu string, s vmSpec, procsFiles []string) (*proc, error) {
+	if len(s.qmpPath()) > 107 || len(s.agentPath()) > 107 {
+		return nil, fmt.Errorf("state dir too deep: %s is over the 107 bytes a unix socket path may have", s.agentPath())
+	}
+	if err := os.MkdirAll(s.Dir, 0o755); err != nil {
+		return nil, err
+	}
+	logf, err := os.Create(filepath.Join(s.Dir, "qemu.log"))
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	script := `for f in $WARREN_CGROUP_PROCS; do echo $$ > "$f" || exit 97; done; exec "$0" "$@"`
+	cmd := exec.Command("/bin/sh", append([]string{"-c", script, qemu}, s.args()...)...)
+	cmd.Env = append(os.Environ(), "WARREN_CGROUP_PROCS="+strings.Join(procsFiles, " "))
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start qemu: %w", err)
+	}
+	p := &proc{pid: cmd.Process.Pid, exited: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(p.exited) }()
+	if err := os.WriteFile(filepath.Join(s.Dir, "pid"), []byte(strconv.Itoa(p.pid)), 0o644); err != nil {
+		p.kill()
+		return nil, err
+	}
+	return p, nil
+}
+
+// adopt watches a QEMU this process did not start (after a node restart).
+func adopt(pid int) *proc {
+	p := &proc{pid: pid, exited: make(chan struct{})}
+	go func() {
+		for {
+			if syscall.Kill(pid, 0) != nil {
+				close(p.exited)
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}()
+	return p
+}
+
+// kill ends QEMU and waits (bounded) until it is gone.
+func (p *proc) kill() {
+	_ = syscall.Kill(p.pid, syscall.SIGKILL)
+	select {
+	case <-p.exited:
+	case <-time.After(10 * time.Second):
+	}
+}
+
+// isOurQEMU reports whether pid runs QEMU with -name warren-<id>.
+func isOurQEMU(pid int, id string) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	return err == nil && bytes.Contains(b, []byte("\x00-name\x00warren-"+id+"\x00"))
+}
+
+// ourQEMUs returns the pid of every QEMU on the host named warren-<id>.
+func ourQEMUs() map[string]int {
+	out := map[string]int{}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err != nil {
+			continue
+		}
+		args := bytes.Split(b, []byte{0})
+		for i := 0; i+1 < len(args); i++ {
+			if string(args[i]) == "-name" && bytes.HasPrefix(args[i+1], []byte("warren-")) {
+				out[string(args[i+1][len("warren-"):])] = pid
+			}
+		}
+	}
+	return out
+}
+
+// qemuVersion returns "7.2.x" from `qemu -version`.
+func qemuVersion(qemu string) (string, error) {
+	out, err := exec.Command(qemu, "-version").Output()
+	if err != nil {
+		return "", fmt.Errorf("%s -version: %w", qemu, err)
+	}
+	f := strings.Fields(string(out))
+	for i, w := range f {
+		if w == "version" && i+1 < len(f) {
+			return f[i+1], nil
+		}
+	}
+	return "", errors.New("qemu version: unrecognised output")
+}
+
+// waitAgent connects to the guest agent and waits until it answers.
+//
+// It keeps one connection while the guest boots: a virtio-serial port
+// blocks the guest's writes while no host is connected, so hanging up and
+// redialling on a timeout would leave the guest writing a stale answer into
+// the next connection. It redials only when the session itself fails.
+func waitAgent(ctx context.Context, s vmSpec, exited <-chan struct{}) (*guest.Client, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-exited:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	gone := func() error {
+		select {
+		case <-exited:
+			return fmt.Errorf("qemu exited: %s", tail(filepath.Join(s.Dir, "qemu.log"), filepath.Join(s.Dir, "console.log")))
+		default:
+			return nil
+		}
+	}
+	for {
+		if err := gone(); err != nil {
+			return nil, err
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("agent: %w: %s", err, tail(filepath.Join(s.Dir, "console.log")))
+		}
+		c, err := guest.Dial(ctx, s.agentPath())
+		if err != nil {
+			time.Sleep(2 * time.Millisecond)
+			continue
+		}
+		// The ping waits in the socket until the agent opens its port.
+		if _, err = c.Ping(ctx); err == nil {
+			return c, nil
+		}
+		c.Close()
+		if err := gone(); err != nil {
+			return nil, err
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func tail(files ...string) string {
+	var parts []string
+	for _, f := range files {
+		b, _ := os.ReadFile(f)
+		s := strings.TrimSpace(string(b))
+		if len(s) > 600 {
+			s = "…" + s[len(s)-600:]
+		}
+		if s != "" {
+			parts = append(parts, filepath.Base(f)+": "+s)
+		}
+	}
+	if len(parts) == 0 {
+		return "no output"
+	}
+	return strings.Join(parts, "; ")
+}
+
+// QEMUVersion returns the version QEMU reports.
+func QEMUVersion(qemu string) (string, error) { return qemuVersion(qemu) }
