@@ -31,7 +31,7 @@ func (f *fakeSys) AddEntropy(b []byte) error {
 	return nil
 }
 func (f *fakeSys) SetHostname(n string) error     { f.mu.Lock(); f.hostname = n; f.mu.Unlock(); return nil }
-func (f *fakeSys) SetPids(int) error             { return nil }
+func (f *fakeSys) SetPids(int) error              { return nil }
 func (f *fakeSys) Stats() (Stats, error)          { return Stats{Procs: 7}, nil }
 func (f *fakeSys) ExecAttr() *syscall.SysProcAttr { return &syscall.SysProcAttr{Setpgid: true} }
 

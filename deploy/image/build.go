@@ -270,7 +270,9 @@ func buildInitramfs(agent, modDir, out string) error {
 	for d := range dirs {
 		ds = append(ds, d)
 	}
-	sort.Slice(ds, func(i, j int) bool { return strings.Count(ds[i], "/") < strings.Count(ds[j], "/") || (strings.Count(ds[i], "/") == strings.Count(ds[j], "/") && ds[i] < ds[j]) })
+	sort.Slice(ds, func(i, j int) bool {
+		return strings.Count(ds[i], "/") < strings.Count(ds[j], "/") || (strings.Count(ds[i], "/") == strings.Count(ds[j], "/") && ds[i] < ds[j])
+	})
 	for _, d := range ds {
 		w.Dir(d)
 	}

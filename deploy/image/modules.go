@@ -24,7 +24,7 @@ func moduleOrder(modDir string, names []string) ([]string, error) {
 	}
 	defer f.Close()
 	deps := map[string][]string{} // file -> files it needs
-	byName := map[string]string{}  // module name -> file
+	byName := map[string]string{} // module name -> file
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
