@@ -250,7 +250,7 @@ func TestManyConcurrentCalls(t *testing.T) {
 
 func TestParseCmdline(t *testing.T) {
 	c, err := ParseCmdline("console=ttyS0 warren.pids=64 warren.root=/dev/vdb warren.probe=1")
-	if err != nil || c.Pids != 64 || c.Root != "/dev/vdb" || !c.Probe || c.ReserveMB != 24 {
+	if err != nil || c.Pids != 64 || c.Root != "/dev/vdb" || !c.Probe || c.ReserveMB != 32 {
 		t.Fatalf("%+v %v", c, err)
 	}
 	if _, err := ParseCmdline("warren.pids=many"); err == nil || !strings.Contains(err.Error(), "warren.pids") {

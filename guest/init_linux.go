@@ -19,7 +19,7 @@ import (
 //	warren.probe=1      print ProbeMarker on the console and power off
 //	warren.root=DEV     the root block device (default /dev/vda)
 //	warren.pids=N       pids.max of the commands' cgroup (default 4096)
-//	warren.reserve_mb=N memory kept from the commands for the agent (default 24)
+//	warren.reserve_mb=N memory kept from the commands for the agent (default 32)
 const (
 	// ProbeMarker is printed on the console by a probe boot: the host reads
 	// it to tell that an accelerator really runs the guest.
@@ -45,7 +45,7 @@ type InitConfig struct {
 
 // ParseCmdline reads warren.* parameters from a kernel command line.
 func ParseCmdline(cmdline string) (InitConfig, error) {
-	c := InitConfig{Root: "/dev/vda", Pids: 4096, ReserveMB: 24}
+	c := InitConfig{Root: "/dev/vda", Pids: 4096, ReserveMB: 32}
 	for _, f := range strings.Fields(cmdline) {
 		k, v, _ := strings.Cut(f, "=")
 		var err error
@@ -189,12 +189,14 @@ func setupCgroup(cfg InitConfig) error {
 	if err := os.WriteFile(filepath.Join(ExecCgroup, "pids.max"), []byte(strconv.Itoa(cfg.Pids)), 0o644); err != nil {
 		return err
 	}
-	var si unix.Sysinfo_t
-	if err := unix.Sysinfo(&si); err != nil {
+	// The commands may use what the booted guest has available, less a
+	// reserve for the agent and the kernel: a hog then meets the cgroup's
+	// OOM killer, never the guest-wide one.
+	avail, err := memAvailable()
+	if err != nil {
 		return err
 	}
-	total := int64(si.Totalram) * int64(si.Unit)
-	limit := total - int64(cfg.ReserveMB)<<20
+	limit := avail - int64(cfg.ReserveMB)<<20
 	if limit < 16<<20 {
 		limit = 16 << 20
 	}
@@ -234,6 +236,21 @@ func superviseAgent() {
 	}
 }
 
+// memAvailable reads MemAvailable from /proc/meminfo, in bytes.
+func memAvailable() (int64, error) {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "MemAvailable:" {
+			kb, err := strconv.ParseInt(f[1], 10, 64)
+			return kb << 10, err
+		}
+	}
+	return 0, errors.New("MemAvailable: not in /proc/meminfo")
+}
+
 // FindPort returns the device of the virtio-serial port named name.
 func FindPort(name string) (string, error) {
 	ms, _ := filepath.Glob("/sys/class/virtio-ports/*/name")
@@ -250,7 +267,9 @@ func FindPort(name string) (string, error) {
 // connection is one yamux session; when the host goes away the port reads
 // end of file, and the agent waits for the next connection.
 func RunAgent(logger *slog.Logger) error {
-	_ = os.WriteFile("/proc/self/oom_score_adj", []byte("-1000"), 0o644)
+	// No oom_score_adj here: children would inherit it, and a hog that
+	// cannot be killed panics the guest. The commands' cgroup keeps them
+	// below what the guest has.
 	cg := ExecCgroup
 	if _, err := os.Stat(cg); err != nil {
 		cg = ""

@@ -267,7 +267,16 @@ func (s *Server) exec(st *yamux.Stream, req *Request) (*Result, error) {
 		return nil, fmt.Errorf("start %q: %w", req.Argv[0], err)
 	}
 	pgid := cmd.Process.Pid
-	kill := func() { _ = syscall.Kill(-pgid, syscall.SIGKILL) }
+	// kill signals the group until it is empty: a fork bomb adds members
+	// while the signal is delivered.
+	kill := func() {
+		for i := 0; i < 200; i++ {
+			if syscall.Kill(-pgid, syscall.SIGKILL) != nil {
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
 
 	// The host's frames: stdin data, then EOF; a closed stream means the
 	// host gave up on the call, and the command's process group is killed.

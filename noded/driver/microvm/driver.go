@@ -480,6 +480,9 @@ func (d *Driver) refill(ts *tplState) {
 				// Run it once so the agent is connected and answering,
 				// then freeze it until a claim.
 				if err = vm.cont(ctx); err == nil {
+					err = vm.prewarm(ctx)
+				}
+				if err == nil {
 					_, err = vm.qmp.Run(ctx, "stop", nil)
 				}
 				if err != nil {

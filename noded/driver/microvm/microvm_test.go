@@ -283,3 +283,95 @@ func TestBadClaims(t *testing.T) {
 	}
 	assertNothingLeft(t, d)
 }
+
+// Acceptance 2: a fork bomb, a memory hog and a disk filler in one sandbox
+// stay inside it: another sandbox and the agent of the first keep
+// answering.
+func TestAbuseIsContained(t *testing.T) {
+	d := newDriver(t, "")
+	defer d.Close()
+	ctx := ctxT(t, 10*time.Minute)
+	if err := d.EnsureSnapshot(ctx, ""); err != nil {
+		t.Fatal(err)
+	}
+	bad, err := d.Claim(ctx, driver.ClaimRequest{ID: "sb-bad", Limits: driver.Limits{Pids: 512}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bad.Destroy()
+	good, err := d.Claim(ctx, driver.ClaimRequest{ID: "sb-good"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer good.Destroy()
+	for _, tc := range []struct {
+		name, script string
+		// contained checks how the abuse ended: stopped by its limit.
+		contained func(res guest.ExecResult, out string) bool
+	}{
+		{"fork bomb", `bomb() { bomb | bomb & }; bomb; sleep 10`, func(res guest.ExecResult, out string) bool {
+			return strings.Contains(out, "fork: retry: Resource temporarily unavailable") // pids.max
+		}},
+		{"memory hog", `python3 -c 'a = []
+while True: a.append(bytearray(1 << 20))'`, func(res guest.ExecResult, out string) bool {
+			return res.Signal == 9 // the commands' cgroup's OOM killer
+		}},
+		{"disk filler", `dd if=/dev/zero of=/root/fill bs=1M; echo dd exit $?; df -m /`, func(res guest.ExecResult, out string) bool {
+			return strings.Contains(out, "No space left on device") && strings.Contains(out, "dd exit 1")
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			done := make(chan struct{})
+			var res guest.ExecResult
+			var out bytes.Buffer
+			var runErr error
+			go func() {
+				defer close(done)
+				res, runErr = bad.(driver.Interactive).Run(ctx, guest.ExecRequest{Argv: []string{"/bin/bash", "-c", tc.script},
+					Timeout: 20 * time.Second}, &out, &out)
+			}()
+			// While it runs, the other sandbox answers, every time.
+			var worst time.Duration
+			for i := 0; ; i++ {
+				select {
+				case <-done:
+				default:
+					t0 := time.Now()
+					cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+					o, r, err := good.(*VM).agent.Output(cctx, "echo", "ok")
+					cancel()
+					if err != nil || r.ExitCode != 0 || string(o) != "ok\n" {
+						t.Fatalf("the other sandbox did not answer during the %s: %q %v", tc.name, o, err)
+					}
+					worst = max(worst, time.Since(t0))
+					time.Sleep(200 * time.Millisecond)
+					continue
+				}
+				break
+			}
+			if runErr != nil {
+				t.Fatalf("%s: %v", tc.name, runErr)
+			}
+			t.Logf("%s: exit %d timed out %v; slowest answer of the other sandbox %v; output tail %q", tc.name, res.ExitCode,
+				res.TimedOut, worst, lastLine(out.String()))
+			if !tc.contained(res, out.String()) {
+				t.Errorf("%s was not stopped by its limit: exit %d signal %d output %q", tc.name, res.ExitCode, res.Signal, out.String())
+			}
+			// The abused sandbox itself still answers.
+			if o, code := run(t, bad, "echo alive"); code != 0 || o != "alive\n" {
+				t.Fatalf("the abused sandbox's agent: %q", o)
+			}
+		})
+	}
+	if out, _ := run(t, bad, "rm -f /root/fill; echo ok"); out != "ok\n" {
+		t.Fatalf("cleanup: %q", out)
+	}
+}
+
+func lastLine(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
+		return s[i+1:]
+	}
+	return s
+}
