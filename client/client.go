@@ -24,6 +24,8 @@ type Client struct {
 	next    atomic.Uint32
 	tasks   []warrenv1connect.TaskServiceClient
 	cluster []warrenv1connect.ClusterServiceClient
+
+	sandboxes []warrenv1connect.SandboxServiceClient
 }
 
 // New returns a client for a comma-separated list of server URLs. Any
@@ -54,6 +56,7 @@ func NewWith(servers string, hc *http.Client) (*Client, error) {
 		opt := connect.WithCompressMinBytes(4096)
 		c.tasks = append(c.tasks, warrenv1connect.NewTaskServiceClient(hc, u, opt))
 		c.cluster = append(c.cluster, warrenv1connect.NewClusterServiceClient(hc, u, opt))
+		c.sandboxes = append(c.sandboxes, warrenv1connect.NewSandboxServiceClient(hc, u, opt))
 	}
 	return c, nil
 }
@@ -66,6 +69,11 @@ func (c *Client) Tasks() warrenv1connect.TaskServiceClient {
 // Cluster returns the ClusterService client of the current server.
 func (c *Client) Cluster() warrenv1connect.ClusterServiceClient {
 	return c.cluster[int(c.next.Load())%len(c.cluster)]
+}
+
+// Sandboxes returns the SandboxService client of the current server.
+func (c *Client) Sandboxes() warrenv1connect.SandboxServiceClient {
+	return c.sandboxes[int(c.next.Load())%len(c.sandboxes)]
 }
 
 // URL returns the current server's URL.

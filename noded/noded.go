@@ -39,6 +39,10 @@ type Config struct {
 	Labels      map[string]string
 	Templates   []string
 	Address     string // informational, shown in `warren nodes list`
+	// SandboxListen, if set, is the HOST:PORT the node serves its
+	// SandboxService on; servers forward sandbox calls there. Port 0 picks
+	// a free one.
+	SandboxListen string
 
 	// Heartbeat is used until the leader's Welcome names one; 0 means 500ms.
 	Heartbeat time.Duration
@@ -115,6 +119,11 @@ type Daemon struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+
+	sandboxSrv *http.Server
+	sandboxURL string
+	// Sandboxes serves the node's SandboxService (nil without SandboxListen).
+	Sandboxes *SandboxAPI
 }
 
 // Stats counts what the daemon did (tests and benchmarks read them).
@@ -169,6 +178,18 @@ func Start(cfg Config) (*Daemon, error) {
 			return nil, err
 		}
 	}
+	if cfg.SandboxListen != "" {
+		if err := d.serveSandboxes(); err != nil {
+			d.cancel()
+			if d.gossip != nil {
+				d.gossip.Close()
+			}
+			if cfg.Shared == nil {
+				d.app.Close()
+			}
+			return nil, err
+		}
+	}
 	d.wg.Add(1)
 	go d.sessionLoop()
 	d.log.Info("node daemon started", "driver", cfg.Driver.Name(), "servers", cfg.Servers, "gossip", cfg.GossipAddr)
@@ -184,6 +205,9 @@ func (d *Daemon) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	errs := []error{d.sys.Shutdown(ctx)}
+	if d.sandboxSrv != nil {
+		errs = append(errs, d.sandboxSrv.Close())
+	}
 	if d.cfg.Shared == nil {
 		d.app.Close()
 	}
@@ -215,9 +239,13 @@ func (d *Daemon) Partition(cut bool) { d.net.set(cut) }
 
 func (d *Daemon) node() *warrenv1.Node {
 	drv := d.cfg.Driver
+	templates := d.cfg.Templates
+	if lt, ok := drv.(interface{ Templates() []string }); ok && len(templates) == 0 {
+		templates = lt.Templates()
+	}
 	return &warrenv1.Node{
-		Id: d.cfg.ID, Drivers: []string{drv.Name()}, Templates: d.cfg.Templates, Labels: d.cfg.Labels,
-		Capacity: d.cfg.Capacity, Accelerator: drv.Accelerator(), Address: d.cfg.Address,
+		Id: d.cfg.ID, Drivers: []string{drv.Name()}, Templates: templates, Labels: d.cfg.Labels,
+		Capacity: d.cfg.Capacity, Accelerator: drv.Accelerator(), Address: d.cfg.Address, SandboxUrl: d.sandboxURL,
 	}
 }
 

@@ -42,6 +42,8 @@ func newMux(s *Server) http.Handler {
 	mux.Handle(warrenv1connect.NewTaskServiceHandler(taskAPI{s}, opts))
 	mux.Handle(warrenv1connect.NewClusterServiceHandler(clusterAPI{s}, opts))
 	mux.Handle(warrenv1connect.NewNodeServiceHandler(nodeAPI{s}, opts))
+	mux.Handle(warrenv1connect.NewSandboxServiceHandler(newSandboxAPI(s), connect.WithHandlerOptions(
+		connect.WithInterceptors(errorInterceptor{}), connect.WithReadMaxBytes(80<<20))))
 	mux.Handle("GET /v1/tasks/{id}/events", sseHandler{s})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")

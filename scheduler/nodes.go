@@ -109,6 +109,7 @@ func (a *applier) registerNode(m *fsmv1.RegisterNode) *fsmv1.Result {
 	}
 	n.Drivers, n.Templates, n.Labels = in.GetDrivers(), in.GetTemplates(), in.GetLabels()
 	n.Capacity, n.Accelerator, n.Address = in.GetCapacity(), in.GetAccelerator(), in.GetAddress()
+	n.SandboxUrl = in.GetSandboxUrl()
 	if n.GetStatus() == warrenv1.NodeStatus_NODE_STATUS_DOWN {
 		n.Status, n.StatusChangedAt, n.StatusReason = warrenv1.NodeStatus_NODE_STATUS_READY, m.GetTime(), "registered again"
 	}

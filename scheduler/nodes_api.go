@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"strings"
 	"time"
 
 	"connectrpc.com/connect"
@@ -61,6 +62,10 @@ func validateNode(n *warrenv1.Node) error {
 		p.add("node.accelerator", "%q is not kvm, tcg or empty", truncate(a, 40))
 	}
 	p.text("node.address", n.GetAddress(), false, 256, true)
+	if u := n.GetSandboxUrl(); u != "" && !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {
+		p.add("node.sandbox_url", "%q must be an http:// or https:// URL", truncate(u, 80))
+	}
+	p.text("node.sandbox_url", n.GetSandboxUrl(), false, 256, true)
 	return p.err()
 }
 

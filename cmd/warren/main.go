@@ -32,6 +32,8 @@ Usage:
   warren nodes list
   warren nodes cordon ID | uncordon ID | drain ID [--deadline DUR]
   warren bench capacity [--preset default|ci] [--nodes N] [--tasks N] [--out DIR]
+  warren sandbox create|exec|cp|files|get|pause|resume|rm|ls (warren sandbox help)
+  warren pool set TEMPLATE N | list
   warren image build [--name default] [--dir DIR] [--packages a,b] [--free-mb N]
   warren image list [--dir DIR]
 
@@ -44,6 +46,10 @@ var errUsage = errors.New("usage")
 
 func main() {
 	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		var code exitCode
+		if errors.As(err, &code) {
+			os.Exit(int(code))
+		}
 		if !errors.Is(err, errUsage) && !errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintln(os.Stderr, "warren:", err)
 		}
@@ -72,6 +78,10 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return cmdNodes(args[1:], stdout, stderr)
 	case "bench":
 		return cmdBench(args[1:], stdout, stderr)
+	case "sandbox", "sandboxes":
+		return cmdSandbox(args[1:], stdout, stderr)
+	case "pool", "pools":
+		return cmdPool(args[1:], stdout, stderr)
 	case "image", "images":
 		return cmdImage(args[1:], stdout, stderr)
 	case "node":
@@ -90,6 +100,13 @@ func run(args []string, stdout, stderr io.Writer) error {
 // parse parses flags that may come before, between or after positional
 // arguments, and returns the positional ones.
 func parse(fs *flag.FlagSet, args []string) ([]string, error) {
+	var rest []string
+	for i, a := range args {
+		if a == "--" { // everything after it is positional, flags or not
+			args, rest = args[:i], args[i+1:]
+			break
+		}
+	}
 	var pos []string
 	for {
 		if err := fs.Parse(args); err != nil {
@@ -97,10 +114,7 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 		}
 		args = fs.Args()
 		if len(args) == 0 {
-			return pos, nil
-		}
-		if args[0] == "--" {
-			return append(pos, args[1:]...), nil
+			return append(pos, rest...), nil
 		}
 		pos = append(pos, args[0])
 		args = args[1:]

@@ -6,9 +6,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strconv"
@@ -17,9 +19,11 @@ import (
 	"time"
 
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/guest"
 	"github.com/warrenhq/warren/internal/gossip"
 	"github.com/warrenhq/warren/noded"
 	"github.com/warrenhq/warren/noded/driver"
+	"github.com/warrenhq/warren/noded/driver/microvm"
 	"github.com/warrenhq/warren/noded/driver/sim"
 )
 
@@ -30,6 +34,10 @@ type nodeFlags struct {
 	gossipProfile                                                                  string
 	metrics                                                                        string
 	pprof                                                                          bool
+	imageDir, accel, sandboxListen                                                 string
+	logger                                                                         *slog.Logger
+	// why says which driver auto picked and why.
+	why string
 }
 
 func (f *nodeFlags) register(fs *flag.FlagSet) {
@@ -38,7 +46,10 @@ func (f *nodeFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.servers, "servers", "", "comma-separated API URLs of the servers (required)")
 	fs.StringVar(&f.gossip, "gossip", "", "HOST:PORT for memberlist gossip, UDP and TCP (required)")
 	fs.StringVar(&f.join, "join-gossip", "", "comma-separated gossip HOST:PORTs of members to join (servers or nodes)")
-	fs.StringVar(&f.driver, "driver", "", "sandbox driver: sim (simulated), microvm or container (required)")
+	fs.StringVar(&f.driver, "driver", "", "sandbox driver: auto, microvm, container or sim (simulated) (required); auto picks microvm when QEMU and a template are present")
+	fs.StringVar(&f.imageDir, "image-dir", defaultImageDir(), "microvm: the template store (env WARREN_IMAGE_DIR)")
+	fs.StringVar(&f.accel, "accel", "auto", "microvm: accelerator: auto (probe KVM once, else TCG), kvm or tcg")
+	fs.StringVar(&f.sandboxListen, "sandbox-listen", "", "HOST:PORT of the node's sandbox API, which servers forward to (default: the gossip host, any port)")
 	fs.StringVar(&f.capacity, "capacity", "", "what tasks may use, cpu=N,mem=SIZE (default: this host's cores and memory)")
 	fs.StringVar(&f.labels, "labels", "", "comma-separated k=v labels (the \"zone\" label spreads tasks)")
 	fs.StringVar(&f.templates, "templates", "", "comma-separated sandbox templates this node serves")
@@ -66,9 +77,16 @@ func cmdNode(args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	f.logger = log
 	cfg, err := f.config()
 	if err != nil {
+		if cfg.Driver != nil {
+			cfg.Driver.Close()
+		}
 		return err
+	}
+	if f.why != "" {
+		log.Info("driver chosen", "driver", cfg.Driver.Name(), "why", f.why)
 	}
 	if f.count < 1 || f.count > 10000 {
 		return fmt.Errorf("count: must be 1..10000, got %d", f.count)
@@ -205,6 +223,15 @@ func (f *nodeFlags) config() (noded.Config, error) {
 		errs = append(errs, errors.New("driver: required: sim (simulated), microvm or container"))
 	}
 	cfg.Driver = drv
+	if drv != nil && drv.Name() != "sim" {
+		cfg.SandboxListen = f.sandboxListen
+		if cfg.SandboxListen == "" {
+			host, _, _ := net.SplitHostPort(f.gossip)
+			cfg.SandboxListen = net.JoinHostPort(host, "0")
+		}
+	} else if f.sandboxListen != "" {
+		errs = append(errs, errors.New("sandbox-listen: only for the microvm and container drivers"))
+	}
 	if drv == nil {
 		cfg.Driver = noDriver{} // reported above; keep Validate from repeating it
 	}
@@ -215,15 +242,45 @@ func newDriver(f *nodeFlags) (driver.Driver, error) {
 	if f.driver != "sim" && (f.simRestore != 0 || f.simExec != 0) {
 		return nil, errors.New("sim-restore-latency, sim-exec-latency: only for --driver sim")
 	}
-	switch f.driver {
+	name := f.driver
+	if name == "auto" {
+		name, f.why = autoDriver(f.imageDir)
+	}
+	switch name {
 	case "sim":
 		return sim.New(sim.Config{RestoreLatency: f.simRestore, WarmLatency: f.simRestore / 10, ExecLatency: f.simExec}), nil
-	case "microvm", "container":
-		return nil, fmt.Errorf("driver: %q is not built yet; only sim (simulated) runs tasks so far", f.driver)
+	case "microvm":
+		if f.data == "" {
+			return nil, nil // data: required is reported
+		}
+		log := f.logger
+		if log == nil {
+			log = slog.New(slog.DiscardHandler)
+		}
+		d, err := microvm.New(microvm.Config{ImageDir: f.imageDir, StateDir: filepath.Join(f.data, "microvm"), Accel: f.accel, Logger: log})
+		if err != nil {
+			return nil, fmt.Errorf("driver: %w", err)
+		}
+		return d, nil
+	case "container":
+		return nil, fmt.Errorf("driver: container is not built yet; use microvm (needs qemu-system-x86 and `make image`) or sim (simulated)%s", f.why)
 	case "":
 		return nil, nil
 	}
-	return nil, fmt.Errorf("driver: %q is not sim, microvm or container", f.driver)
+	return nil, fmt.Errorf("driver: %q is not auto, microvm, container or sim", f.driver)
+}
+
+// autoDriver picks microvm when QEMU and a default template are present,
+// container otherwise, and says why.
+func autoDriver(imageDir string) (string, string) {
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		return "container", " (auto: qemu-system-x86_64 is not installed)"
+	}
+	t, err := guest.LoadTemplate(imageDir, "default")
+	if err != nil {
+		return "container", fmt.Sprintf(" (auto: no default template in %s: run `make image`)", imageDir)
+	}
+	return "microvm", fmt.Sprintf("auto: microvm, with QEMU and template %s@%s in %s", t.Name, t.Version, imageDir)
 }
 
 func splitComma(s string) []string {

@@ -81,7 +81,10 @@ func cmdDev(args []string, stdout, stderr io.Writer) error {
 	api := fs.String("api", "127.0.0.1:7480", "HOST:PORT the API listens on")
 	raftAddr := fs.String("raft", "", "HOST:PORT for raft (default: the API port + 1 on the same host)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
-	nodeDriver := fs.String("node-driver", "sim", "driver of the built-in node daemon: sim (simulated); \"none\" runs no node")
+	nodeDriver := fs.String("node-driver", "sim", "driver of the built-in node daemon: auto, microvm, container, sim (simulated); \"none\" runs no node")
+	fs.StringVar(nodeDriver, "driver", "sim", "same as --node-driver")
+	imageDir := fs.String("image-dir", defaultImageDir(), "microvm: the template store (env WARREN_IMAGE_DIR)")
+	accel := fs.String("accel", "auto", "microvm: accelerator: auto, kvm or tcg")
 	capacity := fs.String("capacity", "", "the built-in node's capacity, cpu=N,mem=SIZE (default: this host's)")
 	pos, err := parse(fs, args)
 	if err != nil {
@@ -108,11 +111,23 @@ func cmdDev(args []string, stdout, stderr io.Writer) error {
 	f.cfg.Bootstrap = true
 	var startNode func(*slog.Logger) (io.Closer, error)
 	if *nodeDriver != "none" {
-		nf := nodeFlags{id: "dev", data: filepath.Join(*data, "node"), servers: "http://" + *api, driver: *nodeDriver, capacity: *capacity}
-		cfg, err := nf.config()
-		if err != nil && !strings.HasPrefix(err.Error(), "gossip:") {
+		log, err := newLogger(stderr, *logLevel)
+		if err != nil {
 			return err
 		}
+		nf := nodeFlags{id: "dev", data: filepath.Join(*data, "node"), servers: "http://" + *api, driver: *nodeDriver, capacity: *capacity,
+			imageDir: *imageDir, accel: *accel, logger: log, gossip: "127.0.0.1:0"}
+		cfg, err := nf.config()
+		if err != nil {
+			if cfg.Driver != nil {
+				cfg.Driver.Close()
+			}
+			return err
+		}
+		if nf.why != "" {
+			fmt.Fprintf(stderr, "warren dev: driver %s\n", strings.TrimPrefix(strings.TrimSpace(nf.why), "auto: "))
+		}
+		*nodeDriver = cfg.Driver.Name()
 		cfg.GossipAddr, cfg.Address = "", "in-process"
 		if err := cfg.Validate(); err != nil {
 			return err

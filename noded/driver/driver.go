@@ -5,6 +5,7 @@ package driver
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"time"
 
@@ -77,6 +78,20 @@ var (
 	ErrUnavailable = errors.New("unavailable")
 )
 
+// Errorf returns an error of kind (ErrInvalid, ErrNotFound, ErrUnavailable)
+// whose message is only the formatted text: errors.Is(err, kind) holds.
+func Errorf(kind error, format string, args ...any) error {
+	return &kindError{kind: kind, msg: fmt.Sprintf(format, args...)}
+}
+
+type kindError struct {
+	kind error
+	msg  string
+}
+
+func (e *kindError) Error() string { return e.msg }
+func (e *kindError) Unwrap() error { return e.kind }
+
 // Interactive is a sandbox with a real guest: the microvm and container
 // drivers' sandboxes implement it, the sim driver's do not.
 type Interactive interface {
@@ -97,6 +112,21 @@ type Interactive interface {
 // after a restart included).
 type Lister interface {
 	Sandboxes() []Sandbox
+	Get(id string) (Sandbox, bool)
+}
+
+// PoolStatus is one template's warm pool on a node.
+type PoolStatus struct {
+	Template string
+	Target   int
+	Ready    int
+	Filling  int
+	Snapshot string // "ready", "making" or why there is none
+}
+
+// Pooler is a driver with real warm pools.
+type Pooler interface {
+	Pools() []PoolStatus
 }
 
 // Sandbox is one isolated environment.

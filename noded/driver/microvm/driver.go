@@ -187,9 +187,9 @@ func (d *Driver) template(name string) (*tplState, error) {
 	t, err := guest.LoadTemplate(d.cfg.ImageDir, name)
 	if err != nil {
 		if errors.Is(err, guest.ErrNoTemplate) {
-			return nil, fmt.Errorf("%w: template %q: not in %s (have: %v)", driver.ErrNotFound, name, d.cfg.ImageDir, d.Templates())
+			return nil, driver.Errorf(driver.ErrNotFound, "template %q: not in %s (have: %v)", name, d.cfg.ImageDir, d.Templates())
 		}
-		return nil, fmt.Errorf("%w: %v", driver.ErrInvalid, err)
+		return nil, driver.Errorf(driver.ErrInvalid, "%v", err)
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -306,7 +306,7 @@ func (d *Driver) checkLimits(ts *tplState, l driver.Limits) (driver.Limits, erro
 		errs = append(errs, fmt.Errorf("limits.pids %d: must be between 16 and 1048576", l.Pids))
 	}
 	if err := errors.Join(errs...); err != nil {
-		return l, fmt.Errorf("%w: %v", driver.ErrInvalid, err)
+		return l, driver.Errorf(driver.ErrInvalid, "%v", err)
 	}
 	return l, nil
 }
@@ -317,7 +317,7 @@ func (d *Driver) checkLimits(ts *tplState, l driver.Limits) (driver.Limits, erro
 func (d *Driver) Claim(ctx context.Context, req driver.ClaimRequest) (driver.Sandbox, error) {
 	t0 := time.Now()
 	if req.ID == "" {
-		return nil, fmt.Errorf("%w: id: required", driver.ErrInvalid)
+		return nil, driver.Errorf(driver.ErrInvalid, "id: required")
 	}
 	ts, err := d.template(req.Template)
 	if err != nil {
@@ -332,16 +332,16 @@ func (d *Driver) Claim(ctx context.Context, req driver.ClaimRequest) (driver.San
 		ttl = d.cfg.DefaultTTL
 	}
 	if ttl < 0 || ttl > d.cfg.MaxTTL {
-		return nil, fmt.Errorf("%w: ttl %v: must be between 1s and %v", driver.ErrInvalid, ttl, d.cfg.MaxTTL)
+		return nil, driver.Errorf(driver.ErrInvalid, "ttl %v: must be between 1s and %v", ttl, d.cfg.MaxTTL)
 	}
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
-		return nil, fmt.Errorf("%w: driver closed", driver.ErrUnavailable)
+		return nil, driver.Errorf(driver.ErrUnavailable, "driver closed")
 	}
 	if _, dup := d.live[req.ID]; dup {
 		d.mu.Unlock()
-		return nil, fmt.Errorf("%w: sandbox %q exists", driver.ErrInvalid, req.ID)
+		return nil, driver.Errorf(driver.ErrInvalid, "sandbox %q exists", req.ID)
 	}
 	d.live[req.ID] = nil // reserved
 	d.mu.Unlock()
@@ -430,22 +430,13 @@ func (d *Driver) SetPoolTarget(template string, n int) {
 	go d.refill(ts)
 }
 
-// PoolStatus is one template's pool.
-type PoolStatus struct {
-	Template string
-	Target   int
-	Ready    int
-	Filling  int
-	Snapshot string // "ready", "making" or why there is none
-}
-
 // Pools reports every template's pool.
-func (d *Driver) Pools() []PoolStatus {
+func (d *Driver) Pools() []driver.PoolStatus {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	var out []PoolStatus
+	var out []driver.PoolStatus
 	for name, ts := range d.templates {
-		st := PoolStatus{Template: name, Target: ts.target, Ready: len(ts.pool), Filling: ts.filling}
+		st := driver.PoolStatus{Template: name, Target: ts.target, Ready: len(ts.pool), Filling: ts.filling}
 		switch {
 		case ts.snap != nil:
 			st.Snapshot = "ready"
@@ -601,4 +592,10 @@ func (d *Driver) Detach() {
 		vm.mu.Unlock()
 	}
 	d.wg.Wait()
+}
+
+// HasTemplate reports whether the template exists (a pool for it can be set).
+func (d *Driver) HasTemplate(name string) error {
+	_, err := d.template(name)
+	return err
 }

@@ -254,11 +254,11 @@ func (vm *VM) client() (*guest.Client, error) {
 	defer vm.mu.Unlock()
 	switch {
 	case vm.state == "destroyed":
-		return nil, fmt.Errorf("%w: sandbox %s is destroyed", driver.ErrNotFound, vm.sandboxID)
+		return nil, driver.Errorf(driver.ErrNotFound, "sandbox %s is destroyed", vm.sandboxID)
 	case vm.state == "paused":
-		return nil, fmt.Errorf("%w: sandbox %s is paused; resume it first", driver.ErrInvalid, vm.sandboxID)
+		return nil, driver.Errorf(driver.ErrInvalid, "sandbox %s is paused; resume it first", vm.sandboxID)
 	case vm.agent == nil:
-		return nil, fmt.Errorf("%w: sandbox %s has no agent connection", driver.ErrUnavailable, vm.sandboxID)
+		return nil, driver.Errorf(driver.ErrUnavailable, "sandbox %s has no agent connection", vm.sandboxID)
 	}
 	return vm.agent, nil
 }
@@ -318,7 +318,7 @@ func (vm *VM) Pause(ctx context.Context) error {
 	case "paused":
 		return nil
 	case "destroyed":
-		return fmt.Errorf("%w: sandbox %s is destroyed", driver.ErrNotFound, vm.sandboxID)
+		return driver.Errorf(driver.ErrNotFound, "sandbox %s is destroyed", vm.sandboxID)
 	}
 	if err := vm.agent.Sync(ctx); err != nil {
 		return fmt.Errorf("pause: sync: %w", err)
@@ -357,7 +357,7 @@ func (vm *VM) Resume(ctx context.Context) error {
 	case "running":
 		return nil
 	case "destroyed":
-		return fmt.Errorf("%w: sandbox %s is destroyed", driver.ErrNotFound, vm.sandboxID)
+		return driver.Errorf(driver.ErrNotFound, "sandbox %s is destroyed", vm.sandboxID)
 	}
 	state := filepath.Join(vm.spec.Dir, "paused.state")
 	vm.spec.Incoming = true

@@ -100,6 +100,8 @@ type Node struct {
 	// Set while draining: tasks still on the node then are requeued.
 	DrainDeadline *timestamppb.Timestamp `protobuf:"bytes,14,opt,name=drain_deadline,json=drainDeadline,proto3" json:"drain_deadline,omitempty"`
 	StatusReason  string                 `protobuf:"bytes,15,opt,name=status_reason,json=statusReason,proto3" json:"status_reason,omitempty"`
+	// The node's SandboxService URL; "" when it runs no sandboxes.
+	SandboxUrl    string `protobuf:"bytes,16,opt,name=sandbox_url,json=sandboxUrl,proto3" json:"sandbox_url,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -235,6 +237,13 @@ func (x *Node) GetDrainDeadline() *timestamppb.Timestamp {
 func (x *Node) GetStatusReason() string {
 	if x != nil {
 		return x.StatusReason
+	}
+	return ""
+}
+
+func (x *Node) GetSandboxUrl() string {
+	if x != nil {
+		return x.SandboxUrl
 	}
 	return ""
 }
@@ -867,7 +876,7 @@ var File_warren_v1_node_proto protoreflect.FileDescriptor
 
 const file_warren_v1_node_proto_rawDesc = "" +
 	"\n" +
-	"\x14warren/v1/node.proto\x12\twarren.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19warren/v1/resources.proto\x1a\x14warren/v1/task.proto\"\xbb\x05\n" +
+	"\x14warren/v1/node.proto\x12\twarren.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19warren/v1/resources.proto\x1a\x14warren/v1/task.proto\"\xdc\x05\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12-\n" +
 	"\x06status\x18\x02 \x01(\x0e2\x15.warren.v1.NodeStatusR\x06status\x12\x1a\n" +
@@ -885,7 +894,9 @@ const file_warren_v1_node_proto_rawDesc = "" +
 	"\rregistered_at\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\fregisteredAt\x12F\n" +
 	"\x11status_changed_at\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\x0fstatusChangedAt\x12A\n" +
 	"\x0edrain_deadline\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\rdrainDeadline\x12#\n" +
-	"\rstatus_reason\x18\x0f \x01(\tR\fstatusReason\x1a9\n" +
+	"\rstatus_reason\x18\x0f \x01(\tR\fstatusReason\x12\x1f\n" +
+	"\vsandbox_url\x18\x10 \x01(\tR\n" +
+	"sandboxUrl\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"w\n" +

@@ -1,0 +1,386 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"connectrpc.com/connect"
+
+	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+)
+
+const sandboxUsage = `usage: warren sandbox <command>
+
+  create [--template T] [--vcpus N] [--memory-mb N] [--pids N] [--ttl DUR] [--env K=V,...] [--node ID]
+                             make a sandbox; prints it (-o json: its id is .id)
+  exec ID [--env K=V,...] [--dir D] [--timeout DUR] [--stdin] -- CMD...
+                             run a command, streaming its output; exits with its exit code
+  cp SRC DST                 copy one file: LOCAL ID:/PATH or ID:/PATH LOCAL ("-" is stdin/stdout)
+  files ID PATH              list a directory in the sandbox
+  get ID                     show one sandbox
+  pause ID | resume ID       save a sandbox to disk and stop it | bring it back
+  rm ID...                   destroy sandboxes
+  ls [--node ID]             list sandboxes
+
+warren pool set TEMPLATE N [--node ID]   keep N warm sandboxes of TEMPLATE on each node
+warren pool list [--node ID]             show the warm pools
+`
+
+// exitCode makes the process exit with a command's exit code.
+type exitCode int
+
+func (e exitCode) Error() string { return fmt.Sprintf("exit status %d", int(e)) }
+
+func cmdSandbox(args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, sandboxUsage)
+		return errUsage
+	}
+	verb, args := args[0], args[1:]
+	fs := flag.NewFlagSet("sandbox "+verb, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var cf clientFlags
+	cf.register(fs)
+	switch verb {
+	case "create":
+		setDefault(fs, "timeout", "5m")
+		template := fs.String("template", "", "template name (default: the node's default)")
+		vcpus := fs.Uint("vcpus", 0, "vCPUs (0: the default, 1)")
+		mem := fs.Uint("memory-mb", 0, "memory in MiB (0: the default, 256)")
+		pids := fs.Uint("pids", 0, "processes inside the sandbox (0: the default, 4096)")
+		disk := fs.Uint("disk-mb", 0, "disk in MiB (0: the template's)")
+		ttl := fs.Duration("ttl", 0, "wall-clock life; the node destroys it then (0: the node's default, 1h)")
+		env := fs.String("env", "", "environment of every command, K=V,...")
+		node := fs.String("node", "", "put it on this node")
+		_, c, ctx, cancel, err := cf.start(fs, args)
+		if err != nil {
+			return err
+		}
+		defer cancel()
+		envm, err := parseEnv(*env)
+		if err != nil {
+			return err
+		}
+		res, err := c.Sandboxes().CreateSandbox(ctx, connect.NewRequest(&warrenv1.CreateSandboxRequest{
+			Template: *template, TtlSeconds: int64(ttl.Seconds()), Env: envm, NodeId: *node,
+			Limits: &warrenv1.SandboxLimits{Vcpus: uint32(*vcpus), MemoryMb: uint32(*mem), Pids: uint32(*pids), DiskMb: uint32(*disk)},
+		}))
+		if err != nil {
+			return err
+		}
+		return printSandboxes(stdout, cf.output, res.Msg.GetSandbox())
+	case "get":
+		pos, c, ctx, cancel, err := cf.start(fs, args, "ID")
+		if err != nil {
+			return err
+		}
+		defer cancel()
+		res, err := c.Sandboxes().GetSandbox(ctx, connect.NewRequest(&warrenv1.GetSandboxRequest{SandboxId: pos[0]}))
+		if err != nil {
+			return err
+		}
+		return printSandboxes(stdout, cf.output, res.Msg.GetSandbox())
+	case "ls", "list":
+		node := fs.String("node", "", "only this node's")
+		_, c, ctx, cancel, err := cf.start(fs, args)
+		if err != nil {
+			return err
+		}
+		defer cancel()
+		res, err := c.Sandboxes().ListSandboxes(ctx, connect.NewRequest(&warrenv1.ListSandboxesRequest{NodeId: *node}))
+		if err != nil {
+			return err
+		}
+		for _, u := range res.Msg.GetUnreachableNodes() {
+			fmt.Fprintf(stderr, "warning: node %s did not answer; its sandboxes are missing\n", u)
+		}
+		return printSandboxes(stdout, cf.output, res.Msg.GetSandboxes()...)
+	case "rm", "delete":
+		pos, err := parse(fs, args)
+		if err != nil {
+			return err
+		}
+		if len(pos) == 0 {
+			return errors.New("sandbox rm: want at least one ID")
+		}
+		c, err := cf.dial()
+		if err != nil {
+			return err
+		}
+		var errs []error
+		for _, id := range pos {
+			ctx, cancel := context.WithTimeout(context.Background(), cf.timeout)
+			_, err := c.Sandboxes().DeleteSandbox(ctx, connect.NewRequest(&warrenv1.DeleteSandboxRequest{SandboxId: id}))
+			cancel()
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", id, err))
+				continue
+			}
+			fmt.Fprintln(stdout, id)
+		}
+		return errors.Join(errs...)
+	case "pause", "resume":
+		setDefault(fs, "timeout", "5m")
+		pos, c, ctx, cancel, err := cf.start(fs, args, "ID")
+		if err != nil {
+			return err
+		}
+		defer cancel()
+		var sb *warrenv1.Sandbox
+		if verb == "pause" {
+			res, err := c.Sandboxes().Pause(ctx, connect.NewRequest(&warrenv1.PauseRequest{SandboxId: pos[0]}))
+			if err != nil {
+				return err
+			}
+			sb = res.Msg.GetSandbox()
+		} else {
+			res, err := c.Sandboxes().Resume(ctx, connect.NewRequest(&warrenv1.ResumeRequest{SandboxId: pos[0]}))
+			if err != nil {
+				return err
+			}
+			sb = res.Msg.GetSandbox()
+		}
+		return printSandboxes(stdout, cf.output, sb)
+	case "files":
+		pos, c, ctx, cancel, err := cf.start(fs, args, "ID", "PATH")
+		if err != nil {
+			return err
+		}
+		defer cancel()
+		res, err := c.Sandboxes().ListFiles(ctx, connect.NewRequest(&warrenv1.ListFilesRequest{SandboxId: pos[0], Path: pos[1]}))
+		if err != nil {
+			return err
+		}
+		if cf.output == "json" {
+			return printJSON(stdout, res.Msg)
+		}
+		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		for _, f := range res.Msg.GetFiles() {
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", os.FileMode(f.GetMode()), f.GetSize(), f.GetModifiedAt().AsTime().Format(time.RFC3339), f.GetName())
+		}
+		return tw.Flush()
+	case "cp":
+		pos, c, ctx, cancel, err := cf.start(fs, args, "SRC", "DST")
+		if err != nil {
+			return err
+		}
+		defer cancel()
+		srcID, srcPath, srcRemote := splitRemote(pos[0])
+		dstID, dstPath, dstRemote := splitRemote(pos[1])
+		switch {
+		case srcRemote && !dstRemote:
+			res, err := c.Sandboxes().ReadFile(ctx, connect.NewRequest(&warrenv1.ReadFileRequest{SandboxId: srcID, Path: srcPath}))
+			if err != nil {
+				return err
+			}
+			if pos[1] == "-" {
+				_, err = stdout.Write(res.Msg.GetData())
+				return err
+			}
+			return os.WriteFile(pos[1], res.Msg.GetData(), os.FileMode(res.Msg.GetFile().GetMode()).Perm())
+		case dstRemote && !srcRemote:
+			var data []byte
+			var mode uint32
+			if pos[0] == "-" {
+				data, err = io.ReadAll(os.Stdin)
+			} else {
+				var fi os.FileInfo
+				if fi, err = os.Stat(pos[0]); err == nil {
+					mode = uint32(fi.Mode().Perm())
+					data, err = os.ReadFile(pos[0])
+				}
+			}
+			if err != nil {
+				return err
+			}
+			_, err = c.Sandboxes().WriteFile(ctx, connect.NewRequest(&warrenv1.WriteFileRequest{SandboxId: dstID, Path: dstPath, Data: data, Mode: mode}))
+			return err
+		}
+		return errors.New("sandbox cp: one side must be ID:/PATH and the other a local file (or -)")
+	case "exec":
+		setDefault(fs, "timeout", "0")
+		env := fs.String("env", "", "extra environment, K=V,...")
+		dir := fs.String("dir", "", "working directory (absolute)")
+		cmdTimeout := fs.Duration("cmd-timeout", 0, "kill the command's process group after this long (0: no limit)")
+		stdin := fs.Bool("stdin", false, "send this process's stdin to the command")
+		pos, err := parse(fs, args)
+		if err != nil {
+			return err
+		}
+		if len(pos) < 2 {
+			return errors.New("sandbox exec: want ID -- CMD...")
+		}
+		envm, err := parseEnv(*env)
+		if err != nil {
+			return err
+		}
+		c, err := cf.dial()
+		if err != nil {
+			return err
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		if cf.timeout > 0 {
+			ctx, cancel = context.WithTimeout(context.Background(), cf.timeout)
+		}
+		defer cancel()
+		req := &warrenv1.ExecRequest{SandboxId: pos[0], Command: pos[1:], Env: envm, Dir: *dir, TimeoutMs: cmdTimeout.Milliseconds()}
+		if *stdin {
+			if req.Stdin, err = io.ReadAll(os.Stdin); err != nil {
+				return err
+			}
+		}
+		st, err := c.Sandboxes().Exec(ctx, connect.NewRequest(req))
+		if err != nil {
+			return err
+		}
+		defer st.Close()
+		for st.Receive() {
+			switch ev := st.Msg().GetEvent().(type) {
+			case *warrenv1.ExecResponse_Stdout:
+				stdout.Write(ev.Stdout)
+			case *warrenv1.ExecResponse_Stderr:
+				stderr.Write(ev.Stderr)
+			case *warrenv1.ExecResponse_Exit:
+				if ev.Exit.GetTimedOut() {
+					fmt.Fprintf(stderr, "warren: command timed out after %v\n", *cmdTimeout)
+				}
+				if code := ev.Exit.GetCode(); code != 0 {
+					return exitCode(code)
+				}
+				return nil
+			}
+		}
+		if err := st.Err(); err != nil {
+			return err
+		}
+		return errors.New("sandbox exec: the stream ended without an exit status")
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, sandboxUsage)
+		return nil
+	}
+	fmt.Fprint(stderr, sandboxUsage)
+	return fmt.Errorf("sandbox: unknown command %q", verb)
+}
+
+func cmdPool(args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, sandboxUsage)
+		return errUsage
+	}
+	verb, args := args[0], args[1:]
+	fs := flag.NewFlagSet("pool "+verb, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var cf clientFlags
+	cf.register(fs)
+	node := fs.String("node", "", "only this node")
+	var pools []*warrenv1.PoolStatus
+	var unreachable []string
+	switch verb {
+	case "set":
+		pos, c, ctx, cancel, err := cf.start(fs, args, "TEMPLATE", "N")
+		if err != nil {
+			return err
+		}
+		defer cancel()
+		var n uint32
+		if _, err := fmt.Sscan(pos[1], &n); err != nil || fmt.Sprint(n) != pos[1] {
+			return fmt.Errorf("pool set: N %q: want a whole number", pos[1])
+		}
+		res, err := c.Sandboxes().SetPoolTarget(ctx, connect.NewRequest(&warrenv1.SetPoolTargetRequest{Template: pos[0], Target: n, NodeId: *node}))
+		if err != nil {
+			return err
+		}
+		pools, unreachable = res.Msg.GetPools(), res.Msg.GetUnreachableNodes()
+	case "list", "ls":
+		_, c, ctx, cancel, err := cf.start(fs, args)
+		if err != nil {
+			return err
+		}
+		defer cancel()
+		res, err := c.Sandboxes().ListPools(ctx, connect.NewRequest(&warrenv1.ListPoolsRequest{NodeId: *node}))
+		if err != nil {
+			return err
+		}
+		pools, unreachable = res.Msg.GetPools(), res.Msg.GetUnreachableNodes()
+	default:
+		fmt.Fprint(stderr, sandboxUsage)
+		return fmt.Errorf("pool: unknown command %q", verb)
+	}
+	for _, u := range unreachable {
+		fmt.Fprintf(stderr, "warning: node %s did not answer\n", u)
+	}
+	if cf.output == "json" {
+		for _, p := range pools {
+			if err := printJSON(stdout, p); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tTEMPLATE\tTARGET\tREADY\tFILLING\tSNAPSHOT")
+	for _, p := range pools {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\n", p.GetNodeId(), p.GetTemplate(), p.GetTarget(), p.GetReady(), p.GetFilling(), p.GetSnapshot())
+	}
+	return tw.Flush()
+}
+
+func setDefault(fs *flag.FlagSet, name, v string) {
+	f := fs.Lookup(name)
+	_ = f.Value.Set(v)
+	f.DefValue = v
+}
+
+// splitRemote splits "ID:/PATH".
+func splitRemote(s string) (id, path string, ok bool) {
+	id, path, ok = strings.Cut(s, ":")
+	if !ok || !strings.HasPrefix(id, "sb-") {
+		return "", "", false
+	}
+	return id, path, true
+}
+
+func parseEnv(s string) (map[string]string, error) {
+	if s == "" {
+		return nil, nil
+	}
+	out := map[string]string{}
+	for _, kv := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("env: %q is not K=V", kv)
+		}
+		out[k] = v
+	}
+	return out, nil
+}
+
+func printSandboxes(w io.Writer, output string, sbs ...*warrenv1.Sandbox) error {
+	if output == "json" {
+		for _, sb := range sbs {
+			if err := printJSON(w, sb); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	var b bytes.Buffer
+	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tNODE\tTEMPLATE\tSTATE\tSTART\tCLAIM\tVCPUS\tMEM\tEXPIRES")
+	for _, sb := range sbs {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.0fms\t%d\t%dMiB\t%s\n", sb.GetId(), sb.GetNodeId(), sb.GetTemplate(), sb.GetState(),
+			sb.GetStart(), sb.GetClaimMs(), sb.GetLimits().GetVcpus(), sb.GetLimits().GetMemoryMb(),
+			sb.GetExpiresAt().AsTime().Local().Format(time.RFC3339))
+	}
+	tw.Flush()
+	_, err := w.Write(b.Bytes())
+	return err
+}

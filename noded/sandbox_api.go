@@ -1,0 +1,487 @@
+package noded
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
+	"github.com/warrenhq/warren/guest"
+	"github.com/warrenhq/warren/noded/driver"
+)
+
+// Limits of the sandbox API on a node.
+const (
+	MaxFileBytes  = 32 << 20 // ReadFile and WriteFile carry a whole file
+	maxStdinBytes = 8 << 20
+)
+
+// SandboxAPI serves warren.v1.SandboxService for the sandboxes of one
+// node's driver. Servers forward the public API's calls to it.
+type SandboxAPI struct {
+	nodeID  string
+	drv     driver.Driver
+	log     *slog.Logger
+	poolsAt string // where pool targets survive a restart
+
+	mu    sync.Mutex
+	pools map[string]int
+}
+
+var _ warrenv1connect.SandboxServiceHandler = (*SandboxAPI)(nil)
+
+// NewSandboxAPI serves drv's sandboxes and restores the pool targets saved
+// in dataDir.
+func NewSandboxAPI(nodeID, dataDir string, drv driver.Driver, log *slog.Logger) *SandboxAPI {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	a := &SandboxAPI{nodeID: nodeID, drv: drv, log: log, poolsAt: filepath.Join(dataDir, "pools.json"), pools: map[string]int{}}
+	if b, err := os.ReadFile(a.poolsAt); err == nil {
+		if err := json.Unmarshal(b, &a.pools); err != nil {
+			log.Warn("pool targets unreadable; starting without", "err", err)
+		}
+		for t, n := range a.pools {
+			drv.SetPoolTarget(t, n)
+		}
+	}
+	return a
+}
+
+// NewSandboxID makes a sandbox id that names its node.
+func NewSandboxID(nodeID string) string {
+	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+	b := make([]byte, 10)
+	_, _ = rand.Read(b)
+	for i := range b {
+		b[i] = alphabet[int(b[i])%len(alphabet)]
+	}
+	return "sb-" + string(b) + "-" + nodeID
+}
+
+// SandboxNode returns the node id in a sandbox id.
+func SandboxNode(id string) (string, error) {
+	if len(id) < 15 || !strings.HasPrefix(id, "sb-") || id[13] != '-' {
+		return "", fmt.Errorf("sandbox_id %q: not a sandbox id (sb-XXXXXXXXXX-NODE)", truncate(id, 80))
+	}
+	return id[14:], nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "…"
+	}
+	return s
+}
+
+// codeOf maps driver and guest errors to Connect codes, once.
+func codeOf(err error) *connect.Error {
+	var re *guest.RemoteError
+	switch {
+	case errors.Is(err, context.Canceled):
+		return connect.NewError(connect.CodeCanceled, err)
+	case errors.Is(err, context.DeadlineExceeded):
+		return connect.NewError(connect.CodeDeadlineExceeded, err)
+	case errors.Is(err, driver.ErrInvalid):
+		return connect.NewError(connect.CodeInvalidArgument, err)
+	case errors.Is(err, driver.ErrNotFound):
+		return connect.NewError(connect.CodeNotFound, err)
+	case errors.Is(err, driver.ErrUnavailable):
+		return connect.NewError(connect.CodeUnavailable, err)
+	case errors.As(err, &re):
+		switch {
+		case strings.Contains(re.Msg, "no such file or directory"):
+			return connect.NewError(connect.CodeNotFound, err)
+		case strings.Contains(re.Msg, "is a directory"), strings.Contains(re.Msg, "not a directory"),
+			strings.Contains(re.Msg, "over the limit"), strings.HasPrefix(re.Msg, "path"), strings.HasPrefix(re.Msg, "command"):
+			return connect.NewError(connect.CodeInvalidArgument, err)
+		}
+		return connect.NewError(connect.CodeFailedPrecondition, err)
+	}
+	return connect.NewError(connect.CodeInternal, err)
+}
+
+func invalidArg(format string, args ...any) error {
+	return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf(format, args...))
+}
+
+// sandbox finds a live sandbox with a real guest.
+func (a *SandboxAPI) sandbox(id string) (driver.Interactive, error) {
+	if id == "" {
+		return nil, invalidArg("sandbox_id: required")
+	}
+	node, err := SandboxNode(id)
+	if err != nil {
+		return nil, connect.NewError(connect.CodeInvalidArgument, err)
+	}
+	if node != a.nodeID {
+		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("sandbox %s is on node %s, not %s", id, node, a.nodeID))
+	}
+	l, ok := a.drv.(driver.Lister)
+	if !ok {
+		return nil, a.noSandboxes()
+	}
+	sb, ok := l.Get(id)
+	if !ok {
+		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("sandbox %s: not found (destroyed, expired, or never made)", id))
+	}
+	ia, ok := sb.(driver.Interactive)
+	if !ok {
+		return nil, a.noSandboxes()
+	}
+	return ia, nil
+}
+
+func (a *SandboxAPI) noSandboxes() error {
+	return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("node %s runs the %s driver, which has no sandbox API (use microvm or container)", a.nodeID, a.drv.Name()))
+}
+
+func (a *SandboxAPI) toProto(ia driver.Interactive) *warrenv1.Sandbox {
+	in := ia.Info()
+	return &warrenv1.Sandbox{
+		Id: in.ID, NodeId: a.nodeID, Template: in.Template, State: in.State, Start: string(in.Start),
+		Limits: &warrenv1.SandboxLimits{Vcpus: uint32(in.Limits.VCPUs), MemoryMb: uint32(in.Limits.MemMB),
+			DiskMb: uint32(in.Limits.DiskMB), Pids: uint32(in.Limits.Pids)},
+		CreatedAt: timestamppb.New(in.Created), ExpiresAt: timestamppb.New(in.Expires),
+		ClaimMs: float64(in.ClaimTime.Microseconds()) / 1000, Driver: a.drv.Name(), Accelerator: in.Accelerator,
+	}
+}
+
+func fileProto(f guest.FileInfo) *warrenv1.FileInfo {
+	return &warrenv1.FileInfo{Name: f.Name, Size: f.Size, Mode: f.Mode, ModifiedAt: timestamppb.New(time.Unix(0, f.ModNano)), Dir: f.Dir}
+}
+
+// CreateSandbox claims a sandbox from the driver.
+func (a *SandboxAPI) CreateSandbox(ctx context.Context, req *connect.Request[warrenv1.CreateSandboxRequest]) (*connect.Response[warrenv1.CreateSandboxResponse], error) {
+	m := req.Msg
+	if _, ok := a.drv.(driver.Lister); !ok {
+		return nil, a.noSandboxes()
+	}
+	id := m.GetId()
+	if id == "" {
+		id = NewSandboxID(a.nodeID)
+	} else if node, err := SandboxNode(id); err != nil || node != a.nodeID {
+		return nil, invalidArg("id %q: must be sb-XXXXXXXXXX-%s (or empty)", truncate(id, 80), a.nodeID)
+	}
+	if m.GetTtlSeconds() < 0 {
+		return nil, invalidArg("ttl_seconds %d: must not be negative", m.GetTtlSeconds())
+	}
+	if m.GetTtlSeconds() > 365*24*3600 {
+		return nil, invalidArg("ttl_seconds %d: over a year", m.GetTtlSeconds())
+	}
+	if err := guest.CheckExec([]string{"env"}, m.GetEnv()); err != nil {
+		return nil, invalidArg("env: %v", err)
+	}
+	l := m.GetLimits()
+	sb, err := a.drv.Claim(ctx, driver.ClaimRequest{ID: id, Template: m.GetTemplate(), TTL: time.Duration(m.GetTtlSeconds()) * time.Second,
+		Env: m.GetEnv(), Limits: driver.Limits{VCPUs: int(l.GetVcpus()), MemMB: int(l.GetMemoryMb()), DiskMB: int(l.GetDiskMb()), Pids: int(l.GetPids())}})
+	if err != nil {
+		return nil, codeOf(err)
+	}
+	ia, ok := sb.(driver.Interactive)
+	if !ok {
+		_ = sb.Destroy()
+		return nil, a.noSandboxes()
+	}
+	return connect.NewResponse(&warrenv1.CreateSandboxResponse{Sandbox: a.toProto(ia)}), nil
+}
+
+// GetSandbox describes one sandbox.
+func (a *SandboxAPI) GetSandbox(ctx context.Context, req *connect.Request[warrenv1.GetSandboxRequest]) (*connect.Response[warrenv1.GetSandboxResponse], error) {
+	ia, err := a.sandbox(req.Msg.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&warrenv1.GetSandboxResponse{Sandbox: a.toProto(ia)}), nil
+}
+
+// ListSandboxes lists this node's sandboxes.
+func (a *SandboxAPI) ListSandboxes(ctx context.Context, req *connect.Request[warrenv1.ListSandboxesRequest]) (*connect.Response[warrenv1.ListSandboxesResponse], error) {
+	res := &warrenv1.ListSandboxesResponse{}
+	if l, ok := a.drv.(driver.Lister); ok {
+		for _, sb := range l.Sandboxes() {
+			if ia, ok := sb.(driver.Interactive); ok {
+				res.Sandboxes = append(res.Sandboxes, a.toProto(ia))
+			}
+		}
+	}
+	return connect.NewResponse(res), nil
+}
+
+// DeleteSandbox destroys a sandbox.
+func (a *SandboxAPI) DeleteSandbox(ctx context.Context, req *connect.Request[warrenv1.DeleteSandboxRequest]) (*connect.Response[warrenv1.DeleteSandboxResponse], error) {
+	ia, err := a.sandbox(req.Msg.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	if err := ia.Destroy(); err != nil {
+		return nil, codeOf(err)
+	}
+	return connect.NewResponse(&warrenv1.DeleteSandboxResponse{}), nil
+}
+
+// streamWriter sends output as Exec messages.
+type streamWriter struct {
+	mu     *sync.Mutex
+	stream *connect.ServerStream[warrenv1.ExecResponse]
+	stderr bool
+}
+
+func (w streamWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	b := append([]byte(nil), p...)
+	var m warrenv1.ExecResponse
+	if w.stderr {
+		m.Event = &warrenv1.ExecResponse_Stderr{Stderr: b}
+	} else {
+		m.Event = &warrenv1.ExecResponse_Stdout{Stdout: b}
+	}
+	if err := w.stream.Send(&m); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// Exec runs a command and streams its output, then its exit status.
+func (a *SandboxAPI) Exec(ctx context.Context, req *connect.Request[warrenv1.ExecRequest], stream *connect.ServerStream[warrenv1.ExecResponse]) error {
+	m := req.Msg
+	if err := guest.CheckExec(m.GetCommand(), m.GetEnv()); err != nil {
+		return connect.NewError(connect.CodeInvalidArgument, err)
+	}
+	if m.GetDir() != "" {
+		if err := guest.CheckPath(m.GetDir()); err != nil {
+			return invalidArg("dir: %v", err)
+		}
+	}
+	if m.GetTimeoutMs() < 0 {
+		return invalidArg("timeout_ms %d: must not be negative", m.GetTimeoutMs())
+	}
+	if len(m.GetStdin()) > maxStdinBytes {
+		return invalidArg("stdin: %d bytes, over the limit of %d", len(m.GetStdin()), maxStdinBytes)
+	}
+	ia, err := a.sandbox(m.GetSandboxId())
+	if err != nil {
+		return err
+	}
+	gr := guest.ExecRequest{Argv: m.GetCommand(), Env: m.GetEnv(), Dir: m.GetDir(), Timeout: time.Duration(m.GetTimeoutMs()) * time.Millisecond}
+	if len(m.GetStdin()) > 0 {
+		gr.Stdin = strings.NewReader(string(m.GetStdin()))
+	}
+	var mu sync.Mutex
+	res, err := ia.Run(ctx, gr, streamWriter{&mu, stream, false}, streamWriter{&mu, stream, true})
+	if err != nil {
+		return codeOf(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	return stream.Send(&warrenv1.ExecResponse{Event: &warrenv1.ExecResponse_Exit{Exit: &warrenv1.ExitStatus{
+		Code: int32(res.ExitCode), Signal: int32(res.Signal), TimedOut: res.TimedOut, DurationUs: res.Duration.Microseconds()}}})
+}
+
+func checkPath(p string) error {
+	if err := guest.CheckPath(p); err != nil {
+		return connect.NewError(connect.CodeInvalidArgument, err)
+	}
+	return nil
+}
+
+type limitedBuffer struct {
+	b   []byte
+	max int
+}
+
+func (l *limitedBuffer) Write(p []byte) (int, error) {
+	if len(l.b)+len(p) > l.max {
+		return 0, fmt.Errorf("over %d bytes", l.max)
+	}
+	l.b = append(l.b, p...)
+	return len(p), nil
+}
+
+// ReadFile returns a whole file (at most MaxFileBytes).
+func (a *SandboxAPI) ReadFile(ctx context.Context, req *connect.Request[warrenv1.ReadFileRequest]) (*connect.Response[warrenv1.ReadFileResponse], error) {
+	if err := checkPath(req.Msg.GetPath()); err != nil {
+		return nil, err
+	}
+	ia, err := a.sandbox(req.Msg.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	buf := &limitedBuffer{max: MaxFileBytes}
+	fi, err := ia.ReadFile(ctx, req.Msg.GetPath(), MaxFileBytes, buf)
+	if err != nil {
+		return nil, codeOf(err)
+	}
+	return connect.NewResponse(&warrenv1.ReadFileResponse{Data: buf.b, File: fileProto(fi)}), nil
+}
+
+// WriteFile writes a whole file, creating its parent directories.
+func (a *SandboxAPI) WriteFile(ctx context.Context, req *connect.Request[warrenv1.WriteFileRequest]) (*connect.Response[warrenv1.WriteFileResponse], error) {
+	if err := checkPath(req.Msg.GetPath()); err != nil {
+		return nil, err
+	}
+	if n := len(req.Msg.GetData()); n > MaxFileBytes {
+		return nil, invalidArg("data: %d bytes, over the limit of %d", n, MaxFileBytes)
+	}
+	if req.Msg.GetMode() > 0o7777 {
+		return nil, invalidArg("mode %o: only permission bits (at most 07777)", req.Msg.GetMode())
+	}
+	ia, err := a.sandbox(req.Msg.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	fi, err := ia.WriteFile(ctx, req.Msg.GetPath(), req.Msg.GetMode(), strings.NewReader(string(req.Msg.GetData())))
+	if err != nil {
+		return nil, codeOf(err)
+	}
+	return connect.NewResponse(&warrenv1.WriteFileResponse{File: fileProto(fi)}), nil
+}
+
+// ListFiles lists a directory.
+func (a *SandboxAPI) ListFiles(ctx context.Context, req *connect.Request[warrenv1.ListFilesRequest]) (*connect.Response[warrenv1.ListFilesResponse], error) {
+	if err := checkPath(req.Msg.GetPath()); err != nil {
+		return nil, err
+	}
+	ia, err := a.sandbox(req.Msg.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	fs, err := ia.ListFiles(ctx, req.Msg.GetPath())
+	if err != nil {
+		return nil, codeOf(err)
+	}
+	res := &warrenv1.ListFilesResponse{}
+	for _, f := range fs {
+		res.Files = append(res.Files, fileProto(f))
+	}
+	return connect.NewResponse(res), nil
+}
+
+// Pause saves a sandbox to disk and stops it.
+func (a *SandboxAPI) Pause(ctx context.Context, req *connect.Request[warrenv1.PauseRequest]) (*connect.Response[warrenv1.PauseResponse], error) {
+	ia, err := a.sandbox(req.Msg.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	if err := ia.Pause(ctx); err != nil {
+		return nil, codeOf(err)
+	}
+	return connect.NewResponse(&warrenv1.PauseResponse{Sandbox: a.toProto(ia)}), nil
+}
+
+// Resume brings a paused sandbox back.
+func (a *SandboxAPI) Resume(ctx context.Context, req *connect.Request[warrenv1.ResumeRequest]) (*connect.Response[warrenv1.ResumeResponse], error) {
+	ia, err := a.sandbox(req.Msg.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	if err := ia.Resume(ctx); err != nil {
+		return nil, codeOf(err)
+	}
+	return connect.NewResponse(&warrenv1.ResumeResponse{Sandbox: a.toProto(ia)}), nil
+}
+
+// SetPoolTarget sets and saves a template's pool target on this node.
+func (a *SandboxAPI) SetPoolTarget(ctx context.Context, req *connect.Request[warrenv1.SetPoolTargetRequest]) (*connect.Response[warrenv1.SetPoolTargetResponse], error) {
+	t, n := req.Msg.GetTemplate(), req.Msg.GetTarget()
+	if t == "" {
+		return nil, invalidArg("template: required")
+	}
+	if n > 1000 {
+		return nil, invalidArg("target %d: over the limit of 1000 per node", n)
+	}
+	if _, ok := a.drv.(driver.Pooler); !ok {
+		return nil, a.noSandboxes()
+	}
+	if l, ok := a.drv.(interface{ HasTemplate(string) error }); ok {
+		if err := l.HasTemplate(t); err != nil {
+			return nil, codeOf(err)
+		}
+	}
+	a.mu.Lock()
+	if n == 0 {
+		delete(a.pools, t)
+	} else {
+		a.pools[t] = int(n)
+	}
+	b, _ := json.Marshal(a.pools)
+	a.mu.Unlock()
+	if err := writeFileAtomic(a.poolsAt, b); err != nil {
+		return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("save pool targets: %w", err))
+	}
+	a.drv.SetPoolTarget(t, int(n))
+	a.log.Info("pool target set", "template", t, "target", n)
+	pools, _ := a.ListPools(ctx, connect.NewRequest(&warrenv1.ListPoolsRequest{}))
+	return connect.NewResponse(&warrenv1.SetPoolTargetResponse{Pools: pools.Msg.GetPools()}), nil
+}
+
+// ListPools reports this node's pools.
+func (a *SandboxAPI) ListPools(ctx context.Context, req *connect.Request[warrenv1.ListPoolsRequest]) (*connect.Response[warrenv1.ListPoolsResponse], error) {
+	res := &warrenv1.ListPoolsResponse{}
+	if p, ok := a.drv.(driver.Pooler); ok {
+		for _, st := range p.Pools() {
+			res.Pools = append(res.Pools, &warrenv1.PoolStatus{NodeId: a.nodeID, Template: st.Template, Target: uint32(st.Target),
+				Ready: uint32(st.Ready), Filling: uint32(st.Filling), Snapshot: st.Snapshot})
+		}
+	}
+	return connect.NewResponse(res), nil
+}
+
+func writeFileAtomic(path string, b []byte) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+var _ io.Writer = (*limitedBuffer)(nil)
+
+// serveSandboxes starts the node's SandboxService listener.
+func (d *Daemon) serveSandboxes() error {
+	host, _, err := net.SplitHostPort(d.cfg.SandboxListen)
+	if err != nil {
+		return fmt.Errorf("sandbox-listen: %q is not HOST:PORT: %v", d.cfg.SandboxListen, err)
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		return fmt.Errorf("sandbox-listen: give the address servers reach this node at, not %q", host)
+	}
+	ln, err := net.Listen("tcp", d.cfg.SandboxListen)
+	if err != nil {
+		return fmt.Errorf("sandbox-listen: %w", err)
+	}
+	d.Sandboxes = NewSandboxAPI(d.cfg.ID, d.cfg.DataDir, d.cfg.Driver, d.log)
+	mux := http.NewServeMux()
+	mux.Handle(warrenv1connect.NewSandboxServiceHandler(d.Sandboxes, connect.WithReadMaxBytes(2*MaxFileBytes)))
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	hs.Protocols = new(http.Protocols)
+	hs.Protocols.SetHTTP1(true)
+	hs.Protocols.SetUnencryptedHTTP2(true)
+	d.sandboxSrv = hs
+	d.sandboxURL = "http://" + ln.Addr().String()
+	go hs.Serve(ln)
+	d.log.Info("sandbox API listening", "url", d.sandboxURL)
+	return nil
+}
+
+// SandboxURL is where the node serves its SandboxService ("" if it does not).
+func (d *Daemon) SandboxURL() string { return d.sandboxURL }

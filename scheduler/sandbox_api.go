@@ -1,0 +1,381 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
+
+	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
+)
+
+// sandboxAPI is the public SandboxService on a server: it picks a node for
+// a new sandbox and forwards every other call to the node its id names.
+// Sandboxes live on their nodes; the servers keep no record of them.
+type sandboxAPI struct {
+	s    *Server
+	http *http.Client
+
+	mu      sync.Mutex
+	clients map[string]warrenv1connect.SandboxServiceClient
+}
+
+var _ warrenv1connect.SandboxServiceHandler = (*sandboxAPI)(nil)
+
+func newSandboxAPI(s *Server) *sandboxAPI {
+	return &sandboxAPI{s: s, http: &http.Client{}, clients: map[string]warrenv1connect.SandboxServiceClient{}}
+}
+
+func (a *sandboxAPI) client(url string) warrenv1connect.SandboxServiceClient {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	c, ok := a.clients[url]
+	if !ok {
+		c = warrenv1connect.NewSandboxServiceClient(a.http, url)
+		a.clients[url] = c
+	}
+	return c
+}
+
+// sandboxNode returns the node a sandbox id names, if it can take calls.
+func (a *sandboxAPI) sandboxNode(id string) (*warrenv1.Node, error) {
+	var p problems
+	if id == "" {
+		p.add("sandbox_id", "required")
+		return nil, invalid(p.err())
+	}
+	if len(id) < 15 || !strings.HasPrefix(id, "sb-") || id[13] != '-' {
+		p.add("sandbox_id", "%q is not a sandbox id (sb-XXXXXXXXXX-NODE)", truncate(id, 80))
+		return nil, invalid(p.err())
+	}
+	return a.node(id[14:])
+}
+
+func (a *sandboxAPI) node(id string) (*warrenv1.Node, error) {
+	nodes, err := a.s.fsm.Nodes()
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range nodes {
+		if n.GetId() != id {
+			continue
+		}
+		switch {
+		case n.GetSandboxUrl() == "":
+			return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("node %s serves no sandboxes (driver %v)", id, n.GetDrivers()))
+		case n.GetStatus() == warrenv1.NodeStatus_NODE_STATUS_DOWN:
+			return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("node %s is down (%s)", id, n.GetStatusReason()))
+		}
+		return n, nil
+	}
+	return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("node %s: not in the cluster", id))
+}
+
+// forwardErr names the node in a transport failure; the node's own
+// answers pass through unchanged.
+func forwardErr(n *warrenv1.Node, err error) error {
+	var ce *connect.Error
+	if errors.As(err, &ce) && ce.Code() == connect.CodeUnavailable {
+		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("node %s at %s: %v", n.GetId(), n.GetSandboxUrl(), ce.Message()))
+	}
+	return err
+}
+
+// templateName strips "@version".
+func templateName(t string) string {
+	name, _, _ := strings.Cut(t, "@")
+	return name
+}
+
+// CreateSandbox places the sandbox on a ready node that runs sandboxes and
+// has the template, and forwards the call with an id that names the node.
+func (a *sandboxAPI) CreateSandbox(ctx context.Context, req *connect.Request[warrenv1.CreateSandboxRequest]) (*connect.Response[warrenv1.CreateSandboxResponse], error) {
+	m := req.Msg
+	var p problems
+	if t := templateName(m.GetTemplate()); t != "" && !reTemplate.MatchString(t) {
+		p.add("template", "%q must be 1-128 of a-z, 0-9, '.', '_', '-'", truncate(m.GetTemplate(), 80))
+	}
+	if m.GetId() != "" {
+		p.add("id", "set by the server; leave it empty")
+	}
+	if m.GetNodeId() != "" {
+		p.nodeID("node_id", m.GetNodeId())
+	}
+	if err := p.err(); err != nil {
+		return nil, invalid(err)
+	}
+	var n *warrenv1.Node
+	var err error
+	if m.GetNodeId() != "" {
+		if n, err = a.node(m.GetNodeId()); err != nil {
+			return nil, err
+		}
+	} else if n, err = a.pick(templateName(m.GetTemplate())); err != nil {
+		return nil, err
+	}
+	fwd := proto.Clone(m).(*warrenv1.CreateSandboxRequest)
+	fwd.Id = newSandboxID(n.GetId())
+	res, err := a.client(n.GetSandboxUrl()).CreateSandbox(ctx, connect.NewRequest(fwd))
+	if err != nil {
+		return nil, forwardErr(n, err)
+	}
+	return res, nil
+}
+
+func newSandboxID(nodeID string) string {
+	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+	b := make([]byte, 10)
+	for i := range b {
+		b[i] = alphabet[rand.IntN(len(alphabet))]
+	}
+	return "sb-" + string(b) + "-" + nodeID
+}
+
+// pick chooses a node at random among those that can take the sandbox.
+func (a *sandboxAPI) pick(template string) (*warrenv1.Node, error) {
+	nodes, err := a.s.fsm.Nodes()
+	if err != nil {
+		return nil, err
+	}
+	var ok []*warrenv1.Node
+	sandboxNodes := 0
+	for _, n := range nodes {
+		if n.GetSandboxUrl() == "" || n.GetStatus() != warrenv1.NodeStatus_NODE_STATUS_READY || !n.GetEligible() {
+			continue
+		}
+		sandboxNodes++
+		if template != "" && len(n.GetTemplates()) > 0 && !slices.Contains(n.GetTemplates(), template) {
+			continue
+		}
+		ok = append(ok, n)
+	}
+	switch {
+	case len(ok) > 0:
+		return ok[rand.IntN(len(ok))], nil
+	case sandboxNodes == 0:
+		return nil, connect.NewError(connect.CodeFailedPrecondition, errors.New("no ready node runs sandboxes (start one with --driver microvm or container)"))
+	}
+	return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("template %q: no ready node has it", template))
+}
+
+// GetSandbox forwards to the sandbox's node.
+func (a *sandboxAPI) GetSandbox(ctx context.Context, req *connect.Request[warrenv1.GetSandboxRequest]) (*connect.Response[warrenv1.GetSandboxResponse], error) {
+	n, err := a.sandboxNode(req.Msg.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	res, err := a.client(n.GetSandboxUrl()).GetSandbox(ctx, connect.NewRequest(req.Msg))
+	return res, forwardErr(n, err)
+}
+
+// DeleteSandbox forwards to the sandbox's node.
+func (a *sandboxAPI) DeleteSandbox(ctx context.Context, req *connect.Request[warrenv1.DeleteSandboxRequest]) (*connect.Response[warrenv1.DeleteSandboxResponse], error) {
+	n, err := a.sandboxNode(req.Msg.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	res, err := a.client(n.GetSandboxUrl()).DeleteSandbox(ctx, connect.NewRequest(req.Msg))
+	return res, forwardErr(n, err)
+}
+
+// Exec forwards the command and relays its output.
+func (a *sandboxAPI) Exec(ctx context.Context, req *connect.Request[warrenv1.ExecRequest], stream *connect.ServerStream[warrenv1.ExecResponse]) error {
+	n, err := a.sandboxNode(req.Msg.GetSandboxId())
+	if err != nil {
+		return err
+	}
+	up, err := a.client(n.GetSandboxUrl()).Exec(ctx, connect.NewRequest(req.Msg))
+	if err != nil {
+		return forwardErr(n, err)
+	}
+	defer up.Close()
+	for up.Receive() {
+		if err := stream.Send(up.Msg()); err != nil {
+			return err
+		}
+	}
+	return forwardErr(n, up.Err())
+}
+
+// ReadFile forwards to the sandbox's node.
+func (a *sandboxAPI) ReadFile(ctx context.Context, req *connect.Request[warrenv1.ReadFileRequest]) (*connect.Response[warrenv1.ReadFileResponse], error) {
+	n, err := a.sandboxNode(req.Msg.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	res, err := a.client(n.GetSandboxUrl()).ReadFile(ctx, connect.NewRequest(req.Msg))
+	return res, forwardErr(n, err)
+}
+
+// WriteFile forwards to the sandbox's node.
+func (a *sandboxAPI) WriteFile(ctx context.Context, req *connect.Request[warrenv1.WriteFileRequest]) (*connect.Response[warrenv1.WriteFileResponse], error) {
+	n, err := a.sandboxNode(req.Msg.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	res, err := a.client(n.GetSandboxUrl()).WriteFile(ctx, connect.NewRequest(req.Msg))
+	return res, forwardErr(n, err)
+}
+
+// ListFiles forwards to the sandbox's node.
+func (a *sandboxAPI) ListFiles(ctx context.Context, req *connect.Request[warrenv1.ListFilesRequest]) (*connect.Response[warrenv1.ListFilesResponse], error) {
+	n, err := a.sandboxNode(req.Msg.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	res, err := a.client(n.GetSandboxUrl()).ListFiles(ctx, connect.NewRequest(req.Msg))
+	return res, forwardErr(n, err)
+}
+
+// Pause forwards to the sandbox's node.
+func (a *sandboxAPI) Pause(ctx context.Context, req *connect.Request[warrenv1.PauseRequest]) (*connect.Response[warrenv1.PauseResponse], error) {
+	n, err := a.sandboxNode(req.Msg.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	res, err := a.client(n.GetSandboxUrl()).Pause(ctx, connect.NewRequest(req.Msg))
+	return res, forwardErr(n, err)
+}
+
+// Resume forwards to the sandbox's node.
+func (a *sandboxAPI) Resume(ctx context.Context, req *connect.Request[warrenv1.ResumeRequest]) (*connect.Response[warrenv1.ResumeResponse], error) {
+	n, err := a.sandboxNode(req.Msg.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	res, err := a.client(n.GetSandboxUrl()).Resume(ctx, connect.NewRequest(req.Msg))
+	return res, forwardErr(n, err)
+}
+
+// fanOut calls f on every sandbox node (or the one named), concurrently,
+// and reports the nodes that failed.
+func (a *sandboxAPI) fanOut(ctx context.Context, only string, f func(ctx context.Context, n *warrenv1.Node) error) ([]string, error) {
+	if only != "" {
+		n, err := a.node(only)
+		if err != nil {
+			return nil, err
+		}
+		return nil, forwardErr(n, f(ctx, n))
+	}
+	nodes, err := a.s.fsm.Nodes()
+	if err != nil {
+		return nil, err
+	}
+	var mu sync.Mutex
+	var failed []string
+	var wg sync.WaitGroup
+	for _, n := range nodes {
+		if n.GetSandboxUrl() == "" || n.GetStatus() == warrenv1.NodeStatus_NODE_STATUS_DOWN {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			if err := f(cctx, n); err != nil {
+				mu.Lock()
+				failed = append(failed, n.GetId()+": "+err.Error())
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	sort.Strings(failed)
+	return failed, nil
+}
+
+// ListSandboxes asks every sandbox node (or the one named).
+func (a *sandboxAPI) ListSandboxes(ctx context.Context, req *connect.Request[warrenv1.ListSandboxesRequest]) (*connect.Response[warrenv1.ListSandboxesResponse], error) {
+	var mu sync.Mutex
+	out := &warrenv1.ListSandboxesResponse{}
+	failed, err := a.fanOut(ctx, req.Msg.GetNodeId(), func(ctx context.Context, n *warrenv1.Node) error {
+		res, err := a.client(n.GetSandboxUrl()).ListSandboxes(ctx, connect.NewRequest(&warrenv1.ListSandboxesRequest{}))
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		out.Sandboxes = append(out.Sandboxes, res.Msg.GetSandboxes()...)
+		mu.Unlock()
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	sort.Slice(out.Sandboxes, func(i, j int) bool { return out.Sandboxes[i].GetId() < out.Sandboxes[j].GetId() })
+	out.UnreachableNodes = failed
+	return connect.NewResponse(out), nil
+}
+
+// SetPoolTarget sets the target on every sandbox node (or the one named).
+func (a *sandboxAPI) SetPoolTarget(ctx context.Context, req *connect.Request[warrenv1.SetPoolTargetRequest]) (*connect.Response[warrenv1.SetPoolTargetResponse], error) {
+	var p problems
+	if !reTemplate.MatchString(req.Msg.GetTemplate()) {
+		p.add("template", "%q must be 1-128 of a-z, 0-9, '.', '_', '-'", truncate(req.Msg.GetTemplate(), 80))
+	}
+	if req.Msg.GetTarget() > 1000 {
+		p.add("target", "%d is over the limit of 1000 per node", req.Msg.GetTarget())
+	}
+	if err := p.err(); err != nil {
+		return nil, invalid(err)
+	}
+	var mu sync.Mutex
+	out := &warrenv1.SetPoolTargetResponse{}
+	failed, err := a.fanOut(ctx, req.Msg.GetNodeId(), func(ctx context.Context, n *warrenv1.Node) error {
+		res, err := a.client(n.GetSandboxUrl()).SetPoolTarget(ctx, connect.NewRequest(req.Msg))
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		out.Pools = append(out.Pools, res.Msg.GetPools()...)
+		mu.Unlock()
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	sortPools(out.Pools)
+	out.UnreachableNodes = failed
+	return connect.NewResponse(out), nil
+}
+
+// ListPools asks every sandbox node (or the one named).
+func (a *sandboxAPI) ListPools(ctx context.Context, req *connect.Request[warrenv1.ListPoolsRequest]) (*connect.Response[warrenv1.ListPoolsResponse], error) {
+	var mu sync.Mutex
+	out := &warrenv1.ListPoolsResponse{}
+	failed, err := a.fanOut(ctx, req.Msg.GetNodeId(), func(ctx context.Context, n *warrenv1.Node) error {
+		res, err := a.client(n.GetSandboxUrl()).ListPools(ctx, connect.NewRequest(&warrenv1.ListPoolsRequest{}))
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		out.Pools = append(out.Pools, res.Msg.GetPools()...)
+		mu.Unlock()
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	sortPools(out.Pools)
+	out.UnreachableNodes = failed
+	return connect.NewResponse(out), nil
+}
+
+func sortPools(ps []*warrenv1.PoolStatus) {
+	sort.Slice(ps, func(i, j int) bool {
+		if ps[i].GetNodeId() != ps[j].GetNodeId() {
+			return ps[i].GetNodeId() < ps[j].GetNodeId()
+		}
+		return ps[i].GetTemplate() < ps[j].GetTemplate()
+	})
+}
