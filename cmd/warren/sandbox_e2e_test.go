@@ -1,0 +1,173 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/warrenhq/warren/guest"
+	"github.com/warrenhq/warren/noded/driver/microvm"
+)
+
+// TestSandboxCLI is the sandbox API's acceptance through the CLI against a
+// real microVM node (warren dev --driver microvm): create, exec with exit
+// codes, cp both ways, pause and resume keep files, rm leaves nothing, and
+// bad input gets errors naming the field. It needs root, QEMU and the
+// default template (`make image`).
+func TestSandboxCLI(t *testing.T) {
+	if testing.Short() {
+		t.Skip("boots microVMs")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (cgroups)")
+	}
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		t.Skip("needs qemu-system-x86 (apt-get install qemu-system-x86 qemu-utils)")
+	}
+	imageDir := os.Getenv("WARREN_IMAGE_DIR")
+	if imageDir == "" {
+		imageDir = microvm.DefaultImageDir
+	}
+	if _, err := guest.LoadTemplate(imageDir, "default"); err != nil {
+		t.Skipf("needs the default template: %v (run `make image`)", err)
+	}
+	api := freePort(t)
+	host, port, _ := net.SplitHostPort(api)
+	if p, _ := strconv.Atoi(port); p >= 65534 {
+		t.Skip("no room for the raft port")
+	}
+	data := filepath.Join(t.TempDir(), "dev")
+	var devLog bytes.Buffer
+	dev := exec.Command(warrenBin, "dev", "--driver", "microvm", "--image-dir", imageDir, "--data", data, "--api", api, "--raft", freePort(t), "--log-level", "warn")
+	dev.Stdout, dev.Stderr = &devLog, &devLog
+	if err := dev.Start(); err != nil {
+		t.Fatal(err)
+	}
+	stopped := false
+	stop := func() {
+		if !stopped {
+			stopped = true
+			dev.Process.Signal(os.Interrupt)
+			dev.Wait()
+		}
+	}
+	t.Cleanup(stop)
+	server := "--server=http://" + net.JoinHostPort(host, port)
+	run := func(args ...string) (string, string, int) {
+		t.Helper()
+		cmd := exec.Command(warrenBin, append(append([]string{}, args[:2]...), append([]string{server}, args[2:]...)...)...)
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		err := cmd.Run()
+		var ee *exec.ExitError
+		code := 0
+		if errors.As(err, &ee) {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return out.String(), errb.String(), code
+	}
+	waitUntil(t, "dev to serve", 60*time.Second, func() bool {
+		out, _, code := run("nodes", "list")
+		return code == 0 && strings.Contains(out, "microvm")
+	})
+
+	out, stderr, code := run("sandbox", "create", "-o", "json")
+	if code != 0 {
+		t.Fatalf("create: %s\n%s", stderr, devLog.String())
+	}
+	var sb struct {
+		ID    string `json:"id"`
+		Start string `json:"start"`
+	}
+	if err := json.Unmarshal([]byte(out), &sb); err != nil || sb.ID == "" {
+		t.Fatalf("create -o json printed %q: %v", out, err)
+	}
+	t.Logf("sandbox %s (%s)", sb.ID, sb.Start)
+
+	out, stderr, code = run("sandbox", "exec", sb.ID, "--", "sh", "-c", "uname -a; echo $((6*7))")
+	if code != 0 || !strings.Contains(out, "Linux") || !strings.HasSuffix(out, "\n42\n") {
+		t.Fatalf("exec: exit %d, stdout %q, stderr %q", code, out, stderr)
+	}
+	if out, stderr, code = run("sandbox", "exec", sb.ID, "--", "sh", "-c", "echo to-err >&2; exit 7"); code != 7 || stderr != "to-err\n" {
+		t.Fatalf("exec exit code: %d, stdout %q, stderr %q", code, out, stderr)
+	}
+
+	local := filepath.Join(t.TempDir(), "in.txt")
+	os.WriteFile(local, []byte("written from the host\n"), 0o600)
+	if _, stderr, code = run("sandbox", "cp", local, sb.ID+":/work/in.txt"); code != 0 {
+		t.Fatalf("cp in: %s", stderr)
+	}
+	if out, _, _ = run("sandbox", "exec", sb.ID, "--", "cat", "/work/in.txt"); out != "written from the host\n" {
+		t.Fatalf("file in the guest: %q", out)
+	}
+	run("sandbox", "exec", sb.ID, "--", "sh", "-c", "echo made inside > /work/out.txt")
+	back := filepath.Join(t.TempDir(), "out.txt")
+	if _, stderr, code = run("sandbox", "cp", sb.ID+":/work/out.txt", back); code != 0 {
+		t.Fatalf("cp out: %s", stderr)
+	}
+	if b, _ := os.ReadFile(back); string(b) != "made inside\n" {
+		t.Fatalf("copied out %q", b)
+	}
+
+	if _, stderr, code = run("sandbox", "pause", sb.ID); code != 0 {
+		t.Fatalf("pause: %s", stderr)
+	}
+	if out, _, _ = run("sandbox", "ls"); !strings.Contains(out, "paused") {
+		t.Fatalf("ls after pause: %s", out)
+	}
+	if _, stderr, code = run("sandbox", "resume", sb.ID); code != 0 {
+		t.Fatalf("resume: %s", stderr)
+	}
+	if out, _, _ = run("sandbox", "exec", sb.ID, "--", "cat", "/work/in.txt", "/work/out.txt"); out != "written from the host\nmade inside\n" {
+		t.Fatalf("files after resume: %q", out)
+	}
+
+	// Bad input: each error names what is wrong.
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"sandbox", "create", "--template", "no-such-template"}, `template "no-such-template"`},
+		{[]string{"sandbox", "create", "--vcpus", "4096"}, "limits.vcpus"},
+		{[]string{"sandbox", "create", "--memory-mb", "99999999"}, "limits.memory_mb"},
+		{[]string{"sandbox", "cp", sb.ID + ":../etc/passwd", "-"}, "must be absolute"},
+		{[]string{"sandbox", "cp", sb.ID + ":/root/../../etc/shadow", "-"}, `".."`},
+		{[]string{"sandbox", "exec", sb.ID, "--", "echo", strings.Repeat("x", 100<<10), strings.Repeat("y", 100<<10)}, "over the limit"},
+		{[]string{"sandbox", "exec", "not-an-id", "--", "true"}, "sandbox_id"},
+		{[]string{"sandbox", "exec", "sb-0000000000-dev", "--", "true"}, "not found"},
+	} {
+		_, stderr, code := run(tc.args...)
+		if code == 0 || !strings.Contains(stderr, tc.want) {
+			t.Errorf("%v: exit %d, stderr %q; want it to mention %s", tc.args[:2], code, stderr, tc.want)
+		}
+	}
+
+	if _, stderr, code = run("sandbox", "rm", sb.ID); code != 0 {
+		t.Fatalf("rm: %s", stderr)
+	}
+	if out, _, _ = run("sandbox", "ls"); strings.Contains(out, sb.ID) {
+		t.Fatalf("ls after rm: %s", out)
+	}
+	// Nothing of it is left: no QEMU, no VM directory, no cgroup.
+	vms := filepath.Join(data, "node", "microvm", "vms")
+	if ents, _ := os.ReadDir(vms); len(ents) != 0 {
+		t.Errorf("VM directories left in %s: %d", vms, len(ents))
+	}
+	if b, _ := exec.Command("pgrep", "-f", "-a", "qemu-system.*"+vms).Output(); len(b) > 0 {
+		t.Errorf("QEMU left running: %s", b)
+	}
+	stop()
+	if b, _ := exec.Command("pgrep", "-f", "-a", "qemu-system.*"+filepath.Join(data, "node")).Output(); len(b) > 0 {
+		t.Errorf("QEMU left running after the node stopped: %s", b)
+	}
+}
