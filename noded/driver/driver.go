@@ -37,6 +37,10 @@ type ClaimRequest struct {
 	TTL time.Duration
 	// Env is set in every command's environment.
 	Env map[string]string
+	// Force, if set, makes the sandbox start this way even when a faster
+	// one is ready (benchmarks measure each path): StartRestore skips the
+	// pool, StartBoot also skips the snapshot.
+	Force Start
 }
 
 // Limits bound one sandbox.

@@ -108,6 +108,24 @@ func (c *cgroups) create(id string, l cgLimits) ([]string, error) {
 	return procs, nil
 }
 
+// setLow gives id's QEMU a small CPU weight (a warm-pool member being
+// made) or the normal one (a claimed sandbox), so refilling a pool does not
+// take CPU from sandboxes in use.
+func (c *cgroups) setLow(id string, low bool) error {
+	if c.v2 {
+		w := "100"
+		if low {
+			w = "10"
+		}
+		return write(filepath.Join(c.root, "warren", id, "cpu.weight"), w)
+	}
+	w := "1024"
+	if low {
+		w = "64"
+	}
+	return write(filepath.Join(c.root, "cpu", "warren", id, "cpu.shares"), w)
+}
+
 // remove deletes id's cgroups; their processes must have exited. It
 // retries briefly: the kernel frees a cgroup a moment after its last task.
 func (c *cgroups) remove(id string) error {

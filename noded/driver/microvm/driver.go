@@ -136,7 +136,7 @@ func New(cfg Config) (*Driver, error) {
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	d.accel, d.accelWhy = chooseAccel(ctx, cfg.Accel, qemu, d.qver, t, cfg.StateDir)
+	d.accel, d.accelWhy = chooseAccel(ctx, cfg.Accel, qemu, d.qver, t, cfg.ImageDir, cfg.StateDir)
 	cancel()
 	d.log.Info("microvm driver", "accelerator", d.accel, "why", d.accelWhy, "qemu", d.qver, "template", t.Name+"@"+t.Version)
 	d.templates[t.Name] = &tplState{t: t}
@@ -368,23 +368,30 @@ func (d *Driver) Claim(ctx context.Context, req driver.ClaimRequest) (driver.San
 	vm.armTTL()
 	vm.save()
 	d.log.Info("sandbox claimed", "sandbox", req.ID, "start", vm.start, "took", vm.claimTime, "template", ts.t.Name)
-	go d.refill(ts)
+	// The refill starts a moment later, so the new sandbox's first
+	// commands do not share the CPU with a restore.
+	time.AfterFunc(refillDelay, func() { d.refill(ts) })
 	return vm, nil
 }
 
+const refillDelay = 250 * time.Millisecond
+
 func (d *Driver) claim(ctx context.Context, ts *tplState, req driver.ClaimRequest, lim driver.Limits) (*VM, error) {
-	snapShape := lim.VCPUs == 1 && lim.MemMB == d.cfg.SnapshotMemMB
+	snapShape := lim.VCPUs == 1 && lim.MemMB == d.cfg.SnapshotMemMB && req.Force != driver.StartBoot
 	if snapShape {
 		d.mu.Lock()
 		var vm *VM
-		if n := len(ts.pool); n > 0 {
+		if n := len(ts.pool); n > 0 && req.Force == "" {
 			vm = ts.pool[n-1]
 			ts.pool = ts.pool[:n-1]
 		}
 		d.mu.Unlock()
 		if vm != nil {
+			if d.cg != nil {
+				_ = d.cg.setLow(vm.id, false)
+			}
 			if err := vm.cont(ctx); err == nil {
-				vm.sandboxID, vm.start = req.ID, driver.StartWarm
+				vm.sandboxID, vm.start, vm.limits = req.ID, driver.StartWarm, lim
 				return vm, nil
 			} else {
 				d.log.Warn("warm sandbox did not resume; restoring another", "err", err)
@@ -484,6 +491,12 @@ func (d *Driver) refill(ts *tplState) {
 		}
 		d.mu.Lock()
 		ts.filling--
+		if err == nil && vm != nil && len(ts.pool) >= ts.target {
+			// The target dropped while this one was being made.
+			d.mu.Unlock()
+			vm.destroy()
+			return
+		}
 		if snap == nil || err != nil || d.closed {
 			closed := d.closed
 			d.mu.Unlock()

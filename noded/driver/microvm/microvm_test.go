@@ -375,3 +375,50 @@ func lastLine(s string) string {
 	}
 	return s
 }
+
+// A restarted node re-adopts its running sandboxes and destroys what it
+// cannot use: here a QEMU with no record (as a crash mid-restore leaves).
+func TestRestartReadoptsAndReaps(t *testing.T) {
+	state := t.TempDir()
+	d1 := newDriver(t, state)
+	ctx := ctxT(t, 5*time.Minute)
+	sb, err := d1.Claim(ctx, driver.ClaimRequest{ID: "sb-keep", TTL: time.Hour})
+	if err != nil {
+		d1.Close()
+		t.Fatal(err)
+	}
+	if _, code := run(t, sb, "echo before > /root/mark"); code != 0 {
+		t.Fatal("write")
+	}
+	d1.Detach()
+
+	// A leftover: a QEMU in this node's scope that no record owns.
+	ts, _ := d1.template("")
+	orphan := vmSpec{ID: d1.newVMID(), Dir: d1.vmDir("x"), Kernel: ts.t.Path(ts.t.Kernel), Initramfs: ts.t.Path(ts.t.Initramfs),
+		MemMB: 128, VCPUs: 1, Accel: d1.accel, Cmdline: kernelCmdline("")}
+	orphan.Dir = d1.vmDir(orphan.ID)
+	p, err := start(d1.cfg.QEMU, orphan, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	d2 := newDriver(t, state)
+	defer d2.Close()
+	select {
+	case <-p.exited:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the orphaned QEMU still runs after the restart")
+	}
+	if _, err := os.Stat(orphan.Dir); !os.IsNotExist(err) {
+		t.Errorf("the orphan's directory is still there: %v", err)
+	}
+	got, ok := d2.Get("sb-keep")
+	if !ok {
+		t.Fatal("the running sandbox was not re-adopted")
+	}
+	if out, code := run(t, got, "cat /root/mark"); code != 0 || out != "before\n" {
+		t.Fatalf("after re-adoption: exit %d %q", code, out)
+	}
+	got.Destroy()
+	assertNothingLeft(t, d2)
+}

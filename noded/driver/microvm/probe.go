@@ -67,26 +67,35 @@ func probeKVM(ctx context.Context, qemu string, t *guest.Template, dir string) (
 }
 
 // chooseAccel returns "kvm" or "tcg" and why, probing once per kernel and
-// QEMU version and caching the verdict in stateDir.
-func chooseAccel(ctx context.Context, want, qemu, qver string, t *guest.Template, stateDir string) (string, string) {
+// QEMU version. The verdict is a property of the host, so it is cached in
+// each of cacheDirs (the template store, shared by every node and build on
+// the host, and the node's state directory); the probe runs in the last.
+func chooseAccel(ctx context.Context, want, qemu, qver string, t *guest.Template, cacheDirs ...string) (string, string) {
 	switch want {
 	case "tcg":
 		return "tcg", "set by configuration"
 	case "kvm":
 		return "kvm", "set by configuration"
 	}
-	path := filepath.Join(stateDir, accelCacheFile)
-	var v accelVerdict
-	if b, err := os.ReadFile(path); err == nil && json.Unmarshal(b, &v) == nil && v.Kernel == t.Kernel.SHA256 && v.QEMU == qver {
-		return v.Accel, v.Reason + " (cached)"
+	for _, dir := range cacheDirs {
+		var v accelVerdict
+		b, err := os.ReadFile(filepath.Join(dir, accelCacheFile))
+		if err == nil && json.Unmarshal(b, &v) == nil && v.Kernel == t.Kernel.SHA256 && v.QEMU == qver {
+			return v.Accel, v.Reason + " (cached)"
+		}
 	}
-	ok, why := probeKVM(ctx, qemu, t, stateDir)
-	v = accelVerdict{Kernel: t.Kernel.SHA256, QEMU: qver, Accel: "tcg", Reason: why}
+	ok, why := probeKVM(ctx, qemu, t, cacheDirs[len(cacheDirs)-1])
+	v := accelVerdict{Kernel: t.Kernel.SHA256, QEMU: qver, Accel: "tcg", Reason: why}
 	if ok {
 		v.Accel = "kvm"
 	}
 	if b, err := json.Marshal(v); err == nil {
-		_ = os.WriteFile(path, b, 0o644)
+		for _, dir := range cacheDirs {
+			tmp := filepath.Join(dir, accelCacheFile+".tmp-"+randID())
+			if os.WriteFile(tmp, b, 0o644) == nil {
+				_ = os.Rename(tmp, filepath.Join(dir, accelCacheFile))
+			}
+		}
 	}
 	return v.Accel, v.Reason
 }
@@ -100,7 +109,7 @@ func SmokeBoot(ctx context.Context, qemu string, accel string, t *guest.Template
 		return "", 0, err
 	}
 	if accel == "" || accel == "auto" {
-		accel, _ = chooseAccel(ctx, "auto", qemu, qver, t, workDir)
+		accel, _ = chooseAccel(ctx, "auto", qemu, qver, t, filepath.Dir(filepath.Dir(t.Dir)), workDir)
 	}
 	dir := filepath.Join(workDir, "smoke-"+randID())
 	defer os.RemoveAll(dir)

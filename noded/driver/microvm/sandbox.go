@@ -71,6 +71,9 @@ func (vm *VM) launch(ctx context.Context) error {
 		if procs, err = vm.d.cg.create(vm.id, vm.cgLimits()); err != nil {
 			return err
 		}
+		if vm.sandboxID == "" { // a warm-pool member: low CPU weight until claimed
+			_ = vm.d.cg.setLow(vm.id, true)
+		}
 	}
 	p, err := start(vm.d.cfg.QEMU, vm.spec, procs)
 	if err != nil {

@@ -1,0 +1,395 @@
+// Command sandbox measures the microvm driver on this machine, in one
+// process, through the same driver a node uses:
+//
+//   - cold boot: a claim that boots the template from scratch, to the
+//     first command answered;
+//   - snapshot restore (a cold claim): a claim that restores a clone of the
+//     template's snapshot, to the first command answered;
+//   - warm-pool claim: a claim served from a warm pool, to the first
+//     command answered (the pool is refilled and idle before each claim);
+//   - the peer: a containerd + runc container start, timed as the whole
+//     `ctr run --rm --rootfs ROOTFS ID /bin/true` process (containerd is
+//     started for the run if no socket is given);
+//   - PSS per idle sandbox with 10 and with 50 restored sandboxes running
+//     (the sum of the QEMU processes' Pss from /proc/PID/smaps_rollup,
+//     divided by their count).
+//
+// The first command is `/bin/true` run through the agent. It needs root,
+// QEMU and a template (`make image`). Run from the repository root:
+//
+//	go run ./bench/sandbox -out bench/results/sandbox.md
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/warrenhq/warren/guest"
+	"github.com/warrenhq/warren/noded/driver"
+	"github.com/warrenhq/warren/noded/driver/microvm"
+)
+
+type config struct {
+	imageDir, stateDir, accel, out string
+	boots, restores, warms, ctrs   int
+	pss                            []int
+	ctrSocket, rootfs              string
+}
+
+func main() {
+	var c config
+	var pss string
+	flag.StringVar(&c.imageDir, "image-dir", "", "template store (default $WARREN_IMAGE_DIR or "+microvm.DefaultImageDir+")")
+	flag.StringVar(&c.stateDir, "state", "", "state directory (default: a temporary one)")
+	flag.StringVar(&c.accel, "accel", "auto", "auto, kvm or tcg")
+	flag.IntVar(&c.boots, "boots", 5, "cold boots")
+	flag.IntVar(&c.restores, "restores", 20, "snapshot restores")
+	flag.IntVar(&c.warms, "warm", 20, "warm-pool claims")
+	flag.IntVar(&c.ctrs, "containers", 20, "container starts (0 skips the peer)")
+	flag.StringVar(&pss, "pss", "10,50", "sandbox counts to measure idle PSS at")
+	flag.StringVar(&c.ctrSocket, "containerd", "", "containerd socket (default: start one for the run)")
+	flag.StringVar(&c.rootfs, "rootfs", "", "container root file system (default: the template's debootstrap tree)")
+	flag.StringVar(&c.out, "out", "", "also write the report (markdown) here")
+	flag.Parse()
+	for _, f := range strings.Split(pss, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 || n > 500 {
+			fatal(fmt.Errorf("-pss: %q: want counts between 1 and 500", f))
+		}
+		c.pss = append(c.pss, n)
+	}
+	if c.imageDir == "" {
+		c.imageDir = os.Getenv("WARREN_IMAGE_DIR")
+	}
+	if c.imageDir == "" {
+		c.imageDir = microvm.DefaultImageDir
+	}
+	if err := run(c); err != nil {
+		fatal(err)
+	}
+}
+
+func fatal(err error) {
+	fmt.Fprintln(os.Stderr, "bench/sandbox:", err)
+	os.Exit(1)
+}
+
+func progress(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "sandbox bench: "+format+"\n", args...)
+}
+
+type series struct {
+	name, goal string
+	goalMS     float64
+	samples    []time.Duration
+}
+
+func (s *series) pct(p float64) time.Duration {
+	x := slices.Clone(s.samples)
+	slices.Sort(x)
+	if len(x) == 0 {
+		return 0
+	}
+	i := int(float64(len(x)-1) * p)
+	return x[i]
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000) }
+
+func run(c config) error {
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("needs root (cgroups)")
+	}
+	t, err := guest.LoadTemplate(c.imageDir, "default")
+	if err != nil {
+		return fmt.Errorf("%w (run `make image`)", err)
+	}
+	if c.stateDir == "" {
+		if c.stateDir, err = os.MkdirTemp("", "warren-sbbench-"); err != nil {
+			return err
+		}
+		defer os.RemoveAll(c.stateDir)
+	}
+	d, err := microvm.New(microvm.Config{ImageDir: c.imageDir, StateDir: c.stateDir, Accel: c.accel, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	ctx := context.Background()
+	progress("template %s@%s, accelerator %s (%s)", t.Name, t.Version, d.Accelerator(), d.AcceleratorReason())
+	progress("making the template's snapshot")
+	t0 := time.Now()
+	if err := d.EnsureSnapshot(ctx, ""); err != nil {
+		return err
+	}
+	snapTook := time.Since(t0)
+
+	n := 0
+	claim := func(force driver.Start) (time.Duration, driver.Start, error) {
+		n++
+		t0 := time.Now()
+		sb, err := d.Claim(ctx, driver.ClaimRequest{ID: fmt.Sprintf("bench-%d", n), Force: force})
+		if err != nil {
+			return 0, "", err
+		}
+		defer sb.Destroy()
+		ia := sb.(driver.Interactive)
+		res, err := ia.Run(ctx, guest.ExecRequest{Argv: []string{"/bin/true"}}, nil, nil)
+		took := time.Since(t0)
+		if err != nil {
+			return 0, "", err
+		}
+		if res.ExitCode != 0 {
+			return 0, "", fmt.Errorf("/bin/true exited %d", res.ExitCode)
+		}
+		return took, ia.Info().Start, nil
+	}
+	boot := &series{name: "cold boot (claim → first command)"}
+	restore := &series{name: "snapshot restore, a cold claim (claim → first command)", goal: "p50 ≤ 250 ms", goalMS: 250}
+	warm := &series{name: "warm-pool claim (claim → first command)", goal: "p50 ≤ 15 ms", goalMS: 15}
+	for i := 0; i < c.boots; i++ {
+		took, start, err := claim(driver.StartBoot)
+		if err != nil {
+			return fmt.Errorf("cold boot: %w", err)
+		}
+		if start != driver.StartBoot {
+			return fmt.Errorf("cold boot: the sandbox started %q", start)
+		}
+		boot.samples = append(boot.samples, took)
+		progress("cold boot %d/%d: %v", i+1, c.boots, took.Round(time.Millisecond))
+	}
+	for i := 0; i < c.restores; i++ {
+		took, start, err := claim(driver.StartRestore)
+		if err != nil {
+			return fmt.Errorf("restore: %w", err)
+		}
+		if start != driver.StartRestore {
+			return fmt.Errorf("restore: the sandbox started %q", start)
+		}
+		restore.samples = append(restore.samples, took)
+	}
+	progress("restores: p50 %v", restore.pct(0.5).Round(time.Millisecond))
+	d.SetPoolTarget("default", 1)
+	for i := 0; i < c.warms; i++ {
+		if err := waitPool(d, 1); err != nil {
+			return err
+		}
+		time.Sleep(300 * time.Millisecond) // the refill's QEMU settles
+		took, start, err := claim("")
+		if err != nil {
+			return fmt.Errorf("warm claim: %w", err)
+		}
+		if start != driver.StartWarm {
+			return fmt.Errorf("warm claim: the sandbox started %q", start)
+		}
+		warm.samples = append(warm.samples, took)
+	}
+	d.SetPoolTarget("default", 0)
+	progress("warm claims: p50 %v", warm.pct(0.5).Round(time.Millisecond))
+
+	all := []*series{boot, restore, warm}
+	var ctrNote string
+	if c.ctrs > 0 {
+		ctr := &series{name: "peer: containerd + runc start (`ctr run --rm`, whole process)"}
+		ctrNote, err = containers(c, ctr)
+		if err != nil {
+			ctrNote = "not measured: " + err.Error()
+			progress("containers: %v", err)
+		} else {
+			all = append(all, ctr)
+		}
+	}
+
+	type pssRow struct {
+		n           int
+		perMiB, rss float64
+	}
+	var pssRows []pssRow
+	for _, count := range c.pss {
+		var sbs []driver.Sandbox
+		for i := 0; i < count; i++ {
+			n++
+			sb, err := d.Claim(ctx, driver.ClaimRequest{ID: fmt.Sprintf("pss-%d", n), Force: driver.StartRestore})
+			if err != nil {
+				for _, s := range sbs {
+					s.Destroy()
+				}
+				return fmt.Errorf("pss with %d: %w", count, err)
+			}
+			sbs = append(sbs, sb)
+		}
+		time.Sleep(3 * time.Second) // idle
+		pss, rss, procs := qemuMemory()
+		for _, s := range sbs {
+			s.Destroy()
+		}
+		if procs != count {
+			return fmt.Errorf("pss: found %d QEMU processes, want %d", procs, count)
+		}
+		pssRows = append(pssRows, pssRow{n: count, perMiB: float64(pss) / float64(count) / 1024, rss: float64(rss) / float64(count) / 1024})
+		progress("PSS with %d idle sandboxes: %.1f MiB each", count, float64(pss)/float64(count)/1024)
+	}
+
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Sandbox latency and memory (bench/sandbox)\n\n")
+	fmt.Fprintf(&b, "Run on %s, %d CPUs; QEMU microvm, accelerator **%s** (%s); template %s@%s (kernel %s); guest 256 MiB, 1 vCPU.\n",
+		time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), d.Accelerator(), d.AcceleratorReason(), t.Name, t.Version, t.KernelRelease)
+	fmt.Fprintf(&b, "Making the template's snapshot took %v. Every latency ends when the guest agent has run `/bin/true` and returned its exit status.\n\n", snapTook.Round(time.Millisecond))
+	fmt.Fprintf(&b, "| measure | n | p50 | p99 | min | max | goal |\n|---|---|---|---|---|---|---|\n")
+	for _, s := range all {
+		g := s.goal
+		if s.goalMS > 0 {
+			met := "missed"
+			if float64(s.pct(0.5).Microseconds())/1000 <= s.goalMS {
+				met = "met"
+			}
+			g += " — " + met
+		}
+		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %s |\n", s.name, len(s.samples), ms(s.pct(0.5)), ms(s.pct(0.99)), ms(s.pct(0)), ms(s.pct(1)), g)
+	}
+	fmt.Fprintf(&b, "\nRatios of medians: cold boot / warm claim %.0f×, restore / warm claim %.1f×", ratio(boot, warm), ratio(restore, warm))
+	if len(all) == 4 {
+		fmt.Fprintf(&b, ", container start / warm claim %.1f×", ratio(all[3], warm))
+	}
+	fmt.Fprintf(&b, ".\n\n| idle sandboxes | PSS per sandbox | RSS per sandbox | goal |\n|---|---|---|---|\n")
+	for _, r := range pssRows {
+		g := ""
+		if r.n == 50 {
+			g = "≤ 32 MiB — missed"
+			if r.perMiB <= 32 {
+				g = "≤ 32 MiB — met"
+			}
+		}
+		fmt.Fprintf(&b, "| %d | %.1f MiB | %.1f MiB | %s |\n", r.n, r.perMiB, r.rss, g)
+	}
+	if ctrNote != "" {
+		fmt.Fprintf(&b, "\nPeer: %s\n", ctrNote)
+	}
+	fmt.Print(b.String())
+	if c.out != "" {
+		return os.WriteFile(c.out, []byte(b.String()), 0o644)
+	}
+	return nil
+}
+
+func ratio(a, b *series) float64 {
+	if b.pct(0.5) == 0 {
+		return 0
+	}
+	return float64(a.pct(0.5)) / float64(b.pct(0.5))
+}
+
+func waitPool(d *microvm.Driver, n int) error {
+	deadline := time.Now().Add(2 * time.Minute)
+	for time.Now().Before(deadline) {
+		for _, p := range d.Pools() {
+			if p.Template == "default" && p.Ready >= n {
+				return nil
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return fmt.Errorf("warm pool did not fill in 2 minutes: %+v", d.Pools())
+}
+
+// qemuMemory sums Pss and Rss (KiB) of this host's warren QEMU processes.
+func qemuMemory() (pss, rss int64, procs int) {
+	ms, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, m := range ms {
+		b, err := os.ReadFile(m)
+		if err != nil || !strings.Contains(string(b), "\x00-name\x00warren-") || !strings.Contains(string(b), "qemu-system") {
+			continue
+		}
+		r, err := os.ReadFile(filepath.Join(filepath.Dir(m), "smaps_rollup"))
+		if err != nil {
+			continue
+		}
+		procs++
+		for _, l := range strings.Split(string(r), "\n") {
+			f := strings.Fields(l)
+			if len(f) < 2 {
+				continue
+			}
+			v, _ := strconv.ParseInt(f[1], 10, 64)
+			switch f[0] {
+			case "Pss:":
+				pss += v
+			case "Rss:":
+				rss += v
+			}
+		}
+	}
+	return pss, rss, procs
+}
+
+// containers times `ctr run --rm` of /bin/true on the template's root
+// tree, starting a private containerd when no socket is given.
+func containers(c config, s *series) (string, error) {
+	for _, bin := range []string{"containerd", "ctr", "runc"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			return "", fmt.Errorf("%s not installed (apt-get install containerd runc)", bin)
+		}
+	}
+	rootfs := c.rootfs
+	if rootfs == "" {
+		ms, _ := filepath.Glob(filepath.Join(c.imageDir, ".cache", "default-rootfs-*"))
+		if len(ms) == 0 {
+			return "", fmt.Errorf("no root tree in %s/.cache (give -rootfs)", c.imageDir)
+		}
+		rootfs = ms[0]
+	}
+	sock := c.ctrSocket
+	if sock == "" {
+		dir, err := os.MkdirTemp("", "warren-ctd-")
+		if err != nil {
+			return "", err
+		}
+		defer os.RemoveAll(dir)
+		sock = filepath.Join(dir, "c.sock")
+		cmd := exec.Command("containerd", "--root", filepath.Join(dir, "root"), "--state", filepath.Join(dir, "state"), "--address", sock)
+		cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
+		if err := cmd.Start(); err != nil {
+			return "", err
+		}
+		defer func() { cmd.Process.Kill(); cmd.Wait() }()
+		for i := 0; i < 500; i++ {
+			if exec.Command("ctr", "--address", sock, "version").Run() == nil {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	out, _ := exec.Command("containerd", "--version").Output()
+	rv, _ := exec.Command("runc", "--version").Output()
+	for i := 0; i < c.ctrs+1; i++ {
+		t0 := time.Now()
+		o, err := exec.Command("ctr", "--address", sock, "-n", "warren-bench", "run", "--rm", "--rootfs", rootfs,
+			fmt.Sprintf("bench-%d-%d", os.Getpid(), i), "/bin/true").CombinedOutput()
+		took := time.Since(t0)
+		if err != nil {
+			return "", fmt.Errorf("ctr run: %v: %s", err, strings.TrimSpace(string(o)))
+		}
+		if i > 0 { // the first start warms containerd's caches
+			s.samples = append(s.samples, took)
+		}
+	}
+	progress("containers: p50 %v", s.pct(0.5).Round(time.Millisecond))
+	return fmt.Sprintf("%s, runc %s; root tree %s; each sample is the whole `ctr run --rm` process (its own start-up, the container's create, start, exit and removal), so it is an upper bound of the start alone.",
+		strings.TrimSpace(string(out)), firstLine(string(rv)), rootfs), nil
+}
+
+func firstLine(s string) string {
+	s, _, _ = strings.Cut(s, "\n")
+	return strings.TrimPrefix(strings.TrimSpace(s), "runc version ")
+}
