@@ -15,9 +15,9 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/warrenhq/warren/deploy/image"
 	"github.com/warrenhq/warren/guest"
 	"github.com/warrenhq/warren/noded/driver/microvm"
+	"github.com/warrenhq/warren/noded/driver/microvm/image"
 )
 
 const imageUsage = `usage: warren image <command>

@@ -119,9 +119,7 @@ func cmdDev(args []string, stdout, stderr io.Writer) error {
 			imageDir: *imageDir, accel: *accel, logger: log, gossip: "127.0.0.1:0"}
 		cfg, err := nf.config()
 		if err != nil {
-			if cfg.Driver != nil {
-				cfg.Driver.Close()
-			}
+			closeDriver(cfg.Driver)
 			return err
 		}
 		if nf.why != "" {

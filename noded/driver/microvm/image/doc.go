@@ -4,6 +4,6 @@
 // loads, and an ext4 root file system made with debootstrap. The result is
 // a content-addressed template directory (see guest.Manifest).
 //
-// image uses guest (the manifest) and noded/driver/microvm (the smoke
-// boot); nothing imports it but cmd/warren.
+// image uses guest (the manifest); the smoke boot comes in as a function
+// (microvm.SmokeBoot), and nothing imports image but cmd/warren.
 package image
