@@ -3,7 +3,7 @@ GO      ?= go
 PKGS    ?= ./...
 TESTFLAGS ?=
 
-.PHONY: all build image run test lint proto bench bench-logstore bench-appends bench-failover bench-recovery bench-capacity bench-capacity-ci clean
+.PHONY: all build image run test lint proto bench bench-sandbox bench-logstore bench-appends bench-failover bench-recovery bench-capacity bench-capacity-ci clean
 
 all: build
 
@@ -64,3 +64,8 @@ bin/warren-guest: $(shell find guest cmd/warren-guest -name '*.go') go.mod
 # Debian kernel (linux-image-amd64); .ci/run installs them.
 image: build bin/warren-guest
 	./bin/warren image build --name default
+
+# Sandbox latency and memory: cold boot, snapshot restore, warm claim, the
+# containerd+runc peer, PSS at 10 and 50 sandboxes (root, `make image`).
+bench-sandbox:
+	$(GO) run ./bench/sandbox -out bench/results/sandbox.md

@@ -210,9 +210,14 @@ func setupCgroup(cfg InitConfig) error {
 
 // superviseAgent runs "warren-guest agent" as a child and reaps every
 // process that ends up with PID 1 as its parent.
-func superviseAgent() {
+func superviseAgent() { Supervise([]string{"agent"}) }
+
+// Supervise is PID 1's loop: it runs "warren-guest ARGS..." as a child,
+// restarts it if it dies, and reaps every orphan (a container's init runs
+// it for "serve").
+func Supervise(args []string) {
 	for {
-		cmd := exec.Command("/proc/self/exe", "agent")
+		cmd := exec.Command("/proc/self/exe", args...)
 		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 		if err := cmd.Start(); err != nil {
 			console("warren-guest: start agent: " + err.Error())

@@ -20,6 +20,10 @@ type LinuxSystem struct {
 	// sandbox's workload, not the agent.
 	cgroupFD int
 	cgroup   string
+	// Container is set when the agent runs in a container: it shares the
+	// host's kernel, so the clock, entropy pool and hostname are the
+	// host's (or the runtime's) and are left alone.
+	Container bool
 }
 
 // NewLinuxSystem opens execCgroup ("" for none) once for all commands.
@@ -35,15 +39,21 @@ func NewLinuxSystem(execCgroup string) (*LinuxSystem, error) {
 	return s, nil
 }
 
-// SetTime sets CLOCK_REALTIME.
-func (*LinuxSystem) SetTime(unixNano int64) error {
+// SetTime sets CLOCK_REALTIME (not in a container: its clock is the host's).
+func (s *LinuxSystem) SetTime(unixNano int64) error {
+	if s.Container {
+		return nil
+	}
 	ts := unix.NsecToTimespec(unixNano)
 	return unix.ClockSettime(unix.CLOCK_REALTIME, &ts)
 }
 
 // AddEntropy mixes seed into the kernel's pool, credits it, and forces the
 // CRNG to reseed, so a clone's random stream departs from its snapshot's.
-func (*LinuxSystem) AddEntropy(seed []byte) error {
+func (s *LinuxSystem) AddEntropy(seed []byte) error {
+	if s.Container {
+		return nil // the host kernel's pool, not a copy of a snapshot's
+	}
 	f, err := os.OpenFile("/dev/urandom", os.O_WRONLY, 0)
 	if err != nil {
 		return err
@@ -72,7 +82,12 @@ func (s *LinuxSystem) SetPids(n int) error {
 }
 
 // SetHostname sets the UTS hostname.
-func (*LinuxSystem) SetHostname(name string) error { return unix.Sethostname([]byte(name)) }
+func (s *LinuxSystem) SetHostname(name string) error {
+	if s.Container {
+		return nil // the runtime set it when it made the container
+	}
+	return unix.Sethostname([]byte(name))
+}
 
 // ExecAttr puts the command in its own process group and, when the exec
 // cgroup exists, in that cgroup from its first instruction.

@@ -1,8 +1,9 @@
 // Command warren-guest is the agent inside every sandbox. As PID 1 of a
 // microVM it sets the guest up and supervises "warren-guest agent", which
 // serves the host's calls on the virtio-serial port named "agent".
-// "warren-guest serve --listen PATH" serves on a unix socket instead, for
-// containers and tests.
+// "warren-guest serve --listen PATH [--container]" serves on a unix socket
+// instead, for containers (where, as PID 1, it supervises a serving child
+// and reaps orphans) and tests.
 package main
 
 import (
@@ -17,6 +18,11 @@ import (
 
 func main() {
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if os.Getpid() == 1 && len(os.Args) > 1 && os.Args[1] == "serve" {
+		// A container's init: serve as a child, reap orphans here.
+		guest.Supervise(os.Args[1:])
+		return
+	}
 	if os.Getpid() == 1 {
 		if err := guest.RunInit(); err != nil {
 			fmt.Fprintln(os.Stderr, "warren-guest: init:", err)
@@ -39,6 +45,7 @@ func main() {
 		fs := flag.NewFlagSet("serve", flag.ExitOnError)
 		listen := fs.String("listen", "", "unix socket path to serve on (required)")
 		cgroup := fs.String("cgroup", "", "cgroup v2 directory for commands (optional)")
+		container := fs.Bool("container", false, "running in a container: leave the clock, entropy and hostname alone")
 		_ = fs.Parse(os.Args[2:])
 		if *listen == "" {
 			fmt.Fprintln(os.Stderr, "warren-guest serve: --listen: required")
@@ -49,6 +56,7 @@ func main() {
 			fmt.Fprintln(os.Stderr, "warren-guest serve:", err)
 			os.Exit(1)
 		}
+		sys.Container = *container
 		_ = os.Remove(*listen)
 		ln, err := net.Listen("unix", *listen)
 		if err != nil {

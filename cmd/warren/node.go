@@ -23,6 +23,7 @@ import (
 	"github.com/warrenhq/warren/internal/gossip"
 	"github.com/warrenhq/warren/noded"
 	"github.com/warrenhq/warren/noded/driver"
+	"github.com/warrenhq/warren/noded/driver/container"
 	"github.com/warrenhq/warren/noded/driver/microvm"
 	"github.com/warrenhq/warren/noded/driver/sim"
 )
@@ -35,6 +36,7 @@ type nodeFlags struct {
 	metrics                                                                        string
 	pprof                                                                          bool
 	imageDir, accel, sandboxListen                                                 string
+	containerd, runtime, runcBinary                                                string
 	logger                                                                         *slog.Logger
 	// why says which driver auto picked and why.
 	why string
@@ -49,6 +51,9 @@ func (f *nodeFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.driver, "driver", "", "sandbox driver: auto, microvm, container or sim (simulated) (required); auto picks microvm when QEMU and a template are present")
 	fs.StringVar(&f.imageDir, "image-dir", defaultImageDir(), "microvm: the template store (env WARREN_IMAGE_DIR)")
 	fs.StringVar(&f.accel, "accel", "auto", "microvm: accelerator: auto (probe KVM once, else TCG), kvm or tcg")
+	fs.StringVar(&f.containerd, "containerd", container.DefaultSocket, "container: containerd's socket")
+	fs.StringVar(&f.runtime, "runtime", "runc", "container: runc, or runsc (gVisor, with --runc-binary naming a wrapper that runs runsc)")
+	fs.StringVar(&f.runcBinary, "runc-binary", "", "container: the OCI runtime binary the runc shim runs (a runsc wrapper for --runtime runsc)")
 	fs.StringVar(&f.sandboxListen, "sandbox-listen", "", "HOST:PORT of the node's sandbox API, which servers forward to (default: the gossip host, any port)")
 	fs.StringVar(&f.capacity, "capacity", "", "what tasks may use, cpu=N,mem=SIZE (default: this host's cores and memory)")
 	fs.StringVar(&f.labels, "labels", "", "comma-separated k=v labels (the \"zone\" label spreads tasks)")
@@ -80,9 +85,7 @@ func cmdNode(args []string, stderr io.Writer) error {
 	f.logger = log
 	cfg, err := f.config()
 	if err != nil {
-		if cfg.Driver != nil {
-			cfg.Driver.Close()
-		}
+		closeDriver(cfg.Driver)
 		return err
 	}
 	if f.why != "" {
@@ -263,7 +266,19 @@ func newDriver(f *nodeFlags) (driver.Driver, error) {
 		}
 		return d, nil
 	case "container":
-		return nil, fmt.Errorf("driver: container is not built yet; use microvm (needs qemu-system-x86 and `make image`) or sim (simulated)%s", f.why)
+		if f.data == "" {
+			return nil, nil // data: required is reported
+		}
+		log := f.logger
+		if log == nil {
+			log = slog.New(slog.DiscardHandler)
+		}
+		d, err := container.New(container.Config{Socket: f.containerd, Runtime: f.runtime, RuncBinary: f.runcBinary, ImageDir: f.imageDir,
+			StateDir: filepath.Join(f.data, "container"), Logger: log})
+		if err != nil {
+			return nil, fmt.Errorf("driver: %w%s", err, f.why)
+		}
+		return d, nil
 	case "":
 		return nil, nil
 	}
@@ -383,6 +398,13 @@ func hostMemory() int64 {
 		}
 	}
 	return 1 << 30
+}
+
+// closeDriver closes a driver that config made before failing.
+func closeDriver(d driver.Driver) {
+	if _, stub := d.(noDriver); d != nil && !stub {
+		d.Close()
+	}
 }
 
 // noDriver stands in for a driver that failed to parse, so that Validate

@@ -19,8 +19,8 @@ import (
 
 const sandboxUsage = `usage: warren sandbox <command>
 
-  create [--template T] [--vcpus N] [--memory-mb N] [--pids N] [--ttl DUR] [--env K=V,...] [--node ID]
-                             make a sandbox; prints it (-o json: its id is .id)
+  create [--template T] [--vcpus N] [--memory-mb N] [--pids N] [--ttl DUR] [--env K=V,...] [--node ID] [-q]
+                             make a sandbox; prints it (-o json: its id is .id; -q: only the id)
   exec ID [--env K=V,...] [--dir D] [--timeout DUR] [--stdin] -- CMD...
                              run a command, streaming its output; exits with its exit code
   cp SRC DST                 copy one file: LOCAL ID:/PATH or ID:/PATH LOCAL ("-" is stdin/stdout)
@@ -60,6 +60,7 @@ func cmdSandbox(args []string, stdout, stderr io.Writer) error {
 		ttl := fs.Duration("ttl", 0, "wall-clock life; the node destroys it then (0: the node's default, 1h)")
 		env := fs.String("env", "", "environment of every command, K=V,...")
 		node := fs.String("node", "", "put it on this node")
+		quiet := fs.Bool("q", false, "print only the id")
 		_, c, ctx, cancel, err := cf.start(fs, args)
 		if err != nil {
 			return err
@@ -74,6 +75,10 @@ func cmdSandbox(args []string, stdout, stderr io.Writer) error {
 			Limits: &warrenv1.SandboxLimits{Vcpus: uint32(*vcpus), MemoryMb: uint32(*mem), Pids: uint32(*pids), DiskMb: uint32(*disk)},
 		}))
 		if err != nil {
+			return err
+		}
+		if *quiet {
+			_, err := fmt.Fprintln(stdout, res.Msg.GetSandbox().GetId())
 			return err
 		}
 		return printSandboxes(stdout, cf.output, res.Msg.GetSandbox())

@@ -1,0 +1,186 @@
+package container
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/containerd/containerd"
+	"golang.org/x/sys/unix"
+
+	"github.com/warrenhq/warren/guest"
+	"github.com/warrenhq/warren/noded/driver"
+)
+
+// Box is one container sandbox.
+type Box struct {
+	d        *Driver
+	id       string
+	dir      string
+	template string
+	limits   driver.Limits
+	created  time.Time
+
+	mu        sync.Mutex
+	c         containerd.Container
+	task      containerd.Task
+	agent     *guest.Client
+	mounted   bool
+	state     string // "running", "paused", "destroyed"
+	expires   time.Time
+	claimTime time.Duration
+	env       map[string]string
+	ttl       *time.Timer
+}
+
+// ID is the sandbox id.
+func (b *Box) ID() string { return b.id }
+
+// Warm is false: containers start on demand.
+func (b *Box) Warm() bool { return false }
+
+// Info describes the sandbox.
+func (b *Box) Info() driver.Info {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return driver.Info{ID: b.id, Template: b.template, State: b.state, Start: driver.StartBoot, Limits: b.limits,
+		Created: b.created, Expires: b.expires, ClaimTime: b.claimTime}
+}
+
+func (b *Box) client() (*guest.Client, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch b.state {
+	case "destroyed":
+		return nil, driver.Errorf(driver.ErrNotFound, "sandbox %s is destroyed", b.id)
+	case "paused":
+		return nil, driver.Errorf(driver.ErrInvalid, "sandbox %s is paused; resume it first", b.id)
+	}
+	return b.agent, nil
+}
+
+// Exec runs a shell command and returns its combined output (task actors).
+func (b *Box) Exec(ctx context.Context, req driver.ExecRequest) (driver.ExecResult, error) {
+	var out bytes.Buffer
+	res, err := b.Run(ctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", req.Command}, Timeout: req.Timeout}, &out, &out)
+	if err != nil {
+		return driver.ExecResult{}, err
+	}
+	return driver.ExecResult{ExitCode: res.ExitCode, Output: out.Bytes(), Duration: res.Duration}, nil
+}
+
+// Run runs argv in the container.
+func (b *Box) Run(ctx context.Context, req guest.ExecRequest, stdout, stderr io.Writer) (guest.ExecResult, error) {
+	c, err := b.client()
+	if err != nil {
+		return guest.ExecResult{}, err
+	}
+	return c.Exec(ctx, req, stdout, stderr)
+}
+
+// ReadFile copies a file out.
+func (b *Box) ReadFile(ctx context.Context, path string, limit int64, w io.Writer) (guest.FileInfo, error) {
+	c, err := b.client()
+	if err != nil {
+		return guest.FileInfo{}, err
+	}
+	return c.ReadFile(ctx, path, limit, w)
+}
+
+// WriteFile writes a file.
+func (b *Box) WriteFile(ctx context.Context, path string, mode uint32, r io.Reader) (guest.FileInfo, error) {
+	c, err := b.client()
+	if err != nil {
+		return guest.FileInfo{}, err
+	}
+	return c.WriteFile(ctx, path, mode, r)
+}
+
+// ListFiles lists a directory.
+func (b *Box) ListFiles(ctx context.Context, path string) ([]guest.FileInfo, error) {
+	c, err := b.client()
+	if err != nil {
+		return nil, err
+	}
+	return c.List(ctx, path)
+}
+
+// Pause freezes every process of the container (in memory: containers
+// have no snapshot to disk here).
+func (b *Box) Pause(ctx context.Context) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch b.state {
+	case "paused":
+		return nil
+	case "destroyed":
+		return driver.Errorf(driver.ErrNotFound, "sandbox %s is destroyed", b.id)
+	}
+	if err := b.task.Pause(ctx); err != nil {
+		return fmt.Errorf("pause: %w", err)
+	}
+	b.state = "paused"
+	return nil
+}
+
+// Resume thaws a paused container.
+func (b *Box) Resume(ctx context.Context) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch b.state {
+	case "running":
+		return nil
+	case "destroyed":
+		return driver.Errorf(driver.ErrNotFound, "sandbox %s is destroyed", b.id)
+	}
+	if err := b.task.Resume(ctx); err != nil {
+		return fmt.Errorf("resume: %w", err)
+	}
+	b.state = "running"
+	return nil
+}
+
+// Destroy kills the container and removes its task, container, overlay
+// and directory.
+func (b *Box) Destroy() error {
+	b.destroy()
+	return nil
+}
+
+func (b *Box) destroy() {
+	b.mu.Lock()
+	if b.state == "destroyed" {
+		b.mu.Unlock()
+		return
+	}
+	b.state = "destroyed"
+	if b.ttl != nil {
+		b.ttl.Stop()
+	}
+	if b.agent != nil {
+		b.agent.Close()
+	}
+	c := b.c
+	b.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if c != nil {
+		destroyContainer(ctx, c)
+	}
+	if b.mounted {
+		if err := unix.Unmount(filepath.Join(b.dir, "rootfs"), unix.MNT_DETACH); err != nil {
+			b.d.log.Warn("unmount overlay", "sandbox", b.id, "err", err)
+		}
+	}
+	_ = os.RemoveAll(b.dir)
+	b.d.mu.Lock()
+	if cur, ok := b.d.live[b.id]; ok && cur == b {
+		delete(b.d.live, b.id)
+	}
+	b.d.mu.Unlock()
+}

@@ -1,0 +1,476 @@
+package container
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/containerd/containerd"
+	"github.com/containerd/containerd/cio"
+	"github.com/containerd/containerd/oci"
+	"github.com/containerd/containerd/runtime/v2/runc/options"
+	"github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	"github.com/warrenhq/warren/guest"
+	"github.com/warrenhq/warren/noded/driver"
+)
+
+// DefaultSocket is containerd's socket unless configured otherwise.
+const DefaultSocket = "/run/containerd/containerd.sock"
+
+// Config is the driver's configuration.
+type Config struct {
+	Socket    string // containerd's socket (DefaultSocket)
+	Namespace string // containerd namespace ("warren")
+	// Runtime is "runc" (default) or "runsc" (gVisor, run through the runc
+	// shim with RuncBinary pointing at a wrapper that calls runsc).
+	Runtime string
+	// RuncBinary, if set, is the OCI runtime binary the runc shim runs.
+	RuncBinary string
+	ImageDir   string // template store (the root file systems)
+	// Agent is the static warren-guest binary bind-mounted into every
+	// container as its init, so the agent matches the node and not the
+	// template's copy (default: warren-guest next to this executable, else
+	// the template's /usr/local/bin/warren-guest).
+	Agent           string
+	StateDir        string // this node's containers (required)
+	DefaultTemplate string // "default"
+	// DefaultMemMB is a sandbox's memory unless it asks (512).
+	DefaultMemMB       int
+	DefaultTTL, MaxTTL time.Duration
+	Logger             *slog.Logger
+}
+
+// Driver is the container driver.
+type Driver struct {
+	cfg    Config
+	log    *slog.Logger
+	client *containerd.Client
+	scope  string // label value marking this driver's containers
+	ver    string
+
+	mu     sync.Mutex
+	live   map[string]*Box
+	lowers map[string]string // template dir -> its read-only mount
+	closed bool
+}
+
+// New connects to containerd and destroys every container a previous run
+// of this node left (containers are not re-adopted: see Detach).
+func New(cfg Config) (*Driver, error) {
+	if cfg.StateDir == "" {
+		return nil, errors.New("container: state dir: required")
+	}
+	if cfg.Socket == "" {
+		cfg.Socket = DefaultSocket
+	}
+	if cfg.Namespace == "" {
+		cfg.Namespace = "warren"
+	}
+	if cfg.Runtime == "" {
+		cfg.Runtime = "runc"
+	}
+	if cfg.Runtime != "runc" && cfg.Runtime != "runsc" {
+		return nil, fmt.Errorf("container: runtime %q: want runc or runsc", cfg.Runtime)
+	}
+	if cfg.Runtime == "runsc" && cfg.RuncBinary == "" {
+		return nil, errors.New("container: runtime runsc needs the wrapper that runs runsc (--runc-binary)")
+	}
+	if cfg.DefaultTemplate == "" {
+		cfg.DefaultTemplate = "default"
+	}
+	if cfg.DefaultMemMB == 0 {
+		cfg.DefaultMemMB = 512
+	}
+	if cfg.DefaultTTL == 0 {
+		cfg.DefaultTTL = time.Hour
+	}
+	if cfg.MaxTTL == 0 {
+		cfg.MaxTTL = 24 * time.Hour
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Agent == "" {
+		if exe, err := os.Executable(); err == nil {
+			if p := filepath.Join(filepath.Dir(exe), "warren-guest"); fileExists(p) {
+				cfg.Agent = p
+			}
+		}
+	} else if !fileExists(cfg.Agent) {
+		return nil, fmt.Errorf("container: agent %s: not found", cfg.Agent)
+	}
+	if _, err := os.Stat(cfg.Socket); err != nil {
+		return nil, fmt.Errorf("container: containerd socket %s: %w (apt-get install containerd runc, and start containerd)", cfg.Socket, err)
+	}
+	if _, err := guest.LoadTemplate(cfg.ImageDir, cfg.DefaultTemplate); err != nil {
+		return nil, fmt.Errorf("container: %w (run `make image`)", err)
+	}
+	client, err := containerd.New(cfg.Socket, containerd.WithDefaultNamespace(cfg.Namespace), containerd.WithTimeout(5*time.Second))
+	if err != nil {
+		return nil, fmt.Errorf("container: containerd at %s: %w", cfg.Socket, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	v, err := client.Version(ctx)
+	if err != nil {
+		client.Close()
+		return nil, fmt.Errorf("container: containerd at %s: %w", cfg.Socket, err)
+	}
+	abs, _ := filepath.Abs(cfg.StateDir)
+	h := sha256.Sum256([]byte(abs))
+	d := &Driver{cfg: cfg, log: cfg.Logger, client: client, scope: hex.EncodeToString(h[:])[:12], ver: v.Version,
+		live: map[string]*Box{}, lowers: map[string]string{}}
+	if err := os.MkdirAll(filepath.Join(cfg.StateDir, "boxes"), 0o755); err != nil {
+		client.Close()
+		return nil, err
+	}
+	d.cleanLeftovers(ctx)
+	d.log.Info("container driver", "containerd", v.Version, "runtime", cfg.Runtime)
+	return d, nil
+}
+
+// Name is "container".
+func (d *Driver) Name() string { return "container" }
+
+// Accelerator is "": containers are not virtualised.
+func (d *Driver) Accelerator() string { return "" }
+
+// Templates lists the template names in the store.
+func (d *Driver) Templates() []string { return guest.ListTemplates(d.cfg.ImageDir) }
+
+// SetPoolTarget is accepted and ignored: this driver keeps no warm pool (a
+// container starts in a few hundred milliseconds).
+func (d *Driver) SetPoolTarget(template string, n int) {
+	if n > 0 {
+		d.log.Info("the container driver keeps no warm pool; ignoring the target", "template", template, "target", n)
+	}
+}
+
+const label = "warren.scope"
+
+// cleanLeftovers destroys this driver's containers and box directories
+// from a previous run.
+func (d *Driver) cleanLeftovers(ctx context.Context) {
+	cs, err := d.client.Containers(ctx, fmt.Sprintf("labels.%q==%s", label, d.scope))
+	if err != nil {
+		d.log.Warn("listing leftover containers", "err", err)
+	}
+	for _, c := range cs {
+		d.log.Info("destroying a container left by a previous run", "container", c.ID())
+		destroyContainer(ctx, c)
+	}
+	ents, _ := os.ReadDir(filepath.Join(d.cfg.StateDir, "boxes"))
+	for _, e := range ents {
+		dir := filepath.Join(d.cfg.StateDir, "boxes", e.Name())
+		_ = unix.Unmount(filepath.Join(dir, "rootfs"), unix.MNT_DETACH)
+		_ = os.RemoveAll(dir)
+	}
+}
+
+func destroyContainer(ctx context.Context, c containerd.Container) {
+	if t, err := c.Task(ctx, nil); err == nil {
+		_ = t.Kill(ctx, syscall.SIGKILL, containerd.WithKillAll)
+		if ch, err := t.Wait(ctx); err == nil {
+			select {
+			case <-ch:
+			case <-time.After(10 * time.Second):
+			}
+		}
+		_, _ = t.Delete(ctx, containerd.WithProcessKill)
+	}
+	_ = c.Delete(ctx)
+}
+
+// lower mounts a template's root file system read-only, once.
+func (d *Driver) lower(t *guest.Template) (string, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if m, ok := d.lowers[t.Dir]; ok {
+		return m, nil
+	}
+	m := filepath.Join(d.cfg.StateDir, "lower", t.Name+"-"+t.Version)
+	if err := os.MkdirAll(m, 0o755); err != nil {
+		return "", err
+	}
+	if !isMounted(m) {
+		out, err := exec.Command("mount", "-o", "loop,ro", t.Path(t.Rootfs), m).CombinedOutput()
+		if err != nil {
+			return "", fmt.Errorf("mount %s: %v: %s", t.Path(t.Rootfs), err, strings.TrimSpace(string(out)))
+		}
+	}
+	d.lowers[t.Dir] = m
+	return m, nil
+}
+
+func fileExists(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && !fi.IsDir()
+}
+
+// agentPath is where the agent is inside a container.
+const agentPath = "/usr/local/lib/warren/warren-guest"
+
+func isMounted(dir string) bool {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if fs := strings.Fields(sc.Text()); len(fs) > 4 && fs[4] == dir {
+			return true
+		}
+	}
+	return false
+}
+
+// Claim starts a container running the agent and binds its environment.
+func (d *Driver) Claim(ctx context.Context, req driver.ClaimRequest) (driver.Sandbox, error) {
+	t0 := time.Now()
+	if req.ID == "" || strings.ContainsAny(req.ID, "/ ") {
+		return nil, driver.Errorf(driver.ErrInvalid, "id %q: required, without / or spaces", req.ID)
+	}
+	name := req.Template
+	if name == "" {
+		name = d.cfg.DefaultTemplate
+	}
+	t, err := guest.LoadTemplate(d.cfg.ImageDir, name)
+	if err != nil {
+		if errors.Is(err, guest.ErrNoTemplate) {
+			return nil, driver.Errorf(driver.ErrNotFound, "template %q: not in %s (have: %v)", name, d.cfg.ImageDir, d.Templates())
+		}
+		return nil, driver.Errorf(driver.ErrInvalid, "%v", err)
+	}
+	lim, err := d.checkLimits(req.Limits)
+	if err != nil {
+		return nil, err
+	}
+	ttl := req.TTL
+	if ttl == 0 {
+		ttl = d.cfg.DefaultTTL
+	}
+	if ttl < time.Second || ttl > d.cfg.MaxTTL {
+		return nil, driver.Errorf(driver.ErrInvalid, "ttl %v: must be between 1s and %v", ttl, d.cfg.MaxTTL)
+	}
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil, driver.Errorf(driver.ErrUnavailable, "driver closed")
+	}
+	if _, dup := d.live[req.ID]; dup {
+		d.mu.Unlock()
+		return nil, driver.Errorf(driver.ErrInvalid, "sandbox %q exists", req.ID)
+	}
+	d.live[req.ID] = nil
+	d.mu.Unlock()
+	b, err := d.start(ctx, t, req, lim)
+	if err != nil {
+		d.mu.Lock()
+		delete(d.live, req.ID)
+		d.mu.Unlock()
+		return nil, err
+	}
+	b.claimTime = time.Since(t0)
+	b.expires = time.Now().Add(ttl)
+	d.mu.Lock()
+	d.live[req.ID] = b
+	d.mu.Unlock()
+	b.ttl = time.AfterFunc(ttl, func() {
+		d.log.Info("sandbox expired; destroying", "sandbox", req.ID)
+		_ = b.Destroy()
+	})
+	d.log.Info("sandbox claimed", "sandbox", req.ID, "took", b.claimTime, "template", t.Name)
+	return b, nil
+}
+
+func (d *Driver) checkLimits(l driver.Limits) (driver.Limits, error) {
+	var errs []error
+	if l.VCPUs == 0 {
+		l.VCPUs = 1
+	}
+	if l.MemMB == 0 {
+		l.MemMB = d.cfg.DefaultMemMB
+	}
+	if l.Pids == 0 {
+		l.Pids = 4096
+	}
+	if l.VCPUs < 1 || l.VCPUs > runtime.NumCPU() {
+		errs = append(errs, fmt.Errorf("limits.vcpus %d: must be between 1 and %d (this node's CPUs)", l.VCPUs, runtime.NumCPU()))
+	}
+	if l.MemMB < 64 || l.MemMB > 64<<10 {
+		errs = append(errs, fmt.Errorf("limits.memory_mb %d: must be between 64 and 65536", l.MemMB))
+	}
+	if l.DiskMB != 0 {
+		errs = append(errs, fmt.Errorf("limits.disk_mb %d: the container driver cannot bound disk use (use microvm)", l.DiskMB))
+	}
+	if l.Pids < 16 || l.Pids > 1<<20 {
+		errs = append(errs, fmt.Errorf("limits.pids %d: must be between 16 and 1048576", l.Pids))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return l, driver.Errorf(driver.ErrInvalid, "%v", err)
+	}
+	return l, nil
+}
+
+// start makes the box's root (an overlay on the template's), the container
+// and its task, and waits for the agent.
+func (d *Driver) start(ctx context.Context, t *guest.Template, req driver.ClaimRequest, lim driver.Limits) (_ *Box, err error) {
+	lower, err := d.lower(t)
+	if err != nil {
+		return nil, err
+	}
+	dir := filepath.Join(d.cfg.StateDir, "boxes", req.ID)
+	b := &Box{d: d, id: req.ID, dir: dir, template: t.Name + "@" + t.Version, limits: lim, created: time.Now(), state: "running"}
+	defer func() {
+		if err != nil {
+			b.destroy()
+		}
+	}()
+	for _, sub := range []string{"upper", "work", "rootfs", "run"} {
+		if err := os.MkdirAll(filepath.Join(dir, sub), 0o755); err != nil {
+			return nil, err
+		}
+	}
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", lower, filepath.Join(dir, "upper"), filepath.Join(dir, "work"))
+	if err := unix.Mount("overlay", filepath.Join(dir, "rootfs"), "overlay", 0, opts); err != nil {
+		return nil, fmt.Errorf("overlay: %w", err)
+	}
+	b.mounted = true
+	env := []string{"PATH=" + guest.BaseEnv["PATH"], "HOME=/root", "LANG=C.UTF-8"}
+	mounts := []specs.Mount{{Destination: "/run/warren", Type: "bind", Source: filepath.Join(dir, "run"), Options: []string{"rbind", "rw"}}}
+	agent := "/usr/local/bin/warren-guest" // the template's copy
+	if d.cfg.Agent != "" {
+		agent = agentPath
+		mounts = append(mounts, specs.Mount{Destination: agentPath, Type: "bind", Source: d.cfg.Agent, Options: []string{"bind", "ro"}})
+	}
+	specOpts := []oci.SpecOpts{
+		oci.WithDefaultSpec(),
+		oci.WithRootFSPath(filepath.Join(dir, "rootfs")),
+		oci.WithProcessArgs(agent, "serve", "--listen", "/run/warren/agent.sock", "--container"),
+		oci.WithProcessCwd("/"),
+		oci.WithEnv(env),
+		oci.WithHostname(hostname(req.ID)),
+		oci.WithMemoryLimit(uint64(lim.MemMB) << 20),
+		oci.WithCPUCFS(int64(lim.VCPUs)*100000, 100000),
+		oci.WithPidsLimit(int64(lim.Pids)),
+		oci.WithMounts(mounts),
+	}
+	var rtOpts any
+	if d.cfg.RuncBinary != "" {
+		rtOpts = &options.Options{BinaryName: d.cfg.RuncBinary}
+	}
+	c, err := d.client.NewContainer(ctx, req.ID,
+		containerd.WithNewSpec(specOpts...),
+		containerd.WithRuntime("io.containerd.runc.v2", rtOpts),
+		containerd.WithContainerLabels(map[string]string{label: d.scope}))
+	if err != nil {
+		return nil, fmt.Errorf("container: %w", err)
+	}
+	b.c = c
+	task, err := c.NewTask(ctx, cio.LogFile(filepath.Join(dir, "agent.log")))
+	if err != nil {
+		return nil, fmt.Errorf("container task: %w", err)
+	}
+	b.task = task
+	if err := task.Start(ctx); err != nil {
+		return nil, fmt.Errorf("container start: %w", err)
+	}
+	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	sock := filepath.Join(dir, "run", "agent.sock")
+	for {
+		if cl, err := guest.Dial(actx, sock); err == nil {
+			if _, err = cl.Ping(actx); err == nil {
+				b.agent = cl
+				break
+			}
+			cl.Close()
+		}
+		select {
+		case <-actx.Done():
+			log, _ := os.ReadFile(filepath.Join(dir, "agent.log"))
+			return nil, fmt.Errorf("agent: %w: %s", actx.Err(), strings.TrimSpace(string(log)))
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+	b.env = req.Env
+	if _, err := b.agent.Claim(ctx, guest.ClaimRequest{Env: req.Env}); err != nil {
+		return nil, fmt.Errorf("claim: %w", err)
+	}
+	return b, nil
+}
+
+func hostname(id string) string {
+	if len(id) > 63 {
+		return id[:63]
+	}
+	return id
+}
+
+// Sandboxes lists the live sandboxes.
+func (d *Driver) Sandboxes() []driver.Sandbox {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []driver.Sandbox
+	for _, b := range d.live {
+		if b != nil {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+// Get returns a live sandbox.
+func (d *Driver) Get(id string) (driver.Sandbox, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	b := d.live[id]
+	return b, b != nil
+}
+
+// Close destroys every sandbox and unmounts the templates.
+func (d *Driver) Close() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil
+	}
+	d.closed = true
+	var all []*Box
+	for _, b := range d.live {
+		if b != nil {
+			all = append(all, b)
+		}
+	}
+	d.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, b := range all {
+		wg.Add(1)
+		go func() { defer wg.Done(); b.destroy() }()
+	}
+	wg.Wait()
+	d.mu.Lock()
+	for _, m := range d.lowers {
+		_ = unix.Unmount(m, unix.MNT_DETACH)
+	}
+	d.mu.Unlock()
+	return d.client.Close()
+}
+
+var _ io.Closer = (*Driver)(nil)

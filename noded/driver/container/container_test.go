@@ -1,0 +1,178 @@
+package container
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/warrenhq/warren/guest"
+	"github.com/warrenhq/warren/noded/driver"
+)
+
+// These tests run real containers: they need root, a running containerd
+// (its socket at $WARREN_CONTAINERD or DefaultSocket), runc and the default
+// template (`make image`); without them they skip and say why. .ci/run
+// starts containerd.
+
+// agentBin is warren-guest built from this tree by TestMain.
+var agentBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "warren-agent-")
+	if err != nil {
+		panic(err)
+	}
+	agentBin = filepath.Join(dir, "warren-guest")
+	cmd := exec.Command("go", "build", "-o", agentBin, "github.com/warrenhq/warren/cmd/warren-guest")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		panic(fmt.Sprintf("build warren-guest: %v\n%s", err, out))
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func imageDir() string {
+	if d := os.Getenv("WARREN_IMAGE_DIR"); d != "" {
+		return d
+	}
+	return "/var/lib/warren/templates"
+}
+
+func newDriver(t *testing.T) *Driver {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("runs containers; skipped in -short")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	sock := os.Getenv("WARREN_CONTAINERD")
+	if sock == "" {
+		sock = DefaultSocket
+	}
+	if _, err := os.Stat(sock); err != nil {
+		t.Skipf("needs a running containerd at %s (apt-get install containerd runc; .ci/run starts it)", sock)
+	}
+	if _, err := exec.LookPath("runc"); err != nil {
+		t.Skip("needs runc")
+	}
+	if _, err := guest.LoadTemplate(imageDir(), "default"); err != nil {
+		t.Skipf("needs the default template: %v (run `make image`)", err)
+	}
+	d, err := New(Config{Socket: sock, ImageDir: imageDir(), StateDir: t.TempDir(), Namespace: "warren-test", Agent: agentBin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+func run(t *testing.T, sb driver.Sandbox, script string) (string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	res, err := sb.(driver.Interactive).Run(ctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", script}}, &out, &out)
+	if err != nil {
+		t.Fatalf("%q: %v", script, err)
+	}
+	return out.String(), res.ExitCode
+}
+
+func TestContainerLifecycle(t *testing.T) {
+	d := newDriver(t)
+	defer d.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	sb, err := d.Claim(ctx, driver.ClaimRequest{ID: "sb-ctr", Env: map[string]string{"GREETING": "hi"}, Limits: driver.Limits{Pids: 256}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("claim took %v", sb.(driver.Interactive).Info().ClaimTime)
+	out, code := run(t, sb, "uname -a; echo $((6*7)); echo $GREETING; hostname")
+	if code != 0 || !strings.Contains(out, "Linux") || !strings.HasSuffix(out, "42\nhi\nsb-ctr\n") {
+		t.Fatalf("exit %d %q", code, out)
+	}
+	ia := sb.(driver.Interactive)
+	if _, err := ia.WriteFile(ctx, "/work/a.txt", 0, strings.NewReader("kept")); err != nil {
+		t.Fatal(err)
+	}
+	if err := ia.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ia.ListFiles(ctx, "/"); !errors.Is(err, driver.ErrInvalid) {
+		t.Fatalf("call on a paused sandbox: %v", err)
+	}
+	if err := ia.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var got bytes.Buffer
+	if _, err := ia.ReadFile(ctx, "/work/a.txt", 0, &got); err != nil || got.String() != "kept" {
+		t.Fatalf("after resume: %q %v", got.String(), err)
+	}
+	// The template's root is not written through.
+	if _, err := os.Stat(filepath.Join(d.lowers[mustTemplateDir(t)], "work")); err == nil {
+		t.Error("the write reached the template's root file system")
+	}
+	// The fork bomb meets the pids limit; the sandbox still answers.
+	out, _ = run(t, sb, "bomb() { bomb | bomb & }; bomb; sleep 3; echo done")
+	if !strings.Contains(out, "Resource temporarily unavailable") && !strings.Contains(out, "Cannot fork") {
+		t.Errorf("fork bomb output %q: want it stopped by the pids limit", lastLine(out))
+	}
+	if out, _ := run(t, sb, "echo alive"); out != "alive\n" {
+		t.Fatalf("after the fork bomb: %q", out)
+	}
+	dir := sb.(*Box).dir
+	if err := sb.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("box directory left: %v", err)
+	}
+	if cs, _ := d.client.Containers(ctx); len(cs) != 0 {
+		t.Errorf("%d containers left", len(cs))
+	}
+}
+
+func mustTemplateDir(t *testing.T) string {
+	tpl, err := guest.LoadTemplate(imageDir(), "default")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tpl.Dir
+}
+
+func lastLine(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
+		return s[i+1:]
+	}
+	return s
+}
+
+func TestContainerBadClaims(t *testing.T) {
+	d := newDriver(t)
+	defer d.Close()
+	ctx := context.Background()
+	for _, tc := range []struct {
+		req  driver.ClaimRequest
+		want string
+	}{
+		{driver.ClaimRequest{ID: "x", Template: "no-such"}, `template "no-such"`},
+		{driver.ClaimRequest{ID: "x", Limits: driver.Limits{VCPUs: 999}}, "limits.vcpus"},
+		{driver.ClaimRequest{ID: "x", Limits: driver.Limits{DiskMB: 100}}, "limits.disk_mb"},
+		{driver.ClaimRequest{ID: "x", TTL: 1000 * time.Hour}, "ttl"},
+	} {
+		if _, err := d.Claim(ctx, tc.req); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: %v, want it to mention %q", tc.req, err, tc.want)
+		}
+	}
+}
