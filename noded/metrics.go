@@ -4,6 +4,8 @@ import (
 	"math"
 	"sync/atomic"
 	"time"
+
+	"github.com/warrenhq/warren/noded/driver"
 )
 
 // Histogram buckets for append latency: bucket i holds latencies up to
@@ -22,6 +24,32 @@ type Metrics struct {
 	lastAppend            atomic.Int64  // unix nanoseconds of the last success
 	recordedRunning       atomic.Uint64
 	buckets               [nBuckets]atomic.Uint64
+	// Sandbox claims by how they started: warm (from a pool), restore (a
+	// cold claim from the snapshot), boot (from scratch).
+	claimsWarm, claimsRestore, claimsBoot atomic.Uint64
+}
+
+// claimed counts one sandbox claim by how it started.
+func (m *Metrics) claimed(sb driver.Sandbox) {
+	if m == nil {
+		return
+	}
+	start := driver.StartBoot
+	if ia, ok := sb.(driver.Interactive); ok {
+		start = ia.Info().Start
+	} else if sb.Warm() {
+		start = driver.StartWarm
+	} else {
+		start = driver.StartRestore
+	}
+	switch start {
+	case driver.StartWarm:
+		m.claimsWarm.Add(1)
+	case driver.StartRestore:
+		m.claimsRestore.Add(1)
+	default:
+		m.claimsBoot.Add(1)
+	}
 }
 
 // MetricsSnapshot is a point-in-time copy, as served by `warren node
@@ -43,6 +71,11 @@ type MetricsSnapshot struct {
 	LastAppendUnixNano int64  `json:"last_append_unix_nano"`
 	// Latency histogram: Buckets[i] counts appends that took at most
 	// BucketBaseMicros × BucketGrowth^i microseconds.
+	// Sandbox claims by how they started ("warm" from a pool; "restore" and
+	// "boot" are cold).
+	ClaimsWarm       uint64   `json:"claims_warm"`
+	ClaimsRestore    uint64   `json:"claims_restore"`
+	ClaimsBoot       uint64   `json:"claims_boot"`
 	Buckets          []uint64 `json:"buckets"`
 	BucketBaseMicros float64  `json:"bucket_base_micros"`
 	BucketGrowth     float64  `json:"bucket_growth"`
@@ -67,6 +100,7 @@ func (m *Metrics) observe(d time.Duration, events int, err error) {
 func (m *Metrics) Snapshot(daemons []*Daemon) MetricsSnapshot {
 	s := MetricsSnapshot{Time: time.Now(), Nodes: len(daemons), Appends: m.appends.Load(), Events: m.events.Load(), AppendErrors: m.appendErrors.Load(),
 		LastAppendUnixNano: m.lastAppend.Load(), RecordedRunning: m.recordedRunning.Load(), Buckets: make([]uint64, nBuckets),
+		ClaimsWarm: m.claimsWarm.Load(), ClaimsRestore: m.claimsRestore.Load(), ClaimsBoot: m.claimsBoot.Load(),
 		BucketBaseMicros: float64(bucketBase) / float64(time.Microsecond), BucketGrowth: bucketGrowth}
 	for i := range s.Buckets {
 		s.Buckets[i] = m.buckets[i].Load()

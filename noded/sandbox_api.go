@@ -34,6 +34,7 @@ const (
 // SandboxAPI serves warren.v1.SandboxService for the sandboxes of one
 // node's driver. Servers forward the public API's calls to it.
 type SandboxAPI struct {
+	metrics *Metrics // counts claims by how they started (may be nil)
 	nodeID  string
 	drv     driver.Driver
 	log     *slog.Logger
@@ -198,6 +199,8 @@ func (a *SandboxAPI) CreateSandbox(ctx context.Context, req *connect.Request[war
 		_ = sb.Destroy()
 		return nil, a.noSandboxes()
 	}
+	a.metrics.claimed(sb)
+	a.log.Info("sandbox created", "sandbox", id, "start", ia.Info().Start, "claim", ia.Info().ClaimTime)
 	return connect.NewResponse(&warrenv1.CreateSandboxResponse{Sandbox: a.toProto(ia)}), nil
 }
 
@@ -470,6 +473,7 @@ func (d *Daemon) serveSandboxes() error {
 		return fmt.Errorf("sandbox-listen: %w", err)
 	}
 	d.Sandboxes = NewSandboxAPI(d.cfg.ID, d.cfg.DataDir, d.cfg.Driver, d.log)
+	d.Sandboxes.metrics = d.cfg.Metrics
 	mux := http.NewServeMux()
 	mux.Handle(warrenv1connect.NewSandboxServiceHandler(d.Sandboxes, connect.WithReadMaxBytes(2*MaxFileBytes)))
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}

@@ -130,10 +130,15 @@ func (a *taskActor) start(c *actor.Context) {
 			return
 		}
 		a.sb = sb
+		a.d.cfg.Metrics.claimed(sb)
 	}
 	if t.GetState() == warrenv1.TaskState_TASK_STATE_PLACED {
 		payload := map[string]any{"to": "running", "node": a.d.cfg.ID, "epoch": a.epoch,
 			"sandbox": a.sb.ID(), "driver": a.d.cfg.Driver.Name(), "warm": a.sb.Warm()}
+		if ia, ok := a.sb.(driver.Interactive); ok {
+			info := ia.Info()
+			payload["start"], payload["claim_ms"] = string(info.Start), info.ClaimTime.Milliseconds()
+		}
 		if a.next > 1 {
 			payload["resumed_at_step"] = a.next
 		}

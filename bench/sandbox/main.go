@@ -9,7 +9,8 @@
 //     command answered (the pool is refilled and idle before each claim);
 //   - the peer: a containerd + runc container start, timed as the whole
 //     `ctr run --rm --rootfs ROOTFS ID /bin/true` process (containerd is
-//     started for the run if no socket is given);
+//     started for the run if none runs), and warren's own container driver
+//     (claim → first command) when a containerd runs;
 //   - PSS per idle sandbox with 10 and with 50 restored sandboxes running
 //     (the sum of the QEMU processes' Pss from /proc/PID/smaps_rollup,
 //     divided by their count).
@@ -37,6 +38,7 @@ import (
 
 	"github.com/warrenhq/warren/guest"
 	"github.com/warrenhq/warren/noded/driver"
+	"github.com/warrenhq/warren/noded/driver/container"
 	"github.com/warrenhq/warren/noded/driver/microvm"
 )
 
@@ -44,7 +46,7 @@ type config struct {
 	imageDir, stateDir, accel, out string
 	boots, restores, warms, ctrs   int
 	pss                            []int
-	ctrSocket, rootfs              string
+	ctrSocket, rootfs, agent       string
 }
 
 func main() {
@@ -58,7 +60,8 @@ func main() {
 	flag.IntVar(&c.warms, "warm", 20, "warm-pool claims")
 	flag.IntVar(&c.ctrs, "containers", 20, "container starts (0 skips the peer)")
 	flag.StringVar(&pss, "pss", "10,50", "sandbox counts to measure idle PSS at")
-	flag.StringVar(&c.ctrSocket, "containerd", "", "containerd socket (default: start one for the run)")
+	flag.StringVar(&c.ctrSocket, "containerd", "", "containerd socket for the peer and warren's container driver (default: the system's if it runs, else start a private one for the peer only)")
+	flag.StringVar(&c.agent, "agent", "bin/warren-guest", "warren-guest binary for the container driver")
 	flag.StringVar(&c.rootfs, "rootfs", "", "container root file system (default: the template's debootstrap tree)")
 	flag.StringVar(&c.out, "out", "", "also write the report (markdown) here")
 	flag.Parse()
@@ -74,6 +77,11 @@ func main() {
 	}
 	if c.imageDir == "" {
 		c.imageDir = microvm.DefaultImageDir
+	}
+	if c.ctrSocket == "" {
+		if _, err := os.Stat(container.DefaultSocket); err == nil {
+			c.ctrSocket = container.DefaultSocket
+		}
 	}
 	if err := run(c); err != nil {
 		fatal(err)
@@ -199,6 +207,37 @@ func run(c config) error {
 	progress("warm claims: p50 %v", warm.pct(0.5).Round(time.Millisecond))
 
 	all := []*series{boot, restore, warm}
+	if c.ctrs > 0 && c.ctrSocket != "" {
+		// warren's own container driver, claim to first command, beside the
+		// bare ctr figure.
+		cd, err := container.New(container.Config{Socket: c.ctrSocket, ImageDir: c.imageDir, StateDir: filepath.Join(c.stateDir, "container"),
+			Namespace: "warren-bench", Agent: c.agent})
+		if err != nil {
+			progress("container driver: %v", err)
+		} else {
+			s := &series{name: "warren container driver (claim → first command)"}
+			for i := 0; i < c.ctrs; i++ {
+				n++
+				t0 := time.Now()
+				sb, err := cd.Claim(ctx, driver.ClaimRequest{ID: fmt.Sprintf("ctr-%d", n)})
+				if err != nil {
+					cd.Close()
+					return fmt.Errorf("container driver: %w", err)
+				}
+				_, err = sb.(driver.Interactive).Run(ctx, guest.ExecRequest{Argv: []string{"/bin/true"}}, nil, nil)
+				took := time.Since(t0)
+				sb.Destroy()
+				if err != nil {
+					cd.Close()
+					return fmt.Errorf("container driver: %w", err)
+				}
+				s.samples = append(s.samples, took)
+			}
+			cd.Close()
+			progress("container driver: p50 %v", s.pct(0.5).Round(time.Millisecond))
+			all = append(all, s)
+		}
+	}
 	var ctrNote string
 	if c.ctrs > 0 {
 		ctr := &series{name: "peer: containerd + runc start (`ctr run --rm`, whole process)"}
@@ -259,8 +298,8 @@ func run(c config) error {
 		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %s |\n", s.name, len(s.samples), ms(s.pct(0.5)), ms(s.pct(0.99)), ms(s.pct(0)), ms(s.pct(1)), g)
 	}
 	fmt.Fprintf(&b, "\nRatios of medians: cold boot / warm claim %.0f×, restore / warm claim %.1f×", ratio(boot, warm), ratio(restore, warm))
-	if len(all) == 4 {
-		fmt.Fprintf(&b, ", container start / warm claim %.1f×", ratio(all[3], warm))
+	for _, s := range all[3:] {
+		fmt.Fprintf(&b, ", %s / warm claim %.1f×", strings.SplitN(s.name, " (", 2)[0], ratio(s, warm))
 	}
 	fmt.Fprintf(&b, ".\n\n| idle sandboxes | PSS per sandbox | RSS per sandbox | goal |\n|---|---|---|---|\n")
 	for _, r := range pssRows {

@@ -113,6 +113,8 @@ func New(cfg Config) (*Driver, error) {
 		}
 	} else if !fileExists(cfg.Agent) {
 		return nil, fmt.Errorf("container: agent %s: not found", cfg.Agent)
+	} else if abs, err := filepath.Abs(cfg.Agent); err == nil {
+		cfg.Agent = abs // the runtime resolves mount sources from its bundle
 	}
 	if _, err := os.Stat(cfg.Socket); err != nil {
 		return nil, fmt.Errorf("container: containerd socket %s: %w (apt-get install containerd runc, and start containerd)", cfg.Socket, err)
