@@ -27,6 +27,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -109,8 +110,10 @@ func (s *series) pct(p float64) time.Duration {
 	if len(x) == 0 {
 		return 0
 	}
-	i := int(float64(len(x)-1) * p)
-	return x[i]
+	// Nearest rank: the smallest sample with at least p of them at or
+	// below it (p99 of 20 samples is the largest).
+	i := int(math.Ceil(p*float64(len(x)))) - 1
+	return x[max(i, 0)]
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000) }
