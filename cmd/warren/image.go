@@ -88,6 +88,7 @@ func cmdImageBuild(args []string, stdout, stderr io.Writer) error {
 	qemu := fs.String("qemu", "qemu-system-x86_64", "QEMU binary for the smoke boot")
 	accel := fs.String("accel", "auto", "accelerator of the smoke boot: auto, kvm or tcg")
 	noSmoke := fs.Bool("no-smoke", false, "skip the smoke boot")
+	fs.IntVar(&c.Keep, "keep", 2, "versions of the template to keep in the store, the new one included (0 keeps all)")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -97,6 +98,9 @@ func cmdImageBuild(args []string, stdout, stderr io.Writer) error {
 	}
 	if *pkgs != "" {
 		c.Packages = strings.Split(*pkgs, ",")
+	}
+	if c.Keep < 0 {
+		return fmt.Errorf("image build: --keep %d: must not be negative", c.Keep)
 	}
 	if *accel != "auto" && *accel != "kvm" && *accel != "tcg" {
 		return fmt.Errorf("image build: --accel %q: want auto, kvm or tcg", *accel)

@@ -41,7 +41,11 @@ type Config struct {
 	Smoke func(ctx context.Context, t *guest.Template) (accel string, boot time.Duration, err error)
 	// QEMUVersion is recorded in the manifest.
 	QEMUVersion string
-	Progress    io.Writer
+	// Keep is how many versions of the template stay in the store, the new
+	// one included (older ones are removed; sandboxes restored from them
+	// keep their open files, but cannot be paused and resumed).
+	Keep     int
+	Progress io.Writer
 }
 
 func (c *Config) validate() error {
@@ -177,8 +181,48 @@ func Build(ctx context.Context, c Config) (*guest.Template, error) {
 	if err := os.Rename(tmpLink, filepath.Join(root, "current")); err != nil {
 		return nil, err
 	}
+	if c.Keep > 0 {
+		for _, old := range prune(root, m.Version, c.Keep) {
+			c.step("      removed old version %s", old)
+		}
+	}
 	c.step("done: %s@%s in %s (%v)", c.Name, m.Version, final, time.Since(start).Round(time.Second))
 	return t, nil
+}
+
+// prune removes all but the newest keep versions of a template (current
+// always stays).
+func prune(root, current string, keep int) []string {
+	ents, err := os.ReadDir(root)
+	if err != nil {
+		return nil
+	}
+	type ver struct {
+		name string
+		mod  time.Time
+	}
+	var vs []ver
+	for _, e := range ents {
+		if !e.IsDir() || e.Name() == current {
+			continue
+		}
+		fi, err := os.Stat(filepath.Join(root, e.Name(), guest.ManifestFile))
+		if err != nil {
+			continue
+		}
+		vs = append(vs, ver{e.Name(), fi.ModTime()})
+	}
+	sort.Slice(vs, func(i, j int) bool { return vs[i].mod.After(vs[j].mod) })
+	var removed []string
+	for i, v := range vs {
+		if i+1 < keep {
+			continue
+		}
+		if os.RemoveAll(filepath.Join(root, v.name)) == nil {
+			removed = append(removed, v.name)
+		}
+	}
+	return removed
 }
 
 func shortHash(s string) string {

@@ -1,0 +1,113 @@
+package image
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestModuleOrderPutsDependenciesFirst(t *testing.T) {
+	dir := t.TempDir()
+	dep := strings.Join([]string{
+		"kernel/fs/ext4/ext4.ko: kernel/fs/jbd2/jbd2.ko kernel/fs/mbcache.ko kernel/lib/crc16.ko",
+		"kernel/fs/jbd2/jbd2.ko:",
+		"kernel/fs/mbcache.ko:",
+		"kernel/lib/crc16.ko:",
+		"kernel/drivers/block/virtio_blk.ko: kernel/drivers/virtio/virtio.ko kernel/drivers/virtio/virtio_ring.ko",
+		"kernel/drivers/virtio/virtio.ko: kernel/drivers/virtio/virtio_ring.ko",
+		"kernel/drivers/virtio/virtio_ring.ko:",
+		"kernel/crypto/crc32c_generic.ko:",
+	}, "\n")
+	os.WriteFile(filepath.Join(dir, "modules.dep"), []byte(dep), 0o644)
+	os.WriteFile(filepath.Join(dir, "modules.builtin"), []byte("kernel/drivers/char/virtio_console.ko\n"), 0o644)
+	got, err := moduleOrder(dir, []string{"virtio_blk", "ext4", "crc32c-generic", "virtio_console"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pos := map[string]int{}
+	for i, m := range got {
+		pos[filepath.Base(m)] = i
+	}
+	if len(got) != 8 {
+		t.Fatalf("got %v", got)
+	}
+	for _, before := range [][2]string{{"virtio_ring.ko", "virtio.ko"}, {"virtio.ko", "virtio_blk.ko"}, {"jbd2.ko", "ext4.ko"}, {"crc16.ko", "ext4.ko"}} {
+		if pos[before[0]] >= pos[before[1]] {
+			t.Errorf("%s loads after %s: %v", before[0], before[1], got)
+		}
+	}
+	if _, err := moduleOrder(dir, []string{"no_such_module"}); err == nil || !strings.Contains(err.Error(), "no_such_module") {
+		t.Errorf("missing module: %v", err)
+	}
+}
+
+// The initramfs is the kernel's "newc" cpio: check the headers a reader
+// needs (magic, mode, sizes, name) and the 4-byte alignment.
+func TestCpioNewc(t *testing.T) {
+	var b bytes.Buffer
+	w := &cpioWriter{w: &b}
+	w.Dir("etc")
+	w.File("etc/hello", 0o644, []byte("hi\n"))
+	w.Char("dev/console", 5, 1)
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	data := b.Bytes()
+	var names []string
+	for off := 0; off < len(data); {
+		h := string(data[off : off+110])
+		if h[:6] != "070701" {
+			t.Fatalf("bad magic at %d: %q", off, h[:6])
+		}
+		field := func(i int) int64 {
+			v, err := strconv.ParseInt(h[6+8*i:14+8*i], 16, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return v
+		}
+		mode, size, nameLen := field(1), field(6), field(11)
+		name := string(data[off+110 : off+110+int(nameLen)-1])
+		names = append(names, name)
+		if name == "etc/hello" && (mode != 0o100644 || size != 3) {
+			t.Errorf("etc/hello: mode %o size %d", mode, size)
+		}
+		if name == "dev/console" && (field(9) != 5 || field(10) != 1) {
+			t.Errorf("dev/console: rdev %d,%d", field(9), field(10))
+		}
+		off += 110 + int(nameLen)
+		off = (off + 3) &^ 3
+		off += int(size)
+		off = (off + 3) &^ 3
+		if name == "TRAILER!!!" {
+			break
+		}
+	}
+	if strings.Join(names, ",") != "etc,etc/hello,dev/console,TRAILER!!!" {
+		t.Fatalf("entries %v", names)
+	}
+}
+
+func TestPruneKeepsTheNewest(t *testing.T) {
+	root := t.TempDir()
+	now := time.Now()
+	for i, v := range []string{"a", "b", "c", "d"} {
+		os.MkdirAll(filepath.Join(root, v), 0o755)
+		m := filepath.Join(root, v, "manifest.json")
+		os.WriteFile(m, []byte("{}"), 0o644)
+		os.Chtimes(m, now.Add(time.Duration(i)*time.Minute), now.Add(time.Duration(i)*time.Minute))
+	}
+	removed := prune(root, "d", 2)
+	if strings.Join(removed, ",") != "b,a" {
+		t.Fatalf("removed %v, want b,a", removed)
+	}
+	for _, v := range []string{"c", "d"} {
+		if _, err := os.Stat(filepath.Join(root, v)); err != nil {
+			t.Errorf("%s was removed", v)
+		}
+	}
+}
