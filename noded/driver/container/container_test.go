@@ -176,3 +176,4 @@ func TestContainerBadClaims(t *testing.T) {
 		}
 	}
 }
+
