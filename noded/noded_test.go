@@ -16,6 +16,7 @@ import (
 	"connectrpc.com/connect"
 
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
 	"github.com/warrenhq/warren/client"
 	"github.com/warrenhq/warren/noded"
 	"github.com/warrenhq/warren/noded/driver/sim"
@@ -356,4 +357,22 @@ func TestCancelStopsRunningTask(t *testing.T) {
 			t.Fatalf("task %s: last event %s %s (epoch %d), want the node's state_changed to cancelled", id, last.GetKind(), last.GetPayload(), last.GetEpoch())
 		}
 	}
+}
+
+// A warm-pool target set on the cluster reaches a node that joins later:
+// the leader sends the targets when a node's session opens.
+func TestPoolTargetReachesLaterNodes(t *testing.T) {
+	c := startCluster(t, 1, 3*time.Second)
+	sc := warrenv1connect.NewSandboxServiceClient(http.DefaultClient, c.servers[0].url)
+	if _, err := sc.SetPoolTarget(context.Background(), connect.NewRequest(&warrenv1.SetPoolTargetRequest{Template: "default", Target: 3})); err != nil {
+		t.Fatal(err)
+	}
+	drv := sim.New(sim.Config{})
+	d, err := noded.Start(noded.Config{ID: "late", DataDir: filepath.Join(c.dir, "node-late"), Servers: c.urls(), GossipAddr: freePort(t),
+		JoinGossip: c.gossip, Driver: drv, Capacity: &warrenv1.Resources{MilliCpu: 1000, MemoryBytes: 1 << 30}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	waitFor(t, "the node to get the pool target", 10*time.Second, func() bool { return drv.Target("default") == 3 })
 }

@@ -417,21 +417,31 @@ func (a *SandboxAPI) SetPoolTarget(ctx context.Context, req *connect.Request[war
 			return nil, codeOf(err)
 		}
 	}
+	if err := a.setTarget(t, int(n)); err != nil {
+		return nil, connect.NewError(connect.CodeInternal, err)
+	}
+	pools, _ := a.ListPools(ctx, connect.NewRequest(&warrenv1.ListPoolsRequest{}))
+	return connect.NewResponse(&warrenv1.SetPoolTargetResponse{Pools: pools.Msg.GetPools()}), nil
+}
+
+// setTarget saves a pool target in the node's data dir (so it holds from
+// the next start, before the leader's session sends the cluster's) and
+// applies it.
+func (a *SandboxAPI) setTarget(t string, n int) error {
 	a.mu.Lock()
 	if n == 0 {
 		delete(a.pools, t)
 	} else {
-		a.pools[t] = int(n)
+		a.pools[t] = n
 	}
 	b, _ := json.Marshal(a.pools)
 	a.mu.Unlock()
-	if err := writeFileAtomic(a.poolsAt, b); err != nil {
-		return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("save pool targets: %w", err))
-	}
-	a.drv.SetPoolTarget(t, int(n))
+	a.drv.SetPoolTarget(t, n)
 	a.log.Info("pool target set", "template", t, "target", n)
-	pools, _ := a.ListPools(ctx, connect.NewRequest(&warrenv1.ListPoolsRequest{}))
-	return connect.NewResponse(&warrenv1.SetPoolTargetResponse{Pools: pools.Msg.GetPools()}), nil
+	if err := writeFileAtomic(a.poolsAt, b); err != nil {
+		return fmt.Errorf("save pool targets: %w", err)
+	}
+	return nil
 }
 
 // ListPools reports this node's pools.

@@ -129,7 +129,11 @@ func (d *Daemon) runSession(nc warrenv1connect.NodeServiceClient, url string) er
 			d.stopTask(c.Stop)
 		case *warrenv1.SessionResponse_SetPoolTarget:
 			d.log.Info("pool target", "template", c.SetPoolTarget.GetTemplate(), "target", c.SetPoolTarget.GetTarget())
-			d.cfg.Driver.SetPoolTarget(c.SetPoolTarget.GetTemplate(), int(c.SetPoolTarget.GetTarget()))
+			if d.Sandboxes != nil {
+				d.Sandboxes.setTarget(c.SetPoolTarget.GetTemplate(), int(c.SetPoolTarget.GetTarget()))
+			} else {
+				d.cfg.Driver.SetPoolTarget(c.SetPoolTarget.GetTemplate(), int(c.SetPoolTarget.GetTarget()))
+			}
 		}
 	}
 }

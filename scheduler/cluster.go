@@ -106,7 +106,7 @@ func (c clusterAPI) Snapshot(ctx context.Context, _ *connect.Request[warrenv1.Sn
 // the leader only.
 var forwardable = map[CmdType]bool{
 	CmdCreateTask: true, CmdAppendEvents: true, CmdSendMessage: true, CmdDecide: true, CmdCancelTask: true,
-	CmdRegisterNode: true, CmdNodeOp: true,
+	CmdRegisterNode: true, CmdNodeOp: true, CmdSetPool: true,
 }
 
 // Propose applies commands forwarded by a follower. Only the leader

@@ -25,6 +25,7 @@ const (
 	CmdRegisterNode CmdType = 0x09
 	CmdNodeOp       CmdType = 0x0a
 	CmdApplyPlan    CmdType = 0x0b
+	CmdSetPool      CmdType = 0x0c
 
 	// FlagIgnorable on a type byte lets servers that do not know the type
 	// skip it instead of refusing it.
@@ -61,6 +62,8 @@ func (t CmdType) String() string {
 		return "node_op"
 	case CmdApplyPlan:
 		return "apply_plan"
+	case CmdSetPool:
+		return "set_pool"
 	}
 	return fmt.Sprintf("type_0x%02x", byte(t))
 }
@@ -96,6 +99,8 @@ func newBody(t CmdType) proto.Message {
 		return &fsmv1.NodeOp{}
 	case CmdApplyPlan:
 		return &fsmv1.ApplyPlan{}
+	case CmdSetPool:
+		return &fsmv1.SetPool{}
 	}
 	return nil
 }
@@ -125,6 +130,8 @@ func typeOf(m proto.Message) (CmdType, error) {
 		return CmdNodeOp, nil
 	case *fsmv1.ApplyPlan:
 		return CmdApplyPlan, nil
+	case *fsmv1.SetPool:
+		return CmdSetPool, nil
 	}
 	return 0, fmt.Errorf("%w: %T", ErrUnknownCommand, m)
 }

@@ -22,6 +22,7 @@ func allCommands() []proto.Message {
 		&fsmv1.CancelTask{TaskId: "x", Reason: "r", Time: ts},
 		&fsmv1.GrantLease{TaskId: "x", Node: "n", Time: ts},
 		&fsmv1.SetMember{Id: "s1", RaftAddress: "127.0.0.1:1", ApiUrl: "http://127.0.0.1:2"},
+		&fsmv1.SetPool{Template: "default", Target: 3},
 	}
 }
 

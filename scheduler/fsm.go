@@ -220,6 +220,8 @@ func (a *applier) apply(c Command) *fsmv1.Result {
 		return a.nodeOp(m)
 	case *fsmv1.ApplyPlan:
 		return a.applyPlan(m)
+	case *fsmv1.SetPool:
+		return a.setPool(m)
 	case *fsmv1.Batch:
 		return fail(connect.CodeInvalidArgument, "nested batch")
 	}
@@ -581,6 +583,21 @@ func (a *applier) grantLease(m *fsmv1.GrantLease) *fsmv1.Result {
 	seq := a.setState(t, m.GetTime(), warrenv1.TaskState_TASK_STATE_PLACED, map[string]any{"node": m.GetNode(), "epoch": t.GetLease().GetEpoch()})
 	a.putTask(t)
 	return &fsmv1.Result{Task: snapshotTask(t), FirstSeq: seq, LastSeq: seq}
+}
+
+// setPool records a template's warm-pool target (0 removes it).
+func (a *applier) setPool(m *fsmv1.SetPool) *fsmv1.Result {
+	if !reTemplate.MatchString(m.GetTemplate()) {
+		return fail(connect.CodeInvalidArgument, "template: %q is not a template name", truncate(m.GetTemplate(), 80))
+	}
+	if m.GetTarget() == 0 {
+		if err := a.b.Delete(keyPool(m.GetTemplate()), nil); err != nil {
+			panic(fmt.Sprintf("scheduler: batch delete: %v", err))
+		}
+		return &fsmv1.Result{}
+	}
+	a.put(keyPool(m.GetTemplate()), &fsmv1.SetPool{Template: m.GetTemplate(), Target: m.GetTarget()})
+	return &fsmv1.Result{}
 }
 
 func (a *applier) setMember(m *fsmv1.SetMember) *fsmv1.Result {

@@ -18,6 +18,7 @@ const (
 	prefixMember   = raftlog.FSMPrefixStart + 5 // server id -> fsm.v1.Member
 	prefixNode     = raftlog.FSMPrefixStart + 6 // node id -> warren.v1.Node
 	prefixNodeTask = raftlog.FSMPrefixStart + 7 // node id, 0, task id -> empty: the leases a node holds
+	prefixPool     = raftlog.FSMPrefixStart + 8 // template -> fsm.v1.SetPool: warm-pool targets
 	prefixFSMLimit = raftlog.FSMPrefixEnd
 )
 
@@ -48,6 +49,8 @@ func keyState(state byte, id string) []byte {
 }
 
 func keyMember(id string) []byte { return append([]byte{prefixMember}, id...) }
+
+func keyPool(template string) []byte { return append([]byte{prefixPool}, template...) }
 
 func keyNode(id string) []byte { return append([]byte{prefixNode}, id...) }
 

@@ -317,6 +317,24 @@ func (f *FSM) Nodes() ([]*warrenv1.Node, error) {
 	return out, it.Error()
 }
 
+// Pools returns the warm-pool targets, by template.
+func (f *FSM) Pools() ([]*fsmv1.SetPool, error) {
+	it, err := f.db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixPool}, UpperBound: []byte{prefixPool + 1}})
+	if err != nil {
+		return nil, err
+	}
+	defer it.Close()
+	var out []*fsmv1.SetPool
+	for ok := it.First(); ok; ok = it.Next() {
+		p := &fsmv1.SetPool{}
+		if err := proto.Unmarshal(it.Value(), p); err != nil {
+			return nil, fmt.Errorf("decode pool %q: %w", it.Key()[1:], err)
+		}
+		out = append(out, p)
+	}
+	return out, it.Error()
+}
+
 // NodeTasks returns the tasks whose leases node holds, in id order.
 func (f *FSM) NodeTasks(node string) ([]*warrenv1.Task, error) {
 	prefix := keyNodeTasks(node)

@@ -184,3 +184,25 @@ func TestValidateNode(t *testing.T) {
 		}
 	}
 }
+
+// Warm-pool targets are replicated records: set, changed, removed at 0,
+// and kept across a restart of the state machine.
+func TestPoolTargets(t *testing.T) {
+	tf := newTestFSM(t)
+	for _, m := range []*fsmv1.SetPool{{Template: "default", Target: 2}, {Template: "go", Target: 1}, {Template: "default", Target: 5}, {Template: "go"}} {
+		if r := tf.apply(m); r[0].GetCode() != 0 {
+			t.Fatalf("%v: %s", m, r[0].GetMessage())
+		}
+	}
+	if r := tf.apply(&fsmv1.SetPool{Template: "Bad Name", Target: 1}); r[0].GetCode() == 0 || !strings.Contains(r[0].GetMessage(), "template") {
+		t.Fatalf("bad template accepted: %v", r[0])
+	}
+	tf.reopen()
+	pools, err := tf.fsm.Pools()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pools) != 1 || pools[0].GetTemplate() != "default" || pools[0].GetTarget() != 5 {
+		t.Fatalf("pools %v, want default=5 only", pools)
+	}
+}

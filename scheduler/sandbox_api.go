@@ -15,6 +15,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 
+	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
 )
@@ -328,6 +329,13 @@ func (a *sandboxAPI) SetPoolTarget(ctx context.Context, req *connect.Request[war
 	}
 	if err := p.err(); err != nil {
 		return nil, invalid(err)
+	}
+	if req.Msg.GetNodeId() == "" {
+		// The cluster's target: kept in the replicated state, sent to
+		// every node when its session opens (nodes that join later too).
+		if _, err := (taskAPI{a.s}).write(ctx, &fsmv1.SetPool{Template: req.Msg.GetTemplate(), Target: req.Msg.GetTarget()}); err != nil {
+			return nil, err
+		}
 	}
 	var mu sync.Mutex
 	out := &warrenv1.SetPoolTargetResponse{}

@@ -245,6 +245,14 @@ func (n nodeAPI) Session(ctx context.Context, stream *connect.BidiStream[warrenv
 	s.log.Info("node session opened", "node", id, "incarnation", c.incarnation, "running", len(hello.GetRunning()))
 	c.send(&warrenv1.SessionResponse{Msg: &warrenv1.SessionResponse_Welcome{Welcome: &warrenv1.Welcome{
 		LeaderId: s.cfg.ID, HeartbeatIntervalMs: s.heartbeat().Milliseconds(), TtlMs: s.ttl().Milliseconds()}}})
+	// The cluster's warm-pool targets, so a node that joins or restarts
+	// keeps the pools the operators set.
+	if pools, err := s.fsm.Pools(); err == nil {
+		for _, p := range pools {
+			c.send(&warrenv1.SessionResponse{Msg: &warrenv1.SessionResponse_SetPoolTarget{SetPoolTarget: &warrenv1.SetPoolTarget{
+				Template: p.GetTemplate(), Target: p.GetTarget()}}})
+		}
+	}
 	if err := s.reconcile(c, hello.GetRunning()); err != nil {
 		return toConnect(err)
 	}

@@ -152,6 +152,18 @@ func TestSandboxCLI(t *testing.T) {
 		}
 	}
 
+	// Pool targets: set cluster-wide, shown per node.
+	if out, stderr, code = run("pool", "set", "default", "1"); code != 0 || !strings.Contains(out, "default") {
+		t.Fatalf("pool set: %s %s", out, stderr)
+	}
+	waitUntil(t, "the pool to fill", 2*time.Minute, func() bool {
+		out, _, _ := run("pool", "list", "-o", "json")
+		return strings.Contains(out, `"target":1`) && strings.Contains(out, `"ready":1`)
+	})
+	if _, stderr, code = run("pool", "set", "default", "0"); code != 0 {
+		t.Fatalf("pool set 0: %s", stderr)
+	}
+
 	if _, stderr, code = run("sandbox", "rm", sb.ID); code != 0 {
 		t.Fatalf("rm: %s", stderr)
 	}

@@ -147,3 +147,10 @@ func sleep(ctx context.Context, d time.Duration) error {
 		return ctx.Err()
 	}
 }
+
+// Target returns the pool target last set for template.
+func (d *Driver) Target(template string) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.targets[template]
+}

@@ -981,6 +981,60 @@ func (x *Member) GetApiUrl() string {
 	return ""
 }
 
+// SetPool sets how many warm sandboxes of a template every node keeps
+// (0 removes the record). It is also the stored record.
+type SetPool struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Template      string                 `protobuf:"bytes,1,opt,name=template,proto3" json:"template,omitempty"`
+	Target        uint32                 `protobuf:"varint,2,opt,name=target,proto3" json:"target,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetPool) Reset() {
+	*x = SetPool{}
+	mi := &file_warren_fsm_v1_fsm_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetPool) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetPool) ProtoMessage() {}
+
+func (x *SetPool) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_fsm_v1_fsm_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetPool.ProtoReflect.Descriptor instead.
+func (*SetPool) Descriptor() ([]byte, []int) {
+	return file_warren_fsm_v1_fsm_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *SetPool) GetTemplate() string {
+	if x != nil {
+		return x.Template
+	}
+	return ""
+}
+
+func (x *SetPool) GetTarget() uint32 {
+	if x != nil {
+		return x.Target
+	}
+	return 0
+}
+
 type ApplyPlan_Placement struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	TaskId        string                 `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
@@ -992,7 +1046,7 @@ type ApplyPlan_Placement struct {
 
 func (x *ApplyPlan_Placement) Reset() {
 	*x = ApplyPlan_Placement{}
-	mi := &file_warren_fsm_v1_fsm_proto_msgTypes[13]
+	mi := &file_warren_fsm_v1_fsm_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1004,7 +1058,7 @@ func (x *ApplyPlan_Placement) String() string {
 func (*ApplyPlan_Placement) ProtoMessage() {}
 
 func (x *ApplyPlan_Placement) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_fsm_v1_fsm_proto_msgTypes[13]
+	mi := &file_warren_fsm_v1_fsm_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1132,7 +1186,10 @@ const file_warren_fsm_v1_fsm_proto_rawDesc = "" +
 	"\x06Member\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\fraft_address\x18\x02 \x01(\tR\vraftAddress\x12\x17\n" +
-	"\aapi_url\x18\x03 \x01(\tR\x06apiUrlB8Z6github.com/warrenhq/warren/api/gen/warren/fsm/v1;fsmv1b\x06proto3"
+	"\aapi_url\x18\x03 \x01(\tR\x06apiUrl\"=\n" +
+	"\aSetPool\x12\x1a\n" +
+	"\btemplate\x18\x01 \x01(\tR\btemplate\x12\x16\n" +
+	"\x06target\x18\x02 \x01(\rR\x06targetB8Z6github.com/warrenhq/warren/api/gen/warren/fsm/v1;fsmv1b\x06proto3"
 
 var (
 	file_warren_fsm_v1_fsm_proto_rawDescOnce sync.Once
@@ -1147,7 +1204,7 @@ func file_warren_fsm_v1_fsm_proto_rawDescGZIP() []byte {
 }
 
 var file_warren_fsm_v1_fsm_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_warren_fsm_v1_fsm_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_warren_fsm_v1_fsm_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_warren_fsm_v1_fsm_proto_goTypes = []any{
 	(NodeOp_Op)(0),                // 0: warren.fsm.v1.NodeOp.Op
 	(*Batch)(nil),                 // 1: warren.fsm.v1.Batch
@@ -1163,31 +1220,32 @@ var file_warren_fsm_v1_fsm_proto_goTypes = []any{
 	(*SetMember)(nil),             // 11: warren.fsm.v1.SetMember
 	(*Result)(nil),                // 12: warren.fsm.v1.Result
 	(*Member)(nil),                // 13: warren.fsm.v1.Member
-	(*ApplyPlan_Placement)(nil),   // 14: warren.fsm.v1.ApplyPlan.Placement
-	(*v1.TaskSpec)(nil),           // 15: warren.v1.TaskSpec
-	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
-	(*v1.EventInput)(nil),         // 17: warren.v1.EventInput
-	(*v1.Node)(nil),               // 18: warren.v1.Node
-	(*v1.Task)(nil),               // 19: warren.v1.Task
+	(*SetPool)(nil),               // 14: warren.fsm.v1.SetPool
+	(*ApplyPlan_Placement)(nil),   // 15: warren.fsm.v1.ApplyPlan.Placement
+	(*v1.TaskSpec)(nil),           // 16: warren.v1.TaskSpec
+	(*timestamppb.Timestamp)(nil), // 17: google.protobuf.Timestamp
+	(*v1.EventInput)(nil),         // 18: warren.v1.EventInput
+	(*v1.Node)(nil),               // 19: warren.v1.Node
+	(*v1.Task)(nil),               // 20: warren.v1.Task
 }
 var file_warren_fsm_v1_fsm_proto_depIdxs = []int32{
-	15, // 0: warren.fsm.v1.CreateTask.spec:type_name -> warren.v1.TaskSpec
-	16, // 1: warren.fsm.v1.CreateTask.time:type_name -> google.protobuf.Timestamp
-	17, // 2: warren.fsm.v1.AppendEvents.events:type_name -> warren.v1.EventInput
-	16, // 3: warren.fsm.v1.AppendEvents.time:type_name -> google.protobuf.Timestamp
-	16, // 4: warren.fsm.v1.SendMessage.time:type_name -> google.protobuf.Timestamp
-	16, // 5: warren.fsm.v1.Decide.time:type_name -> google.protobuf.Timestamp
-	16, // 6: warren.fsm.v1.CancelTask.time:type_name -> google.protobuf.Timestamp
-	16, // 7: warren.fsm.v1.GrantLease.time:type_name -> google.protobuf.Timestamp
-	18, // 8: warren.fsm.v1.RegisterNode.node:type_name -> warren.v1.Node
-	16, // 9: warren.fsm.v1.RegisterNode.time:type_name -> google.protobuf.Timestamp
+	16, // 0: warren.fsm.v1.CreateTask.spec:type_name -> warren.v1.TaskSpec
+	17, // 1: warren.fsm.v1.CreateTask.time:type_name -> google.protobuf.Timestamp
+	18, // 2: warren.fsm.v1.AppendEvents.events:type_name -> warren.v1.EventInput
+	17, // 3: warren.fsm.v1.AppendEvents.time:type_name -> google.protobuf.Timestamp
+	17, // 4: warren.fsm.v1.SendMessage.time:type_name -> google.protobuf.Timestamp
+	17, // 5: warren.fsm.v1.Decide.time:type_name -> google.protobuf.Timestamp
+	17, // 6: warren.fsm.v1.CancelTask.time:type_name -> google.protobuf.Timestamp
+	17, // 7: warren.fsm.v1.GrantLease.time:type_name -> google.protobuf.Timestamp
+	19, // 8: warren.fsm.v1.RegisterNode.node:type_name -> warren.v1.Node
+	17, // 9: warren.fsm.v1.RegisterNode.time:type_name -> google.protobuf.Timestamp
 	0,  // 10: warren.fsm.v1.NodeOp.op:type_name -> warren.fsm.v1.NodeOp.Op
-	16, // 11: warren.fsm.v1.NodeOp.drain_deadline:type_name -> google.protobuf.Timestamp
-	16, // 12: warren.fsm.v1.NodeOp.time:type_name -> google.protobuf.Timestamp
-	14, // 13: warren.fsm.v1.ApplyPlan.placements:type_name -> warren.fsm.v1.ApplyPlan.Placement
-	16, // 14: warren.fsm.v1.ApplyPlan.time:type_name -> google.protobuf.Timestamp
-	19, // 15: warren.fsm.v1.Result.task:type_name -> warren.v1.Task
-	18, // 16: warren.fsm.v1.Result.node:type_name -> warren.v1.Node
+	17, // 11: warren.fsm.v1.NodeOp.drain_deadline:type_name -> google.protobuf.Timestamp
+	17, // 12: warren.fsm.v1.NodeOp.time:type_name -> google.protobuf.Timestamp
+	15, // 13: warren.fsm.v1.ApplyPlan.placements:type_name -> warren.fsm.v1.ApplyPlan.Placement
+	17, // 14: warren.fsm.v1.ApplyPlan.time:type_name -> google.protobuf.Timestamp
+	20, // 15: warren.fsm.v1.Result.task:type_name -> warren.v1.Task
+	19, // 16: warren.fsm.v1.Result.node:type_name -> warren.v1.Node
 	17, // [17:17] is the sub-list for method output_type
 	17, // [17:17] is the sub-list for method input_type
 	17, // [17:17] is the sub-list for extension type_name
@@ -1206,7 +1264,7 @@ func file_warren_fsm_v1_fsm_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warren_fsm_v1_fsm_proto_rawDesc), len(file_warren_fsm_v1_fsm_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   14,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
