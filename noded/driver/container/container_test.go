@@ -176,4 +176,3 @@ func TestContainerBadClaims(t *testing.T) {
 		}
 	}
 }
-
