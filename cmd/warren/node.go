@@ -37,6 +37,7 @@ type nodeFlags struct {
 	pprof                                                                          bool
 	imageDir, accel, sandboxListen                                                 string
 	containerd, runtime, runcBinary                                                string
+	tcgCacheMB                                                                     int
 	logger                                                                         *slog.Logger
 	// why says which driver auto picked and why.
 	why string
@@ -51,6 +52,7 @@ func (f *nodeFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.driver, "driver", "", "sandbox driver: auto, microvm, container or sim (simulated) (required); auto picks microvm when QEMU and a template are present")
 	fs.StringVar(&f.imageDir, "image-dir", defaultImageDir(), "microvm: the template store (env WARREN_IMAGE_DIR)")
 	fs.StringVar(&f.accel, "accel", "auto", "microvm: accelerator: auto (probe KVM once, else TCG), kvm or tcg")
+	fs.IntVar(&f.tcgCacheMB, "tcg-cache-mb", microvm.DefaultTCGCacheMB, "microvm under TCG: translation cache per VM in MiB (resident as used; smaller saves memory, larger saves retranslation)")
 	fs.StringVar(&f.containerd, "containerd", container.DefaultSocket, "container: containerd's socket")
 	fs.StringVar(&f.runtime, "runtime", "runc", "container: runc, or runsc (gVisor, with --runc-binary naming a wrapper that runs runsc)")
 	fs.StringVar(&f.runcBinary, "runc-binary", "", "container: the OCI runtime binary the runc shim runs (a runsc wrapper for --runtime runsc)")
@@ -260,7 +262,11 @@ func newDriver(f *nodeFlags) (driver.Driver, error) {
 		if log == nil {
 			log = slog.New(slog.DiscardHandler)
 		}
-		d, err := microvm.New(microvm.Config{ImageDir: f.imageDir, StateDir: filepath.Join(f.data, "microvm"), Accel: f.accel, Logger: log})
+		if f.tcgCacheMB < 8 || f.tcgCacheMB > 2048 {
+			return nil, fmt.Errorf("tcg-cache-mb: %d must be between 8 and 2048", f.tcgCacheMB)
+		}
+		d, err := microvm.New(microvm.Config{ImageDir: f.imageDir, StateDir: filepath.Join(f.data, "microvm"), Accel: f.accel,
+			TCGCacheMB: f.tcgCacheMB, Logger: log})
 		if err != nil {
 			return nil, fmt.Errorf("driver: %w", err)
 		}

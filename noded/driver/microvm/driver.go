@@ -31,6 +31,8 @@ type Config struct {
 	SnapshotMemMB int
 	// DefaultTTL applies when a claim gives none (1h); MaxTTL bounds it (24h).
 	DefaultTTL, MaxTTL time.Duration
+	// TCGCacheMB is TCG's translation cache per VM (DefaultTCGCacheMB).
+	TCGCacheMB int
 	// CgroupRoot is the cgroup mount ("/sys/fs/cgroup"); "none" runs QEMU
 	// without cgroups (tests without root only).
 	CgroupRoot string

@@ -60,7 +60,7 @@ type vmMeta struct {
 func (d *Driver) vmDir(id string) string { return filepath.Join(d.cfg.StateDir, "vms", id) }
 
 func (vm *VM) cgLimits() cgLimits {
-	return cgLimits{CPUs: vm.limits.VCPUs, MemBytes: int64(vm.limits.MemMB+tbSizeMB+160) << 20, Pids: 256}
+	return cgLimits{CPUs: vm.limits.VCPUs, MemBytes: int64(vm.limits.MemMB+vm.spec.tbSize()+160) << 20, Pids: 256}
 }
 
 // launch starts the VM's QEMU in its cgroup and connects QMP.
@@ -96,7 +96,7 @@ func (d *Driver) restore(ctx context.Context, ts *tplState, snap *snapshot, sand
 		state: "running", snapState: snap.state(), memShared: true}
 	vm.spec = vmSpec{ID: id, Dir: d.vmDir(id), Kernel: ts.t.Path(ts.t.Kernel), Initramfs: ts.t.Path(ts.t.Initramfs),
 		Disk: filepath.Join(d.vmDir(id), "disk.qcow2"), MemMB: snap.Meta.MemMB, VCPUs: snap.Meta.VCPUs,
-		MemFile: snap.mem(), Accel: d.accel, Incoming: true, Cmdline: snap.Meta.Cmdline}
+		MemFile: snap.mem(), Accel: d.accel, Incoming: true, Cmdline: snap.Meta.Cmdline, TBSizeMB: d.cfg.TCGCacheMB}
 	if err := os.MkdirAll(vm.spec.Dir, 0o755); err != nil {
 		d.track(id, false)
 		return nil, err
@@ -123,7 +123,7 @@ func (d *Driver) boot(ctx context.Context, ts *tplState, sandboxID string, lim d
 	vm := &VM{d: d, id: id, template: ts.t.Name + "@" + ts.t.Version, sandboxID: sandboxID, limits: lim, created: time.Now(),
 		state: "running", start: driver.StartBoot}
 	vm.spec = vmSpec{ID: id, Dir: d.vmDir(id), Kernel: ts.t.Path(ts.t.Kernel), Initramfs: ts.t.Path(ts.t.Initramfs),
-		Disk: filepath.Join(d.vmDir(id), "disk.qcow2"), MemMB: lim.MemMB, VCPUs: lim.VCPUs, Accel: d.accel,
+		Disk: filepath.Join(d.vmDir(id), "disk.qcow2"), MemMB: lim.MemMB, VCPUs: lim.VCPUs, Accel: d.accel, TBSizeMB: d.cfg.TCGCacheMB,
 		Cmdline: kernelCmdline("warren.pids=" + strconv.Itoa(lim.Pids))}
 	if err := os.MkdirAll(vm.spec.Dir, 0o755); err != nil {
 		d.track(id, false)

@@ -91,7 +91,7 @@ func (d *Driver) makeSnapshot(ctx context.Context, t *guest.Template) (*snapshot
 	m := d.wantMeta(t)
 	id := d.newVMID()
 	spec := vmSpec{ID: id, Dir: d.vmDir(id), Kernel: t.Path(t.Kernel), Initramfs: t.Path(t.Initramfs),
-		Disk: s.disk(), MemMB: m.MemMB, VCPUs: m.VCPUs, MemFile: s.mem(), MemShare: true, Accel: d.accel, Cmdline: m.Cmdline}
+		Disk: s.disk(), MemMB: m.MemMB, VCPUs: m.VCPUs, MemFile: s.mem(), MemShare: true, Accel: d.accel, Cmdline: m.Cmdline, TBSizeMB: d.cfg.TCGCacheMB}
 	d.track(id, true)
 	defer d.track(id, false)
 	p, err := start(d.cfg.QEMU, spec, nil)

@@ -33,16 +33,28 @@ type vmSpec struct {
 	Accel    string // "kvm" or "tcg"
 	Incoming bool   // wait for migrate-incoming (a restore)
 	Cmdline  string // kernel command line (must match between snapshot and clone)
+	// TBSizeMB is TCG's translation cache (0: DefaultTCGCacheMB).
+	TBSizeMB int
 }
 
-const tbSizeMB = 64 // TCG's translation cache; QEMU's default is 1 GiB
+func (s vmSpec) tbSize() int {
+	if s.TBSizeMB > 0 {
+		return s.TBSizeMB
+	}
+	return DefaultTCGCacheMB
+}
+
+// DefaultTCGCacheMB is the size of TCG's translation cache per VM. QEMU's
+// default for system emulation is 1 GiB (32 MiB before QEMU 5.0); the
+// part a VM touches is resident and private to it.
+const DefaultTCGCacheMB = 64
 
 func (s vmSpec) qmpPath() string   { return filepath.Join(s.Dir, "qmp.sock") }
 func (s vmSpec) agentPath() string { return filepath.Join(s.Dir, "agent.sock") }
 
 func (s vmSpec) args() []string {
 	machine := "microvm"
-	accel := "tcg,tb-size=" + strconv.Itoa(tbSizeMB)
+	accel := "tcg,tb-size=" + strconv.Itoa(s.tbSize())
 	if s.Accel == "kvm" {
 		accel = "kvm"
 	}
