@@ -262,6 +262,9 @@ func newDriver(f *nodeFlags) (driver.Driver, error) {
 		if log == nil {
 			log = slog.New(slog.DiscardHandler)
 		}
+		if f.tcgCacheMB == 0 {
+			f.tcgCacheMB = microvm.DefaultTCGCacheMB // warren dev builds its flags without it
+		}
 		if f.tcgCacheMB < 8 || f.tcgCacheMB > 2048 {
 			return nil, fmt.Errorf("tcg-cache-mb: %d must be between 8 and 2048", f.tcgCacheMB)
 		}

@@ -45,9 +45,15 @@ func TestSandboxCLI(t *testing.T) {
 		t.Skip("no room for the raft port")
 	}
 	data := filepath.Join(t.TempDir(), "dev")
-	var devLog bytes.Buffer
+	logPath := filepath.Join(t.TempDir(), "dev.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logFile.Close()
+	devLog := func() string { b, _ := os.ReadFile(logPath); return string(b) }
 	dev := exec.Command(warrenBin, "dev", "--driver", "microvm", "--image-dir", imageDir, "--data", data, "--api", api, "--raft", freePort(t), "--log-level", "warn")
-	dev.Stdout, dev.Stderr = &devLog, &devLog
+	dev.Stdout, dev.Stderr = logFile, logFile
 	if err := dev.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -76,14 +82,21 @@ func TestSandboxCLI(t *testing.T) {
 		}
 		return out.String(), errb.String(), code
 	}
-	waitUntil(t, "dev to serve", 60*time.Second, func() bool {
+	deadline := time.Now().Add(90 * time.Second)
+	for {
 		out, _, code := run("nodes", "list")
-		return code == 0 && strings.Contains(out, "microvm")
-	})
+		if code == 0 && strings.Contains(out, "microvm") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("warren dev did not serve a microvm node in 90s; its log:\n%s", devLog())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 
 	out, stderr, code := run("sandbox", "create", "-o", "json")
 	if code != 0 {
-		t.Fatalf("create: %s\n%s", stderr, devLog.String())
+		t.Fatalf("create: %s\n%s", stderr, devLog())
 	}
 	var sb struct {
 		ID    string `json:"id"`
