@@ -84,10 +84,31 @@ func run(t *testing.T, sb driver.Sandbox, script string) (string, int) {
 	return out.String(), res.ExitCode
 }
 
-// assertNothingLeft checks that no QEMU, VM directory or cgroup of d
-// remains.
+// assertGone checks that one VM left no QEMU, directory or cgroup (other
+// VMs, such as a snapshot being made, may still run).
+func assertGone(t *testing.T, d *Driver, id string) {
+	t.Helper()
+	if pid, ok := ourQEMUs()[id]; ok {
+		t.Errorf("QEMU %s (pid %d) left behind", id, pid)
+	}
+	if _, err := os.Stat(d.vmDir(id)); !os.IsNotExist(err) {
+		t.Errorf("VM directory %s left behind (%v)", id, err)
+	}
+	if d.cg != nil {
+		for _, c := range d.cg.list() {
+			if c == id {
+				t.Errorf("cgroup %s left behind", id)
+			}
+		}
+	}
+}
+
+// assertNothingLeft closes d (which ends background work such as a
+// snapshot being made) and checks that no QEMU, VM directory or cgroup of
+// d remains.
 func assertNothingLeft(t *testing.T, d *Driver) {
 	t.Helper()
+	d.Close()
 	for id, pid := range ourQEMUs() {
 		if strings.HasPrefix(id, d.scope+"-") {
 			t.Errorf("QEMU %s (pid %d) left behind", id, pid)
@@ -149,10 +170,12 @@ func TestSandboxLifecycle(t *testing.T) {
 		t.Errorf("guest clock after resume: %s, host %d", out, time.Now().Unix())
 	}
 	t0 = time.Now()
+	id := sb.(*VM).id
 	if err := sb.Destroy(); err != nil {
 		t.Fatal(err)
 	}
 	step(t, "destroy", &t0)
+	assertGone(t, d, id)
 	assertNothingLeft(t, d)
 }
 
