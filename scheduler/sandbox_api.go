@@ -169,24 +169,25 @@ func (a *sandboxAPI) pick(template string) (*warrenv1.Node, error) {
 	return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("template %q: no ready node has it", template))
 }
 
-// GetSandbox forwards to the sandbox's node.
-func (a *sandboxAPI) GetSandbox(ctx context.Context, req *connect.Request[warrenv1.GetSandboxRequest]) (*connect.Response[warrenv1.GetSandboxResponse], error) {
-	n, err := a.sandboxNode(req.Msg.GetSandboxId())
+// forward sends a unary call to the node the request's sandbox id names.
+func forward[Req, Res any](a *sandboxAPI, ctx context.Context, id string, req *connect.Request[Req],
+	call func(warrenv1connect.SandboxServiceClient, context.Context, *connect.Request[Req]) (*connect.Response[Res], error)) (*connect.Response[Res], error) {
+	n, err := a.sandboxNode(id)
 	if err != nil {
 		return nil, err
 	}
-	res, err := a.client(n.GetSandboxUrl()).GetSandbox(ctx, connect.NewRequest(req.Msg))
+	res, err := call(a.client(n.GetSandboxUrl()), ctx, connect.NewRequest(req.Msg))
 	return res, forwardErr(n, err)
+}
+
+// GetSandbox forwards to the sandbox's node.
+func (a *sandboxAPI) GetSandbox(ctx context.Context, req *connect.Request[warrenv1.GetSandboxRequest]) (*connect.Response[warrenv1.GetSandboxResponse], error) {
+	return forward(a, ctx, req.Msg.GetSandboxId(), req, warrenv1connect.SandboxServiceClient.GetSandbox)
 }
 
 // DeleteSandbox forwards to the sandbox's node.
 func (a *sandboxAPI) DeleteSandbox(ctx context.Context, req *connect.Request[warrenv1.DeleteSandboxRequest]) (*connect.Response[warrenv1.DeleteSandboxResponse], error) {
-	n, err := a.sandboxNode(req.Msg.GetSandboxId())
-	if err != nil {
-		return nil, err
-	}
-	res, err := a.client(n.GetSandboxUrl()).DeleteSandbox(ctx, connect.NewRequest(req.Msg))
-	return res, forwardErr(n, err)
+	return forward(a, ctx, req.Msg.GetSandboxId(), req, warrenv1connect.SandboxServiceClient.DeleteSandbox)
 }
 
 // Exec forwards the command and relays its output.
@@ -210,52 +211,27 @@ func (a *sandboxAPI) Exec(ctx context.Context, req *connect.Request[warrenv1.Exe
 
 // ReadFile forwards to the sandbox's node.
 func (a *sandboxAPI) ReadFile(ctx context.Context, req *connect.Request[warrenv1.ReadFileRequest]) (*connect.Response[warrenv1.ReadFileResponse], error) {
-	n, err := a.sandboxNode(req.Msg.GetSandboxId())
-	if err != nil {
-		return nil, err
-	}
-	res, err := a.client(n.GetSandboxUrl()).ReadFile(ctx, connect.NewRequest(req.Msg))
-	return res, forwardErr(n, err)
+	return forward(a, ctx, req.Msg.GetSandboxId(), req, warrenv1connect.SandboxServiceClient.ReadFile)
 }
 
 // WriteFile forwards to the sandbox's node.
 func (a *sandboxAPI) WriteFile(ctx context.Context, req *connect.Request[warrenv1.WriteFileRequest]) (*connect.Response[warrenv1.WriteFileResponse], error) {
-	n, err := a.sandboxNode(req.Msg.GetSandboxId())
-	if err != nil {
-		return nil, err
-	}
-	res, err := a.client(n.GetSandboxUrl()).WriteFile(ctx, connect.NewRequest(req.Msg))
-	return res, forwardErr(n, err)
+	return forward(a, ctx, req.Msg.GetSandboxId(), req, warrenv1connect.SandboxServiceClient.WriteFile)
 }
 
 // ListFiles forwards to the sandbox's node.
 func (a *sandboxAPI) ListFiles(ctx context.Context, req *connect.Request[warrenv1.ListFilesRequest]) (*connect.Response[warrenv1.ListFilesResponse], error) {
-	n, err := a.sandboxNode(req.Msg.GetSandboxId())
-	if err != nil {
-		return nil, err
-	}
-	res, err := a.client(n.GetSandboxUrl()).ListFiles(ctx, connect.NewRequest(req.Msg))
-	return res, forwardErr(n, err)
+	return forward(a, ctx, req.Msg.GetSandboxId(), req, warrenv1connect.SandboxServiceClient.ListFiles)
 }
 
 // Pause forwards to the sandbox's node.
 func (a *sandboxAPI) Pause(ctx context.Context, req *connect.Request[warrenv1.PauseRequest]) (*connect.Response[warrenv1.PauseResponse], error) {
-	n, err := a.sandboxNode(req.Msg.GetSandboxId())
-	if err != nil {
-		return nil, err
-	}
-	res, err := a.client(n.GetSandboxUrl()).Pause(ctx, connect.NewRequest(req.Msg))
-	return res, forwardErr(n, err)
+	return forward(a, ctx, req.Msg.GetSandboxId(), req, warrenv1connect.SandboxServiceClient.Pause)
 }
 
 // Resume forwards to the sandbox's node.
 func (a *sandboxAPI) Resume(ctx context.Context, req *connect.Request[warrenv1.ResumeRequest]) (*connect.Response[warrenv1.ResumeResponse], error) {
-	n, err := a.sandboxNode(req.Msg.GetSandboxId())
-	if err != nil {
-		return nil, err
-	}
-	res, err := a.client(n.GetSandboxUrl()).Resume(ctx, connect.NewRequest(req.Msg))
-	return res, forwardErr(n, err)
+	return forward(a, ctx, req.Msg.GetSandboxId(), req, warrenv1connect.SandboxServiceClient.Resume)
 }
 
 // fanOut calls f on every sandbox node (or the one named), concurrently,

@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -437,5 +436,3 @@ func readPid(dir string) int {
 	pid, _ := strconv.Atoi(string(bytes.TrimSpace(b)))
 	return pid
 }
-
-var errNotAdoptable = errors.New("not adoptable")
