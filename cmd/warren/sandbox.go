@@ -21,7 +21,7 @@ const sandboxUsage = `usage: warren sandbox <command>
 
   create [--template T] [--vcpus N] [--memory-mb N] [--pids N] [--ttl DUR] [--env K=V,...] [--node ID] [-q]
                              make a sandbox; prints it (-o json: its id is .id; -q: only the id)
-  exec ID [--env K=V,...] [--dir D] [--timeout DUR] [--stdin] -- CMD...
+  exec ID [--env K=V,...] [--dir D] [--cmd-timeout DUR] [--stdin] -- CMD...
                              run a command, streaming its output; exits with its exit code
   cp SRC DST                 copy one file: LOCAL ID:/PATH or ID:/PATH LOCAL ("-" is stdin/stdout)
   files ID PATH              list a directory in the sandbox
