@@ -2,7 +2,6 @@ package noded
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,6 +18,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/warrenhq/warren/api"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
 	"github.com/warrenhq/warren/guest"
@@ -64,25 +64,6 @@ func NewSandboxAPI(nodeID, dataDir string, drv driver.Driver, log *slog.Logger) 
 	return a
 }
 
-// NewSandboxID makes a sandbox id that names its node.
-func NewSandboxID(nodeID string) string {
-	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
-	b := make([]byte, 10)
-	_, _ = rand.Read(b)
-	for i := range b {
-		b[i] = alphabet[int(b[i])%len(alphabet)]
-	}
-	return "sb-" + string(b) + "-" + nodeID
-}
-
-// SandboxNode returns the node id in a sandbox id.
-func SandboxNode(id string) (string, error) {
-	if len(id) < 15 || !strings.HasPrefix(id, "sb-") || id[13] != '-' {
-		return "", fmt.Errorf("sandbox_id %q: not a sandbox id (sb-XXXXXXXXXX-NODE)", truncate(id, 80))
-	}
-	return id[14:], nil
-}
-
 func truncate(s string, n int) string {
 	if len(s) > n {
 		return s[:n] + "…"
@@ -126,9 +107,9 @@ func (a *SandboxAPI) sandbox(id string) (driver.Interactive, error) {
 	if id == "" {
 		return nil, invalidArg("sandbox_id: required")
 	}
-	node, err := SandboxNode(id)
+	node, err := api.SandboxNode(id)
 	if err != nil {
-		return nil, connect.NewError(connect.CodeInvalidArgument, err)
+		return nil, invalidArg("sandbox_id: %v", err)
 	}
 	if node != a.nodeID {
 		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("sandbox %s is on node %s, not %s", id, node, a.nodeID))
@@ -175,8 +156,8 @@ func (a *SandboxAPI) CreateSandbox(ctx context.Context, req *connect.Request[war
 	}
 	id := m.GetId()
 	if id == "" {
-		id = NewSandboxID(a.nodeID)
-	} else if node, err := SandboxNode(id); err != nil || node != a.nodeID {
+		id = api.NewSandboxID(a.nodeID)
+	} else if node, err := api.SandboxNode(id); err != nil || node != a.nodeID {
 		return nil, invalidArg("id %q: must be sb-XXXXXXXXXX-%s (or empty)", truncate(id, 80), a.nodeID)
 	}
 	if m.GetTtlSeconds() < 0 {

@@ -15,6 +15,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/warrenhq/warren/api"
 	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
@@ -55,11 +56,12 @@ func (a *sandboxAPI) sandboxNode(id string) (*warrenv1.Node, error) {
 		p.add("sandbox_id", "required")
 		return nil, invalid(p.err())
 	}
-	if len(id) < 15 || !strings.HasPrefix(id, "sb-") || id[13] != '-' {
-		p.add("sandbox_id", "%q is not a sandbox id (sb-XXXXXXXXXX-NODE)", truncate(id, 80))
+	node, err := api.SandboxNode(id)
+	if err != nil {
+		p.add("sandbox_id", "%v", err)
 		return nil, invalid(p.err())
 	}
-	return a.node(id[14:])
+	return a.node(node)
 }
 
 func (a *sandboxAPI) node(id string) (*warrenv1.Node, error) {
@@ -125,21 +127,12 @@ func (a *sandboxAPI) CreateSandbox(ctx context.Context, req *connect.Request[war
 		return nil, err
 	}
 	fwd := proto.Clone(m).(*warrenv1.CreateSandboxRequest)
-	fwd.Id = newSandboxID(n.GetId())
+	fwd.Id = api.NewSandboxID(n.GetId())
 	res, err := a.client(n.GetSandboxUrl()).CreateSandbox(ctx, connect.NewRequest(fwd))
 	if err != nil {
 		return nil, forwardErr(n, err)
 	}
 	return res, nil
-}
-
-func newSandboxID(nodeID string) string {
-	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
-	b := make([]byte, 10)
-	for i := range b {
-		b[i] = alphabet[rand.IntN(len(alphabet))]
-	}
-	return "sb-" + string(b) + "-" + nodeID
 }
 
 // pick chooses a node at random among those that can take the sandbox.
