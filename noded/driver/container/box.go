@@ -1,10 +1,8 @@
 package container
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"sync"
@@ -19,6 +17,8 @@ import (
 
 // Box is one container sandbox.
 type Box struct {
+	driver.AgentCalls // exec and files, through client()
+
 	d        *Driver
 	id       string
 	dir      string
@@ -62,52 +62,6 @@ func (b *Box) client() (*guest.Client, error) {
 		return nil, driver.Errorf(driver.ErrInvalid, "sandbox %s is paused; resume it first", b.id)
 	}
 	return b.agent, nil
-}
-
-// Exec runs a shell command and returns its combined output (task actors).
-func (b *Box) Exec(ctx context.Context, req driver.ExecRequest) (driver.ExecResult, error) {
-	var out bytes.Buffer
-	res, err := b.Run(ctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", req.Command}, Timeout: req.Timeout}, &out, &out)
-	if err != nil {
-		return driver.ExecResult{}, err
-	}
-	return driver.ExecResult{ExitCode: res.ExitCode, Output: out.Bytes(), Duration: res.Duration}, nil
-}
-
-// Run runs argv in the container.
-func (b *Box) Run(ctx context.Context, req guest.ExecRequest, stdout, stderr io.Writer) (guest.ExecResult, error) {
-	c, err := b.client()
-	if err != nil {
-		return guest.ExecResult{}, err
-	}
-	return c.Exec(ctx, req, stdout, stderr)
-}
-
-// ReadFile copies a file out.
-func (b *Box) ReadFile(ctx context.Context, path string, limit int64, w io.Writer) (guest.FileInfo, error) {
-	c, err := b.client()
-	if err != nil {
-		return guest.FileInfo{}, err
-	}
-	return c.ReadFile(ctx, path, limit, w)
-}
-
-// WriteFile writes a file.
-func (b *Box) WriteFile(ctx context.Context, path string, mode uint32, r io.Reader) (guest.FileInfo, error) {
-	c, err := b.client()
-	if err != nil {
-		return guest.FileInfo{}, err
-	}
-	return c.WriteFile(ctx, path, mode, r)
-}
-
-// ListFiles lists a directory.
-func (b *Box) ListFiles(ctx context.Context, path string) ([]guest.FileInfo, error) {
-	c, err := b.client()
-	if err != nil {
-		return nil, err
-	}
-	return c.List(ctx, path)
 }
 
 // Pause freezes every process of the container (in memory: containers

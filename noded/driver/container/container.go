@@ -339,6 +339,7 @@ func (d *Driver) start(ctx context.Context, t *guest.Template, req driver.ClaimR
 	}
 	dir := filepath.Join(d.cfg.StateDir, "boxes", req.ID)
 	b := &Box{d: d, id: req.ID, dir: dir, template: t.Name + "@" + t.Version, limits: lim, created: time.Now(), state: "running"}
+	b.Agent = b.client
 	defer func() {
 		if err != nil {
 			b.destroy()
@@ -367,7 +368,7 @@ func (d *Driver) start(ctx context.Context, t *guest.Template, req driver.ClaimR
 		oci.WithProcessArgs(agent, "serve", "--listen", "/run/warren/agent.sock", "--container"),
 		oci.WithProcessCwd("/"),
 		oci.WithEnv(env),
-		oci.WithHostname(hostname(req.ID)),
+		oci.WithHostname(driver.Hostname(req.ID)),
 		oci.WithMemoryLimit(uint64(lim.MemMB) << 20),
 		oci.WithCPUCFS(int64(lim.VCPUs)*100000, 100000),
 		oci.WithPidsLimit(int64(lim.Pids)),
@@ -416,13 +417,6 @@ func (d *Driver) start(ctx context.Context, t *guest.Template, req driver.ClaimR
 		return nil, fmt.Errorf("claim: %w", err)
 	}
 	return b, nil
-}
-
-func hostname(id string) string {
-	if len(id) > 63 {
-		return id[:63]
-	}
-	return id
 }
 
 // Sandboxes lists the live sandboxes.

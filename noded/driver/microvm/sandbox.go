@@ -6,7 +6,6 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -19,6 +18,8 @@ import (
 
 // VM is one microVM: a sandbox once claimed, or a member of a warm pool.
 type VM struct {
+	driver.AgentCalls // exec and files, through client()
+
 	d         *Driver
 	id        string // VM id: directory, cgroup and QEMU -name
 	spec      vmSpec
@@ -93,6 +94,7 @@ func (d *Driver) restore(ctx context.Context, ts *tplState, snap *snapshot, sand
 	d.track(id, true)
 	vm := &VM{d: d, id: id, template: ts.t.Name + "@" + ts.t.Version, sandboxID: sandboxID, limits: lim, created: time.Now(),
 		state: "running", snapState: snap.state(), memShared: true}
+	vm.Agent = vm.client
 	vm.spec = vmSpec{ID: id, Dir: d.vmDir(id), Kernel: ts.t.Path(ts.t.Kernel), Initramfs: ts.t.Path(ts.t.Initramfs),
 		Disk: filepath.Join(d.vmDir(id), "disk.qcow2"), MemMB: snap.Meta.MemMB, VCPUs: snap.Meta.VCPUs,
 		MemFile: snap.mem(), Accel: d.accel, Incoming: true, Cmdline: snap.Meta.Cmdline, TBSizeMB: d.cfg.TCGCacheMB}
@@ -121,6 +123,7 @@ func (d *Driver) boot(ctx context.Context, ts *tplState, sandboxID string, lim d
 	d.track(id, true)
 	vm := &VM{d: d, id: id, template: ts.t.Name + "@" + ts.t.Version, sandboxID: sandboxID, limits: lim, created: time.Now(),
 		state: "running", start: driver.StartBoot}
+	vm.Agent = vm.client
 	vm.spec = vmSpec{ID: id, Dir: d.vmDir(id), Kernel: ts.t.Path(ts.t.Kernel), Initramfs: ts.t.Path(ts.t.Initramfs),
 		Disk: filepath.Join(d.vmDir(id), "disk.qcow2"), MemMB: lim.MemMB, VCPUs: lim.VCPUs, Accel: d.accel, TBSizeMB: d.cfg.TCGCacheMB,
 		Cmdline: kernelCmdline("warren.pids=" + strconv.Itoa(lim.Pids))}
@@ -173,7 +176,7 @@ func (vm *VM) bind(ctx context.Context, req driver.ClaimRequest) error {
 	vm.mu.Lock()
 	vm.sandboxID, vm.env, vm.state = req.ID, req.Env, "running"
 	vm.mu.Unlock()
-	_, err := vm.agent.Claim(ctx, guest.ClaimRequest{Now: time.Now(), Entropy: seed, Hostname: hostname(req.ID), Env: req.Env, Pids: vm.limits.Pids})
+	_, err := vm.agent.Claim(ctx, guest.ClaimRequest{Now: time.Now(), Entropy: seed, Hostname: driver.Hostname(req.ID), Env: req.Env, Pids: vm.limits.Pids})
 	if err != nil {
 		return fmt.Errorf("claim: %w", err)
 	}
@@ -198,14 +201,6 @@ func (vm *VM) prewarm(ctx context.Context) error {
 		}
 	}
 	return nil
-}
-
-// hostname is the sandbox id cut to a valid host name.
-func hostname(id string) string {
-	if len(id) > 63 {
-		id = id[:63]
-	}
-	return id
 }
 
 func (vm *VM) save() {
@@ -263,52 +258,6 @@ func (vm *VM) client() (*guest.Client, error) {
 		return nil, driver.Errorf(driver.ErrUnavailable, "sandbox %s has no agent connection", vm.sandboxID)
 	}
 	return vm.agent, nil
-}
-
-// Exec runs a shell command and returns its combined output (task actors).
-func (vm *VM) Exec(ctx context.Context, req driver.ExecRequest) (driver.ExecResult, error) {
-	var out bytes.Buffer
-	res, err := vm.Run(ctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", req.Command}, Timeout: req.Timeout}, &out, &out)
-	if err != nil {
-		return driver.ExecResult{}, err
-	}
-	return driver.ExecResult{ExitCode: res.ExitCode, Output: out.Bytes(), Duration: res.Duration}, nil
-}
-
-// Run runs argv in the guest.
-func (vm *VM) Run(ctx context.Context, req guest.ExecRequest, stdout, stderr io.Writer) (guest.ExecResult, error) {
-	c, err := vm.client()
-	if err != nil {
-		return guest.ExecResult{}, err
-	}
-	return c.Exec(ctx, req, stdout, stderr)
-}
-
-// ReadFile copies a guest file to w.
-func (vm *VM) ReadFile(ctx context.Context, path string, limit int64, w io.Writer) (guest.FileInfo, error) {
-	c, err := vm.client()
-	if err != nil {
-		return guest.FileInfo{}, err
-	}
-	return c.ReadFile(ctx, path, limit, w)
-}
-
-// WriteFile writes a guest file.
-func (vm *VM) WriteFile(ctx context.Context, path string, mode uint32, r io.Reader) (guest.FileInfo, error) {
-	c, err := vm.client()
-	if err != nil {
-		return guest.FileInfo{}, err
-	}
-	return c.WriteFile(ctx, path, mode, r)
-}
-
-// ListFiles lists a guest directory.
-func (vm *VM) ListFiles(ctx context.Context, path string) ([]guest.FileInfo, error) {
-	c, err := vm.client()
-	if err != nil {
-		return nil, err
-	}
-	return c.List(ctx, path)
 }
 
 // Pause flushes the guest's disks, saves memory and devices to
@@ -375,7 +324,7 @@ func (vm *VM) Resume(ctx context.Context) error {
 		return fmt.Errorf("resume: %w", err)
 	}
 	// The clock stood still while the VM was on disk.
-	if _, err := vm.agent.Claim(ctx, guest.ClaimRequest{Now: time.Now(), Hostname: hostname(vm.sandboxID), Env: vm.env}); err != nil {
+	if _, err := vm.agent.Claim(ctx, guest.ClaimRequest{Now: time.Now(), Hostname: driver.Hostname(vm.sandboxID), Env: vm.env}); err != nil {
 		return fmt.Errorf("resume: set clock: %w", err)
 	}
 	os.Remove(state)

@@ -1,0 +1,78 @@
+package driver
+
+import (
+	"bytes"
+	"context"
+	"io"
+
+	"github.com/warrenhq/warren/guest"
+)
+
+// AgentCalls implements the calls of Interactive (and Sandbox.Exec) that
+// go straight to a sandbox's guest agent. A driver's sandbox embeds it and
+// sets Agent to a function that returns the agent of a running sandbox, or
+// a driver error saying why there is none (destroyed, paused).
+type AgentCalls struct {
+	Agent func() (*guest.Client, error)
+}
+
+func (a AgentCalls) agent() (*guest.Client, error) {
+	if a.Agent == nil {
+		return nil, Errorf(ErrUnavailable, "sandbox has no agent")
+	}
+	return a.Agent()
+}
+
+// Exec runs a shell command and returns its combined output (task actors).
+func (a AgentCalls) Exec(ctx context.Context, req ExecRequest) (ExecResult, error) {
+	var out bytes.Buffer
+	res, err := a.Run(ctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", req.Command}, Timeout: req.Timeout}, &out, &out)
+	if err != nil {
+		return ExecResult{}, err
+	}
+	return ExecResult{ExitCode: res.ExitCode, Output: out.Bytes(), Duration: res.Duration}, nil
+}
+
+// Run runs argv in the sandbox, streaming its output.
+func (a AgentCalls) Run(ctx context.Context, req guest.ExecRequest, stdout, stderr io.Writer) (guest.ExecResult, error) {
+	c, err := a.agent()
+	if err != nil {
+		return guest.ExecResult{}, err
+	}
+	return c.Exec(ctx, req, stdout, stderr)
+}
+
+// ReadFile copies a file out of the sandbox to w.
+func (a AgentCalls) ReadFile(ctx context.Context, path string, limit int64, w io.Writer) (guest.FileInfo, error) {
+	c, err := a.agent()
+	if err != nil {
+		return guest.FileInfo{}, err
+	}
+	return c.ReadFile(ctx, path, limit, w)
+}
+
+// WriteFile writes a file in the sandbox.
+func (a AgentCalls) WriteFile(ctx context.Context, path string, mode uint32, r io.Reader) (guest.FileInfo, error) {
+	c, err := a.agent()
+	if err != nil {
+		return guest.FileInfo{}, err
+	}
+	return c.WriteFile(ctx, path, mode, r)
+}
+
+// ListFiles lists a directory in the sandbox.
+func (a AgentCalls) ListFiles(ctx context.Context, path string) ([]guest.FileInfo, error) {
+	c, err := a.agent()
+	if err != nil {
+		return nil, err
+	}
+	return c.List(ctx, path)
+}
+
+// Hostname is a sandbox id cut to a valid host name (63 bytes at most).
+func Hostname(id string) string {
+	if len(id) > 63 {
+		return id[:63]
+	}
+	return id
+}
