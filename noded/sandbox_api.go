@@ -181,7 +181,6 @@ func (a *SandboxAPI) CreateSandbox(ctx context.Context, req *connect.Request[war
 		return nil, a.noSandboxes()
 	}
 	a.metrics.claimed(sb)
-	a.log.Info("sandbox created", "sandbox", id, "start", ia.Info().Start, "claim", ia.Info().ClaimTime)
 	return connect.NewResponse(&warrenv1.CreateSandboxResponse{Sandbox: a.toProto(ia)}), nil
 }
 

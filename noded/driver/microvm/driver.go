@@ -354,7 +354,6 @@ func (d *Driver) Claim(ctx context.Context, req driver.ClaimRequest) (driver.San
 		d.mu.Unlock()
 		return nil, err
 	}
-	vm.claimTime = time.Since(t0)
 	vm.expires = time.Now().Add(ttl)
 	if err := vm.bind(ctx, req); err != nil {
 		vm.destroy()
