@@ -22,6 +22,7 @@ import (
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
 	"github.com/warrenhq/warren/guest"
+	"github.com/warrenhq/warren/internal/atomicfile"
 	"github.com/warrenhq/warren/noded/driver"
 )
 
@@ -418,7 +419,10 @@ func (a *SandboxAPI) setTarget(t string, n int) error {
 	a.mu.Unlock()
 	a.drv.SetPoolTarget(t, n)
 	a.log.Info("pool target set", "template", t, "target", n)
-	if err := writeFileAtomic(a.poolsAt, b); err != nil {
+	if err := os.MkdirAll(filepath.Dir(a.poolsAt), 0o755); err != nil {
+		return fmt.Errorf("save pool targets: %w", err)
+	}
+	if err := atomicfile.WriteFile(a.poolsAt, b, 0o644); err != nil {
 		return fmt.Errorf("save pool targets: %w", err)
 	}
 	return nil
@@ -434,17 +438,6 @@ func (a *SandboxAPI) ListPools(ctx context.Context, req *connect.Request[warrenv
 		}
 	}
 	return connect.NewResponse(res), nil
-}
-
-func writeFileAtomic(path string, b []byte) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
-	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
 }
 
 var _ io.Writer = (*limitedBuffer)(nil)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/guest"
+	"github.com/warrenhq/warren/internal/atomicfile"
 )
 
 // Accelerator verdicts are cached in this file of the state directory,
@@ -91,10 +92,7 @@ func chooseAccel(ctx context.Context, want, qemu, qver string, t *guest.Template
 	}
 	if b, err := json.Marshal(v); err == nil {
 		for _, dir := range cacheDirs {
-			tmp := filepath.Join(dir, accelCacheFile+".tmp-"+randID())
-			if os.WriteFile(tmp, b, 0o644) == nil {
-				_ = os.Rename(tmp, filepath.Join(dir, accelCacheFile))
-			}
+			_ = atomicfile.WriteFile(filepath.Join(dir, accelCacheFile), b, 0o644)
 		}
 	}
 	return v.Accel, v.Reason

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/guest"
+	"github.com/warrenhq/warren/internal/atomicfile"
 	"github.com/warrenhq/warren/noded/driver"
 )
 
@@ -212,10 +213,7 @@ func (vm *VM) save() {
 	}
 	vm.mu.Unlock()
 	b, _ := json.MarshalIndent(m, "", "  ")
-	tmp := filepath.Join(vm.spec.Dir, "meta.json.tmp")
-	if os.WriteFile(tmp, b, 0o644) == nil {
-		_ = os.Rename(tmp, filepath.Join(vm.spec.Dir, "meta.json"))
-	}
+	_ = atomicfile.WriteFile(filepath.Join(vm.spec.Dir, "meta.json"), b, 0o644)
 }
 
 // armTTL destroys the sandbox at its deadline, servers or not.

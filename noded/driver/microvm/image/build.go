@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/guest"
+	"github.com/warrenhq/warren/internal/atomicfile"
 )
 
 // DefaultPackages are installed in the "default" template's root file
@@ -235,11 +236,7 @@ func writeManifest(dir string, m *guest.Manifest) error {
 	if err != nil {
 		return err
 	}
-	tmp := filepath.Join(dir, guest.ManifestFile+".tmp")
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, filepath.Join(dir, guest.ManifestFile))
+	return atomicfile.WriteFile(filepath.Join(dir, guest.ManifestFile), append(b, '\n'), 0o644)
 }
 
 // extractVmlinux finds the xz stream in a bzImage and uncompresses it: QEMU
