@@ -87,7 +87,7 @@ func cmdNode(args []string, stderr io.Writer) error {
 	f.logger = log
 	cfg, err := f.config()
 	if err != nil {
-		closeDriver(cfg.Driver)
+		cfg.Driver.Close() // one config made before it failed
 		return err
 	}
 	if f.why != "" {
@@ -409,13 +409,9 @@ func hostMemory() int64 {
 	return 1 << 30
 }
 
-// closeDriver closes a driver that config made before failing.
-func closeDriver(d driver.Driver) {
-	if _, stub := d.(noDriver); d != nil && !stub {
-		d.Close()
-	}
-}
-
 // noDriver stands in for a driver that failed to parse, so that Validate
-// reports only the other problems.
+// reports only the other problems. It holds nothing, so closing it is a
+// no-op.
 type noDriver struct{ driver.Driver }
+
+func (noDriver) Close() error { return nil }

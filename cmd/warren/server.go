@@ -119,7 +119,7 @@ func cmdDev(args []string, stdout, stderr io.Writer) error {
 			imageDir: *imageDir, accel: *accel, logger: log, gossip: "127.0.0.1:0"}
 		cfg, err := nf.config()
 		if err != nil {
-			closeDriver(cfg.Driver)
+			cfg.Driver.Close() // one config made before it failed
 			return err
 		}
 		if nf.why != "" {
