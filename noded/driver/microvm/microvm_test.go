@@ -454,3 +454,21 @@ func TestRestartReadoptsAndReaps(t *testing.T) {
 	got.Destroy()
 	assertNothingLeft(t, d2)
 }
+
+// Closing the driver while a template's snapshot is being made stops that
+// boot and leaves nothing of it.
+func TestCloseDuringSnapshotLeavesNothing(t *testing.T) {
+	d := newDriver(t, "")
+	go d.EnsureSnapshot(context.Background(), "")
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if ents, _ := os.ReadDir(filepath.Join(d.cfg.StateDir, "vms")); len(ents) > 0 {
+			break // the snapshot's boot is under way
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the snapshot's boot did not start")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	assertNothingLeft(t, d)
+}

@@ -94,6 +94,9 @@ func (d *Driver) makeSnapshot(ctx context.Context, t *guest.Template) (*snapshot
 		Disk: s.disk(), MemMB: m.MemMB, VCPUs: m.VCPUs, MemFile: s.mem(), MemShare: true, Accel: d.accel, Cmdline: m.Cmdline, TBSizeMB: d.cfg.TCGCacheMB}
 	d.track(id, true)
 	defer d.track(id, false)
+	// The boot's sockets and logs go whether the snapshot is made or not
+	// (this runs after the QEMU is killed below).
+	defer os.RemoveAll(spec.Dir)
 	p, err := start(d.cfg.QEMU, spec, nil)
 	if err != nil {
 		return nil, err
@@ -137,7 +140,6 @@ func (d *Driver) makeSnapshot(ctx context.Context, t *guest.Template) (*snapshot
 	case <-p.exited:
 	case <-time.After(10 * time.Second):
 	}
-	os.RemoveAll(spec.Dir) // sockets and logs of the snapshot boot
 	m.Created = time.Now().UTC().Format(time.RFC3339)
 	m.TookMS = time.Since(t0).Milliseconds()
 	b, _ := json.MarshalIndent(m, "", "  ")
