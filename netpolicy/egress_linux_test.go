@@ -1,0 +1,330 @@
+package netpolicy
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"slices"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+// These tests act from inside a sandbox's namespace, as a container's
+// processes do: every socket below is opened in it.
+
+func lookup(t *testing.T, s *Sandbox, name string, qtype uint16) (int, []netip.Addr) {
+	t.Helper()
+	var c net.Conn
+	if err := inNS(s.ns, func() (err error) {
+		c, err = net.Dial("udp", net.JoinHostPort(s.m.resolver.Host4.String(), "53"))
+		return
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	q := new(dns.Msg)
+	q.SetQuestion(dns.Fqdn(name), qtype)
+	cl := &dns.Client{Timeout: 3 * time.Second}
+	resp, _, err := cl.ExchangeWithConn(q, &dns.Conn{Conn: c})
+	if err != nil {
+		t.Fatalf("lookup %s: %v", name, err)
+	}
+	var out []netip.Addr
+	for _, rr := range resp.Answer {
+		switch v := rr.(type) {
+		case *dns.A:
+			a, _ := netip.AddrFromSlice(v.A)
+			out = append(out, a.Unmap())
+		case *dns.AAAA:
+			a, _ := netip.AddrFromSlice(v.AAAA)
+			out = append(out, a)
+		}
+	}
+	return resp.Rcode, out
+}
+
+// connect dials TCP from the sandbox, exchanges a line with the echo
+// server, and returns how long a failure took.
+func connect(s *Sandbox, ap netip.AddrPort) (time.Duration, error) {
+	start := time.Now()
+	var c net.Conn
+	err := inNS(s.ns, func() (err error) {
+		d := net.Dialer{Timeout: 2 * time.Second}
+		c, err = d.Dial("tcp", ap.String())
+		return
+	})
+	if err != nil {
+		return time.Since(start), err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := c.Write([]byte("ping")); err != nil {
+		return time.Since(start), err
+	}
+	buf := make([]byte, 4)
+	_, err = c.Read(buf)
+	return time.Since(start), err
+}
+
+// udpProbe sends a datagram and waits for the echo or an error.
+func udpProbe(s *Sandbox, ap netip.AddrPort) error {
+	var c net.Conn
+	if err := inNS(s.ns, func() (err error) { c, err = net.Dial("udp", ap.String()); return }); err != nil {
+		return err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := c.Write([]byte("ping")); err != nil {
+		return err
+	}
+	buf := make([]byte, 4)
+	_, err := c.Read(buf)
+	return err
+}
+
+// ping sends one ICMP echo request from the sandbox and returns the type
+// of the ICMP message that came back (0 echo reply, 1/3 unreachable), or
+// -1 when nothing did.
+func ping(t *testing.T, s *Sandbox, a netip.Addr) int {
+	t.Helper()
+	network, req := "ip4:icmp", []byte{8, 0, 0, 0, 0x12, 0x34, 0, 1}
+	if a.Is6() {
+		network, req = "ip6:ipv6-icmp", []byte{128, 0, 0, 0, 0x12, 0x34, 0, 1}
+	}
+	if a.Is4() {
+		var sum uint32
+		for i := 0; i < len(req); i += 2 {
+			sum += uint32(req[i])<<8 | uint32(req[i+1])
+		}
+		sum = sum>>16 + sum&0xffff
+		sum += sum >> 16
+		req[2], req[3] = byte(^sum>>8), byte(^sum)
+	}
+	var c net.PacketConn
+	if err := inNS(s.ns, func() (err error) { c, err = net.ListenPacket(network, ""); return }); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.WriteTo(req, &net.IPAddr{IP: a.AsSlice()}); err != nil {
+		if errors.Is(err, syscall.EPERM) || errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.EACCES) {
+			return 3 // refused locally, as a reject in the output hook does
+		}
+		t.Fatalf("ping %v: %v", a, err)
+	}
+	c.SetReadDeadline(time.Now().Add(time.Second))
+	buf := make([]byte, 1500)
+	for {
+		n, _, err := c.ReadFrom(buf)
+		if err != nil {
+			return -1
+		}
+		if n > 0 && buf[0] != 8 && buf[0] != 128 { // skip our own request looping back
+			return int(buf[0])
+		}
+	}
+}
+
+func isRefused(err error) bool {
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH) || errors.Is(err, syscall.EACCES) || errors.Is(err, syscall.EPERM)
+}
+
+type auditLog struct {
+	mu  sync.Mutex
+	evs map[string][]AuditEvent
+}
+
+func (a *auditLog) add(id string, b AuditBatch) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.evs[id] = append(a.evs[id], b.Events...)
+}
+
+func (a *auditLog) has(id string, match func(AuditEvent) bool) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.ContainsFunc(a.evs[id], match)
+}
+
+func TestEgressPolicy(t *testing.T) {
+	tp := newTopo(t)
+	al := &auditLog{evs: map[string][]AuditEvent{}}
+	m := tp.manager(t, 1, al.add)
+	s, err := m.Claim(context.Background(), "sb-egress", Policy{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	web := netip.AddrPortFrom(webAddr, 80)
+
+	t.Run("allowed name resolves and connects", func(t *testing.T) {
+		rc, addrs := lookup(t, s, "allowed.test", dns.TypeA)
+		if rc != dns.RcodeSuccess || !slices.Contains(addrs, webAddr) {
+			t.Fatalf("allowed.test: rcode %d, %v", rc, addrs)
+		}
+		if _, err := connect(s, web); err != nil {
+			t.Fatalf("connect to %v after resolving: %v", web, err)
+		}
+		if err := udpProbe(s, web); err != nil {
+			t.Fatalf("udp to %v after resolving: %v", web, err)
+		}
+		rc, addrs = lookup(t, s, "allowed.test", dns.TypeAAAA)
+		if rc != dns.RcodeSuccess || !slices.Contains(addrs, web6Addr) {
+			t.Fatalf("allowed.test AAAA: rcode %d, %v", rc, addrs)
+		}
+		if _, err := connect(s, netip.AddrPortFrom(web6Addr, 80)); err != nil {
+			t.Fatalf("connect to [%v]:80 after resolving: %v", web6Addr, err)
+		}
+		if rc, addrs := lookup(t, s, "www.cdn.test", dns.TypeA); rc != dns.RcodeSuccess || len(addrs) != 1 {
+			t.Fatalf("www.cdn.test (allowed as *.cdn.test): rcode %d, %v", rc, addrs)
+		}
+		if rc, _ := lookup(t, s, "cdn.test", dns.TypeA); rc != dns.RcodeNameError {
+			t.Fatalf("cdn.test is not under *.cdn.test, got rcode %d", rc)
+		}
+	})
+
+	t.Run("denied name does not resolve", func(t *testing.T) {
+		if rc, addrs := lookup(t, s, "denied.test", dns.TypeA); rc != dns.RcodeNameError || len(addrs) != 0 {
+			t.Fatalf("denied.test: rcode %d, %v; want NXDOMAIN", rc, addrs)
+		}
+	})
+
+	t.Run("denied addresses are refused at once", func(t *testing.T) {
+		for _, ap := range []netip.AddrPort{
+			netip.AddrPortFrom(otherAddr, 80),             // never resolved
+			netip.AddrPortFrom(other6Addr, 80),            // never resolved, IPv6
+			netip.AddrPortFrom(privateAddr, 80),           // private range
+			netip.AddrPortFrom(nodeUplink, apiPort),       // the node's API
+			netip.AddrPortFrom(nodeUplink, gossipPort),    // the node's gossip
+			netip.AddrPortFrom(webAddr, gossipPort),       // a cluster port on an allowed host
+			netip.AddrPortFrom(m.resolver.Host4, 22),      // the resolver's address, another port
+			netip.AddrPortFrom(s.Slot().Host4, 80),        // the node's end of the veth
+			netip.MustParseAddrPort("169.254.169.254:80"), // metadata
+			netip.AddrPortFrom(m.resolver.Host6, 22),      // the resolver's IPv6 address, another port
+		} {
+			took, err := connect(s, ap)
+			if err == nil {
+				t.Errorf("connect to %v succeeded", ap)
+				continue
+			}
+			if !isRefused(err) {
+				t.Errorf("connect to %v: %v; want a reset or unreachable", ap, err)
+			}
+			if took > 100*time.Millisecond {
+				t.Errorf("connect to %v failed after %v; want within 100ms", ap, took)
+			}
+		}
+	})
+
+	t.Run("udp and icmp to denied hosts fail", func(t *testing.T) {
+		for _, ap := range []netip.AddrPort{netip.AddrPortFrom(otherAddr, 80), netip.AddrPortFrom(privateAddr, 80), netip.AddrPortFrom(nodeUplink, gossipPort), netip.AddrPortFrom(other6Addr, 80)} {
+			err := udpProbe(s, ap)
+			if err == nil || !isRefused(err) {
+				t.Errorf("udp to %v: %v; want refused", ap, err)
+			}
+		}
+		for _, a := range []netip.Addr{otherAddr, privateAddr, nodeUplink, webAddr, other6Addr} {
+			if typ := ping(t, s, a); typ == 0 || typ == 129 {
+				t.Errorf("ping %v got an echo reply", a)
+			}
+		}
+	})
+
+	t.Run("rebinding is blocked", func(t *testing.T) {
+		if rc, addrs := lookup(t, s, "rebind.test", dns.TypeA); rc != dns.RcodeSuccess || !slices.Contains(addrs, webAddr) {
+			t.Fatalf("rebind.test first: %d %v", rc, addrs)
+		}
+		tp.zone.set("rebind.test.", privateAddr)
+		rc, addrs := lookup(t, s, "rebind.test", dns.TypeA)
+		if len(addrs) != 0 {
+			t.Fatalf("rebind.test now answers %v (rcode %d); the private address must be dropped", addrs, rc)
+		}
+		if _, err := connect(s, netip.AddrPortFrom(privateAddr, 80)); err == nil {
+			t.Fatal("connected to the rebound private address")
+		}
+		// Every other always-denied answer is dropped the same way.
+		for _, name := range []string{"node.test", "resolver.test", "loopback.test", "metadata.test", "mapped.test", "private-ula.test"} {
+			for _, qt := range []uint16{dns.TypeA, dns.TypeAAAA} {
+				if _, addrs := lookup(t, s, name, qt); len(addrs) != 0 {
+					t.Errorf("%s answers %v", name, addrs)
+				}
+			}
+		}
+	})
+
+	t.Run("live policy change holds for new connections", func(t *testing.T) {
+		if rc, _ := lookup(t, s, "allowed.test", dns.TypeA); rc != dns.RcodeSuccess {
+			t.Fatal("allowed.test should resolve before the change")
+		}
+		// An established connection survives; a new one does not.
+		var c net.Conn
+		if err := inNS(s.ns, func() (err error) { c, err = net.Dial("tcp", web.String()); return }); err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if err := s.SetPolicy(Policy{Profile: ProfileCustom, Allow: []string{"www.cdn.test"}}); err != nil {
+			t.Fatal(err)
+		}
+		if rc, _ := lookup(t, s, "allowed.test", dns.TypeA); rc != dns.RcodeNameError {
+			t.Fatalf("allowed.test after the change: rcode %d, want NXDOMAIN", rc)
+		}
+		if _, err := connect(s, web); err == nil || !isRefused(err) {
+			t.Fatalf("new connection to %v after the change: %v; want refused", web, err)
+		}
+		c.SetDeadline(time.Now().Add(2 * time.Second))
+		if _, err := c.Write([]byte("ping")); err != nil {
+			t.Fatalf("established connection broke: %v", err)
+		}
+		if _, err := c.Read(make([]byte, 4)); err != nil {
+			t.Fatalf("established connection broke: %v", err)
+		}
+		// Opening again: an explicit prefix reaches even a private host.
+		if err := s.SetPolicy(Policy{Profile: ProfileCustom, AllowPrefixes: []netip.Prefix{netip.PrefixFrom(privateAddr, 32)}}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := connect(s, netip.AddrPortFrom(privateAddr, 80)); err != nil {
+			t.Fatalf("explicitly allowed %v: %v", privateAddr, err)
+		}
+		if err := s.SetPolicy(Policy{Profile: ProfileNone}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := connect(s, netip.AddrPortFrom(privateAddr, 80)); err == nil {
+			t.Fatal("profile none still reaches the private host")
+		}
+		if rc, _ := lookup(t, s, "www.cdn.test", dns.TypeA); rc != dns.RcodeNameError {
+			t.Fatalf("profile none resolves www.cdn.test: rcode %d", rc)
+		}
+	})
+
+	t.Run("audit events for allowed and denied attempts", func(t *testing.T) {
+		deadline := time.Now().Add(5 * time.Second)
+		want := map[string]func(AuditEvent) bool{
+			"allow tcp to web:80": func(e AuditEvent) bool {
+				return e.Verdict == "allow" && e.Kind == "connect" && e.Addr == webAddr.String() && e.Proto == "tcp" && e.Port == 80
+			},
+			"allow udp to web:80": func(e AuditEvent) bool { return e.Verdict == "allow" && e.Proto == "udp" && e.Addr == webAddr.String() },
+			"deny tcp to other:80": func(e AuditEvent) bool {
+				return e.Verdict == "deny" && e.Kind == "connect" && e.Addr == otherAddr.String() && e.Proto == "tcp" && e.Port == 80
+			},
+			"deny tcp to the node API": func(e AuditEvent) bool {
+				return e.Verdict == "deny" && e.Addr == nodeUplink.String() && e.Port == apiPort
+			},
+			"deny icmp":              func(e AuditEvent) bool { return e.Verdict == "deny" && e.Proto == "icmp" },
+			"deny ipv6 tcp":          func(e AuditEvent) bool { return e.Verdict == "deny" && e.Addr == other6Addr.String() },
+			"deny lookup of a name":  func(e AuditEvent) bool { return e.Verdict == "deny" && e.Kind == "dns" && e.Name == "denied.test." },
+			"deny rebinding answer":  func(e AuditEvent) bool { return e.Verdict == "deny" && e.Kind == "dns" && e.Name == "rebind.test." },
+			"allow lookup of a name": func(e AuditEvent) bool { return e.Verdict == "allow" && e.Kind == "dns" && e.Name == "allowed.test." },
+		}
+		for name, match := range want {
+			for !al.has("sb-egress", match) {
+				if time.Now().After(deadline) {
+					t.Fatalf("no audit event: %s; got %+v", name, al.evs["sb-egress"])
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+	})
+}

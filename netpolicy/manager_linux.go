@@ -1,0 +1,597 @@
+package netpolicy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// Config is a node's egress settings.
+type Config struct {
+	// Tag names what this manager owns, so several node daemons can share
+	// a host: namespaces "warren-<tag>-<slot>", links "w<tag>-<slot>" and
+	// the node table "warren-<tag>". At most 4 characters of [a-z0-9].
+	Tag string
+	// HostNS is the path of the namespace the node's uplink is in; "" is
+	// the calling process's. Tests use a namespace of their own.
+	HostNS string
+	// Prefix4 and Prefix6 are the address pools; zero means
+	// DefaultPrefix4 and DefaultPrefix6.
+	Prefix4, Prefix6 netip.Prefix
+	// Upstream is the resolver that allowed names are forwarded to,
+	// host:port; "" means the first nameserver of /etc/resolv.conf.
+	Upstream string
+	// ClusterPorts are the cluster's ports (API, raft, gossip), denied on
+	// every destination unless a policy allows the address.
+	ClusterPorts []uint16
+	// NodeAddrs are more addresses of the node to deny, besides those on
+	// its links (found at start).
+	NodeAddrs []netip.Addr
+	// Registries replaces DefaultRegistries for the registries profile.
+	Registries []string
+	// Pool is how many namespaces to keep ready.
+	Pool int
+	// AuditInterval is how often attempts are read and reported; 0 means 1s.
+	AuditInterval time.Duration
+	// Audit receives each sandbox's egress attempts, at most MaxAuditEvents
+	// per interval (the rest summed into Summary). It must not block.
+	Audit  func(sandbox string, b AuditBatch)
+	Logger *slog.Logger
+}
+
+// Manager gives sandboxes their networks. Its methods are safe for
+// concurrent use.
+type Manager struct {
+	cfg      Config
+	log      *slog.Logger
+	host     netns.NsHandle
+	hostH    *netlink.Handle
+	hostNFT  *nftables.Conn
+	pool     pool
+	resolver Slot
+	denied   []netip.Addr // the node's own addresses
+	dns      *resolver
+
+	mu      sync.Mutex
+	used    map[int]bool     // slots with a namespace
+	claimed map[int]*Sandbox // by slot
+	ready   []*Sandbox       // pre-created, unclaimed
+	closed  bool
+	refill  chan struct{}
+	stop    chan struct{}
+	wg      sync.WaitGroup
+}
+
+// ErrClosed is returned by a closed Manager.
+var ErrClosed = errors.New("netpolicy: closed")
+
+func (c Config) nsPrefix() string { return "warren-" + c.Tag + "-" }
+func (c Config) ifPrefix() string { return "w" + c.Tag + "-" }
+func (c Config) table() string    { return "warren-" + c.Tag }
+
+// New sets the node up: it removes what an earlier run with the same tag
+// left (namespaces, links, the node table), adds the resolver's link and
+// the node table, starts the DNS resolver and fills the pool.
+func New(cfg Config) (*Manager, error) {
+	if cfg.Tag == "" || len(cfg.Tag) > 4 || strings.Trim(cfg.Tag, "abcdefghijklmnopqrstuvwxyz0123456789") != "" {
+		return nil, fmt.Errorf("netpolicy: tag %q: want 1 to 4 characters of [a-z0-9]", cfg.Tag)
+	}
+	if !cfg.Prefix4.IsValid() {
+		cfg.Prefix4 = DefaultPrefix4
+	}
+	if !cfg.Prefix6.IsValid() {
+		cfg.Prefix6 = DefaultPrefix6
+	}
+	p, err := newPool(cfg.Prefix4, cfg.Prefix6)
+	if err != nil {
+		return nil, fmt.Errorf("netpolicy: %w", err)
+	}
+	if cfg.AuditInterval <= 0 {
+		cfg.AuditInterval = time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Upstream == "" {
+		up, err := systemResolver()
+		if err != nil {
+			return nil, fmt.Errorf("netpolicy: upstream: %w", err)
+		}
+		cfg.Upstream = up
+	}
+	m := &Manager{cfg: cfg, log: cfg.Logger, pool: p, resolver: p.slot(0),
+		used: map[int]bool{}, claimed: map[int]*Sandbox{}, refill: make(chan struct{}, 1), stop: make(chan struct{})}
+	if cfg.HostNS == "" {
+		m.host, err = netns.Get()
+	} else {
+		m.host, err = netns.GetFromPath(cfg.HostNS)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("netpolicy: host namespace: %w", err)
+	}
+	if m.hostH, err = netlink.NewHandleAt(m.host); err != nil {
+		m.host.Close()
+		return nil, fmt.Errorf("netpolicy: netlink: %w", err)
+	}
+	if m.hostNFT, err = nftables.New(nftables.WithNetNSFd(int(m.host))); err != nil {
+		m.closeHandles()
+		return nil, fmt.Errorf("netpolicy: nftables: %w", err)
+	}
+	if err := m.reconcile(); err != nil {
+		m.closeHandles()
+		return nil, err
+	}
+	if err := m.setupHost(); err != nil {
+		m.teardownHost()
+		m.closeHandles()
+		return nil, err
+	}
+	if m.dns, err = startResolver(m); err != nil {
+		m.teardownHost()
+		m.closeHandles()
+		return nil, err
+	}
+	m.wg.Add(2)
+	go m.fill()
+	go m.audit()
+	m.kick()
+	m.log.Info("egress policy ready", "tag", cfg.Tag, "resolver", m.resolver.Host4, "upstream", cfg.Upstream, "pool", cfg.Pool)
+	return m, nil
+}
+
+// reconcile removes the namespaces, links and table an earlier run left.
+func (m *Manager) reconcile() error {
+	names, err := listNS(m.cfg.nsPrefix())
+	if err != nil {
+		return fmt.Errorf("netpolicy: list namespaces: %w", err)
+	}
+	links, err := m.hostH.LinkList()
+	if err != nil {
+		return fmt.Errorf("netpolicy: list links: %w", err)
+	}
+	n := 0
+	for _, l := range links {
+		if strings.HasPrefix(l.Attrs().Name, m.cfg.ifPrefix()) {
+			// Removing one end of a veth removes its peer too.
+			if err := m.hostH.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
+				return fmt.Errorf("netpolicy: remove leftover link %s: %w", l.Attrs().Name, err)
+			}
+			n++
+		}
+	}
+	for _, name := range names {
+		if err := deleteNS(name); err != nil {
+			return fmt.Errorf("netpolicy: remove leftover namespace: %w", err)
+		}
+		n++
+	}
+	if n > 0 {
+		m.log.Info("removed egress leftovers of an earlier run", "count", n)
+	}
+	return deleteTable(m.hostNFT, m.cfg.table())
+}
+
+func (m *Manager) setupHost() error {
+	// The resolver's addresses sit on a veth pair of their own (a dummy
+	// link would do, but not every kernel has the module).
+	name := m.cfg.ifPrefix() + "dns"
+	if err := m.hostH.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: m.cfg.ifPrefix() + "dnp"}); err != nil {
+		return fmt.Errorf("netpolicy: resolver link %s: %w", name, err)
+	}
+	l, err := m.hostH.LinkByName(name)
+	if err != nil {
+		return err
+	}
+	if peer, err := m.hostH.LinkByName(m.cfg.ifPrefix() + "dnp"); err != nil || m.hostH.LinkSetUp(peer) != nil {
+		return fmt.Errorf("netpolicy: resolver link %s: peer: %v", name, err)
+	}
+	for _, a := range []netip.Addr{m.resolver.Host4, m.resolver.Host6} {
+		if err := m.hostH.AddrAdd(l, prefixOf(a, a.BitLen())); err != nil {
+			return fmt.Errorf("netpolicy: resolver address %v: %w", a, err)
+		}
+	}
+	if err := m.hostH.LinkSetUp(l); err != nil {
+		return err
+	}
+	if err := inNS(m.host, enableForwarding); err != nil {
+		return fmt.Errorf("netpolicy: %w", err)
+	}
+	addrs, err := nodeAddrs(m.hostH)
+	if err != nil {
+		return fmt.Errorf("netpolicy: node addresses: %w", err)
+	}
+	for _, a := range append(addrs, m.cfg.NodeAddrs...) {
+		if a != m.resolver.Host4 && a != m.resolver.Host6 {
+			m.denied = append(m.denied, a)
+		}
+	}
+	return installHostRules(m.hostNFT, m.cfg.table(), m.cfg.ifPrefix(), m.resolver, m.pool.p4, m.pool.p6)
+}
+
+func (m *Manager) teardownHost() {
+	if l, err := m.hostH.LinkByName(m.cfg.ifPrefix() + "dns"); err == nil {
+		m.hostH.LinkDel(l)
+	}
+	deleteTable(m.hostNFT, m.cfg.table())
+}
+
+func (m *Manager) closeHandles() {
+	if m.hostNFT != nil {
+		m.hostNFT.CloseLasting()
+	}
+	m.hostH.Close()
+	m.host.Close()
+}
+
+// Close tears down every sandbox network, the pool, the resolver and the
+// node table.
+func (m *Manager) Close() error {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil
+	}
+	m.closed = true
+	sbs := append([]*Sandbox{}, m.ready...)
+	for _, s := range m.claimed {
+		sbs = append(sbs, s)
+	}
+	m.ready = nil
+	m.mu.Unlock()
+	close(m.stop)
+	m.wg.Wait()
+	m.dns.close()
+	var errs []error
+	for _, s := range sbs {
+		errs = append(errs, s.teardown())
+	}
+	m.teardownHost()
+	m.closeHandles()
+	return errors.Join(errs...)
+}
+
+// Sandbox is one sandbox's network: a namespace wired to the node, with its
+// rules installed.
+type Sandbox struct {
+	m    *Manager
+	slot Slot
+	name string // namespace
+	ns   netns.NsHandle
+	nft  *nftables.Conn
+	sets *nftSets
+
+	mu      sync.Mutex
+	id      string
+	policy  Policy
+	matcher *Matcher
+	seen    map[attemptKey]uint64 // packets reported so far
+	dns     []AuditEvent          // resolver decisions not yet reported
+	closed  bool
+}
+
+// Claim gives sandbox id a network with policy p: a pre-created one when
+// the pool has one, else a new one.
+func (m *Manager) Claim(ctx context.Context, id string, p Policy) (*Sandbox, error) {
+	p, err := p.Normalize()
+	if err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil, ErrClosed
+	}
+	var s *Sandbox
+	if n := len(m.ready); n > 0 {
+		s, m.ready = m.ready[n-1], m.ready[:n-1]
+	}
+	m.mu.Unlock()
+	if s == nil {
+		if s, err = m.create(); err != nil {
+			return nil, err
+		}
+	}
+	m.kick()
+	if err := s.SetPolicy(p); err != nil {
+		s.teardown()
+		return nil, err
+	}
+	s.mu.Lock()
+	s.id = id
+	s.mu.Unlock()
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		s.teardown()
+		return nil, ErrClosed
+	}
+	m.claimed[s.slot.Index] = s
+	m.mu.Unlock()
+	return s, nil
+}
+
+// create makes one namespace, wires it and installs the rules of the
+// default policy.
+func (m *Manager) create() (*Sandbox, error) {
+	m.mu.Lock()
+	idx := 0
+	for i := 1; i <= m.pool.slots(); i++ {
+		if !m.used[i] {
+			idx = i
+			break
+		}
+	}
+	if idx == 0 {
+		m.mu.Unlock()
+		return nil, fmt.Errorf("netpolicy: the address pool %v holds %d sandboxes, and all are in use", m.pool.p4, m.pool.slots())
+	}
+	m.used[idx] = true
+	m.mu.Unlock()
+	s := &Sandbox{m: m, slot: m.pool.slot(idx), name: m.cfg.nsPrefix() + strconv.Itoa(idx), seen: map[attemptKey]uint64{}}
+	var err error
+	if s.ns, err = createNS(s.name); err != nil {
+		m.release(idx)
+		return nil, fmt.Errorf("netpolicy: %w", err)
+	}
+	fail := func(err error) (*Sandbox, error) {
+		s.teardown()
+		return nil, fmt.Errorf("netpolicy: sandbox network %s: %w", s.name, err)
+	}
+	if err := wireSlot(m.hostH, s.ns, s.hostIf(), s.slot); err != nil {
+		return fail(err)
+	}
+	if s.nft, err = nftables.New(nftables.WithNetNSFd(int(s.ns)), nftables.AsLasting()); err != nil {
+		return fail(err)
+	}
+	def, _ := Policy{}.Normalize()
+	if s.sets, err = installRules(s.nft, m.rules(def)); err != nil {
+		return fail(err)
+	}
+	s.policy, s.matcher = def, def.Matcher(m.cfg.Registries)
+	return s, nil
+}
+
+func (m *Manager) rules(p Policy) Rules {
+	return computeRules(m.resolver, m.denied, []netip.Prefix{m.pool.p4, m.pool.p6}, m.cfg.ClusterPorts, p)
+}
+
+func (m *Manager) release(idx int) {
+	m.mu.Lock()
+	delete(m.used, idx)
+	delete(m.claimed, idx)
+	m.mu.Unlock()
+}
+
+func (m *Manager) kick() {
+	select {
+	case m.refill <- struct{}{}:
+	default:
+	}
+}
+
+// fill keeps cfg.Pool namespaces ready.
+func (m *Manager) fill() {
+	defer m.wg.Done()
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-m.refill:
+		}
+		for {
+			m.mu.Lock()
+			short := !m.closed && len(m.ready) < m.cfg.Pool
+			m.mu.Unlock()
+			if !short {
+				break
+			}
+			s, err := m.create()
+			if err != nil {
+				m.log.Warn("egress pool: create namespace", "err", err)
+				break
+			}
+			m.mu.Lock()
+			if m.closed {
+				m.mu.Unlock()
+				s.teardown()
+				return
+			}
+			m.ready = append(m.ready, s)
+			m.mu.Unlock()
+		}
+	}
+}
+
+// Ready is how many pre-created namespaces are waiting.
+func (m *Manager) Ready() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.ready)
+}
+
+// bySource finds the claimed sandbox whose address a is.
+func (m *Manager) bySource(a netip.Addr) *Sandbox {
+	i, ok := m.pool.slotOf(a)
+	if !ok {
+		return nil
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.claimed[i]
+}
+
+func (s *Sandbox) hostIf() string { return s.m.cfg.ifPrefix() + strconv.Itoa(s.slot.Index) }
+
+// ID is the sandbox's id.
+func (s *Sandbox) ID() string { s.mu.Lock(); defer s.mu.Unlock(); return s.id }
+
+// NSPath is the namespace's path, for a container runtime to join.
+func (s *Sandbox) NSPath() string { return filepath.Join(netnsDir, s.name) }
+
+// Slot is the sandbox's addresses.
+func (s *Sandbox) Slot() Slot { return s.slot }
+
+// Policy is the policy in force.
+func (s *Sandbox) Policy() Policy { s.mu.Lock(); defer s.mu.Unlock(); return s.policy }
+
+// GuestNet is how a sandbox configures its side: a microVM's guest sets
+// these on its NIC; a container finds eth0 configured and needs only DNS.
+type GuestNet struct {
+	Addr4, Gateway4 netip.Prefix
+	Addr6, Gateway6 netip.Prefix
+	DNS             []netip.Addr
+}
+
+// Guest returns the guest's network settings: for a microVM (tap) the
+// guest link's addresses; for a container the slot's own.
+func (s *Sandbox) Guest(tap bool) GuestNet {
+	g := GuestNet{DNS: []netip.Addr{s.m.resolver.Host4, s.m.resolver.Host6}}
+	if tap {
+		g.Addr4, g.Gateway4 = netip.PrefixFrom(GuestAddr4, 30), netip.PrefixFrom(GuestGateway4, 30)
+		g.Addr6, g.Gateway6 = netip.PrefixFrom(GuestAddr6, 126), netip.PrefixFrom(GuestGateway6, 126)
+	} else {
+		g.Addr4, g.Gateway4 = netip.PrefixFrom(s.slot.Sandbox4, 30), netip.PrefixFrom(s.slot.Host4, 30)
+		g.Addr6, g.Gateway6 = netip.PrefixFrom(s.slot.Sandbox6, 126), netip.PrefixFrom(s.slot.Host6, 126)
+	}
+	return g
+}
+
+// OpenTap creates the microVM link in the namespace and returns its file
+// for the VMM (QEMU's -netdev tap,fd=N). Call it at most once.
+func (s *Sandbox) OpenTap() (*os.File, error) { return openTap(s.ns) }
+
+// SetPolicy changes the policy of a live sandbox. New connections follow
+// it at once; addresses the resolver let through under the old policy are
+// forgotten, and established connections keep going.
+func (s *Sandbox) SetPolicy(p Policy) error {
+	p, err := p.Normalize()
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
+	s.policy, s.matcher = p, p.Matcher(s.m.cfg.Registries)
+	return setAllowPrefixes(s.nft, s.sets, s.m.rules(p))
+}
+
+// Close tears the sandbox's network down: its link to the node goes at once,
+// the namespace (with its rules) when the last process in it exits.
+func (s *Sandbox) Close() error {
+	err := s.teardown()
+	s.m.kick()
+	return err
+}
+
+func (s *Sandbox) teardown() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.mu.Unlock()
+	var errs []error
+	if l, err := s.m.hostH.LinkByName(s.hostIf()); err == nil {
+		if err := s.m.hostH.LinkDel(l); err != nil {
+			errs = append(errs, fmt.Errorf("remove link %s: %w", s.hostIf(), err))
+		}
+	}
+	if s.nft != nil {
+		s.nft.CloseLasting()
+	}
+	if s.ns.IsOpen() {
+		s.ns.Close()
+	}
+	if err := deleteNS(s.name); err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) > 0 {
+		// The slot stays taken: its name or addresses may still be in
+		// use. The next start's reconcile frees it.
+		s.m.mu.Lock()
+		delete(s.m.claimed, s.slot.Index)
+		s.m.mu.Unlock()
+		return errors.Join(errs...)
+	}
+	s.m.release(s.slot.Index)
+	return nil
+}
+
+// audit reads every claimed sandbox's audit sets each interval and reports
+// what changed.
+func (m *Manager) audit() {
+	defer m.wg.Done()
+	t := time.NewTicker(m.cfg.AuditInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-t.C:
+		}
+		m.mu.Lock()
+		sbs := make([]*Sandbox, 0, len(m.claimed))
+		for _, s := range m.claimed {
+			sbs = append(sbs, s)
+		}
+		m.mu.Unlock()
+		for _, s := range sbs {
+			id, b, err := s.collect()
+			if err != nil {
+				m.log.Debug("egress audit", "sandbox", id, "err", err)
+				continue
+			}
+			if len(b.Events) > 0 && m.cfg.Audit != nil {
+				m.cfg.Audit(id, b)
+			}
+		}
+	}
+}
+
+// collect reads the sandbox's attempts since the last call.
+func (s *Sandbox) collect() (string, AuditBatch, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return s.id, AuditBatch{}, ErrClosed
+	}
+	now, err := readAttempts(s.nft, s.sets)
+	if err != nil {
+		return s.id, AuditBatch{}, err
+	}
+	b := summarise(s.seen, now, s.dns)
+	s.dns = nil
+	return s.id, b, nil
+}
+
+// noteDNS queues a resolver decision for the next report, merging repeats.
+func (s *Sandbox) noteDNS(e AuditEvent) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := range s.dns {
+		if d := &s.dns[i]; d.Name == e.Name && d.Verdict == e.Verdict && d.Reason == e.Reason {
+			d.Count++
+			return
+		}
+	}
+	if len(s.dns) < 4*MaxAuditEvents {
+		e.Count = 1
+		s.dns = append(s.dns, e)
+	}
+}

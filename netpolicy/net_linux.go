@@ -1,0 +1,233 @@
+package netpolicy
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"unsafe"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// This file creates and removes namespaces and links with netlink.
+
+// netnsDir is where named namespaces are bind-mounted, as by `ip netns`.
+const netnsDir = "/run/netns"
+
+// inNS runs fn on an OS thread that is in ns, then returns the thread to
+// its namespace. If that fails the thread is left locked, so the runtime
+// retires it instead of reusing it in the wrong namespace.
+func inNS(ns netns.NsHandle, fn func() error) error {
+	runtime.LockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("netns: current: %w", err)
+	}
+	defer orig.Close()
+	if err := netns.Set(ns); err != nil {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("netns: enter: %w", err)
+	}
+	ferr := fn()
+	if err := netns.Set(orig); err != nil {
+		return errors.Join(ferr, fmt.Errorf("netns: return: %w", err))
+	}
+	runtime.UnlockOSThread()
+	return ferr
+}
+
+// createNS makes a new named namespace and returns a handle to it.
+func createNS(name string) (netns.NsHandle, error) {
+	if err := os.MkdirAll(netnsDir, 0o755); err != nil {
+		return netns.None(), err
+	}
+	runtime.LockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		runtime.UnlockOSThread()
+		return netns.None(), err
+	}
+	defer orig.Close()
+	ns, err := netns.NewNamed(name) // moves this thread into ns
+	if serr := netns.Set(orig); serr != nil {
+		if ns.IsOpen() {
+			ns.Close()
+		}
+		return netns.None(), fmt.Errorf("netns: return from %s: %w", name, serr)
+	}
+	runtime.UnlockOSThread()
+	if err != nil {
+		return netns.None(), fmt.Errorf("netns: create %s: %w", name, err)
+	}
+	return ns, nil
+}
+
+// deleteNS unmounts and removes a named namespace; the kernel frees it,
+// with its links and nftables table, once nothing holds it.
+func deleteNS(name string) error {
+	p := filepath.Join(netnsDir, name)
+	if err := unix.Unmount(p, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("netns: unmount %s: %w", name, err)
+	}
+	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("netns: remove %s: %w", name, err)
+	}
+	return nil
+}
+
+// listNS returns the named namespaces whose names start with prefix.
+func listNS(prefix string) ([]string, error) {
+	ents, err := os.ReadDir(netnsDir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), prefix) {
+			out = append(out, e.Name())
+		}
+	}
+	return out, nil
+}
+
+func prefixOf(a netip.Addr, bits int) *netlink.Addr {
+	return &netlink.Addr{IPNet: netipToNet(netip.PrefixFrom(a, bits)), Flags: unix.IFA_F_NODAD}
+}
+
+func netipToNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+// wireSlot gives a fresh namespace its veth to the node, addresses, routes
+// and forwarding.
+func wireSlot(host *netlink.Handle, ns netns.NsHandle, hostIf string, s Slot) error {
+	inner, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return fmt.Errorf("netlink handle: %w", err)
+	}
+	defer inner.Close()
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: hostIf}, PeerName: IfaceUplink, PeerNamespace: netlink.NsFd(int(ns))}
+	if err := host.LinkAdd(veth); err != nil {
+		return fmt.Errorf("veth %s: %w", hostIf, err)
+	}
+	hl, err := host.LinkByName(hostIf)
+	if err != nil {
+		return fmt.Errorf("veth %s: %w", hostIf, err)
+	}
+	for _, a := range []*netlink.Addr{prefixOf(s.Host4, 32-slotBits4), prefixOf(s.Host6, 128-slotBits6)} {
+		if err := host.AddrAdd(hl, a); err != nil {
+			return fmt.Errorf("veth %s: address %v: %w", hostIf, a.IPNet, err)
+		}
+	}
+	if err := host.LinkSetUp(hl); err != nil {
+		return fmt.Errorf("veth %s: up: %w", hostIf, err)
+	}
+	lo, err := inner.LinkByName("lo")
+	if err != nil {
+		return err
+	}
+	if err := inner.LinkSetUp(lo); err != nil {
+		return fmt.Errorf("lo: up: %w", err)
+	}
+	el, err := inner.LinkByName(IfaceUplink)
+	if err != nil {
+		return fmt.Errorf("%s: %w", IfaceUplink, err)
+	}
+	for _, a := range []*netlink.Addr{prefixOf(s.Sandbox4, 32-slotBits4), prefixOf(s.Sandbox6, 128-slotBits6)} {
+		if err := inner.AddrAdd(el, a); err != nil {
+			return fmt.Errorf("%s: address %v: %w", IfaceUplink, a.IPNet, err)
+		}
+	}
+	if err := inner.LinkSetUp(el); err != nil {
+		return fmt.Errorf("%s: up: %w", IfaceUplink, err)
+	}
+	for _, gw := range []netip.Addr{s.Host4, s.Host6} {
+		r := &netlink.Route{LinkIndex: el.Attrs().Index, Gw: gw.AsSlice()}
+		if err := inner.RouteAdd(r); err != nil {
+			return fmt.Errorf("default route via %v: %w", gw, err)
+		}
+	}
+	return inNS(ns, func() error { return enableForwarding() })
+}
+
+// enableForwarding turns on IPv4 and IPv6 forwarding in the calling
+// thread's namespace (sysctls under /proc/sys/net are per namespace).
+func enableForwarding() error {
+	for _, p := range []string{"/proc/sys/net/ipv4/ip_forward", "/proc/sys/net/ipv6/conf/all/forwarding"} {
+		if err := os.WriteFile(p, []byte("1"), 0o644); err != nil {
+			return fmt.Errorf("sysctl %s: %w", p, err)
+		}
+	}
+	return nil
+}
+
+// openTap creates tap0 in ns with the guest gateway's addresses and returns
+// its file, which a VMM takes as its network backend. The link lives as
+// long as some process holds the file.
+func openTap(ns netns.NsHandle) (*os.File, error) {
+	var f *os.File
+	err := inNS(ns, func() error {
+		fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("open /dev/net/tun: %w", err)
+		}
+		var req [unix.IFNAMSIZ + 64]byte
+		copy(req[:], IfaceGuest)
+		*(*uint16)(unsafe.Pointer(&req[unix.IFNAMSIZ])) = unix.IFF_TAP | unix.IFF_NO_PI
+		if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.TUNSETIFF, uintptr(unsafe.Pointer(&req[0]))); e != 0 {
+			unix.Close(fd)
+			return fmt.Errorf("TUNSETIFF %s: %w", IfaceGuest, e)
+		}
+		f = os.NewFile(uintptr(fd), "/dev/net/tun:"+IfaceGuest)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	defer h.Close()
+	fail := func(err error) (*os.File, error) { f.Close(); return nil, fmt.Errorf("%s: %w", IfaceGuest, err) }
+	l, err := h.LinkByName(IfaceGuest)
+	if err != nil {
+		return fail(err)
+	}
+	for _, a := range []*netlink.Addr{prefixOf(GuestGateway4, 30), prefixOf(GuestGateway6, 126)} {
+		if err := h.AddrAdd(l, a); err != nil {
+			return fail(err)
+		}
+	}
+	if err := h.LinkSetUp(l); err != nil {
+		return fail(err)
+	}
+	return f, nil
+}
+
+// nodeAddrs lists the addresses on every link of the namespace h talks to.
+func nodeAddrs(h *netlink.Handle) ([]netip.Addr, error) {
+	as, err := h.AddrList(nil, netlink.FAMILY_ALL)
+	if err != nil {
+		return nil, err
+	}
+	var out []netip.Addr
+	for _, a := range as {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok {
+			out = append(out, ip.Unmap())
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,425 @@
+package netpolicy
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+)
+
+// This file is the thin layer between Rules (data) and nftables: it turns
+// them into one table per sandbox namespace and edits that table's sets.
+
+const tableName = "warren"
+
+// Registers: a 16-byte register for single values, 4-byte registers for
+// the audit sets' concatenated keys (address . protocol . port).
+const (
+	reg1      = 1
+	regAddr   = 8 // NFT_REG32_00
+	regProto4 = 9
+	regPort4  = 10
+	regProto6 = 12 // after a 16-byte address in 8..11
+	regPort6  = 13
+)
+
+// nftSets are the named sets of a sandbox table.
+type nftSets struct {
+	table                  *nftables.Table
+	allow4, allow6         *nftables.Set // resolver-handed addresses, with timeouts
+	pfx4, pfx6             *nftables.Set // explicitly allowed ranges
+	deny4, deny6           *nftables.Set // always-denied ranges
+	ports                  *nftables.Set // cluster ports
+	auditOK4, auditOK6     *nftables.Set // attempts let through
+	auditDeny4, auditDeny6 *nftables.Set // attempts refused
+}
+
+// auditTTL is how long an attempt stays in an audit set after its last
+// packet; the auditor reads the sets far more often than that.
+const auditTTL = 10 * time.Minute
+
+// auditSize bounds each audit set; when one is full, new attempts are still
+// filtered, only not recorded (the auditor reports the overflow).
+const auditSize = 4096
+
+func newSets() *nftSets {
+	t := &nftables.Table{Name: tableName, Family: nftables.TableFamilyINet}
+	audit := func(name string, addr nftables.SetDatatype) *nftables.Set {
+		return &nftables.Set{Table: t, Name: name, KeyType: nftables.MustConcatSetType(addr, nftables.TypeInetProto, nftables.TypeInetService),
+			Concatenation: true, Dynamic: true, HasTimeout: true, Timeout: auditTTL, Counter: true, Size: auditSize}
+	}
+	return &nftSets{
+		table:      t,
+		allow4:     &nftables.Set{Table: t, Name: "allow4", KeyType: nftables.TypeIPAddr, HasTimeout: true},
+		allow6:     &nftables.Set{Table: t, Name: "allow6", KeyType: nftables.TypeIP6Addr, HasTimeout: true},
+		pfx4:       &nftables.Set{Table: t, Name: "pfx4", KeyType: nftables.TypeIPAddr, Interval: true},
+		pfx6:       &nftables.Set{Table: t, Name: "pfx6", KeyType: nftables.TypeIP6Addr, Interval: true},
+		deny4:      &nftables.Set{Table: t, Name: "deny4", KeyType: nftables.TypeIPAddr, Interval: true},
+		deny6:      &nftables.Set{Table: t, Name: "deny6", KeyType: nftables.TypeIP6Addr, Interval: true},
+		ports:      &nftables.Set{Table: t, Name: "ports", KeyType: nftables.TypeInetService},
+		auditOK4:   audit("audit_ok4", nftables.TypeIPAddr),
+		auditOK6:   audit("audit_ok6", nftables.TypeIP6Addr),
+		auditDeny4: audit("audit_deny4", nftables.TypeIPAddr),
+		auditDeny6: audit("audit_deny6", nftables.TypeIP6Addr),
+	}
+}
+
+// installRules creates the sandbox table in the namespace c talks to, in
+// one netlink batch.
+func installRules(c *nftables.Conn, r Rules) (*nftSets, error) {
+	s := newSets()
+	t := c.AddTable(s.table)
+	for _, set := range []*nftables.Set{s.allow4, s.allow6, s.ports, s.auditOK4, s.auditOK6, s.auditDeny4, s.auditDeny6} {
+		if err := c.AddSet(set, nil); err != nil {
+			return nil, fmt.Errorf("set %s: %w", set.Name, err)
+		}
+	}
+	for _, x := range []struct {
+		set *nftables.Set
+		rs  []addrRange
+	}{{s.pfx4, r.Allow4}, {s.pfx6, r.Allow6}, {s.deny4, r.Deny4}, {s.deny6, r.Deny6}} {
+		if err := c.AddSet(x.set, intervalElems(x.rs)); err != nil {
+			return nil, fmt.Errorf("set %s: %w", x.set.Name, err)
+		}
+	}
+	if len(r.ClusterPorts) > 0 {
+		var els []nftables.SetElement
+		for _, p := range r.ClusterPorts {
+			els = append(els, nftables.SetElement{Key: binaryutil.BigEndian.PutUint16(p)})
+		}
+		if err := c.SetAddElements(s.ports, els); err != nil {
+			return nil, err
+		}
+	}
+
+	drop, accept := nftables.ChainPolicyDrop, nftables.ChainPolicyAccept
+	egress := c.AddChain(&nftables.Chain{Name: "egress", Table: t})
+	allow := c.AddChain(&nftables.Chain{Name: "allow", Table: t})
+	deny := c.AddChain(&nftables.Chain{Name: "deny", Table: t})
+	in := c.AddChain(&nftables.Chain{Name: "in", Table: t, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &drop})
+	out := c.AddChain(&nftables.Chain{Name: "out", Table: t, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityFilter, Policy: &drop})
+	fwd := c.AddChain(&nftables.Chain{Name: "fwd", Table: t, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &drop})
+	add := func(ch *nftables.Chain, e ...expr.Any) { c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: e}) }
+
+	// Inbound: replies only. Neighbour discovery keeps IPv6 working.
+	add(in, ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED, verdict(expr.VerdictAccept))...)
+	add(in, ifname(expr.MetaKeyIIFNAME, "lo", verdict(expr.VerdictAccept))...)
+	add(in, ndp(verdict(expr.VerdictAccept))...)
+	// A microVM poking its own gateway is refused like any denied
+	// destination.
+	add(in, ifname(expr.MetaKeyIIFNAME, IfaceGuest, goTo(deny))...)
+
+	add(out, ifname(expr.MetaKeyOIFNAME, "lo", verdict(expr.VerdictAccept))...)
+	add(out, ndp(verdict(expr.VerdictAccept))...)
+	// Toward a microVM the namespace itself sends only rejections.
+	add(out, ifname(expr.MetaKeyOIFNAME, IfaceGuest, verdict(expr.VerdictAccept))...)
+	// Everything else a container's processes send is egress.
+	add(out, goTo(egress))
+	// A microVM's traffic is forwarded from tap0 to eth0 and masqueraded.
+	add(fwd, ifname(expr.MetaKeyIIFNAME, IfaceGuest, goTo(egress))...)
+	add(fwd, append(ifname(expr.MetaKeyOIFNAME, IfaceGuest), ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED, verdict(expr.VerdictAccept))...)...)
+	post := c.AddChain(&nftables.Chain{Name: "post", Table: t, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept})
+	add(post, ifname(expr.MetaKeyOIFNAME, IfaceUplink, &expr.Masq{})...)
+
+	// egress: every new connection attempt the sandbox makes.
+	add(egress, ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED, verdict(expr.VerdictAccept))...)
+	add(egress, ctState(expr.CtStateBitINVALID, verdict(expr.VerdictDrop))...)
+	for _, res := range []netip.Addr{r.Resolver4, r.Resolver6} {
+		if !res.IsValid() {
+			continue
+		}
+		for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
+			e := nfproto(res.Is6())
+			e = append(e, l4proto(proto)...)
+			e = append(e, daddr(res.Is6(), reg1), &expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: res.AsSlice()})
+			e = append(e, dport(reg1), &expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: binaryutil.BigEndian.PutUint16(53)})
+			add(egress, append(e, verdict(expr.VerdictAccept))...)
+		}
+	}
+	add(egress, inSet(false, s.pfx4, goTo(allow))...)
+	add(egress, inSet(true, s.pfx6, goTo(allow))...)
+	for _, proto := range []byte{unix.IPPROTO_TCP, unix.IPPROTO_UDP} {
+		e := append(l4proto(proto), dport(reg1), &expr.Lookup{SourceRegister: reg1, SetName: s.ports.Name, SetID: s.ports.ID})
+		add(egress, append(e, goTo(deny))...)
+	}
+	add(egress, inSet(false, s.deny4, goTo(deny))...)
+	add(egress, inSet(true, s.deny6, goTo(deny))...)
+	for _, proto := range []byte{unix.IPPROTO_TCP, unix.IPPROTO_UDP} {
+		add(egress, append(l4proto(proto), inSet(false, s.allow4, goTo(allow))...)...)
+		add(egress, append(l4proto(proto), inSet(true, s.allow6, goTo(allow))...)...)
+	}
+	add(egress, goTo(deny))
+
+	for _, e := range auditRules(s.auditOK4, s.auditOK6) {
+		add(allow, e...)
+	}
+	add(allow, verdict(expr.VerdictAccept))
+	for _, e := range auditRules(s.auditDeny4, s.auditDeny6) {
+		add(deny, e...)
+	}
+	add(deny, append(l4proto(unix.IPPROTO_TCP), &expr.Reject{Type: unix.NFT_REJECT_TCP_RST})...)
+	add(deny, &expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED})
+
+	if err := c.Flush(); err != nil {
+		return nil, fmt.Errorf("nftables: install table %s: %w", tableName, err)
+	}
+	return s, nil
+}
+
+// auditRules record an attempt's (address, protocol, port) with a packet
+// counter in the v4 or v6 set; the port is 0 for protocols without one.
+func auditRules(set4, set6 *nftables.Set) [][]expr.Any {
+	var out [][]expr.Any
+	for _, v6 := range []bool{false, true} {
+		set, rp, rport := set4, uint32(regProto4), uint32(regPort4)
+		if v6 {
+			set, rp, rport = set6, regProto6, regPort6
+		}
+		key := func() []expr.Any {
+			e := nfproto(v6)
+			e = append(e, daddr(v6, regAddr), &expr.Meta{Key: expr.MetaKeyL4PROTO, Register: rp})
+			return e
+		}
+		dyn := &expr.Dynset{SrcRegKey: regAddr, SetName: set.Name, SetID: set.ID, Operation: uint32(unix.NFT_DYNSET_OP_UPDATE), Timeout: auditTTL, Exprs: []expr.Any{&expr.Counter{}}}
+		for _, proto := range []byte{unix.IPPROTO_TCP, unix.IPPROTO_UDP} {
+			e := key()
+			e = append(e, &expr.Cmp{Op: expr.CmpOpEq, Register: rp, Data: []byte{proto}})
+			e = append(e, &expr.Payload{OperationType: expr.PayloadLoad, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2, DestRegister: rport}, dyn)
+			out = append(out, e)
+		}
+		e := key()
+		e = append(e, &expr.Cmp{Op: expr.CmpOpNeq, Register: rp, Data: []byte{unix.IPPROTO_TCP}},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: rp, Data: []byte{unix.IPPROTO_UDP}},
+			&expr.Immediate{Register: rport, Data: []byte{0, 0, 0, 0}}, dyn)
+		out = append(out, e)
+	}
+	return out
+}
+
+func verdict(k expr.VerdictKind) expr.Any { return &expr.Verdict{Kind: k} }
+func goTo(ch *nftables.Chain) expr.Any    { return &expr.Verdict{Kind: expr.VerdictGoto, Chain: ch.Name} }
+
+func ctState(bits uint32, then ...expr.Any) []expr.Any {
+	return append([]expr.Any{
+		&expr.Ct{Register: reg1, Key: expr.CtKeySTATE},
+		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: binaryutil.NativeEndian.PutUint32(bits), Xor: binaryutil.NativeEndian.PutUint32(0)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: binaryutil.NativeEndian.PutUint32(0)},
+	}, then...)
+}
+
+func ifname(key expr.MetaKey, name string, then ...expr.Any) []expr.Any {
+	b := make([]byte, unix.IFNAMSIZ)
+	copy(b, name)
+	return append([]expr.Any{&expr.Meta{Key: key, Register: reg1}, &expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: b}}, then...)
+}
+
+func nfproto(v6 bool) []expr.Any {
+	fam := byte(unix.NFPROTO_IPV4)
+	if v6 {
+		fam = unix.NFPROTO_IPV6
+	}
+	return []expr.Any{&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: reg1}, &expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{fam}}}
+}
+
+func l4proto(p byte) []expr.Any {
+	return []expr.Any{&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1}, &expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{p}}}
+}
+
+func daddr(v6 bool, reg uint32) expr.Any {
+	if v6 {
+		return &expr.Payload{OperationType: expr.PayloadLoad, Base: expr.PayloadBaseNetworkHeader, Offset: 24, Len: 16, DestRegister: reg}
+	}
+	return &expr.Payload{OperationType: expr.PayloadLoad, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4, DestRegister: reg}
+}
+
+func dport(reg uint32) expr.Any {
+	return &expr.Payload{OperationType: expr.PayloadLoad, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2, DestRegister: reg}
+}
+
+func inSet(v6 bool, set *nftables.Set, then ...expr.Any) []expr.Any {
+	e := nfproto(v6)
+	e = append(e, daddr(v6, reg1), &expr.Lookup{SourceRegister: reg1, SetName: set.Name, SetID: set.ID})
+	return append(e, then...)
+}
+
+// ndp matches IPv6 neighbour and router discovery (ICMPv6 types 133–137).
+func ndp(then ...expr.Any) []expr.Any {
+	e := append(nfproto(true), l4proto(unix.IPPROTO_ICMPV6)...)
+	e = append(e, &expr.Payload{OperationType: expr.PayloadLoad, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 1, DestRegister: reg1},
+		&expr.Range{Op: expr.CmpOpEq, Register: reg1, FromData: []byte{133}, ToData: []byte{137}})
+	return append(e, then...)
+}
+
+// intervalElems encodes ranges for an interval set: each range's first
+// address, and the address after its last flagged as an interval end
+// (none when the range runs to the family's last address).
+func intervalElems(rs []addrRange) []nftables.SetElement {
+	var els []nftables.SetElement
+	for _, r := range rs {
+		els = append(els, nftables.SetElement{Key: r.from.AsSlice()})
+		if next := r.to.Next(); next.IsValid() {
+			els = append(els, nftables.SetElement{Key: next.AsSlice(), IntervalEnd: true})
+		}
+	}
+	return els
+}
+
+// setAllowPrefixes replaces the explicitly allowed ranges and forgets every
+// address the resolver let through, so a live policy change holds for the
+// next connection (established ones keep going).
+func setAllowPrefixes(c *nftables.Conn, s *nftSets, r Rules) error {
+	c.FlushSet(s.pfx4)
+	c.FlushSet(s.pfx6)
+	c.FlushSet(s.allow4)
+	c.FlushSet(s.allow6)
+	if els := intervalElems(r.Allow4); len(els) > 0 {
+		if err := c.SetAddElements(s.pfx4, els); err != nil {
+			return err
+		}
+	}
+	if els := intervalElems(r.Allow6); len(els) > 0 {
+		if err := c.SetAddElements(s.pfx6, els); err != nil {
+			return err
+		}
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("nftables: update allowed prefixes: %w", err)
+	}
+	return nil
+}
+
+// allowAddrs lets the sandbox reach addrs (TCP and UDP, every port) for ttl.
+func allowAddrs(c *nftables.Conn, s *nftSets, addrs []netip.Addr, ttl time.Duration) error {
+	var e4, e6 []nftables.SetElement
+	for _, a := range addrs {
+		a = a.Unmap()
+		el := nftables.SetElement{Key: a.AsSlice(), Timeout: ttl}
+		if a.Is4() {
+			e4 = append(e4, el)
+		} else {
+			e6 = append(e6, el)
+		}
+	}
+	if len(e4) > 0 {
+		if err := c.SetAddElements(s.allow4, e4); err != nil {
+			return err
+		}
+	}
+	if len(e6) > 0 {
+		if err := c.SetAddElements(s.allow6, e6); err != nil {
+			return err
+		}
+	}
+	return c.Flush()
+}
+
+// Attempt is one destination a sandbox tried, as its audit set counts it.
+type Attempt struct {
+	Allowed bool
+	Addr    netip.Addr
+	Proto   uint8  // IP protocol number
+	Port    uint16 // 0 for protocols without ports
+	Packets uint64 // packets of new connections counted so far
+}
+
+// readAttempts lists the four audit sets.
+func readAttempts(c *nftables.Conn, s *nftSets) ([]Attempt, error) {
+	var out []Attempt
+	for _, x := range []struct {
+		set     *nftables.Set
+		allowed bool
+		alen    int
+	}{{s.auditOK4, true, 4}, {s.auditDeny4, false, 4}, {s.auditOK6, true, 16}, {s.auditDeny6, false, 16}} {
+		els, err := c.GetSetElements(x.set)
+		if err != nil {
+			return nil, fmt.Errorf("nftables: read %s: %w", x.set.Name, err)
+		}
+		for _, el := range els {
+			if len(el.Key) < x.alen+6 {
+				continue
+			}
+			a, _ := netip.AddrFromSlice(el.Key[:x.alen])
+			at := Attempt{Allowed: x.allowed, Addr: a, Proto: el.Key[x.alen], Port: uint16(el.Key[x.alen+4])<<8 | uint16(el.Key[x.alen+5])}
+			if el.Counter != nil {
+				at.Packets = el.Counter.Packets
+			}
+			out = append(out, at)
+		}
+	}
+	return out, nil
+}
+
+// installHostRules creates the node's own table (named after the manager's
+// tag) in the node's namespace: masquerade sandbox traffic to the uplink,
+// and let sandboxes reach nothing on the node but the resolver, nor each
+// other. The sandbox tables already deny all of this; this is the second
+// wall.
+func installHostRules(c *nftables.Conn, name, ifPrefix string, res Slot, p4, p6 netip.Prefix) error {
+	t := &nftables.Table{Name: name, Family: nftables.TableFamilyINet}
+	c.DelTable(t)
+	_ = c.Flush() // absent is fine
+	t = c.AddTable(t)
+	accept := nftables.ChainPolicyAccept
+	post := c.AddChain(&nftables.Chain{Name: "post", Table: t, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept})
+	in := c.AddChain(&nftables.Chain{Name: "in", Table: t, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &accept})
+	fwd := c.AddChain(&nftables.Chain{Name: "fwd", Table: t, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept})
+	add := func(ch *nftables.Chain, e ...expr.Any) { c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: e}) }
+	fromSandbox := []expr.Any{&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1}, &expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte(ifPrefix)}}
+	toSandbox := []expr.Any{&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: reg1}, &expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte(ifPrefix)}}
+	notToSandbox := []expr.Any{&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: reg1}, &expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: []byte(ifPrefix)}}
+	cat := func(parts ...[]expr.Any) []expr.Any {
+		var e []expr.Any
+		for _, p := range parts {
+			e = append(e, p...)
+		}
+		return e
+	}
+	reject := func(e []expr.Any) {
+		add(in, cat(e, l4proto(unix.IPPROTO_TCP), []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_TCP_RST}})...)
+		add(in, cat(e, []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED}})...)
+	}
+	for _, p := range []netip.Prefix{p4, p6} {
+		v6 := p.Addr().Is6()
+		off, n := uint32(12), uint32(4)
+		if v6 {
+			off, n = 8, 16
+		}
+		mask := net.CIDRMask(p.Bits(), p.Addr().BitLen())
+		add(post, cat(nfproto(v6), []expr.Any{
+			&expr.Payload{OperationType: expr.PayloadLoad, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n, DestRegister: reg1},
+			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: n, Mask: mask, Xor: make([]byte, n)},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: p.Masked().Addr().AsSlice()},
+		}, notToSandbox, []expr.Any{&expr.Masq{}})...)
+	}
+	add(in, cat(fromSandbox, ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED, verdict(expr.VerdictAccept)))...)
+	add(in, cat(fromSandbox, ndp(verdict(expr.VerdictAccept)))...)
+	for _, a := range []netip.Addr{res.Host4, res.Host6} {
+		for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
+			add(in, cat(fromSandbox, nfproto(a.Is6()), l4proto(proto), []expr.Any{
+				daddr(a.Is6(), reg1), &expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: a.AsSlice()},
+				dport(reg1), &expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: binaryutil.BigEndian.PutUint16(53)},
+				verdict(expr.VerdictAccept)})...)
+		}
+	}
+	reject(fromSandbox)
+	add(fwd, cat(fromSandbox, toSandbox, []expr.Any{verdict(expr.VerdictDrop)})...)
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("nftables: install table %s: %w", name, err)
+	}
+	return nil
+}
+
+// deleteTable removes a table if it exists.
+func deleteTable(c *nftables.Conn, name string) error {
+	c.DelTable(&nftables.Table{Name: name, Family: nftables.TableFamilyINet})
+	if err := c.Flush(); err != nil && !errors.Is(err, unix.ENOENT) {
+		return err
+	}
+	return nil
+}

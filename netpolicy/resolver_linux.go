@@ -1,0 +1,233 @@
+package netpolicy
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+// The DNS allowlist resolver: one per node, listening on the resolver slot's
+// addresses in the node's namespace. It knows the asking sandbox by its
+// source address, answers only names on that sandbox's list (forwarding
+// them upstream), drops answers that point at always-denied or node
+// addresses (DNS rebinding), and puts the addresses it hands out into the
+// sandbox's allow sets before it replies.
+
+const (
+	minAllowTTL     = 5 * time.Second // a TTL of 0 or 1 would close the door before the connect
+	maxAllowTTL     = time.Hour
+	upstreamTimeout = 3 * time.Second
+)
+
+type resolver struct {
+	m       *Manager
+	servers []*dns.Server
+	wg      sync.WaitGroup
+}
+
+func startResolver(m *Manager) (*resolver, error) {
+	r := &resolver{m: m}
+	for _, a := range []netip.Addr{m.resolver.Host4, m.resolver.Host6} {
+		addr := net.JoinHostPort(a.String(), "53")
+		var pc net.PacketConn
+		var l net.Listener
+		err := inNS(m.host, func() error {
+			var err error
+			if pc, err = net.ListenPacket("udp", addr); err != nil {
+				return err
+			}
+			if l, err = net.Listen("tcp", addr); err != nil {
+				pc.Close()
+			}
+			return err
+		})
+		if err != nil {
+			r.close()
+			return nil, fmt.Errorf("netpolicy: resolver on %s: %w", addr, err)
+		}
+		for _, srv := range []*dns.Server{{PacketConn: pc, Handler: r}, {Listener: l, Handler: r}} {
+			r.servers = append(r.servers, srv)
+			r.wg.Add(1)
+			go func() {
+				defer r.wg.Done()
+				srv.ActivateAndServe()
+			}()
+		}
+	}
+	return r, nil
+}
+
+func (r *resolver) close() {
+	for _, s := range r.servers {
+		s.Shutdown()
+	}
+	r.wg.Wait()
+}
+
+// ServeDNS answers one query from a sandbox.
+func (r *resolver) ServeDNS(w dns.ResponseWriter, q *dns.Msg) {
+	reply := func(rcode int) {
+		m := new(dns.Msg)
+		m.SetRcode(q, rcode)
+		m.RecursionAvailable = true
+		w.WriteMsg(m)
+	}
+	src, _ := netip.ParseAddrPort(w.RemoteAddr().String())
+	s := r.m.bySource(src.Addr())
+	if s == nil {
+		reply(dns.RcodeRefused)
+		return
+	}
+	if q.Opcode != dns.OpcodeQuery || len(q.Question) != 1 {
+		reply(dns.RcodeFormatError)
+		return
+	}
+	name := q.Question[0].Name
+	s.mu.Lock()
+	matcher, policy := s.matcher, s.policy
+	s.mu.Unlock()
+	if !matcher.Allowed(name) {
+		s.noteDNS(AuditEvent{Verdict: "deny", Kind: "dns", Name: name, Reason: "not on the allowlist"})
+		reply(dns.RcodeNameError)
+		return
+	}
+	_, tcp := w.RemoteAddr().(*net.TCPAddr)
+	resp, err := r.forward(q, tcp)
+	if err != nil {
+		r.m.log.Debug("resolver: upstream", "name", name, "err", err)
+		reply(dns.RcodeServerFailure)
+		return
+	}
+	var addrs []netip.Addr
+	ttl := maxAllowTTL
+	dropped := 0
+	keep := func(rr dns.RR) bool {
+		var ip net.IP
+		switch v := rr.(type) {
+		case *dns.A:
+			ip = v.A
+		case *dns.AAAA:
+			ip = v.AAAA
+		default:
+			return true
+		}
+		a, ok := netip.AddrFromSlice(ip)
+		if !ok {
+			return false
+		}
+		a = a.Unmap()
+		if !r.m.allowedAnswer(a, policy) {
+			dropped++
+			return false
+		}
+		addrs = append(addrs, a)
+		ttl = min(ttl, time.Duration(rr.Header().Ttl)*time.Second)
+		return true
+	}
+	resp.Answer = filterRR(resp.Answer, keep)
+	resp.Extra = filterRR(resp.Extra, func(rr dns.RR) bool { t := rr.Header().Rrtype; return t != dns.TypeA && t != dns.TypeAAAA })
+	if dropped > 0 {
+		s.noteDNS(AuditEvent{Verdict: "deny", Kind: "dns", Name: name, Reason: "answer pointed at a private, link-local or node address (DNS rebinding)"})
+	}
+	if len(addrs) > 0 {
+		ttl = max(ttl, minAllowTTL)
+		s.mu.Lock()
+		err = ErrClosed
+		if !s.closed {
+			err = allowAddrs(s.nft, s.sets, addrs, ttl)
+		}
+		s.mu.Unlock()
+		if err != nil {
+			r.m.log.Warn("resolver: allow addresses", "sandbox", s.ID(), "err", err)
+			reply(dns.RcodeServerFailure)
+			return
+		}
+	}
+	s.noteDNS(AuditEvent{Verdict: "allow", Kind: "dns", Name: name})
+	resp.Id = q.Id
+	w.WriteMsg(resp)
+}
+
+func filterRR(rrs []dns.RR, keep func(dns.RR) bool) []dns.RR {
+	out := rrs[:0]
+	for _, rr := range rrs {
+		if keep(rr) {
+			out = append(out, rr)
+		}
+	}
+	return out
+}
+
+// allowedAnswer reports whether the resolver may hand out a: not in the
+// always-denied ranges, not the node's, unless the policy allows it by
+// prefix.
+func (m *Manager) allowedAnswer(a netip.Addr, p Policy) bool {
+	for _, pfx := range p.AllowPrefixes {
+		if pfx.Contains(a) {
+			return true
+		}
+	}
+	if Denied(a) || m.pool.p4.Contains(a) || m.pool.p6.Contains(a) {
+		return false
+	}
+	for _, d := range m.denied {
+		if d == a {
+			return false
+		}
+	}
+	return true
+}
+
+// forward asks the upstream from the node's namespace, over TCP when the
+// sandbox asked over TCP or the UDP answer was truncated.
+func (r *resolver) forward(q *dns.Msg, tcp bool) (*dns.Msg, error) {
+	for attempt := 0; attempt < 2; attempt++ {
+		network := "udp"
+		if tcp {
+			network = "tcp"
+		}
+		var c net.Conn
+		err := inNS(r.m.host, func() error {
+			var err error
+			c, err = net.DialTimeout(network, r.m.cfg.Upstream, upstreamTimeout)
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		cl := &dns.Client{Net: network, Timeout: upstreamTimeout}
+		resp, _, err := cl.ExchangeWithConn(q.Copy(), &dns.Conn{Conn: c})
+		c.Close()
+		if err != nil {
+			return nil, err
+		}
+		if resp.Truncated && !tcp {
+			tcp = true
+			continue
+		}
+		return resp, nil
+	}
+	return nil, errors.New("upstream answer truncated over TCP")
+}
+
+// systemResolver is the first nameserver of /etc/resolv.conf.
+func systemResolver() (string, error) {
+	cc, err := dns.ClientConfigFromFile("/etc/resolv.conf")
+	if err != nil {
+		return "", err
+	}
+	if len(cc.Servers) == 0 {
+		return "", errors.New("/etc/resolv.conf names no nameserver")
+	}
+	port := cc.Port
+	if port == "" {
+		port = strconv.Itoa(53)
+	}
+	return net.JoinHostPort(cc.Servers[0], port), nil
+}
