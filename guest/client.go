@@ -270,13 +270,14 @@ type ClaimRequest struct {
 	Hostname string
 	Env      map[string]string
 	Pids     int // the commands' process limit; 0 keeps it
+	Net      *NetConfig
 }
 
 // Claim sets the guest's clock, reseeds its entropy, and sets its hostname
 // and base environment. It returns the guest's clock after the call.
 func (c *Client) Claim(ctx context.Context, req ClaimRequest) (time.Time, error) {
 	res, err := c.simple(ctx, &Request{Op: OpClaim, UnixNano: req.Now.UnixNano(), Entropy: req.Entropy,
-		Hostname: req.Hostname, Env: req.Env, Pids: req.Pids})
+		Hostname: req.Hostname, Env: req.Env, Pids: req.Pids, Net: req.Net})
 	if err != nil {
 		return time.Time{}, err
 	}

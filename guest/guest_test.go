@@ -21,6 +21,7 @@ type fakeSys struct {
 	now      int64
 	entropy  []byte
 	hostname string
+	net      *NetConfig
 }
 
 func (f *fakeSys) SetTime(ns int64) error { f.mu.Lock(); f.now = ns; f.mu.Unlock(); return nil }
@@ -31,6 +32,7 @@ func (f *fakeSys) AddEntropy(b []byte) error {
 	return nil
 }
 func (f *fakeSys) SetHostname(n string) error     { f.mu.Lock(); f.hostname = n; f.mu.Unlock(); return nil }
+func (f *fakeSys) SetNetwork(c NetConfig) error   { f.mu.Lock(); f.net = &c; f.mu.Unlock(); return nil }
 func (f *fakeSys) SetPids(int) error              { return nil }
 func (f *fakeSys) Stats() (Stats, error)          { return Stats{Procs: 7}, nil }
 func (f *fakeSys) ExecAttr() *syscall.SysProcAttr { return &syscall.SysProcAttr{Setpgid: true} }

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
+	"strings"
 )
 
 // Wire format. Every message in either direction is a frame:
@@ -69,10 +71,47 @@ type Request struct {
 	Limit int64  `json:"limit,omitempty"` // read: at most this many bytes (0: no limit)
 
 	// claim
-	UnixNano int64  `json:"unix_nano,omitempty"`
-	Entropy  []byte `json:"entropy,omitempty"`
-	Hostname string `json:"hostname,omitempty"`
-	Pids     int    `json:"pids,omitempty"`
+	UnixNano int64      `json:"unix_nano,omitempty"`
+	Entropy  []byte     `json:"entropy,omitempty"`
+	Hostname string     `json:"hostname,omitempty"`
+	Pids     int        `json:"pids,omitempty"`
+	Net      *NetConfig `json:"net,omitempty"`
+}
+
+// NetConfig is a sandbox's network, set at claim. In a microVM the agent
+// configures the interface; in a container the node already has, and the
+// agent writes only the resolver.
+type NetConfig struct {
+	Iface    string   `json:"iface"`              // "eth0"
+	Addrs    []string `json:"addrs,omitempty"`    // CIDR, e.g. "169.254.77.2/30"
+	Gateways []string `json:"gateways,omitempty"` // default routes, one per family
+	DNS      []string `json:"dns,omitempty"`      // nameservers for /etc/resolv.conf
+}
+
+// Check validates c, naming the field at fault.
+func (c *NetConfig) Check() error {
+	if c.Iface == "" || len(c.Iface) > 15 || strings.ContainsAny(c.Iface, "/ \x00") {
+		return fmt.Errorf("net.iface: %q is not an interface name", c.Iface)
+	}
+	if len(c.Addrs) > 4 || len(c.Gateways) > 2 || len(c.DNS) > 3 {
+		return errors.New("net: at most 4 addrs, 2 gateways and 3 dns")
+	}
+	for i, a := range c.Addrs {
+		if _, err := netip.ParsePrefix(a); err != nil {
+			return fmt.Errorf("net.addrs[%d]: %q is not an address/prefix", i, a)
+		}
+	}
+	for i, a := range c.Gateways {
+		if _, err := netip.ParseAddr(a); err != nil {
+			return fmt.Errorf("net.gateways[%d]: %q is not an address", i, a)
+		}
+	}
+	for i, a := range c.DNS {
+		if _, err := netip.ParseAddr(a); err != nil {
+			return fmt.Errorf("net.dns[%d]: %q is not an address", i, a)
+		}
+	}
+	return nil
 }
 
 // Result is the last frame of a successful call.

@@ -28,6 +28,8 @@ type System interface {
 	SetTime(unixNano int64) error
 	AddEntropy(seed []byte) error
 	SetHostname(name string) error
+	// SetNetwork configures the sandbox's network (a checked NetConfig).
+	SetNetwork(c NetConfig) error
 	// SetPids sets the commands' process limit.
 	SetPids(n int) error
 	Stats() (Stats, error)
@@ -502,6 +504,17 @@ func (s *Server) claim(req *Request) (*Result, error) {
 			if err := s.Sys.SetHostname(req.Hostname); err != nil {
 				return nil, fmt.Errorf("hostname: %w", err)
 			}
+		}
+	}
+	if req.Net != nil {
+		if err := req.Net.Check(); err != nil {
+			return nil, err
+		}
+		if s.Sys == nil {
+			return nil, errors.New("net: not supported here")
+		}
+		if err := s.Sys.SetNetwork(*req.Net); err != nil {
+			return nil, fmt.Errorf("net: %w", err)
 		}
 	}
 	s.mu.Lock()

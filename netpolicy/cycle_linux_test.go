@@ -1,26 +1,40 @@
-package netpolicy
+package netpolicy_test
 
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"github.com/warrenhq/warren/netpolicy"
+	. "github.com/warrenhq/warren/netpolicy/netpolicytest"
 )
 
 // leftovers lists what the manager with tag owns in the test's node
 // namespace: named namespaces, links and nftables tables.
-func leftovers(t *testing.T, tp *topo) []string {
+func leftovers(t *testing.T, tp *Topo) []string {
 	t.Helper()
 	var out []string
-	names, err := listNS("warren-" + tp.tag + "-")
+	ents, err := os.ReadDir("/run/netns")
 	if err != nil {
 		t.Fatal(err)
 	}
-	out = append(out, names...)
-	h, err := netlink.NewHandleAt(tp.node)
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), "warren-"+tp.Tag+"-") {
+			out = append(out, e.Name())
+		}
+	}
+	node, err := netns.GetFromPath(tp.NodeNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close()
+	h, err := netlink.NewHandleAt(node)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,11 +44,11 @@ func leftovers(t *testing.T, tp *topo) []string {
 		t.Fatal(err)
 	}
 	for _, l := range links {
-		if strings.HasPrefix(l.Attrs().Name, "w"+tp.tag+"-") {
+		if strings.HasPrefix(l.Attrs().Name, "w"+tp.Tag+"-") {
 			out = append(out, "link "+l.Attrs().Name)
 		}
 	}
-	c, err := nftables.New(nftables.WithNetNSFd(int(tp.node)))
+	c, err := nftables.New(nftables.WithNetNSFd(int(node)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,11 +63,11 @@ func leftovers(t *testing.T, tp *topo) []string {
 }
 
 func TestCreateDestroyLeavesNothing(t *testing.T) {
-	tp := newTopo(t)
+	tp := New(t)
 	for _, pool := range []int{0, 4} {
-		m := tp.manager(t, pool, nil)
+		m := tp.Manager(t, pool, nil)
 		for i := range 200 {
-			s, err := m.Claim(context.Background(), fmt.Sprintf("sb-%d", i), Policy{})
+			s, err := m.Claim(context.Background(), fmt.Sprintf("sb-%d", i), netpolicy.Policy{})
 			if err != nil {
 				t.Fatalf("pool %d, cycle %d: %v", pool, i, err)
 			}
@@ -70,8 +84,11 @@ func TestCreateDestroyLeavesNothing(t *testing.T) {
 		}
 		// While running: the pool's namespaces, their veths, the resolver
 		// link pair and the node table, nothing more.
+		for deadline := time.Now().Add(10 * time.Second); m.Ready() < pool && time.Now().Before(deadline); {
+			time.Sleep(10 * time.Millisecond)
+		}
 		got := leftovers(t, tp)
-		if want := 2*m.Ready() + 2 + 1; len(got) != want {
+		if want := 2*pool + 2 + 1; len(got) != want {
 			t.Errorf("pool %d: %d objects while running, want %d: %v", pool, len(got), want, got)
 		}
 		if err := m.Close(); err != nil {
@@ -84,28 +101,30 @@ func TestCreateDestroyLeavesNothing(t *testing.T) {
 }
 
 func TestRestartReconciles(t *testing.T) {
-	tp := newTopo(t)
+	tp := New(t)
 	// What a killed node daemon leaves: a namespace, its veth and the
 	// node table.
-	ns, err := createNS("warren-" + tp.tag + "-77")
-	if err != nil {
+	if err := netpolicy.NewNamedNS("warren-" + tp.Tag + "-77"); err != nil {
 		t.Fatal(err)
 	}
-	h, _ := netlink.NewHandleAt(tp.node)
+	ns, _ := netns.GetFromPath("/run/netns/warren-" + tp.Tag + "-77")
+	node, _ := netns.GetFromPath(tp.NodeNS)
+	defer node.Close()
+	h, _ := netlink.NewHandleAt(node)
 	defer h.Close()
-	if err := h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "w" + tp.tag + "-77"}, PeerName: IfaceUplink, PeerNamespace: netlink.NsFd(int(ns))}); err != nil {
+	if err := h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "w" + tp.Tag + "-77"}, PeerName: netpolicy.IfaceUplink, PeerNamespace: netlink.NsFd(int(ns))}); err != nil {
 		t.Fatal(err)
 	}
 	ns.Close()
-	c, _ := nftables.New(nftables.WithNetNSFd(int(tp.node)))
-	c.AddTable(&nftables.Table{Name: "warren-" + tp.tag, Family: nftables.TableFamilyINet})
+	c, _ := nftables.New(nftables.WithNetNSFd(int(node)))
+	c.AddTable(&nftables.Table{Name: "warren-" + tp.Tag, Family: nftables.TableFamilyINet})
 	if err := c.Flush(); err != nil {
 		t.Fatal(err)
 	}
 	if got := leftovers(t, tp); len(got) != 3 {
 		t.Fatalf("setup: %v", got)
 	}
-	m := tp.manager(t, 0, nil)
+	m := tp.Manager(t, 0, nil)
 	got := leftovers(t, tp)
 	for _, x := range got {
 		if strings.Contains(x, "77") {

@@ -1,4 +1,4 @@
-package netpolicy
+package netpolicy_test
 
 import (
 	"context"
@@ -12,16 +12,18 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"github.com/warrenhq/warren/netpolicy"
+	. "github.com/warrenhq/warren/netpolicy/netpolicytest"
 )
 
 // These tests act from inside a sandbox's namespace, as a container's
 // processes do: every socket below is opened in it.
 
-func lookup(t *testing.T, s *Sandbox, name string, qtype uint16) (int, []netip.Addr) {
+func lookup(t *testing.T, s *netpolicy.Sandbox, name string, qtype uint16) (int, []netip.Addr) {
 	t.Helper()
 	var c net.Conn
-	if err := inNS(s.ns, func() (err error) {
-		c, err = net.Dial("udp", net.JoinHostPort(s.m.resolver.Host4.String(), "53"))
+	if err := netpolicy.InNamedNS(s.NSPath(), func() (err error) {
+		c, err = net.Dial("udp", net.JoinHostPort(s.Guest(false).DNS[0].String(), "53"))
 		return
 	}); err != nil {
 		t.Fatal(err)
@@ -50,10 +52,10 @@ func lookup(t *testing.T, s *Sandbox, name string, qtype uint16) (int, []netip.A
 
 // connect dials TCP from the sandbox, exchanges a line with the echo
 // server, and returns how long a failure took.
-func connect(s *Sandbox, ap netip.AddrPort) (time.Duration, error) {
+func connect(s *netpolicy.Sandbox, ap netip.AddrPort) (time.Duration, error) {
 	start := time.Now()
 	var c net.Conn
-	err := inNS(s.ns, func() (err error) {
+	err := netpolicy.InNamedNS(s.NSPath(), func() (err error) {
 		d := net.Dialer{Timeout: 2 * time.Second}
 		c, err = d.Dial("tcp", ap.String())
 		return
@@ -72,9 +74,9 @@ func connect(s *Sandbox, ap netip.AddrPort) (time.Duration, error) {
 }
 
 // udpProbe sends a datagram and waits for the echo or an error.
-func udpProbe(s *Sandbox, ap netip.AddrPort) error {
+func udpProbe(s *netpolicy.Sandbox, ap netip.AddrPort) error {
 	var c net.Conn
-	if err := inNS(s.ns, func() (err error) { c, err = net.Dial("udp", ap.String()); return }); err != nil {
+	if err := netpolicy.InNamedNS(s.NSPath(), func() (err error) { c, err = net.Dial("udp", ap.String()); return }); err != nil {
 		return err
 	}
 	defer c.Close()
@@ -90,7 +92,7 @@ func udpProbe(s *Sandbox, ap netip.AddrPort) error {
 // ping sends one ICMP echo request from the sandbox and returns the type
 // of the ICMP message that came back (0 echo reply, 1/3 unreachable), or
 // -1 when nothing did.
-func ping(t *testing.T, s *Sandbox, a netip.Addr) int {
+func ping(t *testing.T, s *netpolicy.Sandbox, a netip.Addr) int {
 	t.Helper()
 	network, req := "ip4:icmp", []byte{8, 0, 0, 0, 0x12, 0x34, 0, 1}
 	if a.Is6() {
@@ -106,7 +108,7 @@ func ping(t *testing.T, s *Sandbox, a netip.Addr) int {
 		req[2], req[3] = byte(^sum>>8), byte(^sum)
 	}
 	var c net.PacketConn
-	if err := inNS(s.ns, func() (err error) { c, err = net.ListenPacket(network, ""); return }); err != nil {
+	if err := netpolicy.InNamedNS(s.NSPath(), func() (err error) { c, err = net.ListenPacket(network, ""); return }); err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
@@ -135,34 +137,34 @@ func isRefused(err error) bool {
 
 type auditLog struct {
 	mu  sync.Mutex
-	evs map[string][]AuditEvent
+	evs map[string][]netpolicy.AuditEvent
 }
 
-func (a *auditLog) add(id string, b AuditBatch) {
+func (a *auditLog) add(id string, b netpolicy.AuditBatch) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.evs[id] = append(a.evs[id], b.Events...)
 }
 
-func (a *auditLog) has(id string, match func(AuditEvent) bool) bool {
+func (a *auditLog) has(id string, match func(netpolicy.AuditEvent) bool) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return slices.ContainsFunc(a.evs[id], match)
 }
 
 func TestEgressPolicy(t *testing.T) {
-	tp := newTopo(t)
-	al := &auditLog{evs: map[string][]AuditEvent{}}
-	m := tp.manager(t, 1, al.add)
-	s, err := m.Claim(context.Background(), "sb-egress", Policy{})
+	tp := New(t)
+	al := &auditLog{evs: map[string][]netpolicy.AuditEvent{}}
+	m := tp.Manager(t, 1, al.add)
+	s, err := m.Claim(context.Background(), "sb-egress", netpolicy.Policy{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	web := netip.AddrPortFrom(webAddr, 80)
+	web := netip.AddrPortFrom(Web, 80)
 
 	t.Run("allowed name resolves and connects", func(t *testing.T) {
 		rc, addrs := lookup(t, s, "allowed.test", dns.TypeA)
-		if rc != dns.RcodeSuccess || !slices.Contains(addrs, webAddr) {
+		if rc != dns.RcodeSuccess || !slices.Contains(addrs, Web) {
 			t.Fatalf("allowed.test: rcode %d, %v", rc, addrs)
 		}
 		if _, err := connect(s, web); err != nil {
@@ -172,11 +174,11 @@ func TestEgressPolicy(t *testing.T) {
 			t.Fatalf("udp to %v after resolving: %v", web, err)
 		}
 		rc, addrs = lookup(t, s, "allowed.test", dns.TypeAAAA)
-		if rc != dns.RcodeSuccess || !slices.Contains(addrs, web6Addr) {
+		if rc != dns.RcodeSuccess || !slices.Contains(addrs, Web6) {
 			t.Fatalf("allowed.test AAAA: rcode %d, %v", rc, addrs)
 		}
-		if _, err := connect(s, netip.AddrPortFrom(web6Addr, 80)); err != nil {
-			t.Fatalf("connect to [%v]:80 after resolving: %v", web6Addr, err)
+		if _, err := connect(s, netip.AddrPortFrom(Web6, 80)); err != nil {
+			t.Fatalf("connect to [%v]:80 after resolving: %v", Web6, err)
 		}
 		if rc, addrs := lookup(t, s, "www.cdn.test", dns.TypeA); rc != dns.RcodeSuccess || len(addrs) != 1 {
 			t.Fatalf("www.cdn.test (allowed as *.cdn.test): rcode %d, %v", rc, addrs)
@@ -194,16 +196,16 @@ func TestEgressPolicy(t *testing.T) {
 
 	t.Run("denied addresses are refused at once", func(t *testing.T) {
 		for _, ap := range []netip.AddrPort{
-			netip.AddrPortFrom(otherAddr, 80),             // never resolved
-			netip.AddrPortFrom(other6Addr, 80),            // never resolved, IPv6
-			netip.AddrPortFrom(privateAddr, 80),           // private range
-			netip.AddrPortFrom(nodeUplink, apiPort),       // the node's API
-			netip.AddrPortFrom(nodeUplink, gossipPort),    // the node's gossip
-			netip.AddrPortFrom(webAddr, gossipPort),       // a cluster port on an allowed host
-			netip.AddrPortFrom(m.resolver.Host4, 22),      // the resolver's address, another port
+			netip.AddrPortFrom(Other, 80),                 // never resolved
+			netip.AddrPortFrom(Other6, 80),                // never resolved, IPv6
+			netip.AddrPortFrom(Private, 80),               // private range
+			netip.AddrPortFrom(NodeAddr, APIPort),         // the node's API
+			netip.AddrPortFrom(NodeAddr, GossipPort),      // the node's gossip
+			netip.AddrPortFrom(Web, GossipPort),           // a cluster port on an allowed host
+			netip.AddrPortFrom(m.Resolver().Host4, 22),    // the resolver's address, another port
 			netip.AddrPortFrom(s.Slot().Host4, 80),        // the node's end of the veth
 			netip.MustParseAddrPort("169.254.169.254:80"), // metadata
-			netip.AddrPortFrom(m.resolver.Host6, 22),      // the resolver's IPv6 address, another port
+			netip.AddrPortFrom(m.Resolver().Host6, 22),    // the resolver's IPv6 address, another port
 		} {
 			took, err := connect(s, ap)
 			if err == nil {
@@ -220,13 +222,13 @@ func TestEgressPolicy(t *testing.T) {
 	})
 
 	t.Run("udp and icmp to denied hosts fail", func(t *testing.T) {
-		for _, ap := range []netip.AddrPort{netip.AddrPortFrom(otherAddr, 80), netip.AddrPortFrom(privateAddr, 80), netip.AddrPortFrom(nodeUplink, gossipPort), netip.AddrPortFrom(other6Addr, 80)} {
+		for _, ap := range []netip.AddrPort{netip.AddrPortFrom(Other, 80), netip.AddrPortFrom(Private, 80), netip.AddrPortFrom(NodeAddr, GossipPort), netip.AddrPortFrom(Other6, 80)} {
 			err := udpProbe(s, ap)
 			if err == nil || !isRefused(err) {
 				t.Errorf("udp to %v: %v; want refused", ap, err)
 			}
 		}
-		for _, a := range []netip.Addr{otherAddr, privateAddr, nodeUplink, webAddr, other6Addr} {
+		for _, a := range []netip.Addr{Other, Private, NodeAddr, Web, Other6} {
 			if typ := ping(t, s, a); typ == 0 || typ == 129 {
 				t.Errorf("ping %v got an echo reply", a)
 			}
@@ -234,15 +236,15 @@ func TestEgressPolicy(t *testing.T) {
 	})
 
 	t.Run("rebinding is blocked", func(t *testing.T) {
-		if rc, addrs := lookup(t, s, "rebind.test", dns.TypeA); rc != dns.RcodeSuccess || !slices.Contains(addrs, webAddr) {
+		if rc, addrs := lookup(t, s, "rebind.test", dns.TypeA); rc != dns.RcodeSuccess || !slices.Contains(addrs, Web) {
 			t.Fatalf("rebind.test first: %d %v", rc, addrs)
 		}
-		tp.zone.set("rebind.test.", privateAddr)
+		tp.Zone.Set("rebind.test.", Private)
 		rc, addrs := lookup(t, s, "rebind.test", dns.TypeA)
 		if len(addrs) != 0 {
 			t.Fatalf("rebind.test now answers %v (rcode %d); the private address must be dropped", addrs, rc)
 		}
-		if _, err := connect(s, netip.AddrPortFrom(privateAddr, 80)); err == nil {
+		if _, err := connect(s, netip.AddrPortFrom(Private, 80)); err == nil {
 			t.Fatal("connected to the rebound private address")
 		}
 		// Every other always-denied answer is dropped the same way.
@@ -261,11 +263,11 @@ func TestEgressPolicy(t *testing.T) {
 		}
 		// An established connection survives; a new one does not.
 		var c net.Conn
-		if err := inNS(s.ns, func() (err error) { c, err = net.Dial("tcp", web.String()); return }); err != nil {
+		if err := netpolicy.InNamedNS(s.NSPath(), func() (err error) { c, err = net.Dial("tcp", web.String()); return }); err != nil {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		if err := s.SetPolicy(Policy{Profile: ProfileCustom, Allow: []string{"www.cdn.test"}}); err != nil {
+		if err := s.SetPolicy(netpolicy.Policy{Profile: netpolicy.ProfileCustom, Allow: []string{"www.cdn.test"}}); err != nil {
 			t.Fatal(err)
 		}
 		if rc, _ := lookup(t, s, "allowed.test", dns.TypeA); rc != dns.RcodeNameError {
@@ -282,16 +284,16 @@ func TestEgressPolicy(t *testing.T) {
 			t.Fatalf("established connection broke: %v", err)
 		}
 		// Opening again: an explicit prefix reaches even a private host.
-		if err := s.SetPolicy(Policy{Profile: ProfileCustom, AllowPrefixes: []netip.Prefix{netip.PrefixFrom(privateAddr, 32)}}); err != nil {
+		if err := s.SetPolicy(netpolicy.Policy{Profile: netpolicy.ProfileCustom, AllowPrefixes: []netip.Prefix{netip.PrefixFrom(Private, 32)}}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := connect(s, netip.AddrPortFrom(privateAddr, 80)); err != nil {
-			t.Fatalf("explicitly allowed %v: %v", privateAddr, err)
+		if _, err := connect(s, netip.AddrPortFrom(Private, 80)); err != nil {
+			t.Fatalf("explicitly allowed %v: %v", Private, err)
 		}
-		if err := s.SetPolicy(Policy{Profile: ProfileNone}); err != nil {
+		if err := s.SetPolicy(netpolicy.Policy{Profile: netpolicy.ProfileNone}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := connect(s, netip.AddrPortFrom(privateAddr, 80)); err == nil {
+		if _, err := connect(s, netip.AddrPortFrom(Private, 80)); err == nil {
 			t.Fatal("profile none still reaches the private host")
 		}
 		if rc, _ := lookup(t, s, "www.cdn.test", dns.TypeA); rc != dns.RcodeNameError {
@@ -301,22 +303,30 @@ func TestEgressPolicy(t *testing.T) {
 
 	t.Run("audit events for allowed and denied attempts", func(t *testing.T) {
 		deadline := time.Now().Add(5 * time.Second)
-		want := map[string]func(AuditEvent) bool{
-			"allow tcp to web:80": func(e AuditEvent) bool {
-				return e.Verdict == "allow" && e.Kind == "connect" && e.Addr == webAddr.String() && e.Proto == "tcp" && e.Port == 80
+		want := map[string]func(netpolicy.AuditEvent) bool{
+			"allow tcp to web:80": func(e netpolicy.AuditEvent) bool {
+				return e.Verdict == "allow" && e.Kind == "connect" && e.Addr == Web.String() && e.Proto == "tcp" && e.Port == 80
 			},
-			"allow udp to web:80": func(e AuditEvent) bool { return e.Verdict == "allow" && e.Proto == "udp" && e.Addr == webAddr.String() },
-			"deny tcp to other:80": func(e AuditEvent) bool {
-				return e.Verdict == "deny" && e.Kind == "connect" && e.Addr == otherAddr.String() && e.Proto == "tcp" && e.Port == 80
+			"allow udp to web:80": func(e netpolicy.AuditEvent) bool {
+				return e.Verdict == "allow" && e.Proto == "udp" && e.Addr == Web.String()
 			},
-			"deny tcp to the node API": func(e AuditEvent) bool {
-				return e.Verdict == "deny" && e.Addr == nodeUplink.String() && e.Port == apiPort
+			"deny tcp to other:80": func(e netpolicy.AuditEvent) bool {
+				return e.Verdict == "deny" && e.Kind == "connect" && e.Addr == Other.String() && e.Proto == "tcp" && e.Port == 80
 			},
-			"deny icmp":              func(e AuditEvent) bool { return e.Verdict == "deny" && e.Proto == "icmp" },
-			"deny ipv6 tcp":          func(e AuditEvent) bool { return e.Verdict == "deny" && e.Addr == other6Addr.String() },
-			"deny lookup of a name":  func(e AuditEvent) bool { return e.Verdict == "deny" && e.Kind == "dns" && e.Name == "denied.test." },
-			"deny rebinding answer":  func(e AuditEvent) bool { return e.Verdict == "deny" && e.Kind == "dns" && e.Name == "rebind.test." },
-			"allow lookup of a name": func(e AuditEvent) bool { return e.Verdict == "allow" && e.Kind == "dns" && e.Name == "allowed.test." },
+			"deny tcp to the node API": func(e netpolicy.AuditEvent) bool {
+				return e.Verdict == "deny" && e.Addr == NodeAddr.String() && e.Port == APIPort
+			},
+			"deny icmp":     func(e netpolicy.AuditEvent) bool { return e.Verdict == "deny" && e.Proto == "icmp" },
+			"deny ipv6 tcp": func(e netpolicy.AuditEvent) bool { return e.Verdict == "deny" && e.Addr == Other6.String() },
+			"deny lookup of a name": func(e netpolicy.AuditEvent) bool {
+				return e.Verdict == "deny" && e.Kind == "dns" && e.Name == "denied.test."
+			},
+			"deny rebinding answer": func(e netpolicy.AuditEvent) bool {
+				return e.Verdict == "deny" && e.Kind == "dns" && e.Name == "rebind.test."
+			},
+			"allow lookup of a name": func(e netpolicy.AuditEvent) bool {
+				return e.Verdict == "allow" && e.Kind == "dns" && e.Name == "allowed.test."
+			},
 		}
 		for name, match := range want {
 			for !al.has("sb-egress", match) {

@@ -415,6 +415,10 @@ func (m *Manager) fill() {
 	}
 }
 
+// Resolver is the slot whose node-side addresses the DNS resolver
+// listens on.
+func (m *Manager) Resolver() Slot { return m.resolver }
+
 // Ready is how many pre-created namespaces are waiting.
 func (m *Manager) Ready() int {
 	m.mu.Lock()
@@ -434,6 +438,10 @@ func (m *Manager) bySource(a netip.Addr) *Sandbox {
 }
 
 func (s *Sandbox) hostIf() string { return s.m.cfg.ifPrefix() + strconv.Itoa(s.slot.Index) }
+
+// Bind names the sandbox a pre-attached network belongs to; its audit is
+// reported under that id from then on.
+func (s *Sandbox) Bind(id string) { s.mu.Lock(); s.id = id; s.mu.Unlock() }
 
 // ID is the sandbox's id.
 func (s *Sandbox) ID() string { s.mu.Lock(); defer s.mu.Unlock(); return s.id }

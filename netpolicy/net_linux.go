@@ -231,3 +231,29 @@ func nodeAddrs(h *netlink.Handle) ([]netip.Addr, error) {
 	}
 	return out, nil
 }
+
+// NewNamedNS creates an empty named network namespace under /run/netns
+// (as `ip netns add` does). Tests and benchmarks build their own worlds
+// with it.
+func NewNamedNS(name string) error {
+	ns, err := createNS(name)
+	if err != nil {
+		return err
+	}
+	return ns.Close()
+}
+
+// DeleteNamedNS removes a named namespace made by NewNamedNS.
+func DeleteNamedNS(name string) error { return deleteNS(name) }
+
+// InNamedNS runs fn on a thread in the namespace at path (a named
+// namespace's /run/netns/NAME, or a Sandbox's NSPath): sockets fn opens
+// stay in that namespace.
+func InNamedNS(path string, fn func() error) error {
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		return fmt.Errorf("netns %s: %w", path, err)
+	}
+	defer ns.Close()
+	return inNS(ns, fn)
+}

@@ -54,7 +54,7 @@ func newSets() *nftSets {
 		return &nftables.Set{Table: t, Name: name, KeyType: nftables.MustConcatSetType(addr, nftables.TypeInetProto, nftables.TypeInetService),
 			Concatenation: true, Dynamic: true, HasTimeout: true, Timeout: auditTTL, Counter: true, Size: auditSize}
 	}
-	return &nftSets{
+	s := &nftSets{
 		table:      t,
 		allow4:     &nftables.Set{Table: t, Name: "allow4", KeyType: nftables.TypeIPAddr, HasTimeout: true},
 		allow6:     &nftables.Set{Table: t, Name: "allow6", KeyType: nftables.TypeIP6Addr, HasTimeout: true},
@@ -68,6 +68,13 @@ func newSets() *nftSets {
 		auditDeny4: audit("audit_deny4", nftables.TypeIPAddr),
 		auditDeny6: audit("audit_deny6", nftables.TypeIP6Addr),
 	}
+	// Number the sets here: google/nftables numbers sets left at 0 from a
+	// package global without a lock, which races between connections.
+	// IDs need only be unique within one batch.
+	for i, set := range []*nftables.Set{s.allow4, s.allow6, s.pfx4, s.pfx6, s.deny4, s.deny6, s.ports, s.auditOK4, s.auditOK6, s.auditDeny4, s.auditDeny6} {
+		set.ID = uint32(i + 1)
+	}
+	return s
 }
 
 // installRules creates the sandbox table in the namespace c talks to, in

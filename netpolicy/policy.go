@@ -47,7 +47,9 @@ type Policy struct {
 }
 
 // Normalize checks p and returns it with the profile filled in, names
-// lower-cased and deduplicated. Errors name the field and the problem.
+// lower-cased and deduplicated. Errors start with the field at fault
+// ("allow[2]: ..."), for the caller to prefix with where the policy came
+// from.
 func (p Policy) Normalize() (Policy, error) {
 	out := Policy{Profile: p.Profile}
 	if out.Profile == "" {
@@ -56,31 +58,31 @@ func (p Policy) Normalize() (Policy, error) {
 	switch out.Profile {
 	case ProfileNone:
 		if len(p.Allow) > 0 || len(p.AllowPrefixes) > 0 {
-			return Policy{}, fmt.Errorf("policy: profile %q allows nothing, but allow or allow_prefixes is set", ProfileNone)
+			return Policy{}, fmt.Errorf("profile: %q allows nothing, but allow or allow_prefixes is set", ProfileNone)
 		}
 		return out, nil
 	case ProfileRegistries, ProfileCustom:
 	default:
-		return Policy{}, fmt.Errorf("policy.profile: %q is not one of none, registries, custom", p.Profile)
+		return Policy{}, fmt.Errorf("profile: %q is not one of none, registries, custom", p.Profile)
 	}
 	if len(p.Allow) > MaxNames {
-		return Policy{}, fmt.Errorf("policy.allow: %d names is over the limit of %d", len(p.Allow), MaxNames)
+		return Policy{}, fmt.Errorf("allow: %d names is over the limit of %d", len(p.Allow), MaxNames)
 	}
 	for i, n := range p.Allow {
 		n = strings.TrimSuffix(strings.ToLower(n), ".")
 		if err := checkPattern(n); err != nil {
-			return Policy{}, fmt.Errorf("policy.allow[%d]: %w", i, err)
+			return Policy{}, fmt.Errorf("allow[%d]: %w", i, err)
 		}
 		if !slices.Contains(out.Allow, n) {
 			out.Allow = append(out.Allow, n)
 		}
 	}
 	if len(p.AllowPrefixes) > MaxPrefixes {
-		return Policy{}, fmt.Errorf("policy.allow_prefixes: %d prefixes is over the limit of %d", len(p.AllowPrefixes), MaxPrefixes)
+		return Policy{}, fmt.Errorf("allow_prefixes: %d prefixes is over the limit of %d", len(p.AllowPrefixes), MaxPrefixes)
 	}
 	for i, pfx := range p.AllowPrefixes {
 		if !pfx.IsValid() {
-			return Policy{}, fmt.Errorf("policy.allow_prefixes[%d]: not a valid prefix", i)
+			return Policy{}, fmt.Errorf("allow_prefixes[%d]: not a valid prefix", i)
 		}
 		pfx = pfx.Masked()
 		if pfx.Addr().Is4In6() {

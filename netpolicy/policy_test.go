@@ -21,14 +21,14 @@ func TestPolicyNormalize(t *testing.T) {
 		p    Policy
 		want string
 	}{
-		{Policy{Profile: "open"}, "policy.profile"},
+		{Policy{Profile: "open"}, "profile:"},
 		{Policy{Profile: ProfileNone, Allow: []string{"a.org"}}, "allows nothing"},
-		{Policy{Allow: []string{"a b.org"}}, "policy.allow[0]"},
-		{Policy{Allow: []string{"ok.org", "*"}}, "policy.allow[1]"},
+		{Policy{Allow: []string{"a b.org"}}, "allow[0]"},
+		{Policy{Allow: []string{"ok.org", "*"}}, "allow[1]"},
 		{Policy{Allow: []string{"a.*.org"}}, "wildcard"},
 		{Policy{Allow: []string{"-a.org"}}, "starts or ends"},
 		{Policy{Allow: []string{"a..org"}}, "empty label"},
-		{Policy{AllowPrefixes: []netip.Prefix{{}}}, "policy.allow_prefixes[0]"},
+		{Policy{AllowPrefixes: []netip.Prefix{{}}}, "allow_prefixes[0]"},
 		{Policy{Allow: make([]string, MaxNames+1)}, "over the limit"},
 	} {
 		if _, err := c.p.Normalize(); err == nil || !strings.Contains(err.Error(), c.want) {

@@ -35,10 +35,14 @@ type Config struct {
 	// nodes per process) instead of the LAN tuning.
 	GossipFleet bool
 	Driver      driver.Driver
-	Capacity    *warrenv1.Resources
-	Labels      map[string]string
-	Templates   []string
-	Address     string // informational, shown in `warren nodes list`
+	// Egress, if set, is the node's egress policy; the driver was given it
+	// as its Networks. The daemon binds each claimed sandbox's network to
+	// its policy, sends its audit to the task's log, and closes it last.
+	Egress    *Egress
+	Capacity  *warrenv1.Resources
+	Labels    map[string]string
+	Templates []string
+	Address   string // informational, shown in `warren nodes list`
 	// SandboxListen, if set, is the HOST:PORT the node serves its
 	// SandboxService on; servers forward sandbox calls there. Port 0 picks
 	// a free one.
@@ -215,6 +219,7 @@ func (d *Daemon) Close() error {
 		errs = append(errs, d.gossip.Close())
 	}
 	errs = append(errs, d.cfg.Driver.Close())
+	errs = append(errs, d.cfg.Egress.Close())
 	return errors.Join(errs...)
 }
 

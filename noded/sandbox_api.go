@@ -38,6 +38,7 @@ type SandboxAPI struct {
 	metrics *Metrics // counts claims by how they started (may be nil)
 	nodeID  string
 	drv     driver.Driver
+	egress  *Egress // nil: sandboxes have no network
 	log     *slog.Logger
 	poolsAt string // where pool targets survive a restart
 
@@ -142,7 +143,15 @@ func (a *SandboxAPI) toProto(ia driver.Interactive) *warrenv1.Sandbox {
 			DiskMb: uint32(in.Limits.DiskMB), Pids: uint32(in.Limits.Pids)},
 		CreatedAt: timestamppb.New(in.Created), ExpiresAt: timestamppb.New(in.Expires),
 		ClaimMs: float64(in.ClaimTime.Microseconds()) / 1000, Driver: a.drv.Name(), Accelerator: in.Accelerator,
+		Egress: egressProto(ia),
 	}
+}
+
+func egressProto(sb driver.Sandbox) *warrenv1.EgressPolicy {
+	if n, ok := netOf(sb); ok {
+		return policyToProto(n.Policy())
+	}
+	return nil
 }
 
 func fileProto(f guest.FileInfo) *warrenv1.FileInfo {
@@ -170,6 +179,13 @@ func (a *SandboxAPI) CreateSandbox(ctx context.Context, req *connect.Request[war
 	if err := guest.CheckExec([]string{"env"}, m.GetEnv()); err != nil {
 		return nil, invalidArg("env: %v", err)
 	}
+	policy, err := policyFromProto("egress", m.GetEgress())
+	if err != nil {
+		return nil, invalidArg("%v", err)
+	}
+	if m.GetEgress() != nil && a.egress == nil {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("egress: node %s runs without egress policy (its sandboxes have no network)", a.nodeID))
+	}
 	l := m.GetLimits()
 	sb, err := a.drv.Claim(ctx, driver.ClaimRequest{ID: id, Template: m.GetTemplate(), TTL: time.Duration(m.GetTtlSeconds()) * time.Second,
 		Env: m.GetEnv(), Limits: driver.Limits{VCPUs: int(l.GetVcpus()), MemMB: int(l.GetMemoryMb()), DiskMB: int(l.GetDiskMb()), Pids: int(l.GetPids())}})
@@ -181,8 +197,36 @@ func (a *SandboxAPI) CreateSandbox(ctx context.Context, req *connect.Request[war
 		_ = sb.Destroy()
 		return nil, a.noSandboxes()
 	}
+	if err := a.egress.bind(sb, policy, nil); err != nil {
+		_ = sb.Destroy()
+		return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("egress: %w", err))
+	}
 	a.metrics.claimed(sb)
 	return connect.NewResponse(&warrenv1.CreateSandboxResponse{Sandbox: a.toProto(ia)}), nil
+}
+
+// SetEgress changes a live sandbox's egress policy.
+func (a *SandboxAPI) SetEgress(ctx context.Context, req *connect.Request[warrenv1.SetEgressRequest]) (*connect.Response[warrenv1.SetEgressResponse], error) {
+	ia, err := a.sandbox(req.Msg.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	if req.Msg.GetEgress() == nil {
+		return nil, invalidArg("egress: required")
+	}
+	policy, err := policyFromProto("egress", req.Msg.GetEgress())
+	if err != nil {
+		return nil, invalidArg("%v", err)
+	}
+	n, ok := netOf(ia)
+	if !ok {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("sandbox %s has no network (node %s runs without egress policy)", ia.ID(), a.nodeID))
+	}
+	if err := n.SetPolicy(policy); err != nil {
+		return nil, codeOf(err)
+	}
+	a.log.Info("egress policy changed", "sandbox", ia.ID(), "profile", policy.Profile, "allow", len(policy.Allow), "prefixes", len(policy.AllowPrefixes))
+	return connect.NewResponse(&warrenv1.SetEgressResponse{Sandbox: a.toProto(ia)}), nil
 }
 
 // GetSandbox describes one sandbox.
@@ -216,6 +260,7 @@ func (a *SandboxAPI) DeleteSandbox(ctx context.Context, req *connect.Request[war
 	if err := ia.Destroy(); err != nil {
 		return nil, codeOf(err)
 	}
+	a.egress.unbind(ia.ID())
 	return connect.NewResponse(&warrenv1.DeleteSandboxResponse{}), nil
 }
 
@@ -457,6 +502,7 @@ func (d *Daemon) serveSandboxes() error {
 	}
 	d.Sandboxes = NewSandboxAPI(d.cfg.ID, d.cfg.DataDir, d.cfg.Driver, d.log)
 	d.Sandboxes.metrics = d.cfg.Metrics
+	d.Sandboxes.egress = d.cfg.Egress
 	mux := http.NewServeMux()
 	mux.Handle(warrenv1connect.NewSandboxServiceHandler(d.Sandboxes, connect.WithReadMaxBytes(2*MaxFileBytes)))
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}

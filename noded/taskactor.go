@@ -13,6 +13,7 @@ import (
 	"github.com/warrenhq/warren/actor"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/client"
+	"github.com/warrenhq/warren/netpolicy"
 	"github.com/warrenhq/warren/noded/driver"
 )
 
@@ -21,6 +22,12 @@ type (
 	startMsg struct{}
 	stepMsg  struct{}
 	yieldMsg struct{ reason string }
+	// egressMsg is one interval's egress audit of the task's sandbox; n
+	// numbers it for the append's idempotency key.
+	egressMsg struct {
+		n uint64
+		b netpolicy.AuditBatch
+	}
 )
 
 // defaultScript is what a task without a script runs until the agent loop
@@ -52,6 +59,7 @@ type taskActor struct {
 	cancel  bool   // the task has a cancel request
 	started bool
 	done    bool
+	egressN uint64 // egress batches numbered so far
 }
 
 // Started runs at spawn and after a restart: (re)read the log.
@@ -60,6 +68,7 @@ func (a *taskActor) Started(c *actor.Context) { _ = c.Self().Send(startMsg{}) }
 // Stopped destroys the sandbox.
 func (a *taskActor) Stopped(*actor.Context) {
 	if a.sb != nil {
+		a.d.cfg.Egress.unbind(a.sb.ID())
 		_ = a.sb.Destroy()
 		a.sb = nil
 	}
@@ -74,6 +83,8 @@ func (a *taskActor) Receive(c *actor.Context, msg any) {
 		a.start(c)
 	case stepMsg:
 		a.step(c)
+	case egressMsg:
+		a.recordEgress(c, m)
 	case yieldMsg:
 		a.yield = m.reason
 		if a.yield == "" {
@@ -131,6 +142,16 @@ func (a *taskActor) start(c *actor.Context) {
 		}
 		a.sb = sb
 		a.d.cfg.Metrics.claimed(sb)
+		policy, err := taskPolicy(t.GetSpec())
+		if err != nil { // the servers validate specs; deny all if one slips by
+			c.Logger().Warn("task egress policy invalid; allowing nothing", "task", a.id, "err", err)
+			policy = netpolicy.Policy{Profile: netpolicy.ProfileNone}
+		}
+		self := c.Self()
+		if err := a.d.cfg.Egress.bind(sb, policy, func(b netpolicy.AuditBatch) { _ = self.Send(egressMsg{b: b}) }); err != nil {
+			a.failed(c, "set egress policy", err, startMsg{})
+			return
+		}
 	}
 	if t.GetState() == warrenv1.TaskState_TASK_STATE_PLACED {
 		payload := map[string]any{"to": "running", "node": a.d.cfg.ID, "epoch": a.epoch,
@@ -215,6 +236,24 @@ func (a *taskActor) step(c *actor.Context) {
 	}
 	a.next++
 	_ = c.Self().Send(stepMsg{})
+}
+
+// recordEgress appends one egress audit batch as an "egress" event.
+func (a *taskActor) recordEgress(c *actor.Context, m egressMsg) {
+	if a.sb == nil {
+		return
+	}
+	if m.n == 0 {
+		a.egressN++
+		m.n = a.egressN
+	}
+	payload := map[string]any{"sandbox": a.sb.ID(), "events": m.b.Events}
+	if m.b.Omitted > 0 {
+		payload["omitted"], payload["omitted_count"] = m.b.Omitted, m.b.OmittedCount
+	}
+	if _, err := a.append(a.ctx, fmt.Sprintf("egress-%d", m.n), ev("egress", payload)); err != nil {
+		a.failed(c, "record egress", err, m)
+	}
 }
 
 // append appends one event under the actor's epoch with an idempotency key

@@ -222,6 +222,11 @@ func (a *sandboxAPI) Pause(ctx context.Context, req *connect.Request[warrenv1.Pa
 	return forward(a, ctx, req.Msg.GetSandboxId(), req, warrenv1connect.SandboxServiceClient.Pause)
 }
 
+// SetEgress forwards to the sandbox's node.
+func (a *sandboxAPI) SetEgress(ctx context.Context, req *connect.Request[warrenv1.SetEgressRequest]) (*connect.Response[warrenv1.SetEgressResponse], error) {
+	return forward(a, ctx, req.Msg.GetSandboxId(), req, warrenv1connect.SandboxServiceClient.SetEgress)
+}
+
 // Resume forwards to the sandbox's node.
 func (a *sandboxAPI) Resume(ctx context.Context, req *connect.Request[warrenv1.ResumeRequest]) (*connect.Response[warrenv1.ResumeResponse], error) {
 	return forward(a, ctx, req.Msg.GetSandboxId(), req, warrenv1connect.SandboxServiceClient.Resume)

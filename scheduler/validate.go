@@ -122,6 +122,15 @@ func validateCreate(r *warrenv1.CreateTaskRequest) error {
 			p.add(fmt.Sprintf("spec.egress_allow[%d]", i), "%q is not a lower-case host name or *.suffix", truncate(h, 80))
 		}
 	}
+	switch s.GetEgressProfile() {
+	case "", "registries", "custom":
+	case "none":
+		if len(s.GetEgressAllow()) > 0 {
+			p.add("spec.egress_profile", "\"none\" allows nothing, but spec.egress_allow has %d entries", len(s.GetEgressAllow()))
+		}
+	default:
+		p.add("spec.egress_profile", "%q is not registries, custom or none", truncate(s.GetEgressProfile(), 40))
+	}
 	if t := s.GetTemplate(); t != "" && !reTemplate.MatchString(t) {
 		p.add("spec.template", "%q must be 1-128 of a-z, 0-9, '.', '_', '-'", truncate(t, 80))
 	}

@@ -38,6 +38,7 @@ type nodeFlags struct {
 	imageDir, accel, sandboxListen                                                 string
 	containerd, runtime, runcBinary                                                string
 	tcgCacheMB                                                                     int
+	egress                                                                         egressFlags
 	logger                                                                         *slog.Logger
 	// why says which driver auto picked and why.
 	why string
@@ -56,6 +57,7 @@ func (f *nodeFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.containerd, "containerd", container.DefaultSocket, "container: containerd's socket")
 	fs.StringVar(&f.runtime, "runtime", "runc", "container: runc, or runsc (gVisor, with --runc-binary naming a wrapper that runs runsc)")
 	fs.StringVar(&f.runcBinary, "runc-binary", "", "container: the OCI runtime binary the runc shim runs (a runsc wrapper for --runtime runsc)")
+	f.egress.register(fs)
 	fs.StringVar(&f.sandboxListen, "sandbox-listen", "", "HOST:PORT of the node's sandbox API, which servers forward to (default: the gossip host, any port)")
 	fs.StringVar(&f.capacity, "capacity", "", "what tasks may use, cpu=N,mem=SIZE (default: this host's cores and memory)")
 	fs.StringVar(&f.labels, "labels", "", "comma-separated k=v labels (the \"zone\" label spreads tasks)")
@@ -88,6 +90,7 @@ func cmdNode(args []string, stderr io.Writer) error {
 	cfg, err := f.config()
 	if err != nil {
 		cfg.Driver.Close() // one config made before it failed
+		cfg.Egress.Close()
 		return err
 	}
 	if f.why != "" {
@@ -228,6 +231,7 @@ func (f *nodeFlags) config() (noded.Config, error) {
 		errs = append(errs, errors.New("driver: required: sim (simulated), microvm or container"))
 	}
 	cfg.Driver = drv
+	cfg.Egress = f.egress.mgr
 	if drv != nil && drv.Name() != "sim" {
 		cfg.SandboxListen = f.sandboxListen
 		if cfg.SandboxListen == "" {
@@ -268,9 +272,14 @@ func newDriver(f *nodeFlags) (driver.Driver, error) {
 		if f.tcgCacheMB < 8 || f.tcgCacheMB > 2048 {
 			return nil, fmt.Errorf("tcg-cache-mb: %d must be between 8 and 2048", f.tcgCacheMB)
 		}
-		d, err := microvm.New(microvm.Config{ImageDir: f.imageDir, StateDir: filepath.Join(f.data, "microvm"), Accel: f.accel,
-			TCGCacheMB: f.tcgCacheMB, Logger: log})
+		nets, err := f.networks()
 		if err != nil {
+			return nil, err
+		}
+		d, err := microvm.New(microvm.Config{ImageDir: f.imageDir, StateDir: filepath.Join(f.data, "microvm"), Accel: f.accel,
+			TCGCacheMB: f.tcgCacheMB, Networks: nets, Logger: log})
+		if err != nil {
+			f.closeEgress()
 			return nil, fmt.Errorf("driver: %w", err)
 		}
 		return d, nil
@@ -282,9 +291,14 @@ func newDriver(f *nodeFlags) (driver.Driver, error) {
 		if log == nil {
 			log = slog.New(slog.DiscardHandler)
 		}
-		d, err := container.New(container.Config{Socket: f.containerd, Runtime: f.runtime, RuncBinary: f.runcBinary, ImageDir: f.imageDir,
-			StateDir: filepath.Join(f.data, "container"), Logger: log})
+		nets, err := f.networks()
 		if err != nil {
+			return nil, err
+		}
+		d, err := container.New(container.Config{Socket: f.containerd, Runtime: f.runtime, RuncBinary: f.runcBinary, ImageDir: f.imageDir,
+			StateDir: filepath.Join(f.data, "container"), Networks: nets, Logger: log})
+		if err != nil {
+			f.closeEgress()
 			return nil, fmt.Errorf("driver: %w%s", err, f.why)
 		}
 		return d, nil
@@ -292,6 +306,28 @@ func newDriver(f *nodeFlags) (driver.Driver, error) {
 		return nil, nil
 	}
 	return nil, fmt.Errorf("driver: %q is not auto, microvm, container or sim", f.driver)
+}
+
+// networks starts the node's egress policy when it is enabled, for the
+// driver to give each sandbox a network; nil means sandboxes get none.
+func (f *nodeFlags) networks() (driver.Networks, error) {
+	on, err := f.egress.enabled()
+	if err != nil || !on {
+		return nil, err
+	}
+	eg, err := f.egress.start(f)
+	if err != nil {
+		return nil, err
+	}
+	f.egress.mgr = eg
+	return eg, nil
+}
+
+func (f *nodeFlags) closeEgress() {
+	if f.egress.mgr != nil {
+		f.egress.mgr.Close()
+		f.egress.mgr = nil
+	}
 }
 
 // autoDriver picks microvm when QEMU and a default template are present,

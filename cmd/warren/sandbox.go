@@ -20,7 +20,10 @@ import (
 const sandboxUsage = `usage: warren sandbox <command>
 
   create [--template T] [--vcpus N] [--memory-mb N] [--pids N] [--ttl DUR] [--env K=V,...] [--node ID] [-q]
+         [--egress-profile registries|custom|none] [--egress-allow NAMES] [--egress-prefix CIDRS]
                              make a sandbox; prints it (-o json: its id is .id; -q: only the id)
+  egress ID [--egress-profile P] [--egress-allow NAMES] [--egress-prefix CIDRS]
+                             change a live sandbox's egress policy (new connections follow it)
   exec ID [--env K=V,...] [--dir D] [--cmd-timeout DUR] [--stdin] -- CMD...
                              run a command, streaming its output; exits with its exit code
   cp SRC DST                 copy one file: LOCAL ID:/PATH or ID:/PATH LOCAL ("-" is stdin/stdout)
@@ -61,6 +64,8 @@ func cmdSandbox(args []string, stdout, stderr io.Writer) error {
 		env := fs.String("env", "", "environment of every command, K=V,...")
 		node := fs.String("node", "", "put it on this node")
 		quiet := fs.Bool("q", false, "print only the id")
+		var ef egressPolicyFlags
+		ef.register(fs)
 		_, c, ctx, cancel, err := cf.start(fs, args)
 		if err != nil {
 			return err
@@ -73,6 +78,7 @@ func cmdSandbox(args []string, stdout, stderr io.Writer) error {
 		res, err := c.Sandboxes().CreateSandbox(ctx, connect.NewRequest(&warrenv1.CreateSandboxRequest{
 			Template: *template, TtlSeconds: int64(ttl.Seconds()), Env: envm, NodeId: *node,
 			Limits: &warrenv1.SandboxLimits{Vcpus: uint32(*vcpus), MemoryMb: uint32(*mem), Pids: uint32(*pids), DiskMb: uint32(*disk)},
+			Egress: ef.policy(fs),
 		}))
 		if err != nil {
 			return err
@@ -82,6 +88,27 @@ func cmdSandbox(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		return printSandboxes(stdout, cf.output, res.Msg.GetSandbox())
+	case "egress":
+		var ef egressPolicyFlags
+		ef.register(fs)
+		pos, c, ctx, cancel, err := cf.start(fs, args, "ID")
+		if err != nil {
+			return err
+		}
+		defer cancel()
+		p := ef.policy(fs)
+		if p == nil {
+			return errors.New("sandbox egress: give --egress-profile, --egress-allow or --egress-prefix")
+		}
+		res, err := c.Sandboxes().SetEgress(ctx, connect.NewRequest(&warrenv1.SetEgressRequest{SandboxId: pos[0], Egress: p}))
+		if err != nil {
+			return err
+		}
+		if cf.output == "json" {
+			return printJSON(stdout, res.Msg.GetSandbox())
+		}
+		_, err = fmt.Fprintf(stdout, "%s: egress %s\n", pos[0], describeEgress(res.Msg.GetSandbox().GetEgress()))
+		return err
 	case "get":
 		pos, c, ctx, cancel, err := cf.start(fs, args, "ID")
 		if err != nil {
@@ -379,13 +406,51 @@ func printSandboxes(w io.Writer, output string, sbs ...*warrenv1.Sandbox) error 
 	}
 	var b bytes.Buffer
 	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tNODE\tTEMPLATE\tSTATE\tSTART\tCLAIM\tVCPUS\tMEM\tEXPIRES")
+	fmt.Fprintln(tw, "ID\tNODE\tTEMPLATE\tSTATE\tSTART\tCLAIM\tVCPUS\tMEM\tEGRESS\tEXPIRES")
 	for _, sb := range sbs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.0fms\t%d\t%dMiB\t%s\n", sb.GetId(), sb.GetNodeId(), sb.GetTemplate(), sb.GetState(),
-			sb.GetStart(), sb.GetClaimMs(), sb.GetLimits().GetVcpus(), sb.GetLimits().GetMemoryMb(),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.0fms\t%d\t%dMiB\t%s\t%s\n", sb.GetId(), sb.GetNodeId(), sb.GetTemplate(), sb.GetState(),
+			sb.GetStart(), sb.GetClaimMs(), sb.GetLimits().GetVcpus(), sb.GetLimits().GetMemoryMb(), describeEgress(sb.GetEgress()),
 			sb.GetExpiresAt().AsTime().Local().Format(time.RFC3339))
 	}
 	tw.Flush()
 	_, err := w.Write(b.Bytes())
 	return err
+}
+
+// egressPolicyFlags set a sandbox's egress policy.
+type egressPolicyFlags struct {
+	profile, allow, prefixes *string
+}
+
+func (e *egressPolicyFlags) register(fs *flag.FlagSet) {
+	e.profile = fs.String("egress-profile", "", "egress profile: registries (the default: the package registries plus --egress-allow), custom (--egress-allow only) or none")
+	e.allow = fs.String("egress-allow", "", "comma-separated host names the sandbox may reach, exact or *.suffix")
+	e.prefixes = fs.String("egress-prefix", "", "comma-separated CIDR prefixes the sandbox may reach on every port (the only way to private or node addresses)")
+}
+
+// policy is the policy the flags give, nil when none was set.
+func (e *egressPolicyFlags) policy(fs *flag.FlagSet) *warrenv1.EgressPolicy {
+	set := false
+	fs.Visit(func(f *flag.Flag) {
+		if strings.HasPrefix(f.Name, "egress-") {
+			set = true
+		}
+	})
+	if !set {
+		return nil
+	}
+	return &warrenv1.EgressPolicy{Profile: *e.profile, Allow: splitComma(*e.allow), AllowPrefixes: splitComma(*e.prefixes)}
+}
+
+// describeEgress is a policy in a few words: "registries+2", "custom:3",
+// "none", or "off" for a sandbox without a network.
+func describeEgress(p *warrenv1.EgressPolicy) string {
+	if p == nil {
+		return "off"
+	}
+	s := p.GetProfile()
+	if n := len(p.GetAllow()) + len(p.GetAllowPrefixes()); n > 0 {
+		s += fmt.Sprintf("+%d", n)
+	}
+	return s
 }

@@ -106,6 +106,17 @@ func TestSandboxCLI(t *testing.T) {
 		t.Fatalf("create -o json printed %q: %v", out, err)
 	}
 	t.Logf("sandbox %s (%s)", sb.ID, sb.Start)
+	// Egress: on by default (root), the registries profile; a live change.
+	if !strings.Contains(out, `"egress":{"profile":"registries"}`) {
+		t.Errorf("create: want the registries egress profile in %s", out)
+	}
+	if out, stderr, code = run("sandbox", "egress", sb.ID, "--egress-profile", "custom", "--egress-allow", "example.org,*.pkg.dev", "-o", "json"); code != 0 ||
+		!strings.Contains(out, `"egress":{"allow":["example.org","*.pkg.dev"],"profile":"custom"}`) {
+		t.Fatalf("sandbox egress: exit %d %s %s", code, out, stderr)
+	}
+	if out, _, _ = run("sandbox", "get", sb.ID); !strings.Contains(out, "custom+2") {
+		t.Errorf("get: want egress custom+2 in %s", out)
+	}
 
 	out, stderr, code = run("sandbox", "exec", sb.ID, "--", "sh", "-c", "uname -a; echo $((6*7))")
 	if code != 0 || !strings.Contains(out, "Linux") || !strings.HasSuffix(out, "\n42\n") {
@@ -157,6 +168,10 @@ func TestSandboxCLI(t *testing.T) {
 		{[]string{"sandbox", "cp", sb.ID + ":/root/../../etc/shadow", "-"}, `".."`},
 		{[]string{"sandbox", "exec", sb.ID, "--", "echo", strings.Repeat("x", 100<<10), strings.Repeat("y", 100<<10)}, "over the limit"},
 		{[]string{"sandbox", "exec", "not-an-id", "--", "true"}, "sandbox_id"},
+		{[]string{"sandbox", "create", "--egress-allow", "no spaces.org"}, "egress.allow[0]"},
+		{[]string{"sandbox", "create", "--egress-prefix", "10.0.0.0/33"}, "egress.allow_prefixes[0]"},
+		{[]string{"sandbox", "create", "--egress-profile", "open"}, "egress.profile"},
+		{[]string{"sandbox", "egress", sb.ID, "--egress-profile", "none", "--egress-allow", "a.org"}, "allows nothing"},
 		{[]string{"sandbox", "exec", "sb-0000000000-dev", "--", "true"}, "not found"},
 	} {
 		_, stderr, code := run(tc.args...)
@@ -194,5 +209,20 @@ func TestSandboxCLI(t *testing.T) {
 	stop()
 	if b, _ := exec.Command("pgrep", "-f", "-a", "qemu-system.*"+filepath.Join(data, "node")).Output(); len(b) > 0 {
 		t.Errorf("QEMU left running after the node stopped: %s", b)
+	}
+	// Nor a network namespace or link of the node's egress policy.
+	tag := egressTag("dev", filepath.Join(data, "node"))
+	if ents, _ := os.ReadDir("/run/netns"); len(ents) > 0 {
+		for _, e := range ents {
+			if strings.HasPrefix(e.Name(), "warren-"+tag+"-") {
+				t.Errorf("network namespace %s left after the node stopped", e.Name())
+			}
+		}
+	}
+	links, _ := os.ReadDir("/sys/class/net")
+	for _, l := range links {
+		if strings.HasPrefix(l.Name(), "w"+tag+"-") {
+			t.Errorf("link %s of the node's egress policy left after it stopped", l.Name())
+		}
 	}
 }

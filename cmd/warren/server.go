@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/warrenhq/warren/netpolicy"
 	"github.com/warrenhq/warren/noded"
 	"github.com/warrenhq/warren/scheduler"
 )
@@ -85,6 +86,8 @@ func cmdDev(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(nodeDriver, "driver", "sim", "same as --node-driver")
 	imageDir := fs.String("image-dir", defaultImageDir(), "microvm: the template store (env WARREN_IMAGE_DIR)")
 	accel := fs.String("accel", "auto", "microvm: accelerator: auto, kvm or tcg")
+	egress := fs.String("egress", "auto", "microvm and container: egress policy on, off (sandboxes get no network) or auto (on when root with /dev/net/tun)")
+	egressUpstream := fs.String("egress-upstream", "", "egress: HOST:PORT of the DNS server allowed names are forwarded to (default: the first nameserver in /etc/resolv.conf)")
 	capacity := fs.String("capacity", "", "the built-in node's capacity, cpu=N,mem=SIZE (default: this host's)")
 	pos, err := parse(fs, args)
 	if err != nil {
@@ -116,10 +119,12 @@ func cmdDev(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		nf := nodeFlags{id: "dev", data: filepath.Join(*data, "node"), servers: "http://" + *api, driver: *nodeDriver, capacity: *capacity,
-			imageDir: *imageDir, accel: *accel, logger: log, gossip: "127.0.0.1:0"}
+			imageDir: *imageDir, accel: *accel, logger: log, gossip: "127.0.0.1:0",
+			egress: egressFlags{mode: *egress, upstream: *egressUpstream, prefix4: netpolicy.DefaultPrefix4.String(), prefix6: netpolicy.DefaultPrefix6.String(), pool: 2}}
 		cfg, err := nf.config()
 		if err != nil {
 			cfg.Driver.Close() // one config made before it failed
+			cfg.Egress.Close()
 			return err
 		}
 		if nf.why != "" {

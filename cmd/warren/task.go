@@ -131,7 +131,8 @@ func taskCreate(args []string, stdout io.Writer) error {
 	fs.Int64Var(&spec.Budgets.MaxSteps, "max-steps", 0, "step budget (0: none)")
 	fs.Int64Var(&spec.Budgets.MaxTokens, "max-tokens", 0, "token budget (0: none)")
 	fs.Int64Var(&spec.Budgets.MaxWallClockSeconds, "max-wall-clock", 0, "wall-clock budget in seconds (0: none)")
-	egress := fs.String("egress", "", "comma-separated egress allow-list (host or *.suffix)")
+	egress := fs.String("egress", "", "comma-separated egress allow-list (host or *.suffix); with the registries profile they add to the package registries")
+	fs.StringVar(&spec.EgressProfile, "egress-profile", "", "egress profile of the task's sandbox: registries (default), custom (--egress only) or none")
 	fs.StringVar(&spec.Driver, "driver", "", "sandbox driver: microvm (default), container or sim (simulated)")
 	script := &warrenv1.Script{}
 	fs.Func("script-steps", "run N scripted steps instead of the agent loop (no model is called)", func(v string) error {

@@ -36,7 +36,11 @@ type Box struct {
 	claimTime time.Duration
 	env       map[string]string
 	ttl       *time.Timer
+	net       driver.Network // nil without the node's egress policy
 }
+
+// Network is the box's network, nil when it has none.
+func (b *Box) Network() driver.Network { return b.net }
 
 // ID is the sandbox id.
 func (b *Box) ID() string { return b.id }
@@ -129,6 +133,11 @@ func (b *Box) destroy() {
 	if b.mounted {
 		if err := unix.Unmount(filepath.Join(b.dir, "rootfs"), unix.MNT_DETACH); err != nil {
 			b.d.log.Warn("unmount overlay", "sandbox", b.id, "err", err)
+		}
+	}
+	if b.net != nil {
+		if err := b.net.Close(); err != nil {
+			b.d.log.Warn("remove network", "sandbox", b.id, "err", err)
 		}
 	}
 	_ = os.RemoveAll(b.dir)

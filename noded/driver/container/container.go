@@ -52,7 +52,10 @@ type Config struct {
 	// DefaultMemMB is a sandbox's memory unless it asks (512).
 	DefaultMemMB       int
 	DefaultTTL, MaxTTL time.Duration
-	Logger             *slog.Logger
+	// Networks, if set, gives every container a network namespace of the
+	// node's egress policy; without it a container has only loopback.
+	Networks driver.Networks
+	Logger   *slog.Logger
 }
 
 // Driver is the container driver.
@@ -374,6 +377,14 @@ func (d *Driver) start(ctx context.Context, t *guest.Template, req driver.ClaimR
 		oci.WithPidsLimit(int64(lim.Pids)),
 		oci.WithMounts(mounts),
 	}
+	if d.cfg.Networks != nil {
+		nw, err := d.cfg.Networks.Attach(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("network: %w", err)
+		}
+		b.net = nw
+		specOpts = append(specOpts, oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: nw.NSPath()}))
+	}
 	var rtOpts any
 	if d.cfg.RuncBinary != "" {
 		rtOpts = &options.Options{BinaryName: d.cfg.RuncBinary}
@@ -413,7 +424,12 @@ func (d *Driver) start(ctx context.Context, t *guest.Template, req driver.ClaimR
 		}
 	}
 	b.env = req.Env
-	if _, err := b.agent.Claim(ctx, guest.ClaimRequest{Env: req.Env}); err != nil {
+	creq := guest.ClaimRequest{Env: req.Env}
+	if b.net != nil {
+		nc := b.net.GuestConfig(false)
+		creq.Net = &nc
+	}
+	if _, err := b.agent.Claim(ctx, creq); err != nil {
 		return nil, fmt.Errorf("claim: %w", err)
 	}
 	return b, nil

@@ -33,6 +33,10 @@ type Config struct {
 	DefaultTTL, MaxTTL time.Duration
 	// TCGCacheMB is TCG's translation cache per VM (DefaultTCGCacheMB).
 	TCGCacheMB int
+	// Networks, if set, gives every VM (pool members included) a network
+	// of the node's egress policy behind its NIC; without it the NIC has
+	// no backend and the guest reaches nothing.
+	Networks driver.Networks
 	// CgroupRoot is the cgroup mount ("/sys/fs/cgroup"); "none" runs QEMU
 	// without cgroups (tests without root only).
 	CgroupRoot string

@@ -41,6 +41,24 @@ type VM struct {
 	claimTime time.Duration
 	env       map[string]string
 	ttl       *time.Timer
+	net       driver.Network // nil: the VM's NIC has no backend
+}
+
+// Network is the VM's network, nil when it has none.
+func (vm *VM) Network() driver.Network { return vm.net }
+
+// attachNetwork gives a new VM a network of the node's egress policy, when
+// the node has one.
+func (vm *VM) attachNetwork(ctx context.Context) error {
+	if vm.d.cfg.Networks == nil {
+		return nil
+	}
+	nw, err := vm.d.cfg.Networks.Attach(ctx)
+	if err != nil {
+		return fmt.Errorf("network: %w", err)
+	}
+	vm.net = nw
+	return nil
 }
 
 // vmMeta is what survives a node restart, in <vm dir>/meta.json.
@@ -76,7 +94,17 @@ func (vm *VM) launch(ctx context.Context) error {
 			_ = vm.d.cg.setLow(vm.id, true)
 		}
 	}
-	p, err := start(vm.d.cfg.QEMU, vm.spec, procs)
+	var tap *os.File
+	vm.spec.Tap = false
+	if vm.net != nil {
+		var err error
+		if tap, err = vm.net.OpenTap(); err != nil {
+			return fmt.Errorf("network: %w", err)
+		}
+		defer tap.Close() // QEMU holds its own copy
+		vm.spec.Tap = true
+	}
+	p, err := start(vm.d.cfg.QEMU, vm.spec, procs, tap)
 	if err != nil {
 		return err
 	}
@@ -98,9 +126,13 @@ func (d *Driver) restore(ctx context.Context, ts *tplState, snap *snapshot, sand
 	vm.Agent = vm.client
 	vm.spec = vmSpec{ID: id, Dir: d.vmDir(id), Kernel: ts.t.Path(ts.t.Kernel), Initramfs: ts.t.Path(ts.t.Initramfs),
 		Disk: filepath.Join(d.vmDir(id), "disk.qcow2"), MemMB: snap.Meta.MemMB, VCPUs: snap.Meta.VCPUs,
-		MemFile: snap.mem(), Accel: d.accel, Incoming: true, Cmdline: snap.Meta.Cmdline, TBSizeMB: d.cfg.TCGCacheMB}
+		MemFile: snap.mem(), Accel: d.accel, Incoming: true, Cmdline: snap.Meta.Cmdline, TBSizeMB: d.cfg.TCGCacheMB, NIC: snap.Meta.NIC}
 	if err := os.MkdirAll(vm.spec.Dir, 0o755); err != nil {
 		d.track(id, false)
+		return nil, err
+	}
+	if err := vm.attachNetwork(ctx); err != nil {
+		vm.destroy()
 		return nil, err
 	}
 	if err := createOverlay(ctx, snap.disk(), "qcow2", vm.spec.Disk); err != nil {
@@ -127,9 +159,13 @@ func (d *Driver) boot(ctx context.Context, ts *tplState, sandboxID string, lim d
 	vm.Agent = vm.client
 	vm.spec = vmSpec{ID: id, Dir: d.vmDir(id), Kernel: ts.t.Path(ts.t.Kernel), Initramfs: ts.t.Path(ts.t.Initramfs),
 		Disk: filepath.Join(d.vmDir(id), "disk.qcow2"), MemMB: lim.MemMB, VCPUs: lim.VCPUs, Accel: d.accel, TBSizeMB: d.cfg.TCGCacheMB,
-		Cmdline: kernelCmdline("warren.pids=" + strconv.Itoa(lim.Pids))}
+		Cmdline: kernelCmdline("warren.pids=" + strconv.Itoa(lim.Pids)), NIC: true}
 	if err := os.MkdirAll(vm.spec.Dir, 0o755); err != nil {
 		d.track(id, false)
+		return nil, err
+	}
+	if err := vm.attachNetwork(ctx); err != nil {
+		vm.destroy()
 		return nil, err
 	}
 	if err := createOverlay(ctx, ts.t.Path(ts.t.Rootfs), "raw", vm.spec.Disk); err != nil {
@@ -177,7 +213,12 @@ func (vm *VM) bind(ctx context.Context, req driver.ClaimRequest) error {
 	vm.mu.Lock()
 	vm.sandboxID, vm.env, vm.state = req.ID, req.Env, "running"
 	vm.mu.Unlock()
-	_, err := vm.agent.Claim(ctx, guest.ClaimRequest{Now: time.Now(), Entropy: seed, Hostname: driver.Hostname(req.ID), Env: req.Env, Pids: vm.limits.Pids})
+	creq := guest.ClaimRequest{Now: time.Now(), Entropy: seed, Hostname: driver.Hostname(req.ID), Env: req.Env, Pids: vm.limits.Pids}
+	if vm.net != nil && vm.spec.NIC {
+		nc := vm.net.GuestConfig(true)
+		creq.Net = &nc
+	}
+	_, err := vm.agent.Claim(ctx, creq)
 	if err != nil {
 		return fmt.Errorf("claim: %w", err)
 	}
@@ -363,6 +404,11 @@ func (vm *VM) destroy() {
 	if vm.d.cg != nil {
 		if err := vm.d.cg.remove(vm.id); err != nil {
 			vm.d.log.Warn("cgroup not removed", "vm", vm.id, "err", err)
+		}
+	}
+	if vm.net != nil { // after QEMU, whose tap pins the namespace
+		if err := vm.net.Close(); err != nil {
+			vm.d.log.Warn("network not removed", "vm", vm.id, "err", err)
 		}
 	}
 	_ = os.RemoveAll(vm.spec.Dir)

@@ -28,6 +28,7 @@ type snapMeta struct {
 	MemMB           int    `json:"mem_mb"`
 	VCPUs           int    `json:"vcpus"`
 	Cmdline         string `json:"cmdline"`
+	NIC             bool   `json:"nic"`
 	Created         string `json:"created"`
 	TookMS          int64  `json:"took_ms"`
 }
@@ -43,7 +44,7 @@ func (d *Driver) snapshotDir(t *guest.Template) string {
 
 func (d *Driver) wantMeta(t *guest.Template) snapMeta {
 	return snapMeta{Template: t.Name, TemplateVersion: t.Version, KernelSHA256: t.Kernel.SHA256, QEMUVersion: d.qver,
-		Accel: d.accel, MemMB: d.cfg.SnapshotMemMB, VCPUs: 1, Cmdline: kernelCmdline("")}
+		Accel: d.accel, MemMB: d.cfg.SnapshotMemMB, VCPUs: 1, Cmdline: kernelCmdline(""), NIC: true}
 }
 
 // loadSnapshot returns t's snapshot if one exists and matches this node's
@@ -91,13 +92,13 @@ func (d *Driver) makeSnapshot(ctx context.Context, t *guest.Template) (*snapshot
 	m := d.wantMeta(t)
 	id := d.newVMID()
 	spec := vmSpec{ID: id, Dir: d.vmDir(id), Kernel: t.Path(t.Kernel), Initramfs: t.Path(t.Initramfs),
-		Disk: s.disk(), MemMB: m.MemMB, VCPUs: m.VCPUs, MemFile: s.mem(), MemShare: true, Accel: d.accel, Cmdline: m.Cmdline, TBSizeMB: d.cfg.TCGCacheMB}
+		Disk: s.disk(), MemMB: m.MemMB, VCPUs: m.VCPUs, MemFile: s.mem(), MemShare: true, Accel: d.accel, Cmdline: m.Cmdline, TBSizeMB: d.cfg.TCGCacheMB, NIC: m.NIC}
 	d.track(id, true)
 	defer d.track(id, false)
 	// The boot's sockets and logs go whether the snapshot is made or not
 	// (this runs after the QEMU is killed below).
 	defer os.RemoveAll(spec.Dir)
-	p, err := start(d.cfg.QEMU, spec, nil)
+	p, err := start(d.cfg.QEMU, spec, nil, nil)
 	if err != nil {
 		return nil, err
 	}

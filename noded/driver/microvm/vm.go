@@ -35,7 +35,16 @@ type vmSpec struct {
 	Cmdline  string // kernel command line (must match between snapshot and clone)
 	// TBSizeMB is TCG's translation cache (0: DefaultTCGCacheMB).
 	TBSizeMB int
+	// NIC gives the VM a virtio-net device. Its backend is the tap passed
+	// to start as fd 3 when Tap is set (a sandbox with the node's egress
+	// policy), else a hub port with nothing on it: the device exists
+	// either way, so a snapshot's clones match it whatever their network.
+	NIC bool
+	Tap bool `json:"-"`
 }
+
+// guestMAC is every guest's MAC: each sits alone on its own link.
+const guestMAC = "52:54:00:77:00:02"
 
 func (s vmSpec) tbSize() int {
 	if s.TBSizeMB > 0 {
@@ -88,6 +97,13 @@ func (s vmSpec) args() []string {
 		a = append(a, "-drive", "id=root,file="+s.Disk+",format=qcow2,if=none,discard=unmap",
 			"-device", "virtio-blk-device,drive=root")
 	}
+	if s.NIC {
+		backend := "hubport,id=net0,hubid=0"
+		if s.Tap {
+			backend = "tap,id=net0,fd=3"
+		}
+		a = append(a, "-netdev", backend, "-device", "virtio-net-device,netdev=net0,mac="+guestMAC)
+	}
 	if s.Incoming {
 		a = append(a, "-incoming", "defer")
 	}
@@ -132,7 +148,10 @@ type proc struct {
 // start launches QEMU in its own session (it outlives a node restart, to be
 // re-adopted) and, when procsFiles are given, inside those cgroups before
 // QEMU's first instruction: a shell joins them and execs QEMU.
-func start(qemu string, s vmSpec, procsFiles []string) (*proc, error) {
+func start(qemu string, s vmSpec, procsFiles []string, tap *os.File) (*proc, error) {
+	if s.Tap != (tap != nil) {
+		return nil, errors.New("start qemu: a tap backend needs its file")
+	}
 	if len(s.qmpPath()) > 107 || len(s.agentPath()) > 107 {
 		return nil, fmt.Errorf("state dir too deep: %s is over the 107 bytes a unix socket path may have", s.agentPath())
 	}
@@ -149,6 +168,9 @@ func start(qemu string, s vmSpec, procsFiles []string) (*proc, error) {
 	cmd.Env = append(os.Environ(), "WARREN_CGROUP_PROCS="+strings.Join(procsFiles, " "))
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if tap != nil {
+		cmd.ExtraFiles = []*os.File{tap} // fd 3
+	}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start qemu: %w", err)
 	}

@@ -113,7 +113,10 @@ type Sandbox struct {
 	// "microvm" or "container".
 	Driver string `protobuf:"bytes,10,opt,name=driver,proto3" json:"driver,omitempty"`
 	// "kvm", "tcg" or "".
-	Accelerator   string `protobuf:"bytes,11,opt,name=accelerator,proto3" json:"accelerator,omitempty"`
+	Accelerator string `protobuf:"bytes,11,opt,name=accelerator,proto3" json:"accelerator,omitempty"`
+	// The egress policy in force; unset when the node runs without egress
+	// policy (the sandbox then has no network at all).
+	Egress        *EgressPolicy `protobuf:"bytes,12,opt,name=egress,proto3" json:"egress,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -225,6 +228,177 @@ func (x *Sandbox) GetAccelerator() string {
 	return ""
 }
 
+func (x *Sandbox) GetEgress() *EgressPolicy {
+	if x != nil {
+		return x.Egress
+	}
+	return nil
+}
+
+// EgressPolicy is what a sandbox may reach. Everything else is refused:
+// DNS answers only allowed names, and connections go only to addresses
+// those answers gave (or to allow_prefixes).
+type EgressPolicy struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "registries" (the default: the node's package registries plus allow),
+	// "custom" (allow only) or "none" (nothing).
+	Profile string `protobuf:"bytes,1,opt,name=profile,proto3" json:"profile,omitempty"`
+	// Host names, exact or "*.suffix".
+	Allow []string `protobuf:"bytes,2,rep,name=allow,proto3" json:"allow,omitempty"`
+	// CIDR prefixes allowed on every port; the only way to private,
+	// link-local or node addresses.
+	AllowPrefixes []string `protobuf:"bytes,3,rep,name=allow_prefixes,json=allowPrefixes,proto3" json:"allow_prefixes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EgressPolicy) Reset() {
+	*x = EgressPolicy{}
+	mi := &file_warren_v1_sandbox_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressPolicy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressPolicy) ProtoMessage() {}
+
+func (x *EgressPolicy) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_sandbox_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressPolicy.ProtoReflect.Descriptor instead.
+func (*EgressPolicy) Descriptor() ([]byte, []int) {
+	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *EgressPolicy) GetProfile() string {
+	if x != nil {
+		return x.Profile
+	}
+	return ""
+}
+
+func (x *EgressPolicy) GetAllow() []string {
+	if x != nil {
+		return x.Allow
+	}
+	return nil
+}
+
+func (x *EgressPolicy) GetAllowPrefixes() []string {
+	if x != nil {
+		return x.AllowPrefixes
+	}
+	return nil
+}
+
+type SetEgressRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Egress        *EgressPolicy          `protobuf:"bytes,2,opt,name=egress,proto3" json:"egress,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetEgressRequest) Reset() {
+	*x = SetEgressRequest{}
+	mi := &file_warren_v1_sandbox_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetEgressRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetEgressRequest) ProtoMessage() {}
+
+func (x *SetEgressRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_sandbox_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetEgressRequest.ProtoReflect.Descriptor instead.
+func (*SetEgressRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *SetEgressRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *SetEgressRequest) GetEgress() *EgressPolicy {
+	if x != nil {
+		return x.Egress
+	}
+	return nil
+}
+
+type SetEgressResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetEgressResponse) Reset() {
+	*x = SetEgressResponse{}
+	mi := &file_warren_v1_sandbox_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetEgressResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetEgressResponse) ProtoMessage() {}
+
+func (x *SetEgressResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_sandbox_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetEgressResponse.ProtoReflect.Descriptor instead.
+func (*SetEgressResponse) Descriptor() ([]byte, []int) {
+	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *SetEgressResponse) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
 type CreateSandboxRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// "" means the default template.
@@ -237,14 +411,16 @@ type CreateSandboxRequest struct {
 	// Pins the sandbox to a node; "" lets the server choose.
 	NodeId string `protobuf:"bytes,5,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	// Set by the server when it forwards the call; clients leave it empty.
-	Id            string `protobuf:"bytes,6,opt,name=id,proto3" json:"id,omitempty"`
+	Id string `protobuf:"bytes,6,opt,name=id,proto3" json:"id,omitempty"`
+	// Unset means the registries profile.
+	Egress        *EgressPolicy `protobuf:"bytes,7,opt,name=egress,proto3" json:"egress,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateSandboxRequest) Reset() {
 	*x = CreateSandboxRequest{}
-	mi := &file_warren_v1_sandbox_proto_msgTypes[2]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -256,7 +432,7 @@ func (x *CreateSandboxRequest) String() string {
 func (*CreateSandboxRequest) ProtoMessage() {}
 
 func (x *CreateSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_sandbox_proto_msgTypes[2]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -269,7 +445,7 @@ func (x *CreateSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSandboxRequest.ProtoReflect.Descriptor instead.
 func (*CreateSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{2}
+	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *CreateSandboxRequest) GetTemplate() string {
@@ -314,6 +490,13 @@ func (x *CreateSandboxRequest) GetId() string {
 	return ""
 }
 
+func (x *CreateSandboxRequest) GetEgress() *EgressPolicy {
+	if x != nil {
+		return x.Egress
+	}
+	return nil
+}
+
 type CreateSandboxResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
@@ -323,7 +506,7 @@ type CreateSandboxResponse struct {
 
 func (x *CreateSandboxResponse) Reset() {
 	*x = CreateSandboxResponse{}
-	mi := &file_warren_v1_sandbox_proto_msgTypes[3]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -335,7 +518,7 @@ func (x *CreateSandboxResponse) String() string {
 func (*CreateSandboxResponse) ProtoMessage() {}
 
 func (x *CreateSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_sandbox_proto_msgTypes[3]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -348,7 +531,7 @@ func (x *CreateSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSandboxResponse.ProtoReflect.Descriptor instead.
 func (*CreateSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{3}
+	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *CreateSandboxResponse) GetSandbox() *Sandbox {
@@ -367,7 +550,7 @@ type GetSandboxRequest struct {
 
 func (x *GetSandboxRequest) Reset() {
 	*x = GetSandboxRequest{}
-	mi := &file_warren_v1_sandbox_proto_msgTypes[4]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -379,7 +562,7 @@ func (x *GetSandboxRequest) String() string {
 func (*GetSandboxRequest) ProtoMessage() {}
 
 func (x *GetSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_sandbox_proto_msgTypes[4]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -392,7 +575,7 @@ func (x *GetSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxRequest.ProtoReflect.Descriptor instead.
 func (*GetSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{4}
+	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GetSandboxRequest) GetSandboxId() string {
@@ -411,7 +594,7 @@ type GetSandboxResponse struct {
 
 func (x *GetSandboxResponse) Reset() {
 	*x = GetSandboxResponse{}
-	mi := &file_warren_v1_sandbox_proto_msgTypes[5]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -423,7 +606,7 @@ func (x *GetSandboxResponse) String() string {
 func (*GetSandboxResponse) ProtoMessage() {}
 
 func (x *GetSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_sandbox_proto_msgTypes[5]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -436,7 +619,7 @@ func (x *GetSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxResponse.ProtoReflect.Descriptor instead.
 func (*GetSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{5}
+	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GetSandboxResponse) GetSandbox() *Sandbox {
@@ -456,7 +639,7 @@ type ListSandboxesRequest struct {
 
 func (x *ListSandboxesRequest) Reset() {
 	*x = ListSandboxesRequest{}
-	mi := &file_warren_v1_sandbox_proto_msgTypes[6]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -468,7 +651,7 @@ func (x *ListSandboxesRequest) String() string {
 func (*ListSandboxesRequest) ProtoMessage() {}
 
 func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_sandbox_proto_msgTypes[6]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -481,7 +664,7 @@ func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesRequest.ProtoReflect.Descriptor instead.
 func (*ListSandboxesRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{6}
+	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ListSandboxesRequest) GetNodeId() string {
@@ -502,7 +685,7 @@ type ListSandboxesResponse struct {
 
 func (x *ListSandboxesResponse) Reset() {
 	*x = ListSandboxesResponse{}
-	mi := &file_warren_v1_sandbox_proto_msgTypes[7]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -514,7 +697,7 @@ func (x *ListSandboxesResponse) String() string {
 func (*ListSandboxesResponse) ProtoMessage() {}
 
 func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_sandbox_proto_msgTypes[7]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -527,7 +710,7 @@ func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*ListSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{7}
+	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ListSandboxesResponse) GetSandboxes() []*Sandbox {
@@ -553,7 +736,7 @@ type DeleteSandboxRequest struct {
 
 func (x *DeleteSandboxRequest) Reset() {
 	*x = DeleteSandboxRequest{}
-	mi := &file_warren_v1_sandbox_proto_msgTypes[8]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -565,7 +748,7 @@ func (x *DeleteSandboxRequest) String() string {
 func (*DeleteSandboxRequest) ProtoMessage() {}
 
 func (x *DeleteSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_sandbox_proto_msgTypes[8]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -578,7 +761,7 @@ func (x *DeleteSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSandboxRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{8}
+	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DeleteSandboxRequest) GetSandboxId() string {
@@ -596,7 +779,7 @@ type DeleteSandboxResponse struct {
 
 func (x *DeleteSandboxResponse) Reset() {
 	*x = DeleteSandboxResponse{}
-	mi := &file_warren_v1_sandbox_proto_msgTypes[9]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -608,7 +791,7 @@ func (x *DeleteSandboxResponse) String() string {
 func (*DeleteSandboxResponse) ProtoMessage() {}
 
 func (x *DeleteSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_sandbox_proto_msgTypes[9]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -621,7 +804,7 @@ func (x *DeleteSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSandboxResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{9}
+	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{12}
 }
 
 type ExecRequest struct {
@@ -641,7 +824,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_warren_v1_sandbox_proto_msgTypes[10]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -653,7 +836,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_sandbox_proto_msgTypes[10]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -666,7 +849,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{10}
+	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ExecRequest) GetSandboxId() string {
@@ -725,7 +908,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_warren_v1_sandbox_proto_msgTypes[11]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -737,7 +920,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_sandbox_proto_msgTypes[11]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -750,7 +933,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{11}
+	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ExecResponse) GetEvent() isExecResponse_Event {
@@ -822,7 +1005,7 @@ type ExitStatus struct {
 
 func (x *ExitStatus) Reset() {
 	*x = ExitStatus{}
-	mi := &file_warren_v1_sandbox_proto_msgTypes[12]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -834,7 +1017,7 @@ func (x *ExitStatus) String() string {
 func (*ExitStatus) ProtoMessage() {}
 
 func (x *ExitStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_sandbox_proto_msgTypes[12]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -847,7 +1030,7 @@ func (x *ExitStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExitStatus.ProtoReflect.Descriptor instead.
 func (*ExitStatus) Descriptor() ([]byte, []int) {
-	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{12}
+	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ExitStatus) GetCode() int32 {
@@ -892,7 +1075,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_warren_v1_sandbox_proto_msgTypes[13]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -904,7 +1087,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_sandbox_proto_msgTypes[13]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -917,7 +1100,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{13}
+	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *FileInfo) GetName() string {
@@ -965,7 +1148,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_warren_v1_sandbox_proto_msgTypes[14]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -977,7 +1160,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_sandbox_proto_msgTypes[14]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -990,7 +1173,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{14}
+	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ReadFileRequest) GetSandboxId() string {
@@ -1017,7 +1200,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_warren_v1_sandbox_proto_msgTypes[15]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1029,7 +1212,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_sandbox_proto_msgTypes[15]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1042,7 +1225,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{15}
+	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ReadFileResponse) GetData() []byte {
@@ -1072,7 +1255,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_warren_v1_sandbox_proto_msgTypes[16]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1084,7 +1267,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_sandbox_proto_msgTypes[16]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1097,7 +1280,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{16}
+	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *WriteFileRequest) GetSandboxId() string {
@@ -1137,7 +1320,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_warren_v1_sandbox_proto_msgTypes[17]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1149,7 +1332,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_sandbox_proto_msgTypes[17]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1162,7 +1345,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{17}
+	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *WriteFileResponse) GetFile() *FileInfo {
@@ -1182,7 +1365,7 @@ type ListFilesRequest struct {
 
 func (x *ListFilesRequest) Reset() {
 	*x = ListFilesRequest{}
-	mi := &file_warren_v1_sandbox_proto_msgTypes[18]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1194,7 +1377,7 @@ func (x *ListFilesRequest) String() string {
 func (*ListFilesRequest) ProtoMessage() {}
 
 func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_sandbox_proto_msgTypes[18]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1207,7 +1390,7 @@ func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesRequest.ProtoReflect.Descriptor instead.
 func (*ListFilesRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{18}
+	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListFilesRequest) GetSandboxId() string {
@@ -1233,7 +1416,7 @@ type ListFilesResponse struct {
 
 func (x *ListFilesResponse) Reset() {
 	*x = ListFilesResponse{}
-	mi := &file_warren_v1_sandbox_proto_msgTypes[19]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1245,7 +1428,7 @@ func (x *ListFilesResponse) String() string {
 func (*ListFilesResponse) ProtoMessage() {}
 
 func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_sandbox_proto_msgTypes[19]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1258,7 +1441,7 @@ func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesResponse.ProtoReflect.Descriptor instead.
 func (*ListFilesResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{19}
+	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListFilesResponse) GetFiles() []*FileInfo {
@@ -1277,7 +1460,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_warren_v1_sandbox_proto_msgTypes[20]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1289,7 +1472,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_sandbox_proto_msgTypes[20]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1302,7 +1485,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{20}
+	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *PauseRequest) GetSandboxId() string {
@@ -1321,7 +1504,7 @@ type PauseResponse struct {
 
 func (x *PauseResponse) Reset() {
 	*x = PauseResponse{}
-	mi := &file_warren_v1_sandbox_proto_msgTypes[21]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1333,7 +1516,7 @@ func (x *PauseResponse) String() string {
 func (*PauseResponse) ProtoMessage() {}
 
 func (x *PauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_sandbox_proto_msgTypes[21]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1346,7 +1529,7 @@ func (x *PauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
 func (*PauseResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{21}
+	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *PauseResponse) GetSandbox() *Sandbox {
@@ -1365,7 +1548,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_warren_v1_sandbox_proto_msgTypes[22]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1377,7 +1560,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_sandbox_proto_msgTypes[22]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1390,7 +1573,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{22}
+	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ResumeRequest) GetSandboxId() string {
@@ -1409,7 +1592,7 @@ type ResumeResponse struct {
 
 func (x *ResumeResponse) Reset() {
 	*x = ResumeResponse{}
-	mi := &file_warren_v1_sandbox_proto_msgTypes[23]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1421,7 +1604,7 @@ func (x *ResumeResponse) String() string {
 func (*ResumeResponse) ProtoMessage() {}
 
 func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_sandbox_proto_msgTypes[23]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1434,7 +1617,7 @@ func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
 func (*ResumeResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{23}
+	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ResumeResponse) GetSandbox() *Sandbox {
@@ -1459,7 +1642,7 @@ type PoolStatus struct {
 
 func (x *PoolStatus) Reset() {
 	*x = PoolStatus{}
-	mi := &file_warren_v1_sandbox_proto_msgTypes[24]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1471,7 +1654,7 @@ func (x *PoolStatus) String() string {
 func (*PoolStatus) ProtoMessage() {}
 
 func (x *PoolStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_sandbox_proto_msgTypes[24]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1484,7 +1667,7 @@ func (x *PoolStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolStatus.ProtoReflect.Descriptor instead.
 func (*PoolStatus) Descriptor() ([]byte, []int) {
-	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{24}
+	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *PoolStatus) GetNodeId() string {
@@ -1541,7 +1724,7 @@ type SetPoolTargetRequest struct {
 
 func (x *SetPoolTargetRequest) Reset() {
 	*x = SetPoolTargetRequest{}
-	mi := &file_warren_v1_sandbox_proto_msgTypes[25]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1553,7 +1736,7 @@ func (x *SetPoolTargetRequest) String() string {
 func (*SetPoolTargetRequest) ProtoMessage() {}
 
 func (x *SetPoolTargetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_sandbox_proto_msgTypes[25]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1566,7 +1749,7 @@ func (x *SetPoolTargetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPoolTargetRequest.ProtoReflect.Descriptor instead.
 func (*SetPoolTargetRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{25}
+	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *SetPoolTargetRequest) GetTemplate() string {
@@ -1600,7 +1783,7 @@ type SetPoolTargetResponse struct {
 
 func (x *SetPoolTargetResponse) Reset() {
 	*x = SetPoolTargetResponse{}
-	mi := &file_warren_v1_sandbox_proto_msgTypes[26]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1612,7 +1795,7 @@ func (x *SetPoolTargetResponse) String() string {
 func (*SetPoolTargetResponse) ProtoMessage() {}
 
 func (x *SetPoolTargetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_sandbox_proto_msgTypes[26]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1625,7 +1808,7 @@ func (x *SetPoolTargetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPoolTargetResponse.ProtoReflect.Descriptor instead.
 func (*SetPoolTargetResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{26}
+	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *SetPoolTargetResponse) GetPools() []*PoolStatus {
@@ -1651,7 +1834,7 @@ type ListPoolsRequest struct {
 
 func (x *ListPoolsRequest) Reset() {
 	*x = ListPoolsRequest{}
-	mi := &file_warren_v1_sandbox_proto_msgTypes[27]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1663,7 +1846,7 @@ func (x *ListPoolsRequest) String() string {
 func (*ListPoolsRequest) ProtoMessage() {}
 
 func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_sandbox_proto_msgTypes[27]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1676,7 +1859,7 @@ func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolsRequest.ProtoReflect.Descriptor instead.
 func (*ListPoolsRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{27}
+	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ListPoolsRequest) GetNodeId() string {
@@ -1696,7 +1879,7 @@ type ListPoolsResponse struct {
 
 func (x *ListPoolsResponse) Reset() {
 	*x = ListPoolsResponse{}
-	mi := &file_warren_v1_sandbox_proto_msgTypes[28]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1708,7 +1891,7 @@ func (x *ListPoolsResponse) String() string {
 func (*ListPoolsResponse) ProtoMessage() {}
 
 func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_sandbox_proto_msgTypes[28]
+	mi := &file_warren_v1_sandbox_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1721,7 +1904,7 @@ func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolsResponse.ProtoReflect.Descriptor instead.
 func (*ListPoolsResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{28}
+	return file_warren_v1_sandbox_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListPoolsResponse) GetPools() []*PoolStatus {
@@ -1747,7 +1930,7 @@ const file_warren_v1_sandbox_proto_rawDesc = "" +
 	"\x05vcpus\x18\x01 \x01(\rR\x05vcpus\x12\x1b\n" +
 	"\tmemory_mb\x18\x02 \x01(\rR\bmemoryMb\x12\x17\n" +
 	"\adisk_mb\x18\x03 \x01(\rR\x06diskMb\x12\x12\n" +
-	"\x04pids\x18\x04 \x01(\rR\x04pids\"\xf7\x02\n" +
+	"\x04pids\x18\x04 \x01(\rR\x04pids\"\xa8\x03\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x1a\n" +
@@ -1762,7 +1945,18 @@ const file_warren_v1_sandbox_proto_rawDesc = "" +
 	"\bclaim_ms\x18\t \x01(\x01R\aclaimMs\x12\x16\n" +
 	"\x06driver\x18\n" +
 	" \x01(\tR\x06driver\x12 \n" +
-	"\vaccelerator\x18\v \x01(\tR\vaccelerator\"\xa2\x02\n" +
+	"\vaccelerator\x18\v \x01(\tR\vaccelerator\x12/\n" +
+	"\x06egress\x18\f \x01(\v2\x17.warren.v1.EgressPolicyR\x06egress\"e\n" +
+	"\fEgressPolicy\x12\x18\n" +
+	"\aprofile\x18\x01 \x01(\tR\aprofile\x12\x14\n" +
+	"\x05allow\x18\x02 \x03(\tR\x05allow\x12%\n" +
+	"\x0eallow_prefixes\x18\x03 \x03(\tR\rallowPrefixes\"b\n" +
+	"\x10SetEgressRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12/\n" +
+	"\x06egress\x18\x02 \x01(\v2\x17.warren.v1.EgressPolicyR\x06egress\"A\n" +
+	"\x11SetEgressResponse\x12,\n" +
+	"\asandbox\x18\x01 \x01(\v2\x12.warren.v1.SandboxR\asandbox\"\xd3\x02\n" +
 	"\x14CreateSandboxRequest\x12\x1a\n" +
 	"\btemplate\x18\x01 \x01(\tR\btemplate\x120\n" +
 	"\x06limits\x18\x02 \x01(\v2\x18.warren.v1.SandboxLimitsR\x06limits\x12\x1f\n" +
@@ -1770,7 +1964,8 @@ const file_warren_v1_sandbox_proto_rawDesc = "" +
 	"ttlSeconds\x12:\n" +
 	"\x03env\x18\x04 \x03(\v2(.warren.v1.CreateSandboxRequest.EnvEntryR\x03env\x12\x17\n" +
 	"\anode_id\x18\x05 \x01(\tR\x06nodeId\x12\x0e\n" +
-	"\x02id\x18\x06 \x01(\tR\x02id\x1a6\n" +
+	"\x02id\x18\x06 \x01(\tR\x02id\x12/\n" +
+	"\x06egress\x18\a \x01(\v2\x17.warren.v1.EgressPolicyR\x06egress\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"E\n" +
@@ -1871,7 +2066,7 @@ const file_warren_v1_sandbox_proto_rawDesc = "" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\"m\n" +
 	"\x11ListPoolsResponse\x12+\n" +
 	"\x05pools\x18\x01 \x03(\v2\x15.warren.v1.PoolStatusR\x05pools\x12+\n" +
-	"\x11unreachable_nodes\x18\x02 \x03(\tR\x10unreachableNodes2\xfe\x06\n" +
+	"\x11unreachable_nodes\x18\x02 \x03(\tR\x10unreachableNodes2\xc6\a\n" +
 	"\x0eSandboxService\x12R\n" +
 	"\rCreateSandbox\x12\x1f.warren.v1.CreateSandboxRequest\x1a .warren.v1.CreateSandboxResponse\x12I\n" +
 	"\n" +
@@ -1882,7 +2077,8 @@ const file_warren_v1_sandbox_proto_rawDesc = "" +
 	"\bReadFile\x12\x1a.warren.v1.ReadFileRequest\x1a\x1b.warren.v1.ReadFileResponse\x12F\n" +
 	"\tWriteFile\x12\x1b.warren.v1.WriteFileRequest\x1a\x1c.warren.v1.WriteFileResponse\x12F\n" +
 	"\tListFiles\x12\x1b.warren.v1.ListFilesRequest\x1a\x1c.warren.v1.ListFilesResponse\x12:\n" +
-	"\x05Pause\x12\x17.warren.v1.PauseRequest\x1a\x18.warren.v1.PauseResponse\x12=\n" +
+	"\x05Pause\x12\x17.warren.v1.PauseRequest\x1a\x18.warren.v1.PauseResponse\x12F\n" +
+	"\tSetEgress\x12\x1b.warren.v1.SetEgressRequest\x1a\x1c.warren.v1.SetEgressResponse\x12=\n" +
 	"\x06Resume\x12\x18.warren.v1.ResumeRequest\x1a\x19.warren.v1.ResumeResponse\x12R\n" +
 	"\rSetPoolTarget\x12\x1f.warren.v1.SetPoolTargetRequest\x1a .warren.v1.SetPoolTargetResponse\x12F\n" +
 	"\tListPools\x12\x1b.warren.v1.ListPoolsRequest\x1a\x1c.warren.v1.ListPoolsResponseB7Z5github.com/warrenhq/warren/api/gen/warren/v1;warrenv1b\x06proto3"
@@ -1899,89 +2095,98 @@ func file_warren_v1_sandbox_proto_rawDescGZIP() []byte {
 	return file_warren_v1_sandbox_proto_rawDescData
 }
 
-var file_warren_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
+var file_warren_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_warren_v1_sandbox_proto_goTypes = []any{
 	(*SandboxLimits)(nil),         // 0: warren.v1.SandboxLimits
 	(*Sandbox)(nil),               // 1: warren.v1.Sandbox
-	(*CreateSandboxRequest)(nil),  // 2: warren.v1.CreateSandboxRequest
-	(*CreateSandboxResponse)(nil), // 3: warren.v1.CreateSandboxResponse
-	(*GetSandboxRequest)(nil),     // 4: warren.v1.GetSandboxRequest
-	(*GetSandboxResponse)(nil),    // 5: warren.v1.GetSandboxResponse
-	(*ListSandboxesRequest)(nil),  // 6: warren.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil), // 7: warren.v1.ListSandboxesResponse
-	(*DeleteSandboxRequest)(nil),  // 8: warren.v1.DeleteSandboxRequest
-	(*DeleteSandboxResponse)(nil), // 9: warren.v1.DeleteSandboxResponse
-	(*ExecRequest)(nil),           // 10: warren.v1.ExecRequest
-	(*ExecResponse)(nil),          // 11: warren.v1.ExecResponse
-	(*ExitStatus)(nil),            // 12: warren.v1.ExitStatus
-	(*FileInfo)(nil),              // 13: warren.v1.FileInfo
-	(*ReadFileRequest)(nil),       // 14: warren.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),      // 15: warren.v1.ReadFileResponse
-	(*WriteFileRequest)(nil),      // 16: warren.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),     // 17: warren.v1.WriteFileResponse
-	(*ListFilesRequest)(nil),      // 18: warren.v1.ListFilesRequest
-	(*ListFilesResponse)(nil),     // 19: warren.v1.ListFilesResponse
-	(*PauseRequest)(nil),          // 20: warren.v1.PauseRequest
-	(*PauseResponse)(nil),         // 21: warren.v1.PauseResponse
-	(*ResumeRequest)(nil),         // 22: warren.v1.ResumeRequest
-	(*ResumeResponse)(nil),        // 23: warren.v1.ResumeResponse
-	(*PoolStatus)(nil),            // 24: warren.v1.PoolStatus
-	(*SetPoolTargetRequest)(nil),  // 25: warren.v1.SetPoolTargetRequest
-	(*SetPoolTargetResponse)(nil), // 26: warren.v1.SetPoolTargetResponse
-	(*ListPoolsRequest)(nil),      // 27: warren.v1.ListPoolsRequest
-	(*ListPoolsResponse)(nil),     // 28: warren.v1.ListPoolsResponse
-	nil,                           // 29: warren.v1.CreateSandboxRequest.EnvEntry
-	nil,                           // 30: warren.v1.ExecRequest.EnvEntry
-	(*timestamppb.Timestamp)(nil), // 31: google.protobuf.Timestamp
+	(*EgressPolicy)(nil),          // 2: warren.v1.EgressPolicy
+	(*SetEgressRequest)(nil),      // 3: warren.v1.SetEgressRequest
+	(*SetEgressResponse)(nil),     // 4: warren.v1.SetEgressResponse
+	(*CreateSandboxRequest)(nil),  // 5: warren.v1.CreateSandboxRequest
+	(*CreateSandboxResponse)(nil), // 6: warren.v1.CreateSandboxResponse
+	(*GetSandboxRequest)(nil),     // 7: warren.v1.GetSandboxRequest
+	(*GetSandboxResponse)(nil),    // 8: warren.v1.GetSandboxResponse
+	(*ListSandboxesRequest)(nil),  // 9: warren.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil), // 10: warren.v1.ListSandboxesResponse
+	(*DeleteSandboxRequest)(nil),  // 11: warren.v1.DeleteSandboxRequest
+	(*DeleteSandboxResponse)(nil), // 12: warren.v1.DeleteSandboxResponse
+	(*ExecRequest)(nil),           // 13: warren.v1.ExecRequest
+	(*ExecResponse)(nil),          // 14: warren.v1.ExecResponse
+	(*ExitStatus)(nil),            // 15: warren.v1.ExitStatus
+	(*FileInfo)(nil),              // 16: warren.v1.FileInfo
+	(*ReadFileRequest)(nil),       // 17: warren.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),      // 18: warren.v1.ReadFileResponse
+	(*WriteFileRequest)(nil),      // 19: warren.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),     // 20: warren.v1.WriteFileResponse
+	(*ListFilesRequest)(nil),      // 21: warren.v1.ListFilesRequest
+	(*ListFilesResponse)(nil),     // 22: warren.v1.ListFilesResponse
+	(*PauseRequest)(nil),          // 23: warren.v1.PauseRequest
+	(*PauseResponse)(nil),         // 24: warren.v1.PauseResponse
+	(*ResumeRequest)(nil),         // 25: warren.v1.ResumeRequest
+	(*ResumeResponse)(nil),        // 26: warren.v1.ResumeResponse
+	(*PoolStatus)(nil),            // 27: warren.v1.PoolStatus
+	(*SetPoolTargetRequest)(nil),  // 28: warren.v1.SetPoolTargetRequest
+	(*SetPoolTargetResponse)(nil), // 29: warren.v1.SetPoolTargetResponse
+	(*ListPoolsRequest)(nil),      // 30: warren.v1.ListPoolsRequest
+	(*ListPoolsResponse)(nil),     // 31: warren.v1.ListPoolsResponse
+	nil,                           // 32: warren.v1.CreateSandboxRequest.EnvEntry
+	nil,                           // 33: warren.v1.ExecRequest.EnvEntry
+	(*timestamppb.Timestamp)(nil), // 34: google.protobuf.Timestamp
 }
 var file_warren_v1_sandbox_proto_depIdxs = []int32{
 	0,  // 0: warren.v1.Sandbox.limits:type_name -> warren.v1.SandboxLimits
-	31, // 1: warren.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	31, // 2: warren.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
-	0,  // 3: warren.v1.CreateSandboxRequest.limits:type_name -> warren.v1.SandboxLimits
-	29, // 4: warren.v1.CreateSandboxRequest.env:type_name -> warren.v1.CreateSandboxRequest.EnvEntry
-	1,  // 5: warren.v1.CreateSandboxResponse.sandbox:type_name -> warren.v1.Sandbox
-	1,  // 6: warren.v1.GetSandboxResponse.sandbox:type_name -> warren.v1.Sandbox
-	1,  // 7: warren.v1.ListSandboxesResponse.sandboxes:type_name -> warren.v1.Sandbox
-	30, // 8: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
-	12, // 9: warren.v1.ExecResponse.exit:type_name -> warren.v1.ExitStatus
-	31, // 10: warren.v1.FileInfo.modified_at:type_name -> google.protobuf.Timestamp
-	13, // 11: warren.v1.ReadFileResponse.file:type_name -> warren.v1.FileInfo
-	13, // 12: warren.v1.WriteFileResponse.file:type_name -> warren.v1.FileInfo
-	13, // 13: warren.v1.ListFilesResponse.files:type_name -> warren.v1.FileInfo
-	1,  // 14: warren.v1.PauseResponse.sandbox:type_name -> warren.v1.Sandbox
-	1,  // 15: warren.v1.ResumeResponse.sandbox:type_name -> warren.v1.Sandbox
-	24, // 16: warren.v1.SetPoolTargetResponse.pools:type_name -> warren.v1.PoolStatus
-	24, // 17: warren.v1.ListPoolsResponse.pools:type_name -> warren.v1.PoolStatus
-	2,  // 18: warren.v1.SandboxService.CreateSandbox:input_type -> warren.v1.CreateSandboxRequest
-	4,  // 19: warren.v1.SandboxService.GetSandbox:input_type -> warren.v1.GetSandboxRequest
-	6,  // 20: warren.v1.SandboxService.ListSandboxes:input_type -> warren.v1.ListSandboxesRequest
-	8,  // 21: warren.v1.SandboxService.DeleteSandbox:input_type -> warren.v1.DeleteSandboxRequest
-	10, // 22: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
-	14, // 23: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
-	16, // 24: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
-	18, // 25: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
-	20, // 26: warren.v1.SandboxService.Pause:input_type -> warren.v1.PauseRequest
-	22, // 27: warren.v1.SandboxService.Resume:input_type -> warren.v1.ResumeRequest
-	25, // 28: warren.v1.SandboxService.SetPoolTarget:input_type -> warren.v1.SetPoolTargetRequest
-	27, // 29: warren.v1.SandboxService.ListPools:input_type -> warren.v1.ListPoolsRequest
-	3,  // 30: warren.v1.SandboxService.CreateSandbox:output_type -> warren.v1.CreateSandboxResponse
-	5,  // 31: warren.v1.SandboxService.GetSandbox:output_type -> warren.v1.GetSandboxResponse
-	7,  // 32: warren.v1.SandboxService.ListSandboxes:output_type -> warren.v1.ListSandboxesResponse
-	9,  // 33: warren.v1.SandboxService.DeleteSandbox:output_type -> warren.v1.DeleteSandboxResponse
-	11, // 34: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResponse
-	15, // 35: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
-	17, // 36: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
-	19, // 37: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
-	21, // 38: warren.v1.SandboxService.Pause:output_type -> warren.v1.PauseResponse
-	23, // 39: warren.v1.SandboxService.Resume:output_type -> warren.v1.ResumeResponse
-	26, // 40: warren.v1.SandboxService.SetPoolTarget:output_type -> warren.v1.SetPoolTargetResponse
-	28, // 41: warren.v1.SandboxService.ListPools:output_type -> warren.v1.ListPoolsResponse
-	30, // [30:42] is the sub-list for method output_type
-	18, // [18:30] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	34, // 1: warren.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	34, // 2: warren.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	2,  // 3: warren.v1.Sandbox.egress:type_name -> warren.v1.EgressPolicy
+	2,  // 4: warren.v1.SetEgressRequest.egress:type_name -> warren.v1.EgressPolicy
+	1,  // 5: warren.v1.SetEgressResponse.sandbox:type_name -> warren.v1.Sandbox
+	0,  // 6: warren.v1.CreateSandboxRequest.limits:type_name -> warren.v1.SandboxLimits
+	32, // 7: warren.v1.CreateSandboxRequest.env:type_name -> warren.v1.CreateSandboxRequest.EnvEntry
+	2,  // 8: warren.v1.CreateSandboxRequest.egress:type_name -> warren.v1.EgressPolicy
+	1,  // 9: warren.v1.CreateSandboxResponse.sandbox:type_name -> warren.v1.Sandbox
+	1,  // 10: warren.v1.GetSandboxResponse.sandbox:type_name -> warren.v1.Sandbox
+	1,  // 11: warren.v1.ListSandboxesResponse.sandboxes:type_name -> warren.v1.Sandbox
+	33, // 12: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
+	15, // 13: warren.v1.ExecResponse.exit:type_name -> warren.v1.ExitStatus
+	34, // 14: warren.v1.FileInfo.modified_at:type_name -> google.protobuf.Timestamp
+	16, // 15: warren.v1.ReadFileResponse.file:type_name -> warren.v1.FileInfo
+	16, // 16: warren.v1.WriteFileResponse.file:type_name -> warren.v1.FileInfo
+	16, // 17: warren.v1.ListFilesResponse.files:type_name -> warren.v1.FileInfo
+	1,  // 18: warren.v1.PauseResponse.sandbox:type_name -> warren.v1.Sandbox
+	1,  // 19: warren.v1.ResumeResponse.sandbox:type_name -> warren.v1.Sandbox
+	27, // 20: warren.v1.SetPoolTargetResponse.pools:type_name -> warren.v1.PoolStatus
+	27, // 21: warren.v1.ListPoolsResponse.pools:type_name -> warren.v1.PoolStatus
+	5,  // 22: warren.v1.SandboxService.CreateSandbox:input_type -> warren.v1.CreateSandboxRequest
+	7,  // 23: warren.v1.SandboxService.GetSandbox:input_type -> warren.v1.GetSandboxRequest
+	9,  // 24: warren.v1.SandboxService.ListSandboxes:input_type -> warren.v1.ListSandboxesRequest
+	11, // 25: warren.v1.SandboxService.DeleteSandbox:input_type -> warren.v1.DeleteSandboxRequest
+	13, // 26: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
+	17, // 27: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
+	19, // 28: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
+	21, // 29: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
+	23, // 30: warren.v1.SandboxService.Pause:input_type -> warren.v1.PauseRequest
+	3,  // 31: warren.v1.SandboxService.SetEgress:input_type -> warren.v1.SetEgressRequest
+	25, // 32: warren.v1.SandboxService.Resume:input_type -> warren.v1.ResumeRequest
+	28, // 33: warren.v1.SandboxService.SetPoolTarget:input_type -> warren.v1.SetPoolTargetRequest
+	30, // 34: warren.v1.SandboxService.ListPools:input_type -> warren.v1.ListPoolsRequest
+	6,  // 35: warren.v1.SandboxService.CreateSandbox:output_type -> warren.v1.CreateSandboxResponse
+	8,  // 36: warren.v1.SandboxService.GetSandbox:output_type -> warren.v1.GetSandboxResponse
+	10, // 37: warren.v1.SandboxService.ListSandboxes:output_type -> warren.v1.ListSandboxesResponse
+	12, // 38: warren.v1.SandboxService.DeleteSandbox:output_type -> warren.v1.DeleteSandboxResponse
+	14, // 39: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResponse
+	18, // 40: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
+	20, // 41: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
+	22, // 42: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
+	24, // 43: warren.v1.SandboxService.Pause:output_type -> warren.v1.PauseResponse
+	4,  // 44: warren.v1.SandboxService.SetEgress:output_type -> warren.v1.SetEgressResponse
+	26, // 45: warren.v1.SandboxService.Resume:output_type -> warren.v1.ResumeResponse
+	29, // 46: warren.v1.SandboxService.SetPoolTarget:output_type -> warren.v1.SetPoolTargetResponse
+	31, // 47: warren.v1.SandboxService.ListPools:output_type -> warren.v1.ListPoolsResponse
+	35, // [35:48] is the sub-list for method output_type
+	22, // [22:35] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_warren_v1_sandbox_proto_init() }
@@ -1989,7 +2194,7 @@ func file_warren_v1_sandbox_proto_init() {
 	if File_warren_v1_sandbox_proto != nil {
 		return
 	}
-	file_warren_v1_sandbox_proto_msgTypes[11].OneofWrappers = []any{
+	file_warren_v1_sandbox_proto_msgTypes[14].OneofWrappers = []any{
 		(*ExecResponse_Stdout)(nil),
 		(*ExecResponse_Stderr)(nil),
 		(*ExecResponse_Exit)(nil),
@@ -2000,7 +2205,7 @@ func file_warren_v1_sandbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warren_v1_sandbox_proto_rawDesc), len(file_warren_v1_sandbox_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   31,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -170,7 +170,9 @@ type TaskSpec struct {
 	// Model name; empty picks the server default.
 	Model   string   `protobuf:"bytes,5,opt,name=model,proto3" json:"model,omitempty"`
 	Budgets *Budgets `protobuf:"bytes,6,opt,name=budgets,proto3" json:"budgets,omitempty"`
-	// Egress allow-list: host names, exact or "*.suffix".
+	// Egress allow-list: host names, exact or "*.suffix". With the
+	// "registries" profile (the default) they add to the package registries;
+	// with "custom" they are the whole list.
 	EgressAllow []string `protobuf:"bytes,7,rep,name=egress_allow,json=egressAllow,proto3" json:"egress_allow,omitempty"`
 	// Sandbox template; empty picks the default.
 	Template string            `protobuf:"bytes,8,opt,name=template,proto3" json:"template,omitempty"`
@@ -183,7 +185,11 @@ type TaskSpec struct {
 	Driver string `protobuf:"bytes,12,opt,name=driver,proto3" json:"driver,omitempty"`
 	// Scripted steps for a task actor to run instead of the agent loop (used
 	// until the agent loop exists, by tests and by the capacity benchmark).
-	Script        *Script `protobuf:"bytes,13,opt,name=script,proto3" json:"script,omitempty"`
+	Script *Script `protobuf:"bytes,13,opt,name=script,proto3" json:"script,omitempty"`
+	// Egress profile of the task's sandbox: "registries" (the default: the
+	// package registries plus egress_allow), "custom" (egress_allow only) or
+	// "none" (nothing).
+	EgressProfile string `protobuf:"bytes,14,opt,name=egress_profile,json=egressProfile,proto3" json:"egress_profile,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -307,6 +313,13 @@ func (x *TaskSpec) GetScript() *Script {
 		return x.Script
 	}
 	return nil
+}
+
+func (x *TaskSpec) GetEgressProfile() string {
+	if x != nil {
+		return x.EgressProfile
+	}
+	return ""
 }
 
 // Script is a scripted trajectory: steps that each record a tool_call, run
@@ -2040,7 +2053,7 @@ const file_warren_v1_task_proto_rawDesc = "" +
 	"\n" +
 	"max_tokens\x18\x02 \x01(\x03R\tmaxTokens\x12+\n" +
 	"\x12max_cost_micro_usd\x18\x03 \x01(\x03R\x0fmaxCostMicroUsd\x123\n" +
-	"\x16max_wall_clock_seconds\x18\x04 \x01(\x03R\x13maxWallClockSeconds\"\x83\x04\n" +
+	"\x16max_wall_clock_seconds\x18\x04 \x01(\x03R\x13maxWallClockSeconds\"\xaa\x04\n" +
 	"\bTaskSpec\x12\x12\n" +
 	"\x04repo\x18\x01 \x01(\tR\x04repo\x12\x12\n" +
 	"\x04base\x18\x02 \x01(\tR\x04base\x12\x1f\n" +
@@ -2057,7 +2070,8 @@ const file_warren_v1_task_proto_rawDesc = "" +
 	" \x01(\tR\vtestCommand\x122\n" +
 	"\tresources\x18\v \x01(\v2\x14.warren.v1.ResourcesR\tresources\x12\x16\n" +
 	"\x06driver\x18\f \x01(\tR\x06driver\x12)\n" +
-	"\x06script\x18\r \x01(\v2\x11.warren.v1.ScriptR\x06script\x1a9\n" +
+	"\x06script\x18\r \x01(\v2\x11.warren.v1.ScriptR\x06script\x12%\n" +
+	"\x0eegress_profile\x18\x0e \x01(\tR\regressProfile\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"|\n" +

@@ -57,6 +57,9 @@ const (
 	SandboxServiceListFilesProcedure = "/warren.v1.SandboxService/ListFiles"
 	// SandboxServicePauseProcedure is the fully-qualified name of the SandboxService's Pause RPC.
 	SandboxServicePauseProcedure = "/warren.v1.SandboxService/Pause"
+	// SandboxServiceSetEgressProcedure is the fully-qualified name of the SandboxService's SetEgress
+	// RPC.
+	SandboxServiceSetEgressProcedure = "/warren.v1.SandboxService/SetEgress"
 	// SandboxServiceResumeProcedure is the fully-qualified name of the SandboxService's Resume RPC.
 	SandboxServiceResumeProcedure = "/warren.v1.SandboxService/Resume"
 	// SandboxServiceSetPoolTargetProcedure is the fully-qualified name of the SandboxService's
@@ -82,6 +85,9 @@ type SandboxServiceClient interface {
 	// Pause saves the sandbox to disk and stops it; Resume brings it back on
 	// the same node.
 	Pause(context.Context, *connect.Request[v1.PauseRequest]) (*connect.Response[v1.PauseResponse], error)
+	// SetEgress changes a live sandbox's egress policy; new connections
+	// follow it at once, established ones keep going.
+	SetEgress(context.Context, *connect.Request[v1.SetEgressRequest]) (*connect.Response[v1.SetEgressResponse], error)
 	Resume(context.Context, *connect.Request[v1.ResumeRequest]) (*connect.Response[v1.ResumeResponse], error)
 	// SetPoolTarget sets how many warm sandboxes of a template each node
 	// keeps; ListPools reports them.
@@ -154,6 +160,12 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("Pause")),
 			connect.WithClientOptions(opts...),
 		),
+		setEgress: connect.NewClient[v1.SetEgressRequest, v1.SetEgressResponse](
+			httpClient,
+			baseURL+SandboxServiceSetEgressProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("SetEgress")),
+			connect.WithClientOptions(opts...),
+		),
 		resume: connect.NewClient[v1.ResumeRequest, v1.ResumeResponse](
 			httpClient,
 			baseURL+SandboxServiceResumeProcedure,
@@ -186,6 +198,7 @@ type sandboxServiceClient struct {
 	writeFile     *connect.Client[v1.WriteFileRequest, v1.WriteFileResponse]
 	listFiles     *connect.Client[v1.ListFilesRequest, v1.ListFilesResponse]
 	pause         *connect.Client[v1.PauseRequest, v1.PauseResponse]
+	setEgress     *connect.Client[v1.SetEgressRequest, v1.SetEgressResponse]
 	resume        *connect.Client[v1.ResumeRequest, v1.ResumeResponse]
 	setPoolTarget *connect.Client[v1.SetPoolTargetRequest, v1.SetPoolTargetResponse]
 	listPools     *connect.Client[v1.ListPoolsRequest, v1.ListPoolsResponse]
@@ -236,6 +249,11 @@ func (c *sandboxServiceClient) Pause(ctx context.Context, req *connect.Request[v
 	return c.pause.CallUnary(ctx, req)
 }
 
+// SetEgress calls warren.v1.SandboxService.SetEgress.
+func (c *sandboxServiceClient) SetEgress(ctx context.Context, req *connect.Request[v1.SetEgressRequest]) (*connect.Response[v1.SetEgressResponse], error) {
+	return c.setEgress.CallUnary(ctx, req)
+}
+
 // Resume calls warren.v1.SandboxService.Resume.
 func (c *sandboxServiceClient) Resume(ctx context.Context, req *connect.Request[v1.ResumeRequest]) (*connect.Response[v1.ResumeResponse], error) {
 	return c.resume.CallUnary(ctx, req)
@@ -266,6 +284,9 @@ type SandboxServiceHandler interface {
 	// Pause saves the sandbox to disk and stops it; Resume brings it back on
 	// the same node.
 	Pause(context.Context, *connect.Request[v1.PauseRequest]) (*connect.Response[v1.PauseResponse], error)
+	// SetEgress changes a live sandbox's egress policy; new connections
+	// follow it at once, established ones keep going.
+	SetEgress(context.Context, *connect.Request[v1.SetEgressRequest]) (*connect.Response[v1.SetEgressResponse], error)
 	Resume(context.Context, *connect.Request[v1.ResumeRequest]) (*connect.Response[v1.ResumeResponse], error)
 	// SetPoolTarget sets how many warm sandboxes of a template each node
 	// keeps; ListPools reports them.
@@ -334,6 +355,12 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("Pause")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceSetEgressHandler := connect.NewUnaryHandler(
+		SandboxServiceSetEgressProcedure,
+		svc.SetEgress,
+		connect.WithSchema(sandboxServiceMethods.ByName("SetEgress")),
+		connect.WithHandlerOptions(opts...),
+	)
 	sandboxServiceResumeHandler := connect.NewUnaryHandler(
 		SandboxServiceResumeProcedure,
 		svc.Resume,
@@ -372,6 +399,8 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceListFilesHandler.ServeHTTP(w, r)
 		case SandboxServicePauseProcedure:
 			sandboxServicePauseHandler.ServeHTTP(w, r)
+		case SandboxServiceSetEgressProcedure:
+			sandboxServiceSetEgressHandler.ServeHTTP(w, r)
 		case SandboxServiceResumeProcedure:
 			sandboxServiceResumeHandler.ServeHTTP(w, r)
 		case SandboxServiceSetPoolTargetProcedure:
@@ -421,6 +450,10 @@ func (UnimplementedSandboxServiceHandler) ListFiles(context.Context, *connect.Re
 
 func (UnimplementedSandboxServiceHandler) Pause(context.Context, *connect.Request[v1.PauseRequest]) (*connect.Response[v1.PauseResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.SandboxService.Pause is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) SetEgress(context.Context, *connect.Request[v1.SetEgressRequest]) (*connect.Response[v1.SetEgressResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.SandboxService.SetEgress is not implemented"))
 }
 
 func (UnimplementedSandboxServiceHandler) Resume(context.Context, *connect.Request[v1.ResumeRequest]) (*connect.Response[v1.ResumeResponse], error) {

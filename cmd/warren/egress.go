@@ -1,0 +1,120 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"hash/fnv"
+	"net"
+	"net/netip"
+	"net/url"
+	"os"
+	"strconv"
+
+	"github.com/warrenhq/warren/netpolicy"
+	"github.com/warrenhq/warren/noded"
+)
+
+// egressFlags are the node's egress-policy flags.
+type egressFlags struct {
+	mode, prefix4, prefix6, upstream, registries string
+	pool                                         int
+	mgr                                          *noded.Egress // made by newDriver for microvm and container
+}
+
+func (e *egressFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&e.mode, "egress", "auto", "egress policy for microvm and container sandboxes: on, off (sandboxes get no network at all) or auto (on when root with /dev/net/tun)")
+	fs.StringVar(&e.prefix4, "egress-prefix4", netpolicy.DefaultPrefix4.String(), "egress: IPv4 pool for sandbox links (a /30 each; the first address is the DNS resolver)")
+	fs.StringVar(&e.prefix6, "egress-prefix6", netpolicy.DefaultPrefix6.String(), "egress: IPv6 pool for sandbox links")
+	fs.StringVar(&e.upstream, "egress-upstream", "", "egress: HOST:PORT of the DNS server allowed names are forwarded to (default: the first nameserver in /etc/resolv.conf)")
+	fs.StringVar(&e.registries, "egress-registries", "", "egress: comma-separated names the registries profile allows, exact or *.suffix (default: the Go proxy, PyPI, npm, crates.io, Maven Central and Debian mirrors)")
+	fs.IntVar(&e.pool, "egress-pool", 4, "egress: network namespaces kept ready for new sandboxes")
+}
+
+// enabled decides whether the node runs egress policy.
+func (e *egressFlags) enabled() (bool, error) {
+	_, tunErr := os.Stat("/dev/net/tun")
+	can := os.Geteuid() == 0 && tunErr == nil
+	switch e.mode {
+	case "", "auto":
+		return can, nil
+	case "on":
+		if !can {
+			return false, errors.New("egress: on needs root and /dev/net/tun")
+		}
+		return true, nil
+	case "off":
+		return false, nil
+	}
+	return false, fmt.Errorf("egress: %q is not on, off or auto", e.mode)
+}
+
+// start makes the node's egress policy. ports are the cluster's (API,
+// raft, gossip, sandbox API), denied to every sandbox.
+func (e *egressFlags) start(f *nodeFlags) (*noded.Egress, error) {
+	cfg := netpolicy.Config{Tag: egressTag(f.id, f.data), Upstream: e.upstream, Pool: e.pool, Logger: f.logger}
+	var err error
+	if cfg.Prefix4, err = netip.ParsePrefix(e.prefix4); err != nil {
+		return nil, fmt.Errorf("egress-prefix4: %q is not a CIDR prefix", e.prefix4)
+	}
+	if cfg.Prefix6, err = netip.ParsePrefix(e.prefix6); err != nil {
+		return nil, fmt.Errorf("egress-prefix6: %q is not a CIDR prefix", e.prefix6)
+	}
+	if e.registries != "" {
+		cfg.Registries = splitComma(e.registries)
+		if _, err := (netpolicy.Policy{Profile: netpolicy.ProfileCustom, Allow: cfg.Registries}).Normalize(); err != nil {
+			return nil, fmt.Errorf("egress-registries: %w", err) // "allow[i]" is the i-th name
+		}
+	}
+	if e.pool < 0 || e.pool > 1024 {
+		return nil, fmt.Errorf("egress-pool: %d must be between 0 and 1024", e.pool)
+	}
+	cfg.ClusterPorts = clusterPorts(f)
+	eg, err := noded.NewEgress(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("egress: %w", err)
+	}
+	return eg, nil
+}
+
+// egressTag names what this node owns on the host (namespaces, links, the
+// node table), from its id and data directory, so nodes sharing a host
+// (tests, dev) keep apart and a restarted node finds its own leftovers.
+func egressTag(id, data string) string {
+	h := fnv.New32a()
+	h.Write([]byte(id + "\x00" + data))
+	s := strconv.FormatUint(uint64(h.Sum32()), 36)
+	for len(s) < 4 {
+		s = "0" + s
+	}
+	return s[:4]
+}
+
+// clusterPorts are the ports of this node's gossip and sandbox API and of
+// the servers' API and raft (the API port + 1 by default).
+func clusterPorts(f *nodeFlags) []uint16 {
+	var out []uint16
+	add := func(hostport string) int {
+		_, p, err := net.SplitHostPort(hostport)
+		if err != nil {
+			return 0
+		}
+		n, err := strconv.Atoi(p)
+		if err != nil || n <= 0 || n > 65535 {
+			return 0
+		}
+		out = append(out, uint16(n))
+		return n
+	}
+	add(f.gossip)
+	add(f.sandboxListen)
+	add(f.metrics)
+	for _, s := range splitComma(f.servers) {
+		if u, err := url.Parse(s); err == nil {
+			if n := add(u.Host); n > 0 && n < 65535 {
+				out = append(out, uint16(n+1))
+			}
+		}
+	}
+	return out
+}

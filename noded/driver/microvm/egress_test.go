@@ -1,0 +1,137 @@
+package microvm
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/warrenhq/warren/netpolicy"
+	"github.com/warrenhq/warren/netpolicy/netpolicytest"
+	"github.com/warrenhq/warren/noded/driver"
+)
+
+// Issue 6's acceptance from inside a real microVM: the guest's NIC sits
+// on a tap in the sandbox's namespace, its DNS goes to the node's
+// allowlist resolver, and everything else is refused.
+func TestEgressFromMicroVM(t *testing.T) {
+	needVM(t)
+	tp := netpolicytest.New(t)
+	var mu sync.Mutex
+	var audit []netpolicy.AuditEvent
+	m := tp.Manager(t, 1, func(_ string, b netpolicy.AuditBatch) {
+		mu.Lock()
+		audit = append(audit, b.Events...)
+		mu.Unlock()
+	})
+	d, err := New(Config{ImageDir: imageDir(), StateDir: t.TempDir(), Accel: os.Getenv("WARREN_TEST_ACCEL"),
+		Networks: driver.PolicyNetworks{M: m}, Logger: slog.New(slog.NewTextHandler(tlog{t}, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer assertNothingLeft(t, d)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	sb, err := d.Claim(ctx, driver.ClaimRequest{ID: "sb-egress"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy()
+	nw := sb.(driver.Networked).Network().(driver.PolicyNetwork)
+	nw.Bind(sb.ID())
+	if err := nw.SetPolicy(netpolicy.Policy{}); err != nil {
+		t.Fatal(err)
+	}
+	if out, code := run(t, sb, "cat > /tmp/probe.py <<'EOF'\n"+netpolicytest.ProbePy+"EOF\n"); code != 0 {
+		t.Fatalf("write probe: %d %s", code, out)
+	}
+	try := func(args string) []string {
+		out, code := run(t, sb, "python3 /tmp/probe.py "+args)
+		if code != 0 {
+			t.Fatalf("probe %s: exit %d: %s", args, code, out)
+		}
+		t.Logf("probe %s: %s", args, strings.TrimSpace(out))
+		return strings.Fields(out)
+	}
+	if f := try("allowed.test"); f[0] != "ok" || f[1] != netpolicytest.Web.String() {
+		t.Errorf("allowed.test: %v; want ok via %v", f, netpolicytest.Web)
+	}
+	if f := try("denied.test"); f[0] != "noname" {
+		t.Errorf("denied.test: %v; want no name", f)
+	}
+	for _, target := range []string{
+		netpolicytest.Other.String(),
+		netpolicytest.Private.String(),
+		fmt.Sprintf("%s %d", netpolicytest.NodeAddr, netpolicytest.APIPort),
+		fmt.Sprintf("%s %d", netpolicytest.NodeAddr, netpolicytest.GossipPort),
+		"169.254.169.254",
+		netpolicy.GuestGateway4.String(),
+	} {
+		f := try(target)
+		if f[0] != "refused" || f[3] != "ConnectionRefusedError" {
+			t.Errorf("%s: %v; want ConnectionRefusedError (a reset)", target, f)
+			continue
+		}
+		if ms, err := strconv.ParseFloat(f[2], 64); err != nil || ms > 100 {
+			t.Errorf("%s: refused after %s ms; want within 100 ms", target, f[2])
+		}
+	}
+	// UDP and ICMP to a denied host fail; the same to the allowed one
+	// pass for UDP.
+	out, _ := run(t, sb, fmt.Sprintf(`python3 -c '
+import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(2); s.connect(("%s", 80)); s.send(b"x")
+try:
+    s.recv(4); print("udp-answered")
+except Exception as e:
+    print("udp", type(e).__name__)
+r = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP); r.settimeout(2)
+req = bytearray(b"\x08\x00\x00\x00\x12\x34\x00\x01")
+c = sum(req[i] << 8 | req[i+1] for i in range(0, 8, 2)); c = (c >> 16) + (c & 0xffff); c = ~(c + (c >> 16)) & 0xffff
+req[2], req[3] = c >> 8, c & 0xff
+try:
+    r.sendto(bytes(req), ("%s", 0))
+    while True:
+        d = r.recv(1500); t = d[(d[0] & 15) * 4]
+        if t != 8:
+            print("icmp-type", t); break
+except Exception as e:
+    print("icmp", type(e).__name__)
+'`, netpolicytest.Other, netpolicytest.Other))
+	t.Logf("udp/icmp to %v: %s", netpolicytest.Other, strings.TrimSpace(out))
+	if !strings.Contains(out, "udp OSError") && !strings.Contains(out, "udp ConnectionRefusedError") || !strings.Contains(out, "icmp-type 3") {
+		t.Errorf("udp or icmp to a denied host got through: %s", out)
+	}
+	// A live change: allowed.test is off the list for new connections.
+	if err := nw.SetPolicy(netpolicy.Policy{Profile: netpolicy.ProfileCustom, Allow: []string{"www.cdn.test"}}); err != nil {
+		t.Fatal(err)
+	}
+	if f := try("allowed.test"); f[0] != "noname" {
+		t.Errorf("allowed.test after the change: %v; want no name", f)
+	}
+	if f := try(netpolicytest.Web.String()); f[0] != "refused" {
+		t.Errorf("%v after the change: %v; want refused", netpolicytest.Web, f)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		mu.Lock()
+		var allow, deny bool
+		for _, e := range audit {
+			allow = allow || e.Verdict == "allow" && e.Kind == "connect" && e.Addr == netpolicytest.Web.String()
+			deny = deny || e.Verdict == "deny" && e.Kind == "connect" && e.Addr == netpolicytest.Other.String()
+		}
+		mu.Unlock()
+		if allow && deny {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("audit: allow %v, deny %v: %+v", allow, deny, audit)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

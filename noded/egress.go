@@ -1,0 +1,137 @@
+package noded
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sync"
+
+	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/netpolicy"
+	"github.com/warrenhq/warren/noded/driver"
+)
+
+// Egress is the node's egress policy as drivers and APIs see it: it hands
+// drivers networks (driver.Networks), binds a claimed sandbox's network to
+// its id and policy, and routes each sandbox's egress audit to its task's
+// event log (or the node's log for a sandbox-API sandbox).
+type Egress struct {
+	m   *netpolicy.Manager
+	log *slog.Logger
+
+	mu    sync.Mutex
+	sinks map[string]func(netpolicy.AuditBatch) // by sandbox id
+}
+
+// NewEgress starts the node's egress policy.
+func NewEgress(cfg netpolicy.Config) (*Egress, error) {
+	e := &Egress{log: cfg.Logger, sinks: map[string]func(netpolicy.AuditBatch){}}
+	if e.log == nil {
+		e.log = slog.New(slog.DiscardHandler)
+	}
+	cfg.Audit = e.audit
+	m, err := netpolicy.New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	e.m = m
+	return e, nil
+}
+
+// Close removes every network and the node's egress setup.
+func (e *Egress) Close() error {
+	if e == nil {
+		return nil
+	}
+	return e.m.Close()
+}
+
+// Attach gives a new sandbox a network that allows nothing until bind.
+func (e *Egress) Attach(ctx context.Context) (driver.Network, error) {
+	return driver.PolicyNetworks{M: e.m}.Attach(ctx)
+}
+
+// netOf returns a sandbox's egress network, if it has one.
+func netOf(sb driver.Sandbox) (driver.PolicyNetwork, bool) {
+	nw, ok := sb.(driver.Networked)
+	if !ok || nw.Network() == nil {
+		return driver.PolicyNetwork{}, false
+	}
+	n, ok := nw.Network().(driver.PolicyNetwork)
+	return n, ok
+}
+
+// bind names sb's network, sets its policy, and sends its audit to sink
+// (nil: the node's log). A sandbox without a network is left alone.
+func (e *Egress) bind(sb driver.Sandbox, p netpolicy.Policy, sink func(netpolicy.AuditBatch)) error {
+	n, ok := netOf(sb)
+	if e == nil || !ok {
+		return nil
+	}
+	n.Bind(sb.ID())
+	if err := n.SetPolicy(p); err != nil {
+		return err
+	}
+	e.mu.Lock()
+	e.sinks[sb.ID()] = sink
+	e.mu.Unlock()
+	return nil
+}
+
+// unbind stops routing a sandbox's audit.
+func (e *Egress) unbind(id string) {
+	if e == nil {
+		return
+	}
+	e.mu.Lock()
+	delete(e.sinks, id)
+	e.mu.Unlock()
+}
+
+func (e *Egress) audit(id string, b netpolicy.AuditBatch) {
+	e.mu.Lock()
+	sink := e.sinks[id]
+	e.mu.Unlock()
+	if sink != nil {
+		sink(b)
+		return
+	}
+	deny := 0
+	for _, ev := range b.Events {
+		if ev.Verdict == "deny" {
+			deny++
+		}
+	}
+	e.log.Info("egress", "sandbox", id, "events", len(b.Events), "denied", deny, "omitted", b.Omitted, "first", b.Events[0])
+}
+
+// policyFromProto checks a policy from the API; errors name the field.
+func policyFromProto(field string, p *warrenv1.EgressPolicy) (netpolicy.Policy, error) {
+	out := netpolicy.Policy{Profile: p.GetProfile(), Allow: p.GetAllow()}
+	for i, s := range p.GetAllowPrefixes() {
+		pfx, err := netip.ParsePrefix(s)
+		if err != nil {
+			return netpolicy.Policy{}, fmt.Errorf("%s.allow_prefixes[%d]: %q is not a CIDR prefix", field, i, s)
+		}
+		out.AllowPrefixes = append(out.AllowPrefixes, pfx)
+	}
+	n, err := out.Normalize()
+	if err != nil {
+		return netpolicy.Policy{}, fmt.Errorf("%s.%w", field, err)
+	}
+	return n, nil
+}
+
+func policyToProto(p netpolicy.Policy) *warrenv1.EgressPolicy {
+	out := &warrenv1.EgressPolicy{Profile: p.Profile, Allow: p.Allow}
+	for _, pfx := range p.AllowPrefixes {
+		out.AllowPrefixes = append(out.AllowPrefixes, pfx.String())
+	}
+	return out
+}
+
+// taskPolicy is the egress policy of a task's spec.
+func taskPolicy(s *warrenv1.TaskSpec) (netpolicy.Policy, error) {
+	return netpolicy.Policy{Profile: s.GetEgressProfile(), Allow: s.GetEgressAllow()}.Normalize()
+}
