@@ -60,6 +60,8 @@ type taskActor struct {
 	started bool
 	done    bool
 	egressN uint64 // egress batches numbered so far
+	// egressPending is the final batch while its append is retried.
+	egressPending *egressMsg
 }
 
 // Started runs at spawn and after a restart: (re)read the log.
@@ -193,6 +195,10 @@ func (a *taskActor) step(c *actor.Context) {
 		return
 	}
 	if a.next > a.script.GetSteps() {
+		if err := a.flushEgress(); err != nil {
+			a.failed(c, "record egress", err, stepMsg{})
+			return
+		}
 		if _, err := a.append(ctx, "done", ev("state_changed", map[string]any{"to": "succeeded", "steps": a.script.GetSteps()})); err != nil {
 			a.failed(c, "record success", err, stepMsg{})
 			return
@@ -247,13 +253,41 @@ func (a *taskActor) recordEgress(c *actor.Context, m egressMsg) {
 		a.egressN++
 		m.n = a.egressN
 	}
+	if err := a.appendEgress(m); err != nil {
+		a.failed(c, "record egress", err, m)
+	}
+}
+
+// flushEgress records the sandbox's egress attempts not yet reported, so
+// they land before the task's last event. A batch whose append failed is
+// kept for the retry.
+func (a *taskActor) flushEgress() error {
+	if a.egressPending == nil {
+		n, ok := netOf(a.sb)
+		if !ok {
+			return nil
+		}
+		b, err := n.Collect()
+		if err != nil || len(b.Events) == 0 {
+			return nil // a closed network has nothing more to say
+		}
+		a.egressN++
+		a.egressPending = &egressMsg{n: a.egressN, b: b}
+	}
+	if err := a.appendEgress(*a.egressPending); err != nil {
+		return err
+	}
+	a.egressPending = nil
+	return nil
+}
+
+func (a *taskActor) appendEgress(m egressMsg) error {
 	payload := map[string]any{"sandbox": a.sb.ID(), "events": m.b.Events}
 	if m.b.Omitted > 0 {
 		payload["omitted"], payload["omitted_count"] = m.b.Omitted, m.b.OmittedCount
 	}
-	if _, err := a.append(a.ctx, fmt.Sprintf("egress-%d", m.n), ev("egress", payload)); err != nil {
-		a.failed(c, "record egress", err, m)
-	}
+	_, err := a.append(a.ctx, fmt.Sprintf("egress-%d", m.n), ev("egress", payload))
+	return err
 }
 
 // append appends one event under the actor's epoch with an idempotency key
