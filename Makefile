@@ -3,7 +3,7 @@ GO      ?= go
 PKGS    ?= ./...
 TESTFLAGS ?=
 
-.PHONY: all build image run test lint proto bench bench-sandbox bench-logstore bench-appends bench-failover bench-recovery bench-capacity bench-capacity-ci clean
+.PHONY: all build image run test lint proto bench bench-sandbox bench-egress bench-logstore bench-appends bench-failover bench-recovery bench-capacity bench-capacity-ci clean
 
 all: build
 
@@ -69,3 +69,8 @@ image: build bin/warren-guest
 # containerd+runc peer, PSS at 10 and 50 sandboxes (root, `make image`).
 bench-sandbox:
 	$(GO) run ./bench/sandbox -out bench/results/sandbox.md
+
+# Per-sandbox network setup and teardown, with and without the namespace
+# pool (root; the node side runs in a namespace of its own).
+bench-egress:
+	$(GO) run ./bench/egress -out bench/results/egress.md
