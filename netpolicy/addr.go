@@ -108,7 +108,8 @@ func (p pool) slotOf(a netip.Addr) (int, bool) {
 
 // Always-denied destinations: private, shared, loopback, link-local (and
 // with it the cloud metadata address 169.254.169.254), multicast and
-// reserved ranges, over IPv4 and IPv6. The documentation ranges
+// reserved ranges, over IPv4 and IPv6, and the IPv6 ranges that embed or
+// translate IPv4 addresses (so none reaches a private one). The documentation ranges
 // (192.0.2.0/24, 198.51.100.0/24, 203.0.113.0/24, 2001:db8::/32) are not on
 // the list: nothing on the Internet uses them, so the tests' own hosts live
 // there.
@@ -124,7 +125,10 @@ var deniedRanges = []netip.Prefix{
 	netip.MustParsePrefix("198.18.0.0/15"),
 	netip.MustParsePrefix("224.0.0.0/4"),
 	netip.MustParsePrefix("240.0.0.0/4"),
-	netip.MustParsePrefix("::/127"),
+	netip.MustParsePrefix("::/96"),     // unspecified, loopback and IPv4-compatible
+	netip.MustParsePrefix("2001::/32"), // Teredo, which can embed private IPv4
+	netip.MustParsePrefix("2002::/16"), // 6to4, likewise
+	netip.MustParsePrefix("fec0::/10"), // old site-local
 	netip.MustParsePrefix("::ffff:0:0/96"),
 	netip.MustParsePrefix("64:ff9b::/96"),
 	netip.MustParsePrefix("64:ff9b:1::/48"),

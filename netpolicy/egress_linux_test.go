@@ -50,27 +50,54 @@ func lookup(t *testing.T, s *netpolicy.Sandbox, name string, qtype uint16) (int,
 	return resp.Rcode, out
 }
 
-// connect dials TCP from the sandbox, exchanges a line with the echo
-// server, and returns how long a failure took.
-func connect(s *netpolicy.Sandbox, ap netip.AddrPort) (time.Duration, error) {
-	start := time.Now()
+// lookupTTL resolves name's A record and returns the rcode and the
+// answer's TTL.
+func lookupTTL(t *testing.T, s *netpolicy.Sandbox, name string) (int, uint32) {
+	t.Helper()
 	var c net.Conn
+	if err := netpolicy.InNamedNS(s.NSPath(), func() (err error) {
+		c, err = net.Dial("udp", net.JoinHostPort(s.Guest(false).DNS[0].String(), "53"))
+		return
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	q := new(dns.Msg)
+	q.SetQuestion(dns.Fqdn(name), dns.TypeA)
+	resp, _, err := (&dns.Client{Timeout: 3 * time.Second}).ExchangeWithConn(q, &dns.Conn{Conn: c})
+	if err != nil {
+		t.Fatalf("lookup %s: %v", name, err)
+	}
+	if len(resp.Answer) == 0 {
+		return resp.Rcode, 0
+	}
+	return resp.Rcode, resp.Answer[0].Header().Ttl
+}
+
+// connect dials TCP from the sandbox, exchanges a line with the echo
+// server, and returns how long a failed dial took (the dial alone, not the
+// switch into the namespace).
+func connect(s *netpolicy.Sandbox, ap netip.AddrPort) (time.Duration, error) {
+	var c net.Conn
+	var took time.Duration
 	err := netpolicy.InNamedNS(s.NSPath(), func() (err error) {
 		d := net.Dialer{Timeout: 2 * time.Second}
+		start := time.Now()
 		c, err = d.Dial("tcp", ap.String())
+		took = time.Since(start)
 		return
 	})
 	if err != nil {
-		return time.Since(start), err
+		return took, err
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(2 * time.Second))
 	if _, err := c.Write([]byte("ping")); err != nil {
-		return time.Since(start), err
+		return took, err
 	}
 	buf := make([]byte, 4)
 	_, err = c.Read(buf)
-	return time.Since(start), err
+	return took, err
 }
 
 // udpProbe sends a datagram and waits for the echo or an error.
@@ -235,6 +262,29 @@ func TestEgressPolicy(t *testing.T) {
 		}
 	})
 
+	t.Run("dns only to the resolver", func(t *testing.T) {
+		if rc, _ := lookup(t, s, "allowed.test", dns.TypeA); rc != dns.RcodeSuccess {
+			t.Fatal("allowed.test should resolve")
+		}
+		// The web host is allowed now, and it listens on 53 (TCP and
+		// UDP): the sandbox may still not use it as a resolver.
+		if _, err := connect(s, netip.AddrPortFrom(Web, 53)); err == nil || !isRefused(err) {
+			t.Errorf("tcp to %v:53: %v; want refused", Web, err)
+		}
+		if err := udpProbe(s, netip.AddrPortFrom(Web, 53)); err == nil || !isRefused(err) {
+			t.Errorf("udp to %v:53: %v; want refused", Web, err)
+		}
+	})
+
+	t.Run("answers carry the time the sandbox may use them", func(t *testing.T) {
+		// short.test's TTL is 1 s upstream; the allow set keeps it 5 s,
+		// and the answer says so.
+		rc, ttl := lookupTTL(t, s, "short.test")
+		if rc != dns.RcodeSuccess || ttl != 5 {
+			t.Fatalf("short.test: rcode %d, ttl %d; want 5", rc, ttl)
+		}
+	})
+
 	t.Run("rebinding is blocked", func(t *testing.T) {
 		if rc, addrs := lookup(t, s, "rebind.test", dns.TypeA); rc != dns.RcodeSuccess || !slices.Contains(addrs, Web) {
 			t.Fatalf("rebind.test first: %d %v", rc, addrs)
@@ -298,6 +348,28 @@ func TestEgressPolicy(t *testing.T) {
 		}
 		if rc, _ := lookup(t, s, "www.cdn.test", dns.TypeA); rc != dns.RcodeNameError {
 			t.Fatalf("profile none resolves www.cdn.test: rcode %d", rc)
+		}
+	})
+
+	t.Run("a lookup under the old policy does not open the new one", func(t *testing.T) {
+		if err := s.SetPolicy(netpolicy.Policy{}); err != nil { // registries: slow.test is on it
+			t.Fatal(err)
+		}
+		tp.Zone.SetDelay("slow.test.", 400*time.Millisecond)
+		done := make(chan int, 1)
+		go func() {
+			rc, _ := lookup(t, s, "slow.test", dns.TypeA)
+			done <- rc
+		}()
+		time.Sleep(100 * time.Millisecond) // the lookup is upstream now
+		if err := s.SetPolicy(netpolicy.Policy{Profile: netpolicy.ProfileCustom, Allow: []string{"www.cdn.test"}}); err != nil {
+			t.Fatal(err)
+		}
+		if rc := <-done; rc == dns.RcodeSuccess {
+			t.Error("the lookup begun under the old policy succeeded")
+		}
+		if _, err := connect(s, netip.AddrPortFrom(Other, 80)); err == nil {
+			t.Errorf("slow.test's address %v is reachable after the policy changed", Other)
 		}
 	})
 

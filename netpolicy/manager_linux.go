@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -64,6 +65,8 @@ type Manager struct {
 	resolver Slot
 	denied   []netip.Addr // the node's own addresses
 	dns      *resolver
+	sysctls  map[string]string // what setupHost changed, to restore
+	claims   sync.WaitGroup    // Claims in flight, which Close waits for
 
 	mu      sync.Mutex
 	used    map[int]bool     // slots with a namespace
@@ -206,7 +209,11 @@ func (m *Manager) setupHost() error {
 	if err := m.hostH.LinkSetUp(l); err != nil {
 		return err
 	}
-	if err := inNS(m.host, enableForwarding); err != nil {
+	var wasRouter bool
+	if err := inNS(m.host, func() (err error) {
+		m.sysctls, wasRouter, err = hostForwarding()
+		return err
+	}); err != nil {
 		return fmt.Errorf("netpolicy: %w", err)
 	}
 	addrs, err := nodeAddrs(m.hostH)
@@ -218,7 +225,7 @@ func (m *Manager) setupHost() error {
 			m.denied = append(m.denied, a)
 		}
 	}
-	return installHostRules(m.hostNFT, m.cfg.table(), m.cfg.ifPrefix(), m.resolver, m.pool.p4, m.pool.p6)
+	return installHostRules(m.hostNFT, m.cfg.table(), m.cfg.ifPrefix(), m.resolver, m.pool.p4, m.pool.p6, wasRouter)
 }
 
 func (m *Manager) teardownHost() {
@@ -226,6 +233,11 @@ func (m *Manager) teardownHost() {
 		m.hostH.LinkDel(l)
 	}
 	deleteTable(m.hostNFT, m.cfg.table())
+	if len(m.sysctls) > 0 {
+		if err := inNS(m.host, func() error { return restoreSysctls(m.sysctls) }); err != nil {
+			m.log.Warn("egress: restore forwarding sysctls", "err", err)
+		}
+	}
 }
 
 func (m *Manager) closeHandles() {
@@ -253,6 +265,7 @@ func (m *Manager) Close() error {
 	m.mu.Unlock()
 	close(m.stop)
 	m.wg.Wait()
+	m.claims.Wait() // a Claim past its check finishes (and sees closed) first
 	m.dns.close()
 	var errs []error
 	for _, s := range sbs {
@@ -280,6 +293,15 @@ type Sandbox struct {
 	seen    map[attemptKey]uint64 // packets reported so far
 	dns     []AuditEvent          // resolver decisions not yet reported
 	closed  bool
+	// gen counts policy changes: a lookup that began under an older policy
+	// does not open the allow sets.
+	gen uint64
+	// allowed is when each address the resolver handed out leaves the
+	// allow sets (its TTL), so a later answer can extend it.
+	allowed map[netip.Addr]time.Time
+	// lookups bounds the resolver's upstream calls in flight for this
+	// sandbox.
+	lookups chan struct{}
 }
 
 // Claim gives sandbox id a network with policy p: a pre-created one when
@@ -294,6 +316,8 @@ func (m *Manager) Claim(ctx context.Context, id string, p Policy) (*Sandbox, err
 		m.mu.Unlock()
 		return nil, ErrClosed
 	}
+	m.claims.Add(1)
+	defer m.claims.Done()
 	var s *Sandbox
 	if n := len(m.ready); n > 0 {
 		s, m.ready = m.ready[n-1], m.ready[:n-1]
@@ -340,7 +364,8 @@ func (m *Manager) create() (*Sandbox, error) {
 	}
 	m.used[idx] = true
 	m.mu.Unlock()
-	s := &Sandbox{m: m, slot: m.pool.slot(idx), name: m.cfg.nsPrefix() + strconv.Itoa(idx), seen: map[attemptKey]uint64{}}
+	s := &Sandbox{m: m, slot: m.pool.slot(idx), name: m.cfg.nsPrefix() + strconv.Itoa(idx), seen: map[attemptKey]uint64{},
+		allowed: map[netip.Addr]time.Time{}, lookups: make(chan struct{}, maxLookups)}
 	var err error
 	if s.ns, err = createNS(s.name); err != nil {
 		m.release(idx)
@@ -365,7 +390,32 @@ func (m *Manager) create() (*Sandbox, error) {
 }
 
 func (m *Manager) rules(p Policy) Rules {
-	return computeRules(m.resolver, m.denied, []netip.Prefix{m.pool.p4, m.pool.p6}, m.cfg.ClusterPorts, p)
+	m.mu.Lock()
+	ports := m.cfg.ClusterPorts
+	m.mu.Unlock()
+	return computeRules(m.resolver, m.denied, []netip.Prefix{m.pool.p4, m.pool.p6}, ports, p)
+}
+
+// AddClusterPorts denies more of the cluster's ports (one bound after the
+// manager started, such as the node's sandbox API on a port the kernel
+// picked) to every sandbox, live and future.
+func (m *Manager) AddClusterPorts(ports ...uint16) error {
+	m.mu.Lock()
+	m.cfg.ClusterPorts = append(slices.Clone(m.cfg.ClusterPorts), ports...)
+	sbs := slices.Clone(m.ready)
+	for _, s := range m.claimed {
+		sbs = append(sbs, s)
+	}
+	m.mu.Unlock()
+	var errs []error
+	for _, s := range sbs {
+		s.mu.Lock()
+		if !s.closed {
+			errs = append(errs, addPorts(s.nft, s.sets, ports))
+		}
+		s.mu.Unlock()
+	}
+	return errors.Join(errs...)
 }
 
 func (m *Manager) release(idx int) {
@@ -495,6 +545,8 @@ func (s *Sandbox) SetPolicy(p Policy) error {
 		return ErrClosed
 	}
 	s.policy, s.matcher = p, p.Matcher(s.m.cfg.Registries)
+	s.gen++
+	clear(s.allowed)
 	return setAllowPrefixes(s.nft, s.sets, s.m.rules(p))
 }
 

@@ -21,27 +21,35 @@ import (
 // netnsDir is where named namespaces are bind-mounted, as by `ip netns`.
 const netnsDir = "/run/netns"
 
-// inNS runs fn on an OS thread that is in ns, then returns the thread to
-// its namespace. If that fails the thread is left locked, so the runtime
-// retires it instead of reusing it in the wrong namespace.
+// inNS runs fn on an OS thread that is in ns. The work runs on a goroutine
+// of its own, locked to its thread: if the thread cannot return to its
+// namespace, the goroutine exits still locked and the runtime ends the
+// thread, so no other goroutine ever runs in the wrong namespace.
 func inNS(ns netns.NsHandle, fn func() error) error {
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			runtime.UnlockOSThread()
+			done <- fmt.Errorf("netns: current: %w", err)
+			return
+		}
+		defer orig.Close()
+		if err := netns.Set(ns); err != nil {
+			runtime.UnlockOSThread()
+			done <- fmt.Errorf("netns: enter: %w", err)
+			return
+		}
+		ferr := fn()
+		if err := netns.Set(orig); err != nil {
+			done <- errors.Join(ferr, fmt.Errorf("netns: return: %w", err))
+			return // still locked: the thread goes with the goroutine
+		}
 		runtime.UnlockOSThread()
-		return fmt.Errorf("netns: current: %w", err)
-	}
-	defer orig.Close()
-	if err := netns.Set(ns); err != nil {
-		runtime.UnlockOSThread()
-		return fmt.Errorf("netns: enter: %w", err)
-	}
-	ferr := fn()
-	if err := netns.Set(orig); err != nil {
-		return errors.Join(ferr, fmt.Errorf("netns: return: %w", err))
-	}
-	runtime.UnlockOSThread()
-	return ferr
+		done <- ferr
+	}()
+	return <-done
 }
 
 // createNS makes a new named namespace and returns a handle to it.
@@ -49,25 +57,36 @@ func createNS(name string) (netns.NsHandle, error) {
 	if err := os.MkdirAll(netnsDir, 0o755); err != nil {
 		return netns.None(), err
 	}
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		runtime.UnlockOSThread()
-		return netns.None(), err
+	type result struct {
+		ns  netns.NsHandle
+		err error
 	}
-	defer orig.Close()
-	ns, err := netns.NewNamed(name) // moves this thread into ns
-	if serr := netns.Set(orig); serr != nil {
-		if ns.IsOpen() {
-			ns.Close()
+	done := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			runtime.UnlockOSThread()
+			done <- result{netns.None(), err}
+			return
 		}
-		return netns.None(), fmt.Errorf("netns: return from %s: %w", name, serr)
-	}
-	runtime.UnlockOSThread()
-	if err != nil {
-		return netns.None(), fmt.Errorf("netns: create %s: %w", name, err)
-	}
-	return ns, nil
+		defer orig.Close()
+		ns, err := netns.NewNamed(name) // moves this thread into ns
+		if serr := netns.Set(orig); serr != nil {
+			if ns.IsOpen() {
+				ns.Close()
+			}
+			done <- result{netns.None(), fmt.Errorf("netns: return from %s: %w", name, serr)}
+			return // still locked: the thread goes with the goroutine
+		}
+		runtime.UnlockOSThread()
+		if err != nil {
+			err = fmt.Errorf("netns: create %s: %w", name, err)
+		}
+		done <- result{ns, err}
+	}()
+	r := <-done
+	return r.ns, r.err
 }
 
 // deleteNS unmounts and removes a named namespace; the kernel frees it,
@@ -172,6 +191,63 @@ func enableForwarding() error {
 	return nil
 }
 
+// hostForwarding turns on IPv4 and IPv6 forwarding in the calling thread's
+// namespace (the node's) and returns the sysctls it changed with their old
+// values, to restore on close. Where IPv6 forwarding was off, interfaces
+// that accepted router advertisements (accept_ra 1, which forwarding turns
+// off) get accept_ra 2, so the node keeps its SLAAC addresses and routes.
+func hostForwarding() (changed map[string]string, wasRouter bool, err error) {
+	changed = map[string]string{}
+	read := func(p string) string { b, _ := os.ReadFile(p); return strings.TrimSpace(string(b)) }
+	set := func(p, v string) error {
+		old := read(p)
+		if old == v {
+			return nil
+		}
+		if err := os.WriteFile(p, []byte(v), 0o644); err != nil {
+			return fmt.Errorf("sysctl %s: %w", p, err)
+		}
+		if _, seen := changed[p]; !seen {
+			changed[p] = old
+		}
+		return nil
+	}
+	v4, v6 := "/proc/sys/net/ipv4/ip_forward", "/proc/sys/net/ipv6/conf/all/forwarding"
+	wasRouter = read(v4) == "1"
+	if read(v6) != "1" {
+		ents, _ := os.ReadDir("/proc/sys/net/ipv6/conf")
+		for _, e := range ents {
+			p := filepath.Join("/proc/sys/net/ipv6/conf", e.Name(), "accept_ra")
+			if read(p) == "1" {
+				if err := set(p, "2"); err != nil {
+					return changed, wasRouter, err
+				}
+			}
+		}
+	}
+	for _, p := range []string{v4, v6} {
+		if err := set(p, "1"); err != nil {
+			return changed, wasRouter, err
+		}
+	}
+	return changed, wasRouter, nil
+}
+
+// restoreSysctls writes back what hostForwarding changed, forwarding first.
+func restoreSysctls(changed map[string]string) error {
+	var errs []error
+	for _, p := range []string{"/proc/sys/net/ipv4/ip_forward", "/proc/sys/net/ipv6/conf/all/forwarding"} {
+		if v, ok := changed[p]; ok {
+			errs = append(errs, os.WriteFile(p, []byte(v), 0o644))
+			delete(changed, p)
+		}
+	}
+	for p, v := range changed {
+		errs = append(errs, os.WriteFile(p, []byte(v), 0o644))
+	}
+	return errors.Join(errs...)
+}
+
 // openTap creates tap0 in ns with the guest gateway's addresses and returns
 // its file, which a VMM takes as its network backend. The link lives as
 // long as some process holds the file.
@@ -193,6 +269,9 @@ func openTap(ns netns.NsHandle) (*os.File, error) {
 		return nil
 	})
 	if err != nil {
+		if f != nil { // made, but the thread could not come back
+			f.Close()
+		}
 		return nil, err
 	}
 	h, err := netlink.NewHandleAt(ns)

@@ -44,6 +44,10 @@ type nftSets struct {
 // packet; the auditor reads the sets far more often than that.
 const auditTTL = 10 * time.Minute
 
+// maxAllowed bounds each allow set: a name whose DNS an attacker controls
+// cannot grow the node's kernel memory without end.
+const maxAllowed = 4096
+
 // auditSize bounds each audit set; when one is full, new attempts are still
 // filtered, only not recorded (the auditor reports the overflow).
 const auditSize = 4096
@@ -56,8 +60,8 @@ func newSets() *nftSets {
 	}
 	s := &nftSets{
 		table:      t,
-		allow4:     &nftables.Set{Table: t, Name: "allow4", KeyType: nftables.TypeIPAddr, HasTimeout: true},
-		allow6:     &nftables.Set{Table: t, Name: "allow6", KeyType: nftables.TypeIP6Addr, HasTimeout: true},
+		allow4:     &nftables.Set{Table: t, Name: "allow4", KeyType: nftables.TypeIPAddr, HasTimeout: true, Size: maxAllowed},
+		allow6:     &nftables.Set{Table: t, Name: "allow6", KeyType: nftables.TypeIP6Addr, HasTimeout: true, Size: maxAllowed},
 		pfx4:       &nftables.Set{Table: t, Name: "pfx4", KeyType: nftables.TypeIPAddr, Interval: true},
 		pfx6:       &nftables.Set{Table: t, Name: "pfx6", KeyType: nftables.TypeIP6Addr, Interval: true},
 		deny4:      &nftables.Set{Table: t, Name: "deny4", KeyType: nftables.TypeIPAddr, Interval: true},
@@ -157,6 +161,11 @@ func installRules(c *nftables.Conn, r Rules) (*nftSets, error) {
 	}
 	add(egress, inSet(false, s.deny4, goTo(deny))...)
 	add(egress, inSet(true, s.deny6, goTo(deny))...)
+	// DNS goes to the node's resolver only, even to an allowed address.
+	for _, proto := range []byte{unix.IPPROTO_TCP, unix.IPPROTO_UDP} {
+		e := append(l4proto(proto), dport(reg1), &expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: binaryutil.BigEndian.PutUint16(53)})
+		add(egress, append(e, goTo(deny))...)
+	}
 	for _, proto := range []byte{unix.IPPROTO_TCP, unix.IPPROTO_UDP} {
 		add(egress, append(l4proto(proto), inSet(false, s.allow4, goTo(allow))...)...)
 		add(egress, append(l4proto(proto), inSet(true, s.allow6, goTo(allow))...)...)
@@ -255,9 +264,13 @@ func inSet(v6 bool, set *nftables.Set, then ...expr.Any) []expr.Any {
 	return append(e, then...)
 }
 
-// ndp matches IPv6 neighbour and router discovery (ICMPv6 types 133–137).
+// ndp matches IPv6 neighbour and router discovery (ICMPv6 types 133–137)
+// with a hop limit of 255, which only a neighbour's packets have: such a
+// packet is never forwarded, so it cannot carry data anywhere.
 func ndp(then ...expr.Any) []expr.Any {
 	e := append(nfproto(true), l4proto(unix.IPPROTO_ICMPV6)...)
+	e = append(e, &expr.Payload{OperationType: expr.PayloadLoad, Base: expr.PayloadBaseNetworkHeader, Offset: 7, Len: 1, DestRegister: reg1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{255}})
 	e = append(e, &expr.Payload{OperationType: expr.PayloadLoad, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 1, DestRegister: reg1},
 		&expr.Range{Op: expr.CmpOpEq, Register: reg1, FromData: []byte{133}, ToData: []byte{137}})
 	return append(e, then...)
@@ -326,6 +339,30 @@ func allowAddrs(c *nftables.Conn, s *nftSets, addrs []netip.Addr, ttl time.Durat
 	return c.Flush()
 }
 
+// addPorts adds cluster ports to the denied ports.
+func addPorts(c *nftables.Conn, s *nftSets, ports []uint16) error {
+	var els []nftables.SetElement
+	for _, p := range ports {
+		els = append(els, nftables.SetElement{Key: binaryutil.BigEndian.PutUint16(p)})
+	}
+	if err := c.SetAddElements(s.ports, els); err != nil {
+		return err
+	}
+	return c.Flush()
+}
+
+// removeAddr takes one address out of the allow sets.
+func removeAddr(c *nftables.Conn, s *nftSets, a netip.Addr) error {
+	set := s.allow4
+	if a.Is6() {
+		set = s.allow6
+	}
+	if err := c.SetDeleteElements(set, []nftables.SetElement{{Key: a.AsSlice()}}); err != nil {
+		return err
+	}
+	return c.Flush()
+}
+
 // Attempt is one destination a sandbox tried, as its audit set counts it.
 type Attempt struct {
 	Allowed bool
@@ -367,7 +404,13 @@ func readAttempts(c *nftables.Conn, s *nftSets) ([]Attempt, error) {
 // and let sandboxes reach nothing on the node but the resolver, nor each
 // other. The sandbox tables already deny all of this; this is the second
 // wall.
-func installHostRules(c *nftables.Conn, name, ifPrefix string, res Slot, p4, p6 netip.Prefix) error {
+//
+// A sandbox's packets must come from its pool address (the namespace
+// masquerades a microVM's; a container cannot forge one without
+// CAP_NET_RAW, which it lacks): others are dropped, so no sandbox can pass
+// for another at the resolver. When the node was not a router before
+// (routerBefore false), it forwards only to and from sandboxes.
+func installHostRules(c *nftables.Conn, name, ifPrefix string, res Slot, p4, p6 netip.Prefix, routerBefore bool) error {
 	t := &nftables.Table{Name: name, Family: nftables.TableFamilyINet}
 	c.DelTable(t)
 	_ = c.Flush() // absent is fine
@@ -404,8 +447,29 @@ func installHostRules(c *nftables.Conn, name, ifPrefix string, res Slot, p4, p6 
 			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: p.Masked().Addr().AsSlice()},
 		}, notToSandbox, []expr.Any{&expr.Masq{}})...)
 	}
+	for _, p := range []netip.Prefix{p4, p6} {
+		v6 := p.Addr().Is6()
+		off, n := uint32(12), uint32(4)
+		if v6 {
+			off, n = 8, 16
+		}
+		spoofed := cat(fromSandbox, nfproto(v6), []expr.Any{
+			&expr.Payload{OperationType: expr.PayloadLoad, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n, DestRegister: reg1},
+			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: n, Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen()), Xor: make([]byte, n)},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: p.Masked().Addr().AsSlice()},
+			verdict(expr.VerdictDrop)})
+		if v6 {
+			// Neighbour discovery from the link-local address is no spoof.
+			add(in, cat(fromSandbox, ndp(verdict(expr.VerdictAccept)))...)
+		}
+		add(in, spoofed...)
+		add(fwd, spoofed...)
+	}
+	if !routerBefore {
+		notFromSandbox := []expr.Any{&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1}, &expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: []byte(ifPrefix)}}
+		add(fwd, cat(notFromSandbox, []expr.Any{&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: reg1}, &expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: []byte(ifPrefix)}, verdict(expr.VerdictDrop)})...)
+	}
 	add(in, cat(fromSandbox, ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED, verdict(expr.VerdictAccept)))...)
-	add(in, cat(fromSandbox, ndp(verdict(expr.VerdictAccept)))...)
 	for _, a := range []netip.Addr{res.Host4, res.Host6} {
 		for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
 			add(in, cat(fromSandbox, nfproto(a.Is6()), l4proto(proto), []expr.Any{

@@ -171,6 +171,11 @@ func (m *Matcher) Allowed(name string) bool {
 		return false
 	}
 	name = strings.TrimSuffix(strings.ToLower(name), ".")
+	if strings.ContainsRune(name, '\\') {
+		// An escaped dot ("a\\.example.com") is one label holding a dot,
+		// not a name under example.com: no pattern may match it.
+		return false
+	}
 	if m.exact[name] {
 		return true
 	}

@@ -42,7 +42,7 @@ func TestMatcher(t *testing.T) {
 	m := p.Matcher(nil)
 	for name, want := range map[string]bool{
 		"pypi.org": true, "PyPI.org.": true, "files.pythonhosted.org": true, "a.b.pythonhosted.org": true,
-		"pythonhosted.org": false, "evilpythonhosted.org": false, "pypi.org.evil.com": false, "xpypi.org": false, "": false,
+		"pythonhosted.org": false, "evilpythonhosted.org": false, `x\.pythonhosted.org`: false, `evil\.files.pythonhosted.org`: false, "pypi.org.evil.com": false, "xpypi.org": false, "": false,
 	} {
 		if got := m.Allowed(name); got != want {
 			t.Errorf("Allowed(%q) = %v, want %v", name, got, want)

@@ -23,6 +23,8 @@ const (
 	minAllowTTL     = 5 * time.Second // a TTL of 0 or 1 would close the door before the connect
 	maxAllowTTL     = time.Hour
 	upstreamTimeout = 3 * time.Second
+	maxLookups      = 8  // upstream calls in flight per sandbox; more get SERVFAIL
+	maxAnswerAddrs  = 32 // addresses taken from one answer; the rest are dropped
 )
 
 type resolver struct {
@@ -52,12 +54,17 @@ func startResolver(m *Manager) (*resolver, error) {
 			return nil, fmt.Errorf("netpolicy: resolver on %s: %w", addr, err)
 		}
 		for _, srv := range []*dns.Server{{PacketConn: pc, Handler: r}, {Listener: l, Handler: r}} {
+			started := make(chan struct{})
+			srv.NotifyStartedFunc = func() { close(started) }
 			r.servers = append(r.servers, srv)
 			r.wg.Add(1)
 			go func() {
 				defer r.wg.Done()
 				srv.ActivateAndServe()
 			}()
+			// Shutdown refuses a server that has not started, so a later
+			// failure's close must not find one starting.
+			<-started
 		}
 	}
 	return r, nil
@@ -90,11 +97,18 @@ func (r *resolver) ServeDNS(w dns.ResponseWriter, q *dns.Msg) {
 	}
 	name := q.Question[0].Name
 	s.mu.Lock()
-	matcher, policy := s.matcher, s.policy
+	matcher, policy, gen := s.matcher, s.policy, s.gen
 	s.mu.Unlock()
 	if !matcher.Allowed(name) {
 		s.noteDNS(AuditEvent{Verdict: "deny", Kind: "dns", Name: name, Reason: "not on the allowlist"})
 		reply(dns.RcodeNameError)
+		return
+	}
+	select {
+	case s.lookups <- struct{}{}:
+		defer func() { <-s.lookups }()
+	default:
+		reply(dns.RcodeServerFailure) // too many in flight: the client retries
 		return
 	}
 	_, tcp := w.RemoteAddr().(*net.TCPAddr)
@@ -118,7 +132,7 @@ func (r *resolver) ServeDNS(w dns.ResponseWriter, q *dns.Msg) {
 			return true
 		}
 		a, ok := netip.AddrFromSlice(ip)
-		if !ok {
+		if !ok || len(addrs) >= maxAnswerAddrs {
 			return false
 		}
 		a = a.Unmap()
@@ -132,26 +146,81 @@ func (r *resolver) ServeDNS(w dns.ResponseWriter, q *dns.Msg) {
 	}
 	resp.Answer = filterRR(resp.Answer, keep)
 	resp.Extra = filterRR(resp.Extra, func(rr dns.RR) bool { t := rr.Header().Rrtype; return t != dns.TypeA && t != dns.TypeAAAA })
+	resp.Ns = filterRR(resp.Ns, func(rr dns.RR) bool { t := rr.Header().Rrtype; return t != dns.TypeA && t != dns.TypeAAAA })
 	if dropped > 0 {
 		s.noteDNS(AuditEvent{Verdict: "deny", Kind: "dns", Name: name, Reason: "answer pointed at a private, link-local or node address (DNS rebinding)"})
 	}
 	if len(addrs) > 0 {
 		ttl = max(ttl, minAllowTTL)
+		// The client caches the answer as long as the sandbox may use it.
+		for _, rr := range resp.Answer {
+			if t := rr.Header().Rrtype; t == dns.TypeA || t == dns.TypeAAAA {
+				rr.Header().Ttl = uint32(ttl / time.Second)
+			}
+		}
 		s.mu.Lock()
-		err = ErrClosed
-		if !s.closed {
-			err = allowAddrs(s.nft, s.sets, addrs, ttl)
+		switch {
+		case s.closed:
+			err = ErrClosed
+		case s.gen != gen:
+			err = errors.New("the policy changed during the lookup")
+		default:
+			err = s.allow(addrs, ttl)
 		}
 		s.mu.Unlock()
 		if err != nil {
-			r.m.log.Warn("resolver: allow addresses", "sandbox", s.ID(), "err", err)
+			r.m.log.Debug("resolver: allow addresses", "sandbox", s.ID(), "err", err)
 			reply(dns.RcodeServerFailure)
 			return
 		}
 	}
 	s.noteDNS(AuditEvent{Verdict: "allow", Kind: "dns", Name: name})
 	resp.Id = q.Id
+	if !tcp {
+		size := dns.MinMsgSize
+		if o := q.IsEdns0(); o != nil {
+			size = max(int(o.UDPSize()), dns.MinMsgSize)
+		}
+		resp.Truncate(size)
+	}
 	w.WriteMsg(resp)
+}
+
+// allow puts addrs in the allow sets until now+ttl (s.mu held). An address
+// already there until later is left alone; one there until sooner is taken
+// out and put back with the later time, since a kernel may keep an
+// element's first timeout when it is added again.
+func (s *Sandbox) allow(addrs []netip.Addr, ttl time.Duration) error {
+	now := time.Now()
+	until := now.Add(ttl)
+	var add []netip.Addr
+	for _, a := range addrs {
+		if exp, ok := s.allowed[a]; ok && exp.After(now) {
+			if !until.After(exp) {
+				continue
+			}
+			// Removing an element that already timed out fails with
+			// ENOENT, which is fine; one call per element, so one missing
+			// element cannot undo the others.
+			_ = removeAddr(s.nft, s.sets, a)
+		}
+		add = append(add, a)
+	}
+	if len(add) == 0 {
+		return nil
+	}
+	if err := allowAddrs(s.nft, s.sets, add, ttl); err != nil {
+		return err
+	}
+	for _, a := range add {
+		s.allowed[a] = until
+	}
+	for a, exp := range s.allowed { // forget what the kernel has timed out
+		if exp.Before(now) {
+			delete(s.allowed, a)
+		}
+	}
+	return nil
 }
 
 func filterRR(rrs []dns.RR, keep func(dns.RR) bool) []dns.RR {
@@ -193,11 +262,16 @@ func (r *resolver) forward(q *dns.Msg, tcp bool) (*dns.Msg, error) {
 			network = "tcp"
 		}
 		var c net.Conn
-		err := inNS(r.m.host, func() error {
-			var err error
+		dial := func() (err error) {
 			c, err = net.DialTimeout(network, r.m.cfg.Upstream, upstreamTimeout)
 			return err
-		})
+		}
+		var err error
+		if r.m.cfg.HostNS == "" {
+			err = dial() // this process's namespace is the node's
+		} else {
+			err = inNS(r.m.host, dial)
+		}
 		if err != nil {
 			return nil, err
 		}

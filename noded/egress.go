@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
+	"strconv"
 	"sync"
 
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
@@ -47,6 +49,24 @@ func (e *Egress) Close() error {
 	return e.m.Close()
 }
 
+// denyPort adds a cluster port bound after the egress policy started.
+func (e *Egress) denyPort(hostport string) {
+	if e == nil {
+		return
+	}
+	_, p, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return
+	}
+	n, err := strconv.ParseUint(p, 10, 16)
+	if err != nil || n == 0 {
+		return
+	}
+	if err := e.m.AddClusterPorts(uint16(n)); err != nil {
+		e.log.Warn("egress: deny the sandbox API's port", "port", n, "err", err)
+	}
+}
+
 // Attach gives a new sandbox a network that allows nothing until bind.
 func (e *Egress) Attach(ctx context.Context) (driver.Network, error) {
 	return driver.PolicyNetworks{M: e.m}.Attach(ctx)
@@ -79,7 +99,8 @@ func (e *Egress) bind(sb driver.Sandbox, p netpolicy.Policy, sink func(netpolicy
 	return nil
 }
 
-// unbind stops routing a sandbox's audit.
+// unbind stops routing a sandbox's audit; a report being delivered
+// finishes first.
 func (e *Egress) unbind(id string) {
 	if e == nil {
 		return
@@ -90,13 +111,15 @@ func (e *Egress) unbind(id string) {
 }
 
 func (e *Egress) audit(id string, b netpolicy.AuditBatch) {
+	// The sink runs under e.mu, so unbind returns only once no report is
+	// in flight; sinks must not block.
 	e.mu.Lock()
-	sink := e.sinks[id]
-	e.mu.Unlock()
-	if sink != nil {
+	if sink := e.sinks[id]; sink != nil {
 		sink(b)
+		e.mu.Unlock()
 		return
 	}
+	e.mu.Unlock()
 	deny := 0
 	for _, ev := range b.Events {
 		if ev.Verdict == "deny" {

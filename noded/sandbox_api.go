@@ -511,6 +511,7 @@ func (d *Daemon) serveSandboxes() error {
 	hs.Protocols.SetUnencryptedHTTP2(true)
 	d.sandboxSrv = hs
 	d.sandboxURL = "http://" + ln.Addr().String()
+	d.cfg.Egress.denyPort(ln.Addr().String()) // sandboxes never reach a node's sandbox API
 	go hs.Serve(ln)
 	d.log.Info("sandbox API listening", "url", d.sandboxURL)
 	return nil

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -22,9 +23,11 @@ type (
 	startMsg struct{}
 	stepMsg  struct{}
 	yieldMsg struct{ reason string }
-	// egressMsg is one interval's egress audit of the task's sandbox; n
-	// numbers it for the append's idempotency key.
-	egressMsg struct {
+	// egressMsg says the sandbox's egress audit has batches queued.
+	egressMsg struct{}
+	// egressBatch is one queued audit batch, numbered for its append's
+	// idempotency key.
+	egressBatch struct {
 		n uint64
 		b netpolicy.AuditBatch
 	}
@@ -59,9 +62,13 @@ type taskActor struct {
 	cancel  bool   // the task has a cancel request
 	started bool
 	done    bool
+	bound   bool   // the sandbox's network has the task's policy
 	egressN uint64 // egress batches numbered so far
-	// egressPending is the final batch while its append is retried.
-	egressPending *egressMsg
+	// egressQ is filled by the node's auditor (another goroutine);
+	// egressPending holds numbered batches until their append lands.
+	egressMu      sync.Mutex
+	egressQ       []netpolicy.AuditBatch
+	egressPending []egressBatch
 }
 
 // Started runs at spawn and after a restart: (re)read the log.
@@ -86,7 +93,9 @@ func (a *taskActor) Receive(c *actor.Context, msg any) {
 	case stepMsg:
 		a.step(c)
 	case egressMsg:
-		a.recordEgress(c, m)
+		if err := a.recordEgress(); err != nil {
+			a.failed(c, "record egress", err, egressMsg{})
+		}
 	case yieldMsg:
 		a.yield = m.reason
 		if a.yield == "" {
@@ -144,16 +153,25 @@ func (a *taskActor) start(c *actor.Context) {
 		}
 		a.sb = sb
 		a.d.cfg.Metrics.claimed(sb)
+	}
+	if !a.bound {
 		policy, err := taskPolicy(t.GetSpec())
 		if err != nil { // the servers validate specs; deny all if one slips by
 			c.Logger().Warn("task egress policy invalid; allowing nothing", "task", a.id, "err", err)
 			policy = netpolicy.Policy{Profile: netpolicy.ProfileNone}
 		}
 		self := c.Self()
-		if err := a.d.cfg.Egress.bind(sb, policy, func(b netpolicy.AuditBatch) { _ = self.Send(egressMsg{b: b}) }); err != nil {
+		sink := func(b netpolicy.AuditBatch) {
+			a.egressMu.Lock()
+			a.egressQ = append(a.egressQ, b)
+			a.egressMu.Unlock()
+			_ = self.Send(egressMsg{}) // a full mailbox only delays it: the queue stays
+		}
+		if err := a.d.cfg.Egress.bind(a.sb, policy, sink); err != nil {
 			a.failed(c, "set egress policy", err, startMsg{})
 			return
 		}
+		a.bound = true
 	}
 	if t.GetState() == warrenv1.TaskState_TASK_STATE_PLACED {
 		payload := map[string]any{"to": "running", "node": a.d.cfg.ID, "epoch": a.epoch,
@@ -244,44 +262,49 @@ func (a *taskActor) step(c *actor.Context) {
 	_ = c.Self().Send(stepMsg{})
 }
 
-// recordEgress appends one egress audit batch as an "egress" event.
-func (a *taskActor) recordEgress(c *actor.Context, m egressMsg) {
+// recordEgress appends the queued egress audit batches as "egress"
+// events, in order; a batch whose append fails stays for the retry.
+func (a *taskActor) recordEgress() error {
 	if a.sb == nil {
-		return
+		return nil
 	}
-	if m.n == 0 {
+	a.egressMu.Lock()
+	q := a.egressQ
+	a.egressQ = nil
+	a.egressMu.Unlock()
+	for _, b := range q {
 		a.egressN++
-		m.n = a.egressN
+		a.egressPending = append(a.egressPending, egressBatch{n: a.egressN, b: b})
 	}
-	if err := a.appendEgress(m); err != nil {
-		a.failed(c, "record egress", err, m)
-	}
-}
-
-// flushEgress records the sandbox's egress attempts not yet reported, so
-// they land before the task's last event. A batch whose append failed is
-// kept for the retry.
-func (a *taskActor) flushEgress() error {
-	if a.egressPending == nil {
-		n, ok := netOf(a.sb)
-		if !ok {
-			return nil
+	for len(a.egressPending) > 0 {
+		if err := a.appendEgress(a.egressPending[0]); err != nil {
+			return err
 		}
-		b, err := n.Collect()
-		if err != nil || len(b.Events) == 0 {
-			return nil // a closed network has nothing more to say
-		}
-		a.egressN++
-		a.egressPending = &egressMsg{n: a.egressN, b: b}
+		a.egressPending = a.egressPending[1:]
 	}
-	if err := a.appendEgress(*a.egressPending); err != nil {
-		return err
-	}
-	a.egressPending = nil
 	return nil
 }
 
-func (a *taskActor) appendEgress(m egressMsg) error {
+// flushEgress records everything the sandbox's audit has not reported
+// yet, so it lands before the task's last event: it stops the auditor
+// reporting for the sandbox (waiting for a report in flight), reads the
+// audit sets once more, and appends the queue.
+func (a *taskActor) flushEgress() error {
+	if a.sb == nil {
+		return nil
+	}
+	a.d.cfg.Egress.unbind(a.sb.ID())
+	if n, ok := netOf(a.sb); ok {
+		if b, err := n.Collect(); err == nil && len(b.Events) > 0 {
+			a.egressMu.Lock()
+			a.egressQ = append(a.egressQ, b)
+			a.egressMu.Unlock()
+		}
+	}
+	return a.recordEgress()
+}
+
+func (a *taskActor) appendEgress(m egressBatch) error {
 	payload := map[string]any{"sandbox": a.sb.ID(), "events": m.b.Events}
 	if m.b.Omitted > 0 {
 		payload["omitted"], payload["omitted_count"] = m.b.Omitted, m.b.OmittedCount

@@ -17,9 +17,9 @@ import (
 
 // egressFlags are the node's egress-policy flags.
 type egressFlags struct {
-	mode, prefix4, prefix6, upstream, registries string
-	pool                                         int
-	mgr                                          *noded.Egress // made by newDriver for microvm and container
+	mode, prefix4, prefix6, upstream, registries, ports string
+	pool                                                int
+	mgr                                                 *noded.Egress // made by newDriver for microvm and container
 }
 
 func (e *egressFlags) register(fs *flag.FlagSet) {
@@ -29,6 +29,7 @@ func (e *egressFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&e.upstream, "egress-upstream", "", "egress: HOST:PORT of the DNS server allowed names are forwarded to (default: the first nameserver in /etc/resolv.conf)")
 	fs.StringVar(&e.registries, "egress-registries", "", "egress: comma-separated names the registries profile allows, exact or *.suffix (default: the Go proxy, PyPI, npm, crates.io, Maven Central and Debian mirrors)")
 	fs.IntVar(&e.pool, "egress-pool", 4, "egress: network namespaces kept ready for new sandboxes")
+	fs.StringVar(&e.ports, "egress-cluster-ports", "", "egress: more comma-separated ports sandboxes may not reach on any address (the node's gossip, sandbox API and metrics ports and the servers' API and raft ports are denied already)")
 }
 
 // enabled decides whether the node runs egress policy.
@@ -70,6 +71,13 @@ func (e *egressFlags) start(f *nodeFlags) (*noded.Egress, error) {
 		return nil, fmt.Errorf("egress-pool: %d must be between 0 and 1024", e.pool)
 	}
 	cfg.ClusterPorts = clusterPorts(f)
+	for _, p := range splitComma(e.ports) {
+		n, err := strconv.ParseUint(p, 10, 16)
+		if err != nil || n == 0 {
+			return nil, fmt.Errorf("egress-cluster-ports: %q is not a port (1-65535)", p)
+		}
+		cfg.ClusterPorts = append(cfg.ClusterPorts, uint16(n))
+	}
 	eg, err := noded.NewEgress(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("egress: %w", err)
@@ -110,10 +118,15 @@ func clusterPorts(f *nodeFlags) []uint16 {
 	add(f.sandboxListen)
 	add(f.metrics)
 	for _, s := range splitComma(f.servers) {
-		if u, err := url.Parse(s); err == nil {
-			if n := add(u.Host); n > 0 && n < 65535 {
-				out = append(out, uint16(n+1))
-			}
+		u, err := url.Parse(s)
+		if err != nil {
+			continue
+		}
+		// A URL without a port means 80 or 443, which every sandbox needs
+		// for the registries: such servers are kept out by address (the
+		// private ranges) instead.
+		if n := add(u.Host); n > 0 && n < 65535 {
+			out = append(out, uint16(n+1)) // raft, by the API port + 1 convention
 		}
 	}
 	return out

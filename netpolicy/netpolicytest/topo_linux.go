@@ -53,7 +53,7 @@ const (
 
 // Registries is the registries list tests give the manager: names the
 // zone answers for.
-var Registries = []string{"allowed.test", "*.cdn.test", "rebind.test",
+var Registries = []string{"allowed.test", "*.cdn.test", "rebind.test", "slow.test", "short.test",
 	"node.test", "resolver.test", "loopback.test", "metadata.test", "mapped.test", "private-ula.test"}
 
 // Topo is one test's world. Everything goes at the test's cleanup.
@@ -136,6 +136,7 @@ func New(t testing.TB) *Topo {
 			tp.serve(t, tp.InetNS, netip.AddrPortFrom(a, port))
 		}
 	}
+	tp.serve(t, tp.InetNS, netip.AddrPortFrom(Web, 53)) // DNS to anyone but the resolver is refused
 	tp.serve(t, tp.NodeNS, netip.AddrPortFrom(NodeAddr, APIPort))
 	tp.serve(t, tp.NodeNS, netip.AddrPortFrom(NodeAddr, GossipPort))
 	var pc net.PacketConn
@@ -144,6 +145,8 @@ func New(t testing.TB) *Topo {
 		return
 	}))
 	srv := &dns.Server{PacketConn: pc, Handler: tp.Zone}
+	// (miekg serves each query on its own goroutine: a delayed answer
+	// does not hold up the others.)
 	go srv.ActivateAndServe()
 	tp.closers = append(tp.closers, func() { srv.Shutdown() })
 	return tp
@@ -224,8 +227,10 @@ func (tp *Topo) Manager(t testing.TB, pool int, audit func(string, netpolicy.Aud
 
 // Zone is the upstream DNS server's data, changeable by the test.
 type Zone struct {
-	mu sync.Mutex
-	a  map[string][]netip.Addr
+	mu    sync.Mutex
+	a     map[string][]netip.Addr
+	ttl   map[string]uint32        // default 30
+	delay map[string]time.Duration // before answering
 }
 
 // NewZone holds the names the tests ask for: allowed.test and
@@ -243,7 +248,16 @@ func NewZone() *Zone {
 		"metadata.test.":    {netip.MustParseAddr("169.254.169.254")},
 		"mapped.test.":      {netip.MustParseAddr("::ffff:10.99.0.10")},
 		"private-ula.test.": {netip.MustParseAddr("fd00::1")},
-	}}
+		"slow.test.":        {Other},
+		"short.test.":       {Web},
+	}, ttl: map[string]uint32{"short.test.": 1}, delay: map[string]time.Duration{}}
+}
+
+// SetDelay makes the server wait d before answering name.
+func (z *Zone) SetDelay(name string, d time.Duration) {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	z.delay[name] = d
 }
 
 // Set points name (with the final dot) at addrs.
@@ -258,13 +272,19 @@ func (z *Zone) ServeDNS(w dns.ResponseWriter, q *dns.Msg) {
 	m := new(dns.Msg)
 	m.SetReply(q)
 	z.mu.Lock()
-	addrs, ok := z.a[q.Question[0].Name]
+	name := q.Question[0].Name
+	addrs, ok := z.a[name]
+	ttl, delay := z.ttl[name], z.delay[name]
 	z.mu.Unlock()
+	if ttl == 0 {
+		ttl = 30
+	}
+	time.Sleep(delay)
 	if !ok {
 		m.Rcode = dns.RcodeNameError
 	}
 	for _, a := range addrs {
-		hdr := dns.RR_Header{Name: q.Question[0].Name, Class: dns.ClassINET, Ttl: 30}
+		hdr := dns.RR_Header{Name: name, Class: dns.ClassINET, Ttl: ttl}
 		switch {
 		case a.Is4() && q.Question[0].Qtype == dns.TypeA:
 			hdr.Rrtype = dns.TypeA

@@ -376,6 +376,11 @@ func (d *Driver) start(ctx context.Context, t *guest.Template, req driver.ClaimR
 		oci.WithCPUCFS(int64(lim.VCPUs)*100000, 100000),
 		oci.WithPidsLimit(int64(lim.Pids)),
 		oci.WithMounts(mounts),
+		// No raw or packet sockets: a frame written to a packet socket
+		// skips the namespace's nftables hooks, and so the egress policy.
+		// (CAP_NET_ADMIN, which could rewrite the rules, is not in the
+		// default set either.)
+		oci.WithDroppedCapabilities([]string{"CAP_NET_RAW"}),
 	}
 	if d.cfg.Networks != nil {
 		nw, err := d.cfg.Networks.Attach(ctx)

@@ -60,9 +60,21 @@ func TestEgressFromContainer(t *testing.T) {
 			t.Errorf("%s: %v; want ConnectionRefusedError (a reset)", target, f)
 		}
 	}
-	// The container cannot loosen its own rules: it lacks CAP_NET_ADMIN.
+	// The container cannot loosen its own rules (no CAP_NET_ADMIN) nor go
+	// around them with a packet or raw socket (no CAP_NET_RAW).
 	if out, _ := run(t, sb, "ip link set eth0 down 2>&1; echo rc=$?"); !strings.Contains(out, "rc=2") && !strings.Contains(out, "Operation not permitted") {
 		t.Errorf("the container changed its link: %q", out)
+	}
+	out, _ := run(t, sb, `python3 -c '
+import socket
+for fam, typ in ((socket.AF_PACKET, socket.SOCK_RAW), (socket.AF_INET, socket.SOCK_RAW)):
+    try:
+        socket.socket(fam, typ, 0 if fam == socket.AF_PACKET else socket.IPPROTO_TCP); print("opened")
+    except PermissionError:
+        print("refused")
+'`)
+	if strings.TrimSpace(out) != "refused\nrefused" {
+		t.Errorf("packet and raw sockets in the container: %q; want both refused", out)
 	}
 	dir := sb.(*Box).dir
 	if err := sb.Destroy(); err != nil {
