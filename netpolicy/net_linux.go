@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"unsafe"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -254,18 +253,20 @@ func restoreSysctls(changed map[string]string) error {
 func openTap(ns netns.NsHandle) (*os.File, error) {
 	var f *os.File
 	err := inNS(ns, func() error {
-		fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return fmt.Errorf("open /dev/net/tun: %w", err)
+		// netlink opens /dev/net/tun in this thread's namespace; without
+		// persist, the link lives as long as a process holds its file.
+		tap := &netlink.Tuntap{LinkAttrs: netlink.LinkAttrs{Name: IfaceGuest}, Mode: netlink.TUNTAP_MODE_TAP,
+			Flags: netlink.TUNTAP_NO_PI, Queues: 1, NonPersist: true}
+		if err := netlink.LinkAdd(tap); err != nil {
+			return fmt.Errorf("tap %s: %w", IfaceGuest, err)
 		}
-		var req [unix.IFNAMSIZ + 64]byte
-		copy(req[:], IfaceGuest)
-		*(*uint16)(unsafe.Pointer(&req[unix.IFNAMSIZ])) = unix.IFF_TAP | unix.IFF_NO_PI
-		if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.TUNSETIFF, uintptr(unsafe.Pointer(&req[0]))); e != 0 {
-			unix.Close(fd)
-			return fmt.Errorf("TUNSETIFF %s: %w", IfaceGuest, e)
+		if len(tap.Fds) != 1 {
+			for _, fd := range tap.Fds {
+				fd.Close()
+			}
+			return fmt.Errorf("tap %s: %d files, want 1", IfaceGuest, len(tap.Fds))
 		}
-		f = os.NewFile(uintptr(fd), "/dev/net/tun:"+IfaceGuest)
+		f = tap.Fds[0]
 		return nil
 	})
 	if err != nil {
