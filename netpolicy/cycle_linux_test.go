@@ -3,10 +3,15 @@ package netpolicy_test
 import (
 	"context"
 	"fmt"
+	"net"
+	"net/netip"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/miekg/dns"
 
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
@@ -134,5 +139,90 @@ func TestRestartReconciles(t *testing.T) {
 	m.Close()
 	if got := leftovers(t, tp); len(got) != 0 {
 		t.Fatalf("after Close: %v", got)
+	}
+}
+
+// A node that restarts (its egress manager detached, as for an upgrade in
+// place, or killed) takes back
+// the network of a sandbox its driver re-adopts, policy and established
+// connections included, and removes the one no driver took back.
+func TestRestartTakesBackNetworks(t *testing.T) {
+	tp := New(t)
+	cfg := tp.Config(0, nil)
+	cfg.StateDir = t.TempDir()
+	m1, err := netpolicy.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	keep, err := m1.Claim(ctx, "sb-keep", netpolicy.Policy{Profile: netpolicy.ProfileCustom, Allow: []string{"www.cdn.test"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone, err := m1.Claim(ctx, "sb-gone", netpolicy.Policy{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rc, _ := lookup(t, keep, "www.cdn.test", dns.TypeA); rc != dns.RcodeSuccess {
+		t.Fatalf("www.cdn.test: rcode %d", rc)
+	}
+	var c net.Conn
+	if err := netpolicy.InNamedNS(keep.NSPath(), func() (err error) {
+		c, err = net.Dial("tcp", netip.AddrPortFrom(Web, 80).String())
+		return
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	m1.Detach()
+
+	m2, err := netpolicy.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m2.Close()
+	s, err := m2.Reattach(keep.NSPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.ID() != "sb-keep" || s.Policy().Profile != netpolicy.ProfileCustom {
+		t.Fatalf("reattached %q with %+v", s.ID(), s.Policy())
+	}
+	c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := c.Write([]byte("ping")); err != nil {
+		t.Fatalf("established connection after the restart: %v", err)
+	}
+	if _, err := c.Read(make([]byte, 4)); err != nil {
+		t.Fatalf("established connection after the restart: %v", err)
+	}
+	if rc, _ := lookup(t, s, "www.cdn.test", dns.TypeA); rc != dns.RcodeSuccess {
+		t.Errorf("www.cdn.test after the restart: rcode %d", rc)
+	}
+	if rc, _ := lookup(t, s, "allowed.test", dns.TypeA); rc != dns.RcodeNameError {
+		t.Errorf("allowed.test after the restart: rcode %d; the custom policy must hold", rc)
+	}
+	if _, err := connect(s, netip.AddrPortFrom(Other, 80)); err == nil {
+		t.Error("the rules are gone after the restart")
+	}
+	if _, err := m2.Reattach(gone.NSPath() + "-no-such"); err == nil {
+		t.Error("reattached a namespace that does not exist")
+	}
+	if err := m2.ReapOrphans(); err != nil {
+		t.Fatal(err)
+	}
+	got := leftovers(t, tp)
+	for _, x := range got {
+		if strings.Contains(x, "-"+strconv.Itoa(gone.Slot().Index)) {
+			t.Errorf("the untaken network is left: %s (all: %v)", x, got)
+		}
+	}
+	if err := m2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := leftovers(t, tp); len(got) != 0 {
+		t.Fatalf("after Close: %v", got)
+	}
+	if ents, _ := os.ReadDir(cfg.StateDir); len(ents) != 0 {
+		t.Errorf("state files left: %d", len(ents))
 	}
 }

@@ -48,9 +48,14 @@ type Config struct {
 	// AuditInterval is how often attempts are read and reported; 0 means 1s.
 	AuditInterval time.Duration
 	// Audit receives each sandbox's egress attempts, at most MaxAuditEvents
-	// per interval (the rest summed into Summary). It must not block.
-	Audit  func(sandbox string, b AuditBatch)
-	Logger *slog.Logger
+	// per interval (the rest summed into Omitted). It must not block.
+	Audit func(sandbox string, b AuditBatch)
+	// StateDir, if set, keeps each bound sandbox's id and policy, so that a
+	// restarted node can take back the networks of the sandboxes its
+	// driver re-adopts (Reattach) before it removes the rest
+	// (ReapOrphans). Without it a start removes every namespace.
+	StateDir string
+	Logger   *slog.Logger
 }
 
 // Manager gives sandboxes their networks. Its methods are safe for
@@ -66,6 +71,7 @@ type Manager struct {
 	denied   []netip.Addr // the node's own addresses
 	dns      *resolver
 	sysctls  map[string]string // what setupHost changed, to restore
+	orphans  map[int]string    // slot → namespace kept from an earlier run, until Reattach or ReapOrphans
 	claims   sync.WaitGroup    // Claims in flight, which Close waits for
 
 	mu      sync.Mutex
@@ -161,13 +167,29 @@ func (m *Manager) reconcile() error {
 	if err != nil {
 		return fmt.Errorf("netpolicy: list namespaces: %w", err)
 	}
+	// Namespaces of bound sandboxes wait for their drivers (Reattach);
+	// the rest go now.
+	m.orphans = map[int]string{}
+	keepLinks := map[string]bool{}
+	var gone []string
+	for _, name := range names {
+		slot, err := strconv.Atoi(strings.TrimPrefix(name, m.cfg.nsPrefix()))
+		if m.cfg.StateDir != "" && err == nil && slot > 0 && slot <= m.pool.slots() && m.hasState(name) {
+			m.orphans[slot] = name
+			m.used[slot] = true
+			keepLinks[m.cfg.ifPrefix()+strconv.Itoa(slot)] = true
+			continue
+		}
+		gone = append(gone, name)
+	}
+	names = gone
 	links, err := m.hostH.LinkList()
 	if err != nil {
 		return fmt.Errorf("netpolicy: list links: %w", err)
 	}
 	n := 0
 	for _, l := range links {
-		if strings.HasPrefix(l.Attrs().Name, m.cfg.ifPrefix()) {
+		if strings.HasPrefix(l.Attrs().Name, m.cfg.ifPrefix()) && !keepLinks[l.Attrs().Name] {
 			// Removing one end of a veth removes its peer too.
 			if err := m.hostH.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
 				return fmt.Errorf("netpolicy: remove leftover link %s: %w", l.Attrs().Name, err)
@@ -179,10 +201,11 @@ func (m *Manager) reconcile() error {
 		if err := deleteNS(name); err != nil {
 			return fmt.Errorf("netpolicy: remove leftover namespace: %w", err)
 		}
+		m.removeState(name)
 		n++
 	}
-	if n > 0 {
-		m.log.Info("removed egress leftovers of an earlier run", "count", n)
+	if n > 0 || len(m.orphans) > 0 {
+		m.log.Info("egress leftovers of an earlier run", "removed", n, "kept_for_reattach", len(m.orphans))
 	}
 	return deleteTable(m.hostNFT, m.cfg.table())
 }
@@ -271,6 +294,7 @@ func (m *Manager) Close() error {
 	for _, s := range sbs {
 		errs = append(errs, s.teardown())
 	}
+	errs = append(errs, m.ReapOrphans())
 	m.teardownHost()
 	m.closeHandles()
 	return errors.Join(errs...)
@@ -329,13 +353,13 @@ func (m *Manager) Claim(ctx context.Context, id string, p Policy) (*Sandbox, err
 		}
 	}
 	m.kick()
+	s.mu.Lock()
+	s.id = id
+	s.mu.Unlock()
 	if err := s.SetPolicy(p); err != nil {
 		s.teardown()
 		return nil, err
 	}
-	s.mu.Lock()
-	s.id = id
-	s.mu.Unlock()
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
@@ -364,7 +388,7 @@ func (m *Manager) create() (*Sandbox, error) {
 	}
 	m.used[idx] = true
 	m.mu.Unlock()
-	s := &Sandbox{m: m, slot: m.pool.slot(idx), name: m.cfg.nsPrefix() + strconv.Itoa(idx), seen: map[attemptKey]uint64{},
+	s := &Sandbox{m: m, slot: m.pool.slot(idx), name: m.cfg.nsPrefix() + strconv.Itoa(idx), ns: netns.None(), seen: map[attemptKey]uint64{},
 		allowed: map[netip.Addr]time.Time{}, lookups: make(chan struct{}, maxLookups)}
 	var err error
 	if s.ns, err = createNS(s.name); err != nil {
@@ -491,7 +515,12 @@ func (s *Sandbox) hostIf() string { return s.m.cfg.ifPrefix() + strconv.Itoa(s.s
 
 // Bind names the sandbox a pre-attached network belongs to; its audit is
 // reported under that id from then on.
-func (s *Sandbox) Bind(id string) { s.mu.Lock(); s.id = id; s.mu.Unlock() }
+func (s *Sandbox) Bind(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.id = id
+	s.m.saveState(s.name, s.id, s.policy)
+}
 
 // ID is the sandbox's id.
 func (s *Sandbox) ID() string { s.mu.Lock(); defer s.mu.Unlock(); return s.id }
@@ -547,7 +576,13 @@ func (s *Sandbox) SetPolicy(p Policy) error {
 	s.policy, s.matcher = p, p.Matcher(s.m.cfg.Registries)
 	s.gen++
 	clear(s.allowed)
-	return setAllowPrefixes(s.nft, s.sets, s.m.rules(p))
+	if err := setAllowPrefixes(s.nft, s.sets, s.m.rules(p)); err != nil {
+		return err
+	}
+	if s.id != "" {
+		s.m.saveState(s.name, s.id, p)
+	}
+	return nil
 }
 
 // Close tears the sandbox's network down: its link to the node goes at once,
@@ -581,6 +616,7 @@ func (s *Sandbox) teardown() error {
 	if err := deleteNS(s.name); err != nil {
 		errs = append(errs, err)
 	}
+	s.m.removeState(s.name)
 	if len(errs) > 0 {
 		// The slot stays taken: its name or addresses may still be in
 		// use. The next start's reconcile frees it.

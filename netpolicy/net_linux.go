@@ -286,6 +286,11 @@ func openTap(ns netns.NsHandle) (*os.File, error) {
 	if err != nil {
 		return fail(err)
 	}
+	// The same MAC every time: a guest paused to disk and resumed behind a
+	// new tap still has the old one in its neighbour cache.
+	if err := h.LinkSetHardwareAddr(l, gatewayMAC); err != nil {
+		return fail(err)
+	}
 	for _, a := range []*netlink.Addr{prefixOf(GuestGateway4, 30), prefixOf(GuestGateway6, 126)} {
 		if err := h.AddrAdd(l, a); err != nil {
 			return fail(err)
@@ -296,6 +301,9 @@ func openTap(ns netns.NsHandle) (*os.File, error) {
 	}
 	return f, nil
 }
+
+// gatewayMAC is tap0's address in every namespace (locally administered).
+var gatewayMAC = net.HardwareAddr{0x52, 0x54, 0x00, 0x77, 0x00, 0x01}
 
 // nodeAddrs lists the addresses on every link of the namespace h talks to.
 func nodeAddrs(h *netlink.Handle) ([]netip.Addr, error) {

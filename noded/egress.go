@@ -72,6 +72,20 @@ func (e *Egress) Attach(ctx context.Context) (driver.Network, error) {
 	return driver.PolicyNetworks{M: e.m}.Attach(ctx)
 }
 
+// Reattach takes back, after a restart, a re-adopted sandbox's network.
+func (e *Egress) Reattach(nsPath string) (driver.Network, error) {
+	return driver.PolicyNetworks{M: e.m}.Reattach(nsPath)
+}
+
+// ReapOrphans removes the networks of an earlier run that no driver took
+// back; call it once the driver has re-adopted its sandboxes.
+func (e *Egress) ReapOrphans() error {
+	if e == nil {
+		return nil
+	}
+	return e.m.ReapOrphans()
+}
+
 // netOf returns a sandbox's egress network, if it has one.
 func netOf(sb driver.Sandbox) (driver.PolicyNetwork, bool) {
 	nw, ok := sb.(driver.Networked)

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strconv"
 
 	"github.com/warrenhq/warren/netpolicy"
@@ -53,7 +54,8 @@ func (e *egressFlags) enabled() (bool, error) {
 // start makes the node's egress policy. ports are the cluster's (API,
 // raft, gossip, sandbox API), denied to every sandbox.
 func (e *egressFlags) start(f *nodeFlags) (*noded.Egress, error) {
-	cfg := netpolicy.Config{Tag: egressTag(f.id, f.data), Upstream: e.upstream, Pool: e.pool, Logger: f.logger}
+	cfg := netpolicy.Config{Tag: egressTag(f.id, f.data), Upstream: e.upstream, Pool: e.pool, Logger: f.logger,
+		StateDir: filepath.Join(f.data, "egress")}
 	var err error
 	if cfg.Prefix4, err = netip.ParsePrefix(e.prefix4); err != nil {
 		return nil, fmt.Errorf("egress-prefix4: %q is not a CIDR prefix", e.prefix4)

@@ -282,6 +282,7 @@ func newDriver(f *nodeFlags) (driver.Driver, error) {
 			f.closeEgress()
 			return nil, fmt.Errorf("driver: %w", err)
 		}
+		f.reapEgress() // the driver has re-adopted its sandboxes and taken back their networks
 		return d, nil
 	case "container":
 		if f.data == "" {
@@ -301,6 +302,7 @@ func newDriver(f *nodeFlags) (driver.Driver, error) {
 			f.closeEgress()
 			return nil, fmt.Errorf("driver: %w%s", err, f.why)
 		}
+		f.reapEgress() // the container driver re-adopts nothing
 		return d, nil
 	case "":
 		return nil, nil
@@ -321,6 +323,14 @@ func (f *nodeFlags) networks() (driver.Networks, error) {
 	}
 	f.egress.mgr = eg
 	return eg, nil
+}
+
+func (f *nodeFlags) reapEgress() {
+	if f.egress.mgr != nil {
+		if err := f.egress.mgr.ReapOrphans(); err != nil && f.logger != nil {
+			f.logger.Warn("egress: remove networks of an earlier run", "err", err)
+		}
+	}
 }
 
 func (f *nodeFlags) closeEgress() {

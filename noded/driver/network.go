@@ -31,6 +31,12 @@ type Networks interface {
 	Attach(ctx context.Context) (Network, error)
 }
 
+// Reattacher is Networks that can give back, after a node restart, the
+// network of a sandbox the driver re-adopts (by its NSPath).
+type Reattacher interface {
+	Reattach(nsPath string) (Network, error)
+}
+
 // Networked is a sandbox that has a network.
 type Networked interface {
 	Network() Network
@@ -43,6 +49,15 @@ type PolicyNetworks struct{ M *netpolicy.Manager }
 // Attach claims a namespace from the manager's pool.
 func (p PolicyNetworks) Attach(ctx context.Context) (Network, error) {
 	s, err := p.M.Claim(ctx, "", netpolicy.Policy{Profile: netpolicy.ProfileNone})
+	if err != nil {
+		return nil, err
+	}
+	return PolicyNetwork{s}, nil
+}
+
+// Reattach takes back a re-adopted sandbox's network.
+func (p PolicyNetworks) Reattach(nsPath string) (Network, error) {
+	s, err := p.M.Reattach(nsPath)
 	if err != nil {
 		return nil, err
 	}

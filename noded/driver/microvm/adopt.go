@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/guest"
+	"github.com/warrenhq/warren/noded/driver"
 )
 
 // adoptAll runs once at start: each VM a previous run of this node left is
@@ -28,6 +29,7 @@ func (d *Driver) adoptAll() {
 			d.destroyLeftover(dir, e.Name())
 			continue
 		}
+		vm.reattachNetwork()
 		d.mu.Lock()
 		d.live[vm.sandboxID] = vm
 		d.known[vm.id] = true
@@ -56,6 +58,7 @@ func (d *Driver) adopt(dir, id string) (*VM, string) {
 	vm := &VM{d: d, id: id, spec: m.Spec, template: m.Template, state: m.State, sandboxID: m.SandboxID, start: m.Start,
 		limits: m.Limits, created: m.Created, expires: m.Expires, env: m.Env}
 	vm.Agent = vm.client
+	vm.netNS = m.NetNS
 	switch m.State {
 	case "paused":
 		if _, err := os.Stat(filepath.Join(dir, "paused.state")); err != nil {
@@ -71,7 +74,9 @@ func (d *Driver) adopt(dir, id string) (*VM, string) {
 		return nil, "its QEMU is gone"
 	}
 	vm.p = adopt(pid)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	// Under TCG on a busy host a guest takes seconds to see its agent's
+	// new host connection; a live VM is worth the wait.
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	q, err := DialQMP(ctx, vm.spec.qmpPath())
 	if err != nil {
@@ -95,6 +100,26 @@ func (d *Driver) adopt(dir, id string) (*VM, string) {
 	}
 	vm.agent = c
 	return vm, ""
+}
+
+// reattachNetwork takes back a re-adopted VM's network with its policy. If
+// it cannot (the node runs without egress policy now, or the namespace is
+// gone), the VM runs on with no network: its guest reaches nothing.
+func (vm *VM) reattachNetwork() {
+	if vm.netNS == "" {
+		return
+	}
+	ra, ok := vm.d.cfg.Networks.(driver.Reattacher)
+	if !ok {
+		vm.d.log.Warn("re-adopted sandbox has lost its network: the node runs without egress policy", "sandbox", vm.sandboxID)
+		return
+	}
+	nw, err := ra.Reattach(vm.netNS)
+	if err != nil {
+		vm.d.log.Warn("re-adopted sandbox has lost its network", "sandbox", vm.sandboxID, "err", err)
+		return
+	}
+	vm.net = nw
 }
 
 func (d *Driver) destroyLeftover(dir, id string) {

@@ -135,3 +135,95 @@ except Exception as e:
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// A node restart (driver and egress manager detached, as for an upgrade in
+// place) keeps a running sandbox's network: the next run re-adopts the VM
+// and takes back its namespace with its policy; pausing to disk and
+// resuming gives QEMU a new tap in the same namespace.
+func TestEgressSurvivesRestart(t *testing.T) {
+	needVM(t)
+	tp := netpolicytest.New(t)
+	cfg := tp.Config(0, nil)
+	cfg.StateDir = t.TempDir()
+	m1, err := netpolicy.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	state := t.TempDir()
+	newD := func(m *netpolicy.Manager) *Driver {
+		d, err := New(Config{ImageDir: imageDir(), StateDir: state, Accel: os.Getenv("WARREN_TEST_ACCEL"),
+			Networks: driver.PolicyNetworks{M: m}, Logger: slog.New(slog.NewTextHandler(tlog{t}, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	d1 := newD(m1)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	sb, err := d1.Claim(ctx, driver.ClaimRequest{ID: "sb-egress-restart", TTL: time.Hour})
+	if err != nil {
+		d1.Close()
+		t.Fatal(err)
+	}
+	nw := sb.(driver.Networked).Network().(driver.PolicyNetwork)
+	nw.Bind(sb.ID())
+	if err := nw.SetPolicy(netpolicy.Policy{Profile: netpolicy.ProfileCustom, Allow: []string{"www.cdn.test"}}); err != nil {
+		t.Fatal(err)
+	}
+	if out, code := run(t, sb, "cat > /tmp/probe.py <<'EOF'\n"+netpolicytest.ProbePy+"EOF\n"); code != 0 {
+		t.Fatalf("write probe: %d %s", code, out)
+	}
+	try := func(sb driver.Sandbox, args string) []string {
+		out, code := run(t, sb, "python3 /tmp/probe.py "+args)
+		if code != 0 {
+			t.Fatalf("probe %s: exit %d: %s", args, code, out)
+		}
+		t.Logf("probe %s: %s", args, strings.TrimSpace(out))
+		return strings.Fields(out)
+	}
+	if f := try(sb, "www.cdn.test"); f[0] != "ok" {
+		t.Fatalf("before the restart: %v", f)
+	}
+	d1.Detach()
+	m1.Detach()
+
+	m2, err := netpolicy.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m2.Close()
+	d2 := newD(m2)
+	defer assertNothingLeft(t, d2)
+	if err := m2.ReapOrphans(); err != nil {
+		t.Fatal(err)
+	}
+	got, ok := d2.Get("sb-egress-restart")
+	if !ok {
+		t.Fatal("the sandbox was not re-adopted")
+	}
+	n2, ok := got.(driver.Networked).Network().(driver.PolicyNetwork)
+	if !ok || n2.Policy().Profile != netpolicy.ProfileCustom {
+		t.Fatalf("the re-adopted sandbox's network: %v %+v", ok, n2)
+	}
+	if f := try(got, "www.cdn.test"); f[0] != "ok" {
+		t.Errorf("after the restart: %v", f)
+	}
+	if f := try(got, "allowed.test"); f[0] != "noname" {
+		t.Errorf("allowed.test after the restart: %v; the custom policy must hold", f)
+	}
+	ia := got.(driver.Interactive)
+	if err := ia.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := ia.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if f := try(got, "www.cdn.test"); f[0] != "ok" {
+		t.Errorf("after pause and resume: %v", f)
+	}
+	if f := try(got, netpolicytest.Other.String()); f[0] != "refused" {
+		t.Errorf("%v after pause and resume: %v", netpolicytest.Other, f)
+	}
+	got.Destroy()
+}

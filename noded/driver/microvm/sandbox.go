@@ -42,6 +42,7 @@ type VM struct {
 	env       map[string]string
 	ttl       *time.Timer
 	net       driver.Network // nil: the VM's NIC has no backend
+	netNS     string         // at re-adoption: the namespace to take back
 }
 
 // Network is the VM's network, nil when it has none.
@@ -74,6 +75,8 @@ type vmMeta struct {
 	Spec      vmSpec            `json:"spec"`
 	Env       map[string]string `json:"env,omitempty"`
 	PausedTo  string            `json:"paused_to,omitempty"`
+	// NetNS is the sandbox's network namespace, taken back at re-adoption.
+	NetNS string `json:"netns,omitempty"`
 }
 
 func (d *Driver) vmDir(id string) string { return filepath.Join(d.cfg.StateDir, "vms", id) }
@@ -249,6 +252,9 @@ func (vm *VM) save() {
 	vm.mu.Lock()
 	m := vmMeta{ID: vm.id, SandboxID: vm.sandboxID, Template: vm.template, State: vm.state, Start: vm.start, Limits: vm.limits,
 		Created: vm.created, Expires: vm.expires, Spec: vm.spec, Env: vm.env}
+	if vm.net != nil {
+		m.NetNS = vm.net.NSPath()
+	}
 	if vm.state == "paused" {
 		m.PausedTo = filepath.Join(vm.spec.Dir, "paused.state")
 	}

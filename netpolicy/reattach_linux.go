@@ -1,0 +1,179 @@
+package netpolicy
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"net/netip"
+
+	"github.com/google/nftables"
+	"github.com/vishvananda/netns"
+)
+
+// A node that restarts while its microVMs keep running takes their
+// networks back: each bound sandbox's id and policy are kept in
+// Config.StateDir; at start, namespaces with such a record stay (with their
+// veths, rules and allow sets) until the driver re-adopts the sandbox and
+// calls Reattach, or ReapOrphans removes them.
+
+type sandboxState struct {
+	ID     string `json:"id"`
+	Policy Policy `json:"policy"`
+}
+
+func (m *Manager) statePath(name string) string {
+	return filepath.Join(m.cfg.StateDir, name+".json")
+}
+
+func (m *Manager) hasState(name string) bool {
+	_, err := os.Stat(m.statePath(name))
+	return err == nil
+}
+
+// saveState records a bound sandbox's id and policy (write, then rename).
+// A failure only costs the network after a restart, so it is logged.
+func (m *Manager) saveState(name, id string, p Policy) {
+	if m.cfg.StateDir == "" {
+		return
+	}
+	b, _ := json.Marshal(sandboxState{ID: id, Policy: p})
+	err := os.MkdirAll(m.cfg.StateDir, 0o700)
+	if err == nil {
+		tmp := m.statePath(name) + ".tmp"
+		if err = os.WriteFile(tmp, b, 0o600); err == nil {
+			err = os.Rename(tmp, m.statePath(name))
+		}
+	}
+	if err != nil {
+		m.log.Warn("egress: keep sandbox state", "namespace", name, "err", err)
+	}
+}
+
+func (m *Manager) removeState(name string) {
+	if m.cfg.StateDir != "" {
+		os.Remove(m.statePath(name))
+	}
+}
+
+// Reattach takes back the network at nsPath that an earlier run of this
+// node left to a sandbox the driver has re-adopted: its namespace, veth,
+// rules and allow sets are as they were; its id and policy come from
+// StateDir.
+func (m *Manager) Reattach(nsPath string) (*Sandbox, error) {
+	name := filepath.Base(nsPath)
+	slot, err := strconv.Atoi(strings.TrimPrefix(name, m.cfg.nsPrefix()))
+	if err != nil || !strings.HasPrefix(name, m.cfg.nsPrefix()) {
+		return nil, fmt.Errorf("netpolicy: %s is not one of this node's namespaces", nsPath)
+	}
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil, ErrClosed
+	}
+	if m.orphans[slot] != name {
+		m.mu.Unlock()
+		return nil, fmt.Errorf("netpolicy: %s was not kept from an earlier run", name)
+	}
+	delete(m.orphans, slot)
+	m.mu.Unlock()
+	s := &Sandbox{m: m, slot: m.pool.slot(slot), name: name, ns: netns.None(), seen: map[attemptKey]uint64{},
+		allowed: map[netip.Addr]time.Time{}, lookups: make(chan struct{}, maxLookups)}
+	fail := func(err error) (*Sandbox, error) {
+		s.teardown()
+		return nil, fmt.Errorf("netpolicy: reattach %s: %w", name, err)
+	}
+	b, err := os.ReadFile(m.statePath(name))
+	if err != nil {
+		return fail(err)
+	}
+	var st sandboxState
+	if err := json.Unmarshal(b, &st); err != nil {
+		return fail(err)
+	}
+	if st.Policy, err = st.Policy.Normalize(); err != nil {
+		return fail(err)
+	}
+	if s.ns, err = netns.GetFromPath(s.NSPath()); err != nil {
+		return fail(err)
+	}
+	if s.nft, err = nftables.New(nftables.WithNetNSFd(int(s.ns)), nftables.AsLasting()); err != nil {
+		return fail(err)
+	}
+	s.sets = newSets() // the table's sets, by name
+	if _, err := s.nft.GetSetByName(s.sets.table, s.sets.allow4.Name); err != nil {
+		return fail(fmt.Errorf("its table is gone: %w", err))
+	}
+	s.id, s.policy, s.matcher = st.ID, st.Policy, st.Policy.Matcher(m.cfg.Registries)
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return fail(ErrClosed)
+	}
+	m.claimed[slot] = s
+	m.mu.Unlock()
+	m.log.Info("egress: network taken back", "sandbox", s.id, "namespace", name, "profile", s.policy.Profile)
+	return s, nil
+}
+
+// ReapOrphans removes the networks kept from an earlier run that no driver
+// took back. Call it once the drivers have re-adopted what they will.
+func (m *Manager) ReapOrphans() error {
+	m.mu.Lock()
+	orphans := m.orphans
+	m.orphans = map[int]string{}
+	m.mu.Unlock()
+	var errs []error
+	for slot, name := range orphans {
+		s := &Sandbox{m: m, slot: m.pool.slot(slot), name: name, ns: netns.None()}
+		errs = append(errs, s.teardown())
+	}
+	if len(orphans) > 0 {
+		m.log.Info("egress: removed networks no sandbox took back", "count", len(orphans))
+	}
+	return errors.Join(errs...)
+}
+
+// Detach stops the manager but leaves the networks of bound sandboxes in
+// place (namespaces, veths, rules, allow sets and StateDir), for the next
+// start to take back: a node upgraded in place, whose driver detaches from
+// its running sandboxes too. Pooled namespaces are removed. The node's
+// table and resolver link are replaced at the next start; forwarding stays
+// on meanwhile.
+func (m *Manager) Detach() {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return
+	}
+	m.closed = true
+	pool := m.ready
+	m.ready = nil
+	var bound []*Sandbox
+	for _, s := range m.claimed {
+		bound = append(bound, s)
+	}
+	m.mu.Unlock()
+	close(m.stop)
+	m.wg.Wait()
+	m.claims.Wait()
+	m.dns.close()
+	for _, s := range pool {
+		s.teardown()
+	}
+	for _, s := range bound {
+		s.mu.Lock()
+		if !s.closed {
+			s.closed = true
+			s.nft.CloseLasting()
+			s.ns.Close()
+		}
+		s.mu.Unlock()
+	}
+	m.closeHandles()
+}
