@@ -19,7 +19,8 @@ import (
 // These tests act from inside a sandbox's namespace, as a container's
 // processes do: every socket below is opened in it.
 
-func lookup(t *testing.T, s *netpolicy.Sandbox, name string, qtype uint16) (int, []netip.Addr) {
+// ask sends one query from the sandbox to its resolver.
+func ask(t *testing.T, s *netpolicy.Sandbox, name string, qtype uint16) *dns.Msg {
 	t.Helper()
 	var c net.Conn
 	if err := netpolicy.InNamedNS(s.NSPath(), func() (err error) {
@@ -31,11 +32,17 @@ func lookup(t *testing.T, s *netpolicy.Sandbox, name string, qtype uint16) (int,
 	defer c.Close()
 	q := new(dns.Msg)
 	q.SetQuestion(dns.Fqdn(name), qtype)
-	cl := &dns.Client{Timeout: 3 * time.Second}
-	resp, _, err := cl.ExchangeWithConn(q, &dns.Conn{Conn: c})
+	resp, _, err := (&dns.Client{Timeout: 3 * time.Second}).ExchangeWithConn(q, &dns.Conn{Conn: c})
 	if err != nil {
 		t.Fatalf("lookup %s: %v", name, err)
 	}
+	return resp
+}
+
+// lookup returns the rcode and the addresses of the answer.
+func lookup(t *testing.T, s *netpolicy.Sandbox, name string, qtype uint16) (int, []netip.Addr) {
+	t.Helper()
+	resp := ask(t, s, name, qtype)
 	var out []netip.Addr
 	for _, rr := range resp.Answer {
 		switch v := rr.(type) {
@@ -50,24 +57,10 @@ func lookup(t *testing.T, s *netpolicy.Sandbox, name string, qtype uint16) (int,
 	return resp.Rcode, out
 }
 
-// lookupTTL resolves name's A record and returns the rcode and the
-// answer's TTL.
+// lookupTTL returns the rcode and the TTL of name's first A record.
 func lookupTTL(t *testing.T, s *netpolicy.Sandbox, name string) (int, uint32) {
 	t.Helper()
-	var c net.Conn
-	if err := netpolicy.InNamedNS(s.NSPath(), func() (err error) {
-		c, err = net.Dial("udp", net.JoinHostPort(s.Guest(false).DNS[0].String(), "53"))
-		return
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	q := new(dns.Msg)
-	q.SetQuestion(dns.Fqdn(name), dns.TypeA)
-	resp, _, err := (&dns.Client{Timeout: 3 * time.Second}).ExchangeWithConn(q, &dns.Conn{Conn: c})
-	if err != nil {
-		t.Fatalf("lookup %s: %v", name, err)
-	}
+	resp := ask(t, s, name, dns.TypeA)
 	if len(resp.Answer) == 0 {
 		return resp.Rcode, 0
 	}

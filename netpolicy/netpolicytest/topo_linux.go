@@ -20,6 +20,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -316,3 +317,16 @@ try:
 except Exception as e:
     print("refused", addr, round((time.monotonic() - t) * 1000, 1), type(e).__name__)
 `
+
+// Probe writes ProbePy into a sandbox (once per sandbox) and runs it with
+// args through run, which executes a shell script in the sandbox and
+// returns its output and exit code. It returns the printed fields.
+func Probe(t testing.TB, run func(script string) (string, int), args string) []string {
+	t.Helper()
+	out, code := run("test -f /tmp/probe.py || cat > /tmp/probe.py <<'EOF'\n" + ProbePy + "EOF\npython3 /tmp/probe.py " + args)
+	if code != 0 {
+		t.Fatalf("probe %s: exit %d: %s", args, code, out)
+	}
+	t.Logf("probe %s: %s", args, strings.TrimSpace(out))
+	return strings.Fields(out)
+}

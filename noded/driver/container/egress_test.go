@@ -37,16 +37,8 @@ func TestEgressFromContainer(t *testing.T) {
 	if err := nw.SetPolicy(netpolicy.Policy{}); err != nil {
 		t.Fatal(err)
 	}
-	if out, code := run(t, sb, "cat > /tmp/probe.py <<'EOF'\n"+netpolicytest.ProbePy+"EOF\n"); code != 0 {
-		t.Fatalf("write probe: %d %s", code, out)
-	}
 	try := func(args string) []string {
-		out, code := run(t, sb, "python3 /tmp/probe.py "+args)
-		if code != 0 {
-			t.Fatalf("probe %s: exit %d: %s", args, code, out)
-		}
-		t.Logf("probe %s: %s", args, strings.TrimSpace(out))
-		return strings.Fields(out)
+		return netpolicytest.Probe(t, func(script string) (string, int) { return run(t, sb, script) }, args)
 	}
 	if f := try("allowed.test"); f[0] != "ok" {
 		t.Errorf("allowed.test: %v; want ok", f)

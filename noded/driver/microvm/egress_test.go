@@ -47,16 +47,8 @@ func TestEgressFromMicroVM(t *testing.T) {
 	if err := nw.SetPolicy(netpolicy.Policy{}); err != nil {
 		t.Fatal(err)
 	}
-	if out, code := run(t, sb, "cat > /tmp/probe.py <<'EOF'\n"+netpolicytest.ProbePy+"EOF\n"); code != 0 {
-		t.Fatalf("write probe: %d %s", code, out)
-	}
 	try := func(args string) []string {
-		out, code := run(t, sb, "python3 /tmp/probe.py "+args)
-		if code != 0 {
-			t.Fatalf("probe %s: exit %d: %s", args, code, out)
-		}
-		t.Logf("probe %s: %s", args, strings.TrimSpace(out))
-		return strings.Fields(out)
+		return netpolicytest.Probe(t, func(script string) (string, int) { return run(t, sb, script) }, args)
 	}
 	if f := try("allowed.test"); f[0] != "ok" || f[1] != netpolicytest.Web.String() {
 		t.Errorf("allowed.test: %v; want ok via %v", f, netpolicytest.Web)
@@ -171,16 +163,8 @@ func TestEgressSurvivesRestart(t *testing.T) {
 	if err := nw.SetPolicy(netpolicy.Policy{Profile: netpolicy.ProfileCustom, Allow: []string{"www.cdn.test"}}); err != nil {
 		t.Fatal(err)
 	}
-	if out, code := run(t, sb, "cat > /tmp/probe.py <<'EOF'\n"+netpolicytest.ProbePy+"EOF\n"); code != 0 {
-		t.Fatalf("write probe: %d %s", code, out)
-	}
 	try := func(sb driver.Sandbox, args string) []string {
-		out, code := run(t, sb, "python3 /tmp/probe.py "+args)
-		if code != 0 {
-			t.Fatalf("probe %s: exit %d: %s", args, code, out)
-		}
-		t.Logf("probe %s: %s", args, strings.TrimSpace(out))
-		return strings.Fields(out)
+		return netpolicytest.Probe(t, func(script string) (string, int) { return run(t, sb, script) }, args)
 	}
 	if f := try(sb, "www.cdn.test"); f[0] != "ok" {
 		t.Fatalf("before the restart: %v", f)
