@@ -1,0 +1,96 @@
+package model
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Provider speaks one vendor's wire protocol. Call makes exactly one HTTP
+// request (or none, for scripted): retries and rate limits are the
+// Gateway's. Implementations are safe for concurrent use.
+type Provider interface {
+	// Name is "anthropic", "openai" or "scripted".
+	Name() string
+	Call(ctx context.Context, req Request) (*Response, error)
+}
+
+// HTTPError is a provider's refusal. Retryable ones (429, 5xx, Anthropic's
+// 529 overloaded) carry the wait the server asked for, if any.
+type HTTPError struct {
+	Provider   string
+	Status     int
+	Type       string        // the provider's error type, e.g. "overloaded_error"
+	Message    string        // the provider's message, shortened
+	RetryAfter time.Duration // 0 when the server gave none
+}
+
+func (e *HTTPError) Error() string {
+	s := fmt.Sprintf("%s: HTTP %d", e.Provider, e.Status)
+	if e.Type != "" {
+		s += " " + e.Type
+	}
+	if e.Message != "" {
+		s += ": " + e.Message
+	}
+	return s
+}
+
+// Retryable reports whether the same request may succeed later.
+func (e *HTTPError) Retryable() bool {
+	return e.Status == http.StatusTooManyRequests || e.Status == 529 || e.Status >= 500 ||
+		e.Type == "overloaded_error" || e.Type == "rate_limit_error" || e.Type == "transport"
+}
+
+// ErrMalformed wraps a response the gateway cannot read: not JSON, cut
+// short, or missing what a response must have. It is not retried: the
+// task records it and stops the call.
+var ErrMalformed = errors.New("malformed response")
+
+// retryAfter reads Retry-After (seconds or an HTTP date) and the vendors'
+// retry-after-ms.
+func retryAfter(h http.Header, now time.Time) time.Duration {
+	if ms := h.Get("retry-after-ms"); ms != "" {
+		if v, err := strconv.ParseFloat(ms, 64); err == nil && v >= 0 {
+			return time.Duration(v * float64(time.Millisecond))
+		}
+	}
+	v := strings.TrimSpace(h.Get("Retry-After"))
+	if v == "" {
+		return 0
+	}
+	if s, err := strconv.ParseFloat(v, 64); err == nil && s >= 0 {
+		return time.Duration(s * float64(time.Second))
+	}
+	if t, err := http.ParseTime(v); err == nil && t.After(now) {
+		return t.Sub(now)
+	}
+	return 0
+}
+
+// maxBody bounds what is read of a response.
+const maxBody = 32 << 20
+
+// readBody reads a response body whole; a body cut short is malformed.
+func readBody(provider string, r io.Reader) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(r, maxBody+1))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w: reading the body: %v", provider, ErrMalformed, err)
+	}
+	if len(b) > maxBody {
+		return nil, fmt.Errorf("%s: %w: body over %d bytes", provider, ErrMalformed, maxBody)
+	}
+	return b, nil
+}
+
+func shorten(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "…"
+	}
+	return s
+}
