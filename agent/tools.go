@@ -1,0 +1,392 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/warrenhq/warren/agent/model"
+)
+
+// Sandbox is what the tools need of a task's sandbox. Paths are absolute
+// in the sandbox. Implementations are safe for concurrent use.
+type Sandbox interface {
+	// Exec runs argv in dir, killing its process group after timeout
+	// (0: no limit beyond ctx), and returns its output and exit code.
+	Exec(ctx context.Context, argv []string, dir string, timeout time.Duration) (ExecResult, error)
+	// ReadFile returns at most limit bytes of a file (0: all).
+	ReadFile(ctx context.Context, path string, limit int64) ([]byte, error)
+	// WriteFile replaces a file atomically, making its directory.
+	WriteFile(ctx context.Context, path string, data []byte) error
+}
+
+// ExecResult is a finished command.
+type ExecResult struct {
+	Stdout, Stderr []byte
+	ExitCode       int
+	TimedOut       bool
+}
+
+// Tool names, in the order the model sees them (stable across calls, so
+// the prompt cache holds).
+const (
+	ToolReadFile   = "read_file"
+	ToolListFiles  = "list_files"
+	ToolSearch     = "search"
+	ToolEditFile   = "edit_file"
+	ToolWriteFile  = "write_file"
+	ToolRunCommand = "run_command"
+	ToolRepoMap    = "repo_map"
+	ToolFinish     = "finish"
+)
+
+// Limits of what the model sees of a tool's output; the full output is
+// kept (Result.Full) for the blob store.
+const (
+	ViewBytes         = 16 << 10 // a tool result's view
+	ReadLinesDefault  = 400      // read_file without a range
+	MaxFileBytes      = 8 << 20  // read_file, edit_file, write_file
+	DefaultCmdTimeout = 10 * time.Minute
+	MaxCmdTimeout     = time.Hour
+)
+
+var toolSpecs = []model.Tool{
+	{Name: ToolReadFile, Description: "Read a file of the repository, with line numbers. Give start_line and end_line (1-based, inclusive) for a part of a long file.",
+		InputSchema: json.RawMessage(`{"type":"object","properties":{"path":{"type":"string","description":"path relative to the repository root"},"start_line":{"type":"integer","minimum":1},"end_line":{"type":"integer","minimum":1}},"required":["path"],"additionalProperties":false}`)},
+	{Name: ToolListFiles, Description: "List the files under a directory of the repository (not .git), to a depth.",
+		InputSchema: json.RawMessage(`{"type":"object","properties":{"path":{"type":"string","description":"directory relative to the repository root; \".\" is the root"},"depth":{"type":"integer","minimum":1,"maximum":8}},"additionalProperties":false}`)},
+	{Name: ToolSearch, Description: "Search the repository with ripgrep: a regular expression, optionally under a path and limited to a glob. Prints file:line:text.",
+		InputSchema: json.RawMessage(`{"type":"object","properties":{"pattern":{"type":"string"},"path":{"type":"string"},"glob":{"type":"string"}},"required":["pattern"],"additionalProperties":false}`)},
+	{Name: ToolEditFile, Description: "Replace old_string with new_string in a file. old_string must match the file exactly once; include enough context to make it unique.",
+		InputSchema: json.RawMessage(`{"type":"object","properties":{"path":{"type":"string"},"old_string":{"type":"string"},"new_string":{"type":"string"}},"required":["path","old_string","new_string"],"additionalProperties":false}`)},
+	{Name: ToolWriteFile, Description: "Write a whole file (created or replaced).",
+		InputSchema: json.RawMessage(`{"type":"object","properties":{"path":{"type":"string"},"content":{"type":"string"}},"required":["path","content"],"additionalProperties":false}`)},
+	{Name: ToolRunCommand, Description: "Run a shell command in the repository root (sh -c). You see the exit code and a truncated view of the output.",
+		InputSchema: json.RawMessage(`{"type":"object","properties":{"command":{"type":"string"},"timeout_seconds":{"type":"integer","minimum":1,"maximum":3600}},"required":["command"],"additionalProperties":false}`)},
+	{Name: ToolRepoMap, Description: "The repository's files and their top-level symbols (functions, types, classes), computed when the task started.",
+		InputSchema: json.RawMessage(`{"type":"object","properties":{},"additionalProperties":false}`)},
+	{Name: ToolFinish, Description: "Finish the task: summarise the change, the cause of the problem and the fix.",
+		InputSchema: json.RawMessage(`{"type":"object","properties":{"summary":{"type":"string"},"cause":{"type":"string"},"fix":{"type":"string"}},"required":["summary"],"additionalProperties":false}`)},
+}
+
+// ToolSpecs returns the tools' definitions, always the same, in the same
+// order. The caller may not change them.
+func ToolSpecs() []model.Tool { return toolSpecs }
+
+// Result is a tool call's outcome.
+type Result struct {
+	View    string // what the model sees (truncated)
+	Full    []byte // the whole output, for the blob store
+	IsError bool   // the call failed; View says why
+	// Changed reports whether the call may have changed the workspace
+	// (edit, write, run_command): such a call is rerun only after the
+	// workspace is restored to the last checkpoint.
+	Changed bool
+	Finish  *Finish // set by finish
+}
+
+// Finish is what the model said when it finished.
+type Finish struct {
+	Summary string `json:"summary"`
+	Cause   string `json:"cause,omitempty"`
+	Fix     string `json:"fix,omitempty"`
+}
+
+// Tools runs tool calls in one task's sandbox, on the repository checked
+// out at Root.
+type Tools struct {
+	SB      Sandbox
+	Root    string // the repository in the sandbox, e.g. /work/repo
+	repoMap string // computed by RepoMap at start
+}
+
+// MutatesWorkspace reports whether a tool may change the workspace.
+func MutatesWorkspace(name string) bool {
+	return name == ToolEditFile || name == ToolWriteFile || name == ToolRunCommand
+}
+
+// toolError is an error the model should see and recover from.
+func toolError(format string, args ...any) Result {
+	return Result{View: fmt.Sprintf(format, args...), IsError: true}
+}
+
+// resolve turns a path the model gave into an absolute path under Root;
+// paths that leave the repository are refused.
+func (t *Tools) resolve(p string) (string, error) {
+	if p == "" {
+		p = "."
+	}
+	if strings.ContainsRune(p, 0) {
+		return "", errors.New("the path has a NUL byte")
+	}
+	full := path.Clean(path.Join(t.Root, p))
+	if path.IsAbs(p) {
+		full = path.Clean(p)
+	}
+	if full != t.Root && !strings.HasPrefix(full, t.Root+"/") {
+		return "", fmt.Errorf("%q is outside the repository (%s)", p, t.Root)
+	}
+	return full, nil
+}
+
+// Run runs one tool call. Bad input, a missing file or a failing command
+// are results the model sees (IsError); an error is returned only when the
+// sandbox itself failed.
+func (t *Tools) Run(ctx context.Context, name string, input json.RawMessage) (Result, error) {
+	dec := func(v any) error {
+		d := json.NewDecoder(strings.NewReader(string(input)))
+		d.DisallowUnknownFields()
+		return d.Decode(v)
+	}
+	switch name {
+	case ToolReadFile:
+		var in struct {
+			Path      string `json:"path"`
+			StartLine int    `json:"start_line"`
+			EndLine   int    `json:"end_line"`
+		}
+		if err := dec(&in); err != nil {
+			return toolError("read_file: bad input: %v", err), nil
+		}
+		return t.readFile(ctx, in.Path, in.StartLine, in.EndLine)
+	case ToolListFiles:
+		var in struct {
+			Path  string `json:"path"`
+			Depth int    `json:"depth"`
+		}
+		if err := dec(&in); err != nil {
+			return toolError("list_files: bad input: %v", err), nil
+		}
+		return t.listFiles(ctx, in.Path, in.Depth)
+	case ToolSearch:
+		var in struct{ Pattern, Path, Glob string }
+		if err := dec(&in); err != nil {
+			return toolError("search: bad input: %v", err), nil
+		}
+		return t.search(ctx, in.Pattern, in.Path, in.Glob)
+	case ToolEditFile:
+		var in struct {
+			Path      string `json:"path"`
+			OldString string `json:"old_string"`
+			NewString string `json:"new_string"`
+		}
+		if err := dec(&in); err != nil {
+			return toolError("edit_file: bad input: %v", err), nil
+		}
+		return t.editFile(ctx, in.Path, in.OldString, in.NewString)
+	case ToolWriteFile:
+		var in struct{ Path, Content string }
+		if err := dec(&in); err != nil {
+			return toolError("write_file: bad input: %v", err), nil
+		}
+		p, err := t.resolve(in.Path)
+		if err != nil {
+			return toolError("write_file: %v", err), nil
+		}
+		if len(in.Content) > MaxFileBytes {
+			return toolError("write_file: %d bytes is over the limit of %d", len(in.Content), MaxFileBytes), nil
+		}
+		if err := t.SB.WriteFile(ctx, p, []byte(in.Content)); err != nil {
+			return Result{}, fmt.Errorf("write_file: %w", err)
+		}
+		return Result{View: fmt.Sprintf("wrote %s (%d bytes)", in.Path, len(in.Content)), Changed: true}, nil
+	case ToolRunCommand:
+		var in struct {
+			Command        string `json:"command"`
+			TimeoutSeconds int    `json:"timeout_seconds"`
+		}
+		if err := dec(&in); err != nil {
+			return toolError("run_command: bad input: %v", err), nil
+		}
+		return t.runCommand(ctx, in.Command, time.Duration(in.TimeoutSeconds)*time.Second)
+	case ToolRepoMap:
+		if t.repoMap == "" {
+			if _, err := t.RepoMap(ctx); err != nil {
+				return Result{}, err
+			}
+		}
+		return Result{View: view([]byte(t.repoMap)), Full: []byte(t.repoMap)}, nil
+	case ToolFinish:
+		var f Finish
+		if err := dec(&f); err != nil || strings.TrimSpace(f.Summary) == "" {
+			return toolError("finish: give at least a summary (%v)", err), nil
+		}
+		return Result{View: "finished", Finish: &f}, nil
+	}
+	return toolError("%q is not a tool; the tools are read_file, list_files, search, edit_file, write_file, run_command, repo_map and finish", name), nil
+}
+
+func (t *Tools) readFile(ctx context.Context, p string, start, end int) (Result, error) {
+	full, err := t.resolve(p)
+	if err != nil {
+		return toolError("read_file: %v", err), nil
+	}
+	b, err := t.SB.ReadFile(ctx, full, MaxFileBytes+1)
+	if err != nil {
+		return toolError("read_file: %s: %v", p, err), nil
+	}
+	if len(b) > MaxFileBytes {
+		return toolError("read_file: %s is over %d bytes; read a range of lines", p, MaxFileBytes), nil
+	}
+	lines := strings.SplitAfter(string(b), "\n")
+	if n := len(lines); n > 0 && lines[n-1] == "" {
+		lines = lines[:n-1]
+	}
+	if start <= 0 {
+		start = 1
+	}
+	if end <= 0 {
+		end = start + ReadLinesDefault - 1
+	}
+	if start > len(lines) && len(lines) > 0 {
+		return toolError("read_file: %s has %d lines; start_line %d is past the end", p, len(lines), start), nil
+	}
+	end = min(end, len(lines))
+	var sb strings.Builder
+	for i := start; i <= end; i++ {
+		fmt.Fprintf(&sb, "%6d\t%s", i, lines[i-1])
+		if !strings.HasSuffix(lines[i-1], "\n") {
+			sb.WriteByte('\n')
+		}
+	}
+	if end < len(lines) {
+		fmt.Fprintf(&sb, "[lines %d-%d of %d; ask for more with start_line]\n", start, end, len(lines))
+	}
+	out := sb.String()
+	return Result{View: view([]byte(out)), Full: []byte(out)}, nil
+}
+
+func (t *Tools) listFiles(ctx context.Context, p string, depth int) (Result, error) {
+	full, err := t.resolve(p)
+	if err != nil {
+		return toolError("list_files: %v", err), nil
+	}
+	if depth <= 0 {
+		depth = 2
+	}
+	res, err := t.SB.Exec(ctx, []string{"find", ".", "-maxdepth", strconv.Itoa(min(depth, 8)), "-not", "-path", "./.git", "-not", "-path", "./.git/*", "-printf", "%y %P\n"}, full, time.Minute)
+	if err != nil {
+		return Result{}, fmt.Errorf("list_files: %w", err)
+	}
+	if res.ExitCode != 0 {
+		return toolError("list_files: %s: %s", p, strings.TrimSpace(string(res.Stderr))), nil
+	}
+	var out []string
+	for _, l := range strings.Split(strings.TrimSpace(string(res.Stdout)), "\n") {
+		kind, name, ok := strings.Cut(l, " ")
+		if !ok || name == "" {
+			continue
+		}
+		if kind == "d" {
+			name += "/"
+		}
+		out = append(out, name)
+	}
+	s := strings.Join(slices.Sorted(slices.Values(out)), "\n") + "\n"
+	return Result{View: view([]byte(s)), Full: []byte(s)}, nil
+}
+
+func (t *Tools) search(ctx context.Context, pattern, p, glob string) (Result, error) {
+	if pattern == "" {
+		return toolError("search: pattern: required"), nil
+	}
+	full, err := t.resolve(p)
+	if err != nil {
+		return toolError("search: %v", err), nil
+	}
+	argv := []string{"rg", "--line-number", "--no-heading", "--color", "never", "--max-columns", "300", "--max-count", "50"}
+	if glob != "" {
+		argv = append(argv, "--glob", glob)
+	}
+	argv = append(argv, "-e", pattern, "--", strings.TrimPrefix(strings.TrimPrefix(full, t.Root), "/"))
+	if argv[len(argv)-1] == "" {
+		argv[len(argv)-1] = "."
+	}
+	res, err := t.SB.Exec(ctx, argv, t.Root, 2*time.Minute)
+	if err != nil {
+		return Result{}, fmt.Errorf("search: %w", err)
+	}
+	switch res.ExitCode {
+	case 0:
+		return Result{View: view(res.Stdout), Full: res.Stdout}, nil
+	case 1:
+		return Result{View: "no matches"}, nil
+	}
+	return toolError("search: %s", strings.TrimSpace(string(res.Stderr))), nil
+}
+
+func (t *Tools) editFile(ctx context.Context, p, old, new string) (Result, error) {
+	full, err := t.resolve(p)
+	if err != nil {
+		return toolError("edit_file: %v", err), nil
+	}
+	if old == "" {
+		return toolError("edit_file: old_string is empty; use write_file to create a file"), nil
+	}
+	if old == new {
+		return toolError("edit_file: old_string and new_string are the same"), nil
+	}
+	b, err := t.SB.ReadFile(ctx, full, MaxFileBytes+1)
+	if err != nil {
+		return toolError("edit_file: %s: %v", p, err), nil
+	}
+	if len(b) > MaxFileBytes {
+		return toolError("edit_file: %s is over %d bytes", p, MaxFileBytes), nil
+	}
+	switch n := strings.Count(string(b), old); n {
+	case 1:
+	case 0:
+		return toolError("edit_file: old_string does not occur in %s; read the file and copy the text exactly, whitespace included", p), nil
+	default:
+		return toolError("edit_file: old_string occurs %d times in %s; include more surrounding lines so it occurs once", n, p), nil
+	}
+	out := strings.Replace(string(b), old, new, 1)
+	if err := t.SB.WriteFile(ctx, full, []byte(out)); err != nil {
+		return Result{}, fmt.Errorf("edit_file: %w", err)
+	}
+	line := strings.Count(string(b)[:strings.Index(string(b), old)], "\n") + 1
+	return Result{View: fmt.Sprintf("edited %s at line %d", p, line), Changed: true}, nil
+}
+
+func (t *Tools) runCommand(ctx context.Context, cmd string, timeout time.Duration) (Result, error) {
+	if strings.TrimSpace(cmd) == "" {
+		return toolError("run_command: command: required"), nil
+	}
+	if timeout <= 0 {
+		timeout = DefaultCmdTimeout
+	}
+	timeout = min(timeout, MaxCmdTimeout)
+	res, err := t.SB.Exec(ctx, []string{"/bin/sh", "-c", cmd}, t.Root, timeout)
+	if err != nil {
+		return Result{}, fmt.Errorf("run_command: %w", err)
+	}
+	full := append(append([]byte{}, res.Stdout...), res.Stderr...)
+	head := fmt.Sprintf("exit code %d", res.ExitCode)
+	if res.TimedOut {
+		head = fmt.Sprintf("timed out after %v and was killed", timeout)
+	}
+	v := head + "\n"
+	if len(res.Stdout) > 0 {
+		v += "stdout:\n" + view(res.Stdout) + "\n"
+	}
+	if len(res.Stderr) > 0 {
+		v += "stderr:\n" + view(res.Stderr) + "\n"
+	}
+	return Result{View: v, Full: full, Changed: true, IsError: res.ExitCode != 0 || res.TimedOut}, nil
+}
+
+// view truncates output for the model: its head and its tail, with how
+// much was left out between them.
+func view(b []byte) string {
+	if len(b) <= ViewBytes {
+		return string(b)
+	}
+	head, tail := ViewBytes/4, ViewBytes*3/4
+	return fmt.Sprintf("%s\n[... %d bytes left out ...]\n%s", b[:head], len(b)-head-tail, b[len(b)-tail:])
+}
