@@ -1,0 +1,414 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/warrenhq/warren/actor"
+	"github.com/warrenhq/warren/agent/model"
+)
+
+// Recorder is the task's event log as the loop writes it: Record returns
+// once the event is committed, and a second Record with the same key is
+// applied once. The loop records before it acts (write-ahead).
+type Recorder interface {
+	Record(ctx context.Context, key, kind string, payload any) error
+}
+
+// Caller makes a model call: the gateway.
+type Caller interface {
+	Call(ctx context.Context, req model.Request) (*model.Result, error)
+}
+
+// Budgets are a task's limits; zero means none.
+type Budgets struct {
+	MaxSteps        int64
+	MaxTokens       int64
+	MaxCostMicroUSD int64
+	MaxWallClock    time.Duration
+}
+
+// Spent is what a task has used so far.
+type Spent struct {
+	Steps        int64       `json:"steps"`
+	Usage        model.Usage `json:"usage"`
+	CostMicroUSD int64       `json:"cost_micro_usd"`
+}
+
+// Config is one task's loop.
+type Config struct {
+	Model     string
+	MaxTokens int    // per call (default 8192); lowered to what the budgets leave
+	System    string // "" means DefaultSystem
+	Budgets   Budgets
+	Price     model.Price // for the worst case of a call, before it is made
+	Clock     actor.Clock // nil: real
+}
+
+// DefaultSystem is the frozen system prompt.
+const DefaultSystem = `You are a software engineer working in a sandbox on one repository, checked out at its root.
+Find the cause of the issue you are given, fix it with the smallest change that is right, and run the repository's tests.
+Use the tools: read and search before you edit; edit_file needs text that occurs exactly once.
+When the tests pass, call finish with a summary, the cause and the fix. Do not ask questions: nobody answers them.`
+
+// Task is what the loop works on.
+type Task struct {
+	IssueTitle, IssueBody string
+	TestCommand           string
+}
+
+// Outcome is how a loop ended.
+type Outcome struct {
+	// Reason: "finished", or the budget that stopped it ("max_steps",
+	// "max_tokens", "max_cost", "max_wall_clock").
+	Reason string  `json:"reason"`
+	Finish *Finish `json:"finish,omitempty"`
+	Spent  Spent   `json:"spent"`
+}
+
+// ErrReplay is a log the loop cannot rebuild a conversation from.
+var ErrReplay = errors.New("replay")
+
+// Loop is one task's agent loop. It is not safe for concurrent use: the
+// task actor drives it, one step at a time.
+type Loop struct {
+	cfg     Config
+	caller  Caller
+	tools   *Tools
+	rec     Recorder
+	clock   actor.Clock
+	msgs    []model.Message
+	spent   Spent
+	started time.Time
+	step    int64
+	// set by Replay for Resume: the last turn's calls and every recorded
+	// result
+	replayPending []model.Block
+	replayResults map[string]model.Block
+	replayFinish  *Finish
+}
+
+// NewLoop makes a loop; Start or Replay then sets its conversation.
+func NewLoop(cfg Config, caller Caller, tools *Tools, rec Recorder) *Loop {
+	if cfg.MaxTokens <= 0 {
+		cfg.MaxTokens = 8192
+	}
+	if cfg.System == "" {
+		cfg.System = DefaultSystem
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = actor.RealClock()
+	}
+	return &Loop{cfg: cfg, caller: caller, tools: tools, rec: rec, clock: cfg.Clock, started: cfg.Clock.Now()}
+}
+
+// Spent returns what the task has used.
+func (l *Loop) Spent() Spent { return l.spent }
+
+// Start builds the first user message (the issue, the repository's
+// AGENTS.md if it has one, its map) and records it.
+func (l *Loop) Start(ctx context.Context, t Task) error {
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "Issue: %s\n\n%s\n", t.IssueTitle, strings.TrimSpace(t.IssueBody))
+	if t.TestCommand != "" {
+		fmt.Fprintf(&sb, "\nThe repository's tests run with: %s\n", t.TestCommand)
+	}
+	if b, err := l.tools.SB.ReadFile(ctx, path.Join(l.tools.Root, "AGENTS.md"), 64<<10); err == nil && len(b) > 0 {
+		fmt.Fprintf(&sb, "\nThe repository's AGENTS.md:\n%s\n", b)
+	}
+	if m, err := l.tools.RepoMap(ctx); err == nil && m != "" {
+		fmt.Fprintf(&sb, "\nThe repository's files and top-level symbols:\n%s", m)
+	}
+	text := sb.String()
+	if err := l.rec.Record(ctx, "context", "message", map[string]any{"from": "agent", "role": "user", "initial": true, "text": text}); err != nil {
+		return err
+	}
+	l.msgs = []model.Message{{Role: model.RoleUser, Content: []model.Block{{Type: model.BlockText, Text: text}}}}
+	return nil
+}
+
+// Steer adds a user's message; the model sees it at the next step.
+func (l *Loop) Steer(text string) {
+	l.appendUser(model.Block{Type: model.BlockText, Text: "Message from the user: " + text})
+}
+
+// appendUser adds blocks to the conversation's trailing user turn, or
+// starts one.
+func (l *Loop) appendUser(b ...model.Block) {
+	if n := len(l.msgs); n > 0 && l.msgs[n-1].Role == model.RoleUser {
+		l.msgs[n-1].Content = append(l.msgs[n-1].Content, b...)
+		return
+	}
+	l.msgs = append(l.msgs, model.Message{Role: model.RoleUser, Content: b})
+}
+
+// Run steps until the model finishes or a budget stops it.
+func (l *Loop) Run(ctx context.Context) (*Outcome, error) {
+	for {
+		out, err := l.Step(ctx)
+		if err != nil || out != nil {
+			return out, err
+		}
+	}
+}
+
+// budget returns the max_tokens the next call may use, or the budget
+// that forbids the call: checked against the call's worst case, so the
+// task never overspends.
+func (l *Loop) budget(req model.Request) (int, string) {
+	b := l.cfg.Budgets
+	if b.MaxSteps > 0 && l.spent.Steps+1 > b.MaxSteps {
+		return 0, "max_steps"
+	}
+	if b.MaxWallClock > 0 && l.clock.Now().Sub(l.started) >= b.MaxWallClock {
+		return 0, "max_wall_clock"
+	}
+	maxTok := int64(l.cfg.MaxTokens)
+	in := model.EstimateInputTokens(req)
+	if b.MaxTokens > 0 {
+		maxTok = min(maxTok, b.MaxTokens-l.spent.Usage.Total()-in)
+	}
+	if b.MaxCostMicroUSD > 0 {
+		left := b.MaxCostMicroUSD - l.spent.CostMicroUSD - l.cfg.Price.WorstCaseMicroUSD(in, 0)
+		if l.cfg.Price.Output > 0 {
+			maxTok = min(maxTok, int64(float64(left)/l.cfg.Price.Output))
+		} else if left < 0 {
+			maxTok = 0
+		}
+	}
+	const minUseful = 256 // fewer output tokens cannot make progress
+	if maxTok < minUseful {
+		if b.MaxCostMicroUSD > 0 && l.spent.CostMicroUSD+l.cfg.Price.WorstCaseMicroUSD(in, minUseful) > b.MaxCostMicroUSD {
+			return 0, "max_cost"
+		}
+		return 0, "max_tokens"
+	}
+	return int(maxTok), ""
+}
+
+// Step makes one model call and runs the tools it asks for. It returns an
+// outcome when the task is over.
+func (l *Loop) Step(ctx context.Context) (*Outcome, error) {
+	req := model.Request{Model: l.cfg.Model, System: l.cfg.System, Tools: ToolSpecs(), Messages: l.msgs}
+	maxTok, stop := l.budget(req)
+	if stop != "" {
+		return &Outcome{Reason: stop, Spent: l.spent}, nil
+	}
+	req.MaxTokens = maxTok
+	l.step++
+	n := l.step
+	res, err := l.caller.Call(ctx, req)
+	if err != nil {
+		return nil, fmt.Errorf("step %d: %w", n, err)
+	}
+	resp := res.Response
+	l.spent.Steps++
+	l.spent.Usage = l.spent.Usage.Add(resp.Usage)
+	l.spent.CostMicroUSD += res.CostMicroUSD
+	if err := l.rec.Record(ctx, fmt.Sprintf("step-%d/model", n), "model_call", map[string]any{
+		"step": n, "model": resp.Model, "messages": len(req.Messages), "max_tokens": req.MaxTokens,
+		"response": map[string]any{"id": resp.ID, "content": resp.Content, "stop_reason": resp.StopReason},
+		"usage":    resp.Usage, "cost_micro_usd": res.CostMicroUSD, "cache_hit_rate": resp.Usage.CacheHitRate(),
+		"attempts": res.Attempts, "spent": l.spent,
+	}); err != nil {
+		return nil, err
+	}
+	return l.afterResponse(ctx, n, resp.Content, resp.StopReason, nil)
+}
+
+// afterResponse adds the model's turn to the conversation and runs its
+// tool calls, skipping those whose results are already recorded (replay).
+func (l *Loop) afterResponse(ctx context.Context, n int64, content []model.Block, stopReason string, recorded map[string]model.Block) (*Outcome, error) {
+	if len(content) == 0 {
+		content = []model.Block{{Type: model.BlockText, Text: "(no answer)"}}
+	}
+	l.msgs = append(l.msgs, model.Message{Role: model.RoleAssistant, Content: content})
+	var finish *Finish
+	var results []model.Block
+	for i, tu := range content {
+		if tu.Type != model.BlockToolUse {
+			continue
+		}
+		if b, ok := recorded[tu.ID]; ok {
+			results = append(results, b)
+			continue
+		}
+		if err := l.rec.Record(ctx, fmt.Sprintf("step-%d/call-%d", n, i), "tool_call", map[string]any{
+			"tool_call_id": tu.ID, "tool": tu.Name, "input": tu.Input, "step": n}); err != nil {
+			return nil, err
+		}
+		r, err := l.tools.Run(ctx, tu.Name, tu.Input)
+		if err != nil {
+			return nil, fmt.Errorf("step %d: %s: %w", n, tu.Name, err)
+		}
+		if err := l.rec.Record(ctx, fmt.Sprintf("step-%d/result-%d", n, i), "tool_result", map[string]any{
+			"tool_call_id": tu.ID, "output": r.View, "is_error": r.IsError, "truncated": len(r.Full) > len(r.View),
+			"full_bytes": len(r.Full), "changed": r.Changed, "finish": r.Finish}); err != nil {
+			return nil, err
+		}
+		results = append(results, model.Block{Type: model.BlockToolResult, ToolUseID: tu.ID, Content: r.View, IsError: r.IsError})
+		if r.Finish != nil {
+			finish = r.Finish
+		}
+	}
+	if finish != nil {
+		return &Outcome{Reason: "finished", Finish: finish, Spent: l.spent}, nil
+	}
+	if len(results) > 0 {
+		l.appendUser(results...)
+		return nil, nil
+	}
+	// A turn without tool calls: the model stopped (end_turn), ran out of
+	// output (max_tokens) or paused (pause_turn). Keep it going.
+	switch stopReason {
+	case model.StopMaxTokens, model.StopPauseTurn:
+		l.appendUser(model.Block{Type: model.BlockText, Text: "Continue."})
+	default:
+		l.appendUser(model.Block{Type: model.BlockText, Text: "Continue with the tools, and call finish when the tests pass."})
+	}
+	return nil, nil
+}
+
+// Event is a recorded event, as the loop replays it.
+type Event struct {
+	Kind    string
+	Payload json.RawMessage
+}
+
+// Replay rebuilds the conversation from a task's recorded events, with the
+// recorded model responses: no model call is repeated. It returns the tool
+// calls of the last model turn that have no recorded result; Resume runs
+// them (the caller restores the workspace first when one of them changes
+// it) and goes on.
+func (l *Loop) Replay(events []Event) ([]model.Block, error) {
+	l.msgs, l.spent, l.step, l.replayFinish = nil, Spent{}, 0, nil
+	var pending []model.Block
+	results := map[string]model.Block{}
+	flush := func() {
+		var bs []model.Block
+		var still []model.Block
+		for _, tu := range pending {
+			if b, ok := results[tu.ID]; ok {
+				bs = append(bs, b)
+			} else {
+				still = append(still, tu)
+			}
+		}
+		if len(bs) > 0 {
+			l.appendUser(bs...)
+		}
+		pending = still
+	}
+	for i, e := range events {
+		switch e.Kind {
+		case "message":
+			var p struct {
+				From, Role, Text string
+				Initial          bool
+			}
+			if err := json.Unmarshal(e.Payload, &p); err != nil {
+				return nil, fmt.Errorf("%w: event %d: %v", ErrReplay, i, err)
+			}
+			switch {
+			case p.Initial:
+				l.msgs = []model.Message{{Role: model.RoleUser, Content: []model.Block{{Type: model.BlockText, Text: p.Text}}}}
+			case p.From == "user":
+				flush()
+				l.Steer(p.Text)
+			}
+		case "model_call":
+			flush()
+			var p struct {
+				Step     int64 `json:"step"`
+				Response struct {
+					Content    []model.Block `json:"content"`
+					StopReason string        `json:"stop_reason"`
+				} `json:"response"`
+				Spent Spent `json:"spent"`
+			}
+			if err := json.Unmarshal(e.Payload, &p); err != nil {
+				return nil, fmt.Errorf("%w: event %d: %v", ErrReplay, i, err)
+			}
+			if len(l.msgs) == 0 {
+				return nil, fmt.Errorf("%w: a model call before the task's context", ErrReplay)
+			}
+			if len(pending) > 0 {
+				return nil, fmt.Errorf("%w: step %d has tool calls without results before the next model call", ErrReplay, p.Step)
+			}
+			l.step, l.spent = p.Step, p.Spent
+			content := p.Response.Content
+			if len(content) == 0 {
+				content = []model.Block{{Type: model.BlockText, Text: "(no answer)"}}
+			}
+			l.msgs = append(l.msgs, model.Message{Role: model.RoleAssistant, Content: content})
+			hasTools := false
+			for _, b := range content {
+				if b.Type == model.BlockToolUse {
+					pending = append(pending, b)
+					hasTools = true
+				}
+			}
+			if !hasTools {
+				if p.Response.StopReason == model.StopMaxTokens || p.Response.StopReason == model.StopPauseTurn {
+					l.appendUser(model.Block{Type: model.BlockText, Text: "Continue."})
+				} else {
+					l.appendUser(model.Block{Type: model.BlockText, Text: "Continue with the tools, and call finish when the tests pass."})
+				}
+			}
+		case "tool_result":
+			var p struct {
+				ID      string  `json:"tool_call_id"`
+				Output  string  `json:"output"`
+				IsError bool    `json:"is_error"`
+				Finish  *Finish `json:"finish"`
+			}
+			if err := json.Unmarshal(e.Payload, &p); err != nil {
+				return nil, fmt.Errorf("%w: event %d: %v", ErrReplay, i, err)
+			}
+			if p.Finish != nil {
+				l.replayFinish = p.Finish
+			}
+			results[p.ID] = model.Block{Type: model.BlockToolResult, ToolUseID: p.ID, Content: p.Output, IsError: p.IsError}
+		}
+	}
+	// The last turn's calls: keep those with results, return the rest.
+	var recordedNow []model.Block
+	var missing []model.Block
+	for _, tu := range pending {
+		if b, ok := results[tu.ID]; ok {
+			recordedNow = append(recordedNow, b)
+		} else {
+			missing = append(missing, tu)
+		}
+	}
+	if len(missing) == 0 && len(recordedNow) > 0 {
+		l.appendUser(recordedNow...)
+		pending = nil
+	}
+	l.replayPending = pending
+	l.replayResults = results
+	return missing, nil
+}
+
+// Resume finishes the last replayed turn (running its calls that have no
+// result) and then runs the loop.
+func (l *Loop) Resume(ctx context.Context) (*Outcome, error) {
+	if l.replayFinish != nil { // it had finished; only its end was not recorded
+		return &Outcome{Reason: "finished", Finish: l.replayFinish, Spent: l.spent}, nil
+	}
+	if len(l.replayPending) > 0 {
+		last := l.msgs[len(l.msgs)-1]
+		l.msgs = l.msgs[:len(l.msgs)-1]
+		out, err := l.afterResponse(ctx, l.step, last.Content, "", l.replayResults)
+		l.replayPending = nil
+		if err != nil || out != nil {
+			return out, err
+		}
+	}
+	return l.Run(ctx)
+}

@@ -1,0 +1,219 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/warrenhq/warren/agent/model"
+)
+
+// memLog is a TEST DOUBLE of the task's event log: in memory, applying
+// each key once.
+type memLog struct {
+	mu     sync.Mutex
+	keys   map[string]bool
+	events []Event
+}
+
+func (m *memLog) Record(ctx context.Context, key, kind string, payload any) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.keys == nil {
+		m.keys = map[string]bool{}
+	}
+	if m.keys[key] {
+		return nil
+	}
+	b, err := json.Marshal(payload)
+	if err != nil {
+		return err
+	}
+	m.keys[key] = true
+	m.events = append(m.events, Event{Kind: kind, Payload: b})
+	return nil
+}
+
+func (m *memLog) kinds() string {
+	var ks []string
+	for _, e := range m.events {
+		ks = append(ks, e.Kind)
+	}
+	return strings.Join(ks, ",")
+}
+
+// counting wraps a provider and counts its calls (the "fake model server
+// counts no repeated call" of issue 7, here on the scripted provider).
+type counting struct {
+	model.Provider
+	mu sync.Mutex
+	n  int
+}
+
+func (c *counting) Call(ctx context.Context, r model.Request) (*model.Response, error) {
+	c.mu.Lock()
+	c.n++
+	c.mu.Unlock()
+	return c.Provider.Call(ctx, r)
+}
+
+// fixScript is a scripted trajectory that fixes calc.Add: read, search,
+// edit, test, finish.
+const fixScript = `{"content":[{"type":"text","text":"Reading the code."},{"type":"tool_use","name":"read_file","input":{"path":"calc/calc.go"}}],"usage":{"input_tokens":900,"output_tokens":30}}
+{"content":[{"type":"tool_use","name":"search","input":{"pattern":"Add\\(","glob":"*.go"}}],"usage":{"input_tokens":50,"cache_read_tokens":900,"output_tokens":20}}
+{"content":[{"type":"tool_use","name":"edit_file","input":{"path":"calc/calc.go","old_string":"return a - b","new_string":"return a + b"}}],"usage":{"input_tokens":60,"output_tokens":40}}
+{"content":[{"type":"tool_use","name":"run_command","input":{"command":"go test ./... 2>&1"}}],"usage":{"input_tokens":40,"output_tokens":20}}
+{"content":[{"type":"tool_use","name":"finish","input":{"summary":"Add subtracted; it adds now.","cause":"a - b","fix":"a + b"}}],"usage":{"input_tokens":70,"output_tokens":30}}
+`
+
+func scripted(t *testing.T) *counting {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "fix.jsonl")
+	os.WriteFile(p, []byte(fixScript), 0o644)
+	s, err := model.NewScripted(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &counting{Provider: s}
+}
+
+func newLoop(t *testing.T, tl *Tools, p model.Provider, b Budgets, log *memLog) *Loop {
+	g := &model.Gateway{Provider: p, Price: model.Price{Input: 3, CacheWrite: 3.75, CacheRead: 0.3, Output: 15}}
+	return NewLoop(Config{Model: "scripted", Budgets: b, Price: g.Price}, g, tl, log)
+}
+
+func TestLoopFixesTheBug(t *testing.T) {
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("needs go to run the demo repository's tests")
+	}
+	tl := newRepo(t)
+	os.WriteFile(filepath.Join(tl.Root, "AGENTS.md"), []byte("Run go test ./... before you finish.\n"), 0o644)
+	p := scripted(t)
+	log := &memLog{}
+	l := newLoop(t, tl, p, Budgets{}, log)
+	if err := l.Start(context.Background(), Task{IssueTitle: "Add is wrong", IssueBody: "2+2 is not 0", TestCommand: "go test ./..."}); err != nil {
+		t.Fatal(err)
+	}
+	out, err := l.Run(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out.Reason != "finished" || out.Finish.Cause != "a - b" || out.Spent.Steps != 5 || p.n != 5 {
+		t.Fatalf("outcome %+v, %d calls", out, p.n)
+	}
+	want := "message" + strings.Repeat(",model_call,tool_call,tool_result", 5)
+	if got := log.kinds(); got != want {
+		t.Fatalf("events:\n%s\nwant\n%s", got, want)
+	}
+	var first struct{ Text string }
+	json.Unmarshal(log.events[0].Payload, &first)
+	for _, s := range []string{"Add is wrong", "AGENTS.md", "Run go test", "calc/calc.go: Add, Acc, Sum"} {
+		if !strings.Contains(first.Text, s) {
+			t.Errorf("the first message lacks %q", s)
+		}
+	}
+	var test struct {
+		Output  string
+		IsError bool `json:"is_error"`
+	}
+	json.Unmarshal(log.events[12].Payload, &test) // step 4's result
+	if test.IsError || !strings.Contains(test.Output, "ok") {
+		t.Fatalf("the tests after the fix: %+v", test)
+	}
+	var sb hostSandbox
+	if res, _ := sb.Exec(context.Background(), []string{"go", "test", "./..."}, tl.Root, 0); res.ExitCode != 0 {
+		t.Fatalf("the repository's tests fail after the task: %s", res.Stdout)
+	}
+}
+
+func TestBudgets(t *testing.T) {
+	tl := newRepo(t)
+	// Steps: exactly N model calls.
+	p, log := scripted(t), &memLog{}
+	l := newLoop(t, tl, p, Budgets{MaxSteps: 2}, log)
+	l.Start(context.Background(), Task{IssueTitle: "x"})
+	out, err := l.Run(context.Background())
+	if err != nil || out.Reason != "max_steps" || out.Spent.Steps != 2 || p.n != 2 || strings.Count(log.kinds(), "model_call") != 2 {
+		t.Fatalf("steps: %+v %v, %d calls", out, err, p.n)
+	}
+	// Cost: checked against each call's worst case, so never exceeded.
+	for _, budget := range []int64{1, 5000, 12000, 20000, 40000} {
+		p, log := scripted(t), &memLog{}
+		tl := newRepo(t)
+		l := newLoop(t, tl, p, Budgets{MaxCostMicroUSD: budget}, log)
+		l.cfg.MaxTokens = 1024
+		l.Start(context.Background(), Task{IssueTitle: "x"})
+		out, err := l.Run(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out.Spent.CostMicroUSD > budget {
+			t.Fatalf("budget %d µ$: spent %d", budget, out.Spent.CostMicroUSD)
+		}
+		t.Logf("cost budget %d µ$: %s after %d steps, spent %d µ$", budget, out.Reason, out.Spent.Steps, out.Spent.CostMicroUSD)
+	}
+}
+
+// A task resumed from its log (on another node, after a crash) rebuilds
+// its conversation from the recorded responses: the model is not called
+// again for any step it answered.
+func TestReplayRepeatsNoCall(t *testing.T) {
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("needs go")
+	}
+	type cutAt struct {
+		name  string
+		keep  int  // events kept
+		calls int  // model calls the resumed task makes
+		fixed bool // the last checkpoint has step 3's edit
+	}
+	cuts := []cutAt{
+		{"between steps", 1 + 3*2, 3, false},
+		{"between a model call and its tool call", 1 + 3*2 + 1, 2, false},
+		{"during a workspace-changing command", 1 + 3*3 + 2, 1, true},
+	}
+	for _, cut := range cuts {
+		t.Run(cut.name, func(t *testing.T) {
+			tl := newRepo(t)
+			first, log := scripted(t), &memLog{}
+			l := newLoop(t, tl, first, Budgets{}, log)
+			l.Start(context.Background(), Task{IssueTitle: "Add is wrong"})
+			if _, err := l.Run(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			// The "crash": the log as it was at the cut, and a fresh
+			// checkout with the last checkpoint applied (here by hand: the
+			// checkpoint events come with the forge work).
+			events := append([]Event(nil), log.events[:cut.keep]...)
+			tl2 := newRepo(t)
+			if cut.fixed {
+				b, _ := os.ReadFile(filepath.Join(tl2.Root, "calc/calc.go"))
+				os.WriteFile(filepath.Join(tl2.Root, "calc/calc.go"), []byte(strings.Replace(string(b), "a - b", "a + b", 1)), 0o644)
+			}
+			second, log2 := scripted(t), &memLog{events: append([]Event(nil), events...)}
+			l2 := newLoop(t, tl2, second, Budgets{}, log2)
+			missing, err := l2.Replay(events)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("resumed with %d tool calls to run first", len(missing))
+			out, err := l2.Resume(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if out.Reason != "finished" || second.n != cut.calls {
+				t.Fatalf("outcome %+v; the resumed task called the model %d times, want %d", out, second.n, cut.calls)
+			}
+			// The same final workspace: the tests pass.
+			var sb hostSandbox
+			if res, _ := sb.Exec(context.Background(), []string{"go", "test", "./..."}, tl2.Root, 0); res.ExitCode != 0 {
+				t.Fatalf("the resumed task's workspace fails its tests: %s", res.Stdout)
+			}
+		})
+	}
+}
