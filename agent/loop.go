@@ -48,6 +48,8 @@ type Config struct {
 	Budgets   Budgets
 	Price     model.Price // for the worst case of a call, before it is made
 	Clock     actor.Clock // nil: real
+	// Policy decides each tool call's tier; nil allows everything.
+	Policy *Policy
 }
 
 // DefaultSystem is the frozen system prompt.
@@ -64,11 +66,28 @@ type Task struct {
 
 // Outcome is how a loop ended.
 type Outcome struct {
-	// Reason: "finished", or the budget that stopped it ("max_steps",
-	// "max_tokens", "max_cost", "max_wall_clock").
-	Reason string  `json:"reason"`
-	Finish *Finish `json:"finish,omitempty"`
-	Spent  Spent   `json:"spent"`
+	// Reason: "finished"; "waiting_approval" (Approval says for what; the
+	// task resumes by Replay and Resume once the decision is on its log);
+	// or the budget that stopped it ("max_steps", "max_tokens",
+	// "max_cost", "max_wall_clock").
+	Reason   string    `json:"reason"`
+	Finish   *Finish   `json:"finish,omitempty"`
+	Approval *Approval `json:"approval,omitempty"`
+	Spent    Spent     `json:"spent"`
+}
+
+// Approval is a tool call waiting for a person.
+type Approval struct {
+	ToolCallID string          `json:"tool_call_id"`
+	Tool       string          `json:"tool"`
+	Input      json.RawMessage `json:"input"`
+	Reason     string          `json:"reason"`
+}
+
+// decision is a recorded approval_decided.
+type decision struct {
+	approved bool
+	comment  string
 }
 
 // ErrReplay is a log the loop cannot rebuild a conversation from.
@@ -91,6 +110,9 @@ type Loop struct {
 	replayPending []model.Block
 	replayResults map[string]model.Block
 	replayFinish  *Finish
+	// approvals asked (true) and decided, by tool call id, from the log
+	asked     map[string]bool
+	decisions map[string]decision
 }
 
 // NewLoop makes a loop; Start or Replay then sets its conversation.
@@ -242,9 +264,34 @@ func (l *Loop) afterResponse(ctx context.Context, n int64, content []model.Block
 			"tool_call_id": tu.ID, "tool": tu.Name, "input": tu.Input, "step": n}); err != nil {
 			return nil, err
 		}
-		r, err := l.tools.Run(ctx, tu.Name, tu.Input)
-		if err != nil {
-			return nil, fmt.Errorf("step %d: %s: %w", n, tu.Name, err)
+		var r Result
+		tier, rule := l.cfg.Policy.Decide(tu.Name, tu.Input, l.tools.Root)
+		reason := ""
+		if rule != nil {
+			reason = rule.Reason
+		}
+		d, decided := l.decisions[tu.ID]
+		switch {
+		case tier == Deny:
+			r = toolError("denied by policy: %s", orDefault(reason, "a rule of the task's policy"))
+		case decided && !d.approved:
+			r = toolError("rejected by the reviewer: %s", orDefault(d.comment, "(no comment)"))
+		case tier == Approve && !decided:
+			if !l.asked[tu.ID] {
+				if err := l.rec.Record(ctx, fmt.Sprintf("step-%d/approval-%d", n, i), "approval_requested", map[string]any{
+					"tool_call_id": tu.ID, "tool": tu.Name, "input": tu.Input, "reason": reason, "step": n}); err != nil {
+					return nil, err
+				}
+			}
+			// The call runs only after its approval: the loop ends here
+			// and resumes from the log once the decision is on it.
+			return &Outcome{Reason: "waiting_approval", Spent: l.spent,
+				Approval: &Approval{ToolCallID: tu.ID, Tool: tu.Name, Input: tu.Input, Reason: reason}}, nil
+		default:
+			var err error
+			if r, err = l.tools.Run(ctx, tu.Name, tu.Input); err != nil {
+				return nil, fmt.Errorf("step %d: %s: %w", n, tu.Name, err)
+			}
 		}
 		if err := l.rec.Record(ctx, fmt.Sprintf("step-%d/result-%d", n, i), "tool_result", map[string]any{
 			"tool_call_id": tu.ID, "output": r.View, "is_error": r.IsError, "truncated": len(r.Full) > len(r.View),
@@ -274,6 +321,13 @@ func (l *Loop) afterResponse(ctx context.Context, n int64, content []model.Block
 	return nil, nil
 }
 
+func orDefault(s, d string) string {
+	if s == "" {
+		return d
+	}
+	return s
+}
+
 // Event is a recorded event, as the loop replays it.
 type Event struct {
 	Kind    string
@@ -287,6 +341,7 @@ type Event struct {
 // it) and goes on.
 func (l *Loop) Replay(events []Event) ([]model.Block, error) {
 	l.msgs, l.spent, l.step, l.replayFinish = nil, Spent{}, 0, nil
+	l.asked, l.decisions = map[string]bool{}, map[string]decision{}
 	var pending []model.Block
 	results := map[string]model.Block{}
 	flush := func() {
@@ -359,6 +414,20 @@ func (l *Loop) Replay(events []Event) ([]model.Block, error) {
 				} else {
 					l.appendUser(model.Block{Type: model.BlockText, Text: "Continue with the tools, and call finish when the tests pass."})
 				}
+			}
+		case "approval_requested", "approval_decided":
+			var p struct {
+				ID       string `json:"tool_call_id"`
+				Approved bool   `json:"approved"`
+				Comment  string `json:"comment"`
+			}
+			if err := json.Unmarshal(e.Payload, &p); err != nil || p.ID == "" {
+				return nil, fmt.Errorf("%w: event %d: %s without a tool_call_id", ErrReplay, i, e.Kind)
+			}
+			if e.Kind == "approval_requested" {
+				l.asked[p.ID] = true
+			} else {
+				l.decisions[p.ID] = decision{approved: p.Approved, comment: p.Comment}
 			}
 		case "tool_result":
 			var p struct {

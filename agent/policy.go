@@ -1,0 +1,199 @@
+package agent
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+)
+
+// Tier is what policy does with a tool call.
+type Tier string
+
+// The tiers.
+const (
+	Allow   Tier = "allow"   // run it
+	Approve Tier = "approve" // wait for a person's approval first
+	Deny    Tier = "deny"    // never run it; the model gets an error
+)
+
+// Rule puts matching tool calls in a tier. A rule matches a call of Tool
+// ("" or "*": any tool) whose path matches the glob Path (file tools) and
+// whose command matches the regular expression Command (run_command); an
+// empty Path or Command matches anything.
+type Rule struct {
+	Tool    string `json:"tool,omitempty"`
+	Path    string `json:"path,omitempty"`    // glob, relative to the repository root; ** crosses directories
+	Command string `json:"command,omitempty"` // RE2 regular expression
+	Tier    Tier   `json:"tier"`
+	Reason  string `json:"reason,omitempty"`
+}
+
+// Policy is a task's rules, the first match winning; a call no rule
+// matches is allowed (everything inside the sandbox is, by default). Deny
+// rules are enforced here, outside the model: a denied call never reaches
+// the sandbox.
+type Policy struct {
+	Rules []Rule `json:"rules"`
+
+	compiled []compiledRule
+}
+
+type compiledRule struct {
+	Rule
+	path, cmd *regexp.Regexp
+}
+
+// CIConfig and Manifests are the paths the default policy wants approved
+// edits of.
+var (
+	CIConfig = []string{".github/workflows/**", ".github/actions/**", ".gitlab-ci.yml", ".gitlab/**", ".circleci/**",
+		".travis.yml", "Jenkinsfile", "azure-pipelines.yml", ".buildkite/**", ".drone.yml", "bitbucket-pipelines.yml"}
+	Manifests = []string{"go.mod", "**/go.mod", "go.sum", "**/go.sum", "**/package.json", "**/package-lock.json", "**/yarn.lock",
+		"**/pnpm-lock.yaml", "**/requirements*.txt", "**/pyproject.toml", "**/poetry.lock", "**/Pipfile", "**/Pipfile.lock",
+		"**/setup.py", "**/setup.cfg", "**/Cargo.toml", "**/Cargo.lock", "**/pom.xml", "**/build.gradle", "**/build.gradle.kts",
+		"**/Gemfile", "**/Gemfile.lock", "**/composer.json", "**/composer.lock"}
+)
+
+// DefaultPolicy allows everything in the sandbox except edits (edit_file,
+// write_file) of CI configuration and dependency manifests, which need
+// approval. Task rules come before these.
+func DefaultPolicy() []Rule {
+	var rs []Rule
+	for _, tool := range []string{ToolEditFile, ToolWriteFile} {
+		for _, p := range CIConfig {
+			rs = append(rs, Rule{Tool: tool, Path: p, Tier: Approve, Reason: "edits CI configuration"})
+		}
+		for _, p := range Manifests {
+			rs = append(rs, Rule{Tool: tool, Path: p, Tier: Approve, Reason: "edits a dependency manifest"})
+		}
+	}
+	return rs
+}
+
+// NewPolicy checks and compiles rules; errors name the rule and field.
+func NewPolicy(rules []Rule) (*Policy, error) {
+	p := &Policy{Rules: rules}
+	var errs []error
+	for i, r := range rules {
+		c := compiledRule{Rule: r}
+		switch r.Tier {
+		case Allow, Approve, Deny:
+		default:
+			errs = append(errs, fmt.Errorf("rules[%d].tier: %q is not allow, approve or deny", i, r.Tier))
+		}
+		if r.Tool != "" && r.Tool != "*" && !isTool(r.Tool) {
+			errs = append(errs, fmt.Errorf("rules[%d].tool: %q is not a tool", i, r.Tool))
+		}
+		if r.Path != "" {
+			re, err := globRegexp(r.Path)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("rules[%d].path: %v", i, err))
+			}
+			c.path = re
+		}
+		if r.Command != "" {
+			re, err := regexp.Compile(r.Command)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("rules[%d].command: %v", i, err))
+			}
+			c.cmd = re
+		}
+		p.compiled = append(p.compiled, c)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func isTool(name string) bool {
+	for _, t := range toolSpecs {
+		if t.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// globRegexp turns a glob into an anchored regexp: * and ? stay within a
+// path element, ** crosses them ("**/" also matches nothing).
+func globRegexp(g string) (*regexp.Regexp, error) {
+	if strings.HasPrefix(g, "/") || strings.Contains(g, "..") {
+		return nil, fmt.Errorf("%q: want a path relative to the repository root, without ..", g)
+	}
+	var sb strings.Builder
+	sb.WriteString("^")
+	for i := 0; i < len(g); i++ {
+		switch c := g[i]; c {
+		case '*':
+			if i+1 < len(g) && g[i+1] == '*' {
+				i++
+				if i+1 < len(g) && g[i+1] == '/' {
+					i++
+					sb.WriteString("(?:.*/)?")
+				} else {
+					sb.WriteString(".*")
+				}
+			} else {
+				sb.WriteString("[^/]*")
+			}
+		case '?':
+			sb.WriteString("[^/]")
+		default:
+			sb.WriteString(regexp.QuoteMeta(string(c)))
+		}
+	}
+	sb.WriteString("$")
+	return regexp.Compile(sb.String())
+}
+
+// Decide returns the tier of a call and the rule that put it there (nil:
+// no rule matched, allowed). root is the repository in the sandbox, so an
+// absolute path under it matches like a relative one.
+func (p *Policy) Decide(tool string, input json.RawMessage, root string) (Tier, *Rule) {
+	if p == nil {
+		return Allow, nil
+	}
+	var in struct {
+		Path    string `json:"path"`
+		Command string `json:"command"`
+	}
+	_ = json.Unmarshal(input, &in)
+	if root != "" && (in.Path == root || strings.HasPrefix(in.Path, root+"/")) {
+		in.Path = strings.TrimPrefix(strings.TrimPrefix(in.Path, root), "/")
+	}
+	relPath := cleanRel(in.Path)
+	for i := range p.compiled {
+		c := &p.compiled[i]
+		if c.Tool != "" && c.Tool != "*" && c.Tool != tool {
+			continue
+		}
+		if c.path != nil && (in.Path == "" || !c.path.MatchString(relPath)) {
+			continue
+		}
+		if c.cmd != nil && (tool != ToolRunCommand || !c.cmd.MatchString(in.Command)) {
+			continue
+		}
+		return c.Tier, &c.Rule
+	}
+	return Allow, nil
+}
+
+// cleanRel normalises a path the model gave, relative to the root.
+func cleanRel(p string) string {
+	parts := []string{}
+	for _, s := range strings.Split(p, "/") {
+		switch s {
+		case "", ".":
+		case "..":
+			if len(parts) > 0 {
+				parts = parts[:len(parts)-1]
+			}
+		default:
+			parts = append(parts, s)
+		}
+	}
+	return strings.Join(parts, "/")
+}
