@@ -50,6 +50,14 @@ type Config struct {
 	Clock     actor.Clock // nil: real
 	// Policy decides each tool call's tier; nil allows everything.
 	Policy *Policy
+	// Blobs keeps the full output of a tool call whose view the model saw
+	// truncated; the event points at it. nil: only the view is kept.
+	Blobs BlobStore
+	// ContextWindow is the model's window in tokens (default 200,000).
+	// When a request would fill CompactAt of it (default 0.8), the loop
+	// compacts the history once, in one step, and goes on from there.
+	ContextWindow int64
+	CompactAt     float64
 }
 
 // DefaultSystem is the frozen system prompt.
@@ -217,6 +225,9 @@ func (l *Loop) budget(req model.Request) (int, string) {
 // outcome when the task is over.
 func (l *Loop) Step(ctx context.Context) (*Outcome, error) {
 	req := model.Request{Model: l.cfg.Model, System: l.cfg.System, Tools: ToolSpecs(), Messages: l.msgs}
+	if l.needsCompaction(req) {
+		return l.compact(ctx, req)
+	}
 	maxTok, stop := l.budget(req)
 	if stop != "" {
 		return &Outcome{Reason: stop, Spent: l.spent}, nil
@@ -224,6 +235,7 @@ func (l *Loop) Step(ctx context.Context) (*Outcome, error) {
 	req.MaxTokens = maxTok
 	l.step++
 	n := l.step
+	req.Turn = int(n)
 	res, err := l.caller.Call(ctx, req)
 	if err != nil {
 		return nil, fmt.Errorf("step %d: %w", n, err)
@@ -241,6 +253,74 @@ func (l *Loop) Step(ctx context.Context) (*Outcome, error) {
 		return nil, err
 	}
 	return l.afterResponse(ctx, n, resp.Content, resp.StopReason, nil)
+}
+
+// CompactPrompt asks the model for the summary that replaces the history.
+const CompactPrompt = `The conversation is near the context window's end and will be replaced by your summary.
+Write it now, for yourself: what the issue is, what you found (files, functions, causes), what you changed,
+what the tests say, and what is left to do. Be complete and concrete; the history itself will be gone.`
+
+func (l *Loop) needsCompaction(req model.Request) bool {
+	window := l.cfg.ContextWindow
+	if window <= 0 {
+		window = 200_000
+	}
+	at := l.cfg.CompactAt
+	if at <= 0 || at >= 1 {
+		at = 0.8
+	}
+	return len(l.msgs) > 2 && float64(model.EstimateInputTokens(req)) > at*float64(window)
+}
+
+// compact replaces the history with the model's summary of it, in one
+// model call (counted in the budgets like any), recorded as a model_call
+// with "compaction": true. The first message (the task) stays, so the
+// prompt's prefix, and its cache, stay too.
+func (l *Loop) compact(ctx context.Context, req model.Request) (*Outcome, error) {
+	req.Messages = append(append([]model.Message(nil), l.msgs...), model.Message{Role: model.RoleUser,
+		Content: []model.Block{{Type: model.BlockText, Text: CompactPrompt}}})
+	if last := &req.Messages[len(req.Messages)-2]; last.Role == model.RoleUser {
+		// two user turns in a row: fold the prompt into the last
+		merged := append(append([]model.Block(nil), last.Content...), req.Messages[len(req.Messages)-1].Content...)
+		req.Messages = append(req.Messages[:len(req.Messages)-2], model.Message{Role: model.RoleUser, Content: merged})
+	}
+	maxTok, stop := l.budget(req)
+	if stop != "" {
+		return &Outcome{Reason: stop, Spent: l.spent}, nil
+	}
+	req.MaxTokens = maxTok
+	l.step++
+	n := l.step
+	req.Turn = int(n)
+	res, err := l.caller.Call(ctx, req)
+	if err != nil {
+		return nil, fmt.Errorf("step %d (compaction): %w", n, err)
+	}
+	resp := res.Response
+	l.spent.Steps++
+	l.spent.Usage = l.spent.Usage.Add(resp.Usage)
+	l.spent.CostMicroUSD += res.CostMicroUSD
+	summary := resp.Text()
+	if strings.TrimSpace(summary) == "" {
+		summary = "(the summary was empty)"
+	}
+	if err := l.rec.Record(ctx, fmt.Sprintf("step-%d/model", n), "model_call", map[string]any{
+		"step": n, "model": resp.Model, "messages": len(req.Messages), "max_tokens": req.MaxTokens, "compaction": true,
+		"response": map[string]any{"id": resp.ID, "content": []model.Block{{Type: model.BlockText, Text: summary}}, "stop_reason": resp.StopReason},
+		"usage":    resp.Usage, "cost_micro_usd": res.CostMicroUSD, "cache_hit_rate": resp.Usage.CacheHitRate(),
+		"attempts": res.Attempts, "spent": l.spent,
+	}); err != nil {
+		return nil, err
+	}
+	l.msgs = compacted(l.msgs[0], summary)
+	return nil, nil
+}
+
+// compacted is the history after a compaction.
+func compacted(first model.Message, summary string) []model.Message {
+	return []model.Message{first,
+		{Role: model.RoleAssistant, Content: []model.Block{{Type: model.BlockText, Text: "Summary of my work so far:\n" + summary}}},
+		{Role: model.RoleUser, Content: []model.Block{{Type: model.BlockText, Text: "Continue from the summary."}}}}
 }
 
 // afterResponse adds the model's turn to the conversation and runs its
@@ -293,9 +373,17 @@ func (l *Loop) afterResponse(ctx context.Context, n int64, content []model.Block
 				return nil, fmt.Errorf("step %d: %s: %w", n, tu.Name, err)
 			}
 		}
-		if err := l.rec.Record(ctx, fmt.Sprintf("step-%d/result-%d", n, i), "tool_result", map[string]any{
+		payload := map[string]any{
 			"tool_call_id": tu.ID, "output": r.View, "is_error": r.IsError, "truncated": len(r.Full) > len(r.View),
-			"full_bytes": len(r.Full), "changed": r.Changed, "finish": r.Finish}); err != nil {
+			"full_bytes": len(r.Full), "changed": r.Changed, "finish": r.Finish}
+		if len(r.Full) > len(r.View) && l.cfg.Blobs != nil {
+			ref, err := l.cfg.Blobs.Put(r.Full)
+			if err != nil {
+				return nil, fmt.Errorf("step %d: %w", n, err)
+			}
+			payload["blob"] = ref
+		}
+		if err := l.rec.Record(ctx, fmt.Sprintf("step-%d/result-%d", n, i), "tool_result", payload); err != nil {
 			return nil, err
 		}
 		results = append(results, model.Block{Type: model.BlockToolResult, ToolUseID: tu.ID, Content: r.View, IsError: r.IsError})
@@ -379,8 +467,9 @@ func (l *Loop) Replay(events []Event) ([]model.Block, error) {
 		case "model_call":
 			flush()
 			var p struct {
-				Step     int64 `json:"step"`
-				Response struct {
+				Step       int64 `json:"step"`
+				Compaction bool  `json:"compaction"`
+				Response   struct {
 					Content    []model.Block `json:"content"`
 					StopReason string        `json:"stop_reason"`
 				} `json:"response"`
@@ -391,6 +480,15 @@ func (l *Loop) Replay(events []Event) ([]model.Block, error) {
 			}
 			if len(l.msgs) == 0 {
 				return nil, fmt.Errorf("%w: a model call before the task's context", ErrReplay)
+			}
+			if p.Compaction {
+				l.step, l.spent = p.Step, p.Spent
+				text := ""
+				for _, b := range p.Response.Content {
+					text += b.Text
+				}
+				l.msgs = compacted(l.msgs[0], text)
+				continue
 			}
 			if len(pending) > 0 {
 				return nil, fmt.Errorf("%w: step %d has tool calls without results before the next model call", ErrReplay, p.Step)

@@ -217,3 +217,58 @@ func TestReplayRepeatsNoCall(t *testing.T) {
 		})
 	}
 }
+
+// Near the window's end the loop compacts once, in one model call recorded
+// as such; the history restarts from the task and the summary, and a
+// replay rebuilds it the same way. Large outputs go to the blob store.
+func TestCompactionAndBlobs(t *testing.T) {
+	tl := newRepo(t)
+	script := `{"content":[{"type":"tool_use","name":"run_command","input":{"command":"yes line | head -n 20000"}}]}
+{"content":[{"type":"text","text":"Add subtracts; the fix is in calc/calc.go line 4."}]}
+{"content":[{"type":"tool_use","name":"edit_file","input":{"path":"calc/calc.go","old_string":"return a - b","new_string":"return a + b"}}]}
+{"content":[{"type":"tool_use","name":"finish","input":{"summary":"fixed"}}]}
+`
+	path := filepath.Join(t.TempDir(), "s.jsonl")
+	os.WriteFile(path, []byte(script), 0o644)
+	s, err := model.NewScripted(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &counting{Provider: s}
+	log := &memLog{}
+	blobs := DirBlobs{Dir: t.TempDir()}
+	cfg := Config{Model: "scripted", ContextWindow: 6000, CompactAt: 0.8, Blobs: blobs}
+	l := NewLoop(cfg, &model.Gateway{Provider: p}, tl, log)
+	l.Start(context.Background(), Task{IssueTitle: "Add is wrong"})
+	out, err := l.Run(context.Background())
+	if err != nil || out.Reason != "finished" || p.n != 4 {
+		t.Fatalf("%+v %v, %d calls", out, err, p.n)
+	}
+	var compactions int
+	var blobRef string
+	for _, e := range log.events {
+		var m map[string]any
+		json.Unmarshal(e.Payload, &m)
+		if e.Kind == "model_call" && m["compaction"] == true {
+			compactions++
+		}
+		if e.Kind == "tool_result" && m["blob"] != nil {
+			blobRef = m["blob"].(string)
+		}
+	}
+	if compactions != 1 {
+		t.Fatalf("%d compactions, want 1: %s", compactions, log.kinds())
+	}
+	full, err := blobs.Get(blobRef)
+	if err != nil || len(full) != 20000*5 {
+		t.Fatalf("the full output in the blob store: %d bytes, %v", len(full), err)
+	}
+	// A replay after the compaction rebuilds the compacted history.
+	l2 := NewLoop(cfg, &model.Gateway{Provider: p}, tl, &memLog{})
+	if _, err := l2.Replay(log.events[:len(log.events)-3]); err != nil {
+		t.Fatal(err)
+	}
+	if len(l2.msgs) != 5 || !strings.Contains(l2.msgs[1].Content[0].Text, "Add subtracts") {
+		t.Fatalf("replayed history: %d messages: %+v", len(l2.msgs), l2.msgs)
+	}
+}

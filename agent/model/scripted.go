@@ -86,10 +86,13 @@ func (s *Scripted) Call(ctx context.Context, req Request) (*Response, error) {
 	if err := req.Check(); err != nil {
 		return nil, fmt.Errorf("scripted: %w", err)
 	}
-	n := 0
-	for _, m := range req.Messages {
-		if m.Role == RoleAssistant {
-			n++
+	n := req.Turn - 1
+	if req.Turn <= 0 {
+		n = 0
+		for _, m := range req.Messages {
+			if m.Role == RoleAssistant {
+				n++
+			}
 		}
 	}
 	if n >= len(s.turns) {

@@ -69,6 +69,10 @@ type Request struct {
 	Tools     []Tool    `json:"tools,omitempty"`
 	Messages  []Message `json:"messages"`
 	MaxTokens int       `json:"max_tokens"`
+	// Turn numbers the call within its task, from 1 (compactions
+	// included); never sent to a provider. The scripted provider answers
+	// with line Turn; 0 makes it count the assistant turns instead.
+	Turn int `json:"-"`
 }
 
 // Usage is what a call used, in tokens. InputTokens excludes the cached
