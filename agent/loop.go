@@ -58,6 +58,10 @@ type Config struct {
 	// compacts the history once, in one step, and goes on from there.
 	ContextWindow int64
 	CompactAt     float64
+	// Checkpoints records the workspace's patch against the base after
+	// each step that may have changed it (the tools' repository must have
+	// been through InitBase).
+	Checkpoints bool
 }
 
 // DefaultSystem is the frozen system prompt.
@@ -121,7 +125,14 @@ type Loop struct {
 	// approvals asked (true) and decided, by tool call id, from the log
 	asked     map[string]bool
 	decisions map[string]decision
+	// the last checkpoint Replay found
+	checkpoint    string
+	hasCheckpoint bool
 }
+
+// LastCheckpoint is the workspace patch of the last checkpoint Replay
+// found; ok is false when there is none (the base is the workspace).
+func (l *Loop) LastCheckpoint() (patch string, ok bool) { return l.checkpoint, l.hasCheckpoint }
 
 // NewLoop makes a loop; Start or Replay then sets its conversation.
 func NewLoop(cfg Config, caller Caller, tools *Tools, rec Recorder) *Loop {
@@ -332,6 +343,7 @@ func (l *Loop) afterResponse(ctx context.Context, n int64, content []model.Block
 	l.msgs = append(l.msgs, model.Message{Role: model.RoleAssistant, Content: content})
 	var finish *Finish
 	var results []model.Block
+	changed := false
 	for i, tu := range content {
 		if tu.Type != model.BlockToolUse {
 			continue
@@ -387,8 +399,24 @@ func (l *Loop) afterResponse(ctx context.Context, n int64, content []model.Block
 			return nil, err
 		}
 		results = append(results, model.Block{Type: model.BlockToolResult, ToolUseID: tu.ID, Content: r.View, IsError: r.IsError})
+		changed = changed || r.Changed
 		if r.Finish != nil {
 			finish = r.Finish
+		}
+	}
+	if changed && l.cfg.Checkpoints {
+		patch, err := l.tools.Checkpoint(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("step %d: checkpoint: %w", n, err)
+		}
+		payload := map[string]any{"step": n, "bytes": len(patch)}
+		if len(patch) <= MaxCheckpointBytes {
+			payload["patch"] = patch
+		} else {
+			payload["too_large"] = true // a resumed task starts from the base
+		}
+		if err := l.rec.Record(ctx, fmt.Sprintf("step-%d/checkpoint", n), "checkpoint", payload); err != nil {
+			return nil, err
 		}
 	}
 	if finish != nil {
@@ -429,6 +457,7 @@ type Event struct {
 // it) and goes on.
 func (l *Loop) Replay(events []Event) ([]model.Block, error) {
 	l.msgs, l.spent, l.step, l.replayFinish = nil, Spent{}, 0, nil
+	l.checkpoint, l.hasCheckpoint = "", false
 	l.asked, l.decisions = map[string]bool{}, map[string]decision{}
 	var pending []model.Block
 	results := map[string]model.Block{}
@@ -513,6 +542,15 @@ func (l *Loop) Replay(events []Event) ([]model.Block, error) {
 					l.appendUser(model.Block{Type: model.BlockText, Text: "Continue with the tools, and call finish when the tests pass."})
 				}
 			}
+		case "checkpoint":
+			var p struct {
+				Patch    string `json:"patch"`
+				TooLarge bool   `json:"too_large"`
+			}
+			if err := json.Unmarshal(e.Payload, &p); err != nil {
+				return nil, fmt.Errorf("%w: event %d: %v", ErrReplay, i, err)
+			}
+			l.checkpoint, l.hasCheckpoint = p.Patch, !p.TooLarge
 		case "approval_requested", "approval_decided":
 			var p struct {
 				ID       string `json:"tool_call_id"`
@@ -565,6 +603,15 @@ func (l *Loop) Replay(events []Event) ([]model.Block, error) {
 // Resume finishes the last replayed turn (running its calls that have no
 // result) and then runs the loop.
 func (l *Loop) Resume(ctx context.Context) (*Outcome, error) {
+	if out, err := l.FinishReplayedTurn(ctx); err != nil || out != nil {
+		return out, err
+	}
+	return l.Run(ctx)
+}
+
+// FinishReplayedTurn runs the last replayed turn's calls that have no
+// result (Resume without going on); the caller then Steps.
+func (l *Loop) FinishReplayedTurn(ctx context.Context) (*Outcome, error) {
 	if l.replayFinish != nil { // it had finished; only its end was not recorded
 		return &Outcome{Reason: "finished", Finish: l.replayFinish, Spent: l.spent}, nil
 	}
@@ -573,9 +620,10 @@ func (l *Loop) Resume(ctx context.Context) (*Outcome, error) {
 		l.msgs = l.msgs[:len(l.msgs)-1]
 		out, err := l.afterResponse(ctx, l.step, last.Content, "", l.replayResults)
 		l.replayPending = nil
-		if err != nil || out != nil {
-			return out, err
-		}
+		return out, err
 	}
-	return l.Run(ctx)
+	return nil, nil
 }
+
+// Tools returns the loop's tools.
+func (l *Loop) Tools() *Tools { return l.tools }

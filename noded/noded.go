@@ -38,7 +38,10 @@ type Config struct {
 	// Egress, if set, is the node's egress policy; the driver was given it
 	// as its Networks. The daemon binds each claimed sandbox's network to
 	// its policy, sends its audit to the task's log, and closes it last.
-	Egress    *Egress
+	Egress *Egress
+	// Models, if set, is the model gateway's settings for tasks that run
+	// the agent loop (a task with a model_script needs none).
+	Models    *Models
 	Capacity  *warrenv1.Resources
 	Labels    map[string]string
 	Templates []string

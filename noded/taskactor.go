@@ -12,6 +12,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/warrenhq/warren/actor"
+	"github.com/warrenhq/warren/agent"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/client"
 	"github.com/warrenhq/warren/netpolicy"
@@ -23,6 +24,8 @@ type (
 	startMsg struct{}
 	stepMsg  struct{}
 	yieldMsg struct{ reason string }
+	// approvalPollMsg looks for the decision a waiting agent loop needs.
+	approvalPollMsg struct{ toolCallID string }
 	// egressMsg says the sandbox's egress audit has batches queued.
 	egressMsg struct{}
 	// egressBatch is one queued audit batch, numbered for its append's
@@ -69,6 +72,10 @@ type taskActor struct {
 	egressMu      sync.Mutex
 	egressQ       []netpolicy.AuditBatch
 	egressPending []egressBatch
+	// the agent loop, for a task that runs one (no scripted steps)
+	agentMode bool
+	loop      *agent.Loop
+	spec      *warrenv1.TaskSpec
 }
 
 // Started runs at spawn and after a restart: (re)read the log.
@@ -92,6 +99,8 @@ func (a *taskActor) Receive(c *actor.Context, msg any) {
 		a.start(c)
 	case stepMsg:
 		a.step(c)
+	case approvalPollMsg:
+		a.pollApproval(c, m.toolCallID)
 	case egressMsg:
 		if err := a.recordEgress(); err != nil {
 			a.failed(c, "record egress", err, egressMsg{})
@@ -140,7 +149,9 @@ func (a *taskActor) start(c *actor.Context) {
 		}
 	}
 	a.cancel = t.GetCancelRequested()
+	a.spec = t.GetSpec()
 	a.script = t.GetSpec().GetScript()
+	a.agentMode = a.script == nil && (a.spec.GetModelScript() != "" || (a.d.cfg.Models != nil && a.spec.GetModel() != ""))
 	if a.script == nil {
 		a.script = defaultScript
 	}
@@ -189,6 +200,11 @@ func (a *taskActor) start(c *actor.Context) {
 		}
 		a.d.cfg.Metrics.recordedRunning.Add(1)
 	}
+	if a.agentMode && a.loop == nil {
+		if done := a.startAgent(c, t); done {
+			return
+		}
+	}
 	a.started = true
 	_ = c.Self().Send(stepMsg{})
 }
@@ -210,6 +226,10 @@ func (a *taskActor) step(c *actor.Context) {
 			return
 		}
 		a.finish(c, "gave the task back: "+a.yield, &a.d.stats.Yielded)
+		return
+	}
+	if a.agentMode {
+		a.agentStep(c)
 		return
 	}
 	if a.next > a.script.GetSteps() {

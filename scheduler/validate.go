@@ -122,6 +122,12 @@ func validateCreate(r *warrenv1.CreateTaskRequest) error {
 			p.add(fmt.Sprintf("spec.egress_allow[%d]", i), "%q is not a lower-case host name or *.suffix", truncate(h, 80))
 		}
 	}
+	if n := len(s.GetModelScript()); n > 1<<20 {
+		p.add("spec.model_script", "%d bytes is over the limit of 1 MiB", n)
+	}
+	if s.GetModel() == "scripted" && s.GetModelScript() == "" && s.GetScript() == nil {
+		p.add("spec.model_script", "required with model \"scripted\"")
+	}
 	switch s.GetEgressProfile() {
 	case "", "registries", "custom":
 	case "none":

@@ -19,13 +19,20 @@ type Scripted struct {
 	turns []Response
 }
 
-// NewScripted reads and checks a script; errors name the line.
+// NewScripted reads and checks a script file; errors name the line.
 func NewScripted(path string) (*Scripted, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("scripted: %w", err)
 	}
-	s := &Scripted{Path: path}
+	return ParseScripted(path, b)
+}
+
+// ParseScripted checks a script given whole (a task spec carries it);
+// name is what errors call it.
+func ParseScripted(name string, b []byte) (*Scripted, error) {
+	path := name
+	s := &Scripted{Path: name}
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
 	for n := 1; sc.Scan(); n++ {

@@ -232,6 +232,7 @@ func (f *nodeFlags) config() (noded.Config, error) {
 	}
 	cfg.Driver = drv
 	cfg.Egress = f.egress.mgr
+	cfg.Models = modelsFromEnv()
 	if drv != nil && drv.Name() != "sim" {
 		cfg.SandboxListen = f.sandboxListen
 		if cfg.SandboxListen == "" {
@@ -308,6 +309,19 @@ func newDriver(f *nodeFlags) (driver.Driver, error) {
 		return nil, nil
 	}
 	return nil, fmt.Errorf("driver: %q is not auto, microvm, container or sim", f.driver)
+}
+
+// modelsFromEnv is the node's model credentials, from its environment
+// only: ANTHROPIC_API_KEY (and ANTHROPIC_BASE_URL), OPENAI_API_KEY and
+// OPENAI_BASE_URL (any OpenAI-compatible server). Tasks with a
+// model_script need none.
+func modelsFromEnv() *noded.Models {
+	m := &noded.Models{AnthropicKey: os.Getenv("ANTHROPIC_API_KEY"), AnthropicURL: os.Getenv("ANTHROPIC_BASE_URL"),
+		OpenAIKey: os.Getenv("OPENAI_API_KEY"), OpenAIURL: os.Getenv("OPENAI_BASE_URL")}
+	if m.AnthropicKey == "" && m.OpenAIKey == "" && m.OpenAIURL == "" {
+		return nil
+	}
+	return m
 }
 
 // networks starts the node's egress policy when it is enabled, for the

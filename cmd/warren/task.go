@@ -132,6 +132,7 @@ func taskCreate(args []string, stdout io.Writer) error {
 	fs.Int64Var(&spec.Budgets.MaxTokens, "max-tokens", 0, "token budget (0: none)")
 	fs.Int64Var(&spec.Budgets.MaxWallClockSeconds, "max-wall-clock", 0, "wall-clock budget in seconds (0: none)")
 	egress := fs.String("egress", "", "comma-separated egress allow-list (host or *.suffix); with the registries profile they add to the package registries")
+	modelScript := fs.String("model-script", "", "a JSONL file of assistant turns: run the agent loop on the scripted provider (no model is called)")
 	fs.StringVar(&spec.EgressProfile, "egress-profile", "", "egress profile of the task's sandbox: registries (default), custom (--egress only) or none")
 	fs.StringVar(&spec.Driver, "driver", "", "sandbox driver: microvm (default), container or sim (simulated)")
 	script := &warrenv1.Script{}
@@ -177,6 +178,16 @@ func taskCreate(args []string, stdout io.Writer) error {
 	}
 	if *egress != "" {
 		spec.EgressAllow = strings.Split(*egress, ",")
+	}
+	if *modelScript != "" {
+		b, err := os.ReadFile(*modelScript)
+		if err != nil {
+			return fmt.Errorf("model-script: %w", err)
+		}
+		spec.ModelScript = string(b)
+		if spec.Model == "" {
+			spec.Model = "scripted"
+		}
 	}
 	if *labels != "" {
 		spec.Labels = map[string]string{}

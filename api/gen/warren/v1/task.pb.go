@@ -190,6 +190,10 @@ type TaskSpec struct {
 	// package registries plus egress_allow), "custom" (egress_allow only) or
 	// "none" (nothing).
 	EgressProfile string `protobuf:"bytes,14,opt,name=egress_profile,json=egressProfile,proto3" json:"egress_profile,omitempty"`
+	// Turns for the scripted model provider, JSONL (one assistant turn a
+	// line, at most 1 MiB): the task runs the agent loop on them and no
+	// model is called. Set model to "scripted" (or leave it empty).
+	ModelScript   string `protobuf:"bytes,15,opt,name=model_script,json=modelScript,proto3" json:"model_script,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -318,6 +322,13 @@ func (x *TaskSpec) GetScript() *Script {
 func (x *TaskSpec) GetEgressProfile() string {
 	if x != nil {
 		return x.EgressProfile
+	}
+	return ""
+}
+
+func (x *TaskSpec) GetModelScript() string {
+	if x != nil {
+		return x.ModelScript
 	}
 	return ""
 }
@@ -2053,7 +2064,7 @@ const file_warren_v1_task_proto_rawDesc = "" +
 	"\n" +
 	"max_tokens\x18\x02 \x01(\x03R\tmaxTokens\x12+\n" +
 	"\x12max_cost_micro_usd\x18\x03 \x01(\x03R\x0fmaxCostMicroUsd\x123\n" +
-	"\x16max_wall_clock_seconds\x18\x04 \x01(\x03R\x13maxWallClockSeconds\"\xaa\x04\n" +
+	"\x16max_wall_clock_seconds\x18\x04 \x01(\x03R\x13maxWallClockSeconds\"\xcd\x04\n" +
 	"\bTaskSpec\x12\x12\n" +
 	"\x04repo\x18\x01 \x01(\tR\x04repo\x12\x12\n" +
 	"\x04base\x18\x02 \x01(\tR\x04base\x12\x1f\n" +
@@ -2071,7 +2082,8 @@ const file_warren_v1_task_proto_rawDesc = "" +
 	"\tresources\x18\v \x01(\v2\x14.warren.v1.ResourcesR\tresources\x12\x16\n" +
 	"\x06driver\x18\f \x01(\tR\x06driver\x12)\n" +
 	"\x06script\x18\r \x01(\v2\x11.warren.v1.ScriptR\x06script\x12%\n" +
-	"\x0eegress_profile\x18\x0e \x01(\tR\regressProfile\x1a9\n" +
+	"\x0eegress_profile\x18\x0e \x01(\tR\regressProfile\x12!\n" +
+	"\fmodel_script\x18\x0f \x01(\tR\vmodelScript\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"|\n" +

@@ -1,0 +1,129 @@
+package noded_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/guest"
+	"github.com/warrenhq/warren/noded"
+	"github.com/warrenhq/warren/noded/driver/container"
+)
+
+// A task runs the agent loop on the scripted provider (no model is
+// called) in a real container sandbox, on a small Go repository with a
+// failing test: it reads, searches, edits, runs the tests and finishes
+// with them passing, and its log shows every step (issue 7, acceptance 1).
+func TestAgentTaskFixesARepository(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a container; skipped in -short")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	if _, err := os.Stat(container.DefaultSocket); err != nil {
+		t.Skipf("needs a running containerd at %s (.ci/run starts it)", container.DefaultSocket)
+	}
+	imageDir := os.Getenv("WARREN_IMAGE_DIR")
+	if imageDir == "" {
+		imageDir = "/var/lib/warren/templates"
+	}
+	if _, err := guest.LoadTemplate(imageDir, "default"); err != nil {
+		t.Skipf("needs the default template: %v (run `make image`)", err)
+	}
+	// The repository: Add subtracts, and its test says so.
+	repo := t.TempDir()
+	for p, c := range map[string]string{
+		"go.mod":            "module demo\n\ngo 1.19\n",
+		"calc/calc.go":      "package calc\n\n// Add returns a plus b.\nfunc Add(a, b int) int { return a - b }\n",
+		"calc/calc_test.go": "package calc\n\nimport \"testing\"\n\nfunc TestAdd(t *testing.T) {\n\tif got := Add(2, 2); got != 4 {\n\t\tt.Fatalf(\"Add(2, 2) = %d\", got)\n\t}\n}\n",
+		"AGENTS.md":         "Run go test ./... before you finish.\n",
+	} {
+		os.MkdirAll(filepath.Join(repo, filepath.Dir(p)), 0o755)
+		os.WriteFile(filepath.Join(repo, p), []byte(c), 0o644)
+	}
+	for _, args := range [][]string{{"init", "-q"}, {"add", "-A"}, {"-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "buggy Add"}} {
+		if out, err := exec.Command("git", append([]string{"-C", repo}, args...)...).CombinedOutput(); err != nil {
+			t.Fatalf("git %v: %v %s", args, err, out)
+		}
+	}
+	script := strings.Join([]string{
+		`{"content":[{"type":"text","text":"Reading the code."},{"type":"tool_use","name":"read_file","input":{"path":"calc/calc.go"}}],"usage":{"input_tokens":900,"output_tokens":30}}`,
+		`{"content":[{"type":"tool_use","name":"search","input":{"pattern":"Add\\(","glob":"*.go"}}],"usage":{"input_tokens":80,"cache_read_tokens":900,"output_tokens":20}}`,
+		`{"content":[{"type":"tool_use","name":"edit_file","input":{"path":"calc/calc.go","old_string":"return a - b","new_string":"return a + b"}}],"usage":{"input_tokens":60,"cache_read_tokens":1000,"output_tokens":40}}`,
+		`{"content":[{"type":"tool_use","name":"run_command","input":{"command":"go test ./... 2>&1","timeout_seconds":600}}],"usage":{"input_tokens":40,"cache_read_tokens":1100,"output_tokens":20}}`,
+		`{"content":[{"type":"tool_use","name":"finish","input":{"summary":"Add subtracted; it adds now.","cause":"a - b","fix":"a + b"}}],"usage":{"input_tokens":70,"cache_read_tokens":1200,"output_tokens":30}}`,
+	}, "\n")
+
+	agentBin := filepath.Join(t.TempDir(), "warren-guest")
+	build := exec.Command("go", "build", "-o", agentBin, "github.com/warrenhq/warren/cmd/warren-guest")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build warren-guest: %v\n%s", err, out)
+	}
+	drv, err := container.New(container.Config{ImageDir: imageDir, StateDir: t.TempDir(), Namespace: "warren-test-agent", Agent: agentBin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := startCluster(t, 1, 0)
+	d, err := noded.Start(noded.Config{ID: "n1", DataDir: filepath.Join(c.dir, "node-n1"), Servers: c.urls(), Driver: drv,
+		Capacity: &warrenv1.Resources{MilliCpu: 100 * 1000, MemoryBytes: 1 << 40}})
+	if err != nil {
+		drv.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	waitFor(t, "node ready", 10*time.Second, func() bool {
+		n, err := c.node("n1")
+		return err == nil && n.GetStatus() == warrenv1.NodeStatus_NODE_STATUS_READY
+	})
+	resp, err := c.cl.Tasks().CreateTask(context.Background(), connect.NewRequest(&warrenv1.CreateTaskRequest{
+		RequestId: "agent-1", Spec: &warrenv1.TaskSpec{Repo: repo, Base: "HEAD", IssueTitle: "Add is wrong", IssueBody: "Add(2, 2) is 0.",
+			TestCommand: "go test ./...", Driver: "container", Model: "scripted", ModelScript: script}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.Msg.GetTask().GetId()
+	waitFor(t, "the task to end", 4*time.Minute, func() bool {
+		tk := c.task(id)
+		return tk != nil && (tk.GetState() == warrenv1.TaskState_TASK_STATE_SUCCEEDED || tk.GetState() == warrenv1.TaskState_TASK_STATE_FAILED)
+	})
+	var kinds []string
+	var testOut string
+	var end map[string]any
+	for _, e := range c.events(id) {
+		kinds = append(kinds, e.GetKind())
+		var p map[string]any
+		json.Unmarshal(e.GetPayload(), &p)
+		if e.GetKind() == "tool_result" && strings.Contains(p["output"].(string), "exit code") {
+			testOut = p["output"].(string)
+		}
+		if e.GetKind() == "state_changed" {
+			end = p
+		}
+	}
+	t.Logf("events: %s", strings.Join(kinds, ","))
+	if end["to"] != "succeeded" {
+		t.Fatalf("the task ended %v", end)
+	}
+	if !strings.HasPrefix(testOut, "exit code 0") || !strings.Contains(testOut, "ok") {
+		t.Fatalf("the tests in the sandbox: %q", testOut)
+	}
+	log := strings.Join(kinds, ",")
+	for _, want := range []string{"message,model_call,tool_call,tool_result", "tool_result,checkpoint"} {
+		if !strings.Contains(log, want) {
+			t.Errorf("the log lacks %s", want)
+		}
+	}
+	if n := strings.Count(log, "model_call"); n != 5 {
+		t.Errorf("%d model calls, want 5", n)
+	}
+}

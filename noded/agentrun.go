@@ -1,0 +1,379 @@
+package noded
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/warrenhq/warren/actor"
+	"github.com/warrenhq/warren/agent"
+	"github.com/warrenhq/warren/agent/model"
+	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/guest"
+	"github.com/warrenhq/warren/noded/driver"
+)
+
+// Models is the node's model gateway settings: credentials (from the
+// node's config or environment only; never sent to a sandbox, an event or
+// a log), prices and rate limits.
+type Models struct {
+	AnthropicKey, AnthropicURL string
+	OpenAIKey, OpenAIURL       string
+	// Prices by model name; a model without one costs 0 (and a cost budget
+	// cannot stop it).
+	Prices map[string]model.Price
+	// TPM is each provider's tokens-per-minute budget, shared by all the
+	// node's tasks; 0 means none.
+	TPM map[string]int64
+	// BlobDir keeps full tool outputs ("" : DataDir/blobs).
+	BlobDir string
+
+	mu       sync.Mutex
+	limiters map[string]*model.Limiter
+}
+
+func (m *Models) limiter(provider string) *model.Limiter {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	tpm := m.TPM[provider]
+	if tpm <= 0 {
+		return nil
+	}
+	if m.limiters == nil {
+		m.limiters = map[string]*model.Limiter{}
+	}
+	if m.limiters[provider] == nil {
+		m.limiters[provider] = model.NewLimiter(tpm, nil)
+	}
+	return m.limiters[provider]
+}
+
+// provider picks a task's provider: its own script (scripted), Claude
+// models (anthropic), anything else through an OpenAI-compatible server.
+func (m *Models) provider(spec *warrenv1.TaskSpec) (model.Provider, string, error) {
+	if s := spec.GetModelScript(); s != "" {
+		p, err := model.ParseScripted("spec.model_script", []byte(s))
+		return p, "scripted", err
+	}
+	name := spec.GetModel()
+	switch {
+	case name == "" || name == "scripted":
+		return nil, "", errors.New("no model: the task names none and has no model_script")
+	case strings.HasPrefix(name, "claude"):
+		if m.AnthropicKey == "" {
+			return nil, "", fmt.Errorf("model %q: this node has no Anthropic credentials (ANTHROPIC_API_KEY)", name)
+		}
+		return &model.Anthropic{BaseURL: m.AnthropicURL, APIKey: m.AnthropicKey}, name, nil
+	default:
+		if m.OpenAIURL == "" && m.OpenAIKey == "" {
+			return nil, "", fmt.Errorf("model %q: this node has no OpenAI-compatible server (OPENAI_BASE_URL or OPENAI_API_KEY)", name)
+		}
+		return &model.OpenAI{BaseURL: m.OpenAIURL, APIKey: m.OpenAIKey}, name, nil
+	}
+}
+
+// WorkRoot is where a task's repository is in its sandbox.
+const WorkRoot = "/work/repo"
+
+// agentSandbox is a driver sandbox as the agent's tools see it.
+type agentSandbox struct{ ia driver.Interactive }
+
+func (s agentSandbox) Exec(ctx context.Context, argv []string, dir string, timeout time.Duration) (agent.ExecResult, error) {
+	var out, errb bytes.Buffer
+	res, err := s.ia.Run(ctx, guest.ExecRequest{Argv: argv, Dir: dir, Timeout: timeout}, &out, &errb)
+	if err != nil {
+		return agent.ExecResult{}, err
+	}
+	return agent.ExecResult{Stdout: out.Bytes(), Stderr: errb.Bytes(), ExitCode: res.ExitCode, TimedOut: res.TimedOut}, nil
+}
+
+func (s agentSandbox) ReadFile(ctx context.Context, path string, limit int64) ([]byte, error) {
+	var b bytes.Buffer
+	if _, err := s.ia.ReadFile(ctx, path, limit, &b); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
+}
+
+func (s agentSandbox) WriteFile(ctx context.Context, path string, data []byte) error {
+	if _, err := s.ia.Run(ctx, guest.ExecRequest{Argv: []string{"mkdir", "-p", filepath.Dir(path)}}, nil, nil); err != nil {
+		return err
+	}
+	_, err := s.ia.WriteFile(ctx, path, 0o644, bytes.NewReader(data))
+	return err
+}
+
+// actorRecorder writes the loop's events through the task actor, fenced
+// by its lease epoch.
+type actorRecorder struct{ a *taskActor }
+
+func (r actorRecorder) Record(ctx context.Context, key, kind string, payload any) error {
+	b, err := json.Marshal(payload)
+	if err != nil {
+		return err
+	}
+	_, err = r.a.append(ctx, "agent/"+key, &warrenv1.EventInput{Kind: kind, Payload: b})
+	return err
+}
+
+// checkoutInto puts the repository's tree at the task's base commit into
+// the sandbox. The repository is a directory or file:// URL on the node;
+// git runs here, outside the sandbox, with fsmonitor off and no hooks,
+// and the base must resolve to a commit (not a branch that merely looks
+// like one). Remote repositories come with the forge.
+func checkoutInto(ctx context.Context, ia driver.Interactive, repo, base string) (string, error) {
+	dir := repo
+	if u, err := url.Parse(repo); err == nil && u.Scheme == "file" {
+		dir = u.Path
+	} else if !filepath.IsAbs(repo) {
+		return "", fmt.Errorf("repository %q: only a local path or file:// URL can be checked out yet (the forge clones remote ones)", repo)
+	}
+	git := func(args ...string) ([]byte, error) {
+		cmd := exec.CommandContext(ctx, "git", append([]string{"-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null", "-C", dir}, args...)...)
+		cmd.Env = []string{"GIT_CONFIG_NOSYSTEM=1", "HOME=/nonexistent", "PATH=/usr/bin:/bin"}
+		var errb bytes.Buffer
+		cmd.Stderr = &errb
+		out, err := cmd.Output()
+		if err != nil {
+			return nil, fmt.Errorf("git %s: %v: %s", args[0], err, strings.TrimSpace(errb.String()))
+		}
+		return out, nil
+	}
+	if base == "" {
+		base = "HEAD"
+	}
+	sha, err := git("rev-parse", "--verify", "--end-of-options", base+"^{commit}")
+	if err != nil {
+		return "", fmt.Errorf("base %q: %w", base, err)
+	}
+	commit := strings.TrimSpace(string(sha))
+	tar, err := git("archive", "--format=tar", commit)
+	if err != nil {
+		return "", err
+	}
+	var errb bytes.Buffer
+	res, err := ia.Run(ctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", "mkdir -p " + WorkRoot + " && tar -x -C " + WorkRoot},
+		Stdin: bytes.NewReader(tar)}, nil, &errb)
+	if err != nil {
+		return "", err
+	}
+	if res.ExitCode != 0 {
+		return "", fmt.Errorf("unpack in the sandbox: exit %d: %s", res.ExitCode, strings.TrimSpace(errb.String()))
+	}
+	return commit, nil
+}
+
+// newLoop makes the agent loop of a task whose sandbox is claimed.
+func (a *taskActor) newLoop(t *warrenv1.Task) (*agent.Loop, error) {
+	ia, ok := a.sb.(driver.Interactive)
+	if !ok {
+		return nil, fmt.Errorf("the %s driver's sandboxes have no guest to run tools in", a.d.cfg.Driver.Name())
+	}
+	m := a.d.cfg.Models
+	if m == nil {
+		m = &Models{}
+	}
+	spec := t.GetSpec()
+	p, name, err := m.provider(spec)
+	if err != nil {
+		return nil, err
+	}
+	price := m.Prices[name]
+	pol, err := agent.NewPolicy(agent.DefaultPolicy())
+	if err != nil {
+		return nil, err
+	}
+	blobDir := m.BlobDir
+	if blobDir == "" {
+		blobDir = filepath.Join(a.d.cfg.DataDir, "blobs")
+	}
+	b := spec.GetBudgets()
+	cfg := agent.Config{Model: name, Price: price, Policy: pol, Blobs: agent.DirBlobs{Dir: blobDir}, Clock: actor.RealClock(), Checkpoints: true,
+		Budgets: agent.Budgets{MaxSteps: b.GetMaxSteps(), MaxTokens: b.GetMaxTokens(), MaxCostMicroUSD: b.GetMaxCostMicroUsd(),
+			MaxWallClock: time.Duration(b.GetMaxWallClockSeconds()) * time.Second}}
+	g := &model.Gateway{Provider: p, Price: price, Limiter: m.limiter(p.Name())}
+	tools := &agent.Tools{SB: agentSandbox{ia}, Root: WorkRoot}
+	return agent.NewLoop(cfg, g, tools, actorRecorder{a}), nil
+}
+
+// startAgent checks the repository out into the sandbox and sets up the
+// loop: from the log when the task has run before (replaying, with the
+// last workspace checkpoint restored), else fresh. It reports whether the
+// actor is done (the task failed to start).
+func (a *taskActor) startAgent(c *actor.Context, t *warrenv1.Task) (done bool) {
+	ctx := a.ctx
+	fail := func(why string, err error) bool {
+		reason := fmt.Sprintf("%s: %v", why, err)
+		c.Logger().Warn("agent task cannot start", "task", a.id, "err", reason)
+		if _, aerr := a.append(ctx, "agent/failed-start", ev("state_changed", map[string]any{"to": "failed", "reason": reason})); aerr != nil {
+			a.failed(c, "record the failed start", aerr, startMsg{})
+			return true
+		}
+		a.finish(c, reason, &a.d.stats.Finished)
+		return true
+	}
+	l, err := a.newLoop(t)
+	if err != nil {
+		return fail("agent", err)
+	}
+	ia := a.sb.(driver.Interactive)
+	commit, err := checkoutInto(ctx, ia, a.spec.GetRepo(), a.spec.GetBase())
+	if err != nil {
+		return fail("checkout", err)
+	}
+	if err := l.Tools().InitBase(ctx); err != nil {
+		return fail("checkout", err)
+	}
+	logEvents, err := a.d.readLog(ctx, a.id, 0, t.GetNextSeq()-1)
+	if err != nil {
+		a.failed(c, "read log", err, startMsg{})
+		return true
+	}
+	var evs []agent.Event
+	resumed := false
+	for _, e := range logEvents {
+		evs = append(evs, agent.Event{Kind: e.GetKind(), Payload: e.GetPayload()})
+		if e.GetKind() == "model_call" {
+			resumed = true
+		}
+	}
+	if resumed {
+		if _, err := l.Replay(evs); err != nil {
+			return fail("replay", err)
+		}
+		if patch, ok := l.LastCheckpoint(); ok {
+			if err := l.Tools().Restore(ctx, patch); err != nil {
+				return fail("restore the workspace checkpoint", err)
+			}
+		}
+		c.Logger().Info("agent task resumed from its log", "task", a.id, "steps", l.Spent().Steps, "commit", commit)
+		a.loop = l
+		out, err := l.FinishReplayedTurn(ctx)
+		if err != nil {
+			a.failed(c, "finish the replayed turn", err, startMsg{})
+			a.loop = nil
+			return true
+		}
+		if out != nil {
+			a.agentOutcome(c, out)
+			return true
+		}
+		return false
+	}
+	if err := l.Start(ctx, agent.Task{IssueTitle: a.spec.GetIssueTitle(), IssueBody: a.spec.GetIssueBody(), TestCommand: a.spec.GetTestCommand()}); err != nil {
+		a.failed(c, "record the task's context", err, startMsg{})
+		return true
+	}
+	a.loop = l
+	return false
+}
+
+// agentStep runs one step of the loop.
+func (a *taskActor) agentStep(c *actor.Context) {
+	out, err := a.loop.Step(a.ctx)
+	if err != nil {
+		var he *model.HTTPError
+		if errors.Is(err, model.ErrMalformed) || (errors.As(err, &he) && !he.Retryable()) || strings.Contains(err.Error(), "scripted:") {
+			a.agentOutcome(c, &agent.Outcome{Reason: "model_error: " + err.Error(), Spent: a.loop.Spent()})
+			return
+		}
+		a.failed(c, "agent step", err, stepMsg{})
+		return
+	}
+	if out != nil {
+		a.agentOutcome(c, out)
+		return
+	}
+	_ = c.Self().Send(stepMsg{})
+}
+
+// agentOutcome records how the loop ended.
+func (a *taskActor) agentOutcome(c *actor.Context, out *agent.Outcome) {
+	ctx := a.ctx
+	switch out.Reason {
+	case "finished":
+		if err := a.flushEgress(); err != nil {
+			a.failed(c, "record egress", err, stepMsg{})
+			return
+		}
+		if _, err := a.append(ctx, "agent/done", ev("state_changed", map[string]any{"to": "succeeded", "finish": out.Finish, "spent": out.Spent})); err != nil {
+			a.failed(c, "record success", err, stepMsg{})
+			return
+		}
+		a.finish(c, "succeeded", &a.d.stats.Finished)
+	case "waiting_approval":
+		key := "agent/waiting-" + out.Approval.ToolCallID
+		if _, err := a.append(ctx, key, ev("state_changed", map[string]any{"to": "waiting_approval", "tool_call_id": out.Approval.ToolCallID})); err != nil {
+			a.failed(c, "record waiting", err, stepMsg{})
+			return
+		}
+		c.After(time.Second, approvalPollMsg{toolCallID: out.Approval.ToolCallID})
+	default:
+		if err := a.flushEgress(); err != nil {
+			a.failed(c, "record egress", err, stepMsg{})
+			return
+		}
+		if _, err := a.append(ctx, "agent/stopped", ev("state_changed", map[string]any{"to": "failed", "reason": out.Reason, "spent": out.Spent})); err != nil {
+			a.failed(c, "record the stop", err, stepMsg{})
+			return
+		}
+		a.finish(c, out.Reason, &a.d.stats.Finished)
+	}
+}
+
+// pollApproval waits (without a step running) for the decision on a call;
+// then it replays the log, which holds the decision, and goes on.
+func (a *taskActor) pollApproval(c *actor.Context, id string) {
+	ctx := a.ctx
+	resp, err := a.d.cl.Tasks().GetTask(ctx, connect.NewRequest(&warrenv1.GetTaskRequest{Id: a.id}))
+	if err != nil {
+		c.After(time.Second, approvalPollMsg{toolCallID: id})
+		return
+	}
+	t := resp.Msg.GetTask()
+	evs, err := a.d.readLog(ctx, a.id, 0, t.GetNextSeq()-1)
+	if err != nil {
+		c.After(time.Second, approvalPollMsg{toolCallID: id})
+		return
+	}
+	decided := false
+	var all []agent.Event
+	for _, e := range evs {
+		all = append(all, agent.Event{Kind: e.GetKind(), Payload: e.GetPayload()})
+		if e.GetKind() == "approval_decided" && strings.Contains(string(e.GetPayload()), `"`+id+`"`) {
+			decided = true
+		}
+	}
+	if !decided {
+		c.After(time.Second, approvalPollMsg{toolCallID: id})
+		return
+	}
+	if _, err := a.loop.Replay(all); err != nil {
+		a.agentOutcome(c, &agent.Outcome{Reason: "replay: " + err.Error(), Spent: a.loop.Spent()})
+		return
+	}
+	if _, err := a.append(ctx, "agent/running-"+id, ev("state_changed", map[string]any{"to": "running", "after_approval": id})); err != nil {
+		a.failed(c, "record running", err, approvalPollMsg{toolCallID: id})
+		return
+	}
+	out, err := a.loop.FinishReplayedTurn(ctx)
+	if err != nil {
+		a.failed(c, "run the approved call", err, stepMsg{})
+		return
+	}
+	if out != nil {
+		a.agentOutcome(c, out)
+		return
+	}
+	_ = c.Self().Send(stepMsg{})
+}
