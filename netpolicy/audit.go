@@ -23,8 +23,8 @@ type AuditEvent struct {
 // AuditBatch is one sandbox's report for one interval.
 type AuditBatch struct {
 	Events []AuditEvent `json:"events"`
-	// Omitted counts the events past MaxAuditEvents, summed into
-	// OmittedCount attempts; denials are reported before allowances.
+	// Omitted counts the events that did not fit under MaxAuditEvents
+	// (OmittedCount attempts); they come in a later batch.
 	Omitted      int    `json:"omitted,omitempty"`
 	OmittedCount uint64 `json:"omitted_count,omitempty"`
 }
@@ -55,9 +55,18 @@ func protoName(p uint8) string {
 
 // summarise turns the audit sets' current counters into events for what
 // changed since seen (which it updates), adds the resolver's events, and
-// caps the batch.
-func summarise(seen map[attemptKey]uint64, now []Attempt, dns []AuditEvent) AuditBatch {
-	var evs []AuditEvent
+// caps the batch at MaxAuditEvents: denials first, but a quarter of the
+// places kept for allowances, so neither starves the other. What does not
+// fit is not lost: it stays unreported (seen is not advanced for it, and
+// its resolver events come back as leftover) and goes in a later batch;
+// Omitted says how much waits.
+func summarise(seen map[attemptKey]uint64, now []Attempt, dns []AuditEvent) (AuditBatch, []AuditEvent) {
+	type item struct {
+		ev   AuditEvent
+		key  *attemptKey // connect events: the counter to advance when reported
+		pkts uint64
+	}
+	var items []item
 	live := make(map[attemptKey]bool, len(now))
 	for _, a := range now {
 		k := attemptKey{a.Allowed, a.Addr, a.Proto, a.Port}
@@ -67,7 +76,6 @@ func summarise(seen map[attemptKey]uint64, now []Attempt, dns []AuditEvent) Audi
 		if ok && a.Packets >= prev {
 			delta = a.Packets - prev
 		}
-		seen[k] = a.Packets
 		if delta == 0 && ok {
 			continue
 		}
@@ -78,30 +86,56 @@ func summarise(seen map[attemptKey]uint64, now []Attempt, dns []AuditEvent) Audi
 		if a.Allowed {
 			v = "allow"
 		}
-		evs = append(evs, AuditEvent{Verdict: v, Kind: "connect", Addr: a.Addr.String(), Proto: protoName(a.Proto), Port: int(a.Port), Count: delta})
+		items = append(items, item{ev: AuditEvent{Verdict: v, Kind: "connect", Addr: a.Addr.String(), Proto: protoName(a.Proto), Port: int(a.Port), Count: delta}, key: &k, pkts: a.Packets})
 	}
 	for k := range seen {
 		if !live[k] {
 			delete(seen, k) // expired from its set
 		}
 	}
-	evs = append(evs, dns...)
-	slices.SortStableFunc(evs, func(a, b AuditEvent) int {
-		if a.Verdict != b.Verdict {
-			if a.Verdict == "deny" {
+	for _, e := range dns {
+		items = append(items, item{ev: e})
+	}
+	slices.SortStableFunc(items, func(a, b item) int {
+		if a.ev.Verdict != b.ev.Verdict {
+			if a.ev.Verdict == "deny" {
 				return -1
 			}
 			return 1
 		}
-		return cmp.Compare(b.Count, a.Count)
+		return cmp.Compare(b.ev.Count, a.ev.Count)
 	})
-	b := AuditBatch{Events: evs}
-	if len(evs) > MaxAuditEvents {
-		b.Events = evs[:MaxAuditEvents]
-		for _, e := range evs[MaxAuditEvents:] {
-			b.Omitted++
-			b.OmittedCount += e.Count
+	// Denials take at most three quarters of the places while allowances
+	// wait; then whatever is left fills the rest.
+	var denies, allows []item
+	for _, it := range items {
+		if it.ev.Verdict == "deny" {
+			denies = append(denies, it)
+		} else {
+			allows = append(allows, it)
 		}
 	}
-	return b
+	nd := min(len(denies), max(MaxAuditEvents*3/4, MaxAuditEvents-len(allows)))
+	na := min(len(allows), MaxAuditEvents-nd)
+	var b AuditBatch
+	var leftover []AuditEvent
+	take := func(its []item, n int) {
+		for i, it := range its {
+			if i < n {
+				b.Events = append(b.Events, it.ev)
+				if it.key != nil {
+					seen[*it.key] = it.pkts
+				}
+				continue
+			}
+			b.Omitted++
+			b.OmittedCount += it.ev.Count
+			if it.key == nil {
+				leftover = append(leftover, it.ev)
+			}
+		}
+	}
+	take(denies, nd)
+	take(allows, na)
+	return b, leftover
 }

@@ -679,8 +679,8 @@ func (s *Sandbox) collect() (string, AuditBatch, error) {
 	if err != nil {
 		return s.id, AuditBatch{}, err
 	}
-	b := summarise(s.seen, now, s.dns)
-	s.dns = nil
+	b, left := summarise(s.seen, now, s.dns)
+	s.dns = left
 	return s.id, b, nil
 }
 

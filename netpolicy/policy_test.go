@@ -176,28 +176,55 @@ func TestRangesMerge(t *testing.T) {
 func TestSummarise(t *testing.T) {
 	seen := map[attemptKey]uint64{}
 	a := Attempt{Allowed: false, Addr: netip.MustParseAddr("198.51.100.20"), Proto: 6, Port: 80, Packets: 3}
-	b := summarise(seen, []Attempt{a}, nil)
+	b, _ := summarise(seen, []Attempt{a}, nil)
 	if len(b.Events) != 1 || b.Events[0].Count != 3 || b.Events[0].Verdict != "deny" || b.Events[0].Proto != "tcp" {
 		t.Fatalf("first: %+v", b)
 	}
-	if b := summarise(seen, []Attempt{a}, nil); len(b.Events) != 0 {
+	if b, _ := summarise(seen, []Attempt{a}, nil); len(b.Events) != 0 {
 		t.Fatalf("unchanged counter reported again: %+v", b)
 	}
 	a.Packets = 5
-	if b := summarise(seen, []Attempt{a}, nil); len(b.Events) != 1 || b.Events[0].Count != 2 {
+	if b, _ := summarise(seen, []Attempt{a}, nil); len(b.Events) != 1 || b.Events[0].Count != 2 {
 		t.Fatalf("delta: %+v", b)
 	}
+	// 100 attempts, half denied: 32 in the first batch (24 denials, 8
+	// allowances), the rest in later ones; none is lost.
 	var many []Attempt
 	for i := range 100 {
 		many = append(many, Attempt{Allowed: i%2 == 0, Addr: netip.AddrFrom4([4]byte{198, 51, 100, byte(i)}), Proto: 17, Port: 53, Packets: 1})
 	}
-	b = summarise(map[attemptKey]uint64{}, many, nil)
-	if len(b.Events) != MaxAuditEvents || b.Omitted != 100-MaxAuditEvents || b.OmittedCount != uint64(100-MaxAuditEvents) {
-		t.Fatalf("cap: %d events, omitted %d/%d", len(b.Events), b.Omitted, b.OmittedCount)
+	seen2 := map[attemptKey]uint64{}
+	dns := []AuditEvent{{Verdict: "deny", Kind: "dns", Name: "x.test.", Count: 1}}
+	reported := map[string]int{}
+	for round := 0; round < 5; round++ {
+		b, left := summarise(seen2, many, dns)
+		dns = left
+		if len(b.Events) > MaxAuditEvents {
+			t.Fatalf("round %d: %d events", round, len(b.Events))
+		}
+		if round == 0 {
+			var d, a int
+			for _, e := range b.Events {
+				if e.Verdict == "deny" {
+					d++
+				} else {
+					a++
+				}
+			}
+			if d != 24 || a != 8 || b.Omitted != 101-32 {
+				t.Fatalf("first batch: %d denials, %d allowances, %d waiting", d, a, b.Omitted)
+			}
+		}
+		for _, e := range b.Events {
+			reported[e.Verdict+e.Addr+e.Name]++
+		}
 	}
-	for _, e := range b.Events {
-		if e.Verdict != "deny" {
-			t.Fatal("denials must come first when the batch is capped")
+	if len(reported) != 101 {
+		t.Fatalf("%d of 101 attempts reported after 5 rounds", len(reported))
+	}
+	for k, n := range reported {
+		if n != 1 {
+			t.Fatalf("%s reported %d times", k, n)
 		}
 	}
 }
