@@ -44,12 +44,11 @@ func main() {
 		fmt.Fprintln(os.Stderr, "egress:", err)
 		os.Exit(1)
 	}
-	defer netns.DeleteNamed(hostNS)
-
 	var rows []string
 	for _, pool := range []int{0, 4} {
 		claim, closeT, err := run(hostNS, pool, *n)
 		if err != nil {
+			netns.DeleteNamed(hostNS) // os.Exit skips deferred calls
 			fmt.Fprintln(os.Stderr, "egress:", err)
 			os.Exit(1)
 		}
@@ -62,6 +61,7 @@ func main() {
 			fmt.Sprintf("| %s | teardown (Close) | %d | %s | %s |", mode, len(closeT), ms(pct(closeT, 50)), ms(pct(closeT, 99))))
 		fmt.Fprintf(os.Stderr, "egress: %s done\n", mode)
 	}
+	netns.DeleteNamed(hostNS)
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Egress setup and teardown per sandbox\n\n")
 	fmt.Fprintf(&b, "`go run ./bench/egress -n %d` on %s, %d CPUs, kernel %s, %s.\n\n", *n, hostname(), runtime.NumCPU(), kernel(), time.Now().UTC().Format("2006-01-02"))
