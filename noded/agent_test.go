@@ -1,12 +1,19 @@
 package noded_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -23,6 +30,28 @@ import (
 // failing test: it reads, searches, edits, runs the tests and finishes
 // with them passing, and its log shows every step (issue 7, acceptance 1).
 func TestAgentTaskFixesARepository(t *testing.T) {
+	imageDir := needContainers(t)
+	repo := buggyRepo(t)
+	script := strings.Join([]string{
+		`{"content":[{"type":"text","text":"Reading the code."},{"type":"tool_use","name":"read_file","input":{"path":"calc/calc.go"}}],"usage":{"input_tokens":900,"output_tokens":30}}`,
+		`{"content":[{"type":"tool_use","name":"search","input":{"pattern":"Add\\(","glob":"*.go"}}],"usage":{"input_tokens":80,"cache_read_tokens":900,"output_tokens":20}}`,
+		`{"content":[{"type":"tool_use","name":"edit_file","input":{"path":"calc/calc.go","old_string":"return a - b","new_string":"return a + b"}}],"usage":{"input_tokens":60,"cache_read_tokens":1000,"output_tokens":40}}`,
+		`{"content":[{"type":"tool_use","name":"run_command","input":{"command":"go test ./... 2>&1","timeout_seconds":600}}],"usage":{"input_tokens":40,"cache_read_tokens":1100,"output_tokens":20}}`,
+		`{"content":[{"type":"tool_use","name":"finish","input":{"summary":"Add subtracted; it adds now.","cause":"a - b","fix":"a + b"}}],"usage":{"input_tokens":70,"cache_read_tokens":1200,"output_tokens":30}}`,
+	}, "\n")
+	c := startAgentNode(t, imageDir, nil, nil)
+	resp, err := c.cl.Tasks().CreateTask(context.Background(), connect.NewRequest(&warrenv1.CreateTaskRequest{
+		RequestId: "agent-1", Spec: &warrenv1.TaskSpec{Repo: repo, Base: "HEAD", IssueTitle: "Add is wrong", IssueBody: "Add(2, 2) is 0.",
+			TestCommand: "go test ./...", Driver: "container", Model: "scripted", ModelScript: script}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.Msg.GetTask().GetId()
+	checkFixed(t, c, id, 5)
+}
+
+func needContainers(t *testing.T) string {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("runs a container; skipped in -short")
 	}
@@ -39,7 +68,13 @@ func TestAgentTaskFixesARepository(t *testing.T) {
 	if _, err := guest.LoadTemplate(imageDir, "default"); err != nil {
 		t.Skipf("needs the default template: %v (run `make image`)", err)
 	}
-	// The repository: Add subtracts, and its test says so.
+	return imageDir
+}
+
+// buggyRepo is a small Go repository whose Add subtracts, with a test
+// that says so.
+func buggyRepo(t *testing.T) string {
+	t.Helper()
 	repo := t.TempDir()
 	for p, c := range map[string]string{
 		"go.mod":            "module demo\n\ngo 1.19\n",
@@ -55,14 +90,13 @@ func TestAgentTaskFixesARepository(t *testing.T) {
 			t.Fatalf("git %v: %v %s", args, err, out)
 		}
 	}
-	script := strings.Join([]string{
-		`{"content":[{"type":"text","text":"Reading the code."},{"type":"tool_use","name":"read_file","input":{"path":"calc/calc.go"}}],"usage":{"input_tokens":900,"output_tokens":30}}`,
-		`{"content":[{"type":"tool_use","name":"search","input":{"pattern":"Add\\(","glob":"*.go"}}],"usage":{"input_tokens":80,"cache_read_tokens":900,"output_tokens":20}}`,
-		`{"content":[{"type":"tool_use","name":"edit_file","input":{"path":"calc/calc.go","old_string":"return a - b","new_string":"return a + b"}}],"usage":{"input_tokens":60,"cache_read_tokens":1000,"output_tokens":40}}`,
-		`{"content":[{"type":"tool_use","name":"run_command","input":{"command":"go test ./... 2>&1","timeout_seconds":600}}],"usage":{"input_tokens":40,"cache_read_tokens":1100,"output_tokens":20}}`,
-		`{"content":[{"type":"tool_use","name":"finish","input":{"summary":"Add subtracted; it adds now.","cause":"a - b","fix":"a + b"}}],"usage":{"input_tokens":70,"cache_read_tokens":1200,"output_tokens":30}}`,
-	}, "\n")
+	return repo
+}
 
+// startAgentNode runs one server and one node with the container driver;
+// models and logw may be nil.
+func startAgentNode(t *testing.T, imageDir string, models *noded.Models, logw io.Writer) *cluster {
+	t.Helper()
 	agentBin := filepath.Join(t.TempDir(), "warren-guest")
 	build := exec.Command("go", "build", "-o", agentBin, "github.com/warrenhq/warren/cmd/warren-guest")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
@@ -74,8 +108,12 @@ func TestAgentTaskFixesARepository(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := startCluster(t, 1, 0)
+	var log *slog.Logger
+	if logw != nil {
+		log = slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
 	d, err := noded.Start(noded.Config{ID: "n1", DataDir: filepath.Join(c.dir, "node-n1"), Servers: c.urls(), Driver: drv,
-		Capacity: &warrenv1.Resources{MilliCpu: 100 * 1000, MemoryBytes: 1 << 40}})
+		Capacity: &warrenv1.Resources{MilliCpu: 100 * 1000, MemoryBytes: 1 << 40}, Models: models, Logger: log})
 	if err != nil {
 		drv.Close()
 		t.Fatal(err)
@@ -85,13 +123,13 @@ func TestAgentTaskFixesARepository(t *testing.T) {
 		n, err := c.node("n1")
 		return err == nil && n.GetStatus() == warrenv1.NodeStatus_NODE_STATUS_READY
 	})
-	resp, err := c.cl.Tasks().CreateTask(context.Background(), connect.NewRequest(&warrenv1.CreateTaskRequest{
-		RequestId: "agent-1", Spec: &warrenv1.TaskSpec{Repo: repo, Base: "HEAD", IssueTitle: "Add is wrong", IssueBody: "Add(2, 2) is 0.",
-			TestCommand: "go test ./...", Driver: "container", Model: "scripted", ModelScript: script}}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := resp.Msg.GetTask().GetId()
+	return c
+}
+
+// checkFixed waits for the task and checks it fixed the repository in its
+// sandbox, with every step on its log.
+func checkFixed(t *testing.T, c *cluster, id string, steps int) {
+	t.Helper()
 	waitFor(t, "the task to end", 4*time.Minute, func() bool {
 		tk := c.task(id)
 		return tk != nil && (tk.GetState() == warrenv1.TaskState_TASK_STATE_SUCCEEDED || tk.GetState() == warrenv1.TaskState_TASK_STATE_FAILED)
@@ -123,7 +161,94 @@ func TestAgentTaskFixesARepository(t *testing.T) {
 			t.Errorf("the log lacks %s", want)
 		}
 	}
-	if n := strings.Count(log, "model_call"); n != 5 {
-		t.Errorf("%d model calls, want 5", n)
+	if n := strings.Count(log, "model_call"); n != steps {
+		t.Errorf("%d model calls, want %d", n, steps)
 	}
+}
+
+// The model credential a node holds reaches the model server and nothing
+// else: no event, no node log line, nothing inside the sandbox (issue 7,
+// acceptance 6). The model is a FAKE Anthropic server on loopback that
+// plays a fixed trajectory.
+func TestAgentCredentialsStayOnTheNode(t *testing.T) {
+	imageDir := needContainers(t)
+	repo := buggyRepo(t)
+	const secret = "sk-ant-canary-7f3e9a"
+	turns := []string{
+		`[{"type":"tool_use","id":"toolu_1","name":"read_file","input":{"path":"calc/calc.go"}}]`,
+		`[{"type":"tool_use","id":"toolu_2","name":"edit_file","input":{"path":"calc/calc.go","old_string":"return a - b","new_string":"return a + b"}}]`,
+		`[{"type":"tool_use","id":"toolu_3","name":"run_command","input":{"command":"go test ./... 2>&1; env; p=sk-ant-canary; grep -rsl \"$p-7f3e9a\" /work /etc /root /tmp /run /proc/self/environ; echo found=$?"}}]`,
+		`[{"type":"tool_use","id":"toolu_4","name":"finish","input":{"summary":"fixed"}}]`,
+	}
+	var mu sync.Mutex
+	var keys []string
+	fake := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			Messages []struct{ Role string } `json:"messages"`
+		}
+		json.NewDecoder(r.Body).Decode(&req)
+		mu.Lock()
+		keys = append(keys, r.Header.Get("x-api-key"))
+		mu.Unlock()
+		n := 0
+		for _, m := range req.Messages {
+			if m.Role == "assistant" {
+				n++
+			}
+		}
+		if n >= len(turns) {
+			http.Error(w, `{"type":"error","error":{"type":"invalid_request_error","message":"no more turns"}}`, 400)
+			return
+		}
+		w.Header().Set("content-type", "application/json")
+		fmt.Fprintf(w, `{"id":"msg_%d","type":"message","role":"assistant","model":"claude-test","content":%s,"stop_reason":"tool_use","usage":{"input_tokens":100,"output_tokens":20}}`, n, turns[n])
+	}))
+	defer fake.Close()
+	var logs bytes.Buffer
+	var logMu sync.Mutex
+	c := startAgentNode(t, imageDir, &noded.Models{AnthropicKey: secret, AnthropicURL: fake.URL}, lockedWriter{&logMu, &logs})
+	resp, err := c.cl.Tasks().CreateTask(context.Background(), connect.NewRequest(&warrenv1.CreateTaskRequest{
+		RequestId: "agent-cred", Spec: &warrenv1.TaskSpec{Repo: repo, Base: "HEAD", IssueTitle: "Add is wrong",
+			Driver: "container", Model: "claude-test"}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.Msg.GetTask().GetId()
+	checkFixed(t, c, id, 4)
+	mu.Lock()
+	if len(keys) != 4 || keys[0] != secret {
+		t.Errorf("the model server got %d calls, first key %q", len(keys), keys[0])
+	}
+	mu.Unlock()
+	var sawGrep bool
+	for _, e := range c.events(id) {
+		if strings.Contains(string(e.GetPayload()), secret) {
+			t.Errorf("event %d (%s) holds the credential", e.GetSeq(), e.GetKind())
+		}
+		if strings.Contains(string(e.GetPayload()), "found=1") {
+			sawGrep = true // grep looked in the sandbox and found nothing
+		}
+	}
+	if !sawGrep {
+		t.Error("the in-sandbox search did not run or found the credential")
+	}
+	logMu.Lock()
+	defer logMu.Unlock()
+	if logs.Len() == 0 {
+		t.Error("the node logged nothing: the check would not mean anything")
+	}
+	if strings.Contains(logs.String(), secret) {
+		t.Error("the node's log holds the credential")
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
