@@ -252,3 +252,63 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 	defer l.mu.Unlock()
 	return l.w.Write(p)
 }
+
+// A message sent to a running agent task reaches the model at its next
+// step (FAKE Anthropic server on loopback).
+func TestAgentSteering(t *testing.T) {
+	imageDir := needContainers(t)
+	repo := buggyRepo(t)
+	turns := []string{
+		`[{"type":"tool_use","id":"toolu_1","name":"read_file","input":{"path":"calc/calc.go"}}]`,
+		`[{"type":"tool_use","id":"toolu_2","name":"finish","input":{"summary":"stopped as asked"}}]`,
+	}
+	got0, release := make(chan struct{}), make(chan struct{})
+	var mu sync.Mutex
+	var bodies []string
+	fake := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		bodies = append(bodies, string(b))
+		n := len(bodies) - 1
+		mu.Unlock()
+		if n == 0 {
+			close(got0)
+			select {
+			case <-release:
+			case <-time.After(30 * time.Second):
+			}
+		}
+		if n >= len(turns) {
+			http.Error(w, `{"type":"error","error":{"type":"invalid_request_error","message":"no more turns"}}`, 400)
+			return
+		}
+		w.Header().Set("content-type", "application/json")
+		fmt.Fprintf(w, `{"id":"msg_%d","type":"message","role":"assistant","model":"claude-test","content":%s,"stop_reason":"tool_use","usage":{"input_tokens":100,"output_tokens":20}}`, n, turns[n])
+	}))
+	defer fake.Close()
+	c := startAgentNode(t, imageDir, &noded.Models{AnthropicKey: "k", AnthropicURL: fake.URL}, nil)
+	resp, err := c.cl.Tasks().CreateTask(context.Background(), connect.NewRequest(&warrenv1.CreateTaskRequest{
+		RequestId: "agent-steer", Spec: &warrenv1.TaskSpec{Repo: repo, Base: "HEAD", IssueTitle: "Add is wrong", Driver: "container", Model: "claude-test"}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.Msg.GetTask().GetId()
+	select {
+	case <-got0:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the task never called the model")
+	}
+	if _, err := c.cl.Tasks().SendMessage(context.Background(), connect.NewRequest(&warrenv1.SendMessageRequest{TaskId: id, Text: "stop after reading; do not edit"})); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	waitFor(t, "the task to end", 2*time.Minute, func() bool {
+		tk := c.task(id)
+		return tk != nil && tk.GetState() == warrenv1.TaskState_TASK_STATE_SUCCEEDED
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if len(bodies) != 2 || strings.Contains(bodies[0], "do not edit") || !strings.Contains(bodies[1], "Message from the user: stop after reading; do not edit") {
+		t.Fatalf("the model's requests: %d; the second lacks the message", len(bodies))
+	}
+}

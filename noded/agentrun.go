@@ -239,6 +239,7 @@ func (a *taskActor) startAgent(c *actor.Context, t *warrenv1.Task) (done bool) {
 		a.failed(c, "read log", err, startMsg{})
 		return true
 	}
+	a.agentSeen = t.GetNextSeq() - 1 // what Replay (or Start) covers
 	var evs []agent.Event
 	resumed := false
 	for _, e := range logEvents {
@@ -278,8 +279,33 @@ func (a *taskActor) startAgent(c *actor.Context, t *warrenv1.Task) (done bool) {
 	return false
 }
 
+// steer hands the loop the user messages that reached the task's log since
+// it last looked; the model sees them at this step. (On a resume, Replay
+// finds them in the log, in the same place.)
+func (a *taskActor) steer() error {
+	resp, err := a.d.cl.Tasks().ListEvents(a.ctx, connect.NewRequest(&warrenv1.ListEventsRequest{TaskId: a.id, AfterSeq: a.agentSeen, Limit: 1000}))
+	if err != nil {
+		return err
+	}
+	for _, e := range resp.Msg.GetEvents() {
+		a.agentSeen = max(a.agentSeen, e.GetSeq())
+		if e.GetKind() != "message" {
+			continue
+		}
+		var p struct{ From, Text string }
+		if json.Unmarshal(e.GetPayload(), &p) == nil && p.From == "user" && p.Text != "" {
+			a.loop.Steer(p.Text)
+		}
+	}
+	return nil
+}
+
 // agentStep runs one step of the loop.
 func (a *taskActor) agentStep(c *actor.Context) {
+	if err := a.steer(); err != nil {
+		a.failed(c, "read steering messages", err, stepMsg{})
+		return
+	}
 	out, err := a.loop.Step(a.ctx)
 	if err != nil {
 		var he *model.HTTPError

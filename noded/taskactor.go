@@ -74,6 +74,7 @@ type taskActor struct {
 	egressPending []egressBatch
 	// the agent loop, for a task that runs one (no scripted steps)
 	agentMode bool
+	agentSeen uint64 // the last seq the loop has looked at (steering)
 	loop      *agent.Loop
 	spec      *warrenv1.TaskSpec
 }
