@@ -184,7 +184,10 @@ func TestSandboxCLI(t *testing.T) {
 	if out, stderr, code = run("pool", "set", "default", "1"); code != 0 || !strings.Contains(out, "default") {
 		t.Fatalf("pool set: %s %s", out, stderr)
 	}
-	waitUntil(t, "the pool to fill", 2*time.Minute, func() bool {
+	// The pool needs the template's snapshot first: a TCG boot and warm-up
+	// that takes seconds on an idle machine and minutes while the rest of
+	// the suite runs on the same two cores.
+	waitUntil(t, "the pool to fill", 5*time.Minute, func() bool {
 		out, _, _ := run("pool", "list", "-o", "json")
 		return strings.Contains(out, `"target":1`) && strings.Contains(out, `"ready":1`)
 	})
