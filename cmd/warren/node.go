@@ -39,6 +39,7 @@ type nodeFlags struct {
 	containerd, runtime, runcBinary                                                string
 	tcgCacheMB                                                                     int
 	egress                                                                         egressFlags
+	model                                                                          modelFlags
 	logger                                                                         *slog.Logger
 	// why says which driver auto picked and why.
 	why string
@@ -58,6 +59,7 @@ func (f *nodeFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.runtime, "runtime", "runc", "container: runc, or runsc (gVisor, with --runc-binary naming a wrapper that runs runsc)")
 	fs.StringVar(&f.runcBinary, "runc-binary", "", "container: the OCI runtime binary the runc shim runs (a runsc wrapper for --runtime runsc)")
 	f.egress.register(fs)
+	f.model.register(fs)
 	fs.StringVar(&f.sandboxListen, "sandbox-listen", "", "HOST:PORT of the node's sandbox API, which servers forward to (default: the gossip host, any port)")
 	fs.StringVar(&f.capacity, "capacity", "", "what tasks may use, cpu=N,mem=SIZE (default: this host's cores and memory)")
 	fs.StringVar(&f.labels, "labels", "", "comma-separated k=v labels (the \"zone\" label spreads tasks)")
@@ -232,7 +234,9 @@ func (f *nodeFlags) config() (noded.Config, error) {
 	}
 	cfg.Driver = drv
 	cfg.Egress = f.egress.mgr
-	cfg.Models = modelsFromEnv()
+	if cfg.Models, err = f.model.models(); err != nil {
+		errs = append(errs, err)
+	}
 	if drv != nil && drv.Name() != "sim" {
 		cfg.SandboxListen = f.sandboxListen
 		if cfg.SandboxListen == "" {
@@ -309,19 +313,6 @@ func newDriver(f *nodeFlags) (driver.Driver, error) {
 		return nil, nil
 	}
 	return nil, fmt.Errorf("driver: %q is not auto, microvm, container or sim", f.driver)
-}
-
-// modelsFromEnv is the node's model credentials, from its environment
-// only: ANTHROPIC_API_KEY (and ANTHROPIC_BASE_URL), OPENAI_API_KEY and
-// OPENAI_BASE_URL (any OpenAI-compatible server). Tasks with a
-// model_script need none.
-func modelsFromEnv() *noded.Models {
-	m := &noded.Models{AnthropicKey: os.Getenv("ANTHROPIC_API_KEY"), AnthropicURL: os.Getenv("ANTHROPIC_BASE_URL"),
-		OpenAIKey: os.Getenv("OPENAI_API_KEY"), OpenAIURL: os.Getenv("OPENAI_BASE_URL")}
-	if m.AnthropicKey == "" && m.OpenAIKey == "" && m.OpenAIURL == "" {
-		return nil
-	}
-	return m
 }
 
 // networks starts the node's egress policy when it is enabled, for the
