@@ -132,7 +132,7 @@ func TestRestartReconciles(t *testing.T) {
 	m := tp.Manager(t, 0, nil)
 	got := leftovers(t, tp)
 	for _, x := range got {
-		if strings.Contains(x, "77") {
+		if x == "warren-"+tp.Tag+"-77" || x == "link w"+tp.Tag+"-77" {
 			t.Fatalf("restart left %s: %v", x, got)
 		}
 	}
@@ -212,7 +212,7 @@ func TestRestartTakesBackNetworks(t *testing.T) {
 	}
 	got := leftovers(t, tp)
 	for _, x := range got {
-		if strings.Contains(x, "-"+strconv.Itoa(gone.Slot().Index)) {
+		if x == "warren-"+tp.Tag+"-"+strconv.Itoa(gone.Slot().Index) || x == "link w"+tp.Tag+"-"+strconv.Itoa(gone.Slot().Index) {
 			t.Errorf("the untaken network is left: %s (all: %v)", x, got)
 		}
 	}
