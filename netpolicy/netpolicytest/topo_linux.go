@@ -15,11 +15,11 @@
 package netpolicytest
 
 import (
-	"fmt"
 	"math/rand/v2"
 	"net"
 	"net/netip"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -81,7 +81,10 @@ func NeedRoot(t testing.TB) {
 func New(t testing.TB) *Topo {
 	t.Helper()
 	NeedRoot(t)
-	tp := &Topo{Tag: fmt.Sprintf("t%03d", rand.IntN(1000)), Zone: NewZone()}
+	// Tests in several packages run at once, each with its own world:
+	// 36³ tags keep their names apart.
+	tag := strconv.FormatInt(rand.Int64N(36*36*36), 36)
+	tp := &Topo{Tag: "t" + strings.Repeat("0", 3-len(tag)) + tag, Zone: NewZone()}
 	t.Cleanup(tp.close)
 	tp.nodeName, tp.inName = "wt-node-"+tp.Tag, "wt-inet-"+tp.Tag
 	tp.NodeNS, tp.InetNS = "/run/netns/"+tp.nodeName, "/run/netns/"+tp.inName
