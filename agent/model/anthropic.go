@@ -1,13 +1,11 @@
 package model
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
-	"time"
 )
 
 // AnthropicVersion is the Messages API version sent with every request.
@@ -84,13 +82,6 @@ type (
 			OutputTokens             int64 `json:"output_tokens"`
 		} `json:"usage"`
 	}
-	antError struct {
-		Type  string `json:"type"`
-		Error struct {
-			Type    string `json:"type"`
-			Message string `json:"message"`
-		} `json:"error"`
-	}
 )
 
 var ephemeral = &antCache{Type: "ephemeral"}
@@ -146,33 +137,12 @@ func (a *Anthropic) Call(ctx context.Context, req Request) (*Response, error) {
 	if base == "" {
 		base = "https://api.anthropic.com"
 	}
-	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/messages", bytes.NewReader(body))
-	if err != nil {
-		return nil, fmt.Errorf("anthropic: %w", err)
-	}
-	hr.Header.Set("content-type", "application/json")
-	hr.Header.Set("x-api-key", a.APIKey)
-	hr.Header.Set("anthropic-version", AnthropicVersion)
-	hc := a.HTTP
-	if hc == nil {
-		hc = http.DefaultClient
-	}
-	resp, err := hc.Do(hr)
-	if err != nil {
-		return nil, &HTTPError{Provider: "anthropic", Status: 0, Type: "transport", Message: shorten(redact(err.Error(), a.APIKey), 200)}
-	}
-	defer resp.Body.Close()
-	raw, err := readBody("anthropic", resp.Body)
+	h := http.Header{}
+	h.Set("x-api-key", a.APIKey)
+	h.Set("anthropic-version", AnthropicVersion)
+	raw, err := post(ctx, a.HTTP, "anthropic", base+"/v1/messages", h, body, a.APIKey)
 	if err != nil {
 		return nil, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		he := &HTTPError{Provider: "anthropic", Status: resp.StatusCode, RetryAfter: retryAfter(resp.Header, time.Now())}
-		var e antError
-		if json.Unmarshal(raw, &e) == nil {
-			he.Type, he.Message = e.Error.Type, shorten(e.Error.Message, 300)
-		}
-		return nil, he
 	}
 	return decodeAnthropic(raw)
 }
@@ -184,7 +154,7 @@ func decodeAnthropic(raw []byte) (*Response, error) {
 		return nil, fmt.Errorf("anthropic: %w: %v", ErrMalformed, err)
 	}
 	if r.Type == "error" {
-		var e antError
+		var e apiError
 		_ = json.Unmarshal(raw, &e)
 		return nil, &HTTPError{Provider: "anthropic", Status: http.StatusOK, Type: e.Error.Type, Message: shorten(e.Error.Message, 300)}
 	}
@@ -209,12 +179,4 @@ func decodeAnthropic(raw []byte) (*Response, error) {
 		}
 	}
 	return out, nil
-}
-
-// redact removes a credential from a message.
-func redact(s, secret string) string {
-	if secret == "" {
-		return s
-	}
-	return strings.ReplaceAll(s, secret, "[redacted]")
 }

@@ -1,13 +1,11 @@
 package model
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
-	"time"
 )
 
 // OpenAI is Chat Completions (POST {BaseURL}/chat/completions) at OpenAI
@@ -71,13 +69,6 @@ type (
 			} `json:"prompt_tokens_details"`
 		} `json:"usage"`
 	}
-	oaiError struct {
-		Error struct {
-			Type    string `json:"type"`
-			Code    any    `json:"code"`
-			Message string `json:"message"`
-		} `json:"error"`
-	}
 )
 
 // openaiBody renders req as a Chat Completions request body. Tool results
@@ -137,34 +128,13 @@ func (o *OpenAI) Call(ctx context.Context, req Request) (*Response, error) {
 	if base == "" {
 		base = "https://api.openai.com/v1"
 	}
-	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/chat/completions", bytes.NewReader(body))
-	if err != nil {
-		return nil, fmt.Errorf("openai: %w", err)
-	}
-	hr.Header.Set("content-type", "application/json")
+	h := http.Header{}
 	if o.APIKey != "" {
-		hr.Header.Set("authorization", "Bearer "+o.APIKey)
+		h.Set("authorization", "Bearer "+o.APIKey)
 	}
-	hc := o.HTTP
-	if hc == nil {
-		hc = http.DefaultClient
-	}
-	resp, err := hc.Do(hr)
-	if err != nil {
-		return nil, &HTTPError{Provider: "openai", Type: "transport", Message: shorten(redact(err.Error(), o.APIKey), 200)}
-	}
-	defer resp.Body.Close()
-	raw, err := readBody("openai", resp.Body)
+	raw, err := post(ctx, o.HTTP, "openai", base+"/chat/completions", h, body, o.APIKey)
 	if err != nil {
 		return nil, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		he := &HTTPError{Provider: "openai", Status: resp.StatusCode, RetryAfter: retryAfter(resp.Header, time.Now())}
-		var e oaiError
-		if json.Unmarshal(raw, &e) == nil {
-			he.Type, he.Message = e.Error.Type, shorten(e.Error.Message, 300)
-		}
-		return nil, he
 	}
 	return decodeOpenAI(raw)
 }

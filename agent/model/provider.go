@@ -1,7 +1,9 @@
 package model
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -71,6 +73,57 @@ func retryAfter(h http.Header, now time.Time) time.Duration {
 		return t.Sub(now)
 	}
 	return 0
+}
+
+// post sends one JSON request body to url and returns the body of a 200.
+// Any other status is an *HTTPError with the provider's error type and
+// message (both APIs put them at error.type and error.message) and the
+// wait it asked for; a transport failure is a retryable *HTTPError whose
+// message never holds secret.
+func post(ctx context.Context, hc *http.Client, provider, url string, header http.Header, body []byte, secret string) ([]byte, error) {
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", provider, err)
+	}
+	hr.Header = header
+	hr.Header.Set("content-type", "application/json")
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	resp, err := hc.Do(hr)
+	if err != nil {
+		return nil, &HTTPError{Provider: provider, Type: "transport", Message: shorten(redact(err.Error(), secret), 200)}
+	}
+	defer resp.Body.Close()
+	raw, err := readBody(provider, resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		he := &HTTPError{Provider: provider, Status: resp.StatusCode, RetryAfter: retryAfter(resp.Header, time.Now())}
+		var e apiError
+		if json.Unmarshal(raw, &e) == nil {
+			he.Type, he.Message = e.Error.Type, shorten(e.Error.Message, 300)
+		}
+		return nil, he
+	}
+	return raw, nil
+}
+
+// apiError is the error body both APIs send.
+type apiError struct {
+	Error struct {
+		Type    string `json:"type"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+// redact removes a credential from a message.
+func redact(s, secret string) string {
+	if secret == "" {
+		return s
+	}
+	return strings.ReplaceAll(s, secret, "[redacted]")
 }
 
 // maxBody bounds what is read of a response.
