@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"path"
+	"slices"
 	"strings"
 	"time"
 
@@ -239,29 +240,9 @@ func (l *Loop) Step(ctx context.Context) (*Outcome, error) {
 	if l.needsCompaction(req) {
 		return l.compact(ctx, req)
 	}
-	maxTok, stop := l.budget(req)
-	if stop != "" {
-		return &Outcome{Reason: stop, Spent: l.spent}, nil
-	}
-	req.MaxTokens = maxTok
-	l.step++
-	n := l.step
-	req.Turn = int(n)
-	res, err := l.caller.Call(ctx, req)
-	if err != nil {
-		return nil, fmt.Errorf("step %d: %w", n, err)
-	}
-	resp := res.Response
-	l.spent.Steps++
-	l.spent.Usage = l.spent.Usage.Add(resp.Usage)
-	l.spent.CostMicroUSD += res.CostMicroUSD
-	if err := l.rec.Record(ctx, fmt.Sprintf("step-%d/model", n), "model_call", map[string]any{
-		"step": n, "model": resp.Model, "messages": len(req.Messages), "max_tokens": req.MaxTokens,
-		"response": map[string]any{"id": resp.ID, "content": resp.Content, "stop_reason": resp.StopReason},
-		"usage":    resp.Usage, "cost_micro_usd": res.CostMicroUSD, "cache_hit_rate": resp.Usage.CacheHitRate(),
-		"attempts": res.Attempts, "spent": l.spent,
-	}); err != nil {
-		return nil, err
+	resp, n, stop, err := l.call(ctx, req, false)
+	if resp == nil {
+		return stop, err
 	}
 	return l.afterResponse(ctx, n, resp.Content, resp.StopReason, nil)
 }
@@ -288,43 +269,81 @@ func (l *Loop) needsCompaction(req model.Request) bool {
 // with "compaction": true. The first message (the task) stays, so the
 // prompt's prefix, and its cache, stay too.
 func (l *Loop) compact(ctx context.Context, req model.Request) (*Outcome, error) {
-	req.Messages = append(append([]model.Message(nil), l.msgs...), model.Message{Role: model.RoleUser,
-		Content: []model.Block{{Type: model.BlockText, Text: CompactPrompt}}})
-	if last := &req.Messages[len(req.Messages)-2]; last.Role == model.RoleUser {
-		// two user turns in a row: fold the prompt into the last
-		merged := append(append([]model.Block(nil), last.Content...), req.Messages[len(req.Messages)-1].Content...)
-		req.Messages = append(req.Messages[:len(req.Messages)-2], model.Message{Role: model.RoleUser, Content: merged})
+	// The prompt joins the trailing user turn (tool results) on a copy:
+	// the history itself is replaced only once the summary is recorded.
+	prompt := model.Block{Type: model.BlockText, Text: CompactPrompt}
+	msgs := slices.Clone(l.msgs)
+	if last := len(msgs) - 1; msgs[last].Role == model.RoleUser {
+		msgs[last].Content = append(slices.Clone(msgs[last].Content), prompt)
+	} else {
+		msgs = append(msgs, model.Message{Role: model.RoleUser, Content: []model.Block{prompt}})
 	}
-	maxTok, stop := l.budget(req)
-	if stop != "" {
-		return &Outcome{Reason: stop, Spent: l.spent}, nil
+	req.Messages = msgs
+	resp, _, stop, err := l.call(ctx, req, true)
+	if resp == nil {
+		return stop, err
+	}
+	l.msgs = compacted(l.msgs[0], summaryOf(resp))
+	return nil, nil
+}
+
+// call makes one model call as the next step, within the budgets, and
+// records it as a model_call before anything acts on it. It returns no
+// response when a budget forbids the call (stop says which) or the call
+// failed. A compaction's event keeps the summary as its content.
+func (l *Loop) call(ctx context.Context, req model.Request, compaction bool) (resp *model.Response, n int64, stop *Outcome, err error) {
+	maxTok, reason := l.budget(req)
+	if reason != "" {
+		return nil, 0, &Outcome{Reason: reason, Spent: l.spent}, nil
 	}
 	req.MaxTokens = maxTok
 	l.step++
-	n := l.step
+	n = l.step
 	req.Turn = int(n)
 	res, err := l.caller.Call(ctx, req)
 	if err != nil {
-		return nil, fmt.Errorf("step %d (compaction): %w", n, err)
+		what := ""
+		if compaction {
+			what = " (compaction)"
+		}
+		return nil, n, nil, fmt.Errorf("step %d%s: %w", n, what, err)
 	}
-	resp := res.Response
+	resp = res.Response
 	l.spent.Steps++
 	l.spent.Usage = l.spent.Usage.Add(resp.Usage)
 	l.spent.CostMicroUSD += res.CostMicroUSD
-	summary := resp.Text()
-	if strings.TrimSpace(summary) == "" {
-		summary = "(the summary was empty)"
-	}
-	if err := l.rec.Record(ctx, fmt.Sprintf("step-%d/model", n), "model_call", map[string]any{
-		"step": n, "model": resp.Model, "messages": len(req.Messages), "max_tokens": req.MaxTokens, "compaction": true,
-		"response": map[string]any{"id": resp.ID, "content": []model.Block{{Type: model.BlockText, Text: summary}}, "stop_reason": resp.StopReason},
-		"usage":    resp.Usage, "cost_micro_usd": res.CostMicroUSD, "cache_hit_rate": resp.Usage.CacheHitRate(),
+	content := resp.Content
+	ev := map[string]any{
+		"step": n, "model": resp.Model, "messages": len(req.Messages), "max_tokens": req.MaxTokens,
+		"usage": resp.Usage, "cost_micro_usd": res.CostMicroUSD, "cache_hit_rate": resp.Usage.CacheHitRate(),
 		"attempts": res.Attempts, "spent": l.spent,
-	}); err != nil {
-		return nil, err
 	}
-	l.msgs = compacted(l.msgs[0], summary)
-	return nil, nil
+	if compaction {
+		ev["compaction"] = true
+		content = []model.Block{{Type: model.BlockText, Text: summaryOf(resp)}}
+	}
+	ev["response"] = map[string]any{"id": resp.ID, "content": content, "stop_reason": resp.StopReason}
+	if err := l.rec.Record(ctx, fmt.Sprintf("step-%d/model", n), "model_call", ev); err != nil {
+		return nil, n, nil, err
+	}
+	return resp, n, nil, nil
+}
+
+// summaryOf is a compaction's summary.
+func summaryOf(resp *model.Response) string {
+	if s := resp.Text(); strings.TrimSpace(s) != "" {
+		return s
+	}
+	return "(the summary was empty)"
+}
+
+// nudge is the user turn after a model turn without tool calls: it ran
+// out of output or paused (go on), or it stopped (use the tools).
+func nudge(stopReason string) model.Block {
+	if stopReason == model.StopMaxTokens || stopReason == model.StopPauseTurn {
+		return model.Block{Type: model.BlockText, Text: "Continue."}
+	}
+	return model.Block{Type: model.BlockText, Text: "Continue with the tools, and call finish when the tests pass."}
 }
 
 // compacted is the history after a compaction.
@@ -428,12 +447,7 @@ func (l *Loop) afterResponse(ctx context.Context, n int64, content []model.Block
 	}
 	// A turn without tool calls: the model stopped (end_turn), ran out of
 	// output (max_tokens) or paused (pause_turn). Keep it going.
-	switch stopReason {
-	case model.StopMaxTokens, model.StopPauseTurn:
-		l.appendUser(model.Block{Type: model.BlockText, Text: "Continue."})
-	default:
-		l.appendUser(model.Block{Type: model.BlockText, Text: "Continue with the tools, and call finish when the tests pass."})
-	}
+	l.appendUser(nudge(stopReason))
 	return nil, nil
 }
 
@@ -536,11 +550,7 @@ func (l *Loop) Replay(events []Event) ([]model.Block, error) {
 				}
 			}
 			if !hasTools {
-				if p.Response.StopReason == model.StopMaxTokens || p.Response.StopReason == model.StopPauseTurn {
-					l.appendUser(model.Block{Type: model.BlockText, Text: "Continue."})
-				} else {
-					l.appendUser(model.Block{Type: model.BlockText, Text: "Continue with the tools, and call finish when the tests pass."})
-				}
+				l.appendUser(nudge(p.Response.StopReason))
 			}
 		case "checkpoint":
 			var p struct {
