@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -234,20 +235,13 @@ func (a *taskActor) startAgent(c *actor.Context, t *warrenv1.Task) (done bool) {
 	if err := l.Tools().InitBase(ctx); err != nil {
 		return fail("checkout", err)
 	}
-	logEvents, err := a.d.readLog(ctx, a.id, 0, t.GetNextSeq()-1)
+	evs, err := a.agentLog(ctx, t.GetNextSeq()-1)
 	if err != nil {
 		a.failed(c, "read log", err, startMsg{})
 		return true
 	}
 	a.agentSeen = t.GetNextSeq() - 1 // what Replay (or Start) covers
-	var evs []agent.Event
-	resumed := false
-	for _, e := range logEvents {
-		evs = append(evs, agent.Event{Kind: e.GetKind(), Payload: e.GetPayload()})
-		if e.GetKind() == "model_call" {
-			resumed = true
-		}
-	}
+	resumed := slices.ContainsFunc(evs, func(e agent.Event) bool { return e.Kind == "model_call" })
 	if resumed {
 		if _, err := l.Replay(evs); err != nil {
 			return fail("replay", err)
@@ -283,12 +277,11 @@ func (a *taskActor) startAgent(c *actor.Context, t *warrenv1.Task) (done bool) {
 // it last looked; the model sees them at this step. (On a resume, Replay
 // finds them in the log, in the same place.)
 func (a *taskActor) steer() error {
-	resp, err := a.d.cl.Tasks().ListEvents(a.ctx, connect.NewRequest(&warrenv1.ListEventsRequest{TaskId: a.id, AfterSeq: a.agentSeen, Limit: 1000}))
+	evs, err := a.newEvents()
 	if err != nil {
 		return err
 	}
-	for _, e := range resp.Msg.GetEvents() {
-		a.agentSeen = max(a.agentSeen, e.GetSeq())
+	for _, e := range evs {
 		if e.GetKind() != "message" {
 			continue
 		}
@@ -298,6 +291,20 @@ func (a *taskActor) steer() error {
 		}
 	}
 	return nil
+}
+
+// newEvents returns a page of the task's events past the last one the loop
+// has looked at, and moves that mark.
+func (a *taskActor) newEvents() ([]*warrenv1.Event, error) {
+	resp, err := a.d.cl.Tasks().ListEvents(a.ctx, connect.NewRequest(&warrenv1.ListEventsRequest{TaskId: a.id, AfterSeq: a.agentSeen, Limit: 1000}))
+	if err != nil {
+		return nil, err
+	}
+	evs := resp.Msg.GetEvents()
+	for _, e := range evs {
+		a.agentSeen = max(a.agentSeen, e.GetSeq())
+	}
+	return evs, nil
 }
 
 // agentStep runs one step of the loop.
@@ -326,62 +333,75 @@ func (a *taskActor) agentStep(c *actor.Context) {
 // agentOutcome records how the loop ended.
 func (a *taskActor) agentOutcome(c *actor.Context, out *agent.Outcome) {
 	ctx := a.ctx
-	switch out.Reason {
-	case "finished":
-		if err := a.flushEgress(); err != nil {
-			a.failed(c, "record egress", err, stepMsg{})
-			return
-		}
-		if _, err := a.append(ctx, "agent/done", ev("state_changed", map[string]any{"to": "succeeded", "finish": out.Finish, "spent": out.Spent})); err != nil {
-			a.failed(c, "record success", err, stepMsg{})
-			return
-		}
-		a.finish(c, "succeeded", &a.d.stats.Finished)
-	case "waiting_approval":
+	if out.Reason == "waiting_approval" {
 		key := "agent/waiting-" + out.Approval.ToolCallID
 		if _, err := a.append(ctx, key, ev("state_changed", map[string]any{"to": "waiting_approval", "tool_call_id": out.Approval.ToolCallID})); err != nil {
 			a.failed(c, "record waiting", err, stepMsg{})
 			return
 		}
 		c.After(time.Second, approvalPollMsg{toolCallID: out.Approval.ToolCallID})
-	default:
-		if err := a.flushEgress(); err != nil {
-			a.failed(c, "record egress", err, stepMsg{})
-			return
-		}
-		if _, err := a.append(ctx, "agent/stopped", ev("state_changed", map[string]any{"to": "failed", "reason": out.Reason, "spent": out.Spent})); err != nil {
-			a.failed(c, "record the stop", err, stepMsg{})
-			return
-		}
-		a.finish(c, out.Reason, &a.d.stats.Finished)
+		return
 	}
+	// The end: the sandbox's last egress attempts, then the task's last
+	// event.
+	key, end := "agent/stopped", map[string]any{"to": "failed", "reason": out.Reason, "spent": out.Spent}
+	if out.Reason == "finished" {
+		key, end = "agent/done", map[string]any{"to": "succeeded", "finish": out.Finish, "spent": out.Spent}
+	}
+	if err := a.flushEgress(); err != nil {
+		a.failed(c, "record egress", err, stepMsg{})
+		return
+	}
+	if _, err := a.append(ctx, key, ev("state_changed", end)); err != nil {
+		a.failed(c, "record the end", err, stepMsg{})
+		return
+	}
+	a.finish(c, out.Reason, &a.d.stats.Finished)
+}
+
+// agentLog reads the task's log up to seq upTo as the loop replays it.
+func (a *taskActor) agentLog(ctx context.Context, upTo uint64) ([]agent.Event, error) {
+	evs, err := a.d.readLog(ctx, a.id, 0, upTo)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]agent.Event, 0, len(evs))
+	for _, e := range evs {
+		out = append(out, agent.Event{Kind: e.GetKind(), Payload: e.GetPayload()})
+	}
+	return out, nil
 }
 
 // pollApproval waits (without a step running) for the decision on a call;
 // then it replays the log, which holds the decision, and goes on.
-func (a *taskActor) pollApproval(c *actor.Context, id string) {
+func (a *taskActor) pollApproval(c *actor.Context, m approvalPollMsg) {
 	ctx := a.ctx
-	resp, err := a.d.cl.Tasks().GetTask(ctx, connect.NewRequest(&warrenv1.GetTaskRequest{Id: a.id}))
-	if err != nil {
-		c.After(time.Second, approvalPollMsg{toolCallID: id})
-		return
-	}
-	t := resp.Msg.GetTask()
-	evs, err := a.d.readLog(ctx, a.id, 0, t.GetNextSeq()-1)
-	if err != nil {
-		c.After(time.Second, approvalPollMsg{toolCallID: id})
-		return
-	}
-	decided := false
-	var all []agent.Event
-	for _, e := range evs {
-		all = append(all, agent.Event{Kind: e.GetKind(), Payload: e.GetPayload()})
-		if e.GetKind() == "approval_decided" && strings.Contains(string(e.GetPayload()), `"`+id+`"`) {
-			decided = true
+	id := m.toolCallID
+	retry := func(decided bool) { c.After(time.Second, approvalPollMsg{toolCallID: id, decided: decided}) }
+	if !m.decided {
+		// Only the events since the last look: a long wait does not read
+		// the whole log every second.
+		evs, err := a.newEvents()
+		if err != nil {
+			retry(false)
+			return
+		}
+		for _, e := range evs {
+			var p struct {
+				ID string `json:"tool_call_id"`
+			}
+			if e.GetKind() == "approval_decided" && json.Unmarshal(e.GetPayload(), &p) == nil && p.ID == id {
+				m.decided = true
+			}
+		}
+		if !m.decided {
+			retry(false)
+			return
 		}
 	}
-	if !decided {
-		c.After(time.Second, approvalPollMsg{toolCallID: id})
+	all, err := a.agentLog(ctx, a.agentSeen)
+	if err != nil {
+		retry(true)
 		return
 	}
 	if _, err := a.loop.Replay(all); err != nil {
@@ -389,7 +409,7 @@ func (a *taskActor) pollApproval(c *actor.Context, id string) {
 		return
 	}
 	if _, err := a.append(ctx, "agent/running-"+id, ev("state_changed", map[string]any{"to": "running", "after_approval": id})); err != nil {
-		a.failed(c, "record running", err, approvalPollMsg{toolCallID: id})
+		a.failed(c, "record running", err, approvalPollMsg{toolCallID: id, decided: true})
 		return
 	}
 	out, err := a.loop.FinishReplayedTurn(ctx)

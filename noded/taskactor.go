@@ -25,7 +25,10 @@ type (
 	stepMsg  struct{}
 	yieldMsg struct{ reason string }
 	// approvalPollMsg looks for the decision a waiting agent loop needs.
-	approvalPollMsg struct{ toolCallID string }
+	approvalPollMsg struct {
+		toolCallID string
+		decided    bool // found on the log; what is left is to resume
+	}
 	// egressMsg says the sandbox's egress audit has batches queued.
 	egressMsg struct{}
 	// egressBatch is one queued audit batch, numbered for its append's
@@ -101,7 +104,7 @@ func (a *taskActor) Receive(c *actor.Context, msg any) {
 	case stepMsg:
 		a.step(c)
 	case approvalPollMsg:
-		a.pollApproval(c, m.toolCallID)
+		a.pollApproval(c, m)
 	case egressMsg:
 		if err := a.recordEgress(); err != nil {
 			a.failed(c, "record egress", err, egressMsg{})
