@@ -71,11 +71,12 @@ const fixScript = `{"content":[{"type":"text","text":"Reading the code."},{"type
 {"content":[{"type":"tool_use","name":"finish","input":{"summary":"Add subtracted; it adds now.","cause":"a - b","fix":"a + b"}}],"usage":{"input_tokens":70,"output_tokens":30}}
 `
 
-func scripted(t *testing.T) *counting {
+func scripted(t *testing.T) *counting { return scriptedFrom(t, fixScript) }
+
+// scriptedFrom is the scripted provider on script, counting its calls.
+func scriptedFrom(t *testing.T, script string) *counting {
 	t.Helper()
-	p := filepath.Join(t.TempDir(), "fix.jsonl")
-	os.WriteFile(p, []byte(fixScript), 0o644)
-	s, err := model.NewScripted(p)
+	s, err := model.ParseScripted("test script", []byte(script))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,13 +229,7 @@ func TestCompactionAndBlobs(t *testing.T) {
 {"content":[{"type":"tool_use","name":"edit_file","input":{"path":"calc/calc.go","old_string":"return a - b","new_string":"return a + b"}}]}
 {"content":[{"type":"tool_use","name":"finish","input":{"summary":"fixed"}}]}
 `
-	path := filepath.Join(t.TempDir(), "s.jsonl")
-	os.WriteFile(path, []byte(script), 0o644)
-	s, err := model.NewScripted(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &counting{Provider: s}
+	p := scriptedFrom(t, script)
 	log := &memLog{}
 	blobs := DirBlobs{Dir: t.TempDir()}
 	cfg := Config{Model: "scripted", ContextWindow: 6000, CompactAt: 0.8, Blobs: blobs}

@@ -57,13 +57,7 @@ func TestApprovalFlow(t *testing.T) {
 {"content":[{"type":"tool_use","name":"write_file","input":{"path":".github/workflows/test.yml","content":"on: push\n"}}]}
 {"content":[{"type":"tool_use","name":"finish","input":{"summary":"fixed Add, added CI"}}]}
 `
-	path := filepath.Join(t.TempDir(), "s.jsonl")
-	os.WriteFile(path, []byte(script), 0o644)
-	s, err := model.NewScripted(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &counting{Provider: s}
+	p := scriptedFrom(t, script)
 	pol, _ := NewPolicy(append([]Rule{{Tool: ToolRunCommand, Command: `\bcurl\b`, Tier: Deny, Reason: "no downloads"}}, DefaultPolicy()...))
 	log := &memLog{}
 	g := &model.Gateway{Provider: p}

@@ -71,6 +71,54 @@ func needContainers(t *testing.T) string {
 	return imageDir
 }
 
+// buildGuest builds warren-guest from this tree, for the container driver
+// to run as each container's agent.
+func buildGuest(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "warren-guest")
+	build := exec.Command("go", "build", "-o", bin, "github.com/warrenhq/warren/cmd/warren-guest")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build warren-guest: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// fakeCall is one request the FAKE Anthropic server got.
+type fakeCall struct {
+	N    int // from 0
+	Body []byte
+	Key  string // x-api-key
+}
+
+// fakeAnthropic is a FAKE Anthropic Messages API on loopback, not a model:
+// its n-th request gets turns[n] (a content array of tool_use blocks), and
+// a request past the last turn is refused. seen, if set, gets each request
+// before the answer and may hold it back.
+func fakeAnthropic(t *testing.T, turns []string, seen func(fakeCall)) *httptest.Server {
+	t.Helper()
+	var mu sync.Mutex
+	n := 0
+	fake := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		call := fakeCall{N: n, Body: b, Key: r.Header.Get("x-api-key")}
+		n++
+		mu.Unlock()
+		if seen != nil {
+			seen(call)
+		}
+		if call.N >= len(turns) {
+			http.Error(w, `{"type":"error","error":{"type":"invalid_request_error","message":"no more turns"}}`, 400)
+			return
+		}
+		w.Header().Set("content-type", "application/json")
+		fmt.Fprintf(w, `{"id":"msg_%d","type":"message","role":"assistant","model":"claude-test","content":%s,"stop_reason":"tool_use","usage":{"input_tokens":100,"output_tokens":20}}`, call.N, turns[call.N])
+	}))
+	t.Cleanup(fake.Close)
+	return fake
+}
+
 // buggyRepo is a small Go repository whose Add subtracts, with a test
 // that says so.
 func buggyRepo(t *testing.T) string {
@@ -97,13 +145,7 @@ func buggyRepo(t *testing.T) string {
 // models and logw may be nil.
 func startAgentNode(t *testing.T, imageDir string, models *noded.Models, logw io.Writer) *cluster {
 	t.Helper()
-	agentBin := filepath.Join(t.TempDir(), "warren-guest")
-	build := exec.Command("go", "build", "-o", agentBin, "github.com/warrenhq/warren/cmd/warren-guest")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build warren-guest: %v\n%s", err, out)
-	}
-	drv, err := container.New(container.Config{ImageDir: imageDir, StateDir: t.TempDir(), Namespace: "warren-test-agent", Agent: agentBin})
+	drv, err := container.New(container.Config{ImageDir: imageDir, StateDir: t.TempDir(), Namespace: "warren-test-agent", Agent: buildGuest(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,28 +224,11 @@ func TestAgentCredentialsStayOnTheNode(t *testing.T) {
 	}
 	var mu sync.Mutex
 	var keys []string
-	fake := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var req struct {
-			Messages []struct{ Role string } `json:"messages"`
-		}
-		json.NewDecoder(r.Body).Decode(&req)
+	fake := fakeAnthropic(t, turns, func(c fakeCall) {
 		mu.Lock()
-		keys = append(keys, r.Header.Get("x-api-key"))
+		keys = append(keys, c.Key)
 		mu.Unlock()
-		n := 0
-		for _, m := range req.Messages {
-			if m.Role == "assistant" {
-				n++
-			}
-		}
-		if n >= len(turns) {
-			http.Error(w, `{"type":"error","error":{"type":"invalid_request_error","message":"no more turns"}}`, 400)
-			return
-		}
-		w.Header().Set("content-type", "application/json")
-		fmt.Fprintf(w, `{"id":"msg_%d","type":"message","role":"assistant","model":"claude-test","content":%s,"stop_reason":"tool_use","usage":{"input_tokens":100,"output_tokens":20}}`, n, turns[n])
-	}))
-	defer fake.Close()
+	})
 	var logs bytes.Buffer
 	var logMu sync.Mutex
 	c := startAgentNode(t, imageDir, &noded.Models{AnthropicKey: secret, AnthropicURL: fake.URL}, lockedWriter{&logMu, &logs})
@@ -265,27 +290,18 @@ func TestAgentSteering(t *testing.T) {
 	got0, release := make(chan struct{}), make(chan struct{})
 	var mu sync.Mutex
 	var bodies []string
-	fake := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		b, _ := io.ReadAll(r.Body)
+	fake := fakeAnthropic(t, turns, func(c fakeCall) {
 		mu.Lock()
-		bodies = append(bodies, string(b))
-		n := len(bodies) - 1
+		bodies = append(bodies, string(c.Body))
 		mu.Unlock()
-		if n == 0 {
+		if c.N == 0 { // hold the first answer until the message is sent
 			close(got0)
 			select {
 			case <-release:
 			case <-time.After(30 * time.Second):
 			}
 		}
-		if n >= len(turns) {
-			http.Error(w, `{"type":"error","error":{"type":"invalid_request_error","message":"no more turns"}}`, 400)
-			return
-		}
-		w.Header().Set("content-type", "application/json")
-		fmt.Fprintf(w, `{"id":"msg_%d","type":"message","role":"assistant","model":"claude-test","content":%s,"stop_reason":"tool_use","usage":{"input_tokens":100,"output_tokens":20}}`, n, turns[n])
-	}))
-	defer fake.Close()
+	})
 	c := startAgentNode(t, imageDir, &noded.Models{AnthropicKey: "k", AnthropicURL: fake.URL}, nil)
 	resp, err := c.cl.Tasks().CreateTask(context.Background(), connect.NewRequest(&warrenv1.CreateTaskRequest{
 		RequestId: "agent-steer", Spec: &warrenv1.TaskSpec{Repo: repo, Base: "HEAD", IssueTitle: "Add is wrong", Driver: "container", Model: "claude-test"}}))

@@ -3,8 +3,6 @@ package noded_test
 import (
 	"context"
 	"encoding/json"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -12,7 +10,6 @@ import (
 	"connectrpc.com/connect"
 
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
-	"github.com/warrenhq/warren/guest"
 	"github.com/warrenhq/warren/netpolicy/netpolicytest"
 	"github.com/warrenhq/warren/noded"
 	"github.com/warrenhq/warren/noded/driver/container"
@@ -23,26 +20,9 @@ import (
 // real container on the node's egress policy, in the test's own network
 // world (netpolicytest).
 func TestTaskEgressEvents(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs a container; skipped in -short")
-	}
+	imageDir := needContainers(t)
 	netpolicytest.NeedRoot(t)
-	if _, err := os.Stat(container.DefaultSocket); err != nil {
-		t.Skipf("needs a running containerd at %s (.ci/run starts it)", container.DefaultSocket)
-	}
-	imageDir := os.Getenv("WARREN_IMAGE_DIR")
-	if imageDir == "" {
-		imageDir = "/var/lib/warren/templates"
-	}
-	if _, err := guest.LoadTemplate(imageDir, "default"); err != nil {
-		t.Skipf("needs the default template: %v (run `make image`)", err)
-	}
-	agent := filepath.Join(t.TempDir(), "warren-guest")
-	build := exec.Command("go", "build", "-o", agent, "github.com/warrenhq/warren/cmd/warren-guest")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build warren-guest: %v\n%s", err, out)
-	}
+	agent := buildGuest(t)
 
 	tp := netpolicytest.New(t)
 	eg, err := noded.NewEgress(tp.Config(1, nil))
