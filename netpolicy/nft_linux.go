@@ -146,11 +146,7 @@ func installRules(c *nftables.Conn, r Rules) (*nftSets, error) {
 			continue
 		}
 		for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
-			e := nfproto(res.Is6())
-			e = append(e, l4proto(proto)...)
-			e = append(e, daddr(res.Is6(), reg1), &expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: res.AsSlice()})
-			e = append(e, dport(reg1), &expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: binaryutil.BigEndian.PutUint16(53)})
-			add(egress, append(e, verdict(expr.VerdictAccept))...)
+			add(egress, dnsTo(res, proto, verdict(expr.VerdictAccept))...)
 		}
 	}
 	add(egress, inSet(false, s.pfx4, goTo(allow))...)
@@ -420,9 +416,8 @@ func installHostRules(c *nftables.Conn, name, ifPrefix string, res Slot, p4, p6 
 	in := c.AddChain(&nftables.Chain{Name: "in", Table: t, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &accept})
 	fwd := c.AddChain(&nftables.Chain{Name: "fwd", Table: t, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept})
 	add := func(ch *nftables.Chain, e ...expr.Any) { c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: e}) }
-	fromSandbox := []expr.Any{&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1}, &expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte(ifPrefix)}}
-	toSandbox := []expr.Any{&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: reg1}, &expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte(ifPrefix)}}
-	notToSandbox := []expr.Any{&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: reg1}, &expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: []byte(ifPrefix)}}
+	fromSandbox := ifnamePrefix(expr.MetaKeyIIFNAME, ifPrefix, expr.CmpOpEq)
+	toSandbox := ifnamePrefix(expr.MetaKeyOIFNAME, ifPrefix, expr.CmpOpEq)
 	cat := func(parts ...[]expr.Any) []expr.Any {
 		var e []expr.Any
 		for _, p := range parts {
@@ -435,30 +430,11 @@ func installHostRules(c *nftables.Conn, name, ifPrefix string, res Slot, p4, p6 
 		add(in, cat(e, []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED}})...)
 	}
 	for _, p := range []netip.Prefix{p4, p6} {
-		v6 := p.Addr().Is6()
-		off, n := uint32(12), uint32(4)
-		if v6 {
-			off, n = 8, 16
-		}
-		mask := net.CIDRMask(p.Bits(), p.Addr().BitLen())
-		add(post, cat(nfproto(v6), []expr.Any{
-			&expr.Payload{OperationType: expr.PayloadLoad, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n, DestRegister: reg1},
-			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: n, Mask: mask, Xor: make([]byte, n)},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: p.Masked().Addr().AsSlice()},
-		}, notToSandbox, []expr.Any{&expr.Masq{}})...)
+		add(post, cat(saddrIn(p, expr.CmpOpEq), ifnamePrefix(expr.MetaKeyOIFNAME, ifPrefix, expr.CmpOpNeq), []expr.Any{&expr.Masq{}})...)
 	}
 	for _, p := range []netip.Prefix{p4, p6} {
-		v6 := p.Addr().Is6()
-		off, n := uint32(12), uint32(4)
-		if v6 {
-			off, n = 8, 16
-		}
-		spoofed := cat(fromSandbox, nfproto(v6), []expr.Any{
-			&expr.Payload{OperationType: expr.PayloadLoad, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n, DestRegister: reg1},
-			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: n, Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen()), Xor: make([]byte, n)},
-			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: p.Masked().Addr().AsSlice()},
-			verdict(expr.VerdictDrop)})
-		if v6 {
+		spoofed := cat(fromSandbox, saddrIn(p, expr.CmpOpNeq), []expr.Any{verdict(expr.VerdictDrop)})
+		if p.Addr().Is6() {
 			// Neighbour discovery from the link-local address is no spoof.
 			add(in, cat(fromSandbox, ndp(verdict(expr.VerdictAccept)))...)
 		}
@@ -466,16 +442,13 @@ func installHostRules(c *nftables.Conn, name, ifPrefix string, res Slot, p4, p6 
 		add(fwd, spoofed...)
 	}
 	if !routerBefore {
-		notFromSandbox := []expr.Any{&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1}, &expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: []byte(ifPrefix)}}
-		add(fwd, cat(notFromSandbox, []expr.Any{&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: reg1}, &expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: []byte(ifPrefix)}, verdict(expr.VerdictDrop)})...)
+		add(fwd, cat(ifnamePrefix(expr.MetaKeyIIFNAME, ifPrefix, expr.CmpOpNeq), ifnamePrefix(expr.MetaKeyOIFNAME, ifPrefix, expr.CmpOpNeq),
+			[]expr.Any{verdict(expr.VerdictDrop)})...)
 	}
 	add(in, cat(fromSandbox, ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED, verdict(expr.VerdictAccept)))...)
 	for _, a := range []netip.Addr{res.Host4, res.Host6} {
 		for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
-			add(in, cat(fromSandbox, nfproto(a.Is6()), l4proto(proto), []expr.Any{
-				daddr(a.Is6(), reg1), &expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: a.AsSlice()},
-				dport(reg1), &expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: binaryutil.BigEndian.PutUint16(53)},
-				verdict(expr.VerdictAccept)})...)
+			add(in, cat(fromSandbox, dnsTo(a, proto, verdict(expr.VerdictAccept)))...)
 		}
 	}
 	reject(fromSandbox)
@@ -484,6 +457,35 @@ func installHostRules(c *nftables.Conn, name, ifPrefix string, res Slot, p4, p6 
 		return fmt.Errorf("nftables: install table %s: %w", name, err)
 	}
 	return nil
+}
+
+// dnsTo matches DNS (port 53 over proto) to the resolver address a.
+func dnsTo(a netip.Addr, proto byte, then ...expr.Any) []expr.Any {
+	e := append(nfproto(a.Is6()), l4proto(proto)...)
+	e = append(e, daddr(a.Is6(), reg1), &expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: a.AsSlice()},
+		dport(reg1), &expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: binaryutil.BigEndian.PutUint16(53)})
+	return append(e, then...)
+}
+
+// saddrIn matches packets of p's family whose source is in p (op Eq) or
+// not (op Neq).
+func saddrIn(p netip.Prefix, op expr.CmpOp) []expr.Any {
+	v6 := p.Addr().Is6()
+	off, n := uint32(12), uint32(4)
+	if v6 {
+		off, n = 8, 16
+	}
+	return append(nfproto(v6),
+		&expr.Payload{OperationType: expr.PayloadLoad, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n, DestRegister: reg1},
+		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: n, Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen()), Xor: make([]byte, n)},
+		&expr.Cmp{Op: op, Register: reg1, Data: p.Masked().Addr().AsSlice()})
+}
+
+// ifnamePrefix matches an interface name (key: IIFNAME or OIFNAME) that
+// starts with prefix (op Eq) or does not (op Neq): the comparison covers
+// only the prefix's bytes, as nft's "w*" does.
+func ifnamePrefix(key expr.MetaKey, prefix string, op expr.CmpOp) []expr.Any {
+	return []expr.Any{&expr.Meta{Key: key, Register: reg1}, &expr.Cmp{Op: op, Register: reg1, Data: []byte(prefix)}}
 }
 
 // deleteTable removes a table if it exists.
