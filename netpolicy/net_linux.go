@@ -20,11 +20,12 @@ import (
 // netnsDir is where named namespaces are bind-mounted, as by `ip netns`.
 const netnsDir = "/run/netns"
 
-// inNS runs fn on an OS thread that is in ns. The work runs on a goroutine
-// of its own, locked to its thread: if the thread cannot return to its
-// namespace, the goroutine exits still locked and the runtime ends the
-// thread, so no other goroutine ever runs in the wrong namespace.
-func inNS(ns netns.NsHandle, fn func() error) error {
+// onThread runs fn on a goroutine locked to an OS thread of its own, which
+// fn may move into another network namespace; the thread then goes back to
+// the namespace it started in. If it cannot, the goroutine exits still
+// locked and the runtime ends the thread, so no other goroutine ever runs
+// in the wrong namespace.
+func onThread(fn func() error) error {
 	done := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
@@ -35,11 +36,6 @@ func inNS(ns netns.NsHandle, fn func() error) error {
 			return
 		}
 		defer orig.Close()
-		if err := netns.Set(ns); err != nil {
-			runtime.UnlockOSThread()
-			done <- fmt.Errorf("netns: enter: %w", err)
-			return
-		}
 		ferr := fn()
 		if err := netns.Set(orig); err != nil {
 			done <- errors.Join(ferr, fmt.Errorf("netns: return: %w", err))
@@ -51,41 +47,33 @@ func inNS(ns netns.NsHandle, fn func() error) error {
 	return <-done
 }
 
+// inNS runs fn on an OS thread that is in ns (see onThread).
+func inNS(ns netns.NsHandle, fn func() error) error {
+	return onThread(func() error {
+		if err := netns.Set(ns); err != nil {
+			return fmt.Errorf("netns: enter: %w", err)
+		}
+		return fn()
+	})
+}
+
 // createNS makes a new named namespace and returns a handle to it.
 func createNS(name string) (netns.NsHandle, error) {
 	if err := os.MkdirAll(netnsDir, 0o755); err != nil {
 		return netns.None(), err
 	}
-	type result struct {
-		ns  netns.NsHandle
-		err error
+	ns := netns.None()
+	err := onThread(func() (err error) {
+		ns, err = netns.NewNamed(name) // moves the thread into ns
+		return err
+	})
+	if err != nil {
+		if ns.IsOpen() {
+			ns.Close()
+		}
+		return netns.None(), fmt.Errorf("netns: create %s: %w", name, err)
 	}
-	done := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			done <- result{netns.None(), err}
-			return
-		}
-		defer orig.Close()
-		ns, err := netns.NewNamed(name) // moves this thread into ns
-		if serr := netns.Set(orig); serr != nil {
-			if ns.IsOpen() {
-				ns.Close()
-			}
-			done <- result{netns.None(), fmt.Errorf("netns: return from %s: %w", name, serr)}
-			return // still locked: the thread goes with the goroutine
-		}
-		runtime.UnlockOSThread()
-		if err != nil {
-			err = fmt.Errorf("netns: create %s: %w", name, err)
-		}
-		done <- result{ns, err}
-	}()
-	r := <-done
-	return r.ns, r.err
+	return ns, nil
 }
 
 // deleteNS unmounts and removes a named namespace; the kernel frees it,
