@@ -23,7 +23,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/vishvananda/netns"
 	"github.com/warrenhq/warren/netpolicy"
 )
 
@@ -40,7 +39,7 @@ func main() {
 		os.Exit(2)
 	}
 	hostNS := fmt.Sprintf("warren-bench-%d", os.Getpid())
-	if err := makeNS(hostNS); err != nil {
+	if err := netpolicy.NewNamedNS(hostNS); err != nil {
 		fmt.Fprintln(os.Stderr, "egress:", err)
 		os.Exit(1)
 	}
@@ -48,7 +47,7 @@ func main() {
 	for _, pool := range []int{0, 4} {
 		claim, closeT, err := run(hostNS, pool, *n)
 		if err != nil {
-			netns.DeleteNamed(hostNS) // os.Exit skips deferred calls
+			netpolicy.DeleteNamedNS(hostNS) // os.Exit skips deferred calls
 			fmt.Fprintln(os.Stderr, "egress:", err)
 			os.Exit(1)
 		}
@@ -61,7 +60,7 @@ func main() {
 			fmt.Sprintf("| %s | teardown (Close) | %d | %s | %s |", mode, len(closeT), ms(pct(closeT, 50)), ms(pct(closeT, 99))))
 		fmt.Fprintf(os.Stderr, "egress: %s done\n", mode)
 	}
-	netns.DeleteNamed(hostNS)
+	netpolicy.DeleteNamedNS(hostNS)
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Egress setup and teardown per sandbox\n\n")
 	fmt.Fprintf(&b, "`go run ./bench/egress -n %d` on %s, %d CPUs, kernel %s, %s.\n\n", *n, hostname(), runtime.NumCPU(), kernel(), time.Now().UTC().Format("2006-01-02"))
@@ -109,22 +108,6 @@ func run(hostNS string, pool, n int) (claim, closeT []time.Duration, err error) 
 		closeT = append(closeT, time.Since(t0))
 	}
 	return claim, closeT, nil
-}
-
-func makeNS(name string) error {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		return err
-	}
-	defer orig.Close()
-	ns, err := netns.NewNamed(name)
-	if err != nil {
-		return err
-	}
-	ns.Close()
-	return netns.Set(orig)
 }
 
 func pct(ds []time.Duration, p float64) time.Duration {
