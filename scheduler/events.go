@@ -31,6 +31,7 @@ const (
 	KindEgress            = "egress"
 	KindLog               = "log"
 	KindEffect            = "effect"
+	KindParked            = "parked"
 )
 
 // kinds maps every known kind to whether a writer may append it through
@@ -49,6 +50,7 @@ var kinds = map[string]bool{
 	KindEgress:            true,
 	KindLog:               true,
 	KindEffect:            true,
+	KindParked:            true,
 }
 
 // Kinds returns every known event kind, sorted.

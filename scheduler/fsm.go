@@ -455,6 +455,7 @@ func (a *applier) appendEvents(m *fsmv1.AppendEvents) *fsmv1.Result {
 	// Check every event (and the state walk) before writing any.
 	state := t.GetState()
 	pending := append([]string(nil), t.GetPendingApprovals()...)
+	park := false
 	for i, ev := range m.GetEvents() {
 		if err := checkEventInput(fmt.Sprintf("events[%d]", i), ev); err != nil {
 			return fail(connect.CodeInvalidArgument, "%v", err)
@@ -469,6 +470,12 @@ func (a *applier) appendEvents(m *fsmv1.AppendEvents) *fsmv1.Result {
 			state = to
 		case KindApprovalRequested:
 			pending = append(pending, payloadString(ev.GetPayload(), "tool_call_id"))
+		case KindParked:
+			if state != warrenv1.TaskState_TASK_STATE_WAITING_APPROVAL {
+				return fail(connect.CodeFailedPrecondition, "events[%d]: task %s is %s: only a task waiting for approval parks",
+					i, t.GetId(), StateName(state))
+			}
+			park = true
 		}
 	}
 	first := t.GetNextSeq()
@@ -478,6 +485,22 @@ func (a *applier) appendEvents(m *fsmv1.AppendEvents) *fsmv1.Result {
 			payload = []byte("{}")
 		}
 		a.appendEvent(t, m.GetTime(), ev.GetKind(), payload, m.GetLeaseEpoch())
+		if ev.GetKind() == KindModelCall {
+			addUsage(t, payload)
+		}
+	}
+	if park {
+		// The holder lets the task go while it waits: its node's room is
+		// free, and appends under its epoch are refused from now on.
+		a.release(t)
+		t.Lease = &warrenv1.Lease{Epoch: t.GetLease().GetEpoch() + 1}
+		t.Resume, t.Parked = true, true
+		t.State, t.PendingApprovals = state, pending
+		if len(pending) == 0 { // decided meanwhile: resume at once
+			a.unpark(t, m.GetTime(), "decided while parking")
+		}
+		a.putTask(t)
+		return &fsmv1.Result{FirstSeq: first, LastSeq: t.GetNextSeq() - 1, CancelRequested: t.GetCancelRequested()}
 	}
 	if from := t.GetState(); state != from {
 		switch {
@@ -539,8 +562,47 @@ func (a *applier) decide(m *fsmv1.Decide) *fsmv1.Result {
 	seq := a.appendEvent(t, m.GetTime(), KindApprovalDecided, mustJSON(map[string]any{
 		"tool_call_id": m.GetToolCallId(), "approved": m.GetApproved(), "comment": m.GetComment(),
 	}), 0)
+	if t.GetParked() && len(t.GetPendingApprovals()) == 0 {
+		a.unpark(t, m.GetTime(), "approval decided")
+	}
 	a.putTask(t)
-	return &fsmv1.Result{FirstSeq: seq, LastSeq: seq}
+	return &fsmv1.Result{FirstSeq: seq, LastSeq: t.GetNextSeq() - 1}
+}
+
+// unpark puts a parked task whose approvals are all decided back to
+// pending, to resume from its log on any node.
+func (a *applier) unpark(t *warrenv1.Task, ts *timestamppb.Timestamp, reason string) {
+	t.Parked = false
+	a.replan = true
+	a.setState(t, ts, warrenv1.TaskState_TASK_STATE_PENDING, map[string]any{"reason": reason, "epoch": t.GetLease().GetEpoch()})
+}
+
+// addUsage adds a model_call event's usage and cost to the task's.
+func addUsage(t *warrenv1.Task, payload []byte) {
+	var p struct {
+		Usage struct {
+			In         uint64 `json:"input_tokens"`
+			CacheWrite uint64 `json:"cache_write_tokens"`
+			CacheRead  uint64 `json:"cache_read_tokens"`
+			Out        uint64 `json:"output_tokens"`
+		} `json:"usage"`
+		Cost uint64 `json:"cost_micro_usd"`
+	}
+	_ = json.Unmarshal(payload, &p) // a payload without usage counts the call only
+	u := t.GetUsage()
+	if u == nil {
+		u = &warrenv1.Usage{}
+	}
+	u.ModelCalls++
+	u.InputTokens += p.Usage.In
+	u.CacheWriteTokens += p.Usage.CacheWrite
+	u.CacheReadTokens += p.Usage.CacheRead
+	u.OutputTokens += p.Usage.Out
+	u.CostMicroUsd += p.Cost
+	if prompt := u.InputTokens + u.CacheWriteTokens + u.CacheReadTokens; prompt > 0 {
+		u.CacheHitRate = float64(u.CacheReadTokens) / float64(prompt)
+	}
+	t.Usage = u
 }
 
 func (a *applier) cancel(m *fsmv1.CancelTask) *fsmv1.Result {
@@ -559,9 +621,14 @@ func (a *applier) cancel(m *fsmv1.CancelTask) *fsmv1.Result {
 	old := t.GetState()
 	first := a.appendEvent(t, m.GetTime(), KindCancelRequested, mustJSON(map[string]string{"reason": m.GetReason()}), 0)
 	t.CancelRequested = true
-	if old == warrenv1.TaskState_TASK_STATE_PENDING {
+	switch {
+	case old == warrenv1.TaskState_TASK_STATE_PENDING:
 		// Nothing runs it yet: cancel at once.
 		a.setState(t, m.GetTime(), warrenv1.TaskState_TASK_STATE_CANCELLED, map[string]any{"reason": "cancelled before placement"})
+	case t.GetParked():
+		// Nothing runs it while it waits: cancel at once.
+		t.Parked = false
+		a.setState(t, m.GetTime(), warrenv1.TaskState_TASK_STATE_CANCELLED, map[string]any{"reason": "cancelled while parked for approval"})
 	}
 	a.putTask(t)
 	return &fsmv1.Result{Task: snapshotTask(t), FirstSeq: first, LastSeq: t.GetNextSeq() - 1}

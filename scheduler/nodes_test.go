@@ -206,3 +206,104 @@ func TestPoolTargets(t *testing.T) {
 		t.Fatalf("pools %v, want default=5 only", pools)
 	}
 }
+
+// waitingTask places a task on n1 and has it ask for approval of call-1.
+func (tf *testFSM) waitingTask() string {
+	tf.t.Helper()
+	id := tf.create("").GetId()
+	tf.plan(at(id, "n1"))
+	tf.ok(&fsmv1.AppendEvents{TaskId: id, LeaseEpoch: 1, Events: []*warrenv1.EventInput{stateEvent("running"),
+		{Kind: KindApprovalRequested, Payload: []byte(`{"tool_call_id":"call-1"}`)}, stateEvent("waiting_approval")}, Time: timestamppb.New(t0)})
+	return id
+}
+
+// A task waiting for approval parks: its node's room is freed and its
+// holder fenced off; the decision puts it back to pending under the new
+// epoch, to resume anywhere.
+func TestParkedTaskFreesItsNodeUntilDecided(t *testing.T) {
+	tf := newTestFSM(t)
+	tf.registerNode("n1", 4)
+	id := tf.waitingTask()
+	if r := tf.apply(&fsmv1.AppendEvents{TaskId: tf.create("").GetId(), Events: []*warrenv1.EventInput{{Kind: KindParked}}, Time: timestamppb.New(t0)})[0]; connect.Code(r.GetCode()) != connect.CodeFailedPrecondition {
+		t.Fatalf("a pending task parked: %v %s", connect.Code(r.GetCode()), r.GetMessage())
+	}
+	tf.ok(&fsmv1.AppendEvents{TaskId: id, LeaseEpoch: 1, Events: []*warrenv1.EventInput{{Kind: KindParked, Payload: []byte(`{"reason":"grace over"}`)}}, Time: timestamppb.New(t0)})
+	tk := tf.mustTask(id)
+	if tk.GetState() != warrenv1.TaskState_TASK_STATE_WAITING_APPROVAL || !tk.GetParked() || tk.GetLease().GetNode() != "" || tk.GetLease().GetEpoch() != 2 || !tk.GetResume() {
+		t.Fatalf("parked task: %v", tk)
+	}
+	if n := tf.mustNode("n1"); n.GetTaskCount() != 0 || n.GetAllocated().GetMilliCpu() != 0 {
+		t.Fatalf("node still holds the parked task: %v", n)
+	}
+	if r := tf.apply(&fsmv1.AppendEvents{TaskId: id, LeaseEpoch: 1, Events: []*warrenv1.EventInput{logEvent("late")}, Time: timestamppb.New(t0)})[0]; !strings.Contains(r.GetMessage(), ErrStaleEpoch.Error()) {
+		t.Fatalf("the old holder appended after parking: %s", r.GetMessage())
+	}
+	if errs := tf.plan(at(id, "n1")); errs[0] == "" {
+		t.Fatal("a parked task was placed")
+	}
+	tf.ok(&fsmv1.Decide{TaskId: id, ToolCallId: "call-1", Approved: true, Time: timestamppb.New(t0)})
+	tk = tf.mustTask(id)
+	if tk.GetState() != warrenv1.TaskState_TASK_STATE_PENDING || tk.GetParked() || tk.GetLease().GetEpoch() != 2 {
+		t.Fatalf("decided task: %v", tk)
+	}
+	if errs := tf.plan(at(id, "n1")); errs[0] != "" {
+		t.Fatalf("the decided task was not placed: %s", errs[0])
+	}
+	if tk := tf.mustTask(id); tk.GetLease().GetEpoch() != 3 || !tk.GetResume() {
+		t.Fatalf("placed after the decision: %v", tk)
+	}
+}
+
+// A decision that lands before the node's park goes through is not lost:
+// the park puts the task straight back to pending.
+func TestParkAfterTheDecisionRequeues(t *testing.T) {
+	tf := newTestFSM(t)
+	tf.registerNode("n1", 4)
+	id := tf.waitingTask()
+	tf.ok(&fsmv1.Decide{TaskId: id, ToolCallId: "call-1", Approved: false, Comment: "no", Time: timestamppb.New(t0)})
+	tf.ok(&fsmv1.AppendEvents{TaskId: id, LeaseEpoch: 1, Events: []*warrenv1.EventInput{{Kind: KindParked}}, Time: timestamppb.New(t0)})
+	if tk := tf.mustTask(id); tk.GetState() != warrenv1.TaskState_TASK_STATE_PENDING || tk.GetParked() {
+		t.Fatalf("task: %v", tk)
+	}
+}
+
+// A node that dies while its task waits for approval parks the task
+// rather than placing it elsewhere to wait again; cancelling a parked
+// task ends it at once.
+func TestNodeDownParksWaitingTaskAndCancelEndsIt(t *testing.T) {
+	tf := newTestFSM(t)
+	tf.registerNode("n1", 4)
+	id := tf.waitingTask()
+	tf.ok(&fsmv1.NodeOp{Id: "n1", Op: fsmv1.NodeOp_OP_DOWN, Reason: "no heartbeat", Time: timestamppb.New(t0)})
+	tk := tf.mustTask(id)
+	if tk.GetState() != warrenv1.TaskState_TASK_STATE_WAITING_APPROVAL || !tk.GetParked() || tk.GetLease().GetNode() != "" {
+		t.Fatalf("task after its node died: %v", tk)
+	}
+	evs := tf.events(id)
+	if last := evs[len(evs)-1]; last.GetKind() != KindParked {
+		t.Fatalf("last event: %s", kindsOf(evs))
+	}
+	tf.ok(&fsmv1.CancelTask{TaskId: id, Time: timestamppb.New(t0)})
+	if tk := tf.mustTask(id); tk.GetState() != warrenv1.TaskState_TASK_STATE_CANCELLED || tk.GetParked() {
+		t.Fatalf("cancelled parked task: %v", tk)
+	}
+}
+
+// The task record sums its model calls' usage and cost.
+func TestTaskSumsModelUsage(t *testing.T) {
+	tf := newTestFSM(t)
+	id := tf.create("").GetId()
+	call := func(p string) *warrenv1.EventInput {
+		return &warrenv1.EventInput{Kind: KindModelCall, Payload: []byte(p)}
+	}
+	tf.ok(&fsmv1.AppendEvents{TaskId: id, Events: []*warrenv1.EventInput{
+		call(`{"usage":{"input_tokens":100,"cache_write_tokens":900,"cache_read_tokens":0,"output_tokens":50},"cost_micro_usd":4000}`),
+		call(`{"usage":{"input_tokens":100,"cache_write_tokens":0,"cache_read_tokens":1000,"output_tokens":30},"cost_micro_usd":900}`),
+		call(`{}`),
+	}, Time: timestamppb.New(t0)})
+	u := tf.mustTask(id).GetUsage()
+	if u.GetModelCalls() != 3 || u.GetInputTokens() != 200 || u.GetCacheWriteTokens() != 900 || u.GetCacheReadTokens() != 1000 ||
+		u.GetOutputTokens() != 80 || u.GetCostMicroUsd() != 4900 || u.GetCacheHitRate() != 1000.0/2100 {
+		t.Fatalf("usage = %v", u)
+	}
+}

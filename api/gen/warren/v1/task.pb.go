@@ -482,8 +482,15 @@ type Task struct {
 	Resume bool `protobuf:"varint,11,opt,name=resume,proto3" json:"resume,omitempty"`
 	// The node the task was last lost from; placement avoids it.
 	LastFailedNode string `protobuf:"bytes,12,opt,name=last_failed_node,json=lastFailedNode,proto3" json:"last_failed_node,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Set while a task waiting for approval holds no node: its sandbox was
+	// released after the node's grace period (or its node died), and its
+	// workspace is the last checkpoint on the log. The last decision puts it
+	// back to pending, and it resumes on any node.
+	Parked bool `protobuf:"varint,13,opt,name=parked,proto3" json:"parked,omitempty"`
+	// What the task's model calls used, summed from its model_call events.
+	Usage         *Usage `protobuf:"bytes,14,opt,name=usage,proto3" json:"usage,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Task) Reset() {
@@ -600,6 +607,115 @@ func (x *Task) GetLastFailedNode() string {
 	return ""
 }
 
+func (x *Task) GetParked() bool {
+	if x != nil {
+		return x.Parked
+	}
+	return false
+}
+
+func (x *Task) GetUsage() *Usage {
+	if x != nil {
+		return x.Usage
+	}
+	return nil
+}
+
+// Usage is what model calls used and cost.
+type Usage struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	ModelCalls       uint64                 `protobuf:"varint,1,opt,name=model_calls,json=modelCalls,proto3" json:"model_calls,omitempty"`
+	InputTokens      uint64                 `protobuf:"varint,2,opt,name=input_tokens,json=inputTokens,proto3" json:"input_tokens,omitempty"`
+	CacheWriteTokens uint64                 `protobuf:"varint,3,opt,name=cache_write_tokens,json=cacheWriteTokens,proto3" json:"cache_write_tokens,omitempty"`
+	CacheReadTokens  uint64                 `protobuf:"varint,4,opt,name=cache_read_tokens,json=cacheReadTokens,proto3" json:"cache_read_tokens,omitempty"`
+	OutputTokens     uint64                 `protobuf:"varint,5,opt,name=output_tokens,json=outputTokens,proto3" json:"output_tokens,omitempty"`
+	// Cost in millionths of a US dollar, from the node's price table.
+	CostMicroUsd uint64 `protobuf:"varint,6,opt,name=cost_micro_usd,json=costMicroUsd,proto3" json:"cost_micro_usd,omitempty"`
+	// cache_read_tokens / (input + cache_write + cache_read tokens).
+	CacheHitRate  float64 `protobuf:"fixed64,7,opt,name=cache_hit_rate,json=cacheHitRate,proto3" json:"cache_hit_rate,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Usage) Reset() {
+	*x = Usage{}
+	mi := &file_warren_v1_task_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Usage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Usage) ProtoMessage() {}
+
+func (x *Usage) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_task_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Usage.ProtoReflect.Descriptor instead.
+func (*Usage) Descriptor() ([]byte, []int) {
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *Usage) GetModelCalls() uint64 {
+	if x != nil {
+		return x.ModelCalls
+	}
+	return 0
+}
+
+func (x *Usage) GetInputTokens() uint64 {
+	if x != nil {
+		return x.InputTokens
+	}
+	return 0
+}
+
+func (x *Usage) GetCacheWriteTokens() uint64 {
+	if x != nil {
+		return x.CacheWriteTokens
+	}
+	return 0
+}
+
+func (x *Usage) GetCacheReadTokens() uint64 {
+	if x != nil {
+		return x.CacheReadTokens
+	}
+	return 0
+}
+
+func (x *Usage) GetOutputTokens() uint64 {
+	if x != nil {
+		return x.OutputTokens
+	}
+	return 0
+}
+
+func (x *Usage) GetCostMicroUsd() uint64 {
+	if x != nil {
+		return x.CostMicroUsd
+	}
+	return 0
+}
+
+func (x *Usage) GetCacheHitRate() float64 {
+	if x != nil {
+		return x.CacheHitRate
+	}
+	return 0
+}
+
 // Event is one entry of a task's append-only log.
 type Event struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
@@ -619,7 +735,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_warren_v1_task_proto_msgTypes[5]
+	mi := &file_warren_v1_task_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -631,7 +747,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[5]
+	mi := &file_warren_v1_task_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -644,7 +760,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{5}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Event) GetTaskId() string {
@@ -700,7 +816,7 @@ type EventInput struct {
 
 func (x *EventInput) Reset() {
 	*x = EventInput{}
-	mi := &file_warren_v1_task_proto_msgTypes[6]
+	mi := &file_warren_v1_task_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -712,7 +828,7 @@ func (x *EventInput) String() string {
 func (*EventInput) ProtoMessage() {}
 
 func (x *EventInput) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[6]
+	mi := &file_warren_v1_task_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -725,7 +841,7 @@ func (x *EventInput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventInput.ProtoReflect.Descriptor instead.
 func (*EventInput) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{6}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *EventInput) GetKind() string {
@@ -755,7 +871,7 @@ type CreateTaskRequest struct {
 
 func (x *CreateTaskRequest) Reset() {
 	*x = CreateTaskRequest{}
-	mi := &file_warren_v1_task_proto_msgTypes[7]
+	mi := &file_warren_v1_task_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -767,7 +883,7 @@ func (x *CreateTaskRequest) String() string {
 func (*CreateTaskRequest) ProtoMessage() {}
 
 func (x *CreateTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[7]
+	mi := &file_warren_v1_task_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -780,7 +896,7 @@ func (x *CreateTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTaskRequest.ProtoReflect.Descriptor instead.
 func (*CreateTaskRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{7}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CreateTaskRequest) GetRequestId() string {
@@ -815,7 +931,7 @@ type CreateTaskResponse struct {
 
 func (x *CreateTaskResponse) Reset() {
 	*x = CreateTaskResponse{}
-	mi := &file_warren_v1_task_proto_msgTypes[8]
+	mi := &file_warren_v1_task_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -827,7 +943,7 @@ func (x *CreateTaskResponse) String() string {
 func (*CreateTaskResponse) ProtoMessage() {}
 
 func (x *CreateTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[8]
+	mi := &file_warren_v1_task_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -840,7 +956,7 @@ func (x *CreateTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTaskResponse.ProtoReflect.Descriptor instead.
 func (*CreateTaskResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{8}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CreateTaskResponse) GetTask() *Task {
@@ -868,7 +984,7 @@ type CreateTasksRequest struct {
 
 func (x *CreateTasksRequest) Reset() {
 	*x = CreateTasksRequest{}
-	mi := &file_warren_v1_task_proto_msgTypes[9]
+	mi := &file_warren_v1_task_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -880,7 +996,7 @@ func (x *CreateTasksRequest) String() string {
 func (*CreateTasksRequest) ProtoMessage() {}
 
 func (x *CreateTasksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[9]
+	mi := &file_warren_v1_task_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -893,7 +1009,7 @@ func (x *CreateTasksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTasksRequest.ProtoReflect.Descriptor instead.
 func (*CreateTasksRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{9}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CreateTasksRequest) GetTasks() []*CreateTaskRequest {
@@ -917,7 +1033,7 @@ type CreateTasksResult struct {
 
 func (x *CreateTasksResult) Reset() {
 	*x = CreateTasksResult{}
-	mi := &file_warren_v1_task_proto_msgTypes[10]
+	mi := &file_warren_v1_task_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -929,7 +1045,7 @@ func (x *CreateTasksResult) String() string {
 func (*CreateTasksResult) ProtoMessage() {}
 
 func (x *CreateTasksResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[10]
+	mi := &file_warren_v1_task_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -942,7 +1058,7 @@ func (x *CreateTasksResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTasksResult.ProtoReflect.Descriptor instead.
 func (*CreateTasksResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{10}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CreateTasksResult) GetTask() *Task {
@@ -983,7 +1099,7 @@ type CreateTasksResponse struct {
 
 func (x *CreateTasksResponse) Reset() {
 	*x = CreateTasksResponse{}
-	mi := &file_warren_v1_task_proto_msgTypes[11]
+	mi := &file_warren_v1_task_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -995,7 +1111,7 @@ func (x *CreateTasksResponse) String() string {
 func (*CreateTasksResponse) ProtoMessage() {}
 
 func (x *CreateTasksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[11]
+	mi := &file_warren_v1_task_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1008,7 +1124,7 @@ func (x *CreateTasksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTasksResponse.ProtoReflect.Descriptor instead.
 func (*CreateTasksResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{11}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CreateTasksResponse) GetResults() []*CreateTasksResult {
@@ -1027,7 +1143,7 @@ type GetTaskRequest struct {
 
 func (x *GetTaskRequest) Reset() {
 	*x = GetTaskRequest{}
-	mi := &file_warren_v1_task_proto_msgTypes[12]
+	mi := &file_warren_v1_task_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1039,7 +1155,7 @@ func (x *GetTaskRequest) String() string {
 func (*GetTaskRequest) ProtoMessage() {}
 
 func (x *GetTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[12]
+	mi := &file_warren_v1_task_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1052,7 +1168,7 @@ func (x *GetTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTaskRequest.ProtoReflect.Descriptor instead.
 func (*GetTaskRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{12}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GetTaskRequest) GetId() string {
@@ -1071,7 +1187,7 @@ type GetTaskResponse struct {
 
 func (x *GetTaskResponse) Reset() {
 	*x = GetTaskResponse{}
-	mi := &file_warren_v1_task_proto_msgTypes[13]
+	mi := &file_warren_v1_task_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1083,7 +1199,7 @@ func (x *GetTaskResponse) String() string {
 func (*GetTaskResponse) ProtoMessage() {}
 
 func (x *GetTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[13]
+	mi := &file_warren_v1_task_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1096,7 +1212,7 @@ func (x *GetTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTaskResponse.ProtoReflect.Descriptor instead.
 func (*GetTaskResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{13}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetTaskResponse) GetTask() *Task {
@@ -1120,7 +1236,7 @@ type ListTasksRequest struct {
 
 func (x *ListTasksRequest) Reset() {
 	*x = ListTasksRequest{}
-	mi := &file_warren_v1_task_proto_msgTypes[14]
+	mi := &file_warren_v1_task_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1132,7 +1248,7 @@ func (x *ListTasksRequest) String() string {
 func (*ListTasksRequest) ProtoMessage() {}
 
 func (x *ListTasksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[14]
+	mi := &file_warren_v1_task_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1145,7 +1261,7 @@ func (x *ListTasksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTasksRequest.ProtoReflect.Descriptor instead.
 func (*ListTasksRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{14}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListTasksRequest) GetState() TaskState {
@@ -1180,7 +1296,7 @@ type ListTasksResponse struct {
 
 func (x *ListTasksResponse) Reset() {
 	*x = ListTasksResponse{}
-	mi := &file_warren_v1_task_proto_msgTypes[15]
+	mi := &file_warren_v1_task_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1192,7 +1308,7 @@ func (x *ListTasksResponse) String() string {
 func (*ListTasksResponse) ProtoMessage() {}
 
 func (x *ListTasksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[15]
+	mi := &file_warren_v1_task_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1205,7 +1321,7 @@ func (x *ListTasksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTasksResponse.ProtoReflect.Descriptor instead.
 func (*ListTasksResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{15}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListTasksResponse) GetTasks() []*Task {
@@ -1237,7 +1353,7 @@ type AppendEventsRequest struct {
 
 func (x *AppendEventsRequest) Reset() {
 	*x = AppendEventsRequest{}
-	mi := &file_warren_v1_task_proto_msgTypes[16]
+	mi := &file_warren_v1_task_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1249,7 +1365,7 @@ func (x *AppendEventsRequest) String() string {
 func (*AppendEventsRequest) ProtoMessage() {}
 
 func (x *AppendEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[16]
+	mi := &file_warren_v1_task_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1262,7 +1378,7 @@ func (x *AppendEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendEventsRequest.ProtoReflect.Descriptor instead.
 func (*AppendEventsRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{16}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *AppendEventsRequest) GetTaskId() string {
@@ -1306,7 +1422,7 @@ type AppendEventsResponse struct {
 
 func (x *AppendEventsResponse) Reset() {
 	*x = AppendEventsResponse{}
-	mi := &file_warren_v1_task_proto_msgTypes[17]
+	mi := &file_warren_v1_task_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1318,7 +1434,7 @@ func (x *AppendEventsResponse) String() string {
 func (*AppendEventsResponse) ProtoMessage() {}
 
 func (x *AppendEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[17]
+	mi := &file_warren_v1_task_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1331,7 +1447,7 @@ func (x *AppendEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendEventsResponse.ProtoReflect.Descriptor instead.
 func (*AppendEventsResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{17}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *AppendEventsResponse) GetFirstSeq() uint64 {
@@ -1366,7 +1482,7 @@ type AppendEventsBatchRequest struct {
 
 func (x *AppendEventsBatchRequest) Reset() {
 	*x = AppendEventsBatchRequest{}
-	mi := &file_warren_v1_task_proto_msgTypes[18]
+	mi := &file_warren_v1_task_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1378,7 +1494,7 @@ func (x *AppendEventsBatchRequest) String() string {
 func (*AppendEventsBatchRequest) ProtoMessage() {}
 
 func (x *AppendEventsBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[18]
+	mi := &file_warren_v1_task_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1391,7 +1507,7 @@ func (x *AppendEventsBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendEventsBatchRequest.ProtoReflect.Descriptor instead.
 func (*AppendEventsBatchRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{18}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *AppendEventsBatchRequest) GetAppends() []*AppendEventsRequest {
@@ -1418,7 +1534,7 @@ type AppendEventsResult struct {
 
 func (x *AppendEventsResult) Reset() {
 	*x = AppendEventsResult{}
-	mi := &file_warren_v1_task_proto_msgTypes[19]
+	mi := &file_warren_v1_task_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1430,7 +1546,7 @@ func (x *AppendEventsResult) String() string {
 func (*AppendEventsResult) ProtoMessage() {}
 
 func (x *AppendEventsResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[19]
+	mi := &file_warren_v1_task_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1443,7 +1559,7 @@ func (x *AppendEventsResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendEventsResult.ProtoReflect.Descriptor instead.
 func (*AppendEventsResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{19}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *AppendEventsResult) GetFirstSeq() uint64 {
@@ -1491,7 +1607,7 @@ type AppendEventsBatchResponse struct {
 
 func (x *AppendEventsBatchResponse) Reset() {
 	*x = AppendEventsBatchResponse{}
-	mi := &file_warren_v1_task_proto_msgTypes[20]
+	mi := &file_warren_v1_task_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1503,7 +1619,7 @@ func (x *AppendEventsBatchResponse) String() string {
 func (*AppendEventsBatchResponse) ProtoMessage() {}
 
 func (x *AppendEventsBatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[20]
+	mi := &file_warren_v1_task_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1516,7 +1632,7 @@ func (x *AppendEventsBatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendEventsBatchResponse.ProtoReflect.Descriptor instead.
 func (*AppendEventsBatchResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{20}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *AppendEventsBatchResponse) GetResults() []*AppendEventsResult {
@@ -1537,7 +1653,7 @@ type StreamEventsRequest struct {
 
 func (x *StreamEventsRequest) Reset() {
 	*x = StreamEventsRequest{}
-	mi := &file_warren_v1_task_proto_msgTypes[21]
+	mi := &file_warren_v1_task_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1549,7 +1665,7 @@ func (x *StreamEventsRequest) String() string {
 func (*StreamEventsRequest) ProtoMessage() {}
 
 func (x *StreamEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[21]
+	mi := &file_warren_v1_task_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1562,7 +1678,7 @@ func (x *StreamEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamEventsRequest.ProtoReflect.Descriptor instead.
 func (*StreamEventsRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{21}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *StreamEventsRequest) GetTaskId() string {
@@ -1588,7 +1704,7 @@ type StreamEventsResponse struct {
 
 func (x *StreamEventsResponse) Reset() {
 	*x = StreamEventsResponse{}
-	mi := &file_warren_v1_task_proto_msgTypes[22]
+	mi := &file_warren_v1_task_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1600,7 +1716,7 @@ func (x *StreamEventsResponse) String() string {
 func (*StreamEventsResponse) ProtoMessage() {}
 
 func (x *StreamEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[22]
+	mi := &file_warren_v1_task_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1613,7 +1729,7 @@ func (x *StreamEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamEventsResponse.ProtoReflect.Descriptor instead.
 func (*StreamEventsResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{22}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *StreamEventsResponse) GetEvent() *Event {
@@ -1636,7 +1752,7 @@ type ListEventsRequest struct {
 
 func (x *ListEventsRequest) Reset() {
 	*x = ListEventsRequest{}
-	mi := &file_warren_v1_task_proto_msgTypes[23]
+	mi := &file_warren_v1_task_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1648,7 +1764,7 @@ func (x *ListEventsRequest) String() string {
 func (*ListEventsRequest) ProtoMessage() {}
 
 func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[23]
+	mi := &file_warren_v1_task_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1661,7 +1777,7 @@ func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListEventsRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{23}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListEventsRequest) GetTaskId() string {
@@ -1696,7 +1812,7 @@ type ListEventsResponse struct {
 
 func (x *ListEventsResponse) Reset() {
 	*x = ListEventsResponse{}
-	mi := &file_warren_v1_task_proto_msgTypes[24]
+	mi := &file_warren_v1_task_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1708,7 +1824,7 @@ func (x *ListEventsResponse) String() string {
 func (*ListEventsResponse) ProtoMessage() {}
 
 func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[24]
+	mi := &file_warren_v1_task_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1721,7 +1837,7 @@ func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListEventsResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{24}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListEventsResponse) GetEvents() []*Event {
@@ -1743,7 +1859,7 @@ type SendMessageRequest struct {
 
 func (x *SendMessageRequest) Reset() {
 	*x = SendMessageRequest{}
-	mi := &file_warren_v1_task_proto_msgTypes[25]
+	mi := &file_warren_v1_task_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1755,7 +1871,7 @@ func (x *SendMessageRequest) String() string {
 func (*SendMessageRequest) ProtoMessage() {}
 
 func (x *SendMessageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[25]
+	mi := &file_warren_v1_task_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1768,7 +1884,7 @@ func (x *SendMessageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendMessageRequest.ProtoReflect.Descriptor instead.
 func (*SendMessageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{25}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *SendMessageRequest) GetTaskId() string {
@@ -1801,7 +1917,7 @@ type SendMessageResponse struct {
 
 func (x *SendMessageResponse) Reset() {
 	*x = SendMessageResponse{}
-	mi := &file_warren_v1_task_proto_msgTypes[26]
+	mi := &file_warren_v1_task_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1813,7 +1929,7 @@ func (x *SendMessageResponse) String() string {
 func (*SendMessageResponse) ProtoMessage() {}
 
 func (x *SendMessageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[26]
+	mi := &file_warren_v1_task_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1826,7 +1942,7 @@ func (x *SendMessageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendMessageResponse.ProtoReflect.Descriptor instead.
 func (*SendMessageResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{26}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *SendMessageResponse) GetSeq() uint64 {
@@ -1849,7 +1965,7 @@ type DecideRequest struct {
 
 func (x *DecideRequest) Reset() {
 	*x = DecideRequest{}
-	mi := &file_warren_v1_task_proto_msgTypes[27]
+	mi := &file_warren_v1_task_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1861,7 +1977,7 @@ func (x *DecideRequest) String() string {
 func (*DecideRequest) ProtoMessage() {}
 
 func (x *DecideRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[27]
+	mi := &file_warren_v1_task_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1874,7 +1990,7 @@ func (x *DecideRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideRequest.ProtoReflect.Descriptor instead.
 func (*DecideRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{27}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *DecideRequest) GetTaskId() string {
@@ -1914,7 +2030,7 @@ type DecideResponse struct {
 
 func (x *DecideResponse) Reset() {
 	*x = DecideResponse{}
-	mi := &file_warren_v1_task_proto_msgTypes[28]
+	mi := &file_warren_v1_task_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1926,7 +2042,7 @@ func (x *DecideResponse) String() string {
 func (*DecideResponse) ProtoMessage() {}
 
 func (x *DecideResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[28]
+	mi := &file_warren_v1_task_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1939,7 +2055,7 @@ func (x *DecideResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideResponse.ProtoReflect.Descriptor instead.
 func (*DecideResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{28}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *DecideResponse) GetSeq() uint64 {
@@ -1961,7 +2077,7 @@ type CancelTaskRequest struct {
 
 func (x *CancelTaskRequest) Reset() {
 	*x = CancelTaskRequest{}
-	mi := &file_warren_v1_task_proto_msgTypes[29]
+	mi := &file_warren_v1_task_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1973,7 +2089,7 @@ func (x *CancelTaskRequest) String() string {
 func (*CancelTaskRequest) ProtoMessage() {}
 
 func (x *CancelTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[29]
+	mi := &file_warren_v1_task_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1986,7 +2102,7 @@ func (x *CancelTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelTaskRequest.ProtoReflect.Descriptor instead.
 func (*CancelTaskRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{29}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *CancelTaskRequest) GetTaskId() string {
@@ -2019,7 +2135,7 @@ type CancelTaskResponse struct {
 
 func (x *CancelTaskResponse) Reset() {
 	*x = CancelTaskResponse{}
-	mi := &file_warren_v1_task_proto_msgTypes[30]
+	mi := &file_warren_v1_task_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2031,7 +2147,7 @@ func (x *CancelTaskResponse) String() string {
 func (*CancelTaskResponse) ProtoMessage() {}
 
 func (x *CancelTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[30]
+	mi := &file_warren_v1_task_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2044,7 +2160,7 @@ func (x *CancelTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelTaskResponse.ProtoReflect.Descriptor instead.
 func (*CancelTaskResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{30}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *CancelTaskResponse) GetTask() *Task {
@@ -2095,7 +2211,7 @@ const file_warren_v1_task_proto_rawDesc = "" +
 	"\acommand\x18\x04 \x01(\tR\acommand\"1\n" +
 	"\x05Lease\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
-	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"\xd6\x03\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"\x96\x04\n" +
 	"\x04Task\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12'\n" +
@@ -2111,7 +2227,18 @@ const file_warren_v1_task_proto_rawDesc = "" +
 	"\x10cancel_requested\x18\n" +
 	" \x01(\bR\x0fcancelRequested\x12\x16\n" +
 	"\x06resume\x18\v \x01(\bR\x06resume\x12(\n" +
-	"\x10last_failed_node\x18\f \x01(\tR\x0elastFailedNode\"\xa6\x01\n" +
+	"\x10last_failed_node\x18\f \x01(\tR\x0elastFailedNode\x12\x16\n" +
+	"\x06parked\x18\r \x01(\bR\x06parked\x12&\n" +
+	"\x05usage\x18\x0e \x01(\v2\x10.warren.v1.UsageR\x05usage\"\x96\x02\n" +
+	"\x05Usage\x12\x1f\n" +
+	"\vmodel_calls\x18\x01 \x01(\x04R\n" +
+	"modelCalls\x12!\n" +
+	"\finput_tokens\x18\x02 \x01(\x04R\vinputTokens\x12,\n" +
+	"\x12cache_write_tokens\x18\x03 \x01(\x04R\x10cacheWriteTokens\x12*\n" +
+	"\x11cache_read_tokens\x18\x04 \x01(\x04R\x0fcacheReadTokens\x12#\n" +
+	"\routput_tokens\x18\x05 \x01(\x04R\foutputTokens\x12$\n" +
+	"\x0ecost_micro_usd\x18\x06 \x01(\x04R\fcostMicroUsd\x12$\n" +
+	"\x0ecache_hit_rate\x18\a \x01(\x01R\fcacheHitRate\"\xa6\x01\n" +
 	"\x05Event\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12.\n" +
@@ -2248,7 +2375,7 @@ func file_warren_v1_task_proto_rawDescGZIP() []byte {
 }
 
 var file_warren_v1_task_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_warren_v1_task_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_warren_v1_task_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_warren_v1_task_proto_goTypes = []any{
 	(TaskState)(0),                    // 0: warren.v1.TaskState
 	(*Budgets)(nil),                   // 1: warren.v1.Budgets
@@ -2256,90 +2383,92 @@ var file_warren_v1_task_proto_goTypes = []any{
 	(*Script)(nil),                    // 3: warren.v1.Script
 	(*Lease)(nil),                     // 4: warren.v1.Lease
 	(*Task)(nil),                      // 5: warren.v1.Task
-	(*Event)(nil),                     // 6: warren.v1.Event
-	(*EventInput)(nil),                // 7: warren.v1.EventInput
-	(*CreateTaskRequest)(nil),         // 8: warren.v1.CreateTaskRequest
-	(*CreateTaskResponse)(nil),        // 9: warren.v1.CreateTaskResponse
-	(*CreateTasksRequest)(nil),        // 10: warren.v1.CreateTasksRequest
-	(*CreateTasksResult)(nil),         // 11: warren.v1.CreateTasksResult
-	(*CreateTasksResponse)(nil),       // 12: warren.v1.CreateTasksResponse
-	(*GetTaskRequest)(nil),            // 13: warren.v1.GetTaskRequest
-	(*GetTaskResponse)(nil),           // 14: warren.v1.GetTaskResponse
-	(*ListTasksRequest)(nil),          // 15: warren.v1.ListTasksRequest
-	(*ListTasksResponse)(nil),         // 16: warren.v1.ListTasksResponse
-	(*AppendEventsRequest)(nil),       // 17: warren.v1.AppendEventsRequest
-	(*AppendEventsResponse)(nil),      // 18: warren.v1.AppendEventsResponse
-	(*AppendEventsBatchRequest)(nil),  // 19: warren.v1.AppendEventsBatchRequest
-	(*AppendEventsResult)(nil),        // 20: warren.v1.AppendEventsResult
-	(*AppendEventsBatchResponse)(nil), // 21: warren.v1.AppendEventsBatchResponse
-	(*StreamEventsRequest)(nil),       // 22: warren.v1.StreamEventsRequest
-	(*StreamEventsResponse)(nil),      // 23: warren.v1.StreamEventsResponse
-	(*ListEventsRequest)(nil),         // 24: warren.v1.ListEventsRequest
-	(*ListEventsResponse)(nil),        // 25: warren.v1.ListEventsResponse
-	(*SendMessageRequest)(nil),        // 26: warren.v1.SendMessageRequest
-	(*SendMessageResponse)(nil),       // 27: warren.v1.SendMessageResponse
-	(*DecideRequest)(nil),             // 28: warren.v1.DecideRequest
-	(*DecideResponse)(nil),            // 29: warren.v1.DecideResponse
-	(*CancelTaskRequest)(nil),         // 30: warren.v1.CancelTaskRequest
-	(*CancelTaskResponse)(nil),        // 31: warren.v1.CancelTaskResponse
-	nil,                               // 32: warren.v1.TaskSpec.LabelsEntry
-	(*Resources)(nil),                 // 33: warren.v1.Resources
-	(*timestamppb.Timestamp)(nil),     // 34: google.protobuf.Timestamp
+	(*Usage)(nil),                     // 6: warren.v1.Usage
+	(*Event)(nil),                     // 7: warren.v1.Event
+	(*EventInput)(nil),                // 8: warren.v1.EventInput
+	(*CreateTaskRequest)(nil),         // 9: warren.v1.CreateTaskRequest
+	(*CreateTaskResponse)(nil),        // 10: warren.v1.CreateTaskResponse
+	(*CreateTasksRequest)(nil),        // 11: warren.v1.CreateTasksRequest
+	(*CreateTasksResult)(nil),         // 12: warren.v1.CreateTasksResult
+	(*CreateTasksResponse)(nil),       // 13: warren.v1.CreateTasksResponse
+	(*GetTaskRequest)(nil),            // 14: warren.v1.GetTaskRequest
+	(*GetTaskResponse)(nil),           // 15: warren.v1.GetTaskResponse
+	(*ListTasksRequest)(nil),          // 16: warren.v1.ListTasksRequest
+	(*ListTasksResponse)(nil),         // 17: warren.v1.ListTasksResponse
+	(*AppendEventsRequest)(nil),       // 18: warren.v1.AppendEventsRequest
+	(*AppendEventsResponse)(nil),      // 19: warren.v1.AppendEventsResponse
+	(*AppendEventsBatchRequest)(nil),  // 20: warren.v1.AppendEventsBatchRequest
+	(*AppendEventsResult)(nil),        // 21: warren.v1.AppendEventsResult
+	(*AppendEventsBatchResponse)(nil), // 22: warren.v1.AppendEventsBatchResponse
+	(*StreamEventsRequest)(nil),       // 23: warren.v1.StreamEventsRequest
+	(*StreamEventsResponse)(nil),      // 24: warren.v1.StreamEventsResponse
+	(*ListEventsRequest)(nil),         // 25: warren.v1.ListEventsRequest
+	(*ListEventsResponse)(nil),        // 26: warren.v1.ListEventsResponse
+	(*SendMessageRequest)(nil),        // 27: warren.v1.SendMessageRequest
+	(*SendMessageResponse)(nil),       // 28: warren.v1.SendMessageResponse
+	(*DecideRequest)(nil),             // 29: warren.v1.DecideRequest
+	(*DecideResponse)(nil),            // 30: warren.v1.DecideResponse
+	(*CancelTaskRequest)(nil),         // 31: warren.v1.CancelTaskRequest
+	(*CancelTaskResponse)(nil),        // 32: warren.v1.CancelTaskResponse
+	nil,                               // 33: warren.v1.TaskSpec.LabelsEntry
+	(*Resources)(nil),                 // 34: warren.v1.Resources
+	(*timestamppb.Timestamp)(nil),     // 35: google.protobuf.Timestamp
 }
 var file_warren_v1_task_proto_depIdxs = []int32{
 	1,  // 0: warren.v1.TaskSpec.budgets:type_name -> warren.v1.Budgets
-	32, // 1: warren.v1.TaskSpec.labels:type_name -> warren.v1.TaskSpec.LabelsEntry
-	33, // 2: warren.v1.TaskSpec.resources:type_name -> warren.v1.Resources
+	33, // 1: warren.v1.TaskSpec.labels:type_name -> warren.v1.TaskSpec.LabelsEntry
+	34, // 2: warren.v1.TaskSpec.resources:type_name -> warren.v1.Resources
 	3,  // 3: warren.v1.TaskSpec.script:type_name -> warren.v1.Script
 	2,  // 4: warren.v1.Task.spec:type_name -> warren.v1.TaskSpec
 	0,  // 5: warren.v1.Task.state:type_name -> warren.v1.TaskState
-	34, // 6: warren.v1.Task.created_at:type_name -> google.protobuf.Timestamp
-	34, // 7: warren.v1.Task.updated_at:type_name -> google.protobuf.Timestamp
+	35, // 6: warren.v1.Task.created_at:type_name -> google.protobuf.Timestamp
+	35, // 7: warren.v1.Task.updated_at:type_name -> google.protobuf.Timestamp
 	4,  // 8: warren.v1.Task.lease:type_name -> warren.v1.Lease
-	34, // 9: warren.v1.Event.time:type_name -> google.protobuf.Timestamp
-	2,  // 10: warren.v1.CreateTaskRequest.spec:type_name -> warren.v1.TaskSpec
-	5,  // 11: warren.v1.CreateTaskResponse.task:type_name -> warren.v1.Task
-	8,  // 12: warren.v1.CreateTasksRequest.tasks:type_name -> warren.v1.CreateTaskRequest
-	5,  // 13: warren.v1.CreateTasksResult.task:type_name -> warren.v1.Task
-	11, // 14: warren.v1.CreateTasksResponse.results:type_name -> warren.v1.CreateTasksResult
-	5,  // 15: warren.v1.GetTaskResponse.task:type_name -> warren.v1.Task
-	0,  // 16: warren.v1.ListTasksRequest.state:type_name -> warren.v1.TaskState
-	5,  // 17: warren.v1.ListTasksResponse.tasks:type_name -> warren.v1.Task
-	7,  // 18: warren.v1.AppendEventsRequest.events:type_name -> warren.v1.EventInput
-	17, // 19: warren.v1.AppendEventsBatchRequest.appends:type_name -> warren.v1.AppendEventsRequest
-	20, // 20: warren.v1.AppendEventsBatchResponse.results:type_name -> warren.v1.AppendEventsResult
-	6,  // 21: warren.v1.StreamEventsResponse.event:type_name -> warren.v1.Event
-	6,  // 22: warren.v1.ListEventsResponse.events:type_name -> warren.v1.Event
-	5,  // 23: warren.v1.CancelTaskResponse.task:type_name -> warren.v1.Task
-	8,  // 24: warren.v1.TaskService.CreateTask:input_type -> warren.v1.CreateTaskRequest
-	10, // 25: warren.v1.TaskService.CreateTasks:input_type -> warren.v1.CreateTasksRequest
-	13, // 26: warren.v1.TaskService.GetTask:input_type -> warren.v1.GetTaskRequest
-	15, // 27: warren.v1.TaskService.ListTasks:input_type -> warren.v1.ListTasksRequest
-	17, // 28: warren.v1.TaskService.AppendEvents:input_type -> warren.v1.AppendEventsRequest
-	19, // 29: warren.v1.TaskService.AppendEventsBatch:input_type -> warren.v1.AppendEventsBatchRequest
-	22, // 30: warren.v1.TaskService.StreamEvents:input_type -> warren.v1.StreamEventsRequest
-	24, // 31: warren.v1.TaskService.ListEvents:input_type -> warren.v1.ListEventsRequest
-	26, // 32: warren.v1.TaskService.SendMessage:input_type -> warren.v1.SendMessageRequest
-	28, // 33: warren.v1.TaskService.Approve:input_type -> warren.v1.DecideRequest
-	28, // 34: warren.v1.TaskService.Reject:input_type -> warren.v1.DecideRequest
-	30, // 35: warren.v1.TaskService.CancelTask:input_type -> warren.v1.CancelTaskRequest
-	9,  // 36: warren.v1.TaskService.CreateTask:output_type -> warren.v1.CreateTaskResponse
-	12, // 37: warren.v1.TaskService.CreateTasks:output_type -> warren.v1.CreateTasksResponse
-	14, // 38: warren.v1.TaskService.GetTask:output_type -> warren.v1.GetTaskResponse
-	16, // 39: warren.v1.TaskService.ListTasks:output_type -> warren.v1.ListTasksResponse
-	18, // 40: warren.v1.TaskService.AppendEvents:output_type -> warren.v1.AppendEventsResponse
-	21, // 41: warren.v1.TaskService.AppendEventsBatch:output_type -> warren.v1.AppendEventsBatchResponse
-	23, // 42: warren.v1.TaskService.StreamEvents:output_type -> warren.v1.StreamEventsResponse
-	25, // 43: warren.v1.TaskService.ListEvents:output_type -> warren.v1.ListEventsResponse
-	27, // 44: warren.v1.TaskService.SendMessage:output_type -> warren.v1.SendMessageResponse
-	29, // 45: warren.v1.TaskService.Approve:output_type -> warren.v1.DecideResponse
-	29, // 46: warren.v1.TaskService.Reject:output_type -> warren.v1.DecideResponse
-	31, // 47: warren.v1.TaskService.CancelTask:output_type -> warren.v1.CancelTaskResponse
-	36, // [36:48] is the sub-list for method output_type
-	24, // [24:36] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	6,  // 9: warren.v1.Task.usage:type_name -> warren.v1.Usage
+	35, // 10: warren.v1.Event.time:type_name -> google.protobuf.Timestamp
+	2,  // 11: warren.v1.CreateTaskRequest.spec:type_name -> warren.v1.TaskSpec
+	5,  // 12: warren.v1.CreateTaskResponse.task:type_name -> warren.v1.Task
+	9,  // 13: warren.v1.CreateTasksRequest.tasks:type_name -> warren.v1.CreateTaskRequest
+	5,  // 14: warren.v1.CreateTasksResult.task:type_name -> warren.v1.Task
+	12, // 15: warren.v1.CreateTasksResponse.results:type_name -> warren.v1.CreateTasksResult
+	5,  // 16: warren.v1.GetTaskResponse.task:type_name -> warren.v1.Task
+	0,  // 17: warren.v1.ListTasksRequest.state:type_name -> warren.v1.TaskState
+	5,  // 18: warren.v1.ListTasksResponse.tasks:type_name -> warren.v1.Task
+	8,  // 19: warren.v1.AppendEventsRequest.events:type_name -> warren.v1.EventInput
+	18, // 20: warren.v1.AppendEventsBatchRequest.appends:type_name -> warren.v1.AppendEventsRequest
+	21, // 21: warren.v1.AppendEventsBatchResponse.results:type_name -> warren.v1.AppendEventsResult
+	7,  // 22: warren.v1.StreamEventsResponse.event:type_name -> warren.v1.Event
+	7,  // 23: warren.v1.ListEventsResponse.events:type_name -> warren.v1.Event
+	5,  // 24: warren.v1.CancelTaskResponse.task:type_name -> warren.v1.Task
+	9,  // 25: warren.v1.TaskService.CreateTask:input_type -> warren.v1.CreateTaskRequest
+	11, // 26: warren.v1.TaskService.CreateTasks:input_type -> warren.v1.CreateTasksRequest
+	14, // 27: warren.v1.TaskService.GetTask:input_type -> warren.v1.GetTaskRequest
+	16, // 28: warren.v1.TaskService.ListTasks:input_type -> warren.v1.ListTasksRequest
+	18, // 29: warren.v1.TaskService.AppendEvents:input_type -> warren.v1.AppendEventsRequest
+	20, // 30: warren.v1.TaskService.AppendEventsBatch:input_type -> warren.v1.AppendEventsBatchRequest
+	23, // 31: warren.v1.TaskService.StreamEvents:input_type -> warren.v1.StreamEventsRequest
+	25, // 32: warren.v1.TaskService.ListEvents:input_type -> warren.v1.ListEventsRequest
+	27, // 33: warren.v1.TaskService.SendMessage:input_type -> warren.v1.SendMessageRequest
+	29, // 34: warren.v1.TaskService.Approve:input_type -> warren.v1.DecideRequest
+	29, // 35: warren.v1.TaskService.Reject:input_type -> warren.v1.DecideRequest
+	31, // 36: warren.v1.TaskService.CancelTask:input_type -> warren.v1.CancelTaskRequest
+	10, // 37: warren.v1.TaskService.CreateTask:output_type -> warren.v1.CreateTaskResponse
+	13, // 38: warren.v1.TaskService.CreateTasks:output_type -> warren.v1.CreateTasksResponse
+	15, // 39: warren.v1.TaskService.GetTask:output_type -> warren.v1.GetTaskResponse
+	17, // 40: warren.v1.TaskService.ListTasks:output_type -> warren.v1.ListTasksResponse
+	19, // 41: warren.v1.TaskService.AppendEvents:output_type -> warren.v1.AppendEventsResponse
+	22, // 42: warren.v1.TaskService.AppendEventsBatch:output_type -> warren.v1.AppendEventsBatchResponse
+	24, // 43: warren.v1.TaskService.StreamEvents:output_type -> warren.v1.StreamEventsResponse
+	26, // 44: warren.v1.TaskService.ListEvents:output_type -> warren.v1.ListEventsResponse
+	28, // 45: warren.v1.TaskService.SendMessage:output_type -> warren.v1.SendMessageResponse
+	30, // 46: warren.v1.TaskService.Approve:output_type -> warren.v1.DecideResponse
+	30, // 47: warren.v1.TaskService.Reject:output_type -> warren.v1.DecideResponse
+	32, // 48: warren.v1.TaskService.CancelTask:output_type -> warren.v1.CancelTaskResponse
+	37, // [37:49] is the sub-list for method output_type
+	25, // [25:37] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_warren_v1_task_proto_init() }
@@ -2354,7 +2483,7 @@ func file_warren_v1_task_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warren_v1_task_proto_rawDesc), len(file_warren_v1_task_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   32,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
