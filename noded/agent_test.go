@@ -145,6 +145,14 @@ func buggyRepo(t *testing.T) string {
 // models and logw may be nil.
 func startAgentNode(t *testing.T, imageDir string, models *noded.Models, logw io.Writer) *cluster {
 	t.Helper()
+	c, _ := startAgentNodeWith(t, imageDir, models, logw, nil)
+	return c
+}
+
+// startAgentNodeWith is startAgentNode with the node's config edited by
+// edit (if not nil); it returns the node too.
+func startAgentNodeWith(t *testing.T, imageDir string, models *noded.Models, logw io.Writer, edit func(*noded.Config)) (*cluster, *noded.Daemon) {
+	t.Helper()
 	drv, err := container.New(container.Config{ImageDir: imageDir, StateDir: t.TempDir(), Namespace: "warren-test-agent", Agent: buildGuest(t)})
 	if err != nil {
 		t.Fatal(err)
@@ -154,8 +162,12 @@ func startAgentNode(t *testing.T, imageDir string, models *noded.Models, logw io
 	if logw != nil {
 		log = slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	d, err := noded.Start(noded.Config{ID: "n1", DataDir: filepath.Join(c.dir, "node-n1"), Servers: c.urls(), Driver: drv,
-		Capacity: &warrenv1.Resources{MilliCpu: 100 * 1000, MemoryBytes: 1 << 40}, Models: models, Logger: log})
+	cfg := noded.Config{ID: "n1", DataDir: filepath.Join(c.dir, "node-n1"), Servers: c.urls(), Driver: drv,
+		Capacity: &warrenv1.Resources{MilliCpu: 100 * 1000, MemoryBytes: 1 << 40}, Models: models, Logger: log}
+	if edit != nil {
+		edit(&cfg)
+	}
+	d, err := noded.Start(cfg)
 	if err != nil {
 		drv.Close()
 		t.Fatal(err)
@@ -165,7 +177,7 @@ func startAgentNode(t *testing.T, imageDir string, models *noded.Models, logw io
 		n, err := c.node("n1")
 		return err == nil && n.GetStatus() == warrenv1.NodeStatus_NODE_STATUS_READY
 	})
-	return c
+	return c, d
 }
 
 // checkFixed waits for the task and checks it fixed the repository in its

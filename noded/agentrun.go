@@ -253,7 +253,12 @@ func (a *taskActor) startAgent(c *actor.Context, t *warrenv1.Task) (done bool) {
 		}
 		c.Logger().Info("agent task resumed from its log", "task", a.id, "steps", l.Spent().Steps, "commit", commit)
 		a.loop = l
-		out, err := l.FinishReplayedTurn(ctx)
+		sctx, end := a.stepContext()
+		out, err := l.FinishReplayedTurn(sctx)
+		end()
+		if a.cancelled(c, sctx) {
+			return true
+		}
 		if err != nil {
 			a.failed(c, "finish the replayed turn", err, startMsg{})
 			a.loop = nil
@@ -313,7 +318,12 @@ func (a *taskActor) agentStep(c *actor.Context) {
 		a.failed(c, "read steering messages", err, stepMsg{})
 		return
 	}
-	out, err := a.loop.Step(a.ctx)
+	sctx, end := a.stepContext()
+	out, err := a.loop.Step(sctx)
+	end()
+	if a.cancelled(c, sctx) {
+		return
+	}
 	if err != nil {
 		var he *model.HTTPError
 		if errors.Is(err, model.ErrMalformed) || (errors.As(err, &he) && !he.Retryable()) || strings.Contains(err.Error(), "scripted:") {
@@ -339,7 +349,10 @@ func (a *taskActor) agentOutcome(c *actor.Context, out *agent.Outcome) {
 			a.failed(c, "record waiting", err, stepMsg{})
 			return
 		}
-		c.After(time.Second, approvalPollMsg{toolCallID: out.Approval.ToolCallID})
+		if a.waitSince.IsZero() {
+			a.waitSince = time.Now()
+		}
+		c.After(approvalPoll, approvalPollMsg{toolCallID: out.Approval.ToolCallID})
 		return
 	}
 	// The end: the sandbox's last egress attempts, then the task's last
@@ -372,12 +385,64 @@ func (a *taskActor) agentLog(ctx context.Context, upTo uint64) ([]agent.Event, e
 	return out, nil
 }
 
+// DefaultApprovalGrace is how long a task waiting for approval keeps its
+// sandbox on the node before it parks.
+const DefaultApprovalGrace = time.Minute
+
+// approvalPoll is how often a waiting task looks for its decision.
+const approvalPoll = time.Second
+
+// errCancelRequested ends a step's context when the task is cancelled.
+var errCancelRequested = errors.New("the task was cancelled")
+
+// stepContext is the context of one agent step: it ends when a cancel
+// request reaches the task's log, which interrupts the model call or the
+// command running in the sandbox (the guest kills its process group).
+// Call end when the step is over.
+func (a *taskActor) stepContext() (ctx context.Context, end func()) {
+	ctx, cancel := context.WithCancelCause(a.ctx)
+	after := a.agentSeen
+	go func() {
+		for ctx.Err() == nil {
+			st, err := a.d.cl.Tasks().StreamEvents(ctx, connect.NewRequest(&warrenv1.StreamEventsRequest{TaskId: a.id, AfterSeq: after}))
+			if err == nil {
+				for st.Receive() {
+					e := st.Msg().GetEvent()
+					after = max(after, e.GetSeq())
+					if e.GetKind() == "cancel_requested" {
+						cancel(errCancelRequested)
+					}
+				}
+				st.Close()
+			}
+			select { // the stream broke (a server restarted): again shortly
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+		}
+	}()
+	return ctx, func() { cancel(nil) }
+}
+
+// cancelled reports whether a step's context ended for a cancel request;
+// the actor then records the cancellation.
+func (a *taskActor) cancelled(c *actor.Context, stepCtx context.Context) bool {
+	if !errors.Is(context.Cause(stepCtx), errCancelRequested) || a.ctx.Err() != nil {
+		return false
+	}
+	c.Logger().Info("agent step interrupted: the task was cancelled", "task", a.id)
+	a.cancel = true
+	_ = c.Self().Send(stepMsg{})
+	return true
+}
+
 // pollApproval waits (without a step running) for the decision on a call;
-// then it replays the log, which holds the decision, and goes on.
+// then it replays the log, which holds the decision, and goes on. A task
+// that has waited its grace period parks instead; a cancelled one ends.
 func (a *taskActor) pollApproval(c *actor.Context, m approvalPollMsg) {
 	ctx := a.ctx
 	id := m.toolCallID
-	retry := func(decided bool) { c.After(time.Second, approvalPollMsg{toolCallID: id, decided: decided}) }
+	retry := func(decided bool) { c.After(approvalPoll, approvalPollMsg{toolCallID: id, decided: decided}) }
 	if !m.decided {
 		// Only the events since the last look: a long wait does not read
 		// the whole log every second.
@@ -390,15 +455,31 @@ func (a *taskActor) pollApproval(c *actor.Context, m approvalPollMsg) {
 			var p struct {
 				ID string `json:"tool_call_id"`
 			}
-			if e.GetKind() == "approval_decided" && json.Unmarshal(e.GetPayload(), &p) == nil && p.ID == id {
+			switch {
+			case e.GetKind() == "cancel_requested":
+				a.cancel = true
+			case e.GetKind() == "approval_decided" && json.Unmarshal(e.GetPayload(), &p) == nil && p.ID == id:
 				m.decided = true
 			}
 		}
+		if a.cancel {
+			_ = c.Self().Send(stepMsg{}) // records the cancellation
+			return
+		}
 		if !m.decided {
+			grace := a.d.cfg.ApprovalGrace
+			if grace <= 0 {
+				grace = DefaultApprovalGrace
+			}
+			if time.Since(a.waitSince) >= grace {
+				a.park(c, id)
+				return
+			}
 			retry(false)
 			return
 		}
 	}
+	a.waitSince = time.Time{}
 	all, err := a.agentLog(ctx, a.agentSeen)
 	if err != nil {
 		retry(true)
@@ -412,7 +493,12 @@ func (a *taskActor) pollApproval(c *actor.Context, m approvalPollMsg) {
 		a.failed(c, "record running", err, approvalPollMsg{toolCallID: id, decided: true})
 		return
 	}
-	out, err := a.loop.FinishReplayedTurn(ctx)
+	sctx, end := a.stepContext()
+	out, err := a.loop.FinishReplayedTurn(sctx)
+	end()
+	if a.cancelled(c, sctx) {
+		return
+	}
 	if err != nil {
 		a.failed(c, "run the approved call", err, stepMsg{})
 		return
@@ -422,4 +508,29 @@ func (a *taskActor) pollApproval(c *actor.Context, m approvalPollMsg) {
 		return
 	}
 	_ = c.Self().Send(stepMsg{})
+}
+
+// park lets a task that has waited its grace period for a decision go: it
+// records the sandbox's last egress attempts and a parked event, which
+// frees the task's room on the node and fences this actor off; the actor
+// then ends and its sandbox is destroyed. The workspace is the last
+// checkpoint on the log, and the decision puts the task back to pending
+// to resume (replaying its log) on any node. A decision that lands first
+// is not lost: the servers requeue the task at once.
+func (a *taskActor) park(c *actor.Context, id string) {
+	if err := a.flushEgress(); err != nil {
+		a.failed(c, "record egress", err, parkMsg{toolCallID: id})
+		return
+	}
+	p := map[string]any{"reason": fmt.Sprintf("no decision within %s: the sandbox is released", time.Since(a.waitSince).Round(time.Second)),
+		"tool_call_id": id, "node": a.d.cfg.ID}
+	if a.sb != nil {
+		p["sandbox"] = a.sb.ID()
+	}
+	if _, err := a.append(a.ctx, "agent/parked-"+id, ev("parked", p)); err != nil {
+		a.failed(c, "park", err, parkMsg{toolCallID: id})
+		return
+	}
+	c.Logger().Info("agent task parked until its approval is decided", "task", a.id, "tool_call_id", id)
+	a.finish(c, "parked for approval", &a.d.stats.Parked)
 }

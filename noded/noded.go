@@ -41,11 +41,16 @@ type Config struct {
 	Egress *Egress
 	// Models, if set, is the model gateway's settings for tasks that run
 	// the agent loop (a task with a model_script needs none).
-	Models    *Models
-	Capacity  *warrenv1.Resources
-	Labels    map[string]string
-	Templates []string
-	Address   string // informational, shown in `warren nodes list`
+	Models *Models
+	// ApprovalGrace is how long an agent task waiting for approval keeps
+	// its sandbox and its room on the node; then it parks (its workspace
+	// is the last checkpoint on the log), and the decision resumes it on
+	// any node. 0 means DefaultApprovalGrace.
+	ApprovalGrace time.Duration
+	Capacity      *warrenv1.Resources
+	Labels        map[string]string
+	Templates     []string
+	Address       string // informational, shown in `warren nodes list`
 	// SandboxListen, if set, is the HOST:PORT the node serves its
 	// SandboxService on; servers forward sandbox calls there. Port 0 picks
 	// a free one.
@@ -136,6 +141,7 @@ type Daemon struct {
 // Stats counts what the daemon did (tests and benchmarks read them).
 type Stats struct {
 	Started, Finished, Yielded, StoppedStale, Stopped int
+	Parked                                            int // agent tasks parked to wait for approval
 	Sessions                                          int // sessions opened
 }
 

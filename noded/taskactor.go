@@ -29,6 +29,9 @@ type (
 		toolCallID string
 		decided    bool // found on the log; what is left is to resume
 	}
+	// parkMsg lets a task that waits for approval go (retried until its
+	// parked event lands).
+	parkMsg struct{ toolCallID string }
 	// egressMsg says the sandbox's egress audit has batches queued.
 	egressMsg struct{}
 	// egressBatch is one queued audit batch, numbered for its append's
@@ -78,6 +81,7 @@ type taskActor struct {
 	// the agent loop, for a task that runs one (no scripted steps)
 	agentMode bool
 	agentSeen uint64 // the last seq the loop has looked at (steering)
+	waitSince time.Time
 	loop      *agent.Loop
 	spec      *warrenv1.TaskSpec
 }
@@ -105,6 +109,8 @@ func (a *taskActor) Receive(c *actor.Context, msg any) {
 		a.step(c)
 	case approvalPollMsg:
 		a.pollApproval(c, m)
+	case parkMsg:
+		a.park(c, m.toolCallID)
 	case egressMsg:
 		if err := a.recordEgress(); err != nil {
 			a.failed(c, "record egress", err, egressMsg{})
@@ -217,7 +223,11 @@ func (a *taskActor) start(c *actor.Context) {
 func (a *taskActor) step(c *actor.Context) {
 	ctx := a.ctx
 	if a.cancel {
-		if _, err := a.append(ctx, "cancelled", ev("state_changed", map[string]any{"to": "cancelled", "reason": "cancel requested", "at_step": a.next})); err != nil {
+		at := int64(a.next)
+		if a.loop != nil {
+			at = a.loop.Spent().Steps
+		}
+		if _, err := a.append(ctx, "cancelled", ev("state_changed", map[string]any{"to": "cancelled", "reason": "cancel requested", "at_step": at})); err != nil {
 			a.failed(c, "record cancellation", err, stepMsg{})
 			return
 		}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/warrenhq/warren/agent/model"
 	"github.com/warrenhq/warren/noded"
@@ -14,11 +15,13 @@ import (
 // modelFlags are the node's model gateway settings; credentials come only
 // from the environment.
 type modelFlags struct {
-	prices, tpm string
+	prices, tpm   string
+	approvalGrace time.Duration
 }
 
 func (m *modelFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&m.prices, "model-prices", "", "agent tasks: price table, MODEL=INPUT/CACHE_WRITE/CACHE_READ/OUTPUT in US dollars per million tokens, comma-separated (e.g. claude-sonnet-4-5=3/3.75/0.3/15); a model without a price costs 0 and a cost budget cannot stop it")
+	fs.DurationVar(&m.approvalGrace, "approval-grace", noded.DefaultApprovalGrace, "agent tasks: how long a task waiting for approval keeps its sandbox on the node before it parks (releasing the sandbox and its room; the decision resumes it on any node from its last checkpoint)")
 	fs.StringVar(&m.tpm, "model-tpm", "", "agent tasks: tokens per minute for all the node's tasks on a provider, PROVIDER=N comma-separated (anthropic, openai)")
 }
 

@@ -237,6 +237,10 @@ func (f *nodeFlags) config() (noded.Config, error) {
 	if cfg.Models, err = f.model.models(); err != nil {
 		errs = append(errs, err)
 	}
+	if f.model.approvalGrace < 0 {
+		errs = append(errs, fmt.Errorf("approval-grace: %s is negative", f.model.approvalGrace))
+	}
+	cfg.ApprovalGrace = f.model.approvalGrace
 	if drv != nil && drv.Name() != "sim" {
 		cfg.SandboxListen = f.sandboxListen
 		if cfg.SandboxListen == "" {

@@ -236,6 +236,14 @@ func printTask(w io.Writer, output string, t *warrenv1.Task) error {
 	if len(t.GetPendingApprovals()) > 0 {
 		fmt.Fprintf(tw, "pending approvals\t%s\n", strings.Join(t.GetPendingApprovals(), ", "))
 	}
+	if t.GetParked() {
+		fmt.Fprintf(tw, "parked\tyes: no sandbox is held until the approvals are decided\n")
+	}
+	if u := t.GetUsage(); u.GetModelCalls() > 0 {
+		fmt.Fprintf(tw, "usage\t%d model calls; tokens in %d, cache write %d, cache read %d, out %d; cache hit %.0f%%; $%.4f\n",
+			u.GetModelCalls(), u.GetInputTokens(), u.GetCacheWriteTokens(), u.GetCacheReadTokens(), u.GetOutputTokens(),
+			100*u.GetCacheHitRate(), float64(u.GetCostMicroUsd())/1e6)
+	}
 	fmt.Fprintf(tw, "created\t%s\n", t.GetCreatedAt().AsTime().Format(time.RFC3339))
 	return tw.Flush()
 }
