@@ -178,6 +178,7 @@ func pendingTasks(tasks []*warrenv1.Task) []PendingTask {
 			ID: t.GetId(), Driver: driver, Template: t.GetSpec().GetTemplate(),
 			Needs:     Resources{MilliCPU: needs.GetMilliCpu(), MemoryBytes: needs.GetMemoryBytes()},
 			AvoidNode: t.GetLastFailedNode(),
+			Labels:    t.GetSpec().GetNodeSelector(),
 		}
 	}
 	return out

@@ -149,6 +149,15 @@ func validateCreate(r *warrenv1.CreateTaskRequest) error {
 		}
 		p.text("spec.labels["+truncate(k, 63)+"]", v, false, maxLabelValue, true)
 	}
+	if n := len(s.GetNodeSelector()); n > maxLabels {
+		p.add("spec.node_selector", "%d labels is over the limit of %d", n, maxLabels)
+	}
+	for k, v := range s.GetNodeSelector() {
+		if !reLabelKey.MatchString(k) {
+			p.add("spec.node_selector", "key %q must be 1-63 of a-z, 0-9, '.', '/', '_', '-'", truncate(k, 80))
+		}
+		p.text("spec.node_selector["+truncate(k, 63)+"]", v, false, maxLabelValue, true)
+	}
 	p.text("spec.test_command", s.GetTestCommand(), false, maxTestCommand, false)
 	if r := s.GetResources(); r.GetMilliCpu() < 0 || r.GetMemoryBytes() < 0 {
 		p.add("spec.resources", "must not be negative, got %dm CPU and %d B", r.GetMilliCpu(), r.GetMemoryBytes())

@@ -147,6 +147,7 @@ func taskCreate(args []string, stdout io.Writer) error {
 	stepMillis := fs.Uint("script-step-millis", 200, "how long each scripted step's command runs (ms)")
 	scriptOutput := fs.Uint("script-output-bytes", 0, "size of each scripted step's output")
 	labels := fs.String("labels", "", "comma-separated k=v labels")
+	selector := fs.String("node-selector", "", "comma-separated k=v labels the task's node must carry (see `warren node --labels`)")
 	tenant := fs.String("tenant", "", "tenant (default: default)")
 	reqID := fs.String("request-id", "", "idempotency key (default: random)")
 	quiet := fs.Bool("q", false, "print only the new task's id")
@@ -189,15 +190,11 @@ func taskCreate(args []string, stdout io.Writer) error {
 			spec.Model = "scripted"
 		}
 	}
-	if *labels != "" {
-		spec.Labels = map[string]string{}
-		for _, kv := range strings.Split(*labels, ",") {
-			k, v, ok := strings.Cut(kv, "=")
-			if !ok {
-				return fmt.Errorf("labels: %q is not k=v", kv)
-			}
-			spec.Labels[k] = v
-		}
+	if spec.Labels, err = parseKV("labels", *labels); err != nil {
+		return err
+	}
+	if spec.NodeSelector, err = parseKV("node-selector", *selector); err != nil {
+		return err
 	}
 	if *reqID == "" {
 		*reqID = newRequestID()
@@ -428,4 +425,20 @@ func taskCancel(args []string, stdout io.Writer) error {
 		return err
 	}
 	return printTask(stdout, cf.output, resp.Msg.GetTask())
+}
+
+// parseKV parses "k=v,k=v" for the flag named name; "" is nil.
+func parseKV(name, s string) (map[string]string, error) {
+	if s == "" {
+		return nil, nil
+	}
+	out := map[string]string{}
+	for _, kv := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return nil, fmt.Errorf("%s: %q is not k=v", name, kv)
+		}
+		out[k] = v
+	}
+	return out, nil
 }

@@ -193,7 +193,10 @@ type TaskSpec struct {
 	// Turns for the scripted model provider, JSONL (one assistant turn a
 	// line, at most 1 MiB): the task runs the agent loop on them and no
 	// model is called. Set model to "scripted" (or leave it empty).
-	ModelScript   string `protobuf:"bytes,15,opt,name=model_script,json=modelScript,proto3" json:"model_script,omitempty"`
+	ModelScript string `protobuf:"bytes,15,opt,name=model_script,json=modelScript,proto3" json:"model_script,omitempty"`
+	// Labels the task's node must carry, each with the same value (a node
+	// selector; `warren node --labels`). Empty: any node.
+	NodeSelector  map[string]string `protobuf:"bytes,16,rep,name=node_selector,json=nodeSelector,proto3" json:"node_selector,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -331,6 +334,13 @@ func (x *TaskSpec) GetModelScript() string {
 		return x.ModelScript
 	}
 	return ""
+}
+
+func (x *TaskSpec) GetNodeSelector() map[string]string {
+	if x != nil {
+		return x.NodeSelector
+	}
+	return nil
 }
 
 // Script is a scripted trajectory: steps that each record a tool_call, run
@@ -2180,7 +2190,7 @@ const file_warren_v1_task_proto_rawDesc = "" +
 	"\n" +
 	"max_tokens\x18\x02 \x01(\x03R\tmaxTokens\x12+\n" +
 	"\x12max_cost_micro_usd\x18\x03 \x01(\x03R\x0fmaxCostMicroUsd\x123\n" +
-	"\x16max_wall_clock_seconds\x18\x04 \x01(\x03R\x13maxWallClockSeconds\"\xcd\x04\n" +
+	"\x16max_wall_clock_seconds\x18\x04 \x01(\x03R\x13maxWallClockSeconds\"\xda\x05\n" +
 	"\bTaskSpec\x12\x12\n" +
 	"\x04repo\x18\x01 \x01(\tR\x04repo\x12\x12\n" +
 	"\x04base\x18\x02 \x01(\tR\x04base\x12\x1f\n" +
@@ -2199,8 +2209,12 @@ const file_warren_v1_task_proto_rawDesc = "" +
 	"\x06driver\x18\f \x01(\tR\x06driver\x12)\n" +
 	"\x06script\x18\r \x01(\v2\x11.warren.v1.ScriptR\x06script\x12%\n" +
 	"\x0eegress_profile\x18\x0e \x01(\tR\regressProfile\x12!\n" +
-	"\fmodel_script\x18\x0f \x01(\tR\vmodelScript\x1a9\n" +
+	"\fmodel_script\x18\x0f \x01(\tR\vmodelScript\x12J\n" +
+	"\rnode_selector\x18\x10 \x03(\v2%.warren.v1.TaskSpec.NodeSelectorEntryR\fnodeSelector\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a?\n" +
+	"\x11NodeSelectorEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"|\n" +
 	"\x06Script\x12\x14\n" +
@@ -2375,7 +2389,7 @@ func file_warren_v1_task_proto_rawDescGZIP() []byte {
 }
 
 var file_warren_v1_task_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_warren_v1_task_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_warren_v1_task_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_warren_v1_task_proto_goTypes = []any{
 	(TaskState)(0),                    // 0: warren.v1.TaskState
 	(*Budgets)(nil),                   // 1: warren.v1.Budgets
@@ -2411,64 +2425,66 @@ var file_warren_v1_task_proto_goTypes = []any{
 	(*CancelTaskRequest)(nil),         // 31: warren.v1.CancelTaskRequest
 	(*CancelTaskResponse)(nil),        // 32: warren.v1.CancelTaskResponse
 	nil,                               // 33: warren.v1.TaskSpec.LabelsEntry
-	(*Resources)(nil),                 // 34: warren.v1.Resources
-	(*timestamppb.Timestamp)(nil),     // 35: google.protobuf.Timestamp
+	nil,                               // 34: warren.v1.TaskSpec.NodeSelectorEntry
+	(*Resources)(nil),                 // 35: warren.v1.Resources
+	(*timestamppb.Timestamp)(nil),     // 36: google.protobuf.Timestamp
 }
 var file_warren_v1_task_proto_depIdxs = []int32{
 	1,  // 0: warren.v1.TaskSpec.budgets:type_name -> warren.v1.Budgets
 	33, // 1: warren.v1.TaskSpec.labels:type_name -> warren.v1.TaskSpec.LabelsEntry
-	34, // 2: warren.v1.TaskSpec.resources:type_name -> warren.v1.Resources
+	35, // 2: warren.v1.TaskSpec.resources:type_name -> warren.v1.Resources
 	3,  // 3: warren.v1.TaskSpec.script:type_name -> warren.v1.Script
-	2,  // 4: warren.v1.Task.spec:type_name -> warren.v1.TaskSpec
-	0,  // 5: warren.v1.Task.state:type_name -> warren.v1.TaskState
-	35, // 6: warren.v1.Task.created_at:type_name -> google.protobuf.Timestamp
-	35, // 7: warren.v1.Task.updated_at:type_name -> google.protobuf.Timestamp
-	4,  // 8: warren.v1.Task.lease:type_name -> warren.v1.Lease
-	6,  // 9: warren.v1.Task.usage:type_name -> warren.v1.Usage
-	35, // 10: warren.v1.Event.time:type_name -> google.protobuf.Timestamp
-	2,  // 11: warren.v1.CreateTaskRequest.spec:type_name -> warren.v1.TaskSpec
-	5,  // 12: warren.v1.CreateTaskResponse.task:type_name -> warren.v1.Task
-	9,  // 13: warren.v1.CreateTasksRequest.tasks:type_name -> warren.v1.CreateTaskRequest
-	5,  // 14: warren.v1.CreateTasksResult.task:type_name -> warren.v1.Task
-	12, // 15: warren.v1.CreateTasksResponse.results:type_name -> warren.v1.CreateTasksResult
-	5,  // 16: warren.v1.GetTaskResponse.task:type_name -> warren.v1.Task
-	0,  // 17: warren.v1.ListTasksRequest.state:type_name -> warren.v1.TaskState
-	5,  // 18: warren.v1.ListTasksResponse.tasks:type_name -> warren.v1.Task
-	8,  // 19: warren.v1.AppendEventsRequest.events:type_name -> warren.v1.EventInput
-	18, // 20: warren.v1.AppendEventsBatchRequest.appends:type_name -> warren.v1.AppendEventsRequest
-	21, // 21: warren.v1.AppendEventsBatchResponse.results:type_name -> warren.v1.AppendEventsResult
-	7,  // 22: warren.v1.StreamEventsResponse.event:type_name -> warren.v1.Event
-	7,  // 23: warren.v1.ListEventsResponse.events:type_name -> warren.v1.Event
-	5,  // 24: warren.v1.CancelTaskResponse.task:type_name -> warren.v1.Task
-	9,  // 25: warren.v1.TaskService.CreateTask:input_type -> warren.v1.CreateTaskRequest
-	11, // 26: warren.v1.TaskService.CreateTasks:input_type -> warren.v1.CreateTasksRequest
-	14, // 27: warren.v1.TaskService.GetTask:input_type -> warren.v1.GetTaskRequest
-	16, // 28: warren.v1.TaskService.ListTasks:input_type -> warren.v1.ListTasksRequest
-	18, // 29: warren.v1.TaskService.AppendEvents:input_type -> warren.v1.AppendEventsRequest
-	20, // 30: warren.v1.TaskService.AppendEventsBatch:input_type -> warren.v1.AppendEventsBatchRequest
-	23, // 31: warren.v1.TaskService.StreamEvents:input_type -> warren.v1.StreamEventsRequest
-	25, // 32: warren.v1.TaskService.ListEvents:input_type -> warren.v1.ListEventsRequest
-	27, // 33: warren.v1.TaskService.SendMessage:input_type -> warren.v1.SendMessageRequest
-	29, // 34: warren.v1.TaskService.Approve:input_type -> warren.v1.DecideRequest
-	29, // 35: warren.v1.TaskService.Reject:input_type -> warren.v1.DecideRequest
-	31, // 36: warren.v1.TaskService.CancelTask:input_type -> warren.v1.CancelTaskRequest
-	10, // 37: warren.v1.TaskService.CreateTask:output_type -> warren.v1.CreateTaskResponse
-	13, // 38: warren.v1.TaskService.CreateTasks:output_type -> warren.v1.CreateTasksResponse
-	15, // 39: warren.v1.TaskService.GetTask:output_type -> warren.v1.GetTaskResponse
-	17, // 40: warren.v1.TaskService.ListTasks:output_type -> warren.v1.ListTasksResponse
-	19, // 41: warren.v1.TaskService.AppendEvents:output_type -> warren.v1.AppendEventsResponse
-	22, // 42: warren.v1.TaskService.AppendEventsBatch:output_type -> warren.v1.AppendEventsBatchResponse
-	24, // 43: warren.v1.TaskService.StreamEvents:output_type -> warren.v1.StreamEventsResponse
-	26, // 44: warren.v1.TaskService.ListEvents:output_type -> warren.v1.ListEventsResponse
-	28, // 45: warren.v1.TaskService.SendMessage:output_type -> warren.v1.SendMessageResponse
-	30, // 46: warren.v1.TaskService.Approve:output_type -> warren.v1.DecideResponse
-	30, // 47: warren.v1.TaskService.Reject:output_type -> warren.v1.DecideResponse
-	32, // 48: warren.v1.TaskService.CancelTask:output_type -> warren.v1.CancelTaskResponse
-	37, // [37:49] is the sub-list for method output_type
-	25, // [25:37] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	34, // 4: warren.v1.TaskSpec.node_selector:type_name -> warren.v1.TaskSpec.NodeSelectorEntry
+	2,  // 5: warren.v1.Task.spec:type_name -> warren.v1.TaskSpec
+	0,  // 6: warren.v1.Task.state:type_name -> warren.v1.TaskState
+	36, // 7: warren.v1.Task.created_at:type_name -> google.protobuf.Timestamp
+	36, // 8: warren.v1.Task.updated_at:type_name -> google.protobuf.Timestamp
+	4,  // 9: warren.v1.Task.lease:type_name -> warren.v1.Lease
+	6,  // 10: warren.v1.Task.usage:type_name -> warren.v1.Usage
+	36, // 11: warren.v1.Event.time:type_name -> google.protobuf.Timestamp
+	2,  // 12: warren.v1.CreateTaskRequest.spec:type_name -> warren.v1.TaskSpec
+	5,  // 13: warren.v1.CreateTaskResponse.task:type_name -> warren.v1.Task
+	9,  // 14: warren.v1.CreateTasksRequest.tasks:type_name -> warren.v1.CreateTaskRequest
+	5,  // 15: warren.v1.CreateTasksResult.task:type_name -> warren.v1.Task
+	12, // 16: warren.v1.CreateTasksResponse.results:type_name -> warren.v1.CreateTasksResult
+	5,  // 17: warren.v1.GetTaskResponse.task:type_name -> warren.v1.Task
+	0,  // 18: warren.v1.ListTasksRequest.state:type_name -> warren.v1.TaskState
+	5,  // 19: warren.v1.ListTasksResponse.tasks:type_name -> warren.v1.Task
+	8,  // 20: warren.v1.AppendEventsRequest.events:type_name -> warren.v1.EventInput
+	18, // 21: warren.v1.AppendEventsBatchRequest.appends:type_name -> warren.v1.AppendEventsRequest
+	21, // 22: warren.v1.AppendEventsBatchResponse.results:type_name -> warren.v1.AppendEventsResult
+	7,  // 23: warren.v1.StreamEventsResponse.event:type_name -> warren.v1.Event
+	7,  // 24: warren.v1.ListEventsResponse.events:type_name -> warren.v1.Event
+	5,  // 25: warren.v1.CancelTaskResponse.task:type_name -> warren.v1.Task
+	9,  // 26: warren.v1.TaskService.CreateTask:input_type -> warren.v1.CreateTaskRequest
+	11, // 27: warren.v1.TaskService.CreateTasks:input_type -> warren.v1.CreateTasksRequest
+	14, // 28: warren.v1.TaskService.GetTask:input_type -> warren.v1.GetTaskRequest
+	16, // 29: warren.v1.TaskService.ListTasks:input_type -> warren.v1.ListTasksRequest
+	18, // 30: warren.v1.TaskService.AppendEvents:input_type -> warren.v1.AppendEventsRequest
+	20, // 31: warren.v1.TaskService.AppendEventsBatch:input_type -> warren.v1.AppendEventsBatchRequest
+	23, // 32: warren.v1.TaskService.StreamEvents:input_type -> warren.v1.StreamEventsRequest
+	25, // 33: warren.v1.TaskService.ListEvents:input_type -> warren.v1.ListEventsRequest
+	27, // 34: warren.v1.TaskService.SendMessage:input_type -> warren.v1.SendMessageRequest
+	29, // 35: warren.v1.TaskService.Approve:input_type -> warren.v1.DecideRequest
+	29, // 36: warren.v1.TaskService.Reject:input_type -> warren.v1.DecideRequest
+	31, // 37: warren.v1.TaskService.CancelTask:input_type -> warren.v1.CancelTaskRequest
+	10, // 38: warren.v1.TaskService.CreateTask:output_type -> warren.v1.CreateTaskResponse
+	13, // 39: warren.v1.TaskService.CreateTasks:output_type -> warren.v1.CreateTasksResponse
+	15, // 40: warren.v1.TaskService.GetTask:output_type -> warren.v1.GetTaskResponse
+	17, // 41: warren.v1.TaskService.ListTasks:output_type -> warren.v1.ListTasksResponse
+	19, // 42: warren.v1.TaskService.AppendEvents:output_type -> warren.v1.AppendEventsResponse
+	22, // 43: warren.v1.TaskService.AppendEventsBatch:output_type -> warren.v1.AppendEventsBatchResponse
+	24, // 44: warren.v1.TaskService.StreamEvents:output_type -> warren.v1.StreamEventsResponse
+	26, // 45: warren.v1.TaskService.ListEvents:output_type -> warren.v1.ListEventsResponse
+	28, // 46: warren.v1.TaskService.SendMessage:output_type -> warren.v1.SendMessageResponse
+	30, // 47: warren.v1.TaskService.Approve:output_type -> warren.v1.DecideResponse
+	30, // 48: warren.v1.TaskService.Reject:output_type -> warren.v1.DecideResponse
+	32, // 49: warren.v1.TaskService.CancelTask:output_type -> warren.v1.CancelTaskResponse
+	38, // [38:50] is the sub-list for method output_type
+	26, // [26:38] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_warren_v1_task_proto_init() }
@@ -2483,7 +2499,7 @@ func file_warren_v1_task_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warren_v1_task_proto_rawDesc), len(file_warren_v1_task_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   33,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
