@@ -9,8 +9,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -20,7 +18,7 @@ import (
 	"connectrpc.com/connect"
 
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
-	"github.com/warrenhq/warren/guest"
+	"github.com/warrenhq/warren/internal/agenttest"
 	"github.com/warrenhq/warren/noded"
 	"github.com/warrenhq/warren/noded/driver/container"
 )
@@ -50,37 +48,12 @@ func TestAgentTaskFixesARepository(t *testing.T) {
 	checkFixed(t, c, id, 5)
 }
 
-func needContainers(t *testing.T) string {
-	t.Helper()
-	if testing.Short() {
-		t.Skip("runs a container; skipped in -short")
-	}
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
-	if _, err := os.Stat(container.DefaultSocket); err != nil {
-		t.Skipf("needs a running containerd at %s (.ci/run starts it)", container.DefaultSocket)
-	}
-	imageDir := os.Getenv("WARREN_IMAGE_DIR")
-	if imageDir == "" {
-		imageDir = "/var/lib/warren/templates"
-	}
-	if _, err := guest.LoadTemplate(imageDir, "default"); err != nil {
-		t.Skipf("needs the default template: %v (run `make image`)", err)
-	}
-	return imageDir
-}
+func needContainers(t *testing.T) string { return agenttest.NeedContainers(t) }
 
-// buildGuest builds warren-guest from this tree, for the container driver
-// to run as each container's agent.
+// buildGuest builds warren-guest from this tree.
 func buildGuest(t *testing.T) string {
-	t.Helper()
 	bin := filepath.Join(t.TempDir(), "warren-guest")
-	build := exec.Command("go", "build", "-o", bin, "github.com/warrenhq/warren/cmd/warren-guest")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build warren-guest: %v\n%s", err, out)
-	}
+	agenttest.BuildGuest(t, bin)
 	return bin
 }
 
@@ -119,27 +92,7 @@ func fakeAnthropic(t *testing.T, turns []string, seen func(fakeCall)) *httptest.
 	return fake
 }
 
-// buggyRepo is a small Go repository whose Add subtracts, with a test
-// that says so.
-func buggyRepo(t *testing.T) string {
-	t.Helper()
-	repo := t.TempDir()
-	for p, c := range map[string]string{
-		"go.mod":            "module demo\n\ngo 1.19\n",
-		"calc/calc.go":      "package calc\n\n// Add returns a plus b.\nfunc Add(a, b int) int { return a - b }\n",
-		"calc/calc_test.go": "package calc\n\nimport \"testing\"\n\nfunc TestAdd(t *testing.T) {\n\tif got := Add(2, 2); got != 4 {\n\t\tt.Fatalf(\"Add(2, 2) = %d\", got)\n\t}\n}\n",
-		"AGENTS.md":         "Run go test ./... before you finish.\n",
-	} {
-		os.MkdirAll(filepath.Join(repo, filepath.Dir(p)), 0o755)
-		os.WriteFile(filepath.Join(repo, p), []byte(c), 0o644)
-	}
-	for _, args := range [][]string{{"init", "-q"}, {"add", "-A"}, {"-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "buggy Add"}} {
-		if out, err := exec.Command("git", append([]string{"-C", repo}, args...)...).CombinedOutput(); err != nil {
-			t.Fatalf("git %v: %v %s", args, err, out)
-		}
-	}
-	return repo
-}
+func buggyRepo(t *testing.T) string { return agenttest.BuggyRepo(t) }
 
 // startAgentNode runs one server and one node with the container driver;
 // models and logw may be nil.

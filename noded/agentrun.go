@@ -123,8 +123,13 @@ func (r actorRecorder) Record(ctx context.Context, key, kind string, payload any
 	if err != nil {
 		return err
 	}
-	_, err = r.a.append(ctx, "agent/"+key, &warrenv1.EventInput{Kind: kind, Payload: b})
-	return err
+	if _, err = r.a.append(ctx, "agent/"+key, &warrenv1.EventInput{Kind: kind, Payload: b}); err != nil {
+		return err
+	}
+	if f := r.a.d.cfg.AfterRecord; f != nil {
+		f("agent/" + key)
+	}
+	return nil
 }
 
 // checkoutInto puts the repository's tree at the task's base commit into

@@ -65,6 +65,11 @@ type Config struct {
 	Shared *Shared
 	// Metrics, if set, counts appends and their latency (may be shared).
 	Metrics *Metrics
+	// AfterRecord, if set, is called with the key of each agent event once
+	// its append has landed ("agent/step-3/model"). It is a test knob:
+	// `warren node` sets it from WARREN_TEST_CRASH_AFTER to kill itself at
+	// an exact point of a task.
+	AfterRecord func(key string)
 }
 
 // Shared is what daemons in one process can share.

@@ -241,6 +241,16 @@ func (f *nodeFlags) config() (noded.Config, error) {
 		errs = append(errs, fmt.Errorf("approval-grace: %s is negative", f.model.approvalGrace))
 	}
 	cfg.ApprovalGrace = f.model.approvalGrace
+	if at := os.Getenv("WARREN_TEST_CRASH_AFTER"); at != "" {
+		// A test knob: die (SIGKILL, no shutdown path) right after the
+		// agent event with this key lands, e.g. "agent/step-3/model".
+		cfg.AfterRecord = func(key string) {
+			if key == at {
+				fmt.Fprintf(os.Stderr, "WARREN_TEST_CRASH_AFTER: killing this node process after %s\n", key)
+				_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			}
+		}
+	}
 	if drv != nil && drv.Name() != "sim" {
 		cfg.SandboxListen = f.sandboxListen
 		if cfg.SandboxListen == "" {

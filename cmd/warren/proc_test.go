@@ -49,6 +49,7 @@ type proc struct {
 	extra   []string // on the first start only
 	persist []string // on every start
 	argv    []string // if set, the whole command line (a node daemon)
+	env     []string // added to the test's environment
 	cmd     *exec.Cmd
 	up      atomic.Bool // set while the process runs; read by writers
 	log     *os.File
@@ -92,6 +93,9 @@ func (p *proc) start() {
 	}
 	p.cmd = exec.Command(warrenBin, args...)
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
+	if p.env != nil {
+		p.cmd.Env = append(os.Environ(), p.env...)
+	}
 	if err := p.cmd.Start(); err != nil {
 		p.t.Fatal(err)
 	}

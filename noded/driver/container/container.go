@@ -185,6 +185,14 @@ func (d *Driver) cleanLeftovers(ctx context.Context) {
 		_ = unix.Unmount(filepath.Join(dir, "rootfs"), unix.MNT_DETACH)
 		_ = os.RemoveAll(dir)
 	}
+	// The templates' read-only mounts of a run that did not close (the
+	// containers using them are gone): mounted again when needed.
+	ents, _ = os.ReadDir(filepath.Join(d.cfg.StateDir, "lower"))
+	for _, e := range ents {
+		if m := filepath.Join(d.cfg.StateDir, "lower", e.Name()); isMounted(m) {
+			_ = unix.Unmount(m, unix.MNT_DETACH)
+		}
+	}
 }
 
 func destroyContainer(ctx context.Context, c containerd.Container) {
