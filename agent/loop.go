@@ -63,6 +63,10 @@ type Config struct {
 	// each step that may have changed it (the tools' repository must have
 	// been through InitBase).
 	Checkpoints bool
+	// Started is when the task's wall clock started (its creation, so a
+	// resumed task does not start its budget over); zero: the loop's
+	// creation.
+	Started time.Time
 }
 
 // DefaultSystem is the frozen system prompt.
@@ -146,7 +150,11 @@ func NewLoop(cfg Config, caller Caller, tools *Tools, rec Recorder) *Loop {
 	if cfg.Clock == nil {
 		cfg.Clock = actor.RealClock()
 	}
-	return &Loop{cfg: cfg, caller: caller, tools: tools, rec: rec, clock: cfg.Clock, started: cfg.Clock.Now()}
+	started := cfg.Started
+	if started.IsZero() {
+		started = cfg.Clock.Now()
+	}
+	return &Loop{cfg: cfg, caller: caller, tools: tools, rec: rec, clock: cfg.Clock, started: started}
 }
 
 // Spent returns what the task has used.

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/warrenhq/warren/agent/model"
 )
@@ -157,6 +158,25 @@ func TestBudgets(t *testing.T) {
 			t.Fatalf("budget %d µ$: spent %d", budget, out.Spent.CostMicroUSD)
 		}
 		t.Logf("cost budget %d µ$: %s after %d steps, spent %d µ$", budget, out.Reason, out.Spent.Steps, out.Spent.CostMicroUSD)
+	}
+}
+
+// The wall clock runs from the task's start, not the loop's: a task
+// resumed past its budget makes no call.
+func TestWallClockSpansResumes(t *testing.T) {
+	tl := newRepo(t)
+	p, log := scripted(t), &memLog{}
+	g := &model.Gateway{Provider: p}
+	l := NewLoop(Config{Model: "scripted", Budgets: Budgets{MaxWallClock: time.Hour}, Started: time.Now().Add(-2 * time.Hour)}, g, tl, log)
+	l.Start(context.Background(), Task{IssueTitle: "x"})
+	out, err := l.Run(context.Background())
+	if err != nil || out.Reason != "max_wall_clock" || p.n != 0 {
+		t.Fatalf("%+v %v, %d calls", out, err, p.n)
+	}
+	l = NewLoop(Config{Model: "scripted", Budgets: Budgets{MaxWallClock: time.Hour, MaxSteps: 1}, Started: time.Now().Add(-time.Minute)}, g, tl, &memLog{})
+	l.Start(context.Background(), Task{IssueTitle: "x"})
+	if out, err := l.Run(context.Background()); err != nil || out.Reason != "max_steps" || p.n != 1 {
+		t.Fatalf("%+v %v, %d calls", out, err, p.n)
 	}
 }
 

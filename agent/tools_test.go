@@ -8,10 +8,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/warrenhq/warren/api"
 )
 
 // hostSandbox is a TEST DOUBLE of a sandbox: it runs commands as
@@ -199,5 +202,17 @@ func TestEditWriteRun(t *testing.T) {
 	}
 	if MutatesWorkspace(ToolReadFile) || !MutatesWorkspace(ToolRunCommand) {
 		t.Error("MutatesWorkspace")
+	}
+}
+
+// The servers check policy rules against api.AgentTools: it must be the
+// tools, in order.
+func TestAgentToolsListMatchesTheTools(t *testing.T) {
+	var names []string
+	for _, s := range toolSpecs {
+		names = append(names, s.Name)
+	}
+	if !slices.Equal(names, api.AgentTools) {
+		t.Fatalf("tools %v, api.AgentTools %v", names, api.AgentTools)
 	}
 }

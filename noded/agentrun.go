@@ -195,9 +195,13 @@ func (a *taskActor) newLoop(t *warrenv1.Task) (*agent.Loop, error) {
 		return nil, err
 	}
 	price := m.Prices[name]
-	pol, err := agent.NewPolicy(agent.DefaultPolicy())
+	var rules []agent.Rule
+	for _, r := range spec.GetPolicy() {
+		rules = append(rules, agent.Rule{Tool: r.GetTool(), Path: r.GetPath(), Command: r.GetCommand(), Tier: agent.Tier(r.GetTier()), Reason: r.GetReason()})
+	}
+	pol, err := agent.NewPolicy(append(rules, agent.DefaultPolicy()...))
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("spec.policy: %w", err)
 	}
 	blobDir := m.BlobDir
 	if blobDir == "" {
@@ -205,8 +209,12 @@ func (a *taskActor) newLoop(t *warrenv1.Task) (*agent.Loop, error) {
 	}
 	b := spec.GetBudgets()
 	cfg := agent.Config{Model: name, Price: price, Policy: pol, Blobs: agent.DirBlobs{Dir: blobDir}, Clock: actor.RealClock(), Checkpoints: true,
+
 		Budgets: agent.Budgets{MaxSteps: b.GetMaxSteps(), MaxTokens: b.GetMaxTokens(), MaxCostMicroUSD: b.GetMaxCostMicroUsd(),
 			MaxWallClock: time.Duration(b.GetMaxWallClockSeconds()) * time.Second}}
+	if ts := t.GetCreatedAt(); ts != nil {
+		cfg.Started = ts.AsTime() // the budget runs from the task's creation, across resumes
+	}
 	g := &model.Gateway{Provider: p, Price: price, Limiter: m.limiter(p.Name())}
 	tools := &agent.Tools{SB: agentSandbox{ia}, Root: WorkRoot}
 	return agent.NewLoop(cfg, g, tools, actorRecorder{a}), nil

@@ -12,6 +12,7 @@ import (
 
 	"github.com/oklog/ulid/v2"
 
+	"github.com/warrenhq/warren/api"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 )
 
@@ -25,6 +26,8 @@ const (
 	maxModel       = 128
 	maxEgress      = 256
 	maxLabels      = 64
+	maxPolicyRules = 64
+	maxRulePattern = 1024
 	maxLabelValue  = 256
 	maxTestCommand = 4096
 	maxMessage     = 32 << 10
@@ -157,6 +160,29 @@ func validateCreate(r *warrenv1.CreateTaskRequest) error {
 			p.add("spec.node_selector", "key %q must be 1-63 of a-z, 0-9, '.', '/', '_', '-'", truncate(k, 80))
 		}
 		p.text("spec.node_selector["+truncate(k, 63)+"]", v, false, maxLabelValue, true)
+	}
+	if n := len(s.GetPolicy()); n > maxPolicyRules {
+		p.add("spec.policy", "%d rules is over the limit of %d", n, maxPolicyRules)
+	}
+	for i, r := range s.GetPolicy() {
+		f := fmt.Sprintf("spec.policy[%d]", i)
+		switch r.GetTier() {
+		case "allow", "approve", "deny":
+		default:
+			p.add(f+".tier", "%q is not allow, approve or deny", truncate(r.GetTier(), 40))
+		}
+		if t := r.GetTool(); t != "" && t != "*" && !slices.Contains(api.AgentTools, t) {
+			p.add(f+".tool", "%q is not one of %s or *", truncate(t, 40), strings.Join(api.AgentTools, ", "))
+		}
+		if g := r.GetPath(); strings.HasPrefix(g, "/") || strings.Contains(g, "..") {
+			p.add(f+".path", "%q: want a glob relative to the repository root, without ..", truncate(g, 80))
+		}
+		p.text(f+".path", r.GetPath(), false, maxRulePattern, false)
+		p.text(f+".command", r.GetCommand(), false, maxRulePattern, false)
+		if _, err := regexp.Compile(r.GetCommand()); err != nil {
+			p.add(f+".command", "not an RE2 regular expression: %v", err)
+		}
+		p.text(f+".reason", r.GetReason(), false, maxComment, false)
 	}
 	p.text("spec.test_command", s.GetTestCommand(), false, maxTestCommand, false)
 	if r := s.GetResources(); r.GetMilliCpu() < 0 || r.GetMemoryBytes() < 0 {

@@ -46,6 +46,15 @@ func TestValidateCreate(t *testing.T) {
 		{"negative budget", func(r *warrenv1.CreateTaskRequest) { r.Spec.Budgets.MaxTokens = -1 }, "spec.budgets.max_tokens:"},
 		{"bad egress", func(r *warrenv1.CreateTaskRequest) { r.Spec.EgressAllow = []string{"ok.org", "no spaces"} }, "spec.egress_allow[1]:"},
 		{"bad label", func(r *warrenv1.CreateTaskRequest) { r.Spec.Labels = map[string]string{"Bad Key": "v"} }, "spec.labels:"},
+		{"bad selector", func(r *warrenv1.CreateTaskRequest) { r.Spec.NodeSelector = map[string]string{"Bad Key": "v"} }, "spec.node_selector:"},
+		{"policy tier", func(r *warrenv1.CreateTaskRequest) { r.Spec.Policy = []*warrenv1.PolicyRule{{Tier: "maybe"}} }, "spec.policy[0].tier:"},
+		{"policy tool", func(r *warrenv1.CreateTaskRequest) {
+			r.Spec.Policy = []*warrenv1.PolicyRule{{Tier: "deny"}, {Tool: "rm", Tier: "deny"}}
+		}, "spec.policy[1].tool:"},
+		{"policy regexp", func(r *warrenv1.CreateTaskRequest) {
+			r.Spec.Policy = []*warrenv1.PolicyRule{{Tool: "run_command", Command: "(curl", Tier: "deny"}}
+		}, "spec.policy[0].command: not an RE2"},
+		{"policy path", func(r *warrenv1.CreateTaskRequest) { r.Spec.Policy = []*warrenv1.PolicyRule{{Path: "../x", Tier: "deny"}} }, "spec.policy[0].path:"},
 		{"bad tenant", func(r *warrenv1.CreateTaskRequest) { r.Tenant = "A!" }, "tenant:"},
 		{"long request id", func(r *warrenv1.CreateTaskRequest) { r.RequestId = strings.Repeat("r", 200) }, "request_id:"},
 		{"bad template", func(r *warrenv1.CreateTaskRequest) { r.Spec.Template = "../etc" }, "spec.template:"},

@@ -132,6 +132,7 @@ func taskCreate(args []string, stdout io.Writer) error {
 	fs.Int64Var(&spec.Budgets.MaxTokens, "max-tokens", 0, "token budget (0: none)")
 	fs.Int64Var(&spec.Budgets.MaxWallClockSeconds, "max-wall-clock", 0, "wall-clock budget in seconds (0: none)")
 	egress := fs.String("egress", "", "comma-separated egress allow-list (host or *.suffix); with the registries profile they add to the package registries")
+	policyFile := fs.String("policy", "", `a JSON file of policy rules for the agent's tool calls, checked before the defaults: [{"tool":"run_command","command":"\\bcurl\\b","tier":"deny","reason":"no downloads"}, ...]`)
 	modelScript := fs.String("model-script", "", "a JSONL file of assistant turns: run the agent loop on the scripted provider (no model is called)")
 	fs.StringVar(&spec.EgressProfile, "egress-profile", "", "egress profile of the task's sandbox: registries (default), custom (--egress only) or none")
 	fs.StringVar(&spec.Driver, "driver", "", "sandbox driver: microvm (default), container or sim (simulated)")
@@ -179,6 +180,11 @@ func taskCreate(args []string, stdout io.Writer) error {
 	}
 	if *egress != "" {
 		spec.EgressAllow = strings.Split(*egress, ",")
+	}
+	if *policyFile != "" {
+		if spec.Policy, err = readPolicy(*policyFile); err != nil {
+			return err
+		}
 	}
 	if *modelScript != "" {
 		b, err := os.ReadFile(*modelScript)
@@ -441,4 +447,25 @@ func parseKV(name, s string) (map[string]string, error) {
 		out[k] = v
 	}
 	return out, nil
+}
+
+// readPolicy reads a JSON array of policy rules (the servers check them).
+func readPolicy(path string) ([]*warrenv1.PolicyRule, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("policy: %w", err)
+	}
+	var rules []*warrenv1.PolicyRule
+	var raw []json.RawMessage
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return nil, fmt.Errorf("policy: %s: want a JSON array of rules: %v", path, err)
+	}
+	for i, r := range raw {
+		rule := &warrenv1.PolicyRule{}
+		if err := protojson.Unmarshal(r, rule); err != nil {
+			return nil, fmt.Errorf("policy: %s: rule %d: %v", path, i, err)
+		}
+		rules = append(rules, rule)
+	}
+	return rules, nil
 }

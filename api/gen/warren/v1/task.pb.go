@@ -196,7 +196,11 @@ type TaskSpec struct {
 	ModelScript string `protobuf:"bytes,15,opt,name=model_script,json=modelScript,proto3" json:"model_script,omitempty"`
 	// Labels the task's node must carry, each with the same value (a node
 	// selector; `warren node --labels`). Empty: any node.
-	NodeSelector  map[string]string `protobuf:"bytes,16,rep,name=node_selector,json=nodeSelector,proto3" json:"node_selector,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	NodeSelector map[string]string `protobuf:"bytes,16,rep,name=node_selector,json=nodeSelector,proto3" json:"node_selector,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Policy rules for the agent's tool calls, checked in order before the
+	// defaults (edits of CI configuration and dependency manifests need
+	// approval); the first match decides. At most 64.
+	Policy        []*PolicyRule `protobuf:"bytes,17,rep,name=policy,proto3" json:"policy,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -343,6 +347,98 @@ func (x *TaskSpec) GetNodeSelector() map[string]string {
 	return nil
 }
 
+func (x *TaskSpec) GetPolicy() []*PolicyRule {
+	if x != nil {
+		return x.Policy
+	}
+	return nil
+}
+
+// PolicyRule puts matching tool calls in a tier. Empty fields match
+// anything.
+type PolicyRule struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A tool name (read_file, list_files, search, edit_file, write_file,
+	// run_command, repo_map, finish) or "*".
+	Tool string `protobuf:"bytes,1,opt,name=tool,proto3" json:"tool,omitempty"`
+	// A glob of repository paths (file tools): * and ? stay within a path
+	// element, ** crosses them.
+	Path string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	// An RE2 regular expression matched against run_command's command.
+	Command string `protobuf:"bytes,3,opt,name=command,proto3" json:"command,omitempty"`
+	// "allow", "approve" or "deny".
+	Tier string `protobuf:"bytes,4,opt,name=tier,proto3" json:"tier,omitempty"`
+	// Shown to the model (deny) or the reviewer (approve).
+	Reason        string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PolicyRule) Reset() {
+	*x = PolicyRule{}
+	mi := &file_warren_v1_task_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PolicyRule) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PolicyRule) ProtoMessage() {}
+
+func (x *PolicyRule) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_task_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PolicyRule.ProtoReflect.Descriptor instead.
+func (*PolicyRule) Descriptor() ([]byte, []int) {
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *PolicyRule) GetTool() string {
+	if x != nil {
+		return x.Tool
+	}
+	return ""
+}
+
+func (x *PolicyRule) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *PolicyRule) GetCommand() string {
+	if x != nil {
+		return x.Command
+	}
+	return ""
+}
+
+func (x *PolicyRule) GetTier() string {
+	if x != nil {
+		return x.Tier
+	}
+	return ""
+}
+
+func (x *PolicyRule) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // Script is a scripted trajectory: steps that each record a tool_call, run
 // a command in the sandbox, record an idempotent external effect and record
 // the tool_result. It is not a model: no model is called.
@@ -362,7 +458,7 @@ type Script struct {
 
 func (x *Script) Reset() {
 	*x = Script{}
-	mi := &file_warren_v1_task_proto_msgTypes[2]
+	mi := &file_warren_v1_task_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -374,7 +470,7 @@ func (x *Script) String() string {
 func (*Script) ProtoMessage() {}
 
 func (x *Script) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[2]
+	mi := &file_warren_v1_task_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -387,7 +483,7 @@ func (x *Script) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Script.ProtoReflect.Descriptor instead.
 func (*Script) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{2}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Script) GetSteps() uint32 {
@@ -430,7 +526,7 @@ type Lease struct {
 
 func (x *Lease) Reset() {
 	*x = Lease{}
-	mi := &file_warren_v1_task_proto_msgTypes[3]
+	mi := &file_warren_v1_task_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -442,7 +538,7 @@ func (x *Lease) String() string {
 func (*Lease) ProtoMessage() {}
 
 func (x *Lease) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[3]
+	mi := &file_warren_v1_task_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -455,7 +551,7 @@ func (x *Lease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lease.ProtoReflect.Descriptor instead.
 func (*Lease) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{3}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Lease) GetNode() string {
@@ -505,7 +601,7 @@ type Task struct {
 
 func (x *Task) Reset() {
 	*x = Task{}
-	mi := &file_warren_v1_task_proto_msgTypes[4]
+	mi := &file_warren_v1_task_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -517,7 +613,7 @@ func (x *Task) String() string {
 func (*Task) ProtoMessage() {}
 
 func (x *Task) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[4]
+	mi := &file_warren_v1_task_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -530,7 +626,7 @@ func (x *Task) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Task.ProtoReflect.Descriptor instead.
 func (*Task) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{4}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Task) GetId() string {
@@ -649,7 +745,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_warren_v1_task_proto_msgTypes[5]
+	mi := &file_warren_v1_task_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -661,7 +757,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[5]
+	mi := &file_warren_v1_task_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -674,7 +770,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{5}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Usage) GetModelCalls() uint64 {
@@ -745,7 +841,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_warren_v1_task_proto_msgTypes[6]
+	mi := &file_warren_v1_task_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -757,7 +853,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[6]
+	mi := &file_warren_v1_task_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -770,7 +866,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{6}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Event) GetTaskId() string {
@@ -826,7 +922,7 @@ type EventInput struct {
 
 func (x *EventInput) Reset() {
 	*x = EventInput{}
-	mi := &file_warren_v1_task_proto_msgTypes[7]
+	mi := &file_warren_v1_task_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -838,7 +934,7 @@ func (x *EventInput) String() string {
 func (*EventInput) ProtoMessage() {}
 
 func (x *EventInput) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[7]
+	mi := &file_warren_v1_task_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -851,7 +947,7 @@ func (x *EventInput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventInput.ProtoReflect.Descriptor instead.
 func (*EventInput) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{7}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *EventInput) GetKind() string {
@@ -881,7 +977,7 @@ type CreateTaskRequest struct {
 
 func (x *CreateTaskRequest) Reset() {
 	*x = CreateTaskRequest{}
-	mi := &file_warren_v1_task_proto_msgTypes[8]
+	mi := &file_warren_v1_task_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -893,7 +989,7 @@ func (x *CreateTaskRequest) String() string {
 func (*CreateTaskRequest) ProtoMessage() {}
 
 func (x *CreateTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[8]
+	mi := &file_warren_v1_task_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -906,7 +1002,7 @@ func (x *CreateTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTaskRequest.ProtoReflect.Descriptor instead.
 func (*CreateTaskRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{8}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CreateTaskRequest) GetRequestId() string {
@@ -941,7 +1037,7 @@ type CreateTaskResponse struct {
 
 func (x *CreateTaskResponse) Reset() {
 	*x = CreateTaskResponse{}
-	mi := &file_warren_v1_task_proto_msgTypes[9]
+	mi := &file_warren_v1_task_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -953,7 +1049,7 @@ func (x *CreateTaskResponse) String() string {
 func (*CreateTaskResponse) ProtoMessage() {}
 
 func (x *CreateTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[9]
+	mi := &file_warren_v1_task_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -966,7 +1062,7 @@ func (x *CreateTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTaskResponse.ProtoReflect.Descriptor instead.
 func (*CreateTaskResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{9}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CreateTaskResponse) GetTask() *Task {
@@ -994,7 +1090,7 @@ type CreateTasksRequest struct {
 
 func (x *CreateTasksRequest) Reset() {
 	*x = CreateTasksRequest{}
-	mi := &file_warren_v1_task_proto_msgTypes[10]
+	mi := &file_warren_v1_task_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1006,7 +1102,7 @@ func (x *CreateTasksRequest) String() string {
 func (*CreateTasksRequest) ProtoMessage() {}
 
 func (x *CreateTasksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[10]
+	mi := &file_warren_v1_task_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1019,7 +1115,7 @@ func (x *CreateTasksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTasksRequest.ProtoReflect.Descriptor instead.
 func (*CreateTasksRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{10}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CreateTasksRequest) GetTasks() []*CreateTaskRequest {
@@ -1043,7 +1139,7 @@ type CreateTasksResult struct {
 
 func (x *CreateTasksResult) Reset() {
 	*x = CreateTasksResult{}
-	mi := &file_warren_v1_task_proto_msgTypes[11]
+	mi := &file_warren_v1_task_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1055,7 +1151,7 @@ func (x *CreateTasksResult) String() string {
 func (*CreateTasksResult) ProtoMessage() {}
 
 func (x *CreateTasksResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[11]
+	mi := &file_warren_v1_task_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1068,7 +1164,7 @@ func (x *CreateTasksResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTasksResult.ProtoReflect.Descriptor instead.
 func (*CreateTasksResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{11}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CreateTasksResult) GetTask() *Task {
@@ -1109,7 +1205,7 @@ type CreateTasksResponse struct {
 
 func (x *CreateTasksResponse) Reset() {
 	*x = CreateTasksResponse{}
-	mi := &file_warren_v1_task_proto_msgTypes[12]
+	mi := &file_warren_v1_task_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1121,7 +1217,7 @@ func (x *CreateTasksResponse) String() string {
 func (*CreateTasksResponse) ProtoMessage() {}
 
 func (x *CreateTasksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[12]
+	mi := &file_warren_v1_task_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1134,7 +1230,7 @@ func (x *CreateTasksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTasksResponse.ProtoReflect.Descriptor instead.
 func (*CreateTasksResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{12}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CreateTasksResponse) GetResults() []*CreateTasksResult {
@@ -1153,7 +1249,7 @@ type GetTaskRequest struct {
 
 func (x *GetTaskRequest) Reset() {
 	*x = GetTaskRequest{}
-	mi := &file_warren_v1_task_proto_msgTypes[13]
+	mi := &file_warren_v1_task_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1165,7 +1261,7 @@ func (x *GetTaskRequest) String() string {
 func (*GetTaskRequest) ProtoMessage() {}
 
 func (x *GetTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[13]
+	mi := &file_warren_v1_task_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1178,7 +1274,7 @@ func (x *GetTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTaskRequest.ProtoReflect.Descriptor instead.
 func (*GetTaskRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{13}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetTaskRequest) GetId() string {
@@ -1197,7 +1293,7 @@ type GetTaskResponse struct {
 
 func (x *GetTaskResponse) Reset() {
 	*x = GetTaskResponse{}
-	mi := &file_warren_v1_task_proto_msgTypes[14]
+	mi := &file_warren_v1_task_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1209,7 +1305,7 @@ func (x *GetTaskResponse) String() string {
 func (*GetTaskResponse) ProtoMessage() {}
 
 func (x *GetTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[14]
+	mi := &file_warren_v1_task_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1222,7 +1318,7 @@ func (x *GetTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTaskResponse.ProtoReflect.Descriptor instead.
 func (*GetTaskResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{14}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetTaskResponse) GetTask() *Task {
@@ -1246,7 +1342,7 @@ type ListTasksRequest struct {
 
 func (x *ListTasksRequest) Reset() {
 	*x = ListTasksRequest{}
-	mi := &file_warren_v1_task_proto_msgTypes[15]
+	mi := &file_warren_v1_task_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1258,7 +1354,7 @@ func (x *ListTasksRequest) String() string {
 func (*ListTasksRequest) ProtoMessage() {}
 
 func (x *ListTasksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[15]
+	mi := &file_warren_v1_task_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1271,7 +1367,7 @@ func (x *ListTasksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTasksRequest.ProtoReflect.Descriptor instead.
 func (*ListTasksRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{15}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListTasksRequest) GetState() TaskState {
@@ -1306,7 +1402,7 @@ type ListTasksResponse struct {
 
 func (x *ListTasksResponse) Reset() {
 	*x = ListTasksResponse{}
-	mi := &file_warren_v1_task_proto_msgTypes[16]
+	mi := &file_warren_v1_task_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1318,7 +1414,7 @@ func (x *ListTasksResponse) String() string {
 func (*ListTasksResponse) ProtoMessage() {}
 
 func (x *ListTasksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[16]
+	mi := &file_warren_v1_task_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1331,7 +1427,7 @@ func (x *ListTasksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTasksResponse.ProtoReflect.Descriptor instead.
 func (*ListTasksResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{16}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListTasksResponse) GetTasks() []*Task {
@@ -1363,7 +1459,7 @@ type AppendEventsRequest struct {
 
 func (x *AppendEventsRequest) Reset() {
 	*x = AppendEventsRequest{}
-	mi := &file_warren_v1_task_proto_msgTypes[17]
+	mi := &file_warren_v1_task_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1375,7 +1471,7 @@ func (x *AppendEventsRequest) String() string {
 func (*AppendEventsRequest) ProtoMessage() {}
 
 func (x *AppendEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[17]
+	mi := &file_warren_v1_task_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1388,7 +1484,7 @@ func (x *AppendEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendEventsRequest.ProtoReflect.Descriptor instead.
 func (*AppendEventsRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{17}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *AppendEventsRequest) GetTaskId() string {
@@ -1432,7 +1528,7 @@ type AppendEventsResponse struct {
 
 func (x *AppendEventsResponse) Reset() {
 	*x = AppendEventsResponse{}
-	mi := &file_warren_v1_task_proto_msgTypes[18]
+	mi := &file_warren_v1_task_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1444,7 +1540,7 @@ func (x *AppendEventsResponse) String() string {
 func (*AppendEventsResponse) ProtoMessage() {}
 
 func (x *AppendEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[18]
+	mi := &file_warren_v1_task_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1457,7 +1553,7 @@ func (x *AppendEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendEventsResponse.ProtoReflect.Descriptor instead.
 func (*AppendEventsResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{18}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *AppendEventsResponse) GetFirstSeq() uint64 {
@@ -1492,7 +1588,7 @@ type AppendEventsBatchRequest struct {
 
 func (x *AppendEventsBatchRequest) Reset() {
 	*x = AppendEventsBatchRequest{}
-	mi := &file_warren_v1_task_proto_msgTypes[19]
+	mi := &file_warren_v1_task_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1504,7 +1600,7 @@ func (x *AppendEventsBatchRequest) String() string {
 func (*AppendEventsBatchRequest) ProtoMessage() {}
 
 func (x *AppendEventsBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[19]
+	mi := &file_warren_v1_task_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1517,7 +1613,7 @@ func (x *AppendEventsBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendEventsBatchRequest.ProtoReflect.Descriptor instead.
 func (*AppendEventsBatchRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{19}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *AppendEventsBatchRequest) GetAppends() []*AppendEventsRequest {
@@ -1544,7 +1640,7 @@ type AppendEventsResult struct {
 
 func (x *AppendEventsResult) Reset() {
 	*x = AppendEventsResult{}
-	mi := &file_warren_v1_task_proto_msgTypes[20]
+	mi := &file_warren_v1_task_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1556,7 +1652,7 @@ func (x *AppendEventsResult) String() string {
 func (*AppendEventsResult) ProtoMessage() {}
 
 func (x *AppendEventsResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[20]
+	mi := &file_warren_v1_task_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1569,7 +1665,7 @@ func (x *AppendEventsResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendEventsResult.ProtoReflect.Descriptor instead.
 func (*AppendEventsResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{20}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *AppendEventsResult) GetFirstSeq() uint64 {
@@ -1617,7 +1713,7 @@ type AppendEventsBatchResponse struct {
 
 func (x *AppendEventsBatchResponse) Reset() {
 	*x = AppendEventsBatchResponse{}
-	mi := &file_warren_v1_task_proto_msgTypes[21]
+	mi := &file_warren_v1_task_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1629,7 +1725,7 @@ func (x *AppendEventsBatchResponse) String() string {
 func (*AppendEventsBatchResponse) ProtoMessage() {}
 
 func (x *AppendEventsBatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[21]
+	mi := &file_warren_v1_task_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1642,7 +1738,7 @@ func (x *AppendEventsBatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendEventsBatchResponse.ProtoReflect.Descriptor instead.
 func (*AppendEventsBatchResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{21}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *AppendEventsBatchResponse) GetResults() []*AppendEventsResult {
@@ -1663,7 +1759,7 @@ type StreamEventsRequest struct {
 
 func (x *StreamEventsRequest) Reset() {
 	*x = StreamEventsRequest{}
-	mi := &file_warren_v1_task_proto_msgTypes[22]
+	mi := &file_warren_v1_task_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1675,7 +1771,7 @@ func (x *StreamEventsRequest) String() string {
 func (*StreamEventsRequest) ProtoMessage() {}
 
 func (x *StreamEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[22]
+	mi := &file_warren_v1_task_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1688,7 +1784,7 @@ func (x *StreamEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamEventsRequest.ProtoReflect.Descriptor instead.
 func (*StreamEventsRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{22}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *StreamEventsRequest) GetTaskId() string {
@@ -1714,7 +1810,7 @@ type StreamEventsResponse struct {
 
 func (x *StreamEventsResponse) Reset() {
 	*x = StreamEventsResponse{}
-	mi := &file_warren_v1_task_proto_msgTypes[23]
+	mi := &file_warren_v1_task_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1726,7 +1822,7 @@ func (x *StreamEventsResponse) String() string {
 func (*StreamEventsResponse) ProtoMessage() {}
 
 func (x *StreamEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[23]
+	mi := &file_warren_v1_task_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1739,7 +1835,7 @@ func (x *StreamEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamEventsResponse.ProtoReflect.Descriptor instead.
 func (*StreamEventsResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{23}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *StreamEventsResponse) GetEvent() *Event {
@@ -1762,7 +1858,7 @@ type ListEventsRequest struct {
 
 func (x *ListEventsRequest) Reset() {
 	*x = ListEventsRequest{}
-	mi := &file_warren_v1_task_proto_msgTypes[24]
+	mi := &file_warren_v1_task_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1774,7 +1870,7 @@ func (x *ListEventsRequest) String() string {
 func (*ListEventsRequest) ProtoMessage() {}
 
 func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[24]
+	mi := &file_warren_v1_task_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1787,7 +1883,7 @@ func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListEventsRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{24}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListEventsRequest) GetTaskId() string {
@@ -1822,7 +1918,7 @@ type ListEventsResponse struct {
 
 func (x *ListEventsResponse) Reset() {
 	*x = ListEventsResponse{}
-	mi := &file_warren_v1_task_proto_msgTypes[25]
+	mi := &file_warren_v1_task_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1834,7 +1930,7 @@ func (x *ListEventsResponse) String() string {
 func (*ListEventsResponse) ProtoMessage() {}
 
 func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[25]
+	mi := &file_warren_v1_task_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1847,7 +1943,7 @@ func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListEventsResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{25}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListEventsResponse) GetEvents() []*Event {
@@ -1869,7 +1965,7 @@ type SendMessageRequest struct {
 
 func (x *SendMessageRequest) Reset() {
 	*x = SendMessageRequest{}
-	mi := &file_warren_v1_task_proto_msgTypes[26]
+	mi := &file_warren_v1_task_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1881,7 +1977,7 @@ func (x *SendMessageRequest) String() string {
 func (*SendMessageRequest) ProtoMessage() {}
 
 func (x *SendMessageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[26]
+	mi := &file_warren_v1_task_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1894,7 +1990,7 @@ func (x *SendMessageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendMessageRequest.ProtoReflect.Descriptor instead.
 func (*SendMessageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{26}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *SendMessageRequest) GetTaskId() string {
@@ -1927,7 +2023,7 @@ type SendMessageResponse struct {
 
 func (x *SendMessageResponse) Reset() {
 	*x = SendMessageResponse{}
-	mi := &file_warren_v1_task_proto_msgTypes[27]
+	mi := &file_warren_v1_task_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1939,7 +2035,7 @@ func (x *SendMessageResponse) String() string {
 func (*SendMessageResponse) ProtoMessage() {}
 
 func (x *SendMessageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[27]
+	mi := &file_warren_v1_task_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1952,7 +2048,7 @@ func (x *SendMessageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendMessageResponse.ProtoReflect.Descriptor instead.
 func (*SendMessageResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{27}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *SendMessageResponse) GetSeq() uint64 {
@@ -1975,7 +2071,7 @@ type DecideRequest struct {
 
 func (x *DecideRequest) Reset() {
 	*x = DecideRequest{}
-	mi := &file_warren_v1_task_proto_msgTypes[28]
+	mi := &file_warren_v1_task_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1987,7 +2083,7 @@ func (x *DecideRequest) String() string {
 func (*DecideRequest) ProtoMessage() {}
 
 func (x *DecideRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[28]
+	mi := &file_warren_v1_task_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2000,7 +2096,7 @@ func (x *DecideRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideRequest.ProtoReflect.Descriptor instead.
 func (*DecideRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{28}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *DecideRequest) GetTaskId() string {
@@ -2040,7 +2136,7 @@ type DecideResponse struct {
 
 func (x *DecideResponse) Reset() {
 	*x = DecideResponse{}
-	mi := &file_warren_v1_task_proto_msgTypes[29]
+	mi := &file_warren_v1_task_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2052,7 +2148,7 @@ func (x *DecideResponse) String() string {
 func (*DecideResponse) ProtoMessage() {}
 
 func (x *DecideResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[29]
+	mi := &file_warren_v1_task_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2065,7 +2161,7 @@ func (x *DecideResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideResponse.ProtoReflect.Descriptor instead.
 func (*DecideResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{29}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *DecideResponse) GetSeq() uint64 {
@@ -2087,7 +2183,7 @@ type CancelTaskRequest struct {
 
 func (x *CancelTaskRequest) Reset() {
 	*x = CancelTaskRequest{}
-	mi := &file_warren_v1_task_proto_msgTypes[30]
+	mi := &file_warren_v1_task_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2099,7 +2195,7 @@ func (x *CancelTaskRequest) String() string {
 func (*CancelTaskRequest) ProtoMessage() {}
 
 func (x *CancelTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[30]
+	mi := &file_warren_v1_task_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2112,7 +2208,7 @@ func (x *CancelTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelTaskRequest.ProtoReflect.Descriptor instead.
 func (*CancelTaskRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{30}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *CancelTaskRequest) GetTaskId() string {
@@ -2145,7 +2241,7 @@ type CancelTaskResponse struct {
 
 func (x *CancelTaskResponse) Reset() {
 	*x = CancelTaskResponse{}
-	mi := &file_warren_v1_task_proto_msgTypes[31]
+	mi := &file_warren_v1_task_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2157,7 +2253,7 @@ func (x *CancelTaskResponse) String() string {
 func (*CancelTaskResponse) ProtoMessage() {}
 
 func (x *CancelTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_task_proto_msgTypes[31]
+	mi := &file_warren_v1_task_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2170,7 +2266,7 @@ func (x *CancelTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelTaskResponse.ProtoReflect.Descriptor instead.
 func (*CancelTaskResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_task_proto_rawDescGZIP(), []int{31}
+	return file_warren_v1_task_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *CancelTaskResponse) GetTask() *Task {
@@ -2190,7 +2286,7 @@ const file_warren_v1_task_proto_rawDesc = "" +
 	"\n" +
 	"max_tokens\x18\x02 \x01(\x03R\tmaxTokens\x12+\n" +
 	"\x12max_cost_micro_usd\x18\x03 \x01(\x03R\x0fmaxCostMicroUsd\x123\n" +
-	"\x16max_wall_clock_seconds\x18\x04 \x01(\x03R\x13maxWallClockSeconds\"\xda\x05\n" +
+	"\x16max_wall_clock_seconds\x18\x04 \x01(\x03R\x13maxWallClockSeconds\"\x89\x06\n" +
 	"\bTaskSpec\x12\x12\n" +
 	"\x04repo\x18\x01 \x01(\tR\x04repo\x12\x12\n" +
 	"\x04base\x18\x02 \x01(\tR\x04base\x12\x1f\n" +
@@ -2210,13 +2306,21 @@ const file_warren_v1_task_proto_rawDesc = "" +
 	"\x06script\x18\r \x01(\v2\x11.warren.v1.ScriptR\x06script\x12%\n" +
 	"\x0eegress_profile\x18\x0e \x01(\tR\regressProfile\x12!\n" +
 	"\fmodel_script\x18\x0f \x01(\tR\vmodelScript\x12J\n" +
-	"\rnode_selector\x18\x10 \x03(\v2%.warren.v1.TaskSpec.NodeSelectorEntryR\fnodeSelector\x1a9\n" +
+	"\rnode_selector\x18\x10 \x03(\v2%.warren.v1.TaskSpec.NodeSelectorEntryR\fnodeSelector\x12-\n" +
+	"\x06policy\x18\x11 \x03(\v2\x15.warren.v1.PolicyRuleR\x06policy\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a?\n" +
 	"\x11NodeSelectorEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"|\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"z\n" +
+	"\n" +
+	"PolicyRule\x12\x12\n" +
+	"\x04tool\x18\x01 \x01(\tR\x04tool\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x18\n" +
+	"\acommand\x18\x03 \x01(\tR\acommand\x12\x12\n" +
+	"\x04tier\x18\x04 \x01(\tR\x04tier\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\"|\n" +
 	"\x06Script\x12\x14\n" +
 	"\x05steps\x18\x01 \x01(\rR\x05steps\x12\x1f\n" +
 	"\vstep_millis\x18\x02 \x01(\rR\n" +
@@ -2389,102 +2493,104 @@ func file_warren_v1_task_proto_rawDescGZIP() []byte {
 }
 
 var file_warren_v1_task_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_warren_v1_task_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_warren_v1_task_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
 var file_warren_v1_task_proto_goTypes = []any{
 	(TaskState)(0),                    // 0: warren.v1.TaskState
 	(*Budgets)(nil),                   // 1: warren.v1.Budgets
 	(*TaskSpec)(nil),                  // 2: warren.v1.TaskSpec
-	(*Script)(nil),                    // 3: warren.v1.Script
-	(*Lease)(nil),                     // 4: warren.v1.Lease
-	(*Task)(nil),                      // 5: warren.v1.Task
-	(*Usage)(nil),                     // 6: warren.v1.Usage
-	(*Event)(nil),                     // 7: warren.v1.Event
-	(*EventInput)(nil),                // 8: warren.v1.EventInput
-	(*CreateTaskRequest)(nil),         // 9: warren.v1.CreateTaskRequest
-	(*CreateTaskResponse)(nil),        // 10: warren.v1.CreateTaskResponse
-	(*CreateTasksRequest)(nil),        // 11: warren.v1.CreateTasksRequest
-	(*CreateTasksResult)(nil),         // 12: warren.v1.CreateTasksResult
-	(*CreateTasksResponse)(nil),       // 13: warren.v1.CreateTasksResponse
-	(*GetTaskRequest)(nil),            // 14: warren.v1.GetTaskRequest
-	(*GetTaskResponse)(nil),           // 15: warren.v1.GetTaskResponse
-	(*ListTasksRequest)(nil),          // 16: warren.v1.ListTasksRequest
-	(*ListTasksResponse)(nil),         // 17: warren.v1.ListTasksResponse
-	(*AppendEventsRequest)(nil),       // 18: warren.v1.AppendEventsRequest
-	(*AppendEventsResponse)(nil),      // 19: warren.v1.AppendEventsResponse
-	(*AppendEventsBatchRequest)(nil),  // 20: warren.v1.AppendEventsBatchRequest
-	(*AppendEventsResult)(nil),        // 21: warren.v1.AppendEventsResult
-	(*AppendEventsBatchResponse)(nil), // 22: warren.v1.AppendEventsBatchResponse
-	(*StreamEventsRequest)(nil),       // 23: warren.v1.StreamEventsRequest
-	(*StreamEventsResponse)(nil),      // 24: warren.v1.StreamEventsResponse
-	(*ListEventsRequest)(nil),         // 25: warren.v1.ListEventsRequest
-	(*ListEventsResponse)(nil),        // 26: warren.v1.ListEventsResponse
-	(*SendMessageRequest)(nil),        // 27: warren.v1.SendMessageRequest
-	(*SendMessageResponse)(nil),       // 28: warren.v1.SendMessageResponse
-	(*DecideRequest)(nil),             // 29: warren.v1.DecideRequest
-	(*DecideResponse)(nil),            // 30: warren.v1.DecideResponse
-	(*CancelTaskRequest)(nil),         // 31: warren.v1.CancelTaskRequest
-	(*CancelTaskResponse)(nil),        // 32: warren.v1.CancelTaskResponse
-	nil,                               // 33: warren.v1.TaskSpec.LabelsEntry
-	nil,                               // 34: warren.v1.TaskSpec.NodeSelectorEntry
-	(*Resources)(nil),                 // 35: warren.v1.Resources
-	(*timestamppb.Timestamp)(nil),     // 36: google.protobuf.Timestamp
+	(*PolicyRule)(nil),                // 3: warren.v1.PolicyRule
+	(*Script)(nil),                    // 4: warren.v1.Script
+	(*Lease)(nil),                     // 5: warren.v1.Lease
+	(*Task)(nil),                      // 6: warren.v1.Task
+	(*Usage)(nil),                     // 7: warren.v1.Usage
+	(*Event)(nil),                     // 8: warren.v1.Event
+	(*EventInput)(nil),                // 9: warren.v1.EventInput
+	(*CreateTaskRequest)(nil),         // 10: warren.v1.CreateTaskRequest
+	(*CreateTaskResponse)(nil),        // 11: warren.v1.CreateTaskResponse
+	(*CreateTasksRequest)(nil),        // 12: warren.v1.CreateTasksRequest
+	(*CreateTasksResult)(nil),         // 13: warren.v1.CreateTasksResult
+	(*CreateTasksResponse)(nil),       // 14: warren.v1.CreateTasksResponse
+	(*GetTaskRequest)(nil),            // 15: warren.v1.GetTaskRequest
+	(*GetTaskResponse)(nil),           // 16: warren.v1.GetTaskResponse
+	(*ListTasksRequest)(nil),          // 17: warren.v1.ListTasksRequest
+	(*ListTasksResponse)(nil),         // 18: warren.v1.ListTasksResponse
+	(*AppendEventsRequest)(nil),       // 19: warren.v1.AppendEventsRequest
+	(*AppendEventsResponse)(nil),      // 20: warren.v1.AppendEventsResponse
+	(*AppendEventsBatchRequest)(nil),  // 21: warren.v1.AppendEventsBatchRequest
+	(*AppendEventsResult)(nil),        // 22: warren.v1.AppendEventsResult
+	(*AppendEventsBatchResponse)(nil), // 23: warren.v1.AppendEventsBatchResponse
+	(*StreamEventsRequest)(nil),       // 24: warren.v1.StreamEventsRequest
+	(*StreamEventsResponse)(nil),      // 25: warren.v1.StreamEventsResponse
+	(*ListEventsRequest)(nil),         // 26: warren.v1.ListEventsRequest
+	(*ListEventsResponse)(nil),        // 27: warren.v1.ListEventsResponse
+	(*SendMessageRequest)(nil),        // 28: warren.v1.SendMessageRequest
+	(*SendMessageResponse)(nil),       // 29: warren.v1.SendMessageResponse
+	(*DecideRequest)(nil),             // 30: warren.v1.DecideRequest
+	(*DecideResponse)(nil),            // 31: warren.v1.DecideResponse
+	(*CancelTaskRequest)(nil),         // 32: warren.v1.CancelTaskRequest
+	(*CancelTaskResponse)(nil),        // 33: warren.v1.CancelTaskResponse
+	nil,                               // 34: warren.v1.TaskSpec.LabelsEntry
+	nil,                               // 35: warren.v1.TaskSpec.NodeSelectorEntry
+	(*Resources)(nil),                 // 36: warren.v1.Resources
+	(*timestamppb.Timestamp)(nil),     // 37: google.protobuf.Timestamp
 }
 var file_warren_v1_task_proto_depIdxs = []int32{
 	1,  // 0: warren.v1.TaskSpec.budgets:type_name -> warren.v1.Budgets
-	33, // 1: warren.v1.TaskSpec.labels:type_name -> warren.v1.TaskSpec.LabelsEntry
-	35, // 2: warren.v1.TaskSpec.resources:type_name -> warren.v1.Resources
-	3,  // 3: warren.v1.TaskSpec.script:type_name -> warren.v1.Script
-	34, // 4: warren.v1.TaskSpec.node_selector:type_name -> warren.v1.TaskSpec.NodeSelectorEntry
-	2,  // 5: warren.v1.Task.spec:type_name -> warren.v1.TaskSpec
-	0,  // 6: warren.v1.Task.state:type_name -> warren.v1.TaskState
-	36, // 7: warren.v1.Task.created_at:type_name -> google.protobuf.Timestamp
-	36, // 8: warren.v1.Task.updated_at:type_name -> google.protobuf.Timestamp
-	4,  // 9: warren.v1.Task.lease:type_name -> warren.v1.Lease
-	6,  // 10: warren.v1.Task.usage:type_name -> warren.v1.Usage
-	36, // 11: warren.v1.Event.time:type_name -> google.protobuf.Timestamp
-	2,  // 12: warren.v1.CreateTaskRequest.spec:type_name -> warren.v1.TaskSpec
-	5,  // 13: warren.v1.CreateTaskResponse.task:type_name -> warren.v1.Task
-	9,  // 14: warren.v1.CreateTasksRequest.tasks:type_name -> warren.v1.CreateTaskRequest
-	5,  // 15: warren.v1.CreateTasksResult.task:type_name -> warren.v1.Task
-	12, // 16: warren.v1.CreateTasksResponse.results:type_name -> warren.v1.CreateTasksResult
-	5,  // 17: warren.v1.GetTaskResponse.task:type_name -> warren.v1.Task
-	0,  // 18: warren.v1.ListTasksRequest.state:type_name -> warren.v1.TaskState
-	5,  // 19: warren.v1.ListTasksResponse.tasks:type_name -> warren.v1.Task
-	8,  // 20: warren.v1.AppendEventsRequest.events:type_name -> warren.v1.EventInput
-	18, // 21: warren.v1.AppendEventsBatchRequest.appends:type_name -> warren.v1.AppendEventsRequest
-	21, // 22: warren.v1.AppendEventsBatchResponse.results:type_name -> warren.v1.AppendEventsResult
-	7,  // 23: warren.v1.StreamEventsResponse.event:type_name -> warren.v1.Event
-	7,  // 24: warren.v1.ListEventsResponse.events:type_name -> warren.v1.Event
-	5,  // 25: warren.v1.CancelTaskResponse.task:type_name -> warren.v1.Task
-	9,  // 26: warren.v1.TaskService.CreateTask:input_type -> warren.v1.CreateTaskRequest
-	11, // 27: warren.v1.TaskService.CreateTasks:input_type -> warren.v1.CreateTasksRequest
-	14, // 28: warren.v1.TaskService.GetTask:input_type -> warren.v1.GetTaskRequest
-	16, // 29: warren.v1.TaskService.ListTasks:input_type -> warren.v1.ListTasksRequest
-	18, // 30: warren.v1.TaskService.AppendEvents:input_type -> warren.v1.AppendEventsRequest
-	20, // 31: warren.v1.TaskService.AppendEventsBatch:input_type -> warren.v1.AppendEventsBatchRequest
-	23, // 32: warren.v1.TaskService.StreamEvents:input_type -> warren.v1.StreamEventsRequest
-	25, // 33: warren.v1.TaskService.ListEvents:input_type -> warren.v1.ListEventsRequest
-	27, // 34: warren.v1.TaskService.SendMessage:input_type -> warren.v1.SendMessageRequest
-	29, // 35: warren.v1.TaskService.Approve:input_type -> warren.v1.DecideRequest
-	29, // 36: warren.v1.TaskService.Reject:input_type -> warren.v1.DecideRequest
-	31, // 37: warren.v1.TaskService.CancelTask:input_type -> warren.v1.CancelTaskRequest
-	10, // 38: warren.v1.TaskService.CreateTask:output_type -> warren.v1.CreateTaskResponse
-	13, // 39: warren.v1.TaskService.CreateTasks:output_type -> warren.v1.CreateTasksResponse
-	15, // 40: warren.v1.TaskService.GetTask:output_type -> warren.v1.GetTaskResponse
-	17, // 41: warren.v1.TaskService.ListTasks:output_type -> warren.v1.ListTasksResponse
-	19, // 42: warren.v1.TaskService.AppendEvents:output_type -> warren.v1.AppendEventsResponse
-	22, // 43: warren.v1.TaskService.AppendEventsBatch:output_type -> warren.v1.AppendEventsBatchResponse
-	24, // 44: warren.v1.TaskService.StreamEvents:output_type -> warren.v1.StreamEventsResponse
-	26, // 45: warren.v1.TaskService.ListEvents:output_type -> warren.v1.ListEventsResponse
-	28, // 46: warren.v1.TaskService.SendMessage:output_type -> warren.v1.SendMessageResponse
-	30, // 47: warren.v1.TaskService.Approve:output_type -> warren.v1.DecideResponse
-	30, // 48: warren.v1.TaskService.Reject:output_type -> warren.v1.DecideResponse
-	32, // 49: warren.v1.TaskService.CancelTask:output_type -> warren.v1.CancelTaskResponse
-	38, // [38:50] is the sub-list for method output_type
-	26, // [26:38] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	34, // 1: warren.v1.TaskSpec.labels:type_name -> warren.v1.TaskSpec.LabelsEntry
+	36, // 2: warren.v1.TaskSpec.resources:type_name -> warren.v1.Resources
+	4,  // 3: warren.v1.TaskSpec.script:type_name -> warren.v1.Script
+	35, // 4: warren.v1.TaskSpec.node_selector:type_name -> warren.v1.TaskSpec.NodeSelectorEntry
+	3,  // 5: warren.v1.TaskSpec.policy:type_name -> warren.v1.PolicyRule
+	2,  // 6: warren.v1.Task.spec:type_name -> warren.v1.TaskSpec
+	0,  // 7: warren.v1.Task.state:type_name -> warren.v1.TaskState
+	37, // 8: warren.v1.Task.created_at:type_name -> google.protobuf.Timestamp
+	37, // 9: warren.v1.Task.updated_at:type_name -> google.protobuf.Timestamp
+	5,  // 10: warren.v1.Task.lease:type_name -> warren.v1.Lease
+	7,  // 11: warren.v1.Task.usage:type_name -> warren.v1.Usage
+	37, // 12: warren.v1.Event.time:type_name -> google.protobuf.Timestamp
+	2,  // 13: warren.v1.CreateTaskRequest.spec:type_name -> warren.v1.TaskSpec
+	6,  // 14: warren.v1.CreateTaskResponse.task:type_name -> warren.v1.Task
+	10, // 15: warren.v1.CreateTasksRequest.tasks:type_name -> warren.v1.CreateTaskRequest
+	6,  // 16: warren.v1.CreateTasksResult.task:type_name -> warren.v1.Task
+	13, // 17: warren.v1.CreateTasksResponse.results:type_name -> warren.v1.CreateTasksResult
+	6,  // 18: warren.v1.GetTaskResponse.task:type_name -> warren.v1.Task
+	0,  // 19: warren.v1.ListTasksRequest.state:type_name -> warren.v1.TaskState
+	6,  // 20: warren.v1.ListTasksResponse.tasks:type_name -> warren.v1.Task
+	9,  // 21: warren.v1.AppendEventsRequest.events:type_name -> warren.v1.EventInput
+	19, // 22: warren.v1.AppendEventsBatchRequest.appends:type_name -> warren.v1.AppendEventsRequest
+	22, // 23: warren.v1.AppendEventsBatchResponse.results:type_name -> warren.v1.AppendEventsResult
+	8,  // 24: warren.v1.StreamEventsResponse.event:type_name -> warren.v1.Event
+	8,  // 25: warren.v1.ListEventsResponse.events:type_name -> warren.v1.Event
+	6,  // 26: warren.v1.CancelTaskResponse.task:type_name -> warren.v1.Task
+	10, // 27: warren.v1.TaskService.CreateTask:input_type -> warren.v1.CreateTaskRequest
+	12, // 28: warren.v1.TaskService.CreateTasks:input_type -> warren.v1.CreateTasksRequest
+	15, // 29: warren.v1.TaskService.GetTask:input_type -> warren.v1.GetTaskRequest
+	17, // 30: warren.v1.TaskService.ListTasks:input_type -> warren.v1.ListTasksRequest
+	19, // 31: warren.v1.TaskService.AppendEvents:input_type -> warren.v1.AppendEventsRequest
+	21, // 32: warren.v1.TaskService.AppendEventsBatch:input_type -> warren.v1.AppendEventsBatchRequest
+	24, // 33: warren.v1.TaskService.StreamEvents:input_type -> warren.v1.StreamEventsRequest
+	26, // 34: warren.v1.TaskService.ListEvents:input_type -> warren.v1.ListEventsRequest
+	28, // 35: warren.v1.TaskService.SendMessage:input_type -> warren.v1.SendMessageRequest
+	30, // 36: warren.v1.TaskService.Approve:input_type -> warren.v1.DecideRequest
+	30, // 37: warren.v1.TaskService.Reject:input_type -> warren.v1.DecideRequest
+	32, // 38: warren.v1.TaskService.CancelTask:input_type -> warren.v1.CancelTaskRequest
+	11, // 39: warren.v1.TaskService.CreateTask:output_type -> warren.v1.CreateTaskResponse
+	14, // 40: warren.v1.TaskService.CreateTasks:output_type -> warren.v1.CreateTasksResponse
+	16, // 41: warren.v1.TaskService.GetTask:output_type -> warren.v1.GetTaskResponse
+	18, // 42: warren.v1.TaskService.ListTasks:output_type -> warren.v1.ListTasksResponse
+	20, // 43: warren.v1.TaskService.AppendEvents:output_type -> warren.v1.AppendEventsResponse
+	23, // 44: warren.v1.TaskService.AppendEventsBatch:output_type -> warren.v1.AppendEventsBatchResponse
+	25, // 45: warren.v1.TaskService.StreamEvents:output_type -> warren.v1.StreamEventsResponse
+	27, // 46: warren.v1.TaskService.ListEvents:output_type -> warren.v1.ListEventsResponse
+	29, // 47: warren.v1.TaskService.SendMessage:output_type -> warren.v1.SendMessageResponse
+	31, // 48: warren.v1.TaskService.Approve:output_type -> warren.v1.DecideResponse
+	31, // 49: warren.v1.TaskService.Reject:output_type -> warren.v1.DecideResponse
+	33, // 50: warren.v1.TaskService.CancelTask:output_type -> warren.v1.CancelTaskResponse
+	39, // [39:51] is the sub-list for method output_type
+	27, // [27:39] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_warren_v1_task_proto_init() }
@@ -2499,7 +2605,7 @@ func file_warren_v1_task_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warren_v1_task_proto_rawDesc), len(file_warren_v1_task_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   34,
+			NumMessages:   35,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
