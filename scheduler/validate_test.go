@@ -54,7 +54,9 @@ func TestValidateCreate(t *testing.T) {
 		{"policy regexp", func(r *warrenv1.CreateTaskRequest) {
 			r.Spec.Policy = []*warrenv1.PolicyRule{{Tool: "run_command", Command: "(curl", Tier: "deny"}}
 		}, "spec.policy[0].command: not an RE2"},
-		{"policy path", func(r *warrenv1.CreateTaskRequest) { r.Spec.Policy = []*warrenv1.PolicyRule{{Path: "../x", Tier: "deny"}} }, "spec.policy[0].path:"},
+		{"policy path", func(r *warrenv1.CreateTaskRequest) {
+			r.Spec.Policy = []*warrenv1.PolicyRule{{Path: "../x", Tier: "deny"}}
+		}, "spec.policy[0].path:"},
 		{"bad tenant", func(r *warrenv1.CreateTaskRequest) { r.Tenant = "A!" }, "tenant:"},
 		{"long request id", func(r *warrenv1.CreateTaskRequest) { r.RequestId = strings.Repeat("r", 200) }, "request_id:"},
 		{"bad template", func(r *warrenv1.CreateTaskRequest) { r.Spec.Template = "../etc" }, "spec.template:"},
