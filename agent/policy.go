@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+
+	"github.com/warrenhq/warren/forge"
 )
 
 // Tier is what policy does with a tool call.
@@ -46,14 +48,10 @@ type compiledRule struct {
 }
 
 // CIConfig and Manifests are the paths the default policy wants approved
-// edits of.
+// edits of (forge's lists, which the diff checks flag too).
 var (
-	CIConfig = []string{".github/workflows/**", ".github/actions/**", ".gitlab-ci.yml", ".gitlab/**", ".circleci/**",
-		".travis.yml", "Jenkinsfile", "azure-pipelines.yml", ".buildkite/**", ".drone.yml", "bitbucket-pipelines.yml"}
-	Manifests = []string{"go.mod", "**/go.mod", "go.sum", "**/go.sum", "**/package.json", "**/package-lock.json", "**/yarn.lock",
-		"**/pnpm-lock.yaml", "**/requirements*.txt", "**/pyproject.toml", "**/poetry.lock", "**/Pipfile", "**/Pipfile.lock",
-		"**/setup.py", "**/setup.cfg", "**/Cargo.toml", "**/Cargo.lock", "**/pom.xml", "**/build.gradle", "**/build.gradle.kts",
-		"**/Gemfile", "**/Gemfile.lock", "**/composer.json", "**/composer.lock"}
+	CIConfig  = forge.CIConfig
+	Manifests = forge.Manifests
 )
 
 // DefaultPolicy allows everything in the sandbox except edits (edit_file,
@@ -117,37 +115,7 @@ func isTool(name string) bool {
 	return false
 }
 
-// globRegexp turns a glob into an anchored regexp: * and ? stay within a
-// path element, ** crosses them ("**/" also matches nothing).
-func globRegexp(g string) (*regexp.Regexp, error) {
-	if strings.HasPrefix(g, "/") || strings.Contains(g, "..") {
-		return nil, fmt.Errorf("%q: want a path relative to the repository root, without ..", g)
-	}
-	var sb strings.Builder
-	sb.WriteString("^")
-	for i := 0; i < len(g); i++ {
-		switch c := g[i]; c {
-		case '*':
-			if i+1 < len(g) && g[i+1] == '*' {
-				i++
-				if i+1 < len(g) && g[i+1] == '/' {
-					i++
-					sb.WriteString("(?:.*/)?")
-				} else {
-					sb.WriteString(".*")
-				}
-			} else {
-				sb.WriteString("[^/]*")
-			}
-		case '?':
-			sb.WriteString("[^/]")
-		default:
-			sb.WriteString(regexp.QuoteMeta(string(c)))
-		}
-	}
-	sb.WriteString("$")
-	return regexp.Compile(sb.String())
-}
+func globRegexp(g string) (*regexp.Regexp, error) { return forge.GlobRegexp(g) }
 
 // Decide returns the tier of a call and the rule that put it there (nil:
 // no rule matched, allowed). root is the repository in the sandbox, so an

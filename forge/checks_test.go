@@ -1,0 +1,111 @@
+package forge
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+)
+
+func fileDiff(path string, added ...string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "diff --git a/%s b/%s\nnew file mode 100644\n--- /dev/null\n+++ b/%s\n@@ -0,0 +1,%d @@\n", path, path, path, len(added))
+	for _, l := range added {
+		b.WriteString("+" + l + "\n")
+	}
+	return b.String()
+}
+
+// An AWS-style key is blocked with a finding that does not repeat it; a
+// CI edit needs approval, a dependency edit too, and a test edit is
+// flagged (issue 8, acceptance 2).
+func TestChecksFindSecretsAndSensitiveEdits(t *testing.T) {
+	const key = "AKIAQYLPMN5HHHFPZAM2"
+	diff := fileDiff("config/aws.go", "package config", "", `const id = "`+key+`"`) +
+		fileDiff(".github/workflows/ci.yml", "on: push") +
+		fileDiff("go.mod", "module x") +
+		fileDiff("calc/calc_test.go", "package calc")
+	r, err := Check([]byte(diff), CheckConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	byKind := map[string]Finding{}
+	for _, f := range r.Findings {
+		byKind[f.Kind] = f
+		if strings.Contains(f.Message, key) {
+			t.Errorf("a finding repeats the secret: %+v", f)
+		}
+	}
+	if s := byKind[FindSecret]; s.Action != Block || s.Path != "config/aws.go" || s.Line != 3 || !strings.Contains(s.Rule, "aws") {
+		t.Errorf("secret finding: %+v", s)
+	}
+	if f := byKind[FindCIConfig]; f.Action != Approve || f.Path != ".github/workflows/ci.yml" {
+		t.Errorf("CI finding: %+v", f)
+	}
+	if f := byKind[FindManifest]; f.Action != Approve || f.Path != "go.mod" {
+		t.Errorf("manifest finding: %+v", f)
+	}
+	if f := byKind[FindTests]; f.Action != Flag {
+		t.Errorf("tests finding: %+v", f)
+	}
+	if !r.Blocked || !r.NeedsApproval || r.Files != 4 || r.Findings[0].Action != Block {
+		t.Errorf("report: %+v", r)
+	}
+	// Without the secret: approval, not a block. With tests asked for: no
+	// tests finding. Config may make CI edits block.
+	r, _ = Check([]byte(fileDiff(".github/workflows/ci.yml", "on: push")+fileDiff("a_test.go", "package a")), CheckConfig{TestsRequested: true})
+	if r.Blocked || !r.NeedsApproval || len(r.Findings) != 1 {
+		t.Errorf("CI only: %+v", r)
+	}
+	r, _ = Check([]byte(fileDiff(".github/workflows/ci.yml", "on: push")), CheckConfig{Actions: map[string]string{FindCIConfig: Block}})
+	if !r.Blocked {
+		t.Errorf("CI set to block: %+v", r)
+	}
+	// A plain edit has nothing to say.
+	r, _ = Check([]byte(fileDiff("calc/calc.go", "package calc", "func Add(a, b int) int { return a + b }")), CheckConfig{})
+	if len(r.Findings) != 0 || r.Added != 2 {
+		t.Errorf("plain edit: %+v", r)
+	}
+}
+
+func TestChecksSizeCaps(t *testing.T) {
+	var diff strings.Builder
+	for i := range 5 {
+		diff.WriteString(fileDiff(fmt.Sprintf("f%d.txt", i), strings.Repeat("x", 100), "y"))
+	}
+	r, _ := Check([]byte(diff.String()), CheckConfig{MaxFiles: 4, MaxLines: 9, MaxFileBytes: 50})
+	var msgs []string
+	for _, f := range r.Findings {
+		msgs = append(msgs, f.Message)
+	}
+	all := strings.Join(msgs, "; ")
+	if !r.Blocked || !strings.Contains(all, "5 files, over the cap of 4") || !strings.Contains(all, "10 lines, over the cap of 9") || !strings.Contains(all, "over the cap of 50") {
+		t.Fatalf("findings: %s", all)
+	}
+}
+
+func TestParseActions(t *testing.T) {
+	a, err := ParseActions("tests=block, ci_config=flag")
+	if err != nil || a[FindTests] != Block || a[FindCIConfig] != Flag {
+		t.Fatalf("%v %v", a, err)
+	}
+	for _, bad := range []string{"tests", "nope=block", "tests=maybe"} {
+		if _, err := ParseActions(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+// ParseDiff takes any bytes (a sandbox makes the diff).
+func FuzzParseDiff(f *testing.F) {
+	f.Add([]byte(fileDiff("a.go", "x")))
+	f.Add([]byte("diff --git a/x b/x\nGIT binary patch\nliteral 12\nabc\n\n@@ -1 +1 @@\n+y\n"))
+	f.Add([]byte("diff --git a/x b/x\nGIT binary patch\nliteral \n"))
+	f.Add([]byte("@@ -1,2 +x @@\n+a\ndiff --git \"a/\\x\" \"b/\\x\"\n+++ \"b/\\303\"\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		for _, fd := range ParseDiff(b) {
+			if fd.Bytes < 0 || fd.Removed < 0 {
+				t.Fatalf("negative count %+v", fd)
+			}
+		}
+	})
+}

@@ -1,0 +1,344 @@
+package forge
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Auth is a forge credential for git over HTTP(S). It travels to one git
+// process in that process's environment (as an http.extraHeader for the
+// remote's URL only), never in a file, a command line, a log or a sandbox.
+type Auth struct {
+	User  string // "" means "x-access-token" (GitHub's convention; Gitea and GitLab accept any user with a token)
+	Token string
+}
+
+// safe is what every git command gets: no fsmonitor, no hooks, no
+// prompts, no pager, no protocol but http(s), git, ssh and file (for local
+// mirrors), and no credential helpers.
+var safe = []string{"-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null", "-c", "credential.helper=",
+	"-c", "core.pager=cat", "-c", "protocol.ext.allow=never", "-c", "core.sshCommand=ssh -o BatchMode=yes", "-c", "advice.detachedHead=false"}
+
+// Git runs git with the safe settings, outside any sandbox.
+type Git struct {
+	// Env is added to each command's environment (tests: GIT_* overrides).
+	Env []string
+}
+
+// run runs git in dir (may be "") and returns its stdout.
+func (g Git) run(ctx context.Context, dir string, auth *Auth, remote string, stdin []byte, args ...string) ([]byte, error) {
+	argv := append(append([]string(nil), safe...), args...)
+	cmd := exec.CommandContext(ctx, "git", argv...)
+	cmd.Dir = dir
+	cmd.Env = append([]string{"GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null", "HOME=/nonexistent", "GIT_TERMINAL_PROMPT=0",
+		"GIT_ASKPASS=/bin/false", "SSH_ASKPASS=/bin/false", "LC_ALL=C", "PATH=/usr/local/bin:/usr/bin:/bin"}, g.Env...)
+	if auth != nil && auth.Token != "" && remote != "" {
+		user := auth.User
+		if user == "" {
+			user = "x-access-token"
+		}
+		basic := base64.StdEncoding.EncodeToString([]byte(user + ":" + auth.Token))
+		cmd.Env = append(cmd.Env, "GIT_CONFIG_COUNT=1", "GIT_CONFIG_KEY_0=http."+remote+".extraHeader",
+			"GIT_CONFIG_VALUE_0=Authorization: Basic "+basic)
+	}
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		msg := strings.TrimSpace(errb.String())
+		if auth != nil && auth.Token != "" {
+			msg = strings.ReplaceAll(msg, auth.Token, "[redacted]")
+		}
+		if len(msg) > 2000 {
+			msg = msg[:2000] + "…"
+		}
+		return nil, fmt.Errorf("git %s: %v: %s", args[0], err, msg)
+	}
+	return out.Bytes(), nil
+}
+
+// Cache is a node's clone cache: one bare mirror per repository, fetched
+// on demand.
+type Cache struct {
+	Dir  string // the mirrors live in Dir/<hash>.git
+	Git  Git
+	Auth func(repo string) *Auth // nil or nil result: anonymous
+
+	mu    sync.Mutex
+	locks map[string]*sync.Mutex
+}
+
+func (c *Cache) lock(key string) func() {
+	c.mu.Lock()
+	if c.locks == nil {
+		c.locks = map[string]*sync.Mutex{}
+	}
+	l := c.locks[key]
+	if l == nil {
+		l = &sync.Mutex{}
+		c.locks[key] = l
+	}
+	c.mu.Unlock()
+	l.Lock()
+	return l.Unlock
+}
+
+// CheckRepo checks a repository's name: an http(s), ssh, git or file URL,
+// scp-like user@host:path, or an absolute path on the node.
+func CheckRepo(repo string) error {
+	switch {
+	case repo == "":
+		return errors.New("required")
+	case strings.HasPrefix(repo, "-"):
+		return fmt.Errorf("%q must not start with -", repo)
+	case strings.ContainsAny(repo, "\x00\n\r"):
+		return errors.New("contains a control character")
+	case filepath.IsAbs(repo):
+		return nil
+	}
+	if u, err := url.Parse(repo); err == nil && u.Scheme != "" {
+		switch u.Scheme {
+		case "http", "https", "ssh", "git", "file":
+			return nil
+		}
+		return fmt.Errorf("%q: scheme %s is not http, https, ssh, git or file", repo, u.Scheme)
+	}
+	if regexp.MustCompile(`^[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[^/]`).MatchString(repo) {
+		return nil
+	}
+	return fmt.Errorf("%q is not a URL, user@host:path or absolute path", repo)
+}
+
+// Mirror returns the bare mirror of repo, creating it on first use, and
+// fetches it unless it already holds want (a commit id; "" always
+// fetches).
+func (c *Cache) Mirror(ctx context.Context, repo, want string) (string, error) {
+	if err := CheckRepo(repo); err != nil {
+		return "", fmt.Errorf("repo: %w", err)
+	}
+	sum := sha256.Sum256([]byte(repo))
+	key := hex.EncodeToString(sum[:12])
+	defer c.lock(key)()
+	dir := filepath.Join(c.Dir, key+".git")
+	var auth *Auth
+	if c.Auth != nil {
+		auth = c.Auth(repo)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "HEAD")); err != nil {
+		if err := os.MkdirAll(c.Dir, 0o700); err != nil {
+			return "", err
+		}
+		tmp, err := os.MkdirTemp(c.Dir, "new-")
+		if err != nil {
+			return "", err
+		}
+		defer os.RemoveAll(tmp)
+		if _, err := c.Git.run(ctx, "", nil, "", nil, "init", "--quiet", "--bare", tmp); err != nil {
+			return "", err
+		}
+		for _, kv := range [][]string{{"remote.origin.url", repo}, {"remote.origin.fetch", "+refs/heads/*:refs/heads/*"},
+			{"remote.origin.tagOpt", "--no-tags"}, {"gc.auto", "0"}} {
+			if _, err := c.Git.run(ctx, tmp, nil, "", nil, "config", kv[0], kv[1]); err != nil {
+				return "", err
+			}
+		}
+		if _, err := c.Git.run(ctx, tmp, nil, "", nil, "config", "--add", "remote.origin.fetch", "+refs/tags/*:refs/tags/*"); err != nil {
+			return "", err
+		}
+		if err := c.fetch(ctx, tmp, repo, auth); err != nil {
+			return "", err
+		}
+		if err := os.Rename(tmp, dir); err != nil {
+			return "", err
+		}
+		return dir, nil
+	}
+	if want != "" && isHex(want) && len(want) >= 40 {
+		if _, err := c.Git.run(ctx, dir, nil, "", nil, "cat-file", "-e", want+"^{commit}"); err == nil {
+			return dir, nil // already here: commits never change
+		}
+	}
+	return dir, c.fetch(ctx, dir, repo, auth)
+}
+
+func (c *Cache) fetch(ctx context.Context, dir, repo string, auth *Auth) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+	_, err := c.Git.run(ctx, dir, auth, remoteURL(repo), nil, "fetch", "--quiet", "--prune", "--no-recurse-submodules",
+		"--upload-pack="+serverSide(repo, "upload-pack"), "origin")
+	if err != nil {
+		return fmt.Errorf("fetch %s: %w", repo, err)
+	}
+	// Point HEAD at the remote's default branch (a bare init names one
+	// that may not exist there).
+	if out, err := c.Git.run(ctx, dir, auth, remoteURL(repo), nil, "ls-remote", "--symref", "origin", "HEAD"); err == nil {
+		for _, line := range strings.Split(string(out), "\n") {
+			if ref, ok := strings.CutPrefix(line, "ref: "); ok {
+				if name, _, ok := strings.Cut(ref, "\t"); ok && strings.HasPrefix(name, "refs/heads/") {
+					_, _ = c.Git.run(ctx, dir, nil, "", nil, "symbolic-ref", "HEAD", name)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// serverSide is the command git runs for the other end of a fetch or
+// push (upload-pack, receive-pack). For a repository on this node that end
+// runs here, in the repository, under its config: it gets our settings, so
+// its hooks and fsmonitor do not run. Elsewhere it is the remote's own
+// business, and git's default.
+func serverSide(repo, cmd string) string {
+	if filepath.IsAbs(repo) || strings.HasPrefix(repo, "file://") {
+		return "git -c core.fsmonitor=false -c core.hooksPath=/dev/null " + cmd
+	}
+	return "git-" + cmd
+}
+
+// remoteURL is the URL git matches http.<url>.extraHeader against ("" for
+// non-HTTP remotes, which get no header).
+func remoteURL(repo string) string {
+	if strings.HasPrefix(repo, "http://") || strings.HasPrefix(repo, "https://") {
+		return repo
+	}
+	return ""
+}
+
+func isHex(s string) bool {
+	for _, c := range s {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
+			return false
+		}
+	}
+	return s != ""
+}
+
+// Resolve finds the commit a task's base names in a mirror. A full or
+// abbreviated hex id is looked up only among objects: a branch or tag
+// named like a commit id never stands in for it. Other names are a
+// branch, a tag, a full ref, or HEAD (the default branch).
+func (g Git) Resolve(ctx context.Context, mirror, base string) (string, error) {
+	switch {
+	case base == "":
+		return "", errors.New("base: required")
+	case strings.HasPrefix(base, "-") || strings.ContainsAny(base, " \t\n\x00:^~?*[\\") || strings.Contains(base, ".."):
+		return "", fmt.Errorf("base: %q is not a commit id, branch, tag or ref", base)
+	case isHex(base) && len(base) >= 7 && len(base) <= 64:
+		out, err := g.run(ctx, mirror, nil, "", nil, "rev-parse", "--disambiguate="+strings.ToLower(base))
+		if err != nil {
+			return "", fmt.Errorf("base %s: %w", base, err)
+		}
+		var commits []string
+		for _, id := range strings.Fields(string(out)) {
+			if t, err := g.run(ctx, mirror, nil, "", nil, "cat-file", "-t", id); err == nil && strings.TrimSpace(string(t)) == "commit" {
+				commits = append(commits, id)
+			}
+		}
+		switch len(commits) {
+		case 0:
+			return "", fmt.Errorf("base %s: no such commit", base)
+		case 1:
+			return commits[0], nil
+		}
+		return "", fmt.Errorf("base %s: %d commits start with it; give more of the id", base, len(commits))
+	}
+	for _, ref := range []string{base, "refs/heads/" + base, "refs/tags/" + base} {
+		if ref == base && base != "HEAD" && !strings.HasPrefix(base, "refs/") {
+			continue
+		}
+		if out, err := g.run(ctx, mirror, nil, "", nil, "rev-parse", "--verify", "--quiet", "--end-of-options", ref+"^{commit}"); err == nil {
+			return strings.TrimSpace(string(out)), nil
+		}
+	}
+	return "", fmt.Errorf("base %q: no such branch, tag or commit", base)
+}
+
+// Workspace is a task's working copy on the node, at its pinned commit.
+type Workspace struct {
+	Dir    string
+	Commit string // the pinned base commit
+	git    Git
+}
+
+// Checkout makes a workspace in dir (which must not exist) at commit, from
+// a mirror, and verifies that HEAD is that commit.
+func (g Git) Checkout(ctx context.Context, mirror, commit, dir string) (*Workspace, error) {
+	if !isHex(commit) || len(commit) < 40 {
+		return nil, fmt.Errorf("checkout: %q is not a full commit id", commit)
+	}
+	if _, err := g.run(ctx, "", nil, "", nil, "clone", "--quiet", "--no-checkout", "--no-tags", mirror, dir); err != nil {
+		return nil, err
+	}
+	if _, err := g.run(ctx, dir, nil, "", nil, "checkout", "--quiet", "--detach", commit); err != nil {
+		return nil, err
+	}
+	out, err := g.run(ctx, dir, nil, "", nil, "rev-parse", "--verify", "HEAD")
+	if err != nil {
+		return nil, err
+	}
+	if head := strings.TrimSpace(string(out)); head != commit {
+		return nil, fmt.Errorf("checkout: HEAD is %s, not the pinned %s", head, commit)
+	}
+	return &Workspace{Dir: dir, Commit: commit, git: g}, nil
+}
+
+// Tar is the workspace's tree at its commit as a tar stream (no .git),
+// for copying into a sandbox.
+func (w *Workspace) Tar(ctx context.Context) ([]byte, error) {
+	return w.git.run(ctx, w.Dir, nil, "", nil, "archive", "--format=tar", w.Commit)
+}
+
+// Apply applies a patch (from the sandbox, so untrusted) to the workspace,
+// reset to its commit first, and returns the diff the workspace now has
+// against the commit: what the checks see and a push would carry. git
+// apply refuses paths outside the tree and inside .git.
+func (w *Workspace) Apply(ctx context.Context, patch []byte) ([]byte, error) {
+	if _, err := w.git.run(ctx, w.Dir, nil, "", nil, "reset", "--quiet", "--hard", w.Commit); err != nil {
+		return nil, err
+	}
+	if _, err := w.git.run(ctx, w.Dir, nil, "", nil, "clean", "-qfdx"); err != nil {
+		return nil, err
+	}
+	if len(bytes.TrimSpace(patch)) > 0 {
+		if _, err := w.git.run(ctx, w.Dir, nil, "", patch, "apply", "--index", "--binary", "--whitespace=nowarn", "-"); err != nil {
+			return nil, fmt.Errorf("the sandbox's diff does not apply to the base commit: %w", err)
+		}
+	}
+	diff, err := w.git.run(ctx, w.Dir, nil, "", nil, "diff", "--cached", "--binary", "--no-color", "--no-ext-diff", "--no-renames", w.Commit)
+	if err != nil {
+		return nil, err
+	}
+	// git apply may skip a corrupt part (a truncated binary hunk) and still
+	// succeed: the result must hold every file the patch names.
+	got := map[string]bool{}
+	for _, f := range ParseDiff(diff) {
+		got[f.Path] = true
+	}
+	for _, f := range ParseDiff(patch) {
+		if !got[f.Path] {
+			return nil, fmt.Errorf("the sandbox's diff did not apply whole: %s is missing from the result", f.Path)
+		}
+	}
+	return diff, nil
+}
+
+// DiffSHA256 is the hex SHA-256 of a diff: what an approval binds to.
+func DiffSHA256(diff []byte) string {
+	s := sha256.Sum256(diff)
+	return hex.EncodeToString(s[:])
+}

@@ -1,0 +1,267 @@
+package forge
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func needGit(t *testing.T) {
+	t.Helper()
+	if _, err := exec.LookPath("git"); err != nil {
+		t.Skip("needs git")
+	}
+}
+
+// sh runs a plain git (the user's way, none of ours) in dir.
+func sh(t *testing.T, dir string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command("git", append([]string{"-c", "user.name=t", "-c", "user.email=t@t"}, args...)...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GIT_CONFIG_GLOBAL=/dev/null")
+	var errb strings.Builder
+	cmd.Stderr = &errb
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("git %v: %v\n%s", args, err, errb.String())
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// newRepo is a repository with two commits; it returns the first.
+func newRepo(t *testing.T) (dir, first string) {
+	t.Helper()
+	dir = t.TempDir()
+	sh(t, dir, "init", "-q", "-b", "main")
+	os.WriteFile(filepath.Join(dir, "a.txt"), []byte("one\n"), 0o644)
+	sh(t, dir, "add", "-A")
+	sh(t, dir, "commit", "-qm", "first")
+	first = sh(t, dir, "rev-parse", "HEAD")
+	os.WriteFile(filepath.Join(dir, "a.txt"), []byte("two\n"), 0o644)
+	sh(t, dir, "commit", "-qam", "second")
+	return dir, first
+}
+
+// A repository whose .git/config runs commands (core.fsmonitor, hooks)
+// runs none of them on the node: the mirror, the checkout, the apply, the
+// commit and the push all run with our settings (issue 8, acceptance 3).
+func TestRepositoryConfigRunsNothingOnTheNode(t *testing.T) {
+	needGit(t)
+	repo, _ := newRepo(t)
+	marks := t.TempDir()
+	hook := filepath.Join(marks, "evil.sh")
+	os.WriteFile(hook, []byte("#!/bin/sh\ntouch "+filepath.Join(marks, "ran-$(basename \"$0\")")+"\n"), 0o755)
+	hooks := filepath.Join(repo, ".git", "evil-hooks")
+	os.MkdirAll(hooks, 0o755)
+	for _, h := range []string{"post-checkout", "pre-commit", "pre-push", "post-merge", "reference-transaction", "fsmonitor-watchman"} {
+		os.WriteFile(filepath.Join(hooks, h), []byte("#!/bin/sh\ntouch "+filepath.Join(marks, "ran-"+h)+"\n"), 0o755)
+	}
+	sh(t, repo, "config", "core.fsmonitor", hook)
+	sh(t, repo, "config", "core.hooksPath", hooks)
+	sh(t, repo, "config", "core.sshCommand", hook)
+	// The trap works: plain git in the repository runs it.
+	sh(t, repo, "status")
+	if ents, _ := os.ReadDir(marks); len(ents) < 2 {
+		t.Fatalf("plain git status ran no command: the test would prove nothing")
+	}
+	for _, e := range mustReadDir(t, marks) {
+		if strings.HasPrefix(e, "ran-") {
+			os.Remove(filepath.Join(marks, e))
+		}
+	}
+
+	ctx := context.Background()
+	c := &Cache{Dir: t.TempDir()}
+	mirror, err := c.Mirror(ctx, repo, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	commit, err := c.Git.Resolve(ctx, mirror, "main")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws, err := c.Git.Checkout(ctx, mirror, commit, filepath.Join(t.TempDir(), "ws"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ws.Tar(ctx); err != nil {
+		t.Fatal(err)
+	}
+	diff, err := ws.Apply(ctx, []byte("diff --git a/a.txt b/a.txt\n--- a/a.txt\n+++ b/a.txt\n@@ -1 +1 @@\n-two\n+three\n"))
+	if err != nil || !strings.Contains(string(diff), "+three") {
+		t.Fatalf("apply: %v %s", err, diff)
+	}
+	id, err := ws.CommitIndex(ctx, "fix", time.Unix(1e9, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ws.Push(ctx, repo, nil, "agent/t1", id); err != nil {
+		t.Fatal(err)
+	}
+	if ents := mustReadDir(t, marks); len(ents) != 1 {
+		t.Fatalf("commands ran on the node: %v", ents)
+	}
+	if got := sh(t, repo, "rev-parse", "refs/heads/agent/t1"); got != id {
+		t.Fatalf("pushed %s, the branch is %s", id, got)
+	}
+}
+
+func mustReadDir(t *testing.T, dir string) []string {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range ents {
+		out = append(out, e.Name())
+	}
+	return out
+}
+
+// A branch named like a commit id does not stand in for the commit: git
+// itself prefers the branch, Resolve never looks at branches for an id.
+func TestResolveIgnoresBranchNamedLikeACommit(t *testing.T) {
+	needGit(t)
+	repo, first := newRepo(t)
+	second := sh(t, repo, "rev-parse", "HEAD")
+	short := first[:12]
+	sh(t, repo, "branch", first, second) // the attacker's branch, named as the pinned commit
+	sh(t, repo, "branch", short, second)
+	ctx := context.Background()
+	c := &Cache{Dir: t.TempDir()}
+	mirror, err := c.Mirror(ctx, repo, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if naive := sh(t, mirror, "rev-parse", short); naive != second {
+		t.Fatalf("plain git resolved %s to %s: the trap is not set", short, naive)
+	}
+	for _, base := range []string{first, short, strings.ToUpper(short)} {
+		got, err := c.Git.Resolve(ctx, mirror, base)
+		if err != nil || got != first {
+			t.Errorf("Resolve(%s) = %s, %v; want %s", base, got, err, first)
+		}
+	}
+	ws, err := c.Git.Checkout(ctx, mirror, first, filepath.Join(t.TempDir(), "ws"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(ws.Dir, "a.txt")); string(b) != "one\n" {
+		t.Fatalf("checked out %q", b)
+	}
+	for _, bad := range []string{"", "-x", "main~1", "a..b", "ref:x", "0000000000000000000000000000000000000000"} {
+		if _, err := c.Git.Resolve(ctx, mirror, bad); err == nil {
+			t.Errorf("Resolve(%q) succeeded", bad)
+		}
+	}
+	if got, err := c.Git.Resolve(ctx, mirror, "HEAD"); err != nil || got != second {
+		t.Errorf("Resolve(HEAD) = %s, %v", got, err)
+	}
+}
+
+// The mirror is fetched only when it lacks the wanted commit.
+func TestMirrorFetchesOnDemand(t *testing.T) {
+	needGit(t)
+	repo, first := newRepo(t)
+	ctx := context.Background()
+	c := &Cache{Dir: t.TempDir()}
+	mirror, err := c.Mirror(ctx, repo, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(repo, "b.txt"), []byte("b\n"), 0o644)
+	sh(t, repo, "add", "-A")
+	sh(t, repo, "commit", "-qm", "third")
+	third := sh(t, repo, "rev-parse", "HEAD")
+	if _, err := c.Mirror(ctx, repo, first); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Git.Resolve(ctx, mirror, third); err == nil {
+		t.Fatal("the mirror fetched though it had the wanted commit")
+	}
+	if _, err := c.Mirror(ctx, repo, third); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := c.Git.Resolve(ctx, mirror, third); err != nil || got != third {
+		t.Fatalf("after a fetch: %s %v", got, err)
+	}
+	if _, err := c.Mirror(ctx, "--upload-pack=touch /tmp/x", ""); err == nil {
+		t.Fatal("an option as a repository was accepted")
+	}
+}
+
+// The same diff makes the same commit anywhere; pushes go only to agent/
+// branches; a binary file survives the patch.
+func TestApplyCommitPush(t *testing.T) {
+	needGit(t)
+	repo, _ := newRepo(t)
+	remote := t.TempDir()
+	sh(t, remote, "init", "-q", "--bare")
+	ctx := context.Background()
+	c := &Cache{Dir: t.TempDir()}
+	mirror, _ := c.Mirror(ctx, repo, "")
+	commit, _ := c.Git.Resolve(ctx, mirror, "main")
+	// A patch as the sandbox makes it: a text edit and a new binary file.
+	sb := t.TempDir()
+	sh(t, sb, "clone", "-q", repo, ".")
+	os.WriteFile(filepath.Join(sb, "a.txt"), []byte("fixed\n"), 0o644)
+	os.WriteFile(filepath.Join(sb, "img.bin"), []byte{0, 1, 2, 255, 0, 7}, 0o644)
+	sh(t, sb, "add", "-A")
+	patch := sh(t, sb, "diff", "--cached", "--binary", commit) + "\n" // sh trims the binary hunk's closing blank line
+	if _, err := func() ([]byte, error) {
+		ws, _ := c.Git.Checkout(ctx, mirror, commit, filepath.Join(t.TempDir(), "ws"))
+		return ws.Apply(ctx, []byte(patch))
+	}(); err == nil || !strings.Contains(err.Error(), "img.bin is missing") {
+		t.Fatalf("a truncated binary patch: %v", err)
+	}
+	patch += "\n"
+	var ids []string
+	for i := 0; i < 2; i++ {
+		ws, err := c.Git.Checkout(ctx, mirror, commit, filepath.Join(t.TempDir(), "ws"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		diff, err := ws.Apply(ctx, []byte(patch))
+		if err != nil {
+			t.Fatal(err)
+		}
+		files := ParseDiff(diff)
+		if len(files) != 2 || !files[1].Binary || files[1].Path != "img.bin" {
+			t.Fatalf("diff files: %+v\npatch:\n%s\ndiff:\n%s", files, patch, diff)
+		}
+		id, err := ws.CommitIndex(ctx, "fix a\n", time.Unix(1.7e9, 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+		if err := ws.Push(ctx, remote, nil, "agent/task-1", id); err != nil {
+			t.Fatal(err)
+		}
+		if err := ws.Push(ctx, remote, nil, "main", id); err == nil || !strings.Contains(err.Error(), "destination policy") {
+			t.Fatalf("a push to main: %v", err)
+		}
+	}
+	if ids[0] != ids[1] {
+		t.Fatalf("the same diff made commits %s and %s", ids[0], ids[1])
+	}
+	if got := sh(t, remote, "rev-parse", "agent/task-1"); got != ids[0] {
+		t.Fatalf("remote branch at %s", got)
+	}
+	if refs := sh(t, remote, "for-each-ref", "--format=%(refname)"); refs != "refs/heads/agent/task-1" {
+		t.Fatalf("remote refs: %s", refs)
+	}
+	// A patch that reaches into .git or out of the tree is refused.
+	ws, _ := c.Git.Checkout(ctx, mirror, commit, filepath.Join(t.TempDir(), "ws"))
+	for _, bad := range []string{
+		"diff --git a/.git/config b/.git/config\n--- a/.git/config\n+++ b/.git/config\n@@ -0,0 +1 @@\n+[core]\n",
+		"diff --git a/../x b/../x\nnew file mode 100644\n--- /dev/null\n+++ b/../x\n@@ -0,0 +1 @@\n+x\n",
+	} {
+		if _, err := ws.Apply(ctx, []byte(bad)); err == nil {
+			t.Errorf("applied %q", bad)
+		}
+	}
+}

@@ -1,0 +1,268 @@
+package forge
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/google/go-github/v75/github"
+)
+
+// PRRequest is a pull request to open.
+type PRRequest struct {
+	Repo  RepoRef
+	Head  string // the agent's branch
+	Base  string // the branch it merges into
+	Title string
+	Body  string
+	Draft bool
+}
+
+// RepoRef names a repository on a forge.
+type RepoRef struct {
+	Owner, Name string
+}
+
+func (r RepoRef) String() string { return r.Owner + "/" + r.Name }
+
+// RepoFromURL takes owner and name from a repository URL's last two path
+// elements (https://host/owner/name.git, git@host:owner/name.git).
+func RepoFromURL(repo string) (RepoRef, error) {
+	p := repo
+	if u, err := url.Parse(repo); err == nil && u.Scheme != "" {
+		p = u.Path
+	} else if _, after, ok := strings.Cut(repo, ":"); ok && !strings.HasPrefix(repo, "/") {
+		p = after
+	}
+	parts := strings.Split(strings.Trim(strings.TrimSuffix(strings.TrimSuffix(p, "/"), ".git"), "/"), "/")
+	if len(parts) < 2 || parts[len(parts)-1] == "" || parts[len(parts)-2] == "" {
+		return RepoRef{}, fmt.Errorf("%q: cannot tell the forge's owner/name from it", repo)
+	}
+	return RepoRef{Owner: parts[len(parts)-2], Name: parts[len(parts)-1]}, nil
+}
+
+// PullRequest is an opened (or found) pull request.
+type PullRequest struct {
+	Number  int    `json:"number"`
+	URL     string `json:"url"`
+	Created bool   `json:"created"` // false: it existed (a retry)
+}
+
+// Forge opens pull requests. Its adapters can do nothing else: no merge,
+// no repository, fork or visibility change, no other branch.
+type Forge interface {
+	Name() string
+	// EnsurePR returns the open pull request from req.Head, opening it if
+	// there is none, so a retry never opens a second one.
+	EnsurePR(ctx context.Context, req PRRequest) (*PullRequest, error)
+}
+
+// New makes the adapter of a kind: github (REST, go-github; apiURL "" is
+// api.github.com), gitea (Gitea and Forgejo) or gitlab.
+func New(kind, apiURL, token string) (Forge, error) {
+	hc := &http.Client{Timeout: time.Minute}
+	switch kind {
+	case "github":
+		c := github.NewClient(hc)
+		if token != "" {
+			c = c.WithAuthToken(token)
+		}
+		if apiURL != "" {
+			u := strings.TrimSuffix(apiURL, "/") + "/"
+			var err error
+			if c, err = c.WithEnterpriseURLs(u, u); err != nil {
+				return nil, fmt.Errorf("forge-url: %w", err)
+			}
+			c.BaseURL, _ = url.Parse(u) // as given: no /api/v3/ added
+		}
+		return &GitHub{c: c}, nil
+	case "gitea", "forgejo":
+		if apiURL == "" {
+			return nil, fmt.Errorf("forge-url: required for %s", kind)
+		}
+		return &Gitea{base: strings.TrimSuffix(apiURL, "/"), token: token, hc: hc}, nil
+	case "gitlab":
+		if apiURL == "" {
+			apiURL = "https://gitlab.com"
+		}
+		return &GitLab{base: strings.TrimSuffix(apiURL, "/"), token: token, hc: hc}, nil
+	}
+	return nil, fmt.Errorf("forge: %q is not github, gitea, forgejo or gitlab", kind)
+}
+
+// GitHub is the GitHub REST adapter.
+type GitHub struct{ c *github.Client }
+
+func (*GitHub) Name() string { return "github" }
+
+func (g *GitHub) EnsurePR(ctx context.Context, req PRRequest) (*PullRequest, error) {
+	open, _, err := g.c.PullRequests.List(ctx, req.Repo.Owner, req.Repo.Name, &github.PullRequestListOptions{
+		State: "open", Head: req.Repo.Owner + ":" + req.Head, ListOptions: github.ListOptions{PerPage: 10}})
+	if err != nil {
+		return nil, fmt.Errorf("github: list pull requests: %w", err)
+	}
+	for _, pr := range open {
+		if pr.GetHead().GetRef() == req.Head {
+			return &PullRequest{Number: pr.GetNumber(), URL: pr.GetHTMLURL()}, nil
+		}
+	}
+	pr, _, err := g.c.PullRequests.Create(ctx, req.Repo.Owner, req.Repo.Name, &github.NewPullRequest{
+		Title: &req.Title, Head: &req.Head, Base: &req.Base, Body: &req.Body, Draft: &req.Draft,
+		MaintainerCanModify: github.Ptr(true)})
+	if err != nil {
+		return nil, fmt.Errorf("github: open pull request: %w", err)
+	}
+	return &PullRequest{Number: pr.GetNumber(), URL: pr.GetHTMLURL(), Created: true}, nil
+}
+
+// Gitea is the Gitea and Forgejo adapter (their /api/v1).
+type Gitea struct {
+	base, token string
+	hc          *http.Client
+}
+
+func (*Gitea) Name() string { return "gitea" }
+
+func (g *Gitea) EnsurePR(ctx context.Context, req PRRequest) (*PullRequest, error) {
+	path := fmt.Sprintf("/api/v1/repos/%s/%s/pulls", url.PathEscape(req.Repo.Owner), url.PathEscape(req.Repo.Name))
+	var open []struct {
+		Number int    `json:"number"`
+		URL    string `json:"html_url"`
+		Head   struct {
+			Ref string `json:"ref"`
+		} `json:"head"`
+	}
+	for page := 1; page <= 20; page++ {
+		var batch []struct {
+			Number int    `json:"number"`
+			URL    string `json:"html_url"`
+			Head   struct {
+				Ref string `json:"ref"`
+			} `json:"head"`
+		}
+		if err := doJSON(ctx, g.hc, "GET", g.base+path+fmt.Sprintf("?state=open&limit=50&page=%d", page), g.auth(), nil, &batch); err != nil {
+			return nil, fmt.Errorf("gitea: list pull requests: %w", err)
+		}
+		open = append(open, batch...)
+		if len(batch) < 50 {
+			break
+		}
+	}
+	for _, pr := range open {
+		if pr.Head.Ref == req.Head {
+			return &PullRequest{Number: pr.Number, URL: pr.URL}, nil
+		}
+	}
+	title := req.Title
+	if req.Draft {
+		title = "WIP: " + title // Gitea's draft marker
+	}
+	var pr struct {
+		Number int    `json:"number"`
+		URL    string `json:"html_url"`
+	}
+	body := map[string]any{"head": req.Head, "base": req.Base, "title": title, "body": req.Body}
+	if err := doJSON(ctx, g.hc, "POST", g.base+path, g.auth(), body, &pr); err != nil {
+		return nil, fmt.Errorf("gitea: open pull request: %w", err)
+	}
+	return &PullRequest{Number: pr.Number, URL: pr.URL, Created: true}, nil
+}
+
+func (g *Gitea) auth() http.Header {
+	h := http.Header{}
+	if g.token != "" {
+		h.Set("Authorization", "token "+g.token)
+	}
+	return h
+}
+
+// GitLab is the GitLab adapter (merge requests, /api/v4).
+type GitLab struct {
+	base, token string
+	hc          *http.Client
+}
+
+func (*GitLab) Name() string { return "gitlab" }
+
+func (g *GitLab) EnsurePR(ctx context.Context, req PRRequest) (*PullRequest, error) {
+	project := url.PathEscape(req.Repo.Owner + "/" + req.Repo.Name)
+	path := g.base + "/api/v4/projects/" + project + "/merge_requests"
+	var open []struct {
+		IID int    `json:"iid"`
+		URL string `json:"web_url"`
+	}
+	q := url.Values{"state": {"opened"}, "source_branch": {req.Head}}
+	if err := doJSON(ctx, g.hc, "GET", path+"?"+q.Encode(), g.auth(), nil, &open); err != nil {
+		return nil, fmt.Errorf("gitlab: list merge requests: %w", err)
+	}
+	if len(open) > 0 {
+		return &PullRequest{Number: open[0].IID, URL: open[0].URL}, nil
+	}
+	title := req.Title
+	if req.Draft {
+		title = "Draft: " + title
+	}
+	var mr struct {
+		IID int    `json:"iid"`
+		URL string `json:"web_url"`
+	}
+	body := map[string]any{"source_branch": req.Head, "target_branch": req.Base, "title": title, "description": req.Body}
+	if err := doJSON(ctx, g.hc, "POST", path, g.auth(), body, &mr); err != nil {
+		return nil, fmt.Errorf("gitlab: open merge request: %w", err)
+	}
+	return &PullRequest{Number: mr.IID, URL: mr.URL, Created: true}, nil
+}
+
+func (g *GitLab) auth() http.Header {
+	h := http.Header{}
+	if g.token != "" {
+		h.Set("PRIVATE-TOKEN", g.token)
+	}
+	return h
+}
+
+// doJSON sends a JSON request and decodes a 2xx JSON answer into out.
+func doJSON(ctx context.Context, hc *http.Client, method, u string, h http.Header, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, body)
+	if err != nil {
+		return err
+	}
+	for k, v := range h {
+		req.Header[k] = v
+	}
+	req.Header.Set("Accept", "application/json")
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	if resp.StatusCode/100 != 2 {
+		msg := strings.TrimSpace(string(b))
+		if len(msg) > 300 {
+			msg = msg[:300] + "…"
+		}
+		return fmt.Errorf("%s %s: %s: %s", method, req.URL.Path, resp.Status, msg)
+	}
+	if err := json.Unmarshal(b, out); err != nil {
+		return fmt.Errorf("%s %s: the answer is not the JSON expected: %v", method, req.URL.Path, err)
+	}
+	return nil
+}

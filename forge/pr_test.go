@@ -1,0 +1,156 @@
+package forge
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// fakePRs is a FAKE forge API (GitHub, Gitea or GitLab request shapes) on
+// loopback: it keeps pull requests in memory and counts creations.
+type fakePRs struct {
+	mu      sync.Mutex
+	prs     []map[string]any
+	creates int
+	auth    []string
+}
+
+func (f *fakePRs) serve(t *testing.T, kind string) *httptest.Server {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		f.auth = append(f.auth, r.Header.Get("Authorization")+r.Header.Get("PRIVATE-TOKEN"))
+		w.Header().Set("content-type", "application/json")
+		var list, create string
+		switch kind {
+		case "github":
+			list, create = "/repos/acme/calc/pulls", "/repos/acme/calc/pulls"
+		case "gitea":
+			list, create = "/api/v1/repos/acme/calc/pulls", "/api/v1/repos/acme/calc/pulls"
+		case "gitlab":
+			list, create = "/api/v4/projects/acme/calc/merge_requests", "/api/v4/projects/acme/calc/merge_requests"
+		}
+		switch {
+		case r.Method == "GET" && r.URL.Path == list:
+			q := r.URL.Query()
+			out := []map[string]any{}
+			for _, pr := range f.prs {
+				head := pr["head"].(string)
+				switch kind {
+				case "github":
+					if q.Get("head") != "acme:"+head || q.Get("state") != "open" {
+						continue
+					}
+					out = append(out, map[string]any{"number": pr["n"], "html_url": pr["url"], "head": map[string]any{"ref": head}})
+				case "gitea":
+					out = append(out, map[string]any{"number": pr["n"], "html_url": pr["url"], "head": map[string]any{"ref": head}})
+				case "gitlab":
+					if q.Get("source_branch") == head && q.Get("state") == "opened" {
+						out = append(out, map[string]any{"iid": pr["n"], "web_url": pr["url"]})
+					}
+				}
+			}
+			json.NewEncoder(w).Encode(out)
+		case r.Method == "POST" && r.URL.Path == create:
+			var body map[string]any
+			if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
+				http.Error(w, `{"message":"bad json"}`, 400)
+				return
+			}
+			head, base, title := body["head"], body["base"], body["title"]
+			if kind == "gitlab" {
+				head, base = body["source_branch"], body["target_branch"]
+			}
+			if head == nil || base == nil || title == nil {
+				http.Error(w, `{"message":"Validation Failed"}`, 422)
+				return
+			}
+			f.creates++
+			n := len(f.prs) + 1
+			url := fmt.Sprintf("https://forge.test/acme/calc/pull/%d", n)
+			f.prs = append(f.prs, map[string]any{"n": n, "url": url, "head": head, "body": body})
+			w.WriteHeader(201)
+			if kind == "gitlab" {
+				json.NewEncoder(w).Encode(map[string]any{"iid": n, "web_url": url})
+			} else {
+				json.NewEncoder(w).Encode(map[string]any{"number": n, "html_url": url})
+			}
+		default:
+			http.Error(w, `{"message":"Not Found"}`, 404)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// Each adapter opens a pull request once: a retry finds it.
+func TestEnsurePROpensOnce(t *testing.T) {
+	for _, kind := range []string{"github", "gitea", "gitlab"} {
+		t.Run(kind, func(t *testing.T) {
+			fake := &fakePRs{}
+			srv := fake.serve(t, kind)
+			f, err := New(kind, srv.URL, "tok-123")
+			if err != nil {
+				t.Fatal(err)
+			}
+			req := PRRequest{Repo: RepoRef{"acme", "calc"}, Head: "agent/t1", Base: "main", Title: "Fix Add", Body: "body", Draft: true}
+			first, err := f.EnsurePR(context.Background(), req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			again, err := f.EnsurePR(context.Background(), req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !first.Created || again.Created || again.Number != first.Number || fake.creates != 1 {
+				t.Fatalf("first %+v, retry %+v, %d creations", first, again, fake.creates)
+			}
+			body := fake.prs[0]["body"].(map[string]any)
+			switch kind {
+			case "github":
+				if body["draft"] != true || body["title"] != "Fix Add" || body["body"] != "body" {
+					t.Errorf("request body %v", body)
+				}
+			case "gitea":
+				if !strings.HasPrefix(body["title"].(string), "WIP: ") {
+					t.Errorf("request body %v", body)
+				}
+			case "gitlab":
+				if body["title"] != "Draft: Fix Add" || body["description"] != "body" {
+					t.Errorf("request body %v", body)
+				}
+			}
+			for _, a := range fake.auth {
+				if !strings.Contains(a, "tok-123") {
+					t.Errorf("a request without the token: %q", a)
+				}
+			}
+		})
+	}
+}
+
+func TestRepoFromURL(t *testing.T) {
+	for in, want := range map[string]string{
+		"https://github.com/acme/calc.git":   "acme/calc",
+		"http://127.0.0.1:8080/git/a/b":      "a/b",
+		"git@github.com:acme/calc.git":       "acme/calc",
+		"/srv/git/acme/calc.git":             "acme/calc",
+		"https://gitlab.com/g/sub/proj.git/": "sub/proj",
+	} {
+		got, err := RepoFromURL(in)
+		if err != nil || got.String() != want {
+			t.Errorf("%s: %v %v", in, got, err)
+		}
+	}
+	if _, err := RepoFromURL("calc"); err == nil {
+		t.Error("a bare name was accepted")
+	}
+	if _, err := New("bitbucket", "", ""); err == nil {
+		t.Error("an unknown forge was accepted")
+	}
+}
