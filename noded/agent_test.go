@@ -18,8 +18,8 @@ import (
 	"connectrpc.com/connect"
 
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
-	"github.com/warrenhq/warren/noded/agenttest"
 	"github.com/warrenhq/warren/noded"
+	"github.com/warrenhq/warren/noded/agenttest"
 	"github.com/warrenhq/warren/noded/driver/container"
 )
 
