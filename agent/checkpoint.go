@@ -46,7 +46,7 @@ func (t *Tools) Checkpoint(ctx context.Context) (string, error) {
 	if _, err := t.git(ctx, "add", "-A"); err != nil {
 		return "", err
 	}
-	res, err := t.git(ctx, "diff", "--cached", "--binary", "warren-base")
+	res, err := t.git(ctx, "diff", "--cached", "--binary", "--no-color", "--no-ext-diff", "--no-textconv", "--no-renames", "warren-base")
 	if err != nil {
 		return "", err
 	}

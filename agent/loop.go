@@ -127,6 +127,11 @@ type Loop struct {
 	replayPending []model.Block
 	replayResults map[string]model.Block
 	replayFinish  *Finish
+	// the finishing turn's tool results, which its end keeps out of the
+	// conversation until RejectFinish
+	finishResults []model.Block
+	finishID      string
+	rejections    int
 	// approvals asked (true) and decided, by tool call id, from the log
 	asked     map[string]bool
 	decisions map[string]decision
@@ -447,6 +452,12 @@ func (l *Loop) afterResponse(ctx context.Context, n int64, content []model.Block
 		}
 	}
 	if finish != nil {
+		l.finishResults = results
+		for _, tu := range content {
+			if tu.Type == model.BlockToolUse && tu.Name == ToolFinish {
+				l.finishID = tu.ID
+			}
+		}
 		return &Outcome{Reason: "finished", Finish: finish, Spent: l.spent}, nil
 	}
 	if len(results) > 0 {
@@ -481,6 +492,7 @@ func (l *Loop) Replay(events []Event) ([]model.Block, error) {
 	l.msgs, l.spent, l.step, l.replayFinish = nil, Spent{}, 0, nil
 	l.checkpoint, l.hasCheckpoint = "", false
 	l.asked, l.decisions = map[string]bool{}, map[string]decision{}
+	l.finishResults, l.finishID, l.rejections = nil, "", 0
 	var pending []model.Block
 	results := map[string]model.Block{}
 	flush := func() {
@@ -583,6 +595,17 @@ func (l *Loop) Replay(events []Event) ([]model.Block, error) {
 			} else {
 				l.decisions[p.ID] = decision{approved: p.Approved, comment: p.Comment}
 			}
+		case "finish_rejected":
+			var p struct {
+				ID     string `json:"tool_call_id"`
+				Reason string `json:"reason"`
+			}
+			if err := json.Unmarshal(e.Payload, &p); err != nil || p.ID == "" {
+				return nil, fmt.Errorf("%w: event %d: finish_rejected without a tool_call_id", ErrReplay, i)
+			}
+			results[p.ID] = model.Block{Type: model.BlockToolResult, ToolUseID: p.ID, Content: "finish was refused: " + p.Reason, IsError: true}
+			l.replayFinish = nil
+			l.rejections++
 		case "tool_result":
 			var p struct {
 				ID      string  `json:"tool_call_id"`
@@ -610,7 +633,18 @@ func (l *Loop) Replay(events []Event) ([]model.Block, error) {
 		}
 	}
 	if len(missing) == 0 && len(recordedNow) > 0 {
-		l.appendUser(recordedNow...)
+		if l.replayFinish != nil {
+			// The task had finished: its finish stays out of the
+			// conversation unless RejectFinish takes it back.
+			l.finishResults = recordedNow
+			for _, tu := range pending {
+				if tu.Name == ToolFinish {
+					l.finishID = tu.ID
+				}
+			}
+		} else {
+			l.appendUser(recordedNow...)
+		}
 		pending = nil
 	}
 	l.replayPending = pending
@@ -641,6 +675,39 @@ func (l *Loop) FinishReplayedTurn(ctx context.Context) (*Outcome, error) {
 		return out, err
 	}
 	return nil, nil
+}
+
+// RejectFinish refuses the model's finish (its tests failed outside its
+// control, or a reviewer rejected its diff): it records finish_rejected
+// with the reason, which the model gets as the finish call's error, and
+// the loop goes on with the next Step.
+func (l *Loop) RejectFinish(ctx context.Context, reason string) error {
+	if l.finishID == "" {
+		return errors.New("reject finish: the loop has not finished")
+	}
+	if err := l.rec.Record(ctx, fmt.Sprintf("step-%d/finish-rejected", l.step), "finish_rejected", map[string]any{
+		"tool_call_id": l.finishID, "step": l.step, "reason": reason}); err != nil {
+		return err
+	}
+	l.appendUser(rejectedFinish(l.finishResults, l.finishID, reason)...)
+	l.rejections++
+	l.finishResults, l.finishID, l.replayFinish = nil, "", nil
+	return nil
+}
+
+// FinishRejections counts the finish_rejected events Replay saw (or
+// RejectFinish recorded since).
+func (l *Loop) FinishRejections() int { return l.rejections }
+
+func rejectedFinish(results []model.Block, id, reason string) []model.Block {
+	out := make([]model.Block, 0, len(results))
+	for _, b := range results {
+		if b.ToolUseID == id {
+			b = model.Block{Type: model.BlockToolResult, ToolUseID: id, Content: "finish was refused: " + reason, IsError: true}
+		}
+		out = append(out, b)
+	}
+	return out
 }
 
 // Tools returns the loop's tools.

@@ -52,13 +52,15 @@ func (m *memLog) kinds() string {
 // counts no repeated call" of issue 7, here on the scripted provider).
 type counting struct {
 	model.Provider
-	mu sync.Mutex
-	n  int
+	mu   sync.Mutex
+	n    int
+	last model.Request
 }
 
 func (c *counting) Call(ctx context.Context, r model.Request) (*model.Response, error) {
 	c.mu.Lock()
 	c.n++
+	c.last = r
 	c.mu.Unlock()
 	return c.Provider.Call(ctx, r)
 }
@@ -286,4 +288,62 @@ func TestCompactionAndBlobs(t *testing.T) {
 	if len(l2.msgs) != 5 || !strings.Contains(l2.msgs[1].Content[0].Text, "Add subtracts") {
 		t.Fatalf("replayed history: %d messages: %+v", len(l2.msgs), l2.msgs)
 	}
+}
+
+// A refused finish (the tests failed outside the model's control) goes
+// back to the model as the finish call's error, and a replay of the log
+// rebuilds the same conversation.
+func TestRejectFinishGoesBackToTheModel(t *testing.T) {
+	const script = `{"content":[{"type":"tool_use","name":"finish","input":{"summary":"done"}}]}
+{"content":[{"type":"tool_use","name":"read_file","input":{"path":"calc/calc.go"}}]}
+{"content":[{"type":"tool_use","name":"finish","input":{"summary":"really done"}}]}
+`
+	tl := newRepo(t)
+	p, log := scriptedFrom(t, script), &memLog{}
+	l := newLoop(t, tl, p, Budgets{}, log)
+	l.Start(context.Background(), Task{IssueTitle: "x"})
+	out, err := l.Run(context.Background())
+	if err != nil || out.Reason != "finished" || out.Finish.Summary != "done" {
+		t.Fatalf("%+v %v", out, err)
+	}
+	if err := l.RejectFinish(context.Background(), "the test command failed"); err != nil {
+		t.Fatal(err)
+	}
+	// A resumed copy, replaying the log up to here, says the same next.
+	l2 := newLoop(t, tl, scriptedFrom(t, script), Budgets{}, &memLog{events: append([]Event(nil), log.events...)})
+	if _, err := l2.Replay(log.events); err != nil {
+		t.Fatal(err)
+	}
+	if o, err := l2.FinishReplayedTurn(context.Background()); o != nil || err != nil {
+		t.Fatalf("the replayed, refused finish: %+v %v", o, err)
+	}
+	if a, b := mustJSON(t, l.msgs), mustJSON(t, l2.msgs); a != b {
+		t.Fatalf("live and replayed conversations differ:\n%s\n%s", a, b)
+	}
+	out, err = l.Run(context.Background())
+	if err != nil || out.Reason != "finished" || out.Finish.Summary != "really done" || p.n != 3 {
+		t.Fatalf("%+v %v, %d calls", out, err, p.n)
+	}
+	second := mustJSON(t, p.last.Messages)
+	if !strings.Contains(second, "finish was refused: the test command failed") || l.FinishRejections() != 1 {
+		t.Fatalf("the model did not see the refusal: %s", second)
+	}
+	// Replaying a log that ends finished keeps the finish out of the
+	// conversation, so a refusal after a resume works the same.
+	l3 := newLoop(t, tl, scriptedFrom(t, script), Budgets{}, &memLog{events: append([]Event(nil), log.events...)})
+	l3.Replay(log.events)
+	if o, _ := l3.FinishReplayedTurn(context.Background()); o == nil || o.Finish.Summary != "really done" {
+		t.Fatalf("replayed end: %+v", o)
+	}
+	if err := l3.RejectFinish(context.Background(), "again"); err != nil || l3.FinishRejections() != 2 {
+		t.Fatalf("%v, %d", err, l3.FinishRejections())
+	}
+}
+
+func mustJSON(t *testing.T, v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }

@@ -124,6 +124,12 @@ func CheckRepo(repo string) error {
 	return fmt.Errorf("%q is not a URL, user@host:path or absolute path", repo)
 }
 
+// Path is where repo's mirror is (it may not exist yet).
+func (c *Cache) Path(repo string) string {
+	sum := sha256.Sum256([]byte(repo))
+	return filepath.Join(c.Dir, hex.EncodeToString(sum[:12])+".git")
+}
+
 // Mirror returns the bare mirror of repo, creating it on first use, and
 // fetches it unless it already holds want (a commit id; "" always
 // fetches).
@@ -131,10 +137,8 @@ func (c *Cache) Mirror(ctx context.Context, repo, want string) (string, error) {
 	if err := CheckRepo(repo); err != nil {
 		return "", fmt.Errorf("repo: %w", err)
 	}
-	sum := sha256.Sum256([]byte(repo))
-	key := hex.EncodeToString(sum[:12])
-	defer c.lock(key)()
-	dir := filepath.Join(c.Dir, key+".git")
+	dir := c.Path(repo)
+	defer c.lock(dir)()
 	var auth *Auth
 	if c.Auth != nil {
 		auth = c.Auth(repo)

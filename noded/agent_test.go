@@ -283,10 +283,16 @@ func TestAgentSteering(t *testing.T) {
 		t.Fatal(err)
 	}
 	close(release)
+	// Told not to edit, it finishes with no change: no pull request, and
+	// the task says why.
 	waitFor(t, "the task to end", 2*time.Minute, func() bool {
 		tk := c.task(id)
-		return tk != nil && tk.GetState() == warrenv1.TaskState_TASK_STATE_SUCCEEDED
+		return tk != nil && tk.GetState() == warrenv1.TaskState_TASK_STATE_FAILED
 	})
+	evs := c.events(id)
+	if last := string(evs[len(evs)-1].GetPayload()); !strings.Contains(last, "finished without changing anything") {
+		t.Errorf("the end: %s", last)
+	}
 	mu.Lock()
 	defer mu.Unlock()
 	if len(bodies) != 2 || strings.Contains(bodies[0], "do not edit") || !strings.Contains(bodies[1], "Message from the user: stop after reading; do not edit") {

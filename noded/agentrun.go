@@ -6,8 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/url"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -132,51 +130,30 @@ func (r actorRecorder) Record(ctx context.Context, key, kind string, payload any
 	return nil
 }
 
-// checkoutInto puts the repository's tree at the task's base commit into
-// the sandbox. The repository is a directory or file:// URL on the node;
-// git runs here, outside the sandbox, with fsmonitor off and no hooks,
-// and the base must resolve to a commit (not a branch that merely looks
-// like one). Remote repositories come with the forge.
-func checkoutInto(ctx context.Context, ia driver.Interactive, repo, base string) (string, error) {
-	dir := repo
-	if u, err := url.Parse(repo); err == nil && u.Scheme == "file" {
-		dir = u.Path
-	} else if !filepath.IsAbs(repo) {
-		return "", fmt.Errorf("repository %q: only a local path or file:// URL can be checked out yet (the forge clones remote ones)", repo)
-	}
-	git := func(args ...string) ([]byte, error) {
-		cmd := exec.CommandContext(ctx, "git", append([]string{"-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null", "-C", dir}, args...)...)
-		cmd.Env = []string{"GIT_CONFIG_NOSYSTEM=1", "HOME=/nonexistent", "PATH=/usr/bin:/bin"}
-		var errb bytes.Buffer
-		cmd.Stderr = &errb
-		out, err := cmd.Output()
-		if err != nil {
-			return nil, fmt.Errorf("git %s: %v: %s", args[0], err, strings.TrimSpace(errb.String()))
-		}
-		return out, nil
-	}
-	if base == "" {
-		base = "HEAD"
-	}
-	sha, err := git("rev-parse", "--verify", "--end-of-options", base+"^{commit}")
+// checkoutInto makes the task's workspace on the node (git runs here,
+// outside the sandbox: the clone cache, the pinned commit, HEAD verified)
+// and copies its tree into the sandbox at WorkRoot. pinned is the commit a
+// resumed task checked out first ("" the first time).
+func (a *taskActor) checkoutInto(ctx context.Context, ia driver.Interactive, pinned string) (*agent.Workspace, error) {
+	dir := filepath.Join(a.d.cfg.DataDir, "work", fmt.Sprintf("%s-e%d", a.id, a.epoch))
+	ws, err := a.d.git.Checkout(ctx, a.spec.GetRepo(), a.spec.GetBase(), pinned, dir)
 	if err != nil {
-		return "", fmt.Errorf("base %q: %w", base, err)
+		return nil, err
 	}
-	commit := strings.TrimSpace(string(sha))
-	tar, err := git("archive", "--format=tar", commit)
+	tar, err := ws.Tar(ctx)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	var errb bytes.Buffer
 	res, err := ia.Run(ctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", "mkdir -p " + WorkRoot + " && tar -x -C " + WorkRoot},
 		Stdin: bytes.NewReader(tar)}, nil, &errb)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	if res.ExitCode != 0 {
-		return "", fmt.Errorf("unpack in the sandbox: exit %d: %s", res.ExitCode, strings.TrimSpace(errb.String()))
+		return nil, fmt.Errorf("unpack in the sandbox: exit %d: %s", res.ExitCode, strings.TrimSpace(errb.String()))
 	}
-	return commit, nil
+	return ws, nil
 }
 
 // newLoop makes the agent loop of a task whose sandbox is claimed.
@@ -241,17 +218,32 @@ func (a *taskActor) startAgent(c *actor.Context, t *warrenv1.Task) (done bool) {
 		return fail("agent", err)
 	}
 	ia := a.sb.(driver.Interactive)
-	commit, err := checkoutInto(ctx, ia, a.spec.GetRepo(), a.spec.GetBase())
-	if err != nil {
-		return fail("checkout", err)
-	}
-	if err := l.Tools().InitBase(ctx); err != nil {
-		return fail("checkout", err)
-	}
 	evs, err := a.agentLog(ctx, t.GetNextSeq()-1)
 	if err != nil {
 		a.failed(c, "read log", err, startMsg{})
 		return true
+	}
+	pinned := ""
+	for _, e := range evs {
+		var p struct{ Commit string }
+		if e.Kind == "checkout" && json.Unmarshal(e.Payload, &p) == nil && p.Commit != "" {
+			pinned = p.Commit
+		}
+	}
+	ws, err := a.checkoutInto(ctx, ia, pinned)
+	if err != nil {
+		return fail("checkout", err)
+	}
+	a.ws = ws
+	commit := ws.Commit
+	if err := l.Tools().InitBase(ctx); err != nil {
+		return fail("checkout", err)
+	}
+	if pinned == "" {
+		if _, err := a.append(ctx, "agent/checkout", ev("checkout", map[string]any{"repo": a.spec.GetRepo(), "base": a.spec.GetBase(), "commit": commit})); err != nil {
+			a.failed(c, "record the checkout", err, startMsg{})
+			return true
+		}
 	}
 	a.agentSeen = t.GetNextSeq() - 1 // what Replay (or Start) covers
 	resumed := slices.ContainsFunc(evs, func(e agent.Event) bool { return e.Kind == "model_call" })
@@ -368,21 +360,26 @@ func (a *taskActor) agentOutcome(c *actor.Context, out *agent.Outcome) {
 		c.After(approvalPoll, approvalPollMsg{toolCallID: out.Approval.ToolCallID})
 		return
 	}
-	// The end: the sandbox's last egress attempts, then the task's last
-	// event.
-	key, end := "agent/stopped", map[string]any{"to": "failed", "reason": out.Reason, "spent": out.Spent}
 	if out.Reason == "finished" {
-		key, end = "agent/done", map[string]any{"to": "succeeded", "finish": out.Finish, "spent": out.Spent}
+		a.finished = out
+		a.finishTask(c)
+		return
 	}
+	a.end(c, endMsg{key: "agent/stopped", payload: map[string]any{"to": "failed", "reason": out.Reason, "spent": out.Spent}, why: out.Reason})
+}
+
+// end records the task's last event (after the sandbox's last egress
+// attempts) and stops the actor; a failed append retries the end only.
+func (a *taskActor) end(c *actor.Context, m endMsg) {
 	if err := a.flushEgress(); err != nil {
-		a.failed(c, "record egress", err, stepMsg{})
+		a.failed(c, "record egress", err, m)
 		return
 	}
-	if _, err := a.append(ctx, key, ev("state_changed", end)); err != nil {
-		a.failed(c, "record the end", err, stepMsg{})
+	if _, err := a.append(a.ctx, m.key, ev("state_changed", m.payload)); err != nil {
+		a.failed(c, "record the end", err, m)
 		return
 	}
-	a.finish(c, out.Reason, &a.d.stats.Finished)
+	a.finish(c, m.why, &a.d.stats.Finished)
 }
 
 // agentLog reads the task's log up to seq upTo as the loop replays it.
@@ -455,7 +452,9 @@ func (a *taskActor) cancelled(c *actor.Context, stepCtx context.Context) bool {
 func (a *taskActor) pollApproval(c *actor.Context, m approvalPollMsg) {
 	ctx := a.ctx
 	id := m.toolCallID
-	retry := func(decided bool) { c.After(approvalPoll, approvalPollMsg{toolCallID: id, decided: decided}) }
+	retry := func(decided bool) {
+		c.After(approvalPoll, approvalPollMsg{toolCallID: id, decided: decided, finish: m.finish})
+	}
 	if !m.decided {
 		// Only the events since the last look: a long wait does not read
 		// the whole log every second.
@@ -493,6 +492,14 @@ func (a *taskActor) pollApproval(c *actor.Context, m approvalPollMsg) {
 		}
 	}
 	a.waitSince = time.Time{}
+	if m.finish { // the push's approval: the finish phase reads the decision
+		if _, err := a.append(ctx, "agent/running-"+id, ev("state_changed", map[string]any{"to": "running", "after_approval": id})); err != nil {
+			a.failed(c, "record running", err, m)
+			return
+		}
+		a.finishTask(c)
+		return
+	}
 	all, err := a.agentLog(ctx, a.agentSeen)
 	if err != nil {
 		retry(true)

@@ -83,6 +83,20 @@ func TestAgentApprovalFlowThroughTheAPI(t *testing.T) {
 	if _, err := c.cl.Tasks().Approve(ctx, connect.NewRequest(&warrenv1.DecideRequest{TaskId: id, ToolCallId: "toolu_2", Comment: "fine"})); err != nil {
 		t.Fatal(err)
 	}
+	// The diff edits CI configuration: its push waits for an approval of
+	// that exact diff too (issue 8).
+	var pushID string
+	waitFor(t, "the push's approval request", 3*time.Minute, func() bool {
+		tk := c.task(id)
+		if p := tk.GetPendingApprovals(); len(p) == 1 && strings.HasPrefix(p[0], "push-") {
+			pushID = p[0]
+			return true
+		}
+		return false
+	})
+	if _, err := c.cl.Tasks().Approve(ctx, connect.NewRequest(&warrenv1.DecideRequest{TaskId: id, ToolCallId: pushID})); err != nil {
+		t.Fatal(err)
+	}
 	waitFor(t, "the task to end", 3*time.Minute, func() bool {
 		s := c.task(id).GetState()
 		return s == warrenv1.TaskState_TASK_STATE_SUCCEEDED || s == warrenv1.TaskState_TASK_STATE_FAILED

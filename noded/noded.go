@@ -13,11 +13,13 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/warrenhq/warren/actor"
+	"github.com/warrenhq/warren/agent"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/client"
 	"github.com/warrenhq/warren/internal/gossip"
@@ -42,6 +44,10 @@ type Config struct {
 	// Models, if set, is the model gateway's settings for tasks that run
 	// the agent loop (a task with a model_script needs none).
 	Models *Models
+	// Git is the node's git service (clone cache, diff checks, push,
+	// forge); nil: one under DataDir/git with the default checks, pushing
+	// anonymously and opening no pull request on a forge.
+	Git *agent.GitService
 	// ApprovalGrace is how long an agent task waiting for approval keeps
 	// its sandbox and its room on the node; then it parks (its workspace
 	// is the last checkpoint on the log), and the decision resumes it on
@@ -137,6 +143,7 @@ type Daemon struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
+	git        *agent.GitService
 	sandboxSrv *http.Server
 	sandboxURL string
 	// Sandboxes serves the node's SandboxService (nil without SandboxListen).
@@ -170,7 +177,10 @@ func Start(cfg Config) (*Daemon, error) {
 	b := make([]byte, 8)
 	_, _ = rand.Read(b)
 	d := &Daemon{cfg: cfg, log: cfg.Logger.With("node", cfg.ID), incarnation: hex.EncodeToString(b),
-		actors: map[string]*taskRef{}, net: newNetFaults()}
+		actors: map[string]*taskRef{}, net: newNetFaults(), git: cfg.Git}
+	if d.git == nil {
+		d.git = agent.NewGitService(filepath.Join(cfg.DataDir, "git"), nil, nil, agent.CheckConfig{}, false)
+	}
 	if cfg.Shared != nil {
 		d.cl, d.app, d.h2c, d.plain = cfg.Shared.Client, cfg.Shared.Appender, cfg.Shared.H2C, cfg.Shared.HTTP
 	} else {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,7 +29,17 @@ type (
 	approvalPollMsg struct {
 		toolCallID string
 		decided    bool // found on the log; what is left is to resume
+		finish     bool // the push's approval: the finish phase goes on
 	}
+	// endMsg records an agent task's last event.
+	endMsg struct {
+		key     string
+		payload map[string]any
+		why     string
+	}
+	// finishMsg runs (again) the finish phase of an agent task whose
+	// model has finished.
+	finishMsg struct{}
 	// parkMsg lets a task that waits for approval go (retried until its
 	// parked event lands).
 	parkMsg struct{ toolCallID string }
@@ -83,7 +94,12 @@ type taskActor struct {
 	agentSeen uint64 // the last seq the loop has looked at (steering)
 	waitSince time.Time
 	loop      *agent.Loop
-	spec      *warrenv1.TaskSpec
+	ws        *agent.Workspace // the task's workspace on the node (git, outside the sandbox)
+	finished  *agent.Outcome   // the model finished: the finish phase runs
+	publishN  int              // failed publish attempts
+	created   time.Time        // the task's creation
+
+	spec *warrenv1.TaskSpec
 }
 
 // Started runs at spawn and after a restart: (re)read the log.
@@ -91,6 +107,10 @@ func (a *taskActor) Started(c *actor.Context) { _ = c.Self().Send(startMsg{}) }
 
 // Stopped destroys the sandbox.
 func (a *taskActor) Stopped(*actor.Context) {
+	if a.ws != nil {
+		_ = os.RemoveAll(a.ws.Dir)
+		a.ws = nil
+	}
 	if a.sb != nil {
 		a.d.cfg.Egress.unbind(a.sb.ID())
 		_ = a.sb.Destroy()
@@ -111,6 +131,10 @@ func (a *taskActor) Receive(c *actor.Context, msg any) {
 		a.pollApproval(c, m)
 	case parkMsg:
 		a.park(c, m.toolCallID)
+	case endMsg:
+		a.end(c, m)
+	case finishMsg:
+		a.finishTask(c)
 	case egressMsg:
 		if err := a.recordEgress(); err != nil {
 			a.failed(c, "record egress", err, egressMsg{})
@@ -160,6 +184,9 @@ func (a *taskActor) start(c *actor.Context) {
 	}
 	a.cancel = t.GetCancelRequested()
 	a.spec = t.GetSpec()
+	if ts := t.GetCreatedAt(); ts != nil {
+		a.created = ts.AsTime()
+	}
 	a.script = t.GetSpec().GetScript()
 	a.agentMode = a.script == nil && (a.spec.GetModelScript() != "" || (a.d.cfg.Models != nil && a.spec.GetModel() != ""))
 	if a.script == nil {

@@ -32,6 +32,11 @@ const (
 	KindLog               = "log"
 	KindEffect            = "effect"
 	KindParked            = "parked"
+	KindCheckout          = "checkout"
+	KindFinishRejected    = "finish_rejected"
+	KindTestRun           = "test_run"
+	KindDiffChecked       = "diff_checked"
+	KindPullRequest       = "pull_request"
 )
 
 // kinds maps every known kind to whether a writer may append it through
@@ -51,6 +56,11 @@ var kinds = map[string]bool{
 	KindLog:               true,
 	KindEffect:            true,
 	KindParked:            true,
+	KindCheckout:          true,
+	KindFinishRejected:    true,
+	KindTestRun:           true,
+	KindDiffChecked:       true,
+	KindPullRequest:       true,
 }
 
 // Kinds returns every known event kind, sorted.

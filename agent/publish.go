@@ -1,0 +1,236 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/warrenhq/warren/forge"
+)
+
+// Workspace is a task's working copy on the node (forge's).
+type Workspace = forge.Workspace
+
+// CheckConfig is what the diff checks look for (forge's).
+type CheckConfig = forge.CheckConfig
+
+// GitService is a node's git outside the sandboxes: its clone cache, the
+// task workspaces, the diff checks, the push and the forge. Its
+// credential never reaches a sandbox, an event or a log.
+type GitService struct {
+	Cache  *forge.Cache
+	Forge  forge.Forge // nil: the pull request is recorded, not opened
+	Auth   *forge.Auth // for fetch and push over HTTP(S); nil: anonymous
+	Checks forge.CheckConfig
+	Draft  bool // open pull requests as drafts
+}
+
+// NewGitService makes a node's git service keeping its mirrors under dir.
+func NewGitService(dir string, f forge.Forge, auth *forge.Auth, checks forge.CheckConfig, draft bool) *GitService {
+	g := &GitService{Cache: &forge.Cache{Dir: filepath.Join(dir, "mirrors")}, Forge: f, Auth: auth, Checks: checks, Draft: draft}
+	if auth != nil {
+		g.Cache.Auth = func(string) *forge.Auth { return auth }
+	}
+	return g
+}
+
+// Checkout makes a task's workspace in dir: from the clone cache (fetched
+// when it lacks the commit), at the commit base names (pinned, when the
+// task already has one: a resumed task uses its first commit even if its
+// branch moved), with HEAD verified.
+func (g *GitService) Checkout(ctx context.Context, repo, base, pinned, dir string) (*forge.Workspace, error) {
+	want := pinned
+	mirror, err := g.Cache.Mirror(ctx, repo, want)
+	if err != nil {
+		return nil, err
+	}
+	commit := pinned
+	if commit == "" {
+		if base == "" {
+			base = "HEAD"
+		}
+		if commit, err = g.Cache.Git.Resolve(ctx, mirror, base); err != nil {
+			return nil, err
+		}
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
+		return nil, err
+	}
+	return g.Cache.Git.Checkout(ctx, mirror, commit, dir)
+}
+
+// BaseBranch is the branch a task's pull request merges into: its base
+// when that is a branch of the repository, else the repository's default
+// branch.
+func (g *GitService) BaseBranch(ctx context.Context, repo, base string) string {
+	mirror := g.Cache.Path(repo)
+	if base != "" && base != "HEAD" && g.Cache.Git.IsBranch(ctx, mirror, strings.TrimPrefix(base, "refs/heads/")) {
+		return strings.TrimPrefix(base, "refs/heads/")
+	}
+	if b := g.Cache.Git.DefaultBranch(ctx, mirror); b != "" {
+		return b
+	}
+	return "main"
+}
+
+// Review puts the sandbox's patch on the workspace and checks the result:
+// the diff returned is exactly what a push would carry.
+func (g *GitService) Review(ctx context.Context, ws *forge.Workspace, patch string, testsRequested bool) ([]byte, *forge.Report, error) {
+	diff, err := ws.Apply(ctx, []byte(patch))
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg := g.Checks
+	cfg.TestsRequested = testsRequested
+	r, err := forge.Check(diff, cfg)
+	return diff, r, err
+}
+
+// PRContent is what a pull request says.
+type PRContent struct {
+	TaskID      string
+	IssueTitle  string
+	IssueBody   string
+	Finish      *Finish
+	TestCommand string
+	TestOutput  string // an excerpt of the last test run
+	Report      *forge.Report
+}
+
+// Published is where a task's change went: its PR record.
+type Published struct {
+	Forge   string             `json:"forge"` // "none": recorded here, not opened on a forge
+	Repo    string             `json:"repo"`
+	Remote  string             `json:"remote"`
+	Branch  string             `json:"head"`
+	Base    string             `json:"base"`
+	Commit  string             `json:"commit"`
+	DiffSHA string             `json:"diff_sha256"`
+	Title   string             `json:"title"`
+	Body    string             `json:"body"`
+	Draft   bool               `json:"draft"`
+	PR      *forge.PullRequest `json:"pull_request,omitempty"`
+	Flags   []forge.Finding    `json:"findings,omitempty"`
+}
+
+// Publish puts patch on the workspace again, checks it again, commits it,
+// pushes agent/<task-id> to the task's repository and opens (or finds) its
+// pull request. A diff the checks block is refused; one that needs an
+// approval is refused unless its SHA-256 is approvedSHA, the diff a person
+// approved. The commit's time is fixed (when), so a retry pushes the same
+// commit and finds the same pull request.
+func (g *GitService) Publish(ctx context.Context, ws *forge.Workspace, patch string, c PRContent, repo, base, approvedSHA string, when time.Time) (*Published, error) {
+	_, r, err := g.Review(ctx, ws, patch, TestsRequested(c.IssueTitle+"\n"+c.IssueBody))
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case r.Files == 0:
+		return nil, errors.New("publish: the diff is empty")
+	case r.Blocked:
+		return nil, errors.New("publish: the diff checks block it")
+	case r.NeedsApproval && approvedSHA != r.SHA256:
+		return nil, fmt.Errorf("publish: the diff (SHA-256 %s) is not the one approved (%s)", r.SHA256, orDefault(approvedSHA, "none"))
+	}
+	c.Report = r
+	p := &Published{Forge: "none", Repo: repo, Remote: repo, Branch: forge.BranchFor(c.TaskID), Base: base, DiffSHA: r.SHA256,
+		Title: prTitle(c), Body: prBody(c), Draft: g.Draft, Flags: r.Findings}
+	msg := p.Title + "\n\n" + strings.TrimSpace(orDefault(c.Finish.summary(), "")) + "\n\nTask: " + c.TaskID + "\n"
+	if p.Commit, err = ws.CommitIndex(ctx, msg, when); err != nil {
+		return nil, err
+	}
+	if err := ws.Push(ctx, repo, g.Auth, p.Branch, p.Commit); err != nil {
+		return nil, err
+	}
+	if g.Forge == nil {
+		return p, nil
+	}
+	ref, err := forge.RepoFromURL(repo)
+	if err != nil {
+		return nil, err
+	}
+	p.Forge = g.Forge.Name()
+	if p.PR, err = g.Forge.EnsurePR(ctx, forge.PRRequest{Repo: ref, Head: p.Branch, Base: base, Title: p.Title, Body: p.Body, Draft: g.Draft}); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// TestsRequested tells from an issue's text whether it asks for test
+// edits (then the checks do not flag them): it mentions tests.
+func TestsRequested(issue string) bool {
+	s := strings.ToLower(issue)
+	return strings.Contains(s, "test")
+}
+
+func (f *Finish) summary() string {
+	if f == nil {
+		return ""
+	}
+	return f.Summary
+}
+
+// prTitle is the pull request's title.
+func prTitle(c PRContent) string {
+	t := strings.TrimSpace(c.IssueTitle)
+	if t == "" {
+		t = "Agent change"
+	}
+	if len(t) > 200 {
+		t = t[:200]
+	}
+	return "Fix: " + t
+}
+
+// prBody is the pull request's description: the summary, the cause and
+// the fix from the model's finish, an excerpt of the test log, and every
+// finding of the checks.
+func prBody(c PRContent) string {
+	var b strings.Builder
+	f := c.Finish
+	if f == nil {
+		f = &Finish{}
+	}
+	fmt.Fprintf(&b, "## Summary\n\n%s\n\n", orDefault(strings.TrimSpace(f.Summary), "(none given)"))
+	if f.Cause != "" {
+		fmt.Fprintf(&b, "## Cause\n\n%s\n\n", strings.TrimSpace(f.Cause))
+	}
+	if f.Fix != "" {
+		fmt.Fprintf(&b, "## Fix\n\n%s\n\n", strings.TrimSpace(f.Fix))
+	}
+	if c.TestCommand != "" {
+		out := c.TestOutput
+		if len(out) > 3000 {
+			out = "…" + out[len(out)-3000:]
+		}
+		fmt.Fprintf(&b, "## Tests\n\n`%s` passed:\n\n```\n%s\n```\n\n", c.TestCommand, strings.TrimRight(out, "\n"))
+	}
+	if r := c.Report; r != nil {
+		fmt.Fprintf(&b, "## Checks\n\n%d files, +%d −%d lines; diff SHA-256 `%s`.\n\n", r.Files, r.Added, r.Deleted, r.SHA256)
+		if len(r.Findings) == 0 {
+			b.WriteString("No findings.\n\n")
+		}
+		for _, fd := range r.Findings {
+			loc := fd.Path
+			if fd.Line > 0 {
+				loc += fmt.Sprintf(":%d", fd.Line)
+			}
+			if loc != "" {
+				loc = " `" + loc + "`"
+			}
+			fmt.Fprintf(&b, "- **%s** (%s)%s: %s\n", fd.Kind, fd.Action, loc, fd.Message)
+		}
+		if len(r.Findings) > 0 {
+			b.WriteString("\n")
+		}
+	}
+	fmt.Fprintf(&b, "---\nOpened by warren for task `%s`.\n", c.TaskID)
+	return b.String()
+}

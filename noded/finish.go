@@ -1,0 +1,256 @@
+package noded
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/warrenhq/warren/actor"
+	"github.com/warrenhq/warren/agent"
+	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/guest"
+	"github.com/warrenhq/warren/noded/driver"
+)
+
+const (
+	// testTimeout bounds the finish step's run of the repository's tests.
+	testTimeout = 20 * time.Minute
+	// maxFinishRejections is how many refused finishes a task gets before
+	// it ends failed.
+	maxFinishRejections = 5
+	// maxPublishTries is how many times a failed push or pull request is
+	// tried before the task ends failed.
+	maxPublishTries = 5
+)
+
+// finishTask is what follows the model's finish, outside its control:
+//  1. the repository's test command runs in the sandbox; a failure goes
+//     back to the model as the finish call's error, and the loop goes on;
+//  2. the sandbox's diff is put on the node's workspace at the pinned
+//     commit and checked; a blocking finding ends the task, an approval
+//     is asked for the diff's SHA-256 (a rejection goes back to the
+//     model);
+//  3. the branch agent/<task-id> is pushed and the pull request opened
+//     (or found: a retry opens no second one), and its record is the
+//     pull_request event.
+//
+// Each part reads what it needs from the log, so it can run again: after
+// an approval, or on another node after a crash.
+func (a *taskActor) finishTask(c *actor.Context) {
+	ctx := a.ctx
+	out := a.finished
+	sctx, end := a.stepContext()
+	defer end()
+	round := a.loop.FinishRejections()
+	fail := func(reason string, extra map[string]any) {
+		p := map[string]any{"to": "failed", "reason": reason, "finish": out.Finish, "spent": a.loop.Spent()}
+		for k, v := range extra {
+			p[k] = v
+		}
+		a.end(c, endMsg{key: "agent/stopped", payload: p, why: reason})
+	}
+	reject := func(reason string) {
+		if round+1 >= maxFinishRejections {
+			fail(fmt.Sprintf("finish refused %d times; the last: %s", round+1, reason), nil)
+			return
+		}
+		if err := a.loop.RejectFinish(ctx, reason); err != nil {
+			a.failed(c, "refuse the finish", err, finishMsg{})
+			return
+		}
+		a.finished = nil
+		_ = c.Self().Send(stepMsg{})
+	}
+
+	// 1. The tests.
+	var testOut string
+	if cmd := a.spec.GetTestCommand(); cmd != "" {
+		ia := a.sb.(driver.Interactive)
+		start := time.Now()
+		var outb bytes.Buffer
+		res, err := ia.Run(sctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", cmd}, Dir: WorkRoot, Timeout: testTimeout}, &outb, &outb)
+		if a.cancelled(c, sctx) {
+			return
+		}
+		if err != nil {
+			a.failed(c, "run the test command", err, finishMsg{})
+			return
+		}
+		testOut = tail(outb.String(), 8<<10)
+		passed := res.ExitCode == 0 && !res.TimedOut
+		if _, err := a.append(ctx, fmt.Sprintf("finish/test-%d", round), ev("test_run", map[string]any{"command": cmd, "exit_code": res.ExitCode,
+			"timed_out": res.TimedOut, "passed": passed, "output": tail(testOut, 4<<10), "duration_ms": time.Since(start).Milliseconds()})); err != nil {
+			a.failed(c, "record the test run", err, finishMsg{})
+			return
+		}
+		if !passed {
+			why := fmt.Sprintf("exit %d", res.ExitCode)
+			if res.TimedOut {
+				why = "timed out after " + testTimeout.String()
+			}
+			reject(fmt.Sprintf("the repository's test command `%s` failed (%s). Its output ends:\n%s", cmd, why, tail(testOut, 3000)))
+			return
+		}
+	}
+
+	// 2. The diff and its checks.
+	patch, err := a.loop.Tools().Checkpoint(sctx)
+	if a.cancelled(c, sctx) {
+		return
+	}
+	if err != nil {
+		a.failed(c, "take the diff", err, finishMsg{})
+		return
+	}
+	issue := a.spec.GetIssueTitle() + "\n" + a.spec.GetIssueBody()
+	_, rep, err := a.d.git.Review(sctx, a.ws, patch, agent.TestsRequested(issue))
+	if err != nil {
+		fail("the diff: "+err.Error(), nil)
+		return
+	}
+	if _, err := a.append(ctx, fmt.Sprintf("finish/diff-%d", round), ev("diff_checked", rep)); err != nil {
+		a.failed(c, "record the checks", err, finishMsg{})
+		return
+	}
+	switch {
+	case rep.Files == 0:
+		fail("the model finished without changing anything", nil)
+		return
+	case rep.Blocked:
+		var msgs []string
+		for _, f := range rep.Findings {
+			if f.Action == "block" {
+				msgs = append(msgs, f.Message)
+			}
+		}
+		fail("the diff checks block the push: "+strings.Join(msgs, "; "), map[string]any{"findings": rep.Findings})
+		return
+	}
+	approved := ""
+	if rep.NeedsApproval {
+		id := "push-" + rep.SHA256[:16]
+		asked, decided, ok, comment, err := a.decision(ctx, id)
+		if err != nil {
+			a.failed(c, "read the log", err, finishMsg{})
+			return
+		}
+		switch {
+		case decided && ok:
+			approved = rep.SHA256
+		case decided:
+			reject("a reviewer rejected the diff: " + orText(comment, "(no comment)"))
+			return
+		default:
+			if !asked {
+				var why []string
+				for _, f := range rep.Findings {
+					if f.Action == "approve" {
+						why = append(why, f.Path+": "+f.Message)
+					}
+				}
+				if _, err := a.append(ctx, "finish/approval-"+id, ev("approval_requested", map[string]any{"tool_call_id": id, "tool": "push",
+					"input":       map[string]any{"diff_sha256": rep.SHA256, "files": rep.Files, "added": rep.Added, "deleted": rep.Deleted},
+					"diff_sha256": rep.SHA256, "findings": rep.Findings, "reason": strings.Join(why, "; ")})); err != nil {
+					a.failed(c, "ask approval of the diff", err, finishMsg{})
+					return
+				}
+			}
+			if _, err := a.append(ctx, "finish/waiting-"+id, ev("state_changed", map[string]any{"to": "waiting_approval", "tool_call_id": id})); err != nil {
+				a.failed(c, "record waiting", err, finishMsg{})
+				return
+			}
+			if a.waitSince.IsZero() {
+				a.waitSince = time.Now()
+			}
+			c.After(approvalPoll, approvalPollMsg{toolCallID: id, finish: true})
+			return
+		}
+	}
+
+	// 3. Push and pull request.
+	when := time.Now()
+	if t := a.created; !t.IsZero() {
+		when = t // the same commit from every node and retry
+	}
+	content := agent.PRContent{TaskID: a.id, IssueTitle: a.spec.GetIssueTitle(), IssueBody: a.spec.GetIssueBody(), Finish: out.Finish,
+		TestCommand: a.spec.GetTestCommand(), TestOutput: testOut, Report: rep}
+	repo := a.spec.GetRepo()
+	pub, err := a.d.git.Publish(sctx, a.ws, patch, content, repo, a.d.git.BaseBranch(sctx, repo, a.spec.GetBase()), approved, when)
+	if a.cancelled(c, sctx) {
+		return
+	}
+	if err != nil {
+		a.publishN++
+		if a.publishN >= maxPublishTries {
+			fail(fmt.Sprintf("publish: %v (after %d tries)", err, a.publishN), nil)
+			return
+		}
+		c.Logger().Warn("publish failed; retrying", "task", a.id, "err", err)
+		c.After(time.Duration(a.publishN)*2*time.Second, finishMsg{})
+		return
+	}
+	if _, err := a.append(ctx, "finish/pull-request", ev("pull_request", pub)); err != nil {
+		a.failed(c, "record the pull request", err, finishMsg{})
+		return
+	}
+	if f := a.d.cfg.AfterRecord; f != nil {
+		f("finish/pull-request")
+	}
+	rec := map[string]any{"forge": pub.Forge, "head": pub.Branch, "base": pub.Base, "commit": pub.Commit}
+	if pub.PR != nil {
+		rec["url"], rec["number"] = pub.PR.URL, pub.PR.Number
+	}
+	a.end(c, endMsg{key: "agent/done", why: "finished",
+		payload: map[string]any{"to": "succeeded", "finish": out.Finish, "spent": a.loop.Spent(), "pull_request": rec}})
+}
+
+// decision looks for the approval of id on the task's log.
+func (a *taskActor) decision(ctx context.Context, id string) (asked, decided, approved bool, comment string, err error) {
+	var after uint64
+	for {
+		resp, err := a.d.cl.Tasks().ListEvents(ctx, connect.NewRequest(&warrenv1.ListEventsRequest{TaskId: a.id, AfterSeq: after, Limit: 1000}))
+		if err != nil {
+			return false, false, false, "", err
+		}
+		evs := resp.Msg.GetEvents()
+		for _, e := range evs {
+			after = e.GetSeq()
+			var p struct {
+				ID       string `json:"tool_call_id"`
+				Approved bool   `json:"approved"`
+				Comment  string `json:"comment"`
+			}
+			if json.Unmarshal(e.GetPayload(), &p) != nil || p.ID != id {
+				continue
+			}
+			switch e.GetKind() {
+			case "approval_requested":
+				asked = true
+			case "approval_decided":
+				decided, approved, comment = true, p.Approved, p.Comment
+			}
+		}
+		if len(evs) < 1000 {
+			return asked, decided, approved, comment, nil
+		}
+	}
+}
+
+func tail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return "…" + s[len(s)-n:]
+}
+
+func orText(s, d string) string {
+	if strings.TrimSpace(s) == "" {
+		return d
+	}
+	return s
+}
