@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -32,6 +34,16 @@ func NewClient(conn io.ReadWriteCloser) (*Client, error) {
 // Dial connects to a guest's unix socket.
 func Dial(ctx context.Context, path string) (*Client, error) {
 	var d net.Dialer
+	// A socket path longer than sun_path (108 bytes: deep data
+	// directories) is reached through a descriptor of its directory.
+	if len(path) >= 100 {
+		dir, err := os.Open(filepath.Dir(path))
+		if err != nil {
+			return nil, err
+		}
+		defer dir.Close()
+		path = fmt.Sprintf("/proc/self/fd/%d/%s", dir.Fd(), filepath.Base(path))
+	}
 	conn, err := d.DialContext(ctx, "unix", path)
 	if err != nil {
 		return nil, err

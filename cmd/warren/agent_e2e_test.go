@@ -116,9 +116,6 @@ func TestAgentNodeKill(t *testing.T) {
 		t.Skip("multi-process run with containers; skipped with -short")
 	}
 	imageDir := agenttest.NeedContainers(t)
-	if guestBin := filepath.Join(filepath.Dir(warrenBin), "warren-guest"); !fileExistsTest(guestBin) {
-		agenttest.BuildGuest(t, guestBin) // the container driver finds it next to warren
-	}
 	repo := agenttest.BuggyRepo(t)
 	const (
 		base    = "no-kill-baseline"
@@ -141,70 +138,9 @@ func TestAgentNodeKill(t *testing.T) {
 		}
 	}
 
-	dir := t.TempDir()
-	gossip := []string{freePort(t), freePort(t), freePort(t)}
-	servers := startClusterWith(t, dir, func(i int) []string {
-		return []string{"--gossip", gossip[i], "--join-gossip", strings.Join(gossip, ",")}
-	})
-	var urls []string
-	for _, s := range servers {
-		urls = append(urls, s.url())
-	}
-	cl, err := client.New(strings.Join(urls, ","))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	var nodes []*proc
-	startNode := func(id, labels string, env ...string) *proc {
-		p := newProc(t, dir, id)
-		p.argv = []string{"node", "--id", id, "--data", filepath.Join(dir, id), "--servers", strings.Join(urls, ","),
-			"--gossip", freePort(t), "--join-gossip", strings.Join(gossip, ","), "--driver", "container", "--image-dir", imageDir,
-			"--egress", "off", "--capacity", "cpu=64,mem=64GiB", "--labels", labels, "--approval-grace", "10m", "--log-level", "info"}
-		p.env = append([]string{"ANTHROPIC_API_KEY=test-key", "ANTHROPIC_BASE_URL=" + fake.srv.URL}, env...)
-		p.start()
-		nodes = append(nodes, p)
-		return p
-	}
-	// The killed nodes' containers outlive them: a driver on the same
-	// state directory destroys what it left (after every process is gone).
-	t.Cleanup(func() {
-		for _, p := range nodes {
-			d, err := container.New(container.Config{ImageDir: imageDir, StateDir: filepath.Join(p.dataDir, "container")})
-			if err == nil {
-				d.Close()
-			}
-		}
-	})
-	t.Cleanup(func() {
-		if t.Failed() {
-			for _, p := range append(append([]*proc{}, servers...), nodes...) {
-				t.Logf("--- %s log tail:\n%s", p.id, p.logTail())
-			}
-		}
-	})
-	nodeOf := func(id string) *warrenv1.Node {
-		resp, err := cl.Cluster().ListNodes(ctx, connect.NewRequest(&warrenv1.ListNodesRequest{}))
-		if err != nil {
-			return nil
-		}
-		for _, n := range resp.Msg.GetNodes() {
-			if n.GetId() == id {
-				return n
-			}
-		}
-		return nil
-	}
-	ready := func(ids ...string) {
-		waitUntil(t, "nodes ready", time.Minute, func() bool {
-			for _, id := range ids {
-				if nodeOf(id).GetStatus() != warrenv1.NodeStatus_NODE_STATUS_READY {
-					return false
-				}
-			}
-			return true
-		})
-	}
+	af := newAgentFleet(t, imageDir, "ANTHROPIC_API_KEY=test-key", "ANTHROPIC_BASE_URL="+fake.srv.URL)
+	cl, ctx, nodeOf, ready := af.cl, context.Background(), af.nodeOf, af.ready
+	startNode := func(id, labels string, env ...string) *proc { return af.startNode(id, labels, nil, env...) }
 	// The survivor serves every kill scenario's selector; it is cordoned
 	// until each task is placed on its own victim.
 	survivor := startNode("survivor", "k1=y,k2=y,k3=y,k4=y")
@@ -438,3 +374,114 @@ func TestAgentNodeKill(t *testing.T) {
 }
 
 func fileExistsTest(p string) bool { _, err := os.Stat(p); return err == nil }
+
+// agentFleet is three server processes and `warren node --driver
+// container` processes started on demand, on loopback.
+type agentFleet struct {
+	t        *testing.T
+	dir      string
+	imageDir string
+	env      []string
+	urls     []string
+	gossip   []string
+	servers  []*proc
+	nodes    []*proc
+	cl       *client.Client
+}
+
+func newAgentFleet(t *testing.T, imageDir string, env ...string) *agentFleet {
+	t.Helper()
+	if guestBin := filepath.Join(filepath.Dir(warrenBin), "warren-guest"); !fileExistsTest(guestBin) {
+		agenttest.BuildGuest(t, guestBin) // the container driver finds it next to warren
+	}
+	f := &agentFleet{t: t, dir: t.TempDir(), imageDir: imageDir, env: env, gossip: []string{freePort(t), freePort(t), freePort(t)}}
+	f.servers = startClusterWith(t, f.dir, func(i int) []string {
+		return []string{"--gossip", f.gossip[i], "--join-gossip", strings.Join(f.gossip, ",")}
+	})
+	for _, s := range f.servers {
+		f.urls = append(f.urls, s.url())
+	}
+	cl, err := client.New(strings.Join(f.urls, ","))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.cl = cl
+	// The killed nodes' containers outlive them: a driver on the same
+	// state directory destroys what it left (after every process is gone).
+	t.Cleanup(func() {
+		for _, p := range f.nodes {
+			d, err := container.New(container.Config{ImageDir: imageDir, StateDir: filepath.Join(p.dataDir, "container")})
+			if err == nil {
+				d.Close()
+			}
+		}
+	})
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, p := range append(append([]*proc{}, f.servers...), f.nodes...) {
+				t.Logf("--- %s log tail:\n%s", p.id, p.logTail())
+			}
+		}
+	})
+	return f
+}
+
+// startNode starts a node with labels, extra flags and environment.
+func (f *agentFleet) startNode(id, labels string, flags []string, env ...string) *proc {
+	p := newProc(f.t, f.dir, id)
+	p.argv = append([]string{"node", "--id", id, "--data", filepath.Join(f.dir, id), "--servers", strings.Join(f.urls, ","),
+		"--gossip", freePort(f.t), "--join-gossip", strings.Join(f.gossip, ","), "--driver", "container", "--image-dir", f.imageDir,
+		"--egress", "off", "--capacity", "cpu=64,mem=64GiB", "--labels", labels, "--approval-grace", "10m", "--log-level", "info"}, flags...)
+	p.env = append(append([]string(nil), f.env...), env...)
+	p.start()
+	f.nodes = append(f.nodes, p)
+	return p
+}
+
+func (f *agentFleet) nodeOf(id string) *warrenv1.Node {
+	resp, err := f.cl.Cluster().ListNodes(context.Background(), connect.NewRequest(&warrenv1.ListNodesRequest{}))
+	if err != nil {
+		return nil
+	}
+	for _, n := range resp.Msg.GetNodes() {
+		if n.GetId() == id {
+			return n
+		}
+	}
+	return nil
+}
+
+func (f *agentFleet) ready(ids ...string) {
+	waitUntil(f.t, "nodes ready", time.Minute, func() bool {
+		for _, id := range ids {
+			if f.nodeOf(id).GetStatus() != warrenv1.NodeStatus_NODE_STATUS_READY {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+func (f *agentFleet) task(id string) *warrenv1.Task {
+	resp, err := f.cl.Tasks().GetTask(context.Background(), connect.NewRequest(&warrenv1.GetTaskRequest{Id: id}))
+	if err != nil {
+		return nil
+	}
+	return resp.Msg.GetTask()
+}
+
+func (f *agentFleet) events(id string) []*warrenv1.Event {
+	var out []*warrenv1.Event
+	var after uint64
+	for {
+		resp, err := f.cl.Tasks().ListEvents(context.Background(), connect.NewRequest(&warrenv1.ListEventsRequest{TaskId: id, AfterSeq: after, Limit: 1000}))
+		if err != nil {
+			return out
+		}
+		out = append(out, resp.Msg.GetEvents()...)
+		if len(resp.Msg.GetEvents()) < 1000 {
+			return out
+		}
+		after = out[len(out)-1].GetSeq()
+	}
+}

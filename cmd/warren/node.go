@@ -40,6 +40,7 @@ type nodeFlags struct {
 	tcgCacheMB                                                                     int
 	egress                                                                         egressFlags
 	model                                                                          modelFlags
+	forge                                                                          forgeFlags
 	logger                                                                         *slog.Logger
 	// why says which driver auto picked and why.
 	why string
@@ -60,6 +61,7 @@ func (f *nodeFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.runcBinary, "runc-binary", "", "container: the OCI runtime binary the runc shim runs (a runsc wrapper for --runtime runsc)")
 	f.egress.register(fs)
 	f.model.register(fs)
+	f.forge.register(fs)
 	fs.StringVar(&f.sandboxListen, "sandbox-listen", "", "HOST:PORT of the node's sandbox API, which servers forward to (default: the gossip host, any port)")
 	fs.StringVar(&f.capacity, "capacity", "", "what tasks may use, cpu=N,mem=SIZE (default: this host's cores and memory)")
 	fs.StringVar(&f.labels, "labels", "", "comma-separated k=v labels (the \"zone\" label spreads tasks)")
@@ -241,6 +243,12 @@ func (f *nodeFlags) config() (noded.Config, error) {
 		errs = append(errs, fmt.Errorf("approval-grace: %s is negative", f.model.approvalGrace))
 	}
 	cfg.ApprovalGrace = f.model.approvalGrace
+	if f.forge.kind == "" { // warren dev's node: the defaults
+		f.forge = forgeFlags{kind: "none", maxFiles: 100, maxLines: 5000, maxKiB: 1024}
+	}
+	if cfg.Git, err = f.forge.service(f.data); err != nil {
+		errs = append(errs, err)
+	}
 	if at := os.Getenv("WARREN_TEST_CRASH_AFTER"); at != "" {
 		// A test knob: die (SIGKILL, no shutdown path) right after the
 		// agent event with this key lands, e.g. "agent/step-3/model".

@@ -89,6 +89,10 @@ func cmdDev(args []string, stdout, stderr io.Writer) error {
 	egress := fs.String("egress", "auto", "microvm and container: egress policy on, off (sandboxes get no network) or auto (on when root with /dev/net/tun)")
 	egressUpstream := fs.String("egress-upstream", "", "egress: HOST:PORT of the DNS server allowed names are forwarded to (default: the first nameserver in /etc/resolv.conf)")
 	capacity := fs.String("capacity", "", "the built-in node's capacity, cpu=N,mem=SIZE (default: this host's)")
+	var ff forgeFlags
+	ff.register(fs)
+	var mf modelFlags
+	mf.register(fs)
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -119,7 +123,7 @@ func cmdDev(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		nf := nodeFlags{id: "dev", data: filepath.Join(*data, "node"), servers: "http://" + *api, driver: *nodeDriver, capacity: *capacity,
-			imageDir: *imageDir, accel: *accel, logger: log, gossip: "127.0.0.1:0",
+			imageDir: *imageDir, accel: *accel, logger: log, gossip: "127.0.0.1:0", forge: ff, model: mf,
 			egress: egressFlags{mode: *egress, upstream: *egressUpstream, prefix4: netpolicy.DefaultPrefix4.String(), prefix6: netpolicy.DefaultPrefix6.String(), pool: 2}}
 		cfg, err := nf.config()
 		if err != nil {

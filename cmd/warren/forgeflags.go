@@ -1,0 +1,57 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/warrenhq/warren/agent"
+	"github.com/warrenhq/warren/forge"
+)
+
+// forgeFlags are the node's git service settings: where agent branches
+// are pushed and pull requests opened, and what the diff checks do. The
+// token comes only from the environment (WARREN_FORGE_TOKEN).
+type forgeFlags struct {
+	kind, url, user, checks    string
+	draft                      bool
+	maxFiles, maxLines, maxKiB int
+}
+
+func (f *forgeFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.kind, "forge", "none", "agent tasks: where pull requests are opened: github, gitea, forgejo, gitlab or none (the branch is pushed to the task's repository and the PR is recorded in the task's log only); the token is WARREN_FORGE_TOKEN")
+	fs.StringVar(&f.url, "forge-url", "", "the forge's API base URL (github: https://api.github.com by default; gitea/forgejo: required, e.g. https://gitea.example.com; gitlab: https://gitlab.com by default)")
+	fs.StringVar(&f.user, "forge-user", "", "the user git sends with the token over HTTP(S) (default x-access-token)")
+	fs.BoolVar(&f.draft, "pr-draft", false, "open pull requests as drafts")
+	fs.StringVar(&f.checks, "diff-checks", "", "what each diff finding does, KIND=ACTION comma-separated: kinds secret, ci_config, manifest, tests, size; actions block, approve, flag (default secret=block,ci_config=approve,manifest=approve,tests=flag,size=block)")
+	fs.IntVar(&f.maxFiles, "diff-max-files", 100, "the size check: most files a diff may change")
+	fs.IntVar(&f.maxLines, "diff-max-lines", 5000, "the size check: most lines a diff may add and delete")
+	fs.IntVar(&f.maxKiB, "diff-max-file-kib", 1024, "the size check: most KiB a diff may add to one file")
+}
+
+// service builds the node's git service under dataDir.
+func (f *forgeFlags) service(dataDir string) (*agent.GitService, error) {
+	actions, err := forge.ParseActions(f.checks)
+	if err != nil {
+		return nil, fmt.Errorf("diff-checks: %w", err)
+	}
+	if f.maxFiles < 1 || f.maxLines < 1 || f.maxKiB < 1 {
+		return nil, fmt.Errorf("diff-max-files, diff-max-lines, diff-max-file-kib: must be positive, got %d, %d, %d", f.maxFiles, f.maxLines, f.maxKiB)
+	}
+	token := os.Getenv("WARREN_FORGE_TOKEN")
+	var fg forge.Forge
+	if f.kind != "" && f.kind != "none" {
+		if fg, err = forge.New(f.kind, f.url, token); err != nil {
+			return nil, err
+		}
+	} else if f.url != "" {
+		return nil, fmt.Errorf("forge-url: set, but --forge is none")
+	}
+	var auth *forge.Auth
+	if token != "" {
+		auth = &forge.Auth{User: f.user, Token: token}
+	}
+	checks := forge.CheckConfig{Actions: actions, MaxFiles: f.maxFiles, MaxLines: f.maxLines, MaxFileBytes: f.maxKiB << 10}
+	return agent.NewGitService(filepath.Join(dataDir, "git"), fg, auth, checks, f.draft), nil
+}
