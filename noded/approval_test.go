@@ -3,6 +3,7 @@ package noded_test
 import (
 	"context"
 	"encoding/json"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -199,5 +200,53 @@ func TestAgentCancelInterruptsTheCommand(t *testing.T) {
 	defer mu.Unlock()
 	if calls != 1 {
 		t.Errorf("the model was called %d times", calls)
+	}
+}
+
+// A diff with an AWS-style key is not pushed: the task fails with the
+// finding, which does not repeat the key (issue 8, acceptance 2; the
+// scripted provider plays the model).
+func TestAgentSecretBlocksThePush(t *testing.T) {
+	imageDir := needContainers(t)
+	repo := buggyRepo(t)
+	const key = "AKIAQYLPMN5HHHFPZAM2"
+	script := strings.Join([]string{
+		`{"content":[{"type":"tool_use","name":"edit_file","input":{"path":"calc/calc.go","old_string":"return a - b","new_string":"return a + b"}}]}`,
+		`{"content":[{"type":"tool_use","name":"write_file","input":{"path":"deploy/creds.env","content":"AWS_ACCESS_KEY_ID=` + key + `\n"}}]}`,
+		`{"content":[{"type":"tool_use","name":"finish","input":{"summary":"fixed"}}]}`,
+	}, "\n")
+	c := startAgentNode(t, imageDir, nil, nil)
+	resp, err := c.cl.Tasks().CreateTask(context.Background(), connect.NewRequest(&warrenv1.CreateTaskRequest{
+		RequestId: "agent-secret", Spec: &warrenv1.TaskSpec{Repo: repo, Base: "HEAD", IssueTitle: "Add is wrong", TestCommand: "go test ./...",
+			Driver: "container", Model: "scripted", ModelScript: script}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.Msg.GetTask().GetId()
+	waitFor(t, "the task to end", 3*time.Minute, func() bool {
+		s := c.task(id).GetState()
+		return s == warrenv1.TaskState_TASK_STATE_SUCCEEDED || s == warrenv1.TaskState_TASK_STATE_FAILED
+	})
+	evs := c.events(id)
+	var checked, end string
+	for _, e := range evs {
+		switch e.GetKind() {
+		case "diff_checked":
+			checked = string(e.GetPayload())
+		case "state_changed":
+			end = string(e.GetPayload())
+		case "pull_request":
+			t.Errorf("a pull request was recorded: %s", e.GetPayload())
+		}
+	}
+	if c.task(id).GetState() != warrenv1.TaskState_TASK_STATE_FAILED || !strings.Contains(end, "the diff checks block the push") ||
+		!strings.Contains(end, "aws-access-token") {
+		t.Fatalf("the end: %s", end)
+	}
+	if !strings.Contains(checked, `"blocked":true`) || !strings.Contains(checked, `"path":"deploy/creds.env"`) || strings.Contains(checked, key) || strings.Contains(end, key) {
+		t.Fatalf("the checks: %s", checked)
+	}
+	if out, _ := exec.Command("git", "-C", repo, "branch", "--list", "agent/*").Output(); len(out) != 0 {
+		t.Fatalf("a branch was pushed: %s", out)
 	}
 }
