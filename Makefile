@@ -10,10 +10,10 @@ all: build
 build:
 	$(GO) build -o bin/warren ./cmd/warren
 
-# The demo: a single-process cluster with a built-in node (warren dev, sim
-# driver: simulated sandboxes), one scripted task, a steering message and
-# the task's event stream.
-run: build
+# The demo (deploy/demo.sh): warren dev with real sandboxes, an agent task on
+# a small buggy repository, its tests, diff checks, the branch pushed to a
+# local remote and the PR record printed.
+run: build bin/warren-guest
 	./deploy/demo.sh
 
 # Every test, with the race detector and the invariant checks compiled in.

@@ -13,6 +13,10 @@ import (
 // that may have changed the workspace. A task resumed elsewhere restores
 // the last one on its fresh checkout before it reruns anything.
 
+// DefaultExcludes are the untracked files a diff leaves out: caches and
+// build output that running the code and its tests leave behind.
+const DefaultExcludes = "__pycache__/\n*.pyc\n.pytest_cache/\n.mypy_cache/\n.ruff_cache/\nnode_modules/\n.tox/\n.venv/\n*.o\n.gradle/\n"
+
 // MaxCheckpointBytes bounds a checkpoint patch kept in an event.
 const MaxCheckpointBytes = 512 << 10
 
@@ -32,7 +36,15 @@ func (t *Tools) git(ctx context.Context, args ...string) (ExecResult, error) {
 // InitBase makes the checked-out tree the base commit of a local git
 // repository in the sandbox (its own, without the origin's config).
 func (t *Tools) InitBase(ctx context.Context) error {
-	for _, args := range [][]string{{"init", "-q"}, {"add", "-A"}, {"commit", "-q", "--allow-empty", "--no-verify", "-m", "base"}, {"tag", "warren-base"}} {
+	if _, err := t.git(ctx, "init", "-q"); err != nil {
+		return fmt.Errorf("checkpoint base: %w", err)
+	}
+	// What running code leaves behind is not part of the change, unless
+	// the repository tracks it.
+	if err := t.SB.WriteFile(ctx, t.Root+"/.git/info/exclude", []byte(DefaultExcludes)); err != nil {
+		return fmt.Errorf("checkpoint base: %w", err)
+	}
+	for _, args := range [][]string{{"add", "-A"}, {"commit", "-q", "--allow-empty", "--no-verify", "-m", "base"}, {"tag", "warren-base"}} {
 		if _, err := t.git(ctx, args...); err != nil {
 			return fmt.Errorf("checkpoint base: %w", err)
 		}

@@ -361,12 +361,118 @@ func printEvent(w io.Writer, output string, ev *warrenv1.Event) error {
 		_, err = fmt.Fprintf(w, "%s\n", b)
 		return err
 	}
-	p := string(ev.GetPayload())
+	p := eventSummary(ev.GetKind(), ev.GetPayload())
 	if len(p) > 200 {
 		p = p[:200] + "…"
 	}
 	_, err := fmt.Fprintf(w, "%5d  %s  %-18s %s\n", ev.GetSeq(), ev.GetTime().AsTime().Format("15:04:05.000"), ev.GetKind(), p)
 	return err
+}
+
+// eventSummary is one line about an event for people: the agent's events
+// say what happened; others show their payload.
+func eventSummary(kind string, payload []byte) string {
+	var p struct {
+		Step     int64           `json:"step"`
+		Tool     string          `json:"tool"`
+		Input    json.RawMessage `json:"input"`
+		Output   string          `json:"output"`
+		IsError  bool            `json:"is_error"`
+		Text     string          `json:"text"`
+		From     string          `json:"from"`
+		To       string          `json:"to"`
+		Reason   string          `json:"reason"`
+		Command  string          `json:"command"`
+		Passed   *bool           `json:"passed"`
+		ExitCode int             `json:"exit_code"`
+		Files    int             `json:"files"`
+		Added    int             `json:"added"`
+		Deleted  int             `json:"deleted"`
+		Findings []struct {
+			Kind, Action, Path string
+		} `json:"findings"`
+		Blocked  bool   `json:"blocked"`
+		NeedsApp bool   `json:"needs_approval"`
+		Head     string `json:"head"`
+		Commit   string `json:"commit"`
+		Forge    string `json:"forge"`
+		Response struct {
+			Content []struct {
+				Type, Text, Name string
+				Input            json.RawMessage
+			} `json:"content"`
+		} `json:"response"`
+		CostMicroUSD int64   `json:"cost_micro_usd"`
+		CacheHit     float64 `json:"cache_hit_rate"`
+	}
+	if json.Unmarshal(payload, &p) != nil {
+		return string(payload)
+	}
+	oneLine := func(s string) string { return strings.Join(strings.Fields(s), " ") }
+	switch kind {
+	case "model_call":
+		var parts []string
+		for _, b := range p.Response.Content {
+			switch b.Type {
+			case "text":
+				parts = append(parts, oneLine(b.Text))
+			case "tool_use":
+				parts = append(parts, "→ "+b.Name+" "+oneLine(string(b.Input)))
+			}
+		}
+		return fmt.Sprintf("step %d: %s (cache hit %.0f%%, $%.4f)", p.Step, strings.Join(parts, " "), 100*p.CacheHit, float64(p.CostMicroUSD)/1e6)
+	case "tool_call":
+		return p.Tool + " " + oneLine(string(p.Input))
+	case "tool_result":
+		s := oneLine(p.Output)
+		if p.IsError {
+			s = "error: " + s
+		}
+		return s
+	case "message":
+		if p.From == "user" {
+			return "user: " + oneLine(p.Text)
+		}
+		return oneLine(p.Text)
+	case "state_changed":
+		s := p.To
+		if p.From != "" {
+			s = p.From + " → " + p.To
+		}
+		if p.Reason != "" {
+			s += ": " + p.Reason
+		}
+		return s
+	case "test_run":
+		verdict := "failed"
+		if p.Passed != nil && *p.Passed {
+			verdict = "passed"
+		}
+		return fmt.Sprintf("%s %s (exit %d)", p.Command, verdict, p.ExitCode)
+	case "diff_checked":
+		var fs []string
+		for _, f := range p.Findings {
+			fs = append(fs, fmt.Sprintf("%s %s (%s)", f.Kind, f.Path, f.Action))
+		}
+		if len(fs) == 0 {
+			fs = []string{"no findings"}
+		}
+		return fmt.Sprintf("%d files +%d -%d: %s", p.Files, p.Added, p.Deleted, strings.Join(fs, ", "))
+	case "pull_request":
+		var pr struct {
+			PR *struct {
+				URL     string `json:"url"`
+				Created bool   `json:"created"`
+			} `json:"pull_request"`
+		}
+		_ = json.Unmarshal(payload, &pr)
+		s := fmt.Sprintf("%s pushed at %.12s (forge %s)", p.Head, p.Commit, p.Forge)
+		if pr.PR != nil {
+			s += " " + pr.PR.URL
+		}
+		return s
+	}
+	return string(payload)
 }
 
 func taskSteer(args []string, stdout io.Writer) error {
