@@ -170,7 +170,7 @@ func TestsRequested(issue string) bool {
 	return strings.Contains(s, "test")
 }
 
-func (f *Finish) summary() string {
+func (f *Finish) summary() string { // nil-safe
 	if f == nil {
 		return ""
 	}

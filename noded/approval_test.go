@@ -250,3 +250,47 @@ func TestAgentSecretBlocksThePush(t *testing.T) {
 		t.Fatalf("a branch was pushed: %s", out)
 	}
 }
+
+// The node runs the spec's test command after the model's finish, outside
+// the model's control: a failure goes back to the model as one more step,
+// and the task ends only when the tests pass (scripted provider).
+func TestAgentFailingTestsGoBackToTheModel(t *testing.T) {
+	imageDir := needContainers(t)
+	repo := buggyRepo(t)
+	script := strings.Join([]string{
+		`{"content":[{"type":"tool_use","name":"finish","input":{"summary":"nothing to do"}}]}`,
+		`{"content":[{"type":"tool_use","name":"edit_file","input":{"path":"calc/calc.go","old_string":"return a - b","new_string":"return a + b"}}]}`,
+		`{"content":[{"type":"tool_use","name":"finish","input":{"summary":"Add adds now."}}]}`,
+	}, "\n")
+	c := startAgentNode(t, imageDir, nil, nil)
+	resp, err := c.cl.Tasks().CreateTask(context.Background(), connect.NewRequest(&warrenv1.CreateTaskRequest{
+		RequestId: "agent-tests", Spec: &warrenv1.TaskSpec{Repo: repo, Base: "HEAD", IssueTitle: "Add is wrong", TestCommand: "go test ./...",
+			Driver: "container", Model: "scripted", ModelScript: script}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.Msg.GetTask().GetId()
+	waitFor(t, "the task to end", 3*time.Minute, func() bool {
+		s := c.task(id).GetState()
+		return s == warrenv1.TaskState_TASK_STATE_SUCCEEDED || s == warrenv1.TaskState_TASK_STATE_FAILED
+	})
+	var kinds []string
+	var rejected string
+	for _, e := range c.events(id) {
+		kinds = append(kinds, e.GetKind())
+		if e.GetKind() == "finish_rejected" {
+			rejected = string(e.GetPayload())
+		}
+	}
+	log := strings.Join(kinds, ",")
+	t.Logf("events: %s", log)
+	if c.task(id).GetState() != warrenv1.TaskState_TASK_STATE_SUCCEEDED {
+		t.Fatalf("the task ended %v", c.task(id).GetState())
+	}
+	if !strings.Contains(log, "tool_result,test_run,finish_rejected,model_call") || strings.Count(log, "test_run") != 2 || !strings.HasSuffix(log, "test_run,diff_checked,pull_request,state_changed") {
+		t.Errorf("the log: %s", log)
+	}
+	if !strings.Contains(rejected, "go test ./...") || !strings.Contains(rejected, "FAIL") {
+		t.Errorf("the refusal: %s", rejected)
+	}
+}

@@ -1,0 +1,70 @@
+package agent
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The push carries only the diff that was approved: another diff, even
+// one that differs by a byte, is refused; the approved one goes.
+func TestPublishRefusesADiffOtherThanTheApprovedOne(t *testing.T) {
+	if _, err := exec.LookPath("git"); err != nil {
+		t.Skip("needs git")
+	}
+	src := t.TempDir()
+	run := func(dir string, args ...string) {
+		cmd := exec.Command("git", append([]string{"-c", "user.name=t", "-c", "user.email=t@t"}, args...)...)
+		cmd.Dir = dir
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("git %v: %v %s", args, err, out)
+		}
+	}
+	run(src, "init", "-q", "-b", "main")
+	os.WriteFile(filepath.Join(src, "a.txt"), []byte("a\n"), 0o644)
+	run(src, "add", "-A")
+	run(src, "commit", "-qm", "a")
+	remote := filepath.Join(t.TempDir(), "r.git")
+	run(".", "clone", "-q", "--bare", src, remote)
+
+	g := NewGitService(t.TempDir(), nil, nil, CheckConfig{}, false)
+	ctx := context.Background()
+	ws, err := g.Checkout(ctx, remote, "main", "", filepath.Join(t.TempDir(), "ws"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ci := func(content string) string {
+		return "diff --git a/.github/workflows/ci.yml b/.github/workflows/ci.yml\nnew file mode 100644\n--- /dev/null\n+++ b/.github/workflows/ci.yml\n@@ -0,0 +1 @@\n+" + content + "\n"
+	}
+	_, rep, err := g.Review(ctx, ws, ci("on: push"), false)
+	if err != nil || !rep.NeedsApproval {
+		t.Fatalf("review: %+v %v", rep, err)
+	}
+	c := PRContent{TaskID: "t1", IssueTitle: "CI", Finish: &Finish{Summary: "adds CI"}}
+	when := time.Unix(1.7e9, 0)
+	for _, tc := range []struct{ patch, approved, want string }{
+		{ci("on: push"), "", "is not the one approved (none)"},
+		{ci("on: [push]"), rep.SHA256, "not the one approved"},
+	} {
+		if _, err := g.Publish(ctx, ws, tc.patch, c, remote, "main", tc.approved, when); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("publish %q approved %q: %v", tc.patch, tc.approved, err)
+		}
+	}
+	if out, _ := exec.Command("git", "-C", remote, "branch", "--list", "agent/*").Output(); len(out) != 0 {
+		t.Fatalf("pushed before the approval: %s", out)
+	}
+	p, err := g.Publish(ctx, ws, ci("on: push"), c, remote, "main", rep.SHA256, when)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Branch != "agent/t1" || p.DiffSHA != rep.SHA256 || p.Forge != "none" || !strings.Contains(p.Body, "ci_config") {
+		t.Fatalf("published %+v", p)
+	}
+	if out, _ := exec.Command("git", "-C", remote, "rev-parse", "agent/t1").Output(); strings.TrimSpace(string(out)) != p.Commit {
+		t.Fatalf("the remote's agent/t1 is %s, want %s", out, p.Commit)
+	}
+}
