@@ -98,10 +98,7 @@ func TestAgentApprovalFlowThroughTheAPI(t *testing.T) {
 	if _, err := c.cl.Tasks().Approve(ctx, connect.NewRequest(&warrenv1.DecideRequest{TaskId: id, ToolCallId: pushID})); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the task to end", 3*time.Minute, func() bool {
-		s := c.task(id).GetState()
-		return s == warrenv1.TaskState_TASK_STATE_SUCCEEDED || s == warrenv1.TaskState_TASK_STATE_FAILED
-	})
+	waitEnded(t, c, id)
 	var kinds []string
 	var listing, patch, denied string
 	for _, e := range c.events(id) {
@@ -223,10 +220,7 @@ func TestAgentSecretBlocksThePush(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := resp.Msg.GetTask().GetId()
-	waitFor(t, "the task to end", 3*time.Minute, func() bool {
-		s := c.task(id).GetState()
-		return s == warrenv1.TaskState_TASK_STATE_SUCCEEDED || s == warrenv1.TaskState_TASK_STATE_FAILED
-	})
+	waitEnded(t, c, id)
 	evs := c.events(id)
 	var checked, end string
 	for _, e := range evs {
@@ -270,10 +264,7 @@ func TestAgentFailingTestsGoBackToTheModel(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := resp.Msg.GetTask().GetId()
-	waitFor(t, "the task to end", 3*time.Minute, func() bool {
-		s := c.task(id).GetState()
-		return s == warrenv1.TaskState_TASK_STATE_SUCCEEDED || s == warrenv1.TaskState_TASK_STATE_FAILED
-	})
+	waitEnded(t, c, id)
 	var kinds []string
 	var rejected string
 	for _, e := range c.events(id) {
@@ -293,4 +284,13 @@ func TestAgentFailingTestsGoBackToTheModel(t *testing.T) {
 	if !strings.Contains(rejected, "go test ./...") || !strings.Contains(rejected, "FAIL") {
 		t.Errorf("the refusal: %s", rejected)
 	}
+}
+
+// waitEnded waits for the task to succeed or fail.
+func waitEnded(t *testing.T, c *cluster, id string) {
+	t.Helper()
+	waitFor(t, "the task to end", 3*time.Minute, func() bool {
+		s := c.task(id).GetState()
+		return s == warrenv1.TaskState_TASK_STATE_SUCCEEDED || s == warrenv1.TaskState_TASK_STATE_FAILED
+	})
 }

@@ -143,24 +143,8 @@ func validateCreate(r *warrenv1.CreateTaskRequest) error {
 	if t := s.GetTemplate(); t != "" && !reTemplate.MatchString(t) {
 		p.add("spec.template", "%q must be 1-128 of a-z, 0-9, '.', '_', '-'", truncate(t, 80))
 	}
-	if n := len(s.GetLabels()); n > maxLabels {
-		p.add("spec.labels", "%d labels is over the limit of %d", n, maxLabels)
-	}
-	for k, v := range s.GetLabels() {
-		if !reLabelKey.MatchString(k) {
-			p.add("spec.labels", "key %q must be 1-63 of a-z, 0-9, '.', '/', '_', '-'", truncate(k, 80))
-		}
-		p.text("spec.labels["+truncate(k, 63)+"]", v, false, maxLabelValue, true)
-	}
-	if n := len(s.GetNodeSelector()); n > maxLabels {
-		p.add("spec.node_selector", "%d labels is over the limit of %d", n, maxLabels)
-	}
-	for k, v := range s.GetNodeSelector() {
-		if !reLabelKey.MatchString(k) {
-			p.add("spec.node_selector", "key %q must be 1-63 of a-z, 0-9, '.', '/', '_', '-'", truncate(k, 80))
-		}
-		p.text("spec.node_selector["+truncate(k, 63)+"]", v, false, maxLabelValue, true)
-	}
+	p.labels("spec.labels", s.GetLabels())
+	p.labels("spec.node_selector", s.GetNodeSelector())
 	if n := len(s.GetPolicy()); n > maxPolicyRules {
 		p.add("spec.policy", "%d rules is over the limit of %d", n, maxPolicyRules)
 	}
@@ -314,4 +298,17 @@ func validateCancel(r *warrenv1.CancelTaskRequest) error {
 	p.requestID(r.GetRequestId())
 	p.text("reason", r.GetReason(), false, maxComment, false)
 	return p.err()
+}
+
+// labels checks a label map: its size, keys and values.
+func (p *problems) labels(field string, m map[string]string) {
+	if n := len(m); n > maxLabels {
+		p.add(field, "%d labels is over the limit of %d", n, maxLabels)
+	}
+	for k, v := range m {
+		if !reLabelKey.MatchString(k) {
+			p.add(field, "key %q must be 1-63 of a-z, 0-9, '.', '/', '_', '-'", truncate(k, 80))
+		}
+		p.text(field+"["+truncate(k, 63)+"]", v, false, maxLabelValue, true)
+	}
 }

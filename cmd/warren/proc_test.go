@@ -160,14 +160,14 @@ func startClusterWith(t *testing.T, dir string, persist func(i int) []string) []
 		}
 	}
 	s1.start()
-	waitUntil(t, "s1 to lead", 20*time.Second, func() bool {
+	waitUntil(t, "s1 to lead", 60*time.Second, func() bool {
 		st, err := s1.status(context.Background())
 		return err == nil && st.GetRaftState() == "leader" && st.GetLeaderApiUrl() != ""
 	})
 	s2.start()
 	s3.start()
 	procs := []*proc{s1, s2, s3}
-	waitUntil(t, "3 voters known everywhere", 30*time.Second, func() bool {
+	waitUntil(t, "3 voters known everywhere", 90*time.Second, func() bool {
 		for _, p := range procs {
 			st, err := p.status(context.Background())
 			if err != nil || len(st.GetPeers()) != 3 || st.GetLeaderApiUrl() == "" {
