@@ -11,8 +11,11 @@
 #   5. its events streamed here; the node runs the tests, checks the diff,
 #      pushes agent/<task-id> to the local remote and records the PR.
 # Settings: WARREN_DEMO_API (127.0.0.1:7480), WARREN_DEMO_DRIVER (microvm,
-# container or auto), WARREN_DEMO_DEV_ARGS (more `warren dev` flags, e.g.
-# "--forge github --forge-url ..." to also open the PR on a forge).
+# container or auto), WARREN_DEMO_DEV_ARGS (more `warren dev` flags). To open
+# the PR on a forge too, push deploy/demo's files to a repository there
+# (main branch, .gitignore from deploy/demo/gitignore) and run with
+# WARREN_DEMO_REPO=https://host/owner/calc.git, WARREN_FORGE_TOKEN=... and
+# WARREN_DEMO_DEV_ARGS="--forge github|gitea|gitlab --forge-url API-URL".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 W=./bin/warren
@@ -64,6 +67,9 @@ git -C "$SRC" init -q -b main
 git -C "$SRC" add -A
 git -C "$SRC" -c user.name=demo -c user.email=demo@example.com commit -qm "calc: add and sub"
 git clone -q --bare "$SRC" "$REMOTE"
+if [ -n "${WARREN_DEMO_REPO:-}" ]; then
+	REMOTE=$WARREN_DEMO_REPO # the same files, on a forge
+fi
 echo "   remote: $REMOTE"
 echo "   its tests fail:"
 (cd "$SRC" && python3 -m unittest -q 2>&1 | sed -n '/^FAIL:/p;/^AssertionError/p;/^FAILED/p' | sed 's/^/     /') || true
@@ -126,8 +132,10 @@ for line in sys.stdin:
         print("--- body ---")
         print(body)
 '
-echo "== the branch on the remote"
-git -C "$REMOTE" log --format='   %h %an: %s' "main..agent/$ID"
-git -C "$REMOTE" diff --stat "main" "agent/$ID" | sed 's/^/  /'
+if [ -z "${WARREN_DEMO_REPO:-}" ]; then
+	echo "== the branch on the remote"
+	git -C "$REMOTE" log --format='   %h %an: %s' "main..agent/$ID"
+	git -C "$REMOTE" diff --stat "main" "agent/$ID" | sed 's/^/  /'
+fi
 echo
 echo "== done in $(( $(date +%s) - start ))s: task $ID succeeded; branch agent/$ID is on $REMOTE"
