@@ -17,8 +17,11 @@ import (
 // build output that running the code and its tests leave behind.
 const DefaultExcludes = "__pycache__/\n*.pyc\n.pytest_cache/\n.mypy_cache/\n.ruff_cache/\nnode_modules/\n.tox/\n.venv/\n*.o\n.gradle/\n"
 
-// MaxCheckpointBytes bounds a checkpoint patch kept in an event.
-const MaxCheckpointBytes = 512 << 10
+// MaxCheckpointBytes bounds a checkpoint event's payload, the patch
+// JSON-encoded in it: the log takes events of at most 64 KiB. A larger
+// patch is recorded as too large, and its task cannot park (it would
+// resume without its work).
+const MaxCheckpointBytes = 60 << 10
 
 var gitIdentity = []string{"-c", "user.name=warren", "-c", "user.email=warren@localhost", "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null"}
 
@@ -36,18 +39,16 @@ func (t *Tools) git(ctx context.Context, args ...string) (ExecResult, error) {
 // InitBase makes the checked-out tree the base commit of a local git
 // repository in the sandbox (its own, without the origin's config).
 func (t *Tools) InitBase(ctx context.Context) error {
-	if _, err := t.git(ctx, "init", "-q"); err != nil {
-		return fmt.Errorf("checkpoint base: %w", err)
-	}
-	// What running code leaves behind is not part of the change, unless
-	// the repository tracks it.
-	if err := t.SB.WriteFile(ctx, t.Root+"/.git/info/exclude", []byte(DefaultExcludes)); err != nil {
-		return fmt.Errorf("checkpoint base: %w", err)
-	}
-	for _, args := range [][]string{{"add", "-A"}, {"commit", "-q", "--allow-empty", "--no-verify", "-m", "base"}, {"tag", "warren-base"}} {
+	// Every file of the checkout is in the base, ignored or not (-f); what
+	// running code leaves behind later is not part of the change unless
+	// the base has it.
+	for _, args := range [][]string{{"init", "-q"}, {"add", "-A", "-f"}, {"commit", "-q", "--allow-empty", "--no-verify", "-m", "base"}, {"tag", "warren-base"}} {
 		if _, err := t.git(ctx, args...); err != nil {
 			return fmt.Errorf("checkpoint base: %w", err)
 		}
+	}
+	if err := t.SB.WriteFile(ctx, t.Root+"/.git/info/exclude", []byte(DefaultExcludes)); err != nil {
+		return fmt.Errorf("checkpoint base: %w", err)
 	}
 	return nil
 }

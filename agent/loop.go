@@ -107,6 +107,9 @@ type decision struct {
 	comment  string
 }
 
+// ErrNotFinished is RejectFinish on a loop whose model has not finished.
+var ErrNotFinished = errors.New("reject finish: the loop has not finished")
+
 // ErrReplay is a log the loop cannot rebuild a conversation from.
 var ErrReplay = errors.New("replay")
 
@@ -132,13 +135,21 @@ type Loop struct {
 	finishResults []model.Block
 	finishID      string
 	rejections    int
+	// user messages Replay found after the finish, for RejectFinish
+	deferredSteers []string
 	// approvals asked (true) and decided, by tool call id, from the log
 	asked     map[string]bool
 	decisions map[string]decision
-	// the last checkpoint Replay found
-	checkpoint    string
-	hasCheckpoint bool
+	// the last checkpoint (recorded, or found by Replay)
+	checkpoint         string
+	hasCheckpoint      bool
+	checkpointTooLarge bool // the last one's patch is not on the log
 }
+
+// Resumable reports whether the log holds the workspace: the last
+// checkpoint's patch is on it (or the workspace is the base). A task that
+// is not resumable must not let its sandbox go.
+func (l *Loop) Resumable() bool { return !l.checkpointTooLarge }
 
 // LastCheckpoint is the workspace patch of the last checkpoint Replay
 // found; ok is false when there is none (the base is the workspace).
@@ -441,12 +452,13 @@ func (l *Loop) afterResponse(ctx context.Context, n int64, content []model.Block
 		if err != nil {
 			return nil, fmt.Errorf("step %d: checkpoint: %w", n, err)
 		}
-		payload := map[string]any{"step": n, "bytes": len(patch)}
-		if len(patch) <= MaxCheckpointBytes {
-			payload["patch"] = patch
-		} else {
+		payload := map[string]any{"step": n, "bytes": len(patch), "patch": patch}
+		if b, err := json.Marshal(payload); err != nil || len(b) > MaxCheckpointBytes {
+			delete(payload, "patch")
 			payload["too_large"] = true // a resumed task starts from the base
 		}
+		tooLarge := payload["too_large"] == true
+		l.checkpoint, l.hasCheckpoint, l.checkpointTooLarge = patch, !tooLarge, tooLarge
 		if err := l.rec.Record(ctx, fmt.Sprintf("step-%d/checkpoint", n), "checkpoint", payload); err != nil {
 			return nil, err
 		}
@@ -490,9 +502,9 @@ type Event struct {
 // it) and goes on.
 func (l *Loop) Replay(events []Event) ([]model.Block, error) {
 	l.msgs, l.spent, l.step, l.replayFinish = nil, Spent{}, 0, nil
-	l.checkpoint, l.hasCheckpoint = "", false
+	l.checkpoint, l.hasCheckpoint, l.checkpointTooLarge = "", false, false
 	l.asked, l.decisions = map[string]bool{}, map[string]decision{}
-	l.finishResults, l.finishID, l.rejections = nil, "", 0
+	l.finishResults, l.finishID, l.rejections, l.deferredSteers = nil, "", 0, nil
 	var pending []model.Block
 	results := map[string]model.Block{}
 	flush := func() {
@@ -523,6 +535,10 @@ func (l *Loop) Replay(events []Event) ([]model.Block, error) {
 			switch {
 			case p.Initial:
 				l.msgs = []model.Message{{Role: model.RoleUser, Content: []model.Block{{Type: model.BlockText, Text: p.Text}}}}
+			case p.From == "user" && l.replayFinish != nil:
+				// The finish turn's results stay out until its refusal:
+				// the message follows them, as it did live.
+				l.deferredSteers = append(l.deferredSteers, p.Text)
 			case p.From == "user":
 				flush()
 				l.Steer(p.Text)
@@ -580,7 +596,7 @@ func (l *Loop) Replay(events []Event) ([]model.Block, error) {
 			if err := json.Unmarshal(e.Payload, &p); err != nil {
 				return nil, fmt.Errorf("%w: event %d: %v", ErrReplay, i, err)
 			}
-			l.checkpoint, l.hasCheckpoint = p.Patch, !p.TooLarge
+			l.checkpoint, l.hasCheckpoint, l.checkpointTooLarge = p.Patch, !p.TooLarge, p.TooLarge
 		case "approval_requested", "approval_decided":
 			var p struct {
 				ID       string `json:"tool_call_id"`
@@ -606,6 +622,11 @@ func (l *Loop) Replay(events []Event) ([]model.Block, error) {
 			results[p.ID] = model.Block{Type: model.BlockToolResult, ToolUseID: p.ID, Content: "finish was refused: " + p.Reason, IsError: true}
 			l.replayFinish = nil
 			l.rejections++
+			flush()
+			for _, text := range l.deferredSteers {
+				l.Steer(text)
+			}
+			l.deferredSteers = nil
 		case "tool_result":
 			var p struct {
 				ID      string  `json:"tool_call_id"`
@@ -683,13 +704,17 @@ func (l *Loop) FinishReplayedTurn(ctx context.Context) (*Outcome, error) {
 // the loop goes on with the next Step.
 func (l *Loop) RejectFinish(ctx context.Context, reason string) error {
 	if l.finishID == "" {
-		return errors.New("reject finish: the loop has not finished")
+		return ErrNotFinished
 	}
 	if err := l.rec.Record(ctx, fmt.Sprintf("step-%d/finish-rejected", l.step), "finish_rejected", map[string]any{
 		"tool_call_id": l.finishID, "step": l.step, "reason": reason}); err != nil {
 		return err
 	}
 	l.appendUser(rejectedFinish(l.finishResults, l.finishID, reason)...)
+	for _, text := range l.deferredSteers { // messages replayed while it had finished
+		l.Steer(text)
+	}
+	l.deferredSteers = nil
 	l.rejections++
 	l.finishResults, l.finishID, l.replayFinish = nil, "", nil
 	return nil

@@ -306,8 +306,32 @@ func TestRejectFinishGoesBackToTheModel(t *testing.T) {
 	if err != nil || out.Reason != "finished" || out.Finish.Summary != "done" {
 		t.Fatalf("%+v %v", out, err)
 	}
+	// A user message lands while the task is in its finish step.
+	log.Record(context.Background(), "user-msg", "message", map[string]any{"from": "user", "text": "keep the API"})
 	if err := l.RejectFinish(context.Background(), "the test command failed"); err != nil {
 		t.Fatal(err)
+	}
+	l.Steer("keep the API") // what the actor does live at the next step
+	// Replayed from before the refusal (a resume mid-finish), the same
+	// refusal gives the same conversation.
+	l4 := newLoop(t, tl, scriptedFrom(t, script), Budgets{}, &memLog{})
+	var beforeRefusal []Event
+	for _, e := range log.events {
+		if e.Kind != "finish_rejected" {
+			beforeRefusal = append(beforeRefusal, e)
+		}
+	}
+	if _, err := l4.Replay(beforeRefusal); err != nil {
+		t.Fatal(err)
+	}
+	if o, _ := l4.FinishReplayedTurn(context.Background()); o == nil || o.Reason != "finished" {
+		t.Fatalf("replayed mid-finish: %+v", o)
+	}
+	if err := l4.RejectFinish(context.Background(), "the test command failed"); err != nil {
+		t.Fatal(err)
+	}
+	if a, b := mustJSON(t, l.msgs), mustJSON(t, l4.msgs); a != b {
+		t.Fatalf("live and resumed-mid-finish conversations differ:\n%s\n%s", a, b)
 	}
 	// A resumed copy, replaying the log up to here, says the same next.
 	l2 := newLoop(t, tl, scriptedFrom(t, script), Budgets{}, &memLog{events: append([]Event(nil), log.events...)})

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,6 +20,9 @@ type Workspace = forge.Workspace
 // CheckConfig is what the diff checks look for (forge's).
 type CheckConfig = forge.CheckConfig
 
+// Finding is one thing the diff checks found (forge's).
+type Finding = forge.Finding
+
 // GitService is a node's git outside the sandboxes: its clone cache, the
 // task workspaces, the diff checks, the push and the forge. Its
 // credential never reaches a sandbox, an event or a log.
@@ -27,15 +32,63 @@ type GitService struct {
 	Auth   *forge.Auth // for fetch and push over HTTP(S); nil: anonymous
 	Checks forge.CheckConfig
 	Draft  bool // open pull requests as drafts
+	// Hosts are the forge's git hosts (host or host:port): only their
+	// https repositories (http on loopback) get Auth, and only their
+	// repositories get a pull request on Forge. Others are fetched and
+	// pushed anonymously, and their PR is recorded only.
+	Hosts []string
+	// AllowLocal lets tasks name repositories on the node (absolute
+	// paths, file://): warren dev and tests; a shared node refuses them,
+	// or any tenant could read any repository the node can.
+	AllowLocal bool
 }
 
 // NewGitService makes a node's git service keeping its mirrors under dir.
 func NewGitService(dir string, f forge.Forge, auth *forge.Auth, checks forge.CheckConfig, draft bool) *GitService {
 	g := &GitService{Cache: &forge.Cache{Dir: filepath.Join(dir, "mirrors")}, Forge: f, Auth: auth, Checks: checks, Draft: draft}
-	if auth != nil {
-		g.Cache.Auth = func(string) *forge.Auth { return auth }
-	}
+	g.Cache.Auth = g.authFor
 	return g
+}
+
+// onForge reports whether repo is on one of the forge's hosts.
+func (g *GitService) onForge(repo string) bool {
+	u, err := url.Parse(repo)
+	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.User != nil {
+		return false
+	}
+	if u.Scheme == "http" && !isLoopback(u.Hostname()) {
+		return false // no token in clear text over a network
+	}
+	for _, h := range g.Hosts {
+		if strings.EqualFold(h, u.Host) || (!strings.Contains(h, ":") && strings.EqualFold(h, u.Hostname()) && u.Port() == "") {
+			return true
+		}
+	}
+	return false
+}
+
+func isLoopback(host string) bool {
+	ip := net.ParseIP(host)
+	return host == "localhost" || (ip != nil && ip.IsLoopback())
+}
+
+// authFor is the credential for repo: the token, only on the forge's hosts.
+func (g *GitService) authFor(repo string) *forge.Auth {
+	if g.Auth == nil || !g.onForge(repo) {
+		return nil
+	}
+	return g.Auth
+}
+
+// checkRepo refuses repositories on the node unless they are allowed.
+func (g *GitService) checkRepo(repo string) error {
+	if err := forge.CheckRepo(repo); err != nil {
+		return fmt.Errorf("repo: %w", err)
+	}
+	if !g.AllowLocal && (filepath.IsAbs(repo) || strings.HasPrefix(repo, "file:")) {
+		return fmt.Errorf("repo: %q is on the node, and this node takes only remote repositories (warren node --allow-local-repos)", repo)
+	}
+	return nil
 }
 
 // Checkout makes a task's workspace in dir: from the clone cache (fetched
@@ -43,8 +96,10 @@ func NewGitService(dir string, f forge.Forge, auth *forge.Auth, checks forge.Che
 // task already has one: a resumed task uses its first commit even if its
 // branch moved), with HEAD verified.
 func (g *GitService) Checkout(ctx context.Context, repo, base, pinned, dir string) (*forge.Workspace, error) {
-	want := pinned
-	mirror, err := g.Cache.Mirror(ctx, repo, want)
+	if err := g.checkRepo(repo); err != nil {
+		return nil, err
+	}
+	mirror, err := g.Cache.Mirror(ctx, repo, pinned)
 	if err != nil {
 		return nil, err
 	}
@@ -87,10 +142,18 @@ func (g *GitService) Review(ctx context.Context, ws *forge.Workspace, patch stri
 	if err != nil {
 		return nil, nil, err
 	}
+	text, err := ws.TextDiff(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
 	cfg := g.Checks
 	cfg.TestsRequested = testsRequested
-	r, err := forge.Check(diff, cfg)
-	return diff, r, err
+	r, err := forge.Check(text, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	r.SHA256 = forge.DiffSHA256(diff) // the approval binds the diff pushed
+	return diff, r, nil
 }
 
 // PRContent is what a pull request says.
@@ -146,11 +209,14 @@ func (g *GitService) Publish(ctx context.Context, ws *forge.Workspace, patch str
 	if p.Commit, err = ws.CommitIndex(ctx, msg, when); err != nil {
 		return nil, err
 	}
-	if err := ws.Push(ctx, repo, g.Auth, p.Branch, p.Commit); err != nil {
+	if err := g.checkRepo(repo); err != nil {
 		return nil, err
 	}
-	if g.Forge == nil {
-		return p, nil
+	if err := ws.Push(ctx, repo, g.authFor(repo), p.Branch, p.Commit); err != nil {
+		return nil, err
+	}
+	if g.Forge == nil || !g.onForge(repo) {
+		return p, nil // the PR record only
 	}
 	ref, err := forge.RepoFromURL(repo)
 	if err != nil {

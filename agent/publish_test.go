@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/warrenhq/warren/forge"
 )
 
 // The push carries only the diff that was approved: another diff, even
@@ -32,6 +34,10 @@ func TestPublishRefusesADiffOtherThanTheApprovedOne(t *testing.T) {
 	run(".", "clone", "-q", "--bare", src, remote)
 
 	g := NewGitService(t.TempDir(), nil, nil, CheckConfig{}, false)
+	if _, err := g.Checkout(context.Background(), remote, "main", "", filepath.Join(t.TempDir(), "x")); err == nil || !strings.Contains(err.Error(), "allow-local-repos") {
+		t.Fatalf("a local repository without AllowLocal: %v", err)
+	}
+	g.AllowLocal = true
 	ctx := context.Background()
 	ws, err := g.Checkout(ctx, remote, "main", "", filepath.Join(t.TempDir(), "ws"))
 	if err != nil {
@@ -66,5 +72,29 @@ func TestPublishRefusesADiffOtherThanTheApprovedOne(t *testing.T) {
 	}
 	if out, _ := exec.Command("git", "-C", remote, "rev-parse", "agent/t1").Output(); strings.TrimSpace(string(out)) != p.Commit {
 		t.Fatalf("the remote's agent/t1 is %s, want %s", out, p.Commit)
+	}
+}
+
+// The token goes only to the forge's hosts, and never in clear text over
+// a network.
+func TestTokenOnlyForTheForgesHosts(t *testing.T) {
+	g := NewGitService(t.TempDir(), nil, &forge.Auth{Token: "t"}, CheckConfig{}, false)
+	g.Hosts = []string{"github.com", "127.0.0.1:8080"}
+	for repo, want := range map[string]bool{
+		"https://github.com/acme/calc.git":        true,
+		"https://GitHub.com/acme/calc.git":        true,
+		"https://github.com:8443/acme/calc.git":   false,
+		"http://github.com/acme/calc.git":         false,
+		"https://evil.example/acme/calc.git":      false,
+		"https://github.com.evil.example/a/b.git": false,
+		"https://x@github.com/acme/calc.git":      false,
+		"http://127.0.0.1:8080/git/acme/calc.git": true,
+		"http://127.0.0.1:9090/git/acme/calc.git": false,
+		"git@github.com:acme/calc.git":            false,
+		"/srv/git/calc.git":                       false,
+	} {
+		if got := g.authFor(repo) != nil; got != want {
+			t.Errorf("%s: token %v, want %v", repo, got, want)
+		}
 	}
 }

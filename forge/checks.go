@@ -65,6 +65,17 @@ type Report struct {
 	NeedsApproval bool      `json:"needs_approval"`
 }
 
+// Capped is the report with at most n findings (blocking ones first),
+// and how many were left out: what fits in an event.
+func (r *Report) Capped(n int) (*Report, int) {
+	if len(r.Findings) <= n {
+		return r, 0
+	}
+	c := *r
+	c.Findings = r.Findings[:n]
+	return &c, len(r.Findings) - n
+}
+
 // FileDiff is one file of a diff.
 type FileDiff struct {
 	Path    string
@@ -82,13 +93,33 @@ type Line struct {
 }
 
 // ParseDiff reads a git diff (as `git diff --binary` writes it) into its
-// files' added lines.
+// files' added lines. Inside a hunk it counts lines by the hunk's header,
+// so an added line that looks like a file header ("++ b/x" added is
+// "+++ b/x") is an added line, not a new path.
 func ParseDiff(diff []byte) []FileDiff {
 	var files []FileDiff
 	var cur *FileDiff
 	n := 0
+	oldLeft, newLeft := 0, 0 // lines left in the current hunk
 	inBinary := false
 	for _, raw := range strings.Split(string(diff), "\n") {
+		if oldLeft > 0 || newLeft > 0 {
+			switch {
+			case strings.HasPrefix(raw, "+"):
+				cur.Added = append(cur.Added, Line{N: n, Text: raw[1:]})
+				n++
+				newLeft--
+			case strings.HasPrefix(raw, "-"):
+				cur.Removed++
+				oldLeft--
+			case strings.HasPrefix(raw, "\\"): // "\ No newline at end of file"
+			default: // context (" ", or an empty line where a blank was trimmed)
+				n++
+				oldLeft--
+				newLeft--
+			}
+			continue
+		}
 		switch {
 		case strings.HasPrefix(raw, "diff --git "):
 			files = append(files, FileDiff{Path: pathFromHeader(raw)})
@@ -100,33 +131,46 @@ func ParseDiff(diff []byte) []FileDiff {
 			if p := strings.TrimPrefix(raw, "+++ "); p != "/dev/null" {
 				cur.Path = strings.TrimPrefix(unquote(p), "b/")
 			}
-		case strings.HasPrefix(raw, "--- "):
 		case strings.HasPrefix(raw, "GIT binary patch"), strings.HasPrefix(raw, "Binary files "):
 			cur.Binary, inBinary = true, true
-		case inBinary && strings.HasPrefix(raw, "literal "), inBinary && strings.HasPrefix(raw, "delta "):
+		case inBinary && (strings.HasPrefix(raw, "literal ") || strings.HasPrefix(raw, "delta ")):
 			if f := strings.Fields(raw); cur.Bytes == 0 && len(f) == 2 {
-				if n, err := strconv.Atoi(f[1]); err == nil && n > 0 {
-					cur.Bytes = n
+				if v, err := strconv.Atoi(f[1]); err == nil && v > 0 {
+					cur.Bytes = v
 				}
 			}
 		case strings.HasPrefix(raw, "@@ "):
-			// @@ -a,b +c,d @@
-			n = 0
-			if f := strings.Fields(raw); len(f) >= 3 {
-				start, _, _ := strings.Cut(strings.TrimPrefix(f[2], "+"), ",")
-				n, _ = strconv.Atoi(start)
+			// @@ -a[,b] +c[,d] @@
+			f := strings.Fields(raw)
+			if len(f) < 3 {
+				continue
 			}
-		case inBinary:
-		case strings.HasPrefix(raw, "+"):
-			cur.Added = append(cur.Added, Line{N: n, Text: raw[1:]})
-			n++
-		case strings.HasPrefix(raw, "-"):
-			cur.Removed++
-		case strings.HasPrefix(raw, " "):
-			n++
+			oldLeft, newLeft, n = hunkRange(f[1]), hunkRange(f[2]), hunkStart(f[2])
 		}
 	}
 	return files
+}
+
+// hunkStart is c of "+c,d"; hunkRange is d (1 when absent).
+func hunkStart(r string) int {
+	start, _, _ := strings.Cut(r[1:], ",")
+	v, _ := strconv.Atoi(start)
+	return v
+}
+
+func hunkRange(r string) int {
+	if len(r) < 2 {
+		return 0
+	}
+	_, count, ok := strings.Cut(r[1:], ",")
+	if !ok {
+		return 1
+	}
+	v, err := strconv.Atoi(count)
+	if err != nil || v < 0 || v > 1<<24 {
+		return 0
+	}
+	return v
 }
 
 func pathFromHeader(h string) string {

@@ -109,3 +109,21 @@ func FuzzParseDiff(f *testing.F) {
 		}
 	})
 }
+
+// Added lines that look like file headers stay added lines of their file:
+// they neither rename the file (and dodge its checks) nor skip the scan.
+func TestChecksHeaderLikeLinesInAHunk(t *testing.T) {
+	diff := "diff --git a/setup.py b/setup.py\n--- a/setup.py\n+++ b/setup.py\n@@ -1,1 +1,3 @@\n x = 1\n+++ b/README.md\n+++ 0 or \"AKIAQYLPMN5HHHFPZAM2\"\n"
+	files := ParseDiff([]byte(diff))
+	if len(files) != 1 || files[0].Path != "setup.py" || len(files[0].Added) != 2 || files[0].Added[1].N != 3 {
+		t.Fatalf("parsed %+v", files)
+	}
+	r, _ := Check([]byte(diff), CheckConfig{})
+	kinds := map[string]bool{}
+	for _, f := range r.Findings {
+		kinds[f.Kind] = true
+	}
+	if !kinds[FindManifest] || !kinds[FindSecret] {
+		t.Fatalf("findings %+v", r.Findings)
+	}
+}

@@ -288,6 +288,15 @@ func (g Git) Checkout(ctx context.Context, mirror, commit, dir string) (*Workspa
 	if _, err := g.run(ctx, "", nil, "", nil, "clone", "--quiet", "--no-checkout", "--no-tags", mirror, dir); err != nil {
 		return nil, err
 	}
+	// The repository's attributes do not change what the sandbox gets:
+	// git archive would drop export-ignore paths (often the tests) and
+	// expand export-subst.
+	if err := os.MkdirAll(filepath.Join(dir, ".git", "info"), 0o755); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, ".git", "info", "attributes"), []byte("* -export-ignore -export-subst\n"), 0o644); err != nil {
+		return nil, err
+	}
 	if _, err := g.run(ctx, dir, nil, "", nil, "checkout", "--quiet", "--detach", commit); err != nil {
 		return nil, err
 	}
@@ -339,6 +348,13 @@ func (w *Workspace) Apply(ctx context.Context, patch []byte) ([]byte, error) {
 		}
 	}
 	return diff, nil
+}
+
+// TextDiff is the workspace's staged diff with every file as text (after
+// Apply): what the checks read, so a file marked binary (by its content or
+// by .gitattributes) cannot hide a secret or its size.
+func (w *Workspace) TextDiff(ctx context.Context) ([]byte, error) {
+	return w.git.run(ctx, w.Dir, nil, "", nil, "diff", "--cached", "--text", "--no-color", "--no-ext-diff", "--no-textconv", "--no-renames", w.Commit)
 }
 
 // DiffSHA256 is the hex SHA-256 of a diff: what an approval binds to.

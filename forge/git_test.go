@@ -265,3 +265,45 @@ func TestApplyCommitPush(t *testing.T) {
 		}
 	}
 }
+
+// A file marked binary by .gitattributes, or exported away, hides
+// nothing: the checks read every file as text, and the sandbox gets every
+// file of the commit.
+func TestAttributesHideNothing(t *testing.T) {
+	needGit(t)
+	repo, _ := newRepo(t)
+	os.WriteFile(filepath.Join(repo, ".gitattributes"), []byte("tests/ export-ignore\n"), 0o644)
+	os.MkdirAll(filepath.Join(repo, "tests"), 0o755)
+	os.WriteFile(filepath.Join(repo, "tests", "t.txt"), []byte("t\n"), 0o644)
+	sh(t, repo, "add", "-A")
+	sh(t, repo, "commit", "-qm", "tests")
+	ctx := context.Background()
+	c := &Cache{Dir: t.TempDir()}
+	mirror, _ := c.Mirror(ctx, repo, "")
+	commit, _ := c.Git.Resolve(ctx, mirror, "main")
+	ws, err := c.Git.Checkout(ctx, mirror, commit, filepath.Join(t.TempDir(), "ws"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tar, err := ws.Tar(ctx)
+	if err != nil || !strings.Contains(string(tar), "tests/t.txt") {
+		t.Fatalf("the sandbox's tree lacks the export-ignored tests: %v", err)
+	}
+	patch := "diff --git a/.gitattributes b/.gitattributes\n--- a/.gitattributes\n+++ b/.gitattributes\n@@ -1 +1,2 @@\n tests/ export-ignore\n+* binary\n" +
+		"diff --git a/creds.txt b/creds.txt\nnew file mode 100644\n--- /dev/null\n+++ b/creds.txt\n@@ -0,0 +1 @@\n+key = AKIAQYLPMN5HHHFPZAM2\n"
+	diff, err := ws.Apply(ctx, []byte(patch))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(diff), "GIT binary patch") {
+		t.Fatalf("the trap is not set: the pushed diff shows the file as text:\n%s", diff)
+	}
+	text, err := ws.TextDiff(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := Check(text, CheckConfig{})
+	if err != nil || !r.Blocked {
+		t.Fatalf("a secret in a file marked binary: %+v %v", r, err)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -24,9 +25,19 @@ type PRRequest struct {
 	Draft bool
 }
 
-// RepoRef names a repository on a forge.
+// RepoRef names a repository on a forge: Owner and Name are the last two
+// elements of its path (GitHub, Gitea); Path is all of it (GitLab's
+// groups and subgroups).
 type RepoRef struct {
 	Owner, Name string
+	Path        string
+}
+
+func (r RepoRef) fullPath() string {
+	if r.Path != "" {
+		return r.Path
+	}
+	return r.Owner + "/" + r.Name
 }
 
 func (r RepoRef) String() string { return r.Owner + "/" + r.Name }
@@ -44,7 +55,7 @@ func RepoFromURL(repo string) (RepoRef, error) {
 	if len(parts) < 2 || parts[len(parts)-1] == "" || parts[len(parts)-2] == "" {
 		return RepoRef{}, fmt.Errorf("%q: cannot tell the forge's owner/name from it", repo)
 	}
-	return RepoRef{Owner: parts[len(parts)-2], Name: parts[len(parts)-1]}, nil
+	return RepoRef{Owner: parts[len(parts)-2], Name: parts[len(parts)-1], Path: strings.Join(parts, "/")}, nil
 }
 
 // PullRequest is an opened (or found) pull request.
@@ -66,7 +77,17 @@ type Forge interface {
 // New makes the adapter of a kind: github (REST, go-github; apiURL "" is
 // api.github.com), gitea (Gitea and Forgejo) or gitlab.
 func New(kind, apiURL, token string) (Forge, error) {
-	hc := &http.Client{Timeout: time.Minute}
+	hc := &http.Client{Timeout: time.Minute, CheckRedirect: func(r *http.Request, via []*http.Request) error {
+		// A token header must not follow a redirect to another host
+		// (Go drops only Authorization there, not GitLab's PRIVATE-TOKEN).
+		if len(via) > 0 && r.URL.Host != via[0].URL.Host {
+			return fmt.Errorf("refusing a redirect from %s to another host, %s", via[0].URL.Host, r.URL.Host)
+		}
+		if len(via) >= 5 {
+			return errors.New("too many redirects")
+		}
+		return nil
+	}}
 	switch kind {
 	case "github":
 		c := github.NewClient(hc)
@@ -191,7 +212,7 @@ type GitLab struct {
 func (*GitLab) Name() string { return "gitlab" }
 
 func (g *GitLab) EnsurePR(ctx context.Context, req PRRequest) (*PullRequest, error) {
-	project := url.PathEscape(req.Repo.Owner + "/" + req.Repo.Name)
+	project := url.PathEscape(req.Repo.fullPath())
 	path := g.base + "/api/v4/projects/" + project + "/merge_requests"
 	var open []struct {
 		IID int    `json:"iid"`

@@ -98,7 +98,7 @@ func TestEnsurePROpensOnce(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			req := PRRequest{Repo: RepoRef{"acme", "calc"}, Head: "agent/t1", Base: "main", Title: "Fix Add", Body: "body", Draft: true}
+			req := PRRequest{Repo: RepoRef{Owner: "acme", Name: "calc"}, Head: "agent/t1", Base: "main", Title: "Fix Add", Body: "body", Draft: true}
 			first, err := f.EnsurePR(context.Background(), req)
 			if err != nil {
 				t.Fatal(err)
@@ -146,6 +146,9 @@ func TestRepoFromURL(t *testing.T) {
 		if err != nil || got.String() != want {
 			t.Errorf("%s: %v %v", in, got, err)
 		}
+	}
+	if r, _ := RepoFromURL("https://gitlab.com/g/sub/proj.git"); r.fullPath() != "g/sub/proj" {
+		t.Errorf("GitLab's full path: %q", r.fullPath())
 	}
 	if _, err := RepoFromURL("calc"); err == nil {
 		t.Error("a bare name was accepted")

@@ -287,6 +287,10 @@ func (a *taskActor) startAgent(c *actor.Context, t *warrenv1.Task) (done bool) {
 // it last looked; the model sees them at this step. (On a resume, Replay
 // finds them in the log, in the same place.)
 func (a *taskActor) steer() error {
+	for _, text := range a.heldMsgs { // read while waiting for an approval
+		a.loop.Steer(text)
+	}
+	a.heldMsgs = nil
 	evs, err := a.newEvents()
 	if err != nil {
 		return err
@@ -467,7 +471,10 @@ func (a *taskActor) pollApproval(c *actor.Context, m approvalPollMsg) {
 			var p struct {
 				ID string `json:"tool_call_id"`
 			}
+			var msg struct{ From, Text string }
 			switch {
+			case e.GetKind() == "message" && json.Unmarshal(e.GetPayload(), &msg) == nil && msg.From == "user" && msg.Text != "":
+				a.heldMsgs = append(a.heldMsgs, msg.Text) // for the model's next step
 			case e.GetKind() == "cancel_requested":
 				a.cancel = true
 			case e.GetKind() == "approval_decided" && json.Unmarshal(e.GetPayload(), &p) == nil && p.ID == id:
@@ -483,7 +490,7 @@ func (a *taskActor) pollApproval(c *actor.Context, m approvalPollMsg) {
 			if grace <= 0 {
 				grace = DefaultApprovalGrace
 			}
-			if time.Since(a.waitSince) >= grace {
+			if time.Since(a.waitSince) >= grace && a.loop.Resumable() {
 				a.park(c, id)
 				return
 			}
@@ -505,6 +512,7 @@ func (a *taskActor) pollApproval(c *actor.Context, m approvalPollMsg) {
 		retry(true)
 		return
 	}
+	a.heldMsgs = nil // the replay puts them where they belong
 	if _, err := a.loop.Replay(all); err != nil {
 		a.agentOutcome(c, &agent.Outcome{Reason: "replay: " + err.Error(), Spent: a.loop.Spent()})
 		return

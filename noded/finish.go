@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -18,6 +19,10 @@ import (
 )
 
 const (
+	// maxFindingsShown and maxBodyShown keep the finish step's events
+	// under the log's 64 KiB: the PR's body on the forge has everything.
+	maxFindingsShown = 50
+	maxBodyShown     = 16 << 10
 	// testTimeout bounds the finish step's run of the repository's tests.
 	testTimeout = 20 * time.Minute
 	// maxFinishRejections is how many refused finishes a task gets before
@@ -60,11 +65,25 @@ func (a *taskActor) finishTask(c *actor.Context) {
 			return
 		}
 		if err := a.loop.RejectFinish(ctx, reason); err != nil {
+			if errors.Is(err, agent.ErrNotFinished) {
+				fail("refuse the finish: "+err.Error(), nil)
+				return
+			}
 			a.failed(c, "refuse the finish", err, finishMsg{})
 			return
 		}
 		a.finished = nil
 		_ = c.Self().Send(stepMsg{})
+	}
+
+	// The model's diff, before anything else runs in the sandbox.
+	patch, err := a.loop.Tools().Checkpoint(sctx)
+	if a.cancelled(c, sctx) {
+		return
+	}
+	if err != nil {
+		a.failed(c, "take the diff", err, finishMsg{})
+		return
 	}
 
 	// 1. The tests.
@@ -98,22 +117,29 @@ func (a *taskActor) finishTask(c *actor.Context) {
 		}
 	}
 
-	// 2. The diff and its checks.
-	patch, err := a.loop.Tools().Checkpoint(sctx)
+	// 2. The diff (taken before the tests ran: what they leave behind is
+	// not part of the change) and its checks.
+	issue := a.spec.GetIssueTitle() + "\n" + a.spec.GetIssueBody()
+	_, rep, err := a.d.git.Review(sctx, a.ws, patch, agent.TestsRequested(issue))
 	if a.cancelled(c, sctx) {
 		return
 	}
 	if err != nil {
-		a.failed(c, "take the diff", err, finishMsg{})
+		if a.publishN++; a.publishN >= maxPublishTries || strings.Contains(err.Error(), "apply") {
+			fail("the diff: "+err.Error(), nil) // the sandbox's patch is bad, or git keeps failing
+			return
+		}
+		c.Logger().Warn("checking the diff failed; retrying", "task", a.id, "err", err)
+		c.After(time.Duration(a.publishN)*2*time.Second, finishMsg{})
 		return
 	}
-	issue := a.spec.GetIssueTitle() + "\n" + a.spec.GetIssueBody()
-	_, rep, err := a.d.git.Review(sctx, a.ws, patch, agent.TestsRequested(issue))
-	if err != nil {
-		fail("the diff: "+err.Error(), nil)
-		return
+	shown, omitted := rep.Capped(maxFindingsShown)
+	checked := map[string]any{"diff_sha256": rep.SHA256, "files": rep.Files, "added": rep.Added, "deleted": rep.Deleted,
+		"findings": shown.Findings, "blocked": rep.Blocked, "needs_approval": rep.NeedsApproval}
+	if omitted > 0 {
+		checked["findings_omitted"] = omitted
 	}
-	if _, err := a.append(ctx, fmt.Sprintf("finish/diff-%d", round), ev("diff_checked", rep)); err != nil {
+	if _, err := a.append(ctx, fmt.Sprintf("finish/diff-%d", round), ev("diff_checked", checked)); err != nil {
 		a.failed(c, "record the checks", err, finishMsg{})
 		return
 	}
@@ -128,7 +154,10 @@ func (a *taskActor) finishTask(c *actor.Context) {
 				msgs = append(msgs, f.Message)
 			}
 		}
-		fail("the diff checks block the push: "+strings.Join(msgs, "; "), map[string]any{"findings": rep.Findings})
+		if len(msgs) > 5 {
+			msgs = append(msgs[:5], fmt.Sprintf("and %d more", len(msgs)-5))
+		}
+		fail("the diff checks block the push: "+strings.Join(msgs, "; "), map[string]any{"findings": shown.Findings})
 		return
 	}
 	approved := ""
@@ -155,7 +184,7 @@ func (a *taskActor) finishTask(c *actor.Context) {
 				}
 				if _, err := a.append(ctx, "finish/approval-"+id, ev("approval_requested", map[string]any{"tool_call_id": id, "tool": "push",
 					"input":       map[string]any{"diff_sha256": rep.SHA256, "files": rep.Files, "added": rep.Added, "deleted": rep.Deleted},
-					"diff_sha256": rep.SHA256, "findings": rep.Findings, "reason": strings.Join(why, "; ")})); err != nil {
+					"diff_sha256": rep.SHA256, "findings": shown.Findings, "reason": tail(strings.Join(why, "; "), 2000)})); err != nil {
 					a.failed(c, "ask approval of the diff", err, finishMsg{})
 					return
 				}
@@ -194,19 +223,24 @@ func (a *taskActor) finishTask(c *actor.Context) {
 		c.After(time.Duration(a.publishN)*2*time.Second, finishMsg{})
 		return
 	}
-	if _, err := a.append(ctx, "finish/pull-request", ev("pull_request", pub)); err != nil {
+	rec := *pub
+	rec.Flags, _ = (&forgeReport{pub.Flags}).capped()
+	if len(rec.Body) > maxBodyShown {
+		rec.Body = rec.Body[:maxBodyShown] + "\n…(cut here; the forge has all of it)"
+	}
+	if _, err := a.append(ctx, "finish/pull-request", ev("pull_request", rec)); err != nil {
 		a.failed(c, "record the pull request", err, finishMsg{})
 		return
 	}
 	if f := a.d.cfg.AfterRecord; f != nil {
 		f("finish/pull-request")
 	}
-	rec := map[string]any{"forge": pub.Forge, "head": pub.Branch, "base": pub.Base, "commit": pub.Commit}
+	pr := map[string]any{"forge": pub.Forge, "head": pub.Branch, "base": pub.Base, "commit": pub.Commit}
 	if pub.PR != nil {
-		rec["url"], rec["number"] = pub.PR.URL, pub.PR.Number
+		pr["url"], pr["number"] = pub.PR.URL, pub.PR.Number
 	}
 	a.end(c, endMsg{key: "agent/done", why: "finished",
-		payload: map[string]any{"to": "succeeded", "finish": out.Finish, "spent": a.loop.Spent(), "pull_request": rec}})
+		payload: map[string]any{"to": "succeeded", "finish": out.Finish, "spent": a.loop.Spent(), "pull_request": pr}})
 }
 
 // decision looks for the approval of id on the task's log.
@@ -253,4 +287,13 @@ func orText(s, d string) string {
 		return d
 	}
 	return s
+}
+
+type forgeReport struct{ findings []agent.Finding }
+
+func (f *forgeReport) capped() ([]agent.Finding, int) {
+	if len(f.findings) <= maxFindingsShown {
+		return f.findings, 0
+	}
+	return f.findings[:maxFindingsShown], len(f.findings) - maxFindingsShown
 }

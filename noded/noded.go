@@ -180,6 +180,7 @@ func Start(cfg Config) (*Daemon, error) {
 		actors: map[string]*taskRef{}, net: newNetFaults(), git: cfg.Git}
 	if d.git == nil {
 		d.git = agent.NewGitService(filepath.Join(cfg.DataDir, "git"), nil, nil, agent.CheckConfig{}, false)
+		d.git.AllowLocal = true // no forge: a test's or a demo's node
 	}
 	if cfg.Shared != nil {
 		d.cl, d.app, d.h2c, d.plain = cfg.Shared.Client, cfg.Shared.Appender, cfg.Shared.H2C, cfg.Shared.HTTP

@@ -91,7 +91,8 @@ type taskActor struct {
 	egressPending []egressBatch
 	// the agent loop, for a task that runs one (no scripted steps)
 	agentMode bool
-	agentSeen uint64 // the last seq the loop has looked at (steering)
+	agentSeen uint64   // the last seq the loop has looked at (steering)
+	heldMsgs  []string // user messages read during an approval wait
 	waitSince time.Time
 	loop      *agent.Loop
 	ws        *agent.Workspace // the task's workspace on the node (git, outside the sandbox)
@@ -404,6 +405,15 @@ func (a *taskActor) failed(c *actor.Context, what string, err error, retry any) 
 	case connect.CodeOf(err) == connect.CodeFailedPrecondition, connect.CodeOf(err) == connect.CodeNotFound:
 		c.Logger().Info("task refused the write: stopping", "task", a.id, "during", what, "err", err)
 		a.finish(c, err.Error(), &a.d.stats.Stopped)
+	case connect.CodeOf(err) == connect.CodeInvalidArgument:
+		// The same write would be refused again: end the task, saying why.
+		reason := fmt.Sprintf("%s: an event was refused: %s", what, err.Error())
+		if len(reason) > 1000 {
+			reason = reason[:1000] + "…"
+		}
+		c.Logger().Warn("an event was refused; the task fails", "task", a.id, "during", what, "err", err)
+		_, _ = a.append(a.ctx, "refused", ev("state_changed", map[string]any{"to": "failed", "reason": reason}))
+		a.finish(c, reason, &a.d.stats.Finished)
 	default:
 		c.Logger().Warn("step failed; retrying", "task", a.id, "during", what, "err", err)
 		c.After(retryAfter, retry)

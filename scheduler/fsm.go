@@ -496,7 +496,11 @@ func (a *applier) appendEvents(m *fsmv1.AppendEvents) *fsmv1.Result {
 		t.Lease = &warrenv1.Lease{Epoch: t.GetLease().GetEpoch() + 1}
 		t.Resume, t.Parked = true, true
 		t.State, t.PendingApprovals = state, pending
-		if len(pending) == 0 { // decided meanwhile: resume at once
+		switch {
+		case t.GetCancelRequested(): // cancelled meanwhile: nothing will resume it
+			t.Parked = false
+			a.setState(t, m.GetTime(), warrenv1.TaskState_TASK_STATE_CANCELLED, map[string]any{"reason": "cancelled while parking for approval"})
+		case len(pending) == 0: // decided meanwhile: resume at once
 			a.unpark(t, m.GetTime(), "decided while parking")
 		}
 		a.putTask(t)
@@ -615,7 +619,7 @@ func (a *applier) cancel(m *fsmv1.CancelTask) *fsmv1.Result {
 		return &fsmv1.Result{Task: snapshotTask(t)} // already done
 	case Terminal(t.GetState()):
 		return fail(connect.CodeFailedPrecondition, "task %s already %s", t.GetId(), StateName(t.GetState()))
-	case t.GetCancelRequested() && t.GetState() != warrenv1.TaskState_TASK_STATE_PENDING:
+	case t.GetCancelRequested() && t.GetState() != warrenv1.TaskState_TASK_STATE_PENDING && !t.GetParked():
 		return &fsmv1.Result{Task: snapshotTask(t)} // the node has been told
 	}
 	old := t.GetState()

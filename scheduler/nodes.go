@@ -196,6 +196,11 @@ func (a *applier) requeue(t *warrenv1.Task, ts *timestamppb.Timestamp, reason st
 	a.release(t)
 	t.Lease = &warrenv1.Lease{Epoch: t.GetLease().GetEpoch() + 1}
 	t.Resume, t.LastFailedNode = true, lost
+	if t.GetState() == warrenv1.TaskState_TASK_STATE_WAITING_APPROVAL && t.GetCancelRequested() {
+		// Nothing would run it again but to record the cancellation.
+		a.setState(t, ts, warrenv1.TaskState_TASK_STATE_CANCELLED, map[string]any{"reason": "cancelled while waiting for approval; " + reason, "node": lost})
+		return
+	}
 	if t.GetState() == warrenv1.TaskState_TASK_STATE_WAITING_APPROVAL && len(t.GetPendingApprovals()) > 0 {
 		// It waits for a person, not for a node: park it until the
 		// decision, as its node would have after the grace period.

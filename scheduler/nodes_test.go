@@ -307,3 +307,22 @@ func TestTaskSumsModelUsage(t *testing.T) {
 		t.Fatalf("usage = %v", u)
 	}
 }
+
+// A cancel that lands while a waiting task parks, or before its node dies,
+// is not lost: the task ends cancelled.
+func TestCancelWhileParkingEndsTheTask(t *testing.T) {
+	tf := newTestFSM(t)
+	tf.registerNode("n1", 4)
+	a := tf.waitingTask()
+	tf.ok(&fsmv1.CancelTask{TaskId: a, Time: timestamppb.New(t0)})
+	tf.ok(&fsmv1.AppendEvents{TaskId: a, LeaseEpoch: 1, Events: []*warrenv1.EventInput{{Kind: KindParked}}, Time: timestamppb.New(t0)})
+	if tk := tf.mustTask(a); tk.GetState() != warrenv1.TaskState_TASK_STATE_CANCELLED || tk.GetParked() {
+		t.Fatalf("parked after a cancel: %v", tk)
+	}
+	b := tf.waitingTask()
+	tf.ok(&fsmv1.CancelTask{TaskId: b, Time: timestamppb.New(t0)})
+	tf.ok(&fsmv1.NodeOp{Id: "n1", Op: fsmv1.NodeOp_OP_DOWN, Reason: "no heartbeat", Time: timestamppb.New(t0)})
+	if tk := tf.mustTask(b); tk.GetState() != warrenv1.TaskState_TASK_STATE_CANCELLED {
+		t.Fatalf("a cancelled waiting task whose node died: %v", tk)
+	}
+}

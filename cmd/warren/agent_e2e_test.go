@@ -431,7 +431,7 @@ func (f *agentFleet) startNode(id, labels string, flags []string, env ...string)
 	p := newProc(f.t, f.dir, id)
 	p.argv = append([]string{"node", "--id", id, "--data", filepath.Join(f.dir, id), "--servers", strings.Join(f.urls, ","),
 		"--gossip", freePort(f.t), "--join-gossip", strings.Join(f.gossip, ","), "--driver", "container", "--image-dir", f.imageDir,
-		"--egress", "off", "--capacity", "cpu=64,mem=64GiB", "--labels", labels, "--approval-grace", "10m", "--log-level", "info"}, flags...)
+		"--egress", "off", "--capacity", "cpu=64,mem=64GiB", "--labels", labels, "--approval-grace", "10m", "--log-level", "info", "--allow-local-repos"}, flags...)
 	p.env = append(append([]string(nil), f.env...), env...)
 	p.start()
 	f.nodes = append(f.nodes, p)

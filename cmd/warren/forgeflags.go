@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 
@@ -14,9 +15,9 @@ import (
 // are pushed and pull requests opened, and what the diff checks do. The
 // token comes only from the environment (WARREN_FORGE_TOKEN).
 type forgeFlags struct {
-	kind, url, user, checks    string
-	draft                      bool
-	maxFiles, maxLines, maxKiB int
+	kind, url, user, checks, hosts string
+	draft, allowLocal              bool
+	maxFiles, maxLines, maxKiB     int
 }
 
 func (f *forgeFlags) register(fs *flag.FlagSet) {
@@ -24,6 +25,8 @@ func (f *forgeFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.url, "forge-url", "", "the forge's API base URL (github: https://api.github.com by default; gitea/forgejo: required, e.g. https://gitea.example.com; gitlab: https://gitlab.com by default)")
 	fs.StringVar(&f.user, "forge-user", "", "the user git sends with the token over HTTP(S) (default x-access-token)")
 	fs.BoolVar(&f.draft, "pr-draft", false, "open pull requests as drafts")
+	fs.StringVar(&f.hosts, "forge-git-hosts", "", "the forge's git hosts (host or host:port, comma-separated): only their https repositories (http on loopback) get the token, and only they get pull requests (default: github.com for github without --forge-url, else --forge-url's host)")
+	fs.BoolVar(&f.allowLocal, "allow-local-repos", false, "let tasks name repositories on this node (absolute paths, file://); off on a shared node, where any tenant could read any repository the node can")
 	fs.StringVar(&f.checks, "diff-checks", "", "what each diff finding does, KIND=ACTION comma-separated: kinds secret, ci_config, manifest, tests, size; actions block, approve, flag (default secret=block,ci_config=approve,manifest=approve,tests=flag,size=block)")
 	fs.IntVar(&f.maxFiles, "diff-max-files", 100, "the size check: most files a diff may change")
 	fs.IntVar(&f.maxLines, "diff-max-lines", 5000, "the size check: most lines a diff may add and delete")
@@ -53,5 +56,18 @@ func (f *forgeFlags) service(dataDir string) (*agent.GitService, error) {
 		auth = &forge.Auth{User: f.user, Token: token}
 	}
 	checks := forge.CheckConfig{Actions: actions, MaxFiles: f.maxFiles, MaxLines: f.maxLines, MaxFileBytes: f.maxKiB << 10}
-	return agent.NewGitService(filepath.Join(dataDir, "git"), fg, auth, checks, f.draft), nil
+	g := agent.NewGitService(filepath.Join(dataDir, "git"), fg, auth, checks, f.draft)
+	g.AllowLocal = f.allowLocal
+	g.Hosts = splitComma(f.hosts)
+	if len(g.Hosts) == 0 && fg != nil {
+		switch u, err := url.Parse(f.url); {
+		case f.url == "" && f.kind == "github":
+			g.Hosts = []string{"github.com"}
+		case f.url == "" && f.kind == "gitlab":
+			g.Hosts = []string{"gitlab.com"}
+		case err == nil && u.Host != "":
+			g.Hosts = []string{u.Host}
+		}
+	}
+	return g, nil
 }

@@ -163,7 +163,7 @@ func TestAgentPullRequest(t *testing.T) {
 		`{"content":[{"type":"tool_use","name":"finish","input":{"summary":"Add subtracted; it adds now.","cause":"Add returned a - b.","fix":"Return a + b."}}]}`,
 	}, "\n")
 	af := newAgentFleet(t, imageDir, "WARREN_FORGE_TOKEN="+token)
-	forgeFlags := []string{"--forge", "github", "--forge-url", gh.srv.URL}
+	forgeFlags := []string{"--forge", "github", "--forge-url", gh.srv.URL, "--forge-git-hosts", strings.TrimPrefix(gs.srv.URL, "http://")}
 	survivor := af.startNode("survivor", "pr=y", forgeFlags)
 	af.ready("survivor")
 	ctx := context.Background()

@@ -91,6 +91,8 @@ func cmdDev(args []string, stdout, stderr io.Writer) error {
 	capacity := fs.String("capacity", "", "the built-in node's capacity, cpu=N,mem=SIZE (default: this host's)")
 	var ff forgeFlags
 	ff.register(fs)
+	fs.Lookup("allow-local-repos").DefValue = "true"
+	ff.allowLocal = true // warren dev is one user's machine
 	var mf modelFlags
 	mf.register(fs)
 	pos, err := parse(fs, args)
