@@ -508,15 +508,7 @@ func (l *Loop) Replay(events []Event) ([]model.Block, error) {
 	var pending []model.Block
 	results := map[string]model.Block{}
 	flush := func() {
-		var bs []model.Block
-		var still []model.Block
-		for _, tu := range pending {
-			if b, ok := results[tu.ID]; ok {
-				bs = append(bs, b)
-			} else {
-				still = append(still, tu)
-			}
-		}
+		bs, still := splitRecorded(pending, results)
 		if len(bs) > 0 {
 			l.appendUser(bs...)
 		}
@@ -644,15 +636,7 @@ func (l *Loop) Replay(events []Event) ([]model.Block, error) {
 		}
 	}
 	// The last turn's calls: keep those with results, return the rest.
-	var recordedNow []model.Block
-	var missing []model.Block
-	for _, tu := range pending {
-		if b, ok := results[tu.ID]; ok {
-			recordedNow = append(recordedNow, b)
-		} else {
-			missing = append(missing, tu)
-		}
-	}
+	recordedNow, missing := splitRecorded(pending, results)
 	if len(missing) == 0 && len(recordedNow) > 0 {
 		if l.replayFinish != nil {
 			// The task had finished: its finish stays out of the
@@ -671,6 +655,19 @@ func (l *Loop) Replay(events []Event) ([]model.Block, error) {
 	l.replayPending = pending
 	l.replayResults = results
 	return missing, nil
+}
+
+// splitRecorded splits tool calls into the results recorded for them and
+// the calls that have none.
+func splitRecorded(calls []model.Block, results map[string]model.Block) (recorded, missing []model.Block) {
+	for _, tu := range calls {
+		if b, ok := results[tu.ID]; ok {
+			recorded = append(recorded, b)
+		} else {
+			missing = append(missing, tu)
+		}
+	}
+	return recorded, missing
 }
 
 // Resume finishes the last replayed turn (running its calls that have no
