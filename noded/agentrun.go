@@ -351,17 +351,8 @@ func (a *taskActor) agentStep(c *actor.Context) {
 
 // agentOutcome records how the loop ended.
 func (a *taskActor) agentOutcome(c *actor.Context, out *agent.Outcome) {
-	ctx := a.ctx
 	if out.Reason == "waiting_approval" {
-		key := "agent/waiting-" + out.Approval.ToolCallID
-		if _, err := a.append(ctx, key, ev("state_changed", map[string]any{"to": "waiting_approval", "tool_call_id": out.Approval.ToolCallID})); err != nil {
-			a.failed(c, "record waiting", err, stepMsg{})
-			return
-		}
-		if a.waitSince.IsZero() {
-			a.waitSince = time.Now()
-		}
-		c.After(approvalPoll, approvalPollMsg{toolCallID: out.Approval.ToolCallID})
+		a.awaitDecision(c, "agent/waiting-", approvalPollMsg{toolCallID: out.Approval.ToolCallID}, stepMsg{})
 		return
 	}
 	if out.Reason == "finished" {
@@ -450,6 +441,21 @@ func (a *taskActor) cancelled(c *actor.Context, stepCtx context.Context) bool {
 	return true
 }
 
+// awaitDecision records that the task waits for a decision (the event's
+// key is prefix + the call's id), starts its grace period and polls;
+// retry is what a failed append sends.
+func (a *taskActor) awaitDecision(c *actor.Context, prefix string, poll approvalPollMsg, retry any) {
+	id := poll.toolCallID
+	if _, err := a.append(a.ctx, prefix+id, ev("state_changed", map[string]any{"to": "waiting_approval", "tool_call_id": id})); err != nil {
+		a.failed(c, "record waiting", err, retry)
+		return
+	}
+	if a.waitSince.IsZero() {
+		a.waitSince = time.Now()
+	}
+	c.After(approvalPoll, poll)
+}
+
 // pollApproval waits (without a step running) for the decision on a call;
 // then it replays the log, which holds the decision, and goes on. A task
 // that has waited its grace period parks instead; a cancelled one ends.
@@ -499,11 +505,11 @@ func (a *taskActor) pollApproval(c *actor.Context, m approvalPollMsg) {
 		}
 	}
 	a.waitSince = time.Time{}
+	if _, err := a.append(ctx, "agent/running-"+id, ev("state_changed", map[string]any{"to": "running", "after_approval": id})); err != nil {
+		a.failed(c, "record running", err, m)
+		return
+	}
 	if m.finish { // the push's approval: the finish phase reads the decision
-		if _, err := a.append(ctx, "agent/running-"+id, ev("state_changed", map[string]any{"to": "running", "after_approval": id})); err != nil {
-			a.failed(c, "record running", err, m)
-			return
-		}
 		a.finishTask(c)
 		return
 	}
@@ -515,10 +521,6 @@ func (a *taskActor) pollApproval(c *actor.Context, m approvalPollMsg) {
 	a.heldMsgs = nil // the replay puts them where they belong
 	if _, err := a.loop.Replay(all); err != nil {
 		a.agentOutcome(c, &agent.Outcome{Reason: "replay: " + err.Error(), Spent: a.loop.Spent()})
-		return
-	}
-	if _, err := a.append(ctx, "agent/running-"+id, ev("state_changed", map[string]any{"to": "running", "after_approval": id})); err != nil {
-		a.failed(c, "record running", err, approvalPollMsg{toolCallID: id, decided: true})
 		return
 	}
 	sctx, end := a.stepContext()

@@ -189,14 +189,7 @@ func (a *taskActor) finishTask(c *actor.Context) {
 					return
 				}
 			}
-			if _, err := a.append(ctx, "finish/waiting-"+id, ev("state_changed", map[string]any{"to": "waiting_approval", "tool_call_id": id})); err != nil {
-				a.failed(c, "record waiting", err, finishMsg{})
-				return
-			}
-			if a.waitSince.IsZero() {
-				a.waitSince = time.Now()
-			}
-			c.After(approvalPoll, approvalPollMsg{toolCallID: id, finish: true})
+			a.awaitDecision(c, "finish/waiting-", approvalPollMsg{toolCallID: id, finish: true}, finishMsg{})
 			return
 		}
 	}
