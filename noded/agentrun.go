@@ -352,7 +352,8 @@ func (a *taskActor) agentStep(c *actor.Context) {
 // agentOutcome records how the loop ended.
 func (a *taskActor) agentOutcome(c *actor.Context, out *agent.Outcome) {
 	if out.Reason == "waiting_approval" {
-		a.awaitDecision(c, "agent/waiting-", approvalPollMsg{toolCallID: out.Approval.ToolCallID}, stepMsg{})
+		poll := approvalPollMsg{toolCallID: out.Approval.ToolCallID}
+		a.awaitDecision(c, "agent/waiting-", poll, awaitMsg{prefix: "agent/waiting-", poll: poll})
 		return
 	}
 	if out.Reason == "finished" {

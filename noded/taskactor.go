@@ -37,6 +37,11 @@ type (
 		payload map[string]any
 		why     string
 	}
+	// awaitMsg records again that a task waits for a decision.
+	awaitMsg struct {
+		prefix string
+		poll   approvalPollMsg
+	}
 	// finishMsg runs (again) the finish phase of an agent task whose
 	// model has finished.
 	finishMsg struct{}
@@ -136,6 +141,8 @@ func (a *taskActor) Receive(c *actor.Context, msg any) {
 		a.end(c, m)
 	case finishMsg:
 		a.finishTask(c)
+	case awaitMsg:
+		a.awaitDecision(c, m.prefix, m.poll, m)
 	case egressMsg:
 		if err := a.recordEgress(); err != nil {
 			a.failed(c, "record egress", err, egressMsg{})
