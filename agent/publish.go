@@ -20,8 +20,8 @@ type Workspace = forge.Workspace
 // CheckConfig is what the diff checks look for (forge's).
 type CheckConfig = forge.CheckConfig
 
-// Finding is one thing the diff checks found (forge's).
-type Finding = forge.Finding
+// Report is the diff checks' verdict (forge's).
+type Report = forge.Report
 
 // GitService is a node's git outside the sandboxes: its clone cache, the
 // task workspaces, the diff checks, the push and the forge. Its

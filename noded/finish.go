@@ -217,7 +217,8 @@ func (a *taskActor) finishTask(c *actor.Context) {
 		return
 	}
 	rec := *pub
-	rec.Flags, _ = (&forgeReport{pub.Flags}).capped()
+	flags, _ := (&agent.Report{Findings: pub.Flags}).Capped(maxFindingsShown)
+	rec.Flags = flags.Findings
 	if len(rec.Body) > maxBodyShown {
 		rec.Body = rec.Body[:maxBodyShown] + "\n…(cut here; the forge has all of it)"
 	}
@@ -280,13 +281,4 @@ func orText(s, d string) string {
 		return d
 	}
 	return s
-}
-
-type forgeReport struct{ findings []agent.Finding }
-
-func (f *forgeReport) capped() ([]agent.Finding, int) {
-	if len(f.findings) <= maxFindingsShown {
-		return f.findings, 0
-	}
-	return f.findings[:maxFindingsShown], len(f.findings) - maxFindingsShown
 }
