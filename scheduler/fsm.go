@@ -492,9 +492,8 @@ func (a *applier) appendEvents(m *fsmv1.AppendEvents) *fsmv1.Result {
 	if park {
 		// The holder lets the task go while it waits: its node's room is
 		// free, and appends under its epoch are refused from now on.
-		a.release(t)
-		t.Lease = &warrenv1.Lease{Epoch: t.GetLease().GetEpoch() + 1}
-		t.Resume, t.Parked = true, true
+		a.letGo(t)
+		t.Parked = true
 		t.State, t.PendingApprovals = state, pending
 		switch {
 		case t.GetCancelRequested(): // cancelled meanwhile: nothing will resume it
@@ -513,10 +512,7 @@ func (a *applier) appendEvents(m *fsmv1.AppendEvents) *fsmv1.Result {
 		case state == warrenv1.TaskState_TASK_STATE_PENDING:
 			// The holder gives the task back (a drain, a step boundary):
 			// later appends under its epoch are refused.
-			node := t.GetLease().GetNode()
-			a.release(t)
-			t.Lease = &warrenv1.Lease{Epoch: t.GetLease().GetEpoch() + 1}
-			t.Resume, t.LastFailedNode = true, node
+			t.LastFailedNode = a.letGo(t)
 			a.replan = true
 		}
 	}

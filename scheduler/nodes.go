@@ -192,10 +192,8 @@ func (a *applier) requeueAll(node string, ts *timestamppb.Timestamp, reason stri
 // requeue moves a task that held a lease back to pending under a new
 // epoch, releasing its node's resources, and marks it for resumption.
 func (a *applier) requeue(t *warrenv1.Task, ts *timestamppb.Timestamp, reason string) {
-	lost := t.GetLease().GetNode()
-	a.release(t)
-	t.Lease = &warrenv1.Lease{Epoch: t.GetLease().GetEpoch() + 1}
-	t.Resume, t.LastFailedNode = true, lost
+	lost := a.letGo(t)
+	t.LastFailedNode = lost
 	if t.GetState() == warrenv1.TaskState_TASK_STATE_WAITING_APPROVAL && t.GetCancelRequested() {
 		// Nothing would run it again but to record the cancellation.
 		a.setState(t, ts, warrenv1.TaskState_TASK_STATE_CANCELLED, map[string]any{"reason": "cancelled while waiting for approval; " + reason, "node": lost})
@@ -210,6 +208,17 @@ func (a *applier) requeue(t *warrenv1.Task, ts *timestamppb.Timestamp, reason st
 	}
 	a.replan = true
 	a.setState(t, ts, warrenv1.TaskState_TASK_STATE_PENDING, map[string]any{"reason": reason, "node": lost, "epoch": t.GetLease().GetEpoch()})
+}
+
+// letGo takes a task's lease from its holder: the node's resources come
+// back, the epoch moves on (the holder's appends are refused from now
+// on) and the next holder resumes from the log. It returns the node.
+func (a *applier) letGo(t *warrenv1.Task) (node string) {
+	node = t.GetLease().GetNode()
+	a.release(t)
+	t.Lease = &warrenv1.Lease{Epoch: t.GetLease().GetEpoch() + 1}
+	t.Resume = true
+	return node
 }
 
 // release returns a task's resources to the node holding its lease.
