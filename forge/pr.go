@@ -152,21 +152,16 @@ func (*Gitea) Name() string { return "gitea" }
 
 func (g *Gitea) EnsurePR(ctx context.Context, req PRRequest) (*PullRequest, error) {
 	path := fmt.Sprintf("/api/v1/repos/%s/%s/pulls", url.PathEscape(req.Repo.Owner), url.PathEscape(req.Repo.Name))
-	var open []struct {
+	type pull struct {
 		Number int    `json:"number"`
 		URL    string `json:"html_url"`
 		Head   struct {
 			Ref string `json:"ref"`
 		} `json:"head"`
 	}
+	var open []pull
 	for page := 1; page <= 20; page++ {
-		var batch []struct {
-			Number int    `json:"number"`
-			URL    string `json:"html_url"`
-			Head   struct {
-				Ref string `json:"ref"`
-			} `json:"head"`
-		}
+		var batch []pull
 		if err := doJSON(ctx, g.hc, "GET", g.base+path+fmt.Sprintf("?state=open&limit=50&page=%d", page), g.auth(), nil, &batch); err != nil {
 			return nil, fmt.Errorf("gitea: list pull requests: %w", err)
 		}
