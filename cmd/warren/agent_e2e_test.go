@@ -166,13 +166,7 @@ func TestAgentNodeKill(t *testing.T) {
 		}
 		ids[m] = resp.Msg.GetTask().GetId()
 	}
-	get := func(m string) *warrenv1.Task {
-		resp, err := cl.Tasks().GetTask(ctx, connect.NewRequest(&warrenv1.GetTaskRequest{Id: ids[m]}))
-		if err != nil {
-			return nil
-		}
-		return resp.Msg.GetTask()
-	}
+	get := func(m string) *warrenv1.Task { return af.task(ids[m]) }
 	waitUntil(t, "every task placed on its victim", 2*time.Minute, func() bool {
 		for _, m := range markers {
 			if get(m).GetLease().GetNode() != victims[m].id {
@@ -184,13 +178,7 @@ func TestAgentNodeKill(t *testing.T) {
 	if _, err := cl.Cluster().UncordonNode(ctx, connect.NewRequest(&warrenv1.NodeRequest{Id: "survivor"})); err != nil {
 		t.Fatal(err)
 	}
-	listEvents := func(m string) []*warrenv1.Event {
-		resp, err := cl.Tasks().ListEvents(ctx, connect.NewRequest(&warrenv1.ListEventsRequest{TaskId: ids[m], Limit: 1000}))
-		if err != nil {
-			return nil
-		}
-		return resp.Msg.GetEvents()
-	}
+	listEvents := func(m string) []*warrenv1.Event { return af.events(ids[m]) }
 	has := func(m, kind, callID string) bool {
 		for _, e := range listEvents(m) {
 			if e.GetKind() == kind && strings.Contains(string(e.GetPayload()), `"tool_call_id":"`+callID+`"`) {
