@@ -287,24 +287,29 @@ func (a *taskActor) startAgent(c *actor.Context, t *warrenv1.Task) (done bool) {
 // it last looked; the model sees them at this step. (On a resume, Replay
 // finds them in the log, in the same place.)
 func (a *taskActor) steer() error {
-	for _, text := range a.heldMsgs { // read while waiting for an approval
-		a.loop.Steer(text)
-	}
-	a.heldMsgs = nil
 	evs, err := a.newEvents()
 	if err != nil {
 		return err
 	}
 	for _, e := range evs {
-		if e.GetKind() != "message" {
-			continue
-		}
-		var p struct{ From, Text string }
-		if json.Unmarshal(e.GetPayload(), &p) == nil && p.From == "user" && p.Text != "" {
-			a.loop.Steer(p.Text)
+		if text, ok := userMessage(e); ok {
+			a.heldMsgs = append(a.heldMsgs, text)
 		}
 	}
+	for _, text := range a.heldMsgs { // with those read while waiting for an approval
+		a.loop.Steer(text)
+	}
+	a.heldMsgs = nil
 	return nil
+}
+
+// userMessage is the text of a user's message event.
+func userMessage(e *warrenv1.Event) (string, bool) {
+	var p struct{ From, Text string }
+	if e.GetKind() != "message" || json.Unmarshal(e.GetPayload(), &p) != nil || p.From != "user" || p.Text == "" {
+		return "", false
+	}
+	return p.Text, true
 }
 
 // newEvents returns a page of the task's events past the last one the loop
@@ -478,10 +483,10 @@ func (a *taskActor) pollApproval(c *actor.Context, m approvalPollMsg) {
 			var p struct {
 				ID string `json:"tool_call_id"`
 			}
-			var msg struct{ From, Text string }
+			text, isMsg := userMessage(e)
 			switch {
-			case e.GetKind() == "message" && json.Unmarshal(e.GetPayload(), &msg) == nil && msg.From == "user" && msg.Text != "":
-				a.heldMsgs = append(a.heldMsgs, msg.Text) // for the model's next step
+			case isMsg:
+				a.heldMsgs = append(a.heldMsgs, text) // for the model's next step
 			case e.GetKind() == "cancel_requested":
 				a.cancel = true
 			case e.GetKind() == "approval_decided" && json.Unmarshal(e.GetPayload(), &p) == nil && p.ID == id:
