@@ -183,18 +183,25 @@ type Published struct {
 	Flags   []forge.Finding    `json:"findings,omitempty"`
 }
 
-// Publish puts patch on the workspace again, checks it again, commits it,
-// pushes agent/<task-id> to the task's repository and opens (or finds) its
-// pull request. A diff the checks block is refused; one that needs an
-// approval is refused unless its SHA-256 is approvedSHA, the diff a person
-// approved. The commit's time is fixed (when), so a retry pushes the same
-// commit and finds the same pull request.
-func (g *GitService) Publish(ctx context.Context, ws *forge.Workspace, patch string, c PRContent, repo, base, approvedSHA string, when time.Time) (*Published, error) {
-	_, r, err := g.Review(ctx, ws, patch, TestsRequested(c.IssueTitle+"\n"+c.IssueBody))
+// Publish commits what Review put on the workspace, pushes
+// agent/<task-id> to the task's repository and opens (or finds) its pull
+// request. c.Report is Review's verdict; the workspace must still hold that
+// diff (its SHA-256 is checked). A diff the checks block is refused; one
+// that needs an approval is refused unless its SHA-256 is approvedSHA, the
+// diff a person approved. The commit's time is fixed (when), so a retry
+// pushes the same commit and finds the same pull request.
+func (g *GitService) Publish(ctx context.Context, ws *forge.Workspace, c PRContent, repo, base, approvedSHA string, when time.Time) (*Published, error) {
+	r := c.Report
+	if r == nil {
+		return nil, errors.New("publish: the diff was not reviewed")
+	}
+	staged, err := ws.Staged(ctx)
 	if err != nil {
 		return nil, err
 	}
 	switch {
+	case forge.DiffSHA256(staged) != r.SHA256:
+		return nil, errors.New("publish: the workspace no longer holds the reviewed diff")
 	case r.Files == 0:
 		return nil, errors.New("publish: the diff is empty")
 	case r.Blocked:
@@ -202,7 +209,6 @@ func (g *GitService) Publish(ctx context.Context, ws *forge.Workspace, patch str
 	case r.NeedsApproval && approvedSHA != r.SHA256:
 		return nil, fmt.Errorf("publish: the diff (SHA-256 %s) is not the one approved (%s)", r.SHA256, orDefault(approvedSHA, "none"))
 	}
-	c.Report = r
 	p := &Published{Forge: "none", Repo: repo, Remote: repo, Branch: forge.BranchFor(c.TaskID), Base: base, DiffSHA: r.SHA256,
 		Title: prTitle(c), Body: prBody(c), Draft: g.Draft, Flags: r.Findings}
 	msg := p.Title + "\n\n" + strings.TrimSpace(orDefault(c.Finish.summary(), "")) + "\n\nTask: " + c.TaskID + "\n"

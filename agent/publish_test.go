@@ -56,14 +56,27 @@ func TestPublishRefusesADiffOtherThanTheApprovedOne(t *testing.T) {
 		{ci("on: push"), "", "is not the one approved (none)"},
 		{ci("on: [push]"), rep.SHA256, "not the one approved"},
 	} {
-		if _, err := g.Publish(ctx, ws, tc.patch, c, remote, "main", tc.approved, when); err == nil || !strings.Contains(err.Error(), tc.want) {
+		_, r, err := g.Review(ctx, ws, tc.patch, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Report = r
+		if _, err := g.Publish(ctx, ws, c, remote, "main", tc.approved, when); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("publish %q approved %q: %v", tc.patch, tc.approved, err)
 		}
 	}
 	if out, _ := exec.Command("git", "-C", remote, "branch", "--list", "agent/*").Output(); len(out) != 0 {
 		t.Fatalf("pushed before the approval: %s", out)
 	}
-	p, err := g.Publish(ctx, ws, ci("on: push"), c, remote, "main", rep.SHA256, when)
+	// A workspace that changed since its review is refused too.
+	c.Report = rep
+	if _, err := g.Publish(ctx, ws, c, remote, "main", rep.SHA256, when); err == nil || !strings.Contains(err.Error(), "no longer holds the reviewed diff") {
+		t.Fatalf("publish after the workspace changed: %v", err)
+	}
+	if _, rep2, err := g.Review(ctx, ws, ci("on: push"), false); err != nil || rep2.SHA256 != rep.SHA256 {
+		t.Fatalf("review again: %v", err)
+	}
+	p, err := g.Publish(ctx, ws, c, remote, "main", rep.SHA256, when)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -332,7 +332,7 @@ func (w *Workspace) Apply(ctx context.Context, patch []byte) ([]byte, error) {
 			return nil, fmt.Errorf("the sandbox's diff does not apply to the base commit: %w", err)
 		}
 	}
-	diff, err := w.git.run(ctx, w.Dir, nil, "", nil, "diff", "--cached", "--binary", "--no-color", "--no-ext-diff", "--no-renames", w.Commit)
+	diff, err := w.Staged(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -348,6 +348,12 @@ func (w *Workspace) Apply(ctx context.Context, patch []byte) ([]byte, error) {
 		}
 	}
 	return diff, nil
+}
+
+// Staged is the workspace's staged diff against its commit, binary files
+// included: what a commit of the index would carry.
+func (w *Workspace) Staged(ctx context.Context) ([]byte, error) {
+	return w.git.run(ctx, w.Dir, nil, "", nil, "diff", "--cached", "--binary", "--no-color", "--no-ext-diff", "--no-renames", w.Commit)
 }
 
 // TextDiff is the workspace's staged diff with every file as text (after

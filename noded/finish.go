@@ -202,7 +202,7 @@ func (a *taskActor) finishTask(c *actor.Context) {
 	content := agent.PRContent{TaskID: a.id, IssueTitle: a.spec.GetIssueTitle(), IssueBody: a.spec.GetIssueBody(), Finish: out.Finish,
 		TestCommand: a.spec.GetTestCommand(), TestOutput: testOut, Report: rep}
 	repo := a.spec.GetRepo()
-	pub, err := a.d.git.Publish(sctx, a.ws, patch, content, repo, a.d.git.BaseBranch(sctx, repo, a.spec.GetBase()), approved, when)
+	pub, err := a.d.git.Publish(sctx, a.ws, content, repo, a.d.git.BaseBranch(sctx, repo, a.spec.GetBase()), approved, when)
 	if a.cancelled(c, sctx) {
 		return
 	}
