@@ -243,9 +243,6 @@ func (f *nodeFlags) config() (noded.Config, error) {
 		errs = append(errs, fmt.Errorf("approval-grace: %s is negative", f.model.approvalGrace))
 	}
 	cfg.ApprovalGrace = f.model.approvalGrace
-	if f.forge.kind == "" { // a node made in code: the defaults
-		f.forge = forgeFlags{kind: "none", maxFiles: 100, maxLines: 5000, maxKiB: 1024}
-	}
 	if cfg.Git, err = f.forge.service(f.data); err != nil {
 		errs = append(errs, err)
 	}
