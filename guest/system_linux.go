@@ -73,10 +73,16 @@ func (s *LinuxSystem) AddEntropy(seed []byte) error {
 	return nil
 }
 
-// SetPids writes the commands' cgroup's pids.max.
+// SetPids writes the commands' cgroup's pids.max. In a container without
+// one (gVisor: the host's pids cgroup bounds gVisor's own threads, not the
+// sandbox's processes) it sets RLIMIT_NPROC on the agent, which every
+// command inherits and which gVisor enforces for root too.
 func (s *LinuxSystem) SetPids(n int) error {
 	if s.cgroupFD < 0 {
-		return nil
+		if !s.Container {
+			return nil
+		}
+		return unix.Setrlimit(unix.RLIMIT_NPROC, &unix.Rlimit{Cur: uint64(n), Max: uint64(n)})
 	}
 	return os.WriteFile(filepath.Join(s.cgroup, "pids.max"), []byte(strconv.Itoa(n)), 0o644)
 }

@@ -86,6 +86,7 @@ func cmdDev(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(nodeDriver, "driver", "sim", "same as --node-driver")
 	imageDir := fs.String("image-dir", defaultImageDir(), "microvm: the template store (env WARREN_IMAGE_DIR)")
 	accel := fs.String("accel", "auto", "microvm: accelerator: auto, kvm or tcg")
+	runtime := fs.String("runtime", "runc", "container: runc, or runsc (gVisor through the runc shim; needs --egress off)")
 	egress := fs.String("egress", "auto", "microvm and container: egress policy on, off (sandboxes get no network) or auto (on when root with /dev/net/tun)")
 	egressUpstream := fs.String("egress-upstream", "", "egress: HOST:PORT of the DNS server allowed names are forwarded to (default: the first nameserver in /etc/resolv.conf)")
 	capacity := fs.String("capacity", "", "the built-in node's capacity, cpu=N,mem=SIZE (default: this host's)")
@@ -125,7 +126,7 @@ func cmdDev(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		nf := nodeFlags{id: "dev", data: filepath.Join(*data, "node"), servers: "http://" + *api, driver: *nodeDriver, capacity: *capacity,
-			imageDir: *imageDir, accel: *accel, logger: log, gossip: "127.0.0.1:0", forge: ff, model: mf,
+			imageDir: *imageDir, accel: *accel, runtime: *runtime, logger: log, gossip: "127.0.0.1:0", forge: ff, model: mf,
 			egress: egressFlags{mode: *egress, upstream: *egressUpstream, prefix4: netpolicy.DefaultPrefix4.String(), prefix6: netpolicy.DefaultPrefix6.String(), pool: 2}}
 		cfg, err := nf.config()
 		if err != nil {

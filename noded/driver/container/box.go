@@ -128,7 +128,7 @@ func (b *Box) destroy() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if c != nil {
-		destroyContainer(ctx, c)
+		b.d.destroyContainer(ctx, c)
 	}
 	if b.mounted {
 		if err := unix.Unmount(filepath.Join(b.dir, "rootfs"), unix.MNT_DETACH); err != nil {

@@ -36,10 +36,13 @@ const DefaultSocket = "/run/containerd/containerd.sock"
 type Config struct {
 	Socket    string // containerd's socket (DefaultSocket)
 	Namespace string // containerd namespace ("warren")
-	// Runtime is "runc" (default) or "runsc" (gVisor, run through the runc
-	// shim with RuncBinary pointing at a wrapper that calls runsc).
+	// Runtime is "runc" (default) or "runsc": gVisor, run through the runc
+	// shim (Debian's runsc ships no shim of its own) with a wrapper that
+	// calls runsc with the flags warren needs (see runscWrapper).
 	Runtime string
-	// RuncBinary, if set, is the OCI runtime binary the runc shim runs.
+	// RuncBinary, if set, is the OCI runtime binary the runc shim runs
+	// instead: for runsc, a wrapper of one's own, which must pass
+	// --network=none and --host-uds=create as the driver's own does.
 	RuncBinary string
 	ImageDir   string // template store (the root file systems)
 	// Agent is the static warren-guest binary bind-mounted into every
@@ -90,8 +93,11 @@ func New(cfg Config) (*Driver, error) {
 	if cfg.Runtime != "runc" && cfg.Runtime != "runsc" {
 		return nil, fmt.Errorf("container: runtime %q: want runc or runsc", cfg.Runtime)
 	}
-	if cfg.Runtime == "runsc" && cfg.RuncBinary == "" {
-		return nil, errors.New("container: runtime runsc needs the wrapper that runs runsc (--runc-binary)")
+	if cfg.Runtime == "runsc" && cfg.Networks != nil {
+		// runsc's own network stack sends the sandbox's frames through a
+		// packet socket, which skips the namespace's nftables hooks: the
+		// egress policy would not hold.
+		return nil, errors.New("container: runtime runsc cannot run under the egress policy yet: turn it off (--egress off) or use runc or microvm")
 	}
 	if cfg.DefaultTemplate == "" {
 		cfg.DefaultTemplate = "default"
@@ -144,6 +150,14 @@ func New(cfg Config) (*Driver, error) {
 		client.Close()
 		return nil, err
 	}
+	if cfg.Runtime == "runsc" && cfg.RuncBinary == "" {
+		w, err := writeRunscWrapper(cfg.StateDir)
+		if err != nil {
+			client.Close()
+			return nil, err
+		}
+		d.cfg.RuncBinary = w
+	}
 	d.cleanLeftovers(ctx)
 	d.log.Info("container driver", "containerd", v.Version, "runtime", cfg.Runtime)
 	return d, nil
@@ -177,7 +191,7 @@ func (d *Driver) cleanLeftovers(ctx context.Context) {
 	}
 	for _, c := range cs {
 		d.log.Info("destroying a container left by a previous run", "container", c.ID())
-		destroyContainer(ctx, c)
+		d.destroyContainer(ctx, c)
 	}
 	ents, _ := os.ReadDir(filepath.Join(d.cfg.StateDir, "boxes"))
 	for _, e := range ents {
@@ -195,7 +209,7 @@ func (d *Driver) cleanLeftovers(ctx context.Context) {
 	}
 }
 
-func destroyContainer(ctx context.Context, c containerd.Container) {
+func (d *Driver) destroyContainer(ctx context.Context, c containerd.Container) {
 	if t, err := c.Task(ctx, nil); err == nil {
 		_ = t.Kill(ctx, syscall.SIGKILL, containerd.WithKillAll)
 		if ch, err := t.Wait(ctx); err == nil {
@@ -204,7 +218,13 @@ func destroyContainer(ctx context.Context, c containerd.Container) {
 			case <-time.After(10 * time.Second):
 			}
 		}
-		_, _ = t.Delete(ctx, containerd.WithProcessKill)
+		if _, err := t.Delete(ctx, containerd.WithProcessKill); err != nil && d.cfg.Runtime == "runsc" {
+			// runsc cannot signal a container still in "created" (its
+			// start failed), so the shim cannot kill it; runsc can delete
+			// it by force, and then the shim sees it exit.
+			d.runscForceDelete(ctx, c.ID())
+			_, _ = t.Delete(ctx, containerd.WithProcessKill)
+		}
 	}
 	_ = c.Delete(ctx)
 }
@@ -382,7 +402,7 @@ func (d *Driver) start(ctx context.Context, t *guest.Template, req driver.ClaimR
 		oci.WithHostname(driver.Hostname(req.ID)),
 		oci.WithMemoryLimit(uint64(lim.MemMB) << 20),
 		oci.WithCPUCFS(int64(lim.VCPUs)*100000, 100000),
-		oci.WithPidsLimit(int64(lim.Pids)),
+		oci.WithPidsLimit(d.hostPids(lim.Pids)),
 		oci.WithMounts(mounts),
 		// No raw or packet sockets: a frame written to a packet socket
 		// skips the namespace's nftables hooks, and so the egress policy.
@@ -438,6 +458,9 @@ func (d *Driver) start(ctx context.Context, t *guest.Template, req driver.ClaimR
 	}
 	b.env = req.Env
 	creq := guest.ClaimRequest{Env: req.Env}
+	if d.cfg.Runtime == "runsc" {
+		creq.Pids = lim.Pids // see hostPids
+	}
 	if b.net != nil {
 		nc := b.net.GuestConfig(false)
 		creq.Net = &nc

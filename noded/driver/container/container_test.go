@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -47,7 +48,10 @@ func imageDir() string {
 	return "/var/lib/warren/templates"
 }
 
-func newDriver(t *testing.T) *Driver {
+func newDriver(t *testing.T) *Driver { return newDriverWith(t, "runc") }
+
+// newDriverWith makes a driver on the given runtime, runc or runsc.
+func newDriverWith(t *testing.T, runtime string) *Driver {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("runs containers; skipped in -short")
@@ -62,13 +66,13 @@ func newDriver(t *testing.T) *Driver {
 	if _, err := os.Stat(sock); err != nil {
 		t.Skipf("needs a running containerd at %s (apt-get install containerd runc; .ci/run starts it)", sock)
 	}
-	if _, err := exec.LookPath("runc"); err != nil {
-		t.Skip("needs runc")
+	if _, err := exec.LookPath(runtime); err != nil {
+		t.Skipf("needs %s (apt-get install %s)", runtime, runtime)
 	}
 	if _, err := guest.LoadTemplate(imageDir(), "default"); err != nil {
 		t.Skipf("needs the default template: %v (run `make image`)", err)
 	}
-	d, err := New(Config{Socket: sock, ImageDir: imageDir(), StateDir: t.TempDir(), Namespace: "warren-test", Agent: agentBin})
+	d, err := New(Config{Socket: sock, ImageDir: imageDir(), StateDir: t.TempDir(), Namespace: "warren-test", Agent: agentBin, Runtime: runtime})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,18 +91,27 @@ func run(t *testing.T, sb driver.Sandbox, script string) (string, int) {
 	return out.String(), res.ExitCode
 }
 
-func TestContainerLifecycle(t *testing.T) {
-	d := newDriver(t)
+func TestContainerLifecycle(t *testing.T) { testLifecycle(t, "runc", "sb-ctr", 256) }
+
+// TestContainerGVisor runs the same life cycle under gVisor (runsc through
+// the runc shim and the driver's wrapper).
+// Its process limit is lower: on gVisor's ptrace platform every guest
+// process costs several host threads and a fork takes milliseconds, so a
+// fork bomb at 256 processes runs for minutes before the shell gives up.
+func TestContainerGVisor(t *testing.T) { testLifecycle(t, "runsc", "sb-gvisor", 64) }
+
+func testLifecycle(t *testing.T, runtime, id string, pids int) {
+	d := newDriverWith(t, runtime)
 	defer d.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	sb, err := d.Claim(ctx, driver.ClaimRequest{ID: "sb-ctr", Env: map[string]string{"GREETING": "hi"}, Limits: driver.Limits{Pids: 256}})
+	sb, err := d.Claim(ctx, driver.ClaimRequest{ID: id, Env: map[string]string{"GREETING": "hi"}, Limits: driver.Limits{Pids: pids}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("claim took %v", sb.(driver.Interactive).Info().ClaimTime)
 	out, code := run(t, sb, "uname -a; echo $((6*7)); echo $GREETING; hostname")
-	if code != 0 || !strings.Contains(out, "Linux") || !strings.HasSuffix(out, "42\nhi\nsb-ctr\n") {
+	if code != 0 || !strings.Contains(out, "Linux") || !strings.HasSuffix(out, "42\nhi\n"+id+"\n") {
 		t.Fatalf("exit %d %q", code, out)
 	}
 	ia := sb.(driver.Interactive)
@@ -130,12 +143,61 @@ func TestContainerLifecycle(t *testing.T) {
 	if out, _ := run(t, sb, "echo alive"); out != "alive\n" {
 		t.Fatalf("after the fork bomb: %q", out)
 	}
+	if runtime == "runsc" {
+		goto destroy // see TestContainerGVisorMemoryHog
+	}
+	// A memory hog past the limit (512 MiB by default) is killed; the
+	// sandbox still answers.
+	out, code = run(t, sb, "python3 -c 'a = bytearray(1 << 30); print(len(a))'; echo exit=$?")
+	if strings.Contains(out, "1073741824") || !strings.Contains(out, "exit=") || strings.Contains(out, "exit=0") {
+		t.Errorf("memory hog: exit %d %q: want it killed", code, out)
+	}
+	if out, _ := run(t, sb, "echo alive"); out != "alive\n" {
+		t.Fatalf("after the memory hog: %q", out)
+	}
+destroy:
 	dir := sb.(*Box).dir
 	if err := sb.Destroy(); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Errorf("box directory left: %v", err)
+	}
+	if cs, _ := d.client.Containers(ctx); len(cs) != 0 {
+		t.Errorf("%d containers left", len(cs))
+	}
+}
+
+// TestContainerGVisorMemoryHog: under gVisor the sandbox's memory is the
+// sentry's, in the host cgroup, and gVisor 2022-12 has no OOM killer of its
+// own: a hog past the limit makes the host kill the sentry, and with it the
+// whole sandbox. That is contained (fail-closed): another sandbox and the
+// node keep answering, and destroying the dead one leaves nothing behind.
+func TestContainerGVisorMemoryHog(t *testing.T) {
+	d := newDriverWith(t, "runsc")
+	defer d.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var sbs []driver.Sandbox
+	for _, id := range []string{"sb-hog", "sb-calm"} {
+		sb, err := d.Claim(ctx, driver.ClaimRequest{ID: id, Limits: driver.Limits{Pids: 64, MemMB: 256}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sbs = append(sbs, sb)
+	}
+	res, err := sbs[0].(driver.Interactive).Run(ctx, guest.ExecRequest{Argv: []string{"python3", "-c", "a = bytearray(1 << 30); print(len(a))"}}, io.Discard, io.Discard)
+	if err == nil && res.ExitCode == 0 {
+		t.Fatalf("a 1 GiB allocation under a 256 MiB limit succeeded")
+	}
+	t.Logf("the hog: %+v %v", res, err)
+	if out, _ := run(t, sbs[1], "echo alive"); out != "alive\n" {
+		t.Fatalf("the other sandbox after the hog: %q", out)
+	}
+	for _, sb := range sbs {
+		if err := sb.Destroy(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if cs, _ := d.client.Containers(ctx); len(cs) != 0 {
 		t.Errorf("%d containers left", len(cs))
