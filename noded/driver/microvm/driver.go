@@ -55,6 +55,7 @@ type Driver struct {
 	accel    string
 	accelWhy string
 	cg       *cgroups
+	blanks   blanks
 
 	mu        sync.Mutex
 	templates map[string]*tplState
@@ -132,7 +133,7 @@ func New(cfg Config) (*Driver, error) {
 	abs, _ := filepath.Abs(cfg.StateDir)
 	h := sha256.Sum256([]byte(abs))
 	d := &Driver{cfg: cfg, log: cfg.Logger, scope: hex.EncodeToString(h[:])[:8], templates: map[string]*tplState{},
-		live: map[string]*VM{}, known: map[string]bool{}, stop: make(chan struct{})}
+		live: map[string]*VM{}, known: map[string]bool{}, stop: make(chan struct{}), blanks: blanks{dir: filepath.Join(cfg.StateDir, "blanks")}}
 	if d.qver, err = qemuVersion(qemu); err != nil {
 		return nil, err
 	}

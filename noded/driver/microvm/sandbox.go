@@ -138,18 +138,25 @@ func (d *Driver) restore(ctx context.Context, ts *tplState, snap *snapshot, sand
 		vm.destroy()
 		return nil, err
 	}
-	if err := createOverlay(ctx, snap.disk(), "qcow2", vm.spec.Disk); err != nil {
+	t0 := time.Now()
+	if err := d.blanks.overlay(ctx, snap.disk(), "qcow2", vm.spec.Disk); err != nil {
 		vm.destroy()
 		return nil, err
 	}
-	if err := vm.launch(ctx); err != nil {
+	t1 := time.Now()
+	vm.spec.State = snap.state()
+	err := vm.launch(ctx)
+	vm.spec.State = ""
+	if err != nil {
 		vm.destroy()
 		return nil, err
 	}
-	if err := loadState(ctx, vm.qmp, snap.state(), true); err != nil {
+	t2 := time.Now()
+	if err := loadState(ctx, vm.qmp, vm.spec.incomingURI(), true); err != nil {
 		vm.destroy()
 		return nil, fmt.Errorf("restore: %w", err)
 	}
+	d.log.Debug("restored", "vm", id, "overlay", t1.Sub(t0), "launch", t2.Sub(t1), "load", time.Since(t2))
 	return vm, nil
 }
 
@@ -171,7 +178,7 @@ func (d *Driver) boot(ctx context.Context, ts *tplState, sandboxID string, lim d
 		vm.destroy()
 		return nil, err
 	}
-	if err := createOverlay(ctx, ts.t.Path(ts.t.Rootfs), "raw", vm.spec.Disk); err != nil {
+	if err := d.blanks.overlay(ctx, ts.t.Path(ts.t.Rootfs), "raw", vm.spec.Disk); err != nil {
 		vm.destroy()
 		return nil, err
 	}
@@ -357,10 +364,13 @@ func (vm *VM) Resume(ctx context.Context) error {
 	}
 	state := filepath.Join(vm.spec.Dir, "paused.state")
 	vm.spec.Incoming = true
-	if err := vm.launch(ctx); err != nil {
+	vm.spec.State = state
+	err := vm.launch(ctx)
+	vm.spec.State = ""
+	if err != nil {
 		return fmt.Errorf("resume: %w", err)
 	}
-	if err := loadState(ctx, vm.qmp, state, false); err != nil {
+	if err := loadState(ctx, vm.qmp, vm.spec.incomingURI(), false); err != nil {
 		vm.p.kill()
 		return fmt.Errorf("resume: %w", err)
 	}

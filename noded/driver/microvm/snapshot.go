@@ -185,15 +185,16 @@ func saveState(ctx context.Context, q *QMP, path string, ignoreShared bool) erro
 	}
 }
 
-// loadState restores device state (and memory) from path into a QEMU
-// started with -incoming defer, and waits until it is loaded (paused).
-func loadState(ctx context.Context, q *QMP, path string, ignoreShared bool) error {
+// loadState restores device state (and memory) from uri (the spec's
+// incomingURI) into a QEMU started with -incoming defer, and waits until it
+// is loaded (paused).
+func loadState(ctx context.Context, q *QMP, uri string, ignoreShared bool) error {
 	if _, err := q.Run(ctx, "migrate-set-capabilities", map[string]any{
 		"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": ignoreShared}},
 	}); err != nil {
 		return err
 	}
-	if _, err := q.Run(ctx, "migrate-incoming", map[string]any{"uri": "exec:cat " + shellQuote(path)}); err != nil {
+	if _, err := q.Run(ctx, "migrate-incoming", map[string]any{"uri": uri}); err != nil {
 		return err
 	}
 	for {

@@ -41,6 +41,21 @@ type vmSpec struct {
 	// either way, so a snapshot's clones match it whatever their network.
 	NIC bool
 	Tap bool `json:"-"`
+	// State is the saved state an Incoming VM loads: start passes it to
+	// QEMU as an open file (after the tap, if any), and migrate-incoming
+	// reads it from that descriptor (incomingURI), with no shell and cat
+	// between.
+	State string `json:"-"`
+}
+
+// incomingURI is migrate-incoming's URI for State: QEMU takes a numeric
+// fd: name as an inherited descriptor.
+func (s vmSpec) incomingURI() string {
+	fd := 3
+	if s.Tap {
+		fd++
+	}
+	return "fd:" + strconv.Itoa(fd)
 }
 
 // guestMAC is every guest's MAC: each sits alone on its own link.
@@ -170,6 +185,14 @@ func start(qemu string, s vmSpec, procsFiles []string, tap *os.File) (*proc, err
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if tap != nil {
 		cmd.ExtraFiles = []*os.File{tap} // fd 3
+	}
+	if s.State != "" {
+		f, err := os.Open(s.State)
+		if err != nil {
+			return nil, fmt.Errorf("start qemu: saved state: %w", err)
+		}
+		defer f.Close()                            // QEMU holds its own copy
+		cmd.ExtraFiles = append(cmd.ExtraFiles, f) // s.incomingURI()
 	}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start qemu: %w", err)
