@@ -369,6 +369,12 @@ func (d *Driver) Claim(ctx context.Context, req driver.ClaimRequest) (driver.San
 	}
 	vm.claimTime = time.Since(t0)
 	d.mu.Lock()
+	if d.closed { // closed while this claim was under way: Close did not see it
+		delete(d.live, req.ID)
+		d.mu.Unlock()
+		vm.destroy()
+		return nil, driver.Errorf(driver.ErrUnavailable, "driver closed")
+	}
 	d.live[req.ID] = vm
 	d.mu.Unlock()
 	vm.armTTL()
@@ -376,7 +382,7 @@ func (d *Driver) Claim(ctx context.Context, req driver.ClaimRequest) (driver.San
 	d.log.Info("sandbox claimed", "sandbox", req.ID, "start", vm.start, "took", vm.claimTime, "template", ts.t.Name)
 	// The refill starts a moment later, so the new sandbox's first
 	// commands do not share the CPU with a restore.
-	time.AfterFunc(refillDelay, func() { d.refill(ts) })
+	d.goRefill(ts, refillDelay)
 	return vm, nil
 }
 
@@ -440,7 +446,20 @@ func (d *Driver) SetPoolTarget(template string, n int) {
 	for _, vm := range drop {
 		vm.destroy()
 	}
-	go d.refill(ts)
+	d.goRefill(ts, 0)
+}
+
+// goRefill refills ts's pool in the background after delay. Close waits
+// for it (a refill under way destroys its VM when the driver closes: a
+// QEMU still starting when the process exits would outlive it).
+func (d *Driver) goRefill(ts *tplState, delay time.Duration) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return
+	}
+	d.wg.Add(1)
+	time.AfterFunc(delay, func() { defer d.wg.Done(); d.refill(ts) })
 }
 
 // Pools reports every template's pool.

@@ -457,6 +457,57 @@ func TestRestartReadoptsAndReaps(t *testing.T) {
 
 // Closing the driver while a template's snapshot is being made stops that
 // boot and leaves nothing of it.
+// TestCloseDuringRefillLeavesNothing: Close while the warm pool is being
+// filled waits for the refill, whose VM is destroyed, not left running.
+func TestCloseDuringRefillLeavesNothing(t *testing.T) {
+	d := newDriver(t, "")
+	if err := d.EnsureSnapshot(ctxT(t, 5*time.Minute), ""); err != nil {
+		t.Fatal(err)
+	}
+	d.SetPoolTarget("default", 2)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if ents, _ := os.ReadDir(filepath.Join(d.cfg.StateDir, "vms")); len(ents) > 0 {
+			break // a refill's restore is under way
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the refill did not start")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	assertNothingLeft(t, d)
+}
+
+// TestCloseDuringClaimLeavesNothing: a claim still restoring when the
+// driver closes destroys its VM and fails, instead of handing out a
+// sandbox no one will destroy.
+func TestCloseDuringClaimLeavesNothing(t *testing.T) {
+	d := newDriver(t, "")
+	if err := d.EnsureSnapshot(ctxT(t, 5*time.Minute), ""); err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		_, err := d.Claim(ctxT(t, time.Minute), driver.ClaimRequest{ID: "sb-closing"})
+		errc <- err
+	}()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if ents, _ := os.ReadDir(filepath.Join(d.cfg.StateDir, "vms")); len(ents) > 0 {
+			break // the claim's restore is under way
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the claim's restore did not start")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	d.Close()
+	if err := <-errc; err == nil {
+		t.Error("a claim under way when the driver closed succeeded")
+	}
+	assertNothingLeft(t, d)
+}
+
 func TestCloseDuringSnapshotLeavesNothing(t *testing.T) {
 	d := newDriver(t, "")
 	go d.EnsureSnapshot(context.Background(), "")
