@@ -457,6 +457,21 @@ func TestRestartReadoptsAndReaps(t *testing.T) {
 
 // Closing the driver while a template's snapshot is being made stops that
 // boot and leaves nothing of it.
+// waitVMDir waits until the driver has a VM directory: what is under way.
+func waitVMDir(t *testing.T, d *Driver, what string) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if ents, _ := os.ReadDir(filepath.Join(d.cfg.StateDir, "vms")); len(ents) > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not start", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // TestCloseDuringRefillLeavesNothing: Close while the warm pool is being
 // filled waits for the refill, whose VM is destroyed, not left running.
 func TestCloseDuringRefillLeavesNothing(t *testing.T) {
@@ -465,16 +480,7 @@ func TestCloseDuringRefillLeavesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	d.SetPoolTarget("default", 2)
-	deadline := time.Now().Add(time.Minute)
-	for {
-		if ents, _ := os.ReadDir(filepath.Join(d.cfg.StateDir, "vms")); len(ents) > 0 {
-			break // a refill's restore is under way
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the refill did not start")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitVMDir(t, d, "a refill's restore")
 	assertNothingLeft(t, d)
 }
 
@@ -491,16 +497,7 @@ func TestCloseDuringClaimLeavesNothing(t *testing.T) {
 		_, err := d.Claim(ctxT(t, time.Minute), driver.ClaimRequest{ID: "sb-closing"})
 		errc <- err
 	}()
-	deadline := time.Now().Add(time.Minute)
-	for {
-		if ents, _ := os.ReadDir(filepath.Join(d.cfg.StateDir, "vms")); len(ents) > 0 {
-			break // the claim's restore is under way
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the claim's restore did not start")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitVMDir(t, d, "the claim's restore")
 	d.Close()
 	if err := <-errc; err == nil {
 		t.Error("a claim under way when the driver closed succeeded")
@@ -511,15 +508,6 @@ func TestCloseDuringClaimLeavesNothing(t *testing.T) {
 func TestCloseDuringSnapshotLeavesNothing(t *testing.T) {
 	d := newDriver(t, "")
 	go d.EnsureSnapshot(context.Background(), "")
-	deadline := time.Now().Add(time.Minute)
-	for {
-		if ents, _ := os.ReadDir(filepath.Join(d.cfg.StateDir, "vms")); len(ents) > 0 {
-			break // the snapshot's boot is under way
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the snapshot's boot did not start")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitVMDir(t, d, "the snapshot's boot")
 	assertNothingLeft(t, d)
 }
