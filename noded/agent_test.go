@@ -38,14 +38,21 @@ func TestAgentTaskFixesARepository(t *testing.T) {
 		`{"content":[{"type":"tool_use","name":"finish","input":{"summary":"Add subtracted; it adds now.","cause":"a - b","fix":"a + b"}}],"usage":{"input_tokens":70,"cache_read_tokens":1200,"output_tokens":30}}`,
 	}, "\n")
 	c := startAgentNode(t, imageDir, nil, nil)
+	id := createScripted(t, c, "agent-1", repo, "Add(2, 2) is 0.", script)
+	checkFixed(t, c, id, 5)
+}
+
+// createScripted creates a task on repo with the scripted provider, in a
+// container, whose test command is go test ./..., and returns its id.
+func createScripted(t *testing.T, c *cluster, requestID, repo, body, script string) string {
+	t.Helper()
 	resp, err := c.cl.Tasks().CreateTask(context.Background(), connect.NewRequest(&warrenv1.CreateTaskRequest{
-		RequestId: "agent-1", Spec: &warrenv1.TaskSpec{Repo: repo, Base: "HEAD", IssueTitle: "Add is wrong", IssueBody: "Add(2, 2) is 0.",
+		RequestId: requestID, Spec: &warrenv1.TaskSpec{Repo: repo, Base: "HEAD", IssueTitle: "Add is wrong", IssueBody: body,
 			TestCommand: "go test ./...", Driver: "container", Model: "scripted", ModelScript: script}}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	id := resp.Msg.GetTask().GetId()
-	checkFixed(t, c, id, 5)
+	return resp.Msg.GetTask().GetId()
 }
 
 func needContainers(t *testing.T) string { return agenttest.NeedContainers(t) }

@@ -213,13 +213,7 @@ func TestAgentSecretBlocksThePush(t *testing.T) {
 		`{"content":[{"type":"tool_use","name":"finish","input":{"summary":"fixed"}}]}`,
 	}, "\n")
 	c := startAgentNode(t, imageDir, nil, nil)
-	resp, err := c.cl.Tasks().CreateTask(context.Background(), connect.NewRequest(&warrenv1.CreateTaskRequest{
-		RequestId: "agent-secret", Spec: &warrenv1.TaskSpec{Repo: repo, Base: "HEAD", IssueTitle: "Add is wrong", TestCommand: "go test ./...",
-			Driver: "container", Model: "scripted", ModelScript: script}}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := resp.Msg.GetTask().GetId()
+	id := createScripted(t, c, "agent-secret", repo, "", script)
 	waitEnded(t, c, id)
 	evs := c.events(id)
 	var checked, end string
@@ -257,13 +251,7 @@ func TestAgentFailingTestsGoBackToTheModel(t *testing.T) {
 		`{"content":[{"type":"tool_use","name":"finish","input":{"summary":"Add adds now."}}]}`,
 	}, "\n")
 	c := startAgentNode(t, imageDir, nil, nil)
-	resp, err := c.cl.Tasks().CreateTask(context.Background(), connect.NewRequest(&warrenv1.CreateTaskRequest{
-		RequestId: "agent-tests", Spec: &warrenv1.TaskSpec{Repo: repo, Base: "HEAD", IssueTitle: "Add is wrong", TestCommand: "go test ./...",
-			Driver: "container", Model: "scripted", ModelScript: script}}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := resp.Msg.GetTask().GetId()
+	id := createScripted(t, c, "agent-tests", repo, "", script)
 	waitEnded(t, c, id)
 	var kinds []string
 	var rejected string
