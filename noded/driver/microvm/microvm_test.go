@@ -429,7 +429,7 @@ func TestRestartReadoptsAndReaps(t *testing.T) {
 	orphan := vmSpec{ID: d1.newVMID(), Dir: d1.vmDir("x"), Kernel: ts.t.Path(ts.t.Kernel), Initramfs: ts.t.Path(ts.t.Initramfs),
 		MemMB: 128, VCPUs: 1, Accel: d1.accel, Cmdline: kernelCmdline("")}
 	orphan.Dir = d1.vmDir(orphan.ID)
-	p, err := start(d1.cfg.QEMU, orphan, nil, nil)
+	p, err := start(d1.cfg.QEMU, orphan, nil, nil, "")
 	if err != nil {
 		t.Fatal(err)
 	}

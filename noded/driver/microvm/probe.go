@@ -42,7 +42,7 @@ func probeKVM(ctx context.Context, qemu string, t *guest.Template, dir string) (
 	s := vmSpec{ID: "probe-" + randID(), Dir: filepath.Join(dir, "probe-"+randID()), Kernel: t.Path(t.Kernel),
 		Initramfs: t.Path(t.Initramfs), MemMB: 128, VCPUs: 1, Accel: "kvm", Cmdline: kernelCmdline("warren.probe=1")}
 	defer os.RemoveAll(s.Dir)
-	p, err := start(qemu, s, nil, nil)
+	p, err := start(qemu, s, nil, nil, "")
 	if err != nil {
 		return false, err.Error()
 	}
@@ -121,7 +121,7 @@ func SmokeBoot(ctx context.Context, qemu string, accel string, t *guest.Template
 	s := vmSpec{ID: "smoke-" + randID(), Dir: dir, Kernel: t.Path(t.Kernel), Initramfs: t.Path(t.Initramfs), Disk: disk,
 		MemMB: 256, VCPUs: 1, Accel: accel, Cmdline: kernelCmdline("")}
 	t0 := time.Now()
-	p, err := start(qemu, s, nil, nil)
+	p, err := start(qemu, s, nil, nil, "")
 	if err != nil {
 		return "", 0, err
 	}

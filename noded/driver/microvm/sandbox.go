@@ -85,8 +85,9 @@ func (vm *VM) cgLimits() cgLimits {
 	return cgLimits{CPUs: vm.limits.VCPUs, MemBytes: int64(vm.limits.MemMB+vm.spec.tbSize()+160) << 20, Pids: 256}
 }
 
-// launch starts the VM's QEMU in its cgroup and connects QMP.
-func (vm *VM) launch(ctx context.Context) error {
+// launch starts the VM's QEMU in its cgroup and connects QMP; state is
+// the saved state an Incoming VM is to load ("" for none).
+func (vm *VM) launch(ctx context.Context, state string) error {
 	var procs []string
 	if vm.d.cg != nil {
 		var err error
@@ -107,7 +108,7 @@ func (vm *VM) launch(ctx context.Context) error {
 		defer tap.Close() // QEMU holds its own copy
 		vm.spec.Tap = true
 	}
-	p, err := start(vm.d.cfg.QEMU, vm.spec, procs, tap)
+	p, err := start(vm.d.cfg.QEMU, vm.spec, procs, tap, state)
 	if err != nil {
 		return err
 	}
@@ -144,10 +145,7 @@ func (d *Driver) restore(ctx context.Context, ts *tplState, snap *snapshot, sand
 		return nil, err
 	}
 	t1 := time.Now()
-	vm.spec.State = snap.state()
-	err := vm.launch(ctx)
-	vm.spec.State = ""
-	if err != nil {
+	if err := vm.launch(ctx, snap.state()); err != nil {
 		vm.destroy()
 		return nil, err
 	}
@@ -182,7 +180,7 @@ func (d *Driver) boot(ctx context.Context, ts *tplState, sandboxID string, lim d
 		vm.destroy()
 		return nil, err
 	}
-	if err := vm.launch(ctx); err != nil {
+	if err := vm.launch(ctx, ""); err != nil {
 		vm.destroy()
 		return nil, err
 	}
@@ -364,10 +362,7 @@ func (vm *VM) Resume(ctx context.Context) error {
 	}
 	state := filepath.Join(vm.spec.Dir, "paused.state")
 	vm.spec.Incoming = true
-	vm.spec.State = state
-	err := vm.launch(ctx)
-	vm.spec.State = ""
-	if err != nil {
+	if err := vm.launch(ctx, state); err != nil {
 		return fmt.Errorf("resume: %w", err)
 	}
 	if err := loadState(ctx, vm.qmp, vm.spec.incomingURI(), false); err != nil {

@@ -98,7 +98,7 @@ func (d *Driver) makeSnapshot(ctx context.Context, t *guest.Template) (*snapshot
 	// The boot's sockets and logs go whether the snapshot is made or not
 	// (this runs after the QEMU is killed below).
 	defer os.RemoveAll(spec.Dir)
-	p, err := start(d.cfg.QEMU, spec, nil, nil)
+	p, err := start(d.cfg.QEMU, spec, nil, nil, "")
 	if err != nil {
 		return nil, err
 	}

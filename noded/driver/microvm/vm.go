@@ -41,15 +41,11 @@ type vmSpec struct {
 	// either way, so a snapshot's clones match it whatever their network.
 	NIC bool
 	Tap bool `json:"-"`
-	// State is the saved state an Incoming VM loads: start passes it to
-	// QEMU as an open file (after the tap, if any), and migrate-incoming
-	// reads it from that descriptor (incomingURI), with no shell and cat
-	// between.
-	State string `json:"-"`
 }
 
-// incomingURI is migrate-incoming's URI for State: QEMU takes a numeric
-// fd: name as an inherited descriptor.
+// incomingURI is migrate-incoming's URI for the saved state start passed
+// to QEMU as an open file (after the tap, if any): QEMU takes a numeric
+// fd: name as an inherited descriptor, so no shell and cat stand between.
 func (s vmSpec) incomingURI() string {
 	fd := 3
 	if s.Tap {
@@ -162,8 +158,9 @@ type proc struct {
 
 // start launches QEMU in its own session (it outlives a node restart, to be
 // re-adopted) and, when procsFiles are given, inside those cgroups before
-// QEMU's first instruction: a shell joins them and execs QEMU.
-func start(qemu string, s vmSpec, procsFiles []string, tap *os.File) (*proc, error) {
+// QEMU's first instruction: a shell joins them and execs QEMU. state, if
+// set, is a saved state for an Incoming spec, passed open (incomingURI).
+func start(qemu string, s vmSpec, procsFiles []string, tap *os.File, state string) (*proc, error) {
 	if s.Tap != (tap != nil) {
 		return nil, errors.New("start qemu: a tap backend needs its file")
 	}
@@ -186,8 +183,8 @@ func start(qemu string, s vmSpec, procsFiles []string, tap *os.File) (*proc, err
 	if tap != nil {
 		cmd.ExtraFiles = []*os.File{tap} // fd 3
 	}
-	if s.State != "" {
-		f, err := os.Open(s.State)
+	if state != "" {
+		f, err := os.Open(state)
 		if err != nil {
 			return nil, fmt.Errorf("start qemu: saved state: %w", err)
 		}
