@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"strings"
 
 	"github.com/warrenhq/warren/guest"
 )
@@ -68,6 +69,10 @@ func (a AgentCalls) ListFiles(ctx context.Context, path string) ([]guest.FileInf
 	}
 	return c.List(ctx, path)
 }
+
+// ShellQuote quotes s as one word for /bin/sh, for the command lines a
+// driver hands to a shell (QEMU's exec: migration, a runtime wrapper).
+func ShellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 
 // Hostname is a sandbox id cut to a valid host name (63 bytes at most).
 func Hostname(id string) string {

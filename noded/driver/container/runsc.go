@@ -7,6 +7,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+
+	"github.com/warrenhq/warren/noded/driver"
 )
 
 // gVisor (runsc) runs through containerd's runc shim, which runs an OCI
@@ -34,18 +36,13 @@ func writeRunscWrapper(stateDir string) (string, error) {
 	}
 	bin, _ = filepath.Abs(bin)
 	p := filepath.Join(stateDir, runscWrapper)
-	script := fmt.Sprintf("#!/bin/sh\n# Written by warren's container driver: the runc shim runs this as its OCI runtime.\nexec %s %s \"$@\"\n", shellQuote(bin), runscFlags)
-	if err := os.MkdirAll(stateDir, 0o755); err != nil {
-		return "", err
-	}
+	script := fmt.Sprintf("#!/bin/sh\n# Written by warren's container driver: the runc shim runs this as its OCI runtime.\nexec %s %s \"$@\"\n", driver.ShellQuote(bin), runscFlags)
 	tmp := p + ".tmp"
 	if err := os.WriteFile(tmp, []byte(script), 0o755); err != nil {
 		return "", err
 	}
 	return p, os.Rename(tmp, p)
 }
-
-func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 
 // runscForceDelete deletes a container through runsc itself, with the root
 // the runc shim gives it (/run/containerd/runc/NAMESPACE).

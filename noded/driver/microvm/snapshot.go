@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/guest"
+	"github.com/warrenhq/warren/noded/driver"
 )
 
 // A snapshot is a template booted, warmed up and saved: its memory file
@@ -163,7 +164,7 @@ func saveState(ctx context.Context, q *QMP, path string, ignoreShared bool) erro
 	}); err != nil {
 		return err
 	}
-	if _, err := q.Run(ctx, "migrate", map[string]any{"uri": "exec:cat > " + shellQuote(path)}); err != nil {
+	if _, err := q.Run(ctx, "migrate", map[string]any{"uri": "exec:cat > " + driver.ShellQuote(path)}); err != nil {
 		return err
 	}
 	for {
@@ -215,16 +216,4 @@ func loadState(ctx context.Context, q *QMP, uri string, ignoreShared bool) error
 		case <-time.After(time.Millisecond):
 		}
 	}
-}
-
-func shellQuote(s string) string {
-	out := "'"
-	for _, r := range s {
-		if r == '\'' {
-			out += `'\''`
-		} else {
-			out += string(r)
-		}
-	}
-	return out + "'"
 }
