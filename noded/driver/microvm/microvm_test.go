@@ -455,8 +455,6 @@ func TestRestartReadoptsAndReaps(t *testing.T) {
 	assertNothingLeft(t, d2)
 }
 
-// Closing the driver while a template's snapshot is being made stops that
-// boot and leaves nothing of it.
 // waitVMDir waits until the driver has a VM directory: what is under way.
 func waitVMDir(t *testing.T, d *Driver, what string) {
 	t.Helper()
@@ -505,6 +503,8 @@ func TestCloseDuringClaimLeavesNothing(t *testing.T) {
 	assertNothingLeft(t, d)
 }
 
+// Closing the driver while a template's snapshot is being made stops that
+// boot and leaves nothing of it.
 func TestCloseDuringSnapshotLeavesNothing(t *testing.T) {
 	d := newDriver(t, "")
 	go d.EnsureSnapshot(context.Background(), "")
