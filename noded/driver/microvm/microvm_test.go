@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -205,6 +206,17 @@ func TestClonesAreIsolated(t *testing.T) {
 			t.Fatalf("%s started %q, want a restore from the snapshot", id, got)
 		}
 		sbs = append(sbs, sb)
+	}
+	if d.Accelerator() == "tcg" {
+		// Under TCG QEMU runs without transparent huge pages (noTHP).
+		pid := readPid(sbs[0].(*VM).spec.Dir)
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(b), "\nTHP_enabled:\t0\n") {
+			t.Errorf("clone's QEMU (pid %d) has transparent huge pages on:\n%s", pid, b)
+		}
 	}
 	if _, code := run(t, sbs[0], "echo secret > /root/a-only && sync"); code != 0 {
 		t.Fatal("write failed")
