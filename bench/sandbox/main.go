@@ -294,7 +294,7 @@ func run(c config) error {
 	if cache == 0 {
 		cache = microvm.DefaultTCGCacheMB
 	}
-	thp := "off"
+	thp := "off for clones"
 	if c.tcgHugePages || d.Accelerator() != "tcg" {
 		thp = "as the host sets them"
 	}

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/warrenhq/warren/guest"
 	"github.com/warrenhq/warren/noded/driver"
 )
@@ -208,7 +210,8 @@ func TestClonesAreIsolated(t *testing.T) {
 		sbs = append(sbs, sb)
 	}
 	if d.Accelerator() == "tcg" {
-		// Under TCG QEMU runs without transparent huge pages (noTHP).
+		// Under TCG a clone's QEMU runs without transparent huge pages
+		// (noTHP), and the node's own flag is set back after the start.
 		pid := readPid(sbs[0].(*VM).spec.Dir)
 		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 		if err != nil {
@@ -216,6 +219,9 @@ func TestClonesAreIsolated(t *testing.T) {
 		}
 		if !strings.Contains(string(b), "\nTHP_enabled:\t0\n") {
 			t.Errorf("clone's QEMU (pid %d) has transparent huge pages on:\n%s", pid, b)
+		}
+		if v, err := unix.PrctlRetInt(unix.PR_GET_THP_DISABLE, 0, 0, 0, 0); err != nil || v != 0 {
+			t.Errorf("the node's own THP flag after starting clones: %d, %v; want it back at 0", v, err)
 		}
 	}
 	if _, code := run(t, sbs[0], "echo secret > /root/a-only && sync"); code != 0 {

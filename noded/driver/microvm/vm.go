@@ -10,8 +10,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/warrenhq/warren/guest"
 )
@@ -33,6 +36,7 @@ type vmSpec struct {
 	Accel    string // "kvm" or "tcg"
 	Incoming bool   // wait for migrate-incoming (a restore)
 	Cmdline  string // kernel command line (must match between snapshot and clone)
+	NoTHP    bool   // start QEMU without transparent huge pages (startQEMU)
 	// TBSizeMB is TCG's translation cache (0: DefaultTCGCacheMB).
 	TBSizeMB int
 	// NIC gives the VM a virtio-net device. Its backend is the tap passed
@@ -191,7 +195,7 @@ func start(qemu string, s vmSpec, procsFiles []string, tap *os.File, state strin
 		defer f.Close()                            // QEMU holds its own copy
 		cmd.ExtraFiles = append(cmd.ExtraFiles, f) // s.incomingURI()
 	}
-	if err := cmd.Start(); err != nil {
+	if err := startQEMU(cmd, s.NoTHP); err != nil {
 		return nil, fmt.Errorf("start qemu: %w", err)
 	}
 	p := &proc{pid: cmd.Process.Pid, exited: make(chan struct{})}
@@ -201,6 +205,31 @@ func start(qemu string, s vmSpec, procsFiles []string, tap *os.File, state strin
 		return nil, err
 	}
 	return p, nil
+}
+
+// thpMu serializes QEMU starts: the transparent-huge-page flag belongs to
+// the whole process, and a child takes it at execve.
+var thpMu sync.Mutex
+
+// startQEMU starts cmd, with transparent huge pages off if noTHP
+// (PR_SET_THP_DISABLE is inherited across fork and kept across execve, so
+// the shell and the QEMU it execs both run with it). The node's own flag
+// is set back once the child has exec'd. If the flag cannot be set, QEMU
+// starts with huge pages: only memory is at stake.
+func startQEMU(cmd *exec.Cmd, noTHP bool) error {
+	thpMu.Lock()
+	defer thpMu.Unlock()
+	if !noTHP {
+		return cmd.Start()
+	}
+	if was, err := unix.PrctlRetInt(unix.PR_GET_THP_DISABLE, 0, 0, 0, 0); err != nil || was != 0 {
+		return cmd.Start() // cannot tell, or off already
+	}
+	if err := unix.Prctl(unix.PR_SET_THP_DISABLE, 1, 0, 0, 0); err != nil {
+		return cmd.Start()
+	}
+	defer unix.Prctl(unix.PR_SET_THP_DISABLE, 0, 0, 0, 0)
+	return cmd.Start()
 }
 
 // adopt watches a QEMU this process did not start (after a node restart).
