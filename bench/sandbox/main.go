@@ -59,7 +59,7 @@ func main() {
 	flag.StringVar(&c.stateDir, "state", "", "state directory (default: a temporary one)")
 	flag.StringVar(&c.accel, "accel", "auto", "auto, kvm or tcg")
 	flag.IntVar(&c.tcgCache, "tcg-cache-mb", 0, "TCG translation cache per VM in MiB (0: the driver's default)")
-	flag.BoolVar(&c.tcgHugePages, "tcg-huge-pages", false, "keep transparent huge pages for QEMU under TCG (the driver turns them off by default)")
+	flag.BoolVar(&c.tcgHugePages, "tcg-huge-pages", false, "keep transparent huge pages for clones' QEMUs under TCG (the driver turns them off for clones by default; cold boots keep them)")
 	flag.IntVar(&c.boots, "boots", 5, "cold boots")
 	flag.IntVar(&c.restores, "restores", 20, "snapshot restores")
 	flag.IntVar(&c.warms, "warm", 20, "warm-pool claims")
