@@ -48,6 +48,7 @@ type config struct {
 	boots, restores, warms, ctrs   int
 	tcgCache                       int
 	tcgHugePages                   bool
+	tcgASLR                        bool
 	pss                            []int
 	ctrSocket, rootfs, agent       string
 }
@@ -60,6 +61,7 @@ func main() {
 	flag.StringVar(&c.accel, "accel", "auto", "auto, kvm or tcg")
 	flag.IntVar(&c.tcgCache, "tcg-cache-mb", 0, "TCG translation cache per VM in MiB (0: the driver's default)")
 	flag.BoolVar(&c.tcgHugePages, "tcg-huge-pages", false, "keep transparent huge pages for clones' QEMUs under TCG (the driver turns them off for clones by default; cold boots keep them)")
+	flag.BoolVar(&c.tcgASLR, "tcg-aslr", false, "keep address-space layout randomization in guests under TCG (the driver boots them with norandmaps by default)")
 	flag.IntVar(&c.boots, "boots", 5, "cold boots")
 	flag.IntVar(&c.restores, "restores", 20, "snapshot restores")
 	flag.IntVar(&c.warms, "warm", 20, "warm-pool claims")
@@ -136,7 +138,7 @@ func run(c config) error {
 		}
 		defer os.RemoveAll(c.stateDir)
 	}
-	d, err := microvm.New(microvm.Config{ImageDir: c.imageDir, StateDir: c.stateDir, Accel: c.accel, TCGCacheMB: c.tcgCache, TCGHugePages: c.tcgHugePages,
+	d, err := microvm.New(microvm.Config{ImageDir: c.imageDir, StateDir: c.stateDir, Accel: c.accel, TCGCacheMB: c.tcgCache, TCGHugePages: c.tcgHugePages, TCGASLR: c.tcgASLR,
 		Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return err
@@ -298,8 +300,12 @@ func run(c config) error {
 	if c.tcgHugePages || d.Accelerator() != "tcg" {
 		thp = "as the host sets them"
 	}
-	fmt.Fprintf(&b, "Run on %s, %d CPUs; QEMU microvm, accelerator **%s** (%s); template %s@%s (kernel %s); guest 256 MiB, 1 vCPU; TCG cache %d MiB; QEMU's transparent huge pages %s.\n",
-		time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), d.Accelerator(), d.AcceleratorReason(), t.Name, t.Version, t.KernelRelease, cache, thp)
+	aslr := "on"
+	if !c.tcgASLR && d.Accelerator() == "tcg" {
+		aslr = "off (norandmaps)"
+	}
+	fmt.Fprintf(&b, "Run on %s, %d CPUs; QEMU microvm, accelerator **%s** (%s); template %s@%s (kernel %s); guest 256 MiB, 1 vCPU; TCG cache %d MiB; QEMU's transparent huge pages %s; the guest's address-space randomization %s.\n",
+		time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), d.Accelerator(), d.AcceleratorReason(), t.Name, t.Version, t.KernelRelease, cache, thp, aslr)
 	fmt.Fprintf(&b, "Making the template's snapshot took %v. Every latency ends when the guest agent has run `/bin/true` and returned its exit status.\n\n", snapTook.Round(time.Millisecond))
 	fmt.Fprintf(&b, "| measure | n | p50 | p99 | min | max | goal |\n|---|---|---|---|---|---|---|\n")
 	for _, s := range all {

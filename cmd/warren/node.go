@@ -38,6 +38,7 @@ type nodeFlags struct {
 	imageDir, accel, sandboxListen                                                 string
 	containerd, runtime, runcBinary                                                string
 	tcgCacheMB                                                                     int
+	tcgASLR                                                                        bool
 	egress                                                                         egressFlags
 	model                                                                          modelFlags
 	forge                                                                          forgeFlags
@@ -56,6 +57,7 @@ func (f *nodeFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.imageDir, "image-dir", defaultImageDir(), "microvm: the template store (env WARREN_IMAGE_DIR)")
 	fs.StringVar(&f.accel, "accel", "auto", "microvm: accelerator: auto (probe KVM once, else TCG), kvm or tcg")
 	fs.IntVar(&f.tcgCacheMB, "tcg-cache-mb", microvm.DefaultTCGCacheMB, "microvm under TCG: translation cache per VM in MiB (resident as used; smaller saves memory, larger saves retranslation)")
+	fs.BoolVar(&f.tcgASLR, "tcg-aslr", false, "microvm under TCG: keep address-space layout randomization inside guests (off by default: with it every exec in a guest translates the dynamic loader and libc again)")
 	fs.StringVar(&f.containerd, "containerd", container.DefaultSocket, "container: containerd's socket")
 	fs.StringVar(&f.runtime, "runtime", "runc", "container: runc, or runsc (gVisor through the runc shim; needs --egress off)")
 	fs.StringVar(&f.runcBinary, "runc-binary", "", "container: the OCI runtime binary the runc shim runs instead of runc (for --runtime runsc, the driver writes its own wrapper unless this names one)")
@@ -301,7 +303,7 @@ func newDriver(f *nodeFlags) (driver.Driver, error) {
 			return nil, err
 		}
 		d, err := microvm.New(microvm.Config{ImageDir: f.imageDir, StateDir: filepath.Join(f.data, "microvm"), Accel: f.accel,
-			TCGCacheMB: f.tcgCacheMB, Networks: nets, Logger: log})
+			TCGCacheMB: f.tcgCacheMB, TCGASLR: f.tcgASLR, Networks: nets, Logger: log})
 		if err != nil {
 			f.closeEgress()
 			return nil, fmt.Errorf("driver: %w", err)

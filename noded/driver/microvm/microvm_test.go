@@ -223,6 +223,11 @@ func TestClonesAreIsolated(t *testing.T) {
 		if v, err := unix.PrctlRetInt(unix.PR_GET_THP_DISABLE, 0, 0, 0, 0); err != nil || v != 0 {
 			t.Errorf("the node's own THP flag after starting clones: %d, %v; want it back at 0", v, err)
 		}
+		// ... and its guest runs without address-space randomization
+		// (norandmaps), so its processes reuse translated code.
+		if out, code := run(t, sbs[0], "cat /proc/sys/kernel/randomize_va_space"); code != 0 || out != "0\n" {
+			t.Errorf("clone's randomize_va_space: %q (exit %d), want 0 under TCG", out, code)
+		}
 	}
 	if _, code := run(t, sbs[0], "echo secret > /root/a-only && sync"); code != 0 {
 		t.Fatal("write failed")
@@ -262,6 +267,20 @@ func TestClonesAreIsolated(t *testing.T) {
 		sb.Destroy()
 	}
 	assertNothingLeft(t, d)
+}
+
+func TestCmdlineRandomization(t *testing.T) {
+	for _, c := range []struct {
+		accel string
+		aslr  bool
+		want  bool // norandmaps
+	}{{"tcg", false, true}, {"tcg", true, false}, {"kvm", false, false}} {
+		d := &Driver{accel: c.accel, cfg: Config{TCGASLR: c.aslr}}
+		got := d.cmdline("warren.pids=64")
+		if strings.Contains(got, " norandmaps") != c.want || !strings.HasSuffix(got, " warren.pids=64") {
+			t.Errorf("accel %s, TCGASLR %v: cmdline %q; want norandmaps %v", c.accel, c.aslr, got, c.want)
+		}
+	}
 }
 
 func TestWarmPoolClaim(t *testing.T) {

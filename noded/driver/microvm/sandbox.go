@@ -168,7 +168,7 @@ func (d *Driver) boot(ctx context.Context, ts *tplState, sandboxID string, lim d
 	vm.Agent = vm.client
 	vm.spec = vmSpec{ID: id, Dir: d.vmDir(id), Kernel: ts.t.Path(ts.t.Kernel), Initramfs: ts.t.Path(ts.t.Initramfs),
 		Disk: filepath.Join(d.vmDir(id), "disk.qcow2"), MemMB: lim.MemMB, VCPUs: lim.VCPUs, Accel: d.accel, TBSizeMB: d.cfg.TCGCacheMB,
-		Cmdline: kernelCmdline("warren.pids=" + strconv.Itoa(lim.Pids)), NIC: true}
+		Cmdline: d.cmdline("warren.pids=" + strconv.Itoa(lim.Pids)), NIC: true}
 	if err := os.MkdirAll(vm.spec.Dir, 0o755); err != nil {
 		d.track(id, false)
 		return nil, err

@@ -45,7 +45,7 @@ func (d *Driver) snapshotDir(t *guest.Template) string {
 
 func (d *Driver) wantMeta(t *guest.Template) snapMeta {
 	return snapMeta{Template: t.Name, TemplateVersion: t.Version, KernelSHA256: t.Kernel.SHA256, QEMUVersion: d.qver,
-		Accel: d.accel, MemMB: d.cfg.SnapshotMemMB, VCPUs: 1, Cmdline: kernelCmdline(""), NIC: true}
+		Accel: d.accel, MemMB: d.cfg.SnapshotMemMB, VCPUs: 1, Cmdline: d.cmdline(""), NIC: true}
 }
 
 // loadSnapshot returns t's snapshot if one exists and matches this node's
