@@ -108,6 +108,24 @@ type series struct {
 	name, goal string
 	goalMS     float64
 	samples    []time.Duration
+	// phases: per claim, where the time went (microVM claims only).
+	phases []phases
+}
+
+// phases splits one claim → first command: the driver's claim phases, then
+// the first command's round trip.
+type phases struct {
+	microvm.ClaimPhases
+	First time.Duration
+}
+
+// median is the median of one phase over a series' claims.
+func median(ps []phases, f func(phases) time.Duration) time.Duration {
+	s := &series{}
+	for _, p := range ps {
+		s.samples = append(s.samples, f(p))
+	}
+	return s.pct(0.5)
 }
 
 func (s *series) pct(p float64) time.Duration {
@@ -154,48 +172,51 @@ func run(c config) error {
 	snapTook := time.Since(t0)
 
 	n := 0
-	claim := func(force driver.Start) (time.Duration, driver.Start, error) {
+	claim := func(force driver.Start, into *series) (driver.Start, error) {
 		n++
 		t0 := time.Now()
 		sb, err := d.Claim(ctx, driver.ClaimRequest{ID: fmt.Sprintf("bench-%d", n), Force: force})
 		if err != nil {
-			return 0, "", err
+			return "", err
 		}
 		defer sb.Destroy()
 		ia := sb.(driver.Interactive)
+		t1 := time.Now()
 		res, err := ia.Run(ctx, guest.ExecRequest{Argv: []string{"/bin/true"}}, nil, nil)
 		took := time.Since(t0)
 		if err != nil {
-			return 0, "", err
+			return "", err
 		}
 		if res.ExitCode != 0 {
-			return 0, "", fmt.Errorf("/bin/true exited %d", res.ExitCode)
+			return "", fmt.Errorf("/bin/true exited %d", res.ExitCode)
 		}
-		return took, ia.Info().Start, nil
+		into.samples = append(into.samples, took)
+		if vm, ok := sb.(*microvm.VM); ok {
+			into.phases = append(into.phases, phases{ClaimPhases: vm.ClaimPhases(), First: time.Since(t1)})
+		}
+		return ia.Info().Start, nil
 	}
 	boot := &series{name: "cold boot (claim → first command)"}
 	restore := &series{name: "snapshot restore, a cold claim (claim → first command)", goal: "p50 ≤ 250 ms", goalMS: 250}
 	warm := &series{name: "warm-pool claim (claim → first command)", goal: "p50 ≤ 15 ms", goalMS: 15}
 	for i := 0; i < c.boots; i++ {
-		took, start, err := claim(driver.StartBoot)
+		start, err := claim(driver.StartBoot, boot)
 		if err != nil {
 			return fmt.Errorf("cold boot: %w", err)
 		}
 		if start != driver.StartBoot {
 			return fmt.Errorf("cold boot: the sandbox started %q", start)
 		}
-		boot.samples = append(boot.samples, took)
-		progress("cold boot %d/%d: %v", i+1, c.boots, took.Round(time.Millisecond))
+		progress("cold boot %d/%d: %v", i+1, c.boots, boot.samples[len(boot.samples)-1].Round(time.Millisecond))
 	}
 	for i := 0; i < c.restores; i++ {
-		took, start, err := claim(driver.StartRestore)
+		start, err := claim(driver.StartRestore, restore)
 		if err != nil {
 			return fmt.Errorf("restore: %w", err)
 		}
 		if start != driver.StartRestore {
 			return fmt.Errorf("restore: the sandbox started %q", start)
 		}
-		restore.samples = append(restore.samples, took)
 	}
 	progress("restores: p50 %v", restore.pct(0.5).Round(time.Millisecond))
 	d.SetPoolTarget("default", 1)
@@ -204,14 +225,13 @@ func run(c config) error {
 			return err
 		}
 		time.Sleep(300 * time.Millisecond) // the refill's QEMU settles
-		took, start, err := claim("")
+		start, err := claim("", warm)
 		if err != nil {
 			return fmt.Errorf("warm claim: %w", err)
 		}
 		if start != driver.StartWarm {
 			return fmt.Errorf("warm claim: the sandbox started %q", start)
 		}
-		warm.samples = append(warm.samples, took)
 	}
 	d.SetPoolTarget("default", 0)
 	progress("warm claims: p50 %v", warm.pct(0.5).Round(time.Millisecond))
@@ -323,7 +343,26 @@ func run(c config) error {
 	for _, s := range all[3:] {
 		fmt.Fprintf(&b, ", %s / warm claim %.1f×", strings.SplitN(s.name, " (", 2)[0], ratio(s, warm))
 	}
-	fmt.Fprintf(&b, ".\n\n| idle sandboxes | PSS per sandbox | RSS per sandbox | goal |\n|---|---|---|---|\n")
+	fmt.Fprintf(&b, ".\n\n")
+	if len(restore.phases) > 0 || len(warm.phases) > 0 {
+		fmt.Fprintf(&b, "Where a claim's time goes (medians of each phase, so they need not add up to the total's median): "+
+			"launch is QEMU's start until its QMP socket answers, load the snapshot's device state, resume QMP `cont` until the guest agent answers "+
+			"(a warm VM's agent is connected already), bind the claim call into the guest (clock, entropy, hostname, environment, limits), "+
+			"first command the `/bin/true` round trip.\n\n")
+		fmt.Fprintf(&b, "| claim | overlay | launch | load | resume | bind | first command | total |\n|---|---|---|---|---|---|---|---|\n")
+		for _, s := range []*series{restore, warm} {
+			if len(s.phases) == 0 {
+				continue
+			}
+			p := s.phases
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s |\n", strings.SplitN(s.name, " (", 2)[0],
+				ms(median(p, func(x phases) time.Duration { return x.Overlay })), ms(median(p, func(x phases) time.Duration { return x.Launch })),
+				ms(median(p, func(x phases) time.Duration { return x.Load })), ms(median(p, func(x phases) time.Duration { return x.Resume })),
+				ms(median(p, func(x phases) time.Duration { return x.Bind })), ms(median(p, func(x phases) time.Duration { return x.First })), ms(s.pct(0.5)))
+		}
+		fmt.Fprintf(&b, "\n")
+	}
+	fmt.Fprintf(&b, "| idle sandboxes | PSS per sandbox | RSS per sandbox | goal |\n|---|---|---|---|\n")
 	for _, r := range pssRows {
 		g := ""
 		if r.n == 50 {

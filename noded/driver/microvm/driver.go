@@ -393,6 +393,7 @@ func (d *Driver) Claim(ctx context.Context, req driver.ClaimRequest) (driver.San
 		return nil, err
 	}
 	vm.expires = time.Now().Add(ttl)
+	tb := time.Now()
 	if err := vm.bind(ctx, req); err != nil {
 		vm.destroy()
 		d.mu.Lock()
@@ -400,7 +401,11 @@ func (d *Driver) Claim(ctx context.Context, req driver.ClaimRequest) (driver.San
 		d.mu.Unlock()
 		return nil, err
 	}
+	vm.mu.Lock()
+	vm.phases.Bind = time.Since(tb)
 	vm.claimTime = time.Since(t0)
+	phases := vm.phases
+	vm.mu.Unlock()
 	d.mu.Lock()
 	if d.closed { // closed while this claim was under way: Close did not see it
 		delete(d.live, req.ID)
@@ -412,7 +417,7 @@ func (d *Driver) Claim(ctx context.Context, req driver.ClaimRequest) (driver.San
 	d.mu.Unlock()
 	vm.armTTL()
 	vm.save()
-	d.log.Info("sandbox claimed", "sandbox", req.ID, "start", vm.start, "took", vm.claimTime, "template", ts.t.Name)
+	d.log.Info("sandbox claimed", append([]any{"sandbox", req.ID, "start", vm.start, "took", vm.claimTime, "template", ts.t.Name}, phases.logAttrs()...)...)
 	// The refill starts a moment later, so the new sandbox's first
 	// commands do not share the CPU with a restore.
 	d.goRefill(ts, refillDelay)
@@ -435,8 +440,10 @@ func (d *Driver) claim(ctx context.Context, ts *tplState, req driver.ClaimReques
 			if d.cg != nil {
 				_ = d.cg.setLow(vm.id, false)
 			}
+			tc := time.Now()
 			if err := vm.cont(ctx); err == nil {
 				vm.sandboxID, vm.start, vm.limits = req.ID, driver.StartWarm, lim
+				vm.phases = ClaimPhases{Resume: time.Since(tc)}
 				return vm, nil
 			} else {
 				d.log.Warn("warm sandbox did not resume; restoring another", "err", err)
@@ -446,8 +453,10 @@ func (d *Driver) claim(ctx context.Context, ts *tplState, req driver.ClaimReques
 		if snap := d.snapshotFor(ts); snap != nil {
 			vm, err := d.restore(ctx, ts, snap, req.ID, lim)
 			if err == nil {
+				tc := time.Now()
 				if err = vm.cont(ctx); err == nil {
 					vm.start = driver.StartRestore
+					vm.phases.Resume = time.Since(tc)
 					return vm, nil
 				}
 				vm.destroy()

@@ -207,6 +207,10 @@ func TestClonesAreIsolated(t *testing.T) {
 		if got := sb.(driver.Interactive).Info().Start; got != driver.StartRestore {
 			t.Fatalf("%s started %q, want a restore from the snapshot", id, got)
 		}
+		// A restore goes through every phase but the warm pool's.
+		if p := sb.(*VM).ClaimPhases(); p.Launch <= 0 || p.Load <= 0 || p.Resume <= 0 || p.Bind <= 0 {
+			t.Errorf("%s: restore phases %+v; want launch, load, resume and bind", id, p)
+		}
 		sbs = append(sbs, sb)
 	}
 	if d.Accelerator() == "tcg" {
@@ -301,6 +305,10 @@ func TestWarmPoolClaim(t *testing.T) {
 		t.Fatalf("start %q, want warm", info.Start)
 	}
 	t.Logf("warm claim took %v", info.ClaimTime)
+	// A warm claim resumes and binds; the pool's restore is not its time.
+	if p := sb.(*VM).ClaimPhases(); p.Overlay != 0 || p.Launch != 0 || p.Load != 0 || p.Resume <= 0 || p.Bind <= 0 {
+		t.Errorf("warm claim phases %+v; want only resume and bind", p)
+	}
 	if out, code := run(t, sb, "hostname; echo $((6*7))"); code != 0 || out != "sb-warm\n42\n" {
 		t.Fatalf("exit %d %q", code, out)
 	}
