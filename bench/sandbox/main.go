@@ -354,11 +354,15 @@ func run(c config) error {
 			if len(s.phases) == 0 {
 				continue
 			}
-			p := s.phases
-			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s |\n", strings.SplitN(s.name, " (", 2)[0],
-				ms(median(p, func(x phases) time.Duration { return x.Overlay })), ms(median(p, func(x phases) time.Duration { return x.Launch })),
-				ms(median(p, func(x phases) time.Duration { return x.Load })), ms(median(p, func(x phases) time.Duration { return x.Resume })),
-				ms(median(p, func(x phases) time.Duration { return x.Bind })), ms(median(p, func(x phases) time.Duration { return x.First })), ms(s.pct(0.5)))
+			fmt.Fprintf(&b, "| %s |", strings.SplitN(s.name, " (", 2)[0])
+			for _, f := range []func(phases) time.Duration{
+				func(x phases) time.Duration { return x.Overlay }, func(x phases) time.Duration { return x.Launch },
+				func(x phases) time.Duration { return x.Load }, func(x phases) time.Duration { return x.Resume },
+				func(x phases) time.Duration { return x.Bind }, func(x phases) time.Duration { return x.First },
+			} {
+				fmt.Fprintf(&b, " %s |", ms(median(s.phases, f)))
+			}
+			fmt.Fprintf(&b, " %s |\n", ms(s.pct(0.5)))
 		}
 		fmt.Fprintf(&b, "\n")
 	}
