@@ -403,3 +403,53 @@ func TestEgressPolicy(t *testing.T) {
 		}
 	})
 }
+
+// An address the node gains after the manager started is not in the
+// sandboxes' deny sets (they are computed at start), yet a sandbox still
+// cannot reach it: the node table rejects everything a sandbox sends to
+// the node itself but DNS to the resolver. Even an address the resolver
+// handed out (and so put in the sandbox's allow set) before the node took
+// it is refused.
+func TestNodeAddressAddedLaterIsRefused(t *testing.T) {
+	tp := New(t)
+	m := tp.Manager(t, 1, func(string, netpolicy.AuditBatch) {})
+	s, err := m.Claim(context.Background(), "sb-later", netpolicy.Policy{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	later := netip.MustParseAddr("198.51.100.77")
+	tp.Zone.Set("rebind.test.", later)
+	if rc, addrs := lookup(t, s, "rebind.test", dns.TypeA); rc != dns.RcodeSuccess || !slices.Contains(addrs, later) {
+		t.Fatalf("rebind.test before the node has %v: rcode %d, %v; want it allowed", later, rc, addrs)
+	}
+	tp.AddNodeAddr(t, later)
+	ap := netip.AddrPortFrom(later, 80)
+	// The address is live: the node reaches its own listener on it.
+	if err := netpolicy.InNamedNS(tp.NodeNS, func() error {
+		c, err := net.DialTimeout("tcp", ap.String(), 2*time.Second)
+		if err == nil {
+			c.Close()
+		}
+		return err
+	}); err != nil {
+		t.Fatalf("the node cannot reach its new address: %v", err)
+	}
+	took, err := connect(s, ap)
+	if err == nil {
+		t.Fatalf("the sandbox reached the node's new address %v", ap)
+	}
+	if !isRefused(err) || took > 100*time.Millisecond {
+		t.Fatalf("connect to %v: %v after %v; want refused within 100ms", ap, err, took)
+	}
+	if err := udpProbe(s, ap); err == nil || !isRefused(err) {
+		t.Fatalf("udp to %v: %v; want refused", ap, err)
+	}
+	// The sandbox's network still works otherwise.
+	if rc, addrs := lookup(t, s, "www.cdn.test", dns.TypeA); rc != dns.RcodeSuccess || !slices.Contains(addrs, Web) {
+		t.Fatalf("www.cdn.test: rcode %d, %v", rc, addrs)
+	}
+	if _, err := connect(s, netip.AddrPortFrom(Web, 80)); err != nil {
+		t.Fatalf("connect to the web host: %v", err)
+	}
+}

@@ -156,6 +156,32 @@ func New(t testing.TB) *Topo {
 	return tp
 }
 
+// AddNodeAddr gives the node namespace another address, as a node gains
+// one while it runs (after the manager started), and serves TCP and UDP
+// echo on port 80 there.
+func (tp *Topo) AddNodeAddr(t testing.TB, a netip.Addr) {
+	t.Helper()
+	node, err := netns.GetFromPath(tp.NodeNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close()
+	nh, err := netlink.NewHandleAt(node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nh.Close()
+	lo, err := nh.LinkByName("lo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ipn := &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(a.BitLen(), a.BitLen())}
+	if err := nh.AddrAdd(lo, &netlink.Addr{IPNet: ipn, Flags: unix.IFA_F_NODAD}); err != nil {
+		t.Fatal(err)
+	}
+	tp.serve(t, tp.NodeNS, netip.AddrPortFrom(a, 80))
+}
+
 func (tp *Topo) close() {
 	for i := len(tp.closers) - 1; i >= 0; i-- {
 		tp.closers[i]()
