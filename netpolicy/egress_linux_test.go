@@ -453,3 +453,36 @@ func TestNodeAddressAddedLaterIsRefused(t *testing.T) {
 		t.Fatalf("connect to the web host: %v", err)
 	}
 }
+
+// Config.NodeAddrs (--egress-node-addrs) denies addresses that are the
+// node's without being on its links, such as a public address it is NATed
+// to. Here the web host stands in for one: its name no longer resolves to
+// it, and connecting to it is refused, while its IPv6 address still works.
+func TestConfiguredNodeAddrsAreDenied(t *testing.T) {
+	tp := New(t)
+	cfg := tp.Config(1, func(string, netpolicy.AuditBatch) {})
+	cfg.NodeAddrs = []netip.Addr{Web}
+	m, err := netpolicy.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	s, err := m.Claim(context.Background(), "sb-nat", netpolicy.Policy{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	rc, addrs := lookup(t, s, "allowed.test", dns.TypeA)
+	if slices.Contains(addrs, Web) {
+		t.Fatalf("allowed.test answers the node's address %v (rcode %d, %v)", Web, rc, addrs)
+	}
+	if took, err := connect(s, netip.AddrPortFrom(Web, 80)); err == nil || !isRefused(err) || took > 100*time.Millisecond {
+		t.Fatalf("connect to %v: %v after %v; want refused within 100ms", Web, err, took)
+	}
+	if rc, addrs := lookup(t, s, "allowed.test", dns.TypeAAAA); rc != dns.RcodeSuccess || !slices.Contains(addrs, Web6) {
+		t.Fatalf("allowed.test AAAA: rcode %d, %v", rc, addrs)
+	}
+	if _, err := connect(s, netip.AddrPortFrom(Web6, 80)); err != nil {
+		t.Fatalf("connect to [%v]:80: %v", Web6, err)
+	}
+}

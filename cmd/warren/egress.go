@@ -18,9 +18,9 @@ import (
 
 // egressFlags are the node's egress-policy flags.
 type egressFlags struct {
-	mode, prefix4, prefix6, upstream, registries, ports string
-	pool                                                int
-	mgr                                                 *noded.Egress // made by newDriver for microvm and container
+	mode, prefix4, prefix6, upstream, registries, ports, nodeAddrs string
+	pool                                                           int
+	mgr                                                            *noded.Egress // made by newDriver for microvm and container
 }
 
 func (e *egressFlags) register(fs *flag.FlagSet) {
@@ -30,6 +30,7 @@ func (e *egressFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&e.upstream, "egress-upstream", "", "egress: HOST:PORT of the DNS server allowed names are forwarded to (default: the first nameserver in /etc/resolv.conf)")
 	fs.StringVar(&e.registries, "egress-registries", "", "egress: comma-separated names the registries profile allows, exact or *.suffix (default: the Go proxy, PyPI, npm, crates.io, Maven Central and Debian mirrors)")
 	fs.IntVar(&e.pool, "egress-pool", 4, "egress: network namespaces kept ready for new sandboxes")
+	fs.StringVar(&e.nodeAddrs, "egress-node-addrs", "", "egress: more comma-separated IP addresses of this node that sandboxes may not reach, such as a public address it is NATed to (the addresses on its own links are denied already)")
 	fs.StringVar(&e.ports, "egress-cluster-ports", "", "egress: more comma-separated ports sandboxes may not reach on any address (the node's gossip, sandbox API and metrics ports and the servers' API and raft ports are denied already)")
 }
 
@@ -80,11 +81,27 @@ func (e *egressFlags) start(f *nodeFlags) (*noded.Egress, error) {
 		}
 		cfg.ClusterPorts = append(cfg.ClusterPorts, uint16(n))
 	}
+	if cfg.NodeAddrs, err = parseNodeAddrs(e.nodeAddrs); err != nil {
+		return nil, err
+	}
 	eg, err := noded.NewEgress(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("egress: %w", err)
 	}
 	return eg, nil
+}
+
+// parseNodeAddrs reads --egress-node-addrs: comma-separated IP addresses.
+func parseNodeAddrs(v string) ([]netip.Addr, error) {
+	var out []netip.Addr
+	for _, a := range splitComma(v) {
+		ip, err := netip.ParseAddr(a)
+		if err != nil || ip.Zone() != "" {
+			return nil, fmt.Errorf("egress-node-addrs: %q is not an IP address", a)
+		}
+		out = append(out, ip.Unmap())
+	}
+	return out, nil
 }
 
 // egressTag names what this node owns on the host (namespaces, links, the
