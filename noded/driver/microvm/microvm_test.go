@@ -287,6 +287,62 @@ func TestCmdlineRandomization(t *testing.T) {
 	}
 }
 
+func TestTicklessChoice(t *testing.T) {
+	for _, c := range []struct {
+		accel             string
+		hostTSC, periodic bool
+		want              bool
+	}{{"tcg", true, false, true}, {"tcg", true, true, false}, {"tcg", false, false, false}, {"kvm", true, false, false}} {
+		d := &Driver{accel: c.accel, hostTSC: c.hostTSC, cfg: Config{TCGPeriodicTick: c.periodic}}
+		cmd := d.cmdline("")
+		spec := vmSpec{ID: "x", Accel: c.accel, CPU: d.cpu(), Cmdline: cmd}
+		args := strings.Join(spec.args(), " ")
+		if strings.Contains(cmd, "tsc=reliable") != c.want || strings.Contains(args, "-cpu "+tcgCPU) != c.want {
+			t.Errorf("%+v: cmdline %q, args %q; want tickless %v", c, cmd, args, c.want)
+		}
+		if c.accel == "kvm" && !strings.Contains(args, "-cpu host") {
+			t.Errorf("kvm args %q lack -cpu host", args)
+		}
+	}
+}
+
+// An idle guest stops its tick: a few timer interrupts a second, not the
+// 250 of the guest kernel's HZ, so idle sandboxes cost QEMU little CPU.
+// It also keeps the TSC as its clock source, whose readings are exact.
+func TestIdleGuestIsTickless(t *testing.T) {
+	d := newDriver(t, "")
+	defer d.Close()
+	if !d.tickless() {
+		t.Skipf("guests tick periodically here (accelerator %s, host TSC reliable %v)", d.accel, d.hostTSC)
+	}
+	ctx := ctxT(t, 5*time.Minute)
+	if err := d.EnsureSnapshot(ctx, ""); err != nil {
+		t.Fatal(err)
+	}
+	for _, force := range []driver.Start{driver.StartRestore, driver.StartBoot} {
+		sb, err := d.Claim(ctx, driver.ClaimRequest{ID: "sb-tick-" + string(force), Force: force})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, code := run(t, sb, "cat /sys/devices/system/clocksource/clocksource0/current_clocksource; "+
+			"a=$(awk '/LOC:/{print $2}' /proc/interrupts); sleep 2; b=$(awk '/LOC:/{print $2}' /proc/interrupts); echo $((b-a))")
+		sb.Destroy()
+		f := strings.Fields(out)
+		if code != 0 || len(f) != 2 {
+			t.Fatalf("%s: exit %d, %q", force, code, out)
+		}
+		n, _ := strconv.Atoi(f[1])
+		t.Logf("%s: clock source %s, %d timer interrupts in 2 s idle", force, f[0], n)
+		if f[0] != "tsc" {
+			t.Errorf("%s: clock source %q, want tsc", force, f[0])
+		}
+		if n > 200 { // a periodic tick is 500 in 2 s
+			t.Errorf("%s: %d timer interrupts in 2 s of idle; want the tick stopped", force, n)
+		}
+	}
+	assertNothingLeft(t, d)
+}
+
 func TestWarmPoolClaim(t *testing.T) {
 	d := newDriver(t, "")
 	defer d.Close()

@@ -131,7 +131,7 @@ func (d *Driver) restore(ctx context.Context, ts *tplState, snap *snapshot, sand
 	vm.Agent = vm.client
 	vm.spec = vmSpec{ID: id, Dir: d.vmDir(id), Kernel: ts.t.Path(ts.t.Kernel), Initramfs: ts.t.Path(ts.t.Initramfs),
 		Disk: filepath.Join(d.vmDir(id), "disk.qcow2"), MemMB: snap.Meta.MemMB, VCPUs: snap.Meta.VCPUs,
-		MemFile: snap.mem(), Accel: d.accel, Incoming: true, Cmdline: snap.Meta.Cmdline, TBSizeMB: d.cfg.TCGCacheMB, NIC: snap.Meta.NIC,
+		MemFile: snap.mem(), Accel: d.accel, Incoming: true, Cmdline: snap.Meta.Cmdline, CPU: snap.Meta.CPU, TBSizeMB: d.cfg.TCGCacheMB, NIC: snap.Meta.NIC,
 		NoTHP: d.noTHP()}
 	if err := os.MkdirAll(vm.spec.Dir, 0o755); err != nil {
 		d.track(id, false)
@@ -170,7 +170,7 @@ func (d *Driver) boot(ctx context.Context, ts *tplState, sandboxID string, lim d
 	vm.Agent = vm.client
 	vm.spec = vmSpec{ID: id, Dir: d.vmDir(id), Kernel: ts.t.Path(ts.t.Kernel), Initramfs: ts.t.Path(ts.t.Initramfs),
 		Disk: filepath.Join(d.vmDir(id), "disk.qcow2"), MemMB: lim.MemMB, VCPUs: lim.VCPUs, Accel: d.accel, TBSizeMB: d.cfg.TCGCacheMB,
-		Cmdline: d.cmdline("warren.pids=" + strconv.Itoa(lim.Pids)), NIC: true}
+		Cmdline: d.cmdline("warren.pids=" + strconv.Itoa(lim.Pids)), CPU: d.cpu(), NIC: true}
 	if err := os.MkdirAll(vm.spec.Dir, 0o755); err != nil {
 		d.track(id, false)
 		return nil, err

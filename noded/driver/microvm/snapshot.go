@@ -29,6 +29,7 @@ type snapMeta struct {
 	MemMB           int    `json:"mem_mb"`
 	VCPUs           int    `json:"vcpus"`
 	Cmdline         string `json:"cmdline"`
+	CPU             string `json:"cpu,omitempty"`
 	NIC             bool   `json:"nic"`
 	Created         string `json:"created"`
 	TookMS          int64  `json:"took_ms"`
@@ -45,7 +46,7 @@ func (d *Driver) snapshotDir(t *guest.Template) string {
 
 func (d *Driver) wantMeta(t *guest.Template) snapMeta {
 	return snapMeta{Template: t.Name, TemplateVersion: t.Version, KernelSHA256: t.Kernel.SHA256, QEMUVersion: d.qver,
-		Accel: d.accel, MemMB: d.cfg.SnapshotMemMB, VCPUs: 1, Cmdline: d.cmdline(""), NIC: true}
+		Accel: d.accel, MemMB: d.cfg.SnapshotMemMB, VCPUs: 1, Cmdline: d.cmdline(""), CPU: d.cpu(), NIC: true}
 }
 
 // loadSnapshot returns t's snapshot if one exists and matches this node's
@@ -93,7 +94,7 @@ func (d *Driver) makeSnapshot(ctx context.Context, t *guest.Template) (*snapshot
 	m := d.wantMeta(t)
 	id := d.newVMID()
 	spec := vmSpec{ID: id, Dir: d.vmDir(id), Kernel: t.Path(t.Kernel), Initramfs: t.Path(t.Initramfs),
-		Disk: s.disk(), MemMB: m.MemMB, VCPUs: m.VCPUs, MemFile: s.mem(), MemShare: true, Accel: d.accel, Cmdline: m.Cmdline, TBSizeMB: d.cfg.TCGCacheMB, NIC: m.NIC}
+		Disk: s.disk(), MemMB: m.MemMB, VCPUs: m.VCPUs, MemFile: s.mem(), MemShare: true, Accel: d.accel, Cmdline: m.Cmdline, CPU: m.CPU, TBSizeMB: d.cfg.TCGCacheMB, NIC: m.NIC}
 	d.track(id, true)
 	defer d.track(id, false)
 	// The boot's sockets and logs go whether the snapshot is made or not

@@ -36,6 +36,7 @@ type vmSpec struct {
 	Accel    string // "kvm" or "tcg"
 	Incoming bool   // wait for migrate-incoming (a restore)
 	Cmdline  string // kernel command line (must match between snapshot and clone)
+	CPU      string // -cpu under TCG, "" for QEMU's default (must match between snapshot and clone)
 	NoTHP    bool   // start QEMU without transparent huge pages (startQEMU)
 	// TBSizeMB is TCG's translation cache (0: DefaultTCGCacheMB).
 	TBSizeMB int
@@ -98,6 +99,8 @@ func (s vmSpec) args() []string {
 	}
 	if s.Accel == "kvm" {
 		a = append(a, "-cpu", "host")
+	} else if s.CPU != "" {
+		a = append(a, "-cpu", s.CPU)
 	}
 	if s.MemFile != "" {
 		share := "off"
