@@ -11,7 +11,7 @@
 //     `ctr run --rm --rootfs ROOTFS ID /bin/true` process (containerd is
 //     started for the run if none runs), and warren's own container driver
 //     (claim → first command) when a containerd runs;
-//   - PSS per idle sandbox with 10 and with 50 restored sandboxes running
+//   - PSS and CPU per idle sandbox with 10 and with 50 restored sandboxes running
 //     (the sum of the QEMU processes' Pss from /proc/PID/smaps_rollup,
 //     divided by their count).
 //
@@ -49,6 +49,7 @@ type config struct {
 	tcgCache                       int
 	tcgHugePages                   bool
 	tcgASLR                        bool
+	tcgPeriodicTick                bool
 	pss                            []int
 	ctrSocket, rootfs, agent       string
 }
@@ -61,6 +62,7 @@ func main() {
 	flag.StringVar(&c.accel, "accel", "auto", "auto, kvm or tcg")
 	flag.IntVar(&c.tcgCache, "tcg-cache-mb", 0, "TCG translation cache per VM in MiB (0: the driver's default)")
 	flag.BoolVar(&c.tcgHugePages, "tcg-huge-pages", false, "keep transparent huge pages for clones' QEMUs under TCG (the driver turns them off for clones by default; cold boots keep them)")
+	flag.BoolVar(&c.tcgPeriodicTick, "tcg-periodic-tick", false, "keep the guest kernel's periodic tick under TCG (the driver stops it while idle where the host's TSC is reliable)")
 	flag.BoolVar(&c.tcgASLR, "tcg-aslr", false, "keep address-space layout randomization in guests under TCG (the driver boots them with norandmaps by default)")
 	flag.IntVar(&c.boots, "boots", 5, "cold boots")
 	flag.IntVar(&c.restores, "restores", 20, "snapshot restores")
@@ -156,7 +158,7 @@ func run(c config) error {
 		}
 		defer os.RemoveAll(c.stateDir)
 	}
-	d, err := microvm.New(microvm.Config{ImageDir: c.imageDir, StateDir: c.stateDir, Accel: c.accel, TCGCacheMB: c.tcgCache, TCGHugePages: c.tcgHugePages, TCGASLR: c.tcgASLR,
+	d, err := microvm.New(microvm.Config{ImageDir: c.imageDir, StateDir: c.stateDir, Accel: c.accel, TCGCacheMB: c.tcgCache, TCGHugePages: c.tcgHugePages, TCGASLR: c.tcgASLR, TCGPeriodicTick: c.tcgPeriodicTick,
 		Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return err
@@ -283,6 +285,7 @@ func run(c config) error {
 	type pssRow struct {
 		n           int
 		perMiB, rss float64
+		cpu         float64 // % of one core per idle sandbox
 	}
 	var pssRows []pssRow
 	for _, count := range c.pss {
@@ -300,14 +303,18 @@ func run(c config) error {
 		}
 		time.Sleep(3 * time.Second) // idle
 		pss, rss, procs := qemuMemory()
+		// CPU the idle sandboxes' QEMUs use, over idleCPUWindow.
+		t0, c0 := time.Now(), qemuCPU()
+		time.Sleep(idleCPUWindow)
+		cpuPct := 100 * (qemuCPU() - c0).Seconds() / time.Since(t0).Seconds() / float64(count)
 		for _, s := range sbs {
 			s.Destroy()
 		}
 		if procs != count {
 			return fmt.Errorf("pss: found %d QEMU processes, want %d", procs, count)
 		}
-		pssRows = append(pssRows, pssRow{n: count, perMiB: float64(pss) / float64(count) / 1024, rss: float64(rss) / float64(count) / 1024})
-		progress("PSS with %d idle sandboxes: %.1f MiB each", count, float64(pss)/float64(count)/1024)
+		pssRows = append(pssRows, pssRow{n: count, perMiB: float64(pss) / float64(count) / 1024, rss: float64(rss) / float64(count) / 1024, cpu: cpuPct})
+		progress("PSS with %d idle sandboxes: %.1f MiB each; CPU %.2f%% of a core each", count, float64(pss)/float64(count)/1024, cpuPct)
 	}
 
 	var b strings.Builder
@@ -324,8 +331,12 @@ func run(c config) error {
 	if !c.tcgASLR && d.Accelerator() == "tcg" {
 		aslr = "off (norandmaps)"
 	}
-	fmt.Fprintf(&b, "Run on %s, %d CPUs; QEMU microvm, accelerator **%s** (%s); template %s@%s (kernel %s); guest 256 MiB, 1 vCPU; TCG cache %d MiB; QEMU's transparent huge pages %s; the guest's address-space randomization %s.\n",
-		time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), d.Accelerator(), d.AcceleratorReason(), t.Name, t.Version, t.KernelRelease, cache, thp, aslr)
+	tick := "periodic (250 Hz)"
+	if d.TicklessIdle() {
+		tick = "stopped while idle (-cpu qemu64,+arat, tsc=reliable)"
+	}
+	fmt.Fprintf(&b, "Run on %s, %d CPUs; QEMU microvm, accelerator **%s** (%s); template %s@%s (kernel %s); guest 256 MiB, 1 vCPU; TCG cache %d MiB; QEMU's transparent huge pages %s; the guest's address-space randomization %s; the guest's tick %s.\n",
+		time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), d.Accelerator(), d.AcceleratorReason(), t.Name, t.Version, t.KernelRelease, cache, thp, aslr, tick)
 	fmt.Fprintf(&b, "Making the template's snapshot took %v. Every latency ends when the guest agent has run `/bin/true` and returned its exit status.\n\n", snapTook.Round(time.Millisecond))
 	fmt.Fprintf(&b, "| measure | n | p50 | p99 | min | max | goal |\n|---|---|---|---|---|---|---|\n")
 	for _, s := range all {
@@ -366,7 +377,7 @@ func run(c config) error {
 		}
 		fmt.Fprintf(&b, "\n")
 	}
-	fmt.Fprintf(&b, "| idle sandboxes | PSS per sandbox | RSS per sandbox | goal |\n|---|---|---|---|\n")
+	fmt.Fprintf(&b, "| idle sandboxes | PSS per sandbox | RSS per sandbox | goal | CPU per idle sandbox (%% of a core, over %v) |\n|---|---|---|---|---|\n", idleCPUWindow)
 	for _, r := range pssRows {
 		g := ""
 		if r.n == 50 {
@@ -375,7 +386,7 @@ func run(c config) error {
 				g = "≤ 32 MiB — met"
 			}
 		}
-		fmt.Fprintf(&b, "| %d | %.1f MiB | %.1f MiB | %s |\n", r.n, r.perMiB, r.rss, g)
+		fmt.Fprintf(&b, "| %d | %.1f MiB | %.1f MiB | %s | %.2f%% |\n", r.n, r.perMiB, r.rss, g, r.cpu)
 	}
 	if ctrNote != "" {
 		fmt.Fprintf(&b, "\nPeer: %s\n", ctrNote)
@@ -407,15 +418,54 @@ func waitPool(d *microvm.Driver, n int) error {
 	return fmt.Errorf("warm pool did not fill in 2 minutes: %+v", d.Pools())
 }
 
-// qemuMemory sums Pss and Rss (KiB) of this host's warren QEMU processes.
-func qemuMemory() (pss, rss int64, procs int) {
+// idleCPUWindow is how long the bench watches idle sandboxes' CPU use.
+const idleCPUWindow = 5 * time.Second
+
+// qemuCPU sums the CPU time (user and system) of this host's warren QEMU
+// processes so far.
+func qemuCPU() time.Duration {
+	var ticks int64
+	for _, dir := range qemuProcs() {
+		b, err := os.ReadFile(filepath.Join(dir, "stat"))
+		if err != nil {
+			continue
+		}
+		// The fields after the command's closing parenthesis: utime and
+		// stime are the 12th and 13th of them (fields 14 and 15 of stat).
+		s := string(b)
+		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		if len(f) < 13 {
+			continue
+		}
+		u, _ := strconv.ParseInt(f[11], 10, 64)
+		k, _ := strconv.ParseInt(f[12], 10, 64)
+		ticks += u + k
+	}
+	return time.Duration(ticks) * time.Second / clockTicks
+}
+
+// clockTicks is USER_HZ, the unit of /proc/PID/stat's times: 100 on Linux
+// for every architecture Go supports here.
+const clockTicks = 100
+
+// qemuProcs returns the /proc directories of this host's warren QEMUs.
+func qemuProcs() []string {
+	var out []string
 	ms, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 	for _, m := range ms {
 		b, err := os.ReadFile(m)
 		if err != nil || !strings.Contains(string(b), "\x00-name\x00warren-") || !strings.Contains(string(b), "qemu-system") {
 			continue
 		}
-		r, err := os.ReadFile(filepath.Join(filepath.Dir(m), "smaps_rollup"))
+		out = append(out, filepath.Dir(m))
+	}
+	return out
+}
+
+// qemuMemory sums Pss and Rss (KiB) of this host's warren QEMU processes.
+func qemuMemory() (pss, rss int64, procs int) {
+	for _, dir := range qemuProcs() {
+		r, err := os.ReadFile(filepath.Join(dir, "smaps_rollup"))
 		if err != nil {
 			continue
 		}
