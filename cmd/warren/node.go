@@ -58,7 +58,7 @@ func (f *nodeFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.imageDir, "image-dir", defaultImageDir(), "microvm: the template store (env WARREN_IMAGE_DIR)")
 	fs.StringVar(&f.accel, "accel", "auto", "microvm: accelerator: auto (probe KVM once, else TCG), kvm or tcg")
 	fs.IntVar(&f.tcgCacheMB, "tcg-cache-mb", microvm.DefaultTCGCacheMB, "microvm under TCG: translation cache per VM in MiB (resident as used; smaller saves memory, larger saves retranslation)")
-	fs.BoolVar(&f.tcgPeriodicTick, "tcg-periodic-tick", false, "microvm under TCG: keep the guest kernel's periodic 250 Hz tick (off by default where the host's TSC is reliable: guests stop it while idle, which cuts an idle sandbox's CPU about 4x)")
+	fs.BoolVar(&f.tcgPeriodicTick, "tcg-periodic-tick", false, "microvm under TCG: keep the guest kernel's periodic 250 Hz tick (off by default where the host's TSC is reliable: guests stop it while idle, which cuts an idle sandbox's CPU 3-5x)")
 	fs.BoolVar(&f.tcgASLR, "tcg-aslr", false, "microvm under TCG: keep address-space layout randomization inside guests (off by default: with it every exec in a guest translates the dynamic loader and libc again)")
 	fs.StringVar(&f.containerd, "containerd", container.DefaultSocket, "container: containerd's socket")
 	fs.StringVar(&f.runtime, "runtime", "runc", "container: runc, or runsc (gVisor through the runc shim; needs --egress off)")

@@ -54,7 +54,7 @@ type Config struct {
 	// (tcgCPU) and tsc=reliable, so their kernel keeps the TSC as its
 	// clock source, switches to one-shot timers and stops the tick while
 	// idle. An idle guest then wakes about 20 times a second instead of
-	// 250, and its QEMU used about a quarter of the CPU (docs/sandboxes.md).
+	// 250, and its QEMU uses a third to a fifth of the CPU (docs/sandboxes.md).
 	TCGPeriodicTick bool
 	// Networks, if set, gives every VM (pool members included) a network
 	// of the node's egress policy behind its NIC; without it the NIC has
