@@ -39,7 +39,7 @@ type nodeFlags struct {
 	containerd, runtime, runcBinary                                                string
 	tcgCacheMB                                                                     int
 	tcgASLR                                                                        bool
-	tcgPeriodicTick                                                                bool
+	tcgTicklessIdle                                                                bool
 	egress                                                                         egressFlags
 	model                                                                          modelFlags
 	forge                                                                          forgeFlags
@@ -58,7 +58,7 @@ func (f *nodeFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.imageDir, "image-dir", defaultImageDir(), "microvm: the template store (env WARREN_IMAGE_DIR)")
 	fs.StringVar(&f.accel, "accel", "auto", "microvm: accelerator: auto (probe KVM once, else TCG), kvm or tcg")
 	fs.IntVar(&f.tcgCacheMB, "tcg-cache-mb", microvm.DefaultTCGCacheMB, "microvm under TCG: translation cache per VM in MiB (resident as used; smaller saves memory, larger saves retranslation)")
-	fs.BoolVar(&f.tcgPeriodicTick, "tcg-periodic-tick", false, "microvm under TCG: keep the guest kernel's periodic 250 Hz tick (off by default where the host's TSC is reliable: guests stop it while idle, which cuts an idle sandbox's CPU 3-5x)")
+	fs.BoolVar(&f.tcgTicklessIdle, "tcg-tickless-idle", false, "microvm under TCG, where the host's TSC is reliable: guests stop their 250 Hz tick while idle, which cuts an idle sandbox's CPU 3-5x (off by default: some re-adopted guests did not answer after a node restart)")
 	fs.BoolVar(&f.tcgASLR, "tcg-aslr", false, "microvm under TCG: keep address-space layout randomization inside guests (off by default: with it every exec in a guest translates the dynamic loader and libc again)")
 	fs.StringVar(&f.containerd, "containerd", container.DefaultSocket, "container: containerd's socket")
 	fs.StringVar(&f.runtime, "runtime", "runc", "container: runc, or runsc (gVisor through the runc shim; needs --egress off)")
@@ -305,7 +305,7 @@ func newDriver(f *nodeFlags) (driver.Driver, error) {
 			return nil, err
 		}
 		d, err := microvm.New(microvm.Config{ImageDir: f.imageDir, StateDir: filepath.Join(f.data, "microvm"), Accel: f.accel,
-			TCGCacheMB: f.tcgCacheMB, TCGASLR: f.tcgASLR, TCGPeriodicTick: f.tcgPeriodicTick, Networks: nets, Logger: log})
+			TCGCacheMB: f.tcgCacheMB, TCGASLR: f.tcgASLR, TCGTicklessIdle: f.tcgTicklessIdle, Networks: nets, Logger: log})
 		if err != nil {
 			f.closeEgress()
 			return nil, fmt.Errorf("driver: %w", err)
