@@ -116,9 +116,6 @@ func New(t testing.TB) *Topo {
 	down, _ := ih.LinkByName("down0")
 	lo, _ := ih.LinkByName("lo")
 	nlo, _ := nh.LinkByName("lo")
-	addr := func(a netip.Addr, bits int) *netlink.Addr {
-		return &netlink.Addr{IPNet: &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(bits, a.BitLen())}, Flags: unix.IFA_F_NODAD}
-	}
 	must(nh.AddrAdd(up, addr(NodeAddr, 24)))
 	must(nh.AddrAdd(up, addr(node6Addr, 64)))
 	must(ih.AddrAdd(down, addr(inetAddr, 24)))
@@ -175,11 +172,15 @@ func (tp *Topo) AddNodeAddr(t testing.TB, a netip.Addr) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ipn := &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(a.BitLen(), a.BitLen())}
-	if err := nh.AddrAdd(lo, &netlink.Addr{IPNet: ipn, Flags: unix.IFA_F_NODAD}); err != nil {
+	if err := nh.AddrAdd(lo, addr(a, a.BitLen())); err != nil {
 		t.Fatal(err)
 	}
 	tp.serve(t, tp.NodeNS, netip.AddrPortFrom(a, 80))
+}
+
+// addr is a/bits as a link address, without duplicate address detection.
+func addr(a netip.Addr, bits int) *netlink.Addr {
+	return &netlink.Addr{IPNet: &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(bits, a.BitLen())}, Flags: unix.IFA_F_NODAD}
 }
 
 func (tp *Topo) close() {

@@ -230,17 +230,8 @@ func (d *Driver) cpu() string {
 // hostTSCReliable reports whether the host's TSC runs at a constant rate
 // through idle states (constant_tsc and nonstop_tsc in /proc/cpuinfo).
 func hostTSCReliable() bool {
-	b, err := os.ReadFile("/proc/cpuinfo")
-	if err != nil {
-		return false
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "flags" {
-			f := strings.Fields(v)
-			return slices.Contains(f, "constant_tsc") && slices.Contains(f, "nonstop_tsc")
-		}
-	}
-	return false
+	f := strings.Fields(cpuinfo("flags"))
+	return slices.Contains(f, "constant_tsc") && slices.Contains(f, "nonstop_tsc")
 }
 
 // Name is "microvm".

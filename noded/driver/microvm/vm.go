@@ -142,19 +142,25 @@ func kernelCmdline(extra string) string {
 }
 
 func hostTSCkHz() int {
-	b, err := os.ReadFile("/proc/cpuinfo")
+	f, err := strconv.ParseFloat(cpuinfo("cpu MHz"), 64)
 	if err != nil {
 		return 0
 	}
+	return int(f * 1000)
+}
+
+// cpuinfo returns the first value of key in /proc/cpuinfo ("" if none).
+func cpuinfo(key string) string {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return ""
+	}
 	for _, l := range strings.Split(string(b), "\n") {
-		if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "cpu MHz" {
-			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			if err == nil {
-				return int(f * 1000)
-			}
+		if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == key {
+			return strings.TrimSpace(v)
 		}
 	}
-	return 0
+	return ""
 }
 
 // proc is a running QEMU.
