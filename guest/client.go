@@ -58,7 +58,10 @@ func (c *Client) Close() error { return c.sess.Close() }
 func (c *Client) Done() <-chan struct{} { return c.sess.CloseChan() }
 
 // call is one open stream; ctx closes it, which makes the guest abandon
-// the call (and kill an exec's process group).
+// the call (and kill an exec's process group), and ends the wait for its
+// answer at once: a guest that never answers (its port's writes stuck in
+// QEMU) would otherwise hold a closed stream's reader for yamux's stream
+// close timeout.
 type call struct {
 	st   *yamux.Stream
 	stop func() bool
@@ -70,7 +73,10 @@ func (c *Client) open(ctx context.Context, req *Request) (*call, error) {
 	if err != nil {
 		return nil, fmt.Errorf("guest: open stream: %w", err)
 	}
-	stop := context.AfterFunc(ctx, func() { st.Close() })
+	stop := context.AfterFunc(ctx, func() {
+		_ = st.SetReadDeadline(time.Now())
+		st.Close()
+	})
 	if err := writeJSON(st, frameRequest, req); err != nil {
 		stop()
 		st.Close()

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/yamux"
 	"go.uber.org/goleak"
 )
 
@@ -294,4 +295,37 @@ func FuzzServer(f *testing.F) {
 		c.Close()
 		<-done
 	})
+}
+
+// A guest that takes calls but never answers: the caller's deadline still
+// ends the call at once (not after yamux's one-minute stream close timeout).
+func TestCallEndsAtDeadlineWhenGuestIsSilent(t *testing.T) {
+	a, b := net.Pipe()
+	c, err := NewClient(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	silent, err := yamux.Server(b, YamuxConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for {
+			if _, err := silent.AcceptStream(); err != nil {
+				return // the streams stay open and unanswered
+			}
+		}
+	}()
+	defer silent.Close()
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	t0 := time.Now()
+	_, err = c.Ping(ctx)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("ping of a silent guest: %v, want the deadline", err)
+	}
+	if d := time.Since(t0); d > 10*time.Second {
+		t.Fatalf("ping returned %v after its 100ms deadline", d)
+	}
 }
