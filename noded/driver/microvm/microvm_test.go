@@ -517,6 +517,49 @@ func lastLine(s string) string {
 
 // A restarted node re-adopts its running sandboxes and destroys what it
 // cannot use: here a QEMU with no record (as a crash mid-restore leaves).
+// A restarted node reconnects to each running VM's agent. QEMU 7.2 leaves
+// a virtio-serial port throttled when the guest wrote while no host was
+// connected (the last host hung up in the middle of a call), and the next
+// connection then gets no answers: that hung about one re-adoption in 30.
+// Hanging up right after a call and dialling again hits that window within
+// a few hundred cycles (twice in 100 when this test was written); every
+// reconnect must still answer, and the sandbox must still run commands.
+func TestAgentReconnectsAfterHangUps(t *testing.T) {
+	d := newDriver(t, "")
+	defer d.Close()
+	ctx := ctxT(t, 5*time.Minute)
+	sb, err := d.Claim(ctx, driver.ClaimRequest{ID: "sb-hangups", TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy()
+	vm := sb.(*VM)
+	var logs bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	const hangUps = 200
+	for i := range hangUps {
+		vm.mu.Lock()
+		vm.agent.Close()
+		// The guest's end of the last call (its stream's close) races the
+		// hang-up; a varying pause varies where the next dial lands.
+		time.Sleep(time.Duration(i%20) * time.Millisecond)
+		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		c, err := reconnectAgent(rctx, vm.spec.agentPath(), log)
+		cancel()
+		if err == nil {
+			vm.agent = c
+		}
+		vm.mu.Unlock()
+		if err != nil {
+			t.Fatalf("reconnect after hang-up %d: %v\n%s", i+1, err, logs.String())
+		}
+	}
+	if out, code := run(t, sb, "echo $((6*7))"); code != 0 || out != "42\n" {
+		t.Fatalf("after %d hang-ups: exit %d %q", hangUps, code, out)
+	}
+	t.Logf("%d hang-ups; reconnects that needed a second connection: %d", hangUps, strings.Count(logs.String(), "reconnecting"))
+}
+
 func TestRestartReadoptsAndReaps(t *testing.T) {
 	state := t.TempDir()
 	d1 := newDriver(t, state)
