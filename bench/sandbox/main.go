@@ -62,7 +62,7 @@ func main() {
 	flag.StringVar(&c.accel, "accel", "auto", "auto, kvm or tcg")
 	flag.IntVar(&c.tcgCache, "tcg-cache-mb", 0, "TCG translation cache per VM in MiB (0: the driver's default)")
 	flag.BoolVar(&c.tcgHugePages, "tcg-huge-pages", false, "keep transparent huge pages for clones' QEMUs under TCG (the driver turns them off for clones by default; cold boots keep them)")
-	flag.BoolVar(&c.tcgTicklessIdle, "tcg-tickless-idle", false, "under TCG, where the host's TSC is reliable, let guests stop their tick while idle (the driver's TCGTicklessIdle)")
+	flag.BoolVar(&c.tcgTicklessIdle, "tcg-tickless-idle", true, "under TCG, where the host's TSC is reliable, let guests stop their tick while idle (=false: the driver's TCGPeriodicTick)")
 	flag.BoolVar(&c.tcgASLR, "tcg-aslr", false, "keep address-space layout randomization in guests under TCG (the driver boots them with norandmaps by default)")
 	flag.IntVar(&c.boots, "boots", 5, "cold boots")
 	flag.IntVar(&c.restores, "restores", 20, "snapshot restores")
@@ -158,7 +158,7 @@ func run(c config) error {
 		}
 		defer os.RemoveAll(c.stateDir)
 	}
-	d, err := microvm.New(microvm.Config{ImageDir: c.imageDir, StateDir: c.stateDir, Accel: c.accel, TCGCacheMB: c.tcgCache, TCGHugePages: c.tcgHugePages, TCGASLR: c.tcgASLR, TCGTicklessIdle: c.tcgTicklessIdle,
+	d, err := microvm.New(microvm.Config{ImageDir: c.imageDir, StateDir: c.stateDir, Accel: c.accel, TCGCacheMB: c.tcgCache, TCGHugePages: c.tcgHugePages, TCGASLR: c.tcgASLR, TCGPeriodicTick: !c.tcgTicklessIdle,
 		Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return err

@@ -39,7 +39,7 @@ type nodeFlags struct {
 	containerd, runtime, runcBinary                                                string
 	tcgCacheMB                                                                     int
 	tcgASLR                                                                        bool
-	tcgTicklessIdle                                                                bool
+	tcgPeriodicTick                                                                bool
 	egress                                                                         egressFlags
 	model                                                                          modelFlags
 	forge                                                                          forgeFlags
@@ -58,7 +58,16 @@ func (f *nodeFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.imageDir, "image-dir", defaultImageDir(), "microvm: the template store (env WARREN_IMAGE_DIR)")
 	fs.StringVar(&f.accel, "accel", "auto", "microvm: accelerator: auto (probe KVM once, else TCG), kvm or tcg")
 	fs.IntVar(&f.tcgCacheMB, "tcg-cache-mb", microvm.DefaultTCGCacheMB, "microvm under TCG: translation cache per VM in MiB (resident as used; smaller saves memory, larger saves retranslation)")
-	fs.BoolVar(&f.tcgTicklessIdle, "tcg-tickless-idle", false, "microvm under TCG, where the host's TSC is reliable: guests stop their 250 Hz tick while idle, which cuts an idle sandbox's CPU 3-5x (off by default: some re-adopted guests did not answer after a node restart)")
+	// Inverted, so that `warren dev`, which does not register it, gets
+	// the default too.
+	fs.BoolFunc("tcg-tickless-idle", "microvm under TCG, where the host's TSC is reliable: guests stop their 250 Hz tick while idle, which cuts an idle sandbox's CPU 3-5x (default true; =false keeps the periodic tick)", func(v string) error {
+		on, err := strconv.ParseBool(v)
+		if err != nil {
+			return fmt.Errorf("want true or false, not %q", v)
+		}
+		f.tcgPeriodicTick = !on
+		return nil
+	})
 	fs.BoolVar(&f.tcgASLR, "tcg-aslr", false, "microvm under TCG: keep address-space layout randomization inside guests (off by default: with it every exec in a guest translates the dynamic loader and libc again)")
 	fs.StringVar(&f.containerd, "containerd", container.DefaultSocket, "container: containerd's socket")
 	fs.StringVar(&f.runtime, "runtime", "runc", "container: runc, or runsc (gVisor through the runc shim; needs --egress off)")
@@ -305,7 +314,7 @@ func newDriver(f *nodeFlags) (driver.Driver, error) {
 			return nil, err
 		}
 		d, err := microvm.New(microvm.Config{ImageDir: f.imageDir, StateDir: filepath.Join(f.data, "microvm"), Accel: f.accel,
-			TCGCacheMB: f.tcgCacheMB, TCGASLR: f.tcgASLR, TCGTicklessIdle: f.tcgTicklessIdle, Networks: nets, Logger: log})
+			TCGCacheMB: f.tcgCacheMB, TCGASLR: f.tcgASLR, TCGPeriodicTick: f.tcgPeriodicTick, Networks: nets, Logger: log})
 		if err != nil {
 			f.closeEgress()
 			return nil, fmt.Errorf("driver: %w", err)

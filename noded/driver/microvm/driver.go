@@ -48,15 +48,14 @@ type Config struct {
 	// guest here, 12.5 ms without. The sandbox's boundary is the VM, not
 	// ASLR between the processes inside it.
 	TCGASLR bool
-	// TCGTicklessIdle lets guests under TCG stop their tick while idle,
-	// where the host's TSC is reliable (constant and nonstop): they get
-	// QEMU's default CPU model with ARAT (tcgCPU) and tsc=reliable, so
-	// their kernel keeps the TSC as its clock source and switches to
-	// one-shot timers. An idle guest then wakes about 25 times a second
-	// instead of 250, and its QEMU uses a third to a fifth of the CPU.
-	// Off by default: in about one re-adoption in six such a guest's
-	// agent did not answer the restarted node (docs/sandboxes.md).
-	TCGTicklessIdle bool
+	// TCGPeriodicTick keeps guests under TCG on their kernel's periodic
+	// 250 Hz tick. By default, where the host's TSC is reliable (constant
+	// and nonstop), guests stop their tick while idle: they get QEMU's
+	// default CPU model with ARAT (tcgCPU) and tsc=reliable, so their
+	// kernel keeps the TSC as its clock source and switches to one-shot
+	// timers. An idle guest then wakes about 25 times a second instead of
+	// 250, and its QEMU uses a third to a fifth of the CPU.
+	TCGPeriodicTick bool
 	// Networks, if set, gives every VM (pool members included) a network
 	// of the node's egress policy behind its NIC; without it the NIC has
 	// no backend and the guest reaches nothing.
@@ -76,7 +75,7 @@ type Driver struct {
 	log      *slog.Logger
 	scope    string // this driver's mark in VM ids: the reaper touches only its own
 	qver     string
-	hostTSC  bool // the host's TSC is constant and nonstop (see TCGTicklessIdle)
+	hostTSC  bool // the host's TSC is constant and nonstop (see TCGPeriodicTick)
 	accel    string
 	accelWhy string
 	cg       *cgroups
@@ -191,7 +190,7 @@ func (d *Driver) noTHP() bool { return d.accel == "tcg" && !d.cfg.TCGHugePages }
 
 // cmdline is a guest's kernel command line on this driver: under TCG,
 // unless TCGASLR, without address-space randomization (see TCGASLR), and
-// with tsc=reliable when guests run tickless (see TCGTicklessIdle).
+// with tsc=reliable when guests run tickless (see TCGPeriodicTick).
 func (d *Driver) cmdline(extra string) string {
 	if d.accel == "tcg" && !d.cfg.TCGASLR {
 		extra = strings.TrimSpace("norandmaps " + extra)
@@ -209,14 +208,14 @@ func (d *Driver) cmdline(extra string) string {
 // machine lacks, so it ticks periodically.
 const tcgCPU = "qemu64,+arat"
 
-// tickless reports whether guests stop their tick while idle: with
-// TCGTicklessIdle, under TCG on a host with a reliable TSC (the guest's TSC
+// tickless reports whether guests stop their tick while idle: unless
+// TCGPeriodicTick, under TCG on a host with a reliable TSC (the guest's TSC
 // is the host's, read by QEMU). Under KVM the guest has the host's CPU
 // model and its own clock.
-func (d *Driver) tickless() bool { return d.accel == "tcg" && d.hostTSC && d.cfg.TCGTicklessIdle }
+func (d *Driver) tickless() bool { return d.accel == "tcg" && d.hostTSC && !d.cfg.TCGPeriodicTick }
 
 // TicklessIdle reports whether this driver's guests stop their tick while
-// idle (see Config.TCGTicklessIdle).
+// idle (see Config.TCGPeriodicTick).
 func (d *Driver) TicklessIdle() bool { return d.tickless() }
 
 // cpu is the guests' -cpu under TCG ("" for QEMU's default).

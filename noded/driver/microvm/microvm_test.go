@@ -289,11 +289,11 @@ func TestCmdlineRandomization(t *testing.T) {
 
 func TestTicklessChoice(t *testing.T) {
 	for _, c := range []struct {
-		accel            string
-		hostTSC, tickles bool
-		want             bool
-	}{{"tcg", true, true, true}, {"tcg", true, false, false}, {"tcg", false, true, false}, {"kvm", true, true, false}} {
-		d := &Driver{accel: c.accel, hostTSC: c.hostTSC, cfg: Config{TCGTicklessIdle: c.tickles}}
+		accel             string
+		hostTSC, periodic bool
+		want              bool
+	}{{"tcg", true, false, true}, {"tcg", true, true, false}, {"tcg", false, false, false}, {"kvm", true, false, false}} {
+		d := &Driver{accel: c.accel, hostTSC: c.hostTSC, cfg: Config{TCGPeriodicTick: c.periodic}}
 		cmd := d.cmdline("")
 		spec := vmSpec{ID: "x", Accel: c.accel, CPU: d.cpu(), Cmdline: cmd}
 		args := strings.Join(spec.args(), " ")
@@ -306,13 +306,13 @@ func TestTicklessChoice(t *testing.T) {
 	}
 }
 
-// With TCGTicklessIdle an idle guest stops its tick: a few timer
+// Unless TCGPeriodicTick, an idle guest stops its tick: a few timer
 // interrupts a second, not the 250 of the guest kernel's HZ, so idle
 // sandboxes cost QEMU little CPU. It also keeps the TSC as its clock
 // source, whose readings are exact.
 func TestIdleGuestIsTickless(t *testing.T) {
 	needVM(t)
-	d, err := New(Config{ImageDir: imageDir(), StateDir: t.TempDir(), Accel: os.Getenv("WARREN_TEST_ACCEL"), TCGTicklessIdle: true,
+	d, err := New(Config{ImageDir: imageDir(), StateDir: t.TempDir(), Accel: os.Getenv("WARREN_TEST_ACCEL"),
 		Logger: slog.New(slog.NewTextHandler(tlog{t}, nil))})
 	if err != nil {
 		t.Fatal(err)
