@@ -102,11 +102,13 @@ func (d *Driver) adopt(dir, id string) (*VM, string) {
 // reconnectAgent connects to a running guest's agent, as a restarted node
 // does when it re-adopts a VM, and waits until it answers.
 //
-// QEMU 7.2's virtio-serial port throttles itself when the guest writes
-// while no host is connected (the last host hung up in the middle of a
-// call, before the guest saw it), and a new connection does not lift that:
-// the guest gets the new host's calls, but its answers stay in the VM. A
-// hang-up does lift it, and QEMU drops what the guest wrote. So a ping
+// In QEMU 7.2 a guest's write that meets the host's hang-up (the last host
+// hung up in the middle of a call, or just as one ended) can leave the
+// virtio-serial port throttled: the socket chardev disconnects inside the
+// failed write, and the port then throttles itself with no watch left to
+// lift it. A new connection does not lift it either: the guest gets the
+// new host's calls, but its answers stay in the VM. A hang-up does, and
+// QEMU drops what the guest wrote. So a ping
 // that gets no answer in time is retried on a new connection, after a
 // pause in which the guest sees the hang-up and ends its session. Each
 // attempt waits twice as long as the one before, from 2 s, so a slow

@@ -517,10 +517,10 @@ func lastLine(s string) string {
 
 // A restarted node re-adopts its running sandboxes and destroys what it
 // cannot use: here a QEMU with no record (as a crash mid-restore leaves).
-// A restarted node reconnects to each running VM's agent. QEMU 7.2 leaves
-// a virtio-serial port throttled when the guest wrote while no host was
-// connected (the last host hung up in the middle of a call), and the next
-// connection then gets no answers: that hung about one re-adoption in 30.
+// A restarted node reconnects to each running VM's agent. QEMU 7.2 can
+// leave a virtio-serial port throttled when a guest's write meets the
+// host's hang-up (see reconnectAgent), and the next connection then gets
+// no answers: that hung about one re-adoption in 30.
 // Hanging up right after a call and dialling again hits that window within
 // a few hundred cycles (twice in 100 when this test was written); every
 // reconnect must still answer, and the sandbox must still run commands.
