@@ -108,11 +108,10 @@ func (d *Driver) adopt(dir, id string) (*VM, string) {
 // failed write, and the port then throttles itself with no watch left to
 // lift it. A new connection does not lift it either: the guest gets the
 // new host's calls, but its answers stay in the VM. A hang-up does, and
-// QEMU drops what the guest wrote. So a ping
-// that gets no answer in time is retried on a new connection, after a
-// pause in which the guest sees the hang-up and ends its session. Each
-// attempt waits twice as long as the one before, from 2 s, so a slow
-// guest still gets its time.
+// QEMU drops what the guest wrote. So a ping that gets no answer in time
+// is retried on a new connection, after a pause in which the guest sees
+// the hang-up and ends its session. Each attempt waits twice as long as
+// the one before, from 2 s, so a slow guest still gets its time.
 func reconnectAgent(ctx context.Context, path string, log *slog.Logger) (*guest.Client, error) {
 	wait := 2 * time.Second
 	for attempt := 1; ; attempt++ {

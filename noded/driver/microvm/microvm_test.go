@@ -311,12 +311,7 @@ func TestTicklessChoice(t *testing.T) {
 // sandboxes cost QEMU little CPU. It also keeps the TSC as its clock
 // source, whose readings are exact.
 func TestIdleGuestIsTickless(t *testing.T) {
-	needVM(t)
-	d, err := New(Config{ImageDir: imageDir(), StateDir: t.TempDir(), Accel: os.Getenv("WARREN_TEST_ACCEL"),
-		Logger: slog.New(slog.NewTextHandler(tlog{t}, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := newDriver(t, "")
 	defer d.Close()
 	if !d.tickless() {
 		t.Skipf("guests tick periodically here (accelerator %s, host TSC reliable %v)", d.accel, d.hostTSC)
@@ -515,8 +510,6 @@ func lastLine(s string) string {
 	return s
 }
 
-// A restarted node re-adopts its running sandboxes and destroys what it
-// cannot use: here a QEMU with no record (as a crash mid-restore leaves).
 // A restarted node reconnects to each running VM's agent. QEMU 7.2 can
 // leave a virtio-serial port throttled when a guest's write meets the
 // host's hang-up (see reconnectAgent), and the next connection then gets
@@ -560,6 +553,8 @@ func TestAgentReconnectsAfterHangUps(t *testing.T) {
 	t.Logf("%d hang-ups; reconnects that needed a second connection: %d", hangUps, strings.Count(logs.String(), "reconnecting"))
 }
 
+// A restarted node re-adopts its running sandboxes and destroys what it
+// cannot use: here a QEMU with no record (as a crash mid-restore leaves).
 func TestRestartReadoptsAndReaps(t *testing.T) {
 	state := t.TempDir()
 	d1 := newDriver(t, state)
