@@ -10,6 +10,10 @@ import (
 const (
 	yamuxHeaderSize = 12
 	yamuxTypeData   = 0
+	// frameConnMax bounds the frames merged, and so the buffer each
+	// connection keeps: calls' requests and answers are smaller; bulk
+	// data (file transfers, long output) gains nothing from the merge.
+	frameConnMax = 4 << 10
 )
 
 // frameConn sends each yamux data frame's header and body in one write.
@@ -21,10 +25,11 @@ const (
 // call answers with at least one data frame, so holding a data frame's
 // header until its body follows saves one transfer per frame each way.
 //
-// Only a data header with a non-zero length is held: its body is the send
-// loop's very next write. Other frames (window updates, pings, a stream's
-// close, which carry no body) are written at once. Writes must come from
-// one goroutine, as yamux's send loop is.
+// Only the header of a data frame of at most frameConnMax bytes with a
+// non-empty body is held: its body is the send loop's very next write.
+// Other frames (window updates, pings, a stream's close, which carry no
+// body) and larger data frames are written as yamux writes them. Writes
+// must come from one goroutine, as yamux's send loop is.
 type frameConn struct {
 	io.ReadWriteCloser
 	hdr  [yamuxHeaderSize]byte
@@ -32,7 +37,9 @@ type frameConn struct {
 	buf  []byte
 }
 
-func newFrameConn(c io.ReadWriteCloser) *frameConn { return &frameConn{ReadWriteCloser: c} }
+func newFrameConn(c io.ReadWriteCloser) *frameConn {
+	return &frameConn{ReadWriteCloser: c, buf: make([]byte, 0, frameConnMax)}
+}
 
 func (c *frameConn) Write(p []byte) (int, error) {
 	if c.held {
@@ -41,10 +48,12 @@ func (c *frameConn) Write(p []byte) (int, error) {
 		n, err := c.ReadWriteCloser.Write(c.buf)
 		return max(n-yamuxHeaderSize, 0), err
 	}
-	if len(p) == yamuxHeaderSize && p[1] == yamuxTypeData && binary.BigEndian.Uint32(p[8:]) > 0 {
-		copy(c.hdr[:], p)
-		c.held = true
-		return len(p), nil
+	if len(p) == yamuxHeaderSize && p[1] == yamuxTypeData {
+		if n := binary.BigEndian.Uint32(p[8:]); n > 0 && n <= frameConnMax-yamuxHeaderSize {
+			copy(c.hdr[:], p)
+			c.held = true
+			return len(p), nil
+		}
 	}
 	return c.ReadWriteCloser.Write(p)
 }

@@ -25,26 +25,45 @@ func (w *wireLog) Write(p []byte) (int, error) {
 	return w.ReadWriteCloser.Write(p)
 }
 
-// wholeFrames checks that each write is exactly one yamux frame: a header
-// and, for a data frame, the body its length announces.
-func (w *wireLog) wholeFrames() (frames, data int, err error) {
+// wholeFrames checks that each write is exactly one yamux frame (a header
+// and, for a data frame, the body its length announces), except that a data
+// frame over frameConnMax may come as its header and then its body.
+func (w *wireLog) wholeFrames() (frames, small, large int, err error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	body := 0 // a large frame's body still to come
 	for i, p := range w.writes {
+		if body > 0 {
+			if len(p) != body {
+				return frames, small, large, fmt.Errorf("write %d: %d bytes, want the %d-byte body of the frame before", i, len(p), body)
+			}
+			body = 0
+			continue
+		}
 		if len(p) < yamuxHeaderSize {
-			return frames, data, fmt.Errorf("write %d: %d bytes, shorter than a header", i, len(p))
-		}
-		want := yamuxHeaderSize
-		if p[1] == yamuxTypeData {
-			want += int(binary.BigEndian.Uint32(p[8:]))
-			data++
-		}
-		if len(p) != want {
-			return frames, data, fmt.Errorf("write %d: %d bytes, the frame it starts is %d (type %d)", i, len(p), want, p[1])
+			return frames, small, large, fmt.Errorf("write %d: %d bytes, shorter than a header", i, len(p))
 		}
 		frames++
+		n := 0
+		if p[1] == yamuxTypeData {
+			n = int(binary.BigEndian.Uint32(p[8:]))
+		}
+		switch {
+		case n > frameConnMax-yamuxHeaderSize && len(p) == yamuxHeaderSize:
+			body = n
+			large++
+			continue
+		case n > 0:
+			small++
+		}
+		if len(p) != yamuxHeaderSize+n {
+			return frames, small, large, fmt.Errorf("write %d: %d bytes, the frame it starts is %d (type %d)", i, len(p), yamuxHeaderSize+n, p[1])
+		}
 	}
-	return frames, data, nil
+	if body > 0 {
+		return frames, small, large, fmt.Errorf("the last frame's %d-byte body never came", body)
+	}
+	return frames, small, large, nil
 }
 
 // Both sides, through real calls: no write splits a frame or carries two,
@@ -83,19 +102,19 @@ func TestEveryWriteIsOneWholeFrame(t *testing.T) {
 		t.Fatalf("read back %d bytes, err %v", got.Len(), err)
 	}
 	for name, w := range map[string]*wireLog{"host": hostWire, "guest": guestWire} {
-		frames, data, err := w.wholeFrames()
+		frames, small, large, err := w.wholeFrames()
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
-		if data == 0 {
-			t.Fatalf("%s: no data frames among %d", name, frames)
+		if small == 0 || large == 0 {
+			t.Fatalf("%s: %d frames, %d small and %d large data frames; the test needs both kinds", name, frames, small, large)
 		}
-		t.Logf("%s: %d writes, each one frame, %d of them data", name, frames, data)
+		t.Logf("%s: %d frames, %d of them small data frames sent whole, %d large ones", name, frames, small, large)
 	}
 }
 
-// A data header waits for its body; other headers, and data headers of an
-// empty frame (a close), go out at once.
+// A data header waits for its body; other headers, data headers of an
+// empty frame (a close) and of a large one go out at once.
 func TestFrameConnHoldsOnlyDataHeaders(t *testing.T) {
 	var rec wireLog
 	rec.ReadWriteCloser = nopRWC{}
@@ -116,7 +135,9 @@ func TestFrameConnHoldsOnlyDataHeaders(t *testing.T) {
 		{hdr(yamuxTypeData, 0), 3},
 		{hdr(2, 0), 4}, // a ping
 		{hdr(yamuxTypeData, 12), 4},
-		{hdr(yamuxTypeData, 7), 5}, // a 12-byte body that looks like a header
+		{hdr(yamuxTypeData, 7), 5},            // a 12-byte body that looks like a header
+		{hdr(yamuxTypeData, frameConnMax), 6}, // too large to merge
+		{make([]byte, frameConnMax), 7},
 	}
 	for i, s := range steps {
 		n, err := c.Write(s.p)
