@@ -24,7 +24,7 @@ type Client struct {
 // NewClient starts a session on conn (a virtio-serial chardev socket, a
 // pipe in tests). The Client owns conn.
 func NewClient(conn io.ReadWriteCloser) (*Client, error) {
-	sess, err := yamux.Client(newFrameConn(conn), YamuxConfig())
+	sess, err := yamux.Client(conn, YamuxConfig())
 	if err != nil {
 		return nil, err
 	}

@@ -72,7 +72,7 @@ func YamuxConfig() *yamux.Config {
 // Serve runs one yamux session on conn until it ends, answering each
 // stream as one call. It returns when conn fails or closes.
 func (s *Server) Serve(conn io.ReadWriteCloser) error {
-	sess, err := yamux.Server(newFrameConn(conn), YamuxConfig())
+	sess, err := yamux.Server(conn, YamuxConfig())
 	if err != nil {
 		return err
 	}
