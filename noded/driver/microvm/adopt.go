@@ -78,7 +78,7 @@ func (d *Driver) adopt(dir, id string) (*VM, string) {
 	vm.p = adopt(pid)
 	// Under TCG on a busy host a guest takes seconds to see its agent's
 	// new host connection; a live VM is worth the wait.
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), adoptTimeout)
 	defer cancel()
 	q, err := DialQMP(ctx, vm.spec.qmpPath())
 	if err != nil {
@@ -98,6 +98,10 @@ func (d *Driver) adopt(dir, id string) (*VM, string) {
 	vm.agent = c
 	return vm, ""
 }
+
+// adoptTimeout bounds reconnecting to a running guest's agent (re-adoption,
+// and a resumed VM's fresh session).
+const adoptTimeout = 15 * time.Second
 
 // reconnectAgent connects to a running guest's agent, as a restarted node
 // does when it re-adopts a VM, and waits until it answers.

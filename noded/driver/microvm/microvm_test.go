@@ -553,6 +553,44 @@ func TestAgentReconnectsAfterHangUps(t *testing.T) {
 	t.Logf("%d hang-ups; reconnects that needed a second connection: %d", hangUps, strings.Count(logs.String(), "reconnecting"))
 }
 
+// Pause freezes the guest only after it has ended the host's session. Each
+// cycle's session makes one call more than the one before, so its stream
+// ids reach the previous session's last one (its pause's sync): a guest
+// frozen with that stream half-closed took the resumed host's session as
+// more of the old one and refused the reused id, and the call failed with
+// EOF after yamux's one-minute close timeout.
+func TestPauseLeavesNoStaleSession(t *testing.T) {
+	d := newDriver(t, "")
+	defer d.Close()
+	ctx := ctxT(t, 10*time.Minute)
+	sb, err := d.Claim(ctx, driver.ClaimRequest{ID: "sb-pauses", TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy()
+	ia := sb.(driver.Interactive)
+	const cycles = 12
+	for i := range cycles {
+		for j := 0; j < 4+i; j++ {
+			cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			_, err := ia.Run(cctx, guest.ExecRequest{Argv: []string{"/bin/true"}}, nil, nil)
+			cancel()
+			if err != nil {
+				t.Fatalf("cycle %d, call %d: %v", i, j+1, err)
+			}
+		}
+		if err := ia.Pause(ctx); err != nil {
+			t.Fatalf("cycle %d: %v", i, err)
+		}
+		if err := ia.Resume(ctx); err != nil {
+			t.Fatalf("cycle %d: %v", i, err)
+		}
+	}
+	if out, code := run(t, sb, "echo $((6*7))"); code != 0 || out != "42\n" {
+		t.Fatalf("after %d pauses: exit %d %q", cycles, code, out)
+	}
+}
+
 // A restarted node re-adopts its running sandboxes and destroys what it
 // cannot use: here a QEMU with no record (as a crash mid-restore leaves).
 func TestRestartReadoptsAndReaps(t *testing.T) {

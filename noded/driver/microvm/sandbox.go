@@ -389,6 +389,38 @@ func (vm *VM) Pause(ctx context.Context) error {
 	return nil
 }
 
+// freshSession hangs up on the guest agent, now that the guest runs, and
+// connects again once the guest has ended its session.
+//
+// A paused VM was frozen with the session of the host that paused it, often
+// with that session's last stream half-closed (the host's close had not
+// reached the guest). Resumed, the guest can take the new host's session as
+// more of the old one, since it may never see the old host go; when the new
+// session's stream ids reach the stale one, yamux refuses the reused id,
+// ends the session, and the call waits out the stream close timeout
+// (TestPauseLeavesNoStaleSession). A hang-up while the guest runs ends the
+// stale session. The pause before it lets the guest's last writes (the
+// close of the call that found it answering) leave first; reconnectAgent
+// copes with a write that meets the hang-up anyway (docs/sandboxes.md).
+func (vm *VM) freshSession(ctx context.Context) error {
+	time.Sleep(hangUpQuiet)
+	vm.agent.Close()
+	vm.agent = nil
+	time.Sleep(hangUpGrace)
+	rctx, cancel := context.WithTimeout(ctx, adoptTimeout)
+	defer cancel()
+	c, err := reconnectAgent(rctx, vm.spec.agentPath(), vm.d.log)
+	if err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	vm.agent = c
+	return nil
+}
+
+// hangUpQuiet is how long a host waits after a call before it hangs up on
+// purpose, so the guest's close of that call is not in flight.
+const hangUpQuiet = 50 * time.Millisecond
+
 // Resume starts QEMU again from paused.state, on this node.
 func (vm *VM) Resume(ctx context.Context) error {
 	vm.mu.Lock()
@@ -409,6 +441,10 @@ func (vm *VM) Resume(ctx context.Context) error {
 		return fmt.Errorf("resume: %w", err)
 	}
 	if err := vm.cont(ctx); err != nil {
+		vm.p.kill()
+		return fmt.Errorf("resume: %w", err)
+	}
+	if err := vm.freshSession(ctx); err != nil {
 		vm.p.kill()
 		return fmt.Errorf("resume: %w", err)
 	}

@@ -131,7 +131,7 @@ func (d *Driver) makeSnapshot(ctx context.Context, t *guest.Template) (*snapshot
 	c.Close()
 	// The guest sees the host hang up and goes back to waiting for one;
 	// give it a moment, then freeze it.
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(hangUpGrace)
 	if _, err := q.Run(bctx, "stop", nil); err != nil {
 		return nil, err
 	}
@@ -156,6 +156,12 @@ func (d *Driver) makeSnapshot(ctx context.Context, t *guest.Template) (*snapshot
 	s.Dir, s.Meta = final, m
 	return s, nil
 }
+
+// hangUpGrace is how long a running guest is given to notice the host's
+// hang-up and end its agent session before it is frozen (for a snapshot or
+// a pause), so the saved state holds no session the next host does not
+// know of.
+const hangUpGrace = 300 * time.Millisecond
 
 // saveState migrates a stopped VM's device state (and, unless its memory
 // is a shared file and ignoreShared is set, its memory) into path.
