@@ -553,12 +553,12 @@ func TestAgentReconnectsAfterHangUps(t *testing.T) {
 	t.Logf("%d hang-ups; reconnects that needed a second connection: %d", hangUps, strings.Count(logs.String(), "reconnecting"))
 }
 
-// Pause freezes the guest only after it has ended the host's session. Each
+// A resumed guest serves the new host in a fresh agent session. Each
 // cycle's session makes one call more than the one before, so its stream
 // ids reach the previous session's last one (its pause's sync): a guest
-// frozen with that stream half-closed took the resumed host's session as
-// more of the old one and refused the reused id, and the call failed with
-// EOF after yamux's one-minute close timeout.
+// frozen with that stream half-closed, and resumed without a hang-up, took
+// the new host's session as more of the old one and refused the reused id,
+// and the call failed with EOF after yamux's one-minute close timeout.
 func TestPauseLeavesNoStaleSession(t *testing.T) {
 	d := newDriver(t, "")
 	defer d.Close()

@@ -399,9 +399,10 @@ func (vm *VM) Pause(ctx context.Context) error {
 // session's stream ids reach the stale one, yamux refuses the reused id,
 // ends the session, and the call waits out the stream close timeout
 // (TestPauseLeavesNoStaleSession). A hang-up while the guest runs ends the
-// stale session. The pause before it lets the guest's last writes (the
-// close of the call that found it answering) leave first; reconnectAgent
-// copes with a write that meets the hang-up anyway (docs/sandboxes.md).
+// stale session. Waiting hangUpQuiet before it lets the guest's last
+// writes (the close of the call that found it answering) leave first;
+// reconnectAgent copes with a write that meets the hang-up anyway
+// (docs/sandboxes.md).
 func (vm *VM) freshSession(ctx context.Context) error {
 	time.Sleep(hangUpQuiet)
 	vm.agent.Close()

@@ -158,9 +158,9 @@ func (d *Driver) makeSnapshot(ctx context.Context, t *guest.Template) (*snapshot
 }
 
 // hangUpGrace is how long a running guest is given to notice the host's
-// hang-up and end its agent session before it is frozen (for a snapshot or
-// a pause), so the saved state holds no session the next host does not
-// know of.
+// hang-up and end its agent session: before the template's snapshot
+// freezes it, so the saved state holds no session the next host does not
+// know of, and before a resumed VM's host connects again (freshSession).
 const hangUpGrace = 300 * time.Millisecond
 
 // saveState migrates a stopped VM's device state (and, unless its memory
