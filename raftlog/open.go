@@ -33,9 +33,17 @@ const (
 	// memtables fill, so a slow flush does not stall appends.
 	memTableStopWritesThreshold = 4
 	// l0StopWritesThreshold is raised from Pebble's default of 12 so that a
-	// burst of flushes is absorbed by L0 instead of stalling commits; L0
-	// compactions still start at the default L0CompactionThreshold.
+	// burst of flushes is absorbed by L0 instead of stalling commits.
 	l0StopWritesThreshold = 32
+	// l0CompactionThreshold (Pebble's default is 4) lets more flushed
+	// sublevels gather in L0 before they are compacted into the base level.
+	// The events keyspace is ordered by task, so every flush overlaps the
+	// whole base level, and each L0 compaction rewrites it: fewer, larger
+	// compactions rewrite it less often. Reads pay with more L0 sublevels to
+	// merge, and the FSM's hot reads are cached or bloom-filtered. Measured
+	// with bench/appends (1024 writers, 3 appenders): higher throughput in
+	// 6 of 7 alternating pairs, about 4% (bench/README.md).
+	l0CompactionThreshold = 16
 	// cacheSize is the block cache for sstable reads (GetLog of entries
 	// that were flushed, and the FSM).
 	cacheSize = 32 << 20
@@ -71,6 +79,7 @@ func options(fs vfs.FS) *pebble.Options {
 		MemTableSize:                memTableSize,
 		MemTableStopWritesThreshold: memTableStopWritesThreshold,
 		L0StopWritesThreshold:       l0StopWritesThreshold,
+		L0CompactionThreshold:       l0CompactionThreshold,
 		CacheSize:                   cacheSize,
 		BytesPerSync:                bytesPerSync,
 		Logger:                      QuietLogger{},
