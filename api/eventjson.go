@@ -10,12 +10,14 @@ import (
 // EventJSON is the JSON form of an event used by the SSE gateway and by
 // `warren task watch -o json`: the payload is inlined as a JSON value.
 type EventJSON struct {
-	TaskID  string          `json:"task_id"`
-	Seq     uint64          `json:"seq"`
-	Time    time.Time       `json:"time"`
-	Kind    string          `json:"kind"`
-	Epoch   uint64          `json:"epoch,omitempty"`
-	Payload json.RawMessage `json:"payload"`
+	TaskID string    `json:"task_id"`
+	Seq    uint64    `json:"seq"`
+	Time   time.Time `json:"time"`
+	Kind   string    `json:"kind"`
+	Epoch  uint64    `json:"epoch,omitempty"`
+	// RequestID is set on the events of an append that gave expected_seq.
+	RequestID string          `json:"request_id,omitempty"`
+	Payload   json.RawMessage `json:"payload"`
 }
 
 // MarshalEvent renders ev as one line of JSON (no trailing newline).
@@ -25,11 +27,12 @@ func MarshalEvent(ev *warrenv1.Event) ([]byte, error) {
 		p = json.RawMessage("{}")
 	}
 	return json.Marshal(EventJSON{
-		TaskID:  ev.GetTaskId(),
-		Seq:     ev.GetSeq(),
-		Time:    ev.GetTime().AsTime().UTC(),
-		Kind:    ev.GetKind(),
-		Epoch:   ev.GetEpoch(),
-		Payload: p,
+		TaskID:    ev.GetTaskId(),
+		Seq:       ev.GetSeq(),
+		Time:      ev.GetTime().AsTime().UTC(),
+		Kind:      ev.GetKind(),
+		Epoch:     ev.GetEpoch(),
+		RequestID: ev.GetRequestId(),
+		Payload:   p,
 	})
 }

@@ -95,6 +95,25 @@ func TestAppenderSharesCallsAndKeepsEachOutcome(t *testing.T) {
 		t.Fatalf("retry with one request id: %v %v, seqs %d %d", err1, err2, a1.GetFirstSeq(), a2.GetFirstSeq())
 	}
 
+	// A positioned append (expected_seq) is applied once, and refused at
+	// the wrong position.
+	got, err := c.Tasks().GetTask(ctx, connect.NewRequest(&warrenv1.GetTaskRequest{Id: ids[2]}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := got.Msg.GetTask().GetNextSeq()
+	at := func(req string, want uint64) *warrenv1.AppendEventsRequest {
+		return &warrenv1.AppendEventsRequest{TaskId: ids[2], RequestId: req, ExpectedSeq: want, Events: []*warrenv1.EventInput{{Kind: "log"}, {Kind: "log"}}}
+	}
+	p1, err1 := app.Append(ctx, at("pos-1", next))
+	p2, err2 := app.Append(ctx, at("pos-1", next))
+	if err1 != nil || err2 != nil || p1.GetFirstSeq() != next || p1.GetLastSeq() != next+1 || p2.GetFirstSeq() != next || p2.GetLastSeq() != next+1 {
+		t.Fatalf("positioned append and its retry at %d: %v %v, %v %v", next, p1, err1, p2, err2)
+	}
+	if _, err := app.Append(ctx, at("pos-2", next)); connect.CodeOf(err) != connect.CodeFailedPrecondition || !errContains(err, "expected_seq") {
+		t.Fatalf("positioned append at a taken seq: %v", err)
+	}
+
 	// A malformed append fails the whole call it shared, naming the item.
 	_, err = c.Tasks().AppendEventsBatch(ctx, connect.NewRequest(&warrenv1.AppendEventsBatchRequest{Appends: []*warrenv1.AppendEventsRequest{
 		{TaskId: ids[0], Events: []*warrenv1.EventInput{{Kind: "log"}}},

@@ -234,11 +234,12 @@ func (a taskAPI) AppendEvents(ctx context.Context, req *connect.Request[warrenv1
 		return nil, invalid(err)
 	}
 	res, err := a.write(ctx, &fsmv1.AppendEvents{
-		TaskId:     req.Msg.GetTaskId(),
-		LeaseEpoch: req.Msg.GetLeaseEpoch(),
-		Events:     req.Msg.GetEvents(),
-		RequestId:  requestID(req.Msg.GetRequestId()),
-		Time:       a.now(),
+		TaskId:      req.Msg.GetTaskId(),
+		LeaseEpoch:  req.Msg.GetLeaseEpoch(),
+		Events:      req.Msg.GetEvents(),
+		RequestId:   requestID(req.Msg.GetRequestId()),
+		Time:        a.now(),
+		ExpectedSeq: req.Msg.GetExpectedSeq(),
 	})
 	if err != nil {
 		return nil, err
@@ -258,11 +259,12 @@ func (a taskAPI) AppendEventsBatch(ctx context.Context, req *connect.Request[war
 	cmds := make([]proto.Message, len(items))
 	for i, it := range items {
 		cmds[i] = &fsmv1.AppendEvents{
-			TaskId:     it.GetTaskId(),
-			LeaseEpoch: it.GetLeaseEpoch(),
-			Events:     it.GetEvents(),
-			RequestId:  requestID(it.GetRequestId()),
-			Time:       now,
+			TaskId:      it.GetTaskId(),
+			LeaseEpoch:  it.GetLeaseEpoch(),
+			Events:      it.GetEvents(),
+			RequestId:   requestID(it.GetRequestId()),
+			Time:        now,
+			ExpectedSeq: it.GetExpectedSeq(),
 		}
 	}
 	res, err := a.s.propose(ctx, cmds...)

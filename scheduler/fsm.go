@@ -23,6 +23,10 @@ import (
 // the task's current one: the writer lost its lease.
 var ErrStaleEpoch = errors.New("stale lease epoch")
 
+// ErrSeqMismatch is the message of a refused append whose expected_seq is
+// not the task's next seq (and which is not a retry of an applied append).
+var ErrSeqMismatch = errors.New("seq mismatch")
+
 // ErrNotFound is returned by queries for a task or member that does not exist.
 var ErrNotFound = errors.New("not found")
 
@@ -190,6 +194,9 @@ type applier struct {
 	tasks   map[string]*cachedTask
 	nodes   map[string]*cachedNode
 	replan  bool // see FSM.replanGen
+	// reqID is stamped on every event written while it is set: the request
+	// id of the positioned append being applied (see appendAt).
+	reqID string
 }
 
 func fail(code connect.Code, format string, args ...any) *fsmv1.Result {
@@ -203,6 +210,9 @@ func (a *applier) apply(c Command) *fsmv1.Result {
 	case *fsmv1.CreateTask:
 		return a.createTask(m)
 	case *fsmv1.AppendEvents:
+		if m.GetExpectedSeq() != 0 {
+			return a.appendAt(m)
+		}
 		return a.idempotent("append/"+m.GetTaskId(), m.GetRequestId(), func() *fsmv1.Result { return a.appendEvents(m) })
 	case *fsmv1.SendMessage:
 		return a.idempotent("msg/"+m.GetTaskId(), m.GetRequestId(), func() *fsmv1.Result { return a.sendMessage(m) })
@@ -381,7 +391,7 @@ func (a *applier) appendEvent(t *warrenv1.Task, ts *timestamppb.Timestamp, kind 
 			}
 		}
 	}
-	a.put(keyEvent(t.GetId(), seq), &warrenv1.Event{Seq: seq, Time: ts, Kind: kind, Payload: payload, Epoch: epoch})
+	a.put(keyEvent(t.GetId(), seq), &warrenv1.Event{Seq: seq, Time: ts, Kind: kind, Payload: payload, Epoch: epoch, RequestId: a.reqID})
 	t.NextSeq = seq + 1
 	t.UpdatedAt = ts
 	return seq
@@ -520,6 +530,51 @@ func (a *applier) appendEvents(m *fsmv1.AppendEvents) *fsmv1.Result {
 	t.PendingApprovals = pending
 	a.putTask(t)
 	return &fsmv1.Result{FirstSeq: first, LastSeq: t.GetNextSeq() - 1, CancelRequested: t.GetCancelRequested()}
+}
+
+// appendAt applies an append that names the seq of its first event
+// (expected_seq). Its exactly-once check needs no idempotency record: every
+// event it writes, including any state_changed the FSM adds, carries its
+// request id, so a retry finds them at expected_seq and gets the same seqs
+// back. That saves a key per append on every replica.
+func (a *applier) appendAt(m *fsmv1.AppendEvents) *fsmv1.Result {
+	want := m.GetExpectedSeq()
+	t, r := a.task(m.GetTaskId())
+	if r != nil {
+		return r
+	}
+	if next := t.GetNextSeq(); next != want {
+		// A retry is recognised before the task's state is checked: the
+		// append being retried may have ended the task.
+		if next > want && m.GetRequestId() != "" {
+			if last := a.appendedBy(t.GetId(), want, m.GetRequestId()); last != 0 {
+				return &fsmv1.Result{FirstSeq: want, LastSeq: last, CancelRequested: t.GetCancelRequested()}
+			}
+		}
+		return fail(connect.CodeFailedPrecondition, "%v: expected_seq %d, task %s is at seq %d", ErrSeqMismatch, want, t.GetId(), next)
+	}
+	a.reqID = m.GetRequestId()
+	defer func() { a.reqID = "" }()
+	return a.appendEvents(m)
+}
+
+// appendedBy returns the last seq of the run of events that starts at seq
+// and carries requestID, or 0 when no such run starts there (the event at
+// seq does not carry it, or the one before it does too: then seq is inside
+// another append's events, not at their start).
+func (a *applier) appendedBy(taskID string, seq uint64, requestID string) uint64 {
+	var ev warrenv1.Event
+	if seq > 1 && a.get(keyEvent(taskID, seq-1), &ev) && ev.GetRequestId() == requestID {
+		return 0
+	}
+	var last uint64
+	for ; ; seq++ {
+		var ev warrenv1.Event
+		if !a.get(keyEvent(taskID, seq), &ev) || ev.GetRequestId() != requestID {
+			return last
+		}
+		last = seq
+	}
 }
 
 func payloadState(p []byte) warrenv1.TaskState {

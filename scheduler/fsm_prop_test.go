@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/oklog/ulid/v2"
@@ -16,7 +17,8 @@ import (
 // batch: every task's events are gapless from 1 to next_seq-1; the state
 // index lists each task exactly under its state; a stale epoch never
 // appends; terminal tasks never gain events; acknowledged idempotent
-// retries never add events.
+// retries never add events; a positioned append lands at its seq or not at
+// all, and its events carry its request id.
 func TestFSMInvariants(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		tf := newTestFSM(t)
@@ -41,7 +43,14 @@ func TestFSMInvariants(t *testing.T) {
 					epoch += uint64(rapid.IntRange(1, 2).Draw(rt, "skew"))
 				}
 				node := rapid.SampledFrom([]string{"n1", "n2"}).Draw(rt, "node")
-				switch rapid.IntRange(0, 7).Draw(rt, "kind") {
+				switch rapid.IntRange(0, 8).Draw(rt, "kind") {
+				case 8:
+					// A positioned append, usually at the task's next seq
+					// as it was before this batch.
+					want := max(int64(cur.GetNextSeq())+int64(rapid.IntRange(-2, 1).Draw(rt, "seqskew")), 1)
+					msgs = append(msgs, &fsmv1.AppendEvents{TaskId: id, LeaseEpoch: epoch, Time: ts, ExpectedSeq: uint64(want),
+						RequestId: rapid.SampledFrom([]string{"", "p", "q"}).Draw(rt, "preq"),
+						Events:    []*warrenv1.EventInput{logEvent("z"), stateEvent(rapid.SampledFrom(states).Draw(rt, "pto"))}})
 				case 5:
 					msgs = append(msgs, &fsmv1.RegisterNode{Node: &warrenv1.Node{Id: node, Drivers: []string{"sim"},
 						Capacity: &warrenv1.Resources{MilliCpu: 3 * DefaultTaskMilliCPU, MemoryBytes: 3 * DefaultTaskMemoryBytes}}, Time: ts})
@@ -84,6 +93,22 @@ func TestFSMInvariants(t *testing.T) {
 				case *fsmv1.AppendEvents:
 					b := before[c.GetTaskId()]
 					key := c.GetTaskId() + "/" + c.GetRequestId()
+					if want := c.GetExpectedSeq(); want != 0 {
+						key = fmt.Sprintf("%s/%d", key, want)
+						// An accepted positioned append's events start at
+						// its seq and all carry its request id.
+						if r := res[i]; r.GetCode() == 0 {
+							if r.GetFirstSeq() != want || r.GetLastSeq() < want {
+								rt.Fatalf("positioned append at %d got seqs %d..%d", want, r.GetFirstSeq(), r.GetLastSeq())
+							}
+							evs, _ := tf.fsm.Events(c.GetTaskId(), want-1, int(r.GetLastSeq()-want+1))
+							for _, ev := range evs {
+								if ev.GetRequestId() != c.GetRequestId() {
+									rt.Fatalf("task %s event %d of positioned append %q carries request id %q", c.GetTaskId(), ev.GetSeq(), c.GetRequestId(), ev.GetRequestId())
+								}
+							}
+						}
+					}
 					replay := c.GetRequestId() != "" && recorded[key]
 					if res[i].GetCode() == 0 && c.GetRequestId() != "" {
 						recorded[key] = true

@@ -172,6 +172,102 @@ func TestAppendAssignsGaplessSeqsAndIsIdempotent(t *testing.T) {
 	}
 }
 
+func TestPositionedAppendIsExactlyOnceWithoutARecord(t *testing.T) {
+	tf := newTestFSM(t)
+	task := tf.create("")
+	id := task.GetId()
+	at := func(want uint64, req string, evs ...*warrenv1.EventInput) *fsmv1.AppendEvents {
+		return &fsmv1.AppendEvents{TaskId: id, ExpectedSeq: want, RequestId: req, Events: evs, Time: timestamppb.New(t0)}
+	}
+	seqs := func(r *fsmv1.Result) string { return fmt.Sprintf("%d..%d", r.GetFirstSeq(), r.GetLastSeq()) }
+
+	if r := tf.ok(at(2, "p1", logEvent("a"), logEvent("b")))[0]; seqs(r) != "2..3" {
+		t.Fatalf("first append: %s, want 2..3", seqs(r))
+	}
+	// A retry in the same entry, in a later entry, and after a newer
+	// append: the same seqs, nothing written.
+	res := tf.ok(at(2, "p1", logEvent("a"), logEvent("b")), at(4, "p2", logEvent("c")), at(2, "p1", logEvent("a"), logEvent("b")))
+	if seqs(res[0]) != "2..3" || seqs(res[1]) != "4..4" || seqs(res[2]) != "2..3" {
+		t.Fatalf("retries and next append: %s %s %s", seqs(res[0]), seqs(res[1]), seqs(res[2]))
+	}
+	tf.reopen()
+	if r := tf.ok(at(4, "p2", logEvent("c")))[0]; seqs(r) != "4..4" {
+		t.Fatalf("retry after a restart: %s, want 4..4", seqs(r))
+	}
+	// The wrong position is refused and writes nothing: behind (with
+	// another request id, or none, or inside the events of the append
+	// whose id it reuses) and ahead.
+	for _, m := range []*fsmv1.AppendEvents{at(4, "p3", logEvent("d")), at(2, "", logEvent("d")), at(3, "p1", logEvent("d")), at(9, "p3", logEvent("d"))} {
+		r := tf.apply(m)[0]
+		if connect.Code(r.GetCode()) != connect.CodeFailedPrecondition || !strings.Contains(r.GetMessage(), ErrSeqMismatch.Error()) || !strings.Contains(r.GetMessage(), "is at seq 5") {
+			t.Fatalf("expected_seq %d: %v %q", m.GetExpectedSeq(), connect.Code(r.GetCode()), r.GetMessage())
+		}
+	}
+	evs := tf.events(id)
+	if got := kindsOf(evs); got != "1:task_created 2:log 3:log 4:log" {
+		t.Fatalf("events = %s", got)
+	}
+	for _, e := range evs {
+		want := map[uint64]string{2: "p1", 3: "p1", 4: "p2"}[e.GetSeq()]
+		if e.GetRequestId() != want {
+			t.Fatalf("event %d carries request id %q, want %q", e.GetSeq(), e.GetRequestId(), want)
+		}
+	}
+	// No idempotency record was kept for them.
+	for _, req := range []string{"p1", "p2"} {
+		if _, closer, err := tf.db.Get(keyIdem("append/"+id, req)); err == nil {
+			closer.Close()
+			t.Fatalf("append %s left an idempotency record", req)
+		}
+	}
+
+	// A retry of the append that ended the task still gets its seqs, and
+	// the events the FSM added for it count as its own.
+	tf.ok(&fsmv1.GrantLease{TaskId: id, Node: "n1", Time: timestamppb.New(t0)}) // 5: state_changed to placed
+	end := &fsmv1.AppendEvents{TaskId: id, LeaseEpoch: 1, ExpectedSeq: 6, RequestId: "end", Events: []*warrenv1.EventInput{stateEvent("running"), stateEvent("succeeded")}, Time: timestamppb.New(t0)}
+	if r := tf.ok(end)[0]; seqs(r) != "6..7" {
+		t.Fatalf("ending append: %s, want 6..7", seqs(r))
+	}
+	if r := tf.ok(end)[0]; seqs(r) != "6..7" {
+		t.Fatalf("retry of the ending append: %s, want 6..7", seqs(r))
+	}
+	end.RequestId, end.ExpectedSeq = "after-end", 8
+	if r := tf.apply(end)[0]; connect.Code(r.GetCode()) != connect.CodeFailedPrecondition {
+		t.Fatalf("append to an ended task: %v %q", connect.Code(r.GetCode()), r.GetMessage())
+	}
+}
+
+func TestPositionedAppendStampsTheEventsItCauses(t *testing.T) {
+	tf := newTestFSM(t)
+	id := tf.create("").GetId()
+	tf.ok(&fsmv1.GrantLease{TaskId: id, Node: "n1", Time: timestamppb.New(t0)})
+	tf.ok(&fsmv1.CancelTask{TaskId: id, Time: timestamppb.New(t0)})
+	next := func() uint64 {
+		got, _ := tf.fsm.Task(id)
+		return got.GetNextSeq()
+	}
+	// Parking for approval while a cancel is pending makes the FSM add a
+	// state_changed to cancelled: it belongs to the append, so its retry
+	// returns it too.
+	first := next()
+	park := &fsmv1.AppendEvents{TaskId: id, LeaseEpoch: 1, ExpectedSeq: first, RequestId: "park", Time: timestamppb.New(t0), Events: []*warrenv1.EventInput{
+		stateEvent("running"), stateEvent("waiting_approval"),
+		{Kind: KindApprovalRequested, Payload: []byte(`{"tool_call_id":"c1"}`)},
+		{Kind: KindParked, Payload: []byte(`{}`)},
+	}}
+	r := tf.ok(park)[0]
+	if r.GetLastSeq() != next()-1 || r.GetLastSeq() != first+4 {
+		t.Fatalf("parking append: %d..%d, next seq %d; want %d..%d", r.GetFirstSeq(), r.GetLastSeq(), next(), first, first+4)
+	}
+	if r2 := tf.ok(park)[0]; r2.GetFirstSeq() != first || r2.GetLastSeq() != r.GetLastSeq() {
+		t.Fatalf("retry: %d..%d, want %d..%d", r2.GetFirstSeq(), r2.GetLastSeq(), first, r.GetLastSeq())
+	}
+	got, _ := tf.fsm.Task(id)
+	if got.GetState() != warrenv1.TaskState_TASK_STATE_CANCELLED {
+		t.Fatalf("state = %v, want cancelled", got.GetState())
+	}
+}
+
 func TestAppendFencedByLeaseEpoch(t *testing.T) {
 	tf := newTestFSM(t)
 	task := tf.create("")

@@ -834,7 +834,11 @@ type Event struct {
 	// A JSON object, at most 64 KiB.
 	Payload []byte `protobuf:"bytes,5,opt,name=payload,proto3" json:"payload,omitempty"`
 	// The lease epoch the event was appended under (0 for client events).
-	Epoch         uint64 `protobuf:"varint,6,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Epoch uint64 `protobuf:"varint,6,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// On the first event of an append that gave expected_seq: the append's
+	// request id, by which a retry of that append is recognised. Empty
+	// otherwise.
+	RequestId     string `protobuf:"bytes,7,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -909,6 +913,13 @@ func (x *Event) GetEpoch() uint64 {
 		return x.Epoch
 	}
 	return 0
+}
+
+func (x *Event) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
 }
 
 // EventInput is an event as a writer submits it; the log assigns seq and time.
@@ -1452,7 +1463,15 @@ type AppendEventsRequest struct {
 	Events     []*EventInput `protobuf:"bytes,3,rep,name=events,proto3" json:"events,omitempty"`
 	// Optional idempotency key: a retry with the same key appends nothing
 	// and returns the first append's seqs.
-	RequestId     string `protobuf:"bytes,4,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	RequestId string `protobuf:"bytes,4,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// Optional: the seq the first event must get, for a writer that knows
+	// the task's next seq (its only writer, or one whose events must follow
+	// exactly what it has read). The append is refused with
+	// failed_precondition unless the task's next seq equals it. A retry (same request_id, same expected_seq) of an append
+	// that was applied returns the first append's seqs, found from the event
+	// at expected_seq, which records the request id. Such an append keeps no
+	// separate idempotency record, so it is cheaper to store. 0: not set.
+	ExpectedSeq   uint64 `protobuf:"varint,5,opt,name=expected_seq,json=expectedSeq,proto3" json:"expected_seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1513,6 +1532,13 @@ func (x *AppendEventsRequest) GetRequestId() string {
 		return x.RequestId
 	}
 	return ""
+}
+
+func (x *AppendEventsRequest) GetExpectedSeq() uint64 {
+	if x != nil {
+		return x.ExpectedSeq
+	}
+	return 0
 }
 
 type AppendEventsResponse struct {
@@ -2356,14 +2382,16 @@ const file_warren_v1_task_proto_rawDesc = "" +
 	"\x11cache_read_tokens\x18\x04 \x01(\x04R\x0fcacheReadTokens\x12#\n" +
 	"\routput_tokens\x18\x05 \x01(\x04R\foutputTokens\x12$\n" +
 	"\x0ecost_micro_usd\x18\x06 \x01(\x04R\fcostMicroUsd\x12$\n" +
-	"\x0ecache_hit_rate\x18\a \x01(\x01R\fcacheHitRate\"\xa6\x01\n" +
+	"\x0ecache_hit_rate\x18\a \x01(\x01R\fcacheHitRate\"\xc5\x01\n" +
 	"\x05Event\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12.\n" +
 	"\x04time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x12\n" +
 	"\x04kind\x18\x04 \x01(\tR\x04kind\x12\x18\n" +
 	"\apayload\x18\x05 \x01(\fR\apayload\x12\x14\n" +
-	"\x05epoch\x18\x06 \x01(\x04R\x05epoch\":\n" +
+	"\x05epoch\x18\x06 \x01(\x04R\x05epoch\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\a \x01(\tR\trequestId\":\n" +
 	"\n" +
 	"EventInput\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x18\n" +
@@ -2397,14 +2425,15 @@ const file_warren_v1_task_proto_rawDesc = "" +
 	"page_token\x18\x03 \x01(\tR\tpageToken\"b\n" +
 	"\x11ListTasksResponse\x12%\n" +
 	"\x05tasks\x18\x01 \x03(\v2\x0f.warren.v1.TaskR\x05tasks\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x9d\x01\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xc0\x01\n" +
 	"\x13AppendEventsRequest\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x1f\n" +
 	"\vlease_epoch\x18\x02 \x01(\x04R\n" +
 	"leaseEpoch\x12-\n" +
 	"\x06events\x18\x03 \x03(\v2\x15.warren.v1.EventInputR\x06events\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x04 \x01(\tR\trequestId\"y\n" +
+	"request_id\x18\x04 \x01(\tR\trequestId\x12!\n" +
+	"\fexpected_seq\x18\x05 \x01(\x04R\vexpectedSeq\"y\n" +
 	"\x14AppendEventsResponse\x12\x1b\n" +
 	"\tfirst_seq\x18\x01 \x01(\x04R\bfirstSeq\x12\x19\n" +
 	"\blast_seq\x18\x02 \x01(\x04R\alastSeq\x12)\n" +

@@ -206,12 +206,14 @@ func (x *CreateTask) GetTime() *timestamppb.Timestamp {
 }
 
 type AppendEvents struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	TaskId        string                 `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
-	LeaseEpoch    uint64                 `protobuf:"varint,2,opt,name=lease_epoch,json=leaseEpoch,proto3" json:"lease_epoch,omitempty"`
-	Events        []*v1.EventInput       `protobuf:"bytes,3,rep,name=events,proto3" json:"events,omitempty"`
-	RequestId     string                 `protobuf:"bytes,4,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	Time          *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=time,proto3" json:"time,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	TaskId     string                 `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	LeaseEpoch uint64                 `protobuf:"varint,2,opt,name=lease_epoch,json=leaseEpoch,proto3" json:"lease_epoch,omitempty"`
+	Events     []*v1.EventInput       `protobuf:"bytes,3,rep,name=events,proto3" json:"events,omitempty"`
+	RequestId  string                 `protobuf:"bytes,4,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Time       *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=time,proto3" json:"time,omitempty"`
+	// warren.v1.AppendEventsRequest.expected_seq; 0: not set.
+	ExpectedSeq   uint64 `protobuf:"varint,6,opt,name=expected_seq,json=expectedSeq,proto3" json:"expected_seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -279,6 +281,13 @@ func (x *AppendEvents) GetTime() *timestamppb.Timestamp {
 		return x.Time
 	}
 	return nil
+}
+
+func (x *AppendEvents) GetExpectedSeq() uint64 {
+	if x != nil {
+		return x.ExpectedSeq
+	}
+	return 0
 }
 
 type SendMessage struct {
@@ -1109,7 +1118,7 @@ const file_warren_fsm_v1_fsm_proto_rawDesc = "" +
 	"\n" +
 	"request_id\x18\x03 \x01(\tR\trequestId\x12'\n" +
 	"\x04spec\x18\x04 \x01(\v2\x13.warren.v1.TaskSpecR\x04spec\x12.\n" +
-	"\x04time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\"\xc6\x01\n" +
+	"\x04time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\"\xe9\x01\n" +
 	"\fAppendEvents\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x1f\n" +
 	"\vlease_epoch\x18\x02 \x01(\x04R\n" +
@@ -1117,7 +1126,8 @@ const file_warren_fsm_v1_fsm_proto_rawDesc = "" +
 	"\x06events\x18\x03 \x03(\v2\x15.warren.v1.EventInputR\x06events\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x04 \x01(\tR\trequestId\x12.\n" +
-	"\x04time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\"\x89\x01\n" +
+	"\x04time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12!\n" +
+	"\fexpected_seq\x18\x06 \x01(\x04R\vexpectedSeq\"\x89\x01\n" +
 	"\vSendMessage\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x12\n" +
 	"\x04text\x18\x02 \x01(\tR\x04text\x12\x1d\n" +
