@@ -53,6 +53,7 @@ type config struct {
 	batch      int
 	appenders  int
 	maxTasks   int
+	positioned bool
 	h2c        bool
 	gzip       bool
 	out        string
@@ -75,6 +76,7 @@ func main() {
 	flag.IntVar(&c.appenders, "appenders", 0, "send writers' appends through this many shared client.Appenders (as that many node daemons would: each batches its writers' appends into AppendEventsBatch calls); 0: one AppendEvents call per append")
 	flag.IntVar(&c.batch, "batch", 1, "events per AppendEvents call (a node sending several of its actors' events at once); events/s counts events")
 	flag.IntVar(&c.maxTasks, "tasks", 256, "at most this many tasks per level; writers share them")
+	flag.BoolVar(&c.positioned, "positioned", false, "each writer is the only writer of its own task and names the seq its events go at (expected_seq), so the log keeps no idempotency record per append; -tasks is ignored")
 	flag.BoolVar(&c.h2c, "h2c", false, "use HTTP/2 cleartext (multiplexed) instead of one HTTP/1.1 connection per writer")
 	flag.BoolVar(&c.gzip, "gzip", true, "accept gzip-compressed responses, as connect-go clients (and warren's client package) do by default")
 	flag.StringVar(&c.out, "out", "", "also write the markdown report to this file")
@@ -175,7 +177,11 @@ func run(ctx context.Context, c config) error {
 
 	results := map[int][]result{}
 	for _, w := range c.writers {
-		ids, err := createTasks(ctx, tasks, min(w, c.maxTasks))
+		n := min(w, c.maxTasks)
+		if c.positioned {
+			n = w
+		}
+		ids, err := createTasks(ctx, tasks, n)
 		if err != nil {
 			return err
 		}
@@ -244,6 +250,18 @@ func createTasks(ctx context.Context, tasks []warrenv1connect.TaskServiceClient,
 	return ids, errors.Join(errs...)
 }
 
+// nextSeq returns the task's next seq, or 0 when the call fails (the
+// writer then tries again on its next turn).
+func nextSeq(ctx context.Context, srv warrenv1connect.TaskServiceClient, id string) uint64 {
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	r, err := srv.GetTask(cctx, connect.NewRequest(&warrenv1.GetTaskRequest{Id: id}))
+	if err != nil {
+		return 0
+	}
+	return r.Msg.GetTask().GetNextSeq()
+}
+
 // measure runs w writers for warmup+duration and returns what was
 // acknowledged inside the measured window.
 func measure(ctx context.Context, c config, cl *cluster.Cluster, tasks []warrenv1connect.TaskServiceClient,
@@ -282,23 +300,45 @@ func measure(ctx context.Context, c config, cl *cluster.Cluster, tasks []warrenv
 			task := ids[i%len(ids)]
 			o := &outs[i]
 			o.errs = map[string]int{}
+			// With -positioned the writer owns its task and tracks where its
+			// next events go; after an error it asks the log.
+			var next uint64
 			for n := 0; !stop.Load() && ctx.Err() == nil; n++ {
 				srv := tasks[(i+n)%len(tasks)] // every writer rotates over the servers
+				if c.positioned && next == 0 {
+					if next = nextSeq(ctx, srv, task); next == 0 {
+						continue
+					}
+				}
 				req := connect.NewRequest(&warrenv1.AppendEventsRequest{
-					TaskId:    task,
-					RequestId: prefix + "-" + strconv.Itoa(i) + "-" + strconv.Itoa(n),
-					Events:    events,
+					TaskId:      task,
+					RequestId:   prefix + "-" + strconv.Itoa(i) + "-" + strconv.Itoa(n),
+					Events:      events,
+					ExpectedSeq: next,
 				})
 				cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 				s := time.Now()
 				var err error
+				var last uint64
 				if len(apps) > 0 {
-					_, err = apps[i%len(apps)].Append(cctx, req.Msg)
+					var r *warrenv1.AppendEventsResponse
+					if r, err = apps[i%len(apps)].Append(cctx, req.Msg); err == nil {
+						last = r.GetLastSeq()
+					}
 				} else {
-					_, err = srv.AppendEvents(cctx, req)
+					var r *connect.Response[warrenv1.AppendEventsResponse]
+					if r, err = srv.AppendEvents(cctx, req); err == nil {
+						last = r.Msg.GetLastSeq()
+					}
 				}
 				e := time.Now()
 				cancel()
+				if c.positioned {
+					next = 0 // ask the log after an error
+					if err == nil {
+						next = last + 1
+					}
+				}
 				if e.Before(t0) || e.After(t1) {
 					continue
 				}
@@ -427,10 +467,14 @@ func collect[T any](rs []result, f func(result) T) []T {
 
 // how says how writers reach the cluster.
 func how(c config, who, proto string) string {
-	if c.appenders > 0 {
-		return fmt.Sprintf("writers share %d client.Appenders (simulated node daemons, each starting on a different server) that batch their appends into AppendEventsBatch calls, %s", c.appenders, proto)
+	s := fmt.Sprintf("writers share up to %d tasks", c.maxTasks)
+	if c.positioned {
+		s = "each writer owns one task and names the seq of its events (expected_seq)"
 	}
-	return fmt.Sprintf("one AppendEvents call per append, each writer's calls round-robin over %s, %s", who, proto)
+	if c.appenders > 0 {
+		return fmt.Sprintf("%s; writers share %d client.Appenders (simulated node daemons, each starting on a different server) that batch their appends into AppendEventsBatch calls, %s", s, c.appenders, proto)
+	}
+	return fmt.Sprintf("%s; one AppendEvents call per append, each writer's calls round-robin over %s, %s", s, who, proto)
 }
 
 // render returns the markdown report.
