@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -180,6 +181,117 @@ func TestClusterSurvivesLeaderKill(t *testing.T) {
 		for _, id := range tasks {
 			if strings.Join(got[id], "|") != strings.Join(reference[id], "|") {
 				t.Fatalf("%s and %s disagree on task %s", procs[0].id, p.id, id)
+			}
+		}
+	}
+}
+
+// TestPositionedAppendsSurviveLeaderKill: writers that each own a task
+// and append at the seq they expect (expected_seq, no idempotency record)
+// retry through a leader SIGKILL; every task's log holds each writer's
+// events exactly once, in the writer's order, on every server.
+func TestPositionedAppendsSurviveLeaderKill(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts three server processes")
+	}
+	procs := startCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	const nTasks, each = 24, 60
+	tasks := make([]string, nTasks)
+	for i := range tasks {
+		resp, err := procs[i%3].tasks.CreateTask(ctx, connect.NewRequest(&warrenv1.CreateTaskRequest{
+			RequestId: fmt.Sprintf("pos-%d", i),
+			Spec:      &warrenv1.TaskSpec{Repo: "https://example.com/r.git", Base: "main", IssueTitle: fmt.Sprint("task ", i)},
+		}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		tasks[i] = resp.Msg.GetTask().GetId()
+	}
+	var (
+		acked  atomic.Int64
+		killed = make(chan *proc, 1)
+		wg     sync.WaitGroup
+		errs   = make([]error, nTasks)
+	)
+	for w := range nTasks {
+		wg.Go(func() {
+			next := uint64(2) // 1 is task_created
+			for n := range each {
+				marker := fmt.Sprintf("t%d-n%d", w, n)
+				// Every try is the same append: same request id, same seq.
+				req := &warrenv1.AppendEventsRequest{TaskId: tasks[w], RequestId: "pos-" + marker, ExpectedSeq: next,
+					Events: []*warrenv1.EventInput{{Kind: "log", Payload: []byte(fmt.Sprintf(`{"marker":%q}`, marker))}}}
+				var r *connect.Response[warrenv1.AppendEventsResponse]
+				var err error
+				for try := 0; ; try++ {
+					p := procs[(w+n+try)%3]
+					if p.up.Load() {
+						cctx, ccancel := context.WithTimeout(ctx, 10*time.Second)
+						r, err = p.tasks.AppendEvents(cctx, connect.NewRequest(req))
+						ccancel()
+						if err == nil || connect.CodeOf(err) == connect.CodeFailedPrecondition || ctx.Err() != nil {
+							break
+						}
+					}
+					time.Sleep(50 * time.Millisecond)
+				}
+				if err != nil {
+					errs[w] = fmt.Errorf("%s at seq %d: %w", marker, next, err)
+					return
+				}
+				if r.Msg.GetFirstSeq() != next || r.Msg.GetLastSeq() != next {
+					errs[w] = fmt.Errorf("%s: acknowledged at %d..%d, want %d", marker, r.Msg.GetFirstSeq(), r.Msg.GetLastSeq(), next)
+					return
+				}
+				next++
+				if acked.Add(1) == nTasks*each/2 {
+					if l := leader(procs); l != nil {
+						l.kill()
+						killed <- l
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	var victim *proc
+	select {
+	case victim = <-killed:
+		t.Logf("SIGKILLed leader %s after %d acknowledged appends", victim.id, nTasks*each/2)
+	default:
+		t.Fatal("no leader was killed")
+	}
+	victim.start()
+	for _, id := range tasks {
+		if _, err := writeWithRetry(ctx, procs, 0, func(p *proc) (uint64, error) {
+			_, err := p.tasks.CancelTask(ctx, connect.NewRequest(&warrenv1.CancelTaskRequest{TaskId: id, RequestId: "end-" + id}))
+			return 0, err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, p := range procs {
+		got := readAll(t, ctx, p, tasks)
+		for w, id := range tasks {
+			logs := got[id]
+			if len(logs) < each+1 {
+				t.Fatalf("%s: task %s has %d events, want at least %d", p.id, id, len(logs), each+1)
+			}
+			for n := range each {
+				if want := fmt.Sprintf("log:t%d-n%d", w, n); logs[n+1] != want {
+					t.Fatalf("%s: task %s seq %d is %q, want %q", p.id, id, n+2, logs[n+1], want)
+				}
+			}
+			for _, m := range logs[each+1:] {
+				if strings.HasPrefix(m, "log:") {
+					t.Fatalf("%s: task %s has %q after the writer's last append", p.id, id, m)
+				}
 			}
 		}
 	}
