@@ -547,7 +547,7 @@ func (a *applier) appendAt(m *fsmv1.AppendEvents) *fsmv1.Result {
 		// A retry is recognised before the task's state is checked: the
 		// append being retried may have ended the task.
 		if next > want && m.GetRequestId() != "" {
-			if last := a.appendedBy(t.GetId(), want, m.GetRequestId()); last != 0 {
+			if last := a.appendedBy(t.GetId(), want, m.GetRequestId(), want+uint64(len(m.GetEvents()))+maxAddedEvents); last != 0 {
 				return &fsmv1.Result{FirstSeq: want, LastSeq: last, CancelRequested: t.GetCancelRequested()}
 			}
 		}
@@ -558,23 +558,31 @@ func (a *applier) appendAt(m *fsmv1.AppendEvents) *fsmv1.Result {
 	return a.appendEvents(m)
 }
 
+// maxAddedEvents bounds, with room to spare, the events the FSM adds to an
+// append of its own (today at most one: the state_changed when a parking
+// append cancels or resumes the task).
+const maxAddedEvents = 4
+
 // appendedBy returns the last seq of the run of events that starts at seq
 // and carries requestID, or 0 when no such run starts there (the event at
 // seq does not carry it, or the one before it does too: then seq is inside
-// another append's events, not at their start).
-func (a *applier) appendedBy(taskID string, seq uint64, requestID string) uint64 {
+// another append's events, not at their start), or when the run reaches
+// limit: one append does not write that many, so the id was reused, and a
+// retry never costs more reads than the append wrote.
+func (a *applier) appendedBy(taskID string, seq uint64, requestID string, limit uint64) uint64 {
 	var ev warrenv1.Event
 	if seq > 1 && a.get(keyEvent(taskID, seq-1), &ev) && ev.GetRequestId() == requestID {
 		return 0
 	}
 	var last uint64
-	for ; ; seq++ {
+	for ; seq < limit; seq++ {
 		var ev warrenv1.Event
 		if !a.get(keyEvent(taskID, seq), &ev) || ev.GetRequestId() != requestID {
 			return last
 		}
 		last = seq
 	}
+	return 0
 }
 
 func payloadState(p []byte) warrenv1.TaskState {

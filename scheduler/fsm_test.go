@@ -221,6 +221,17 @@ func TestPositionedAppendIsExactlyOnceWithoutARecord(t *testing.T) {
 		}
 	}
 
+	// A request id reused by many appends in a row makes a run longer than
+	// any one append writes: a retry at its start is refused, after a
+	// bounded number of reads.
+	other := tf.create("").GetId()
+	for seq := uint64(2); seq <= 9; seq++ {
+		tf.ok(&fsmv1.AppendEvents{TaskId: other, ExpectedSeq: seq, RequestId: "dup", Events: []*warrenv1.EventInput{logEvent("d")}, Time: timestamppb.New(t0)})
+	}
+	if r := tf.apply(&fsmv1.AppendEvents{TaskId: other, ExpectedSeq: 2, RequestId: "dup", Events: []*warrenv1.EventInput{logEvent("d")}, Time: timestamppb.New(t0)})[0]; connect.Code(r.GetCode()) != connect.CodeFailedPrecondition {
+		t.Fatalf("retry at the start of a reused id's long run: %v %q", connect.Code(r.GetCode()), r.GetMessage())
+	}
+
 	// A retry of the append that ended the task still gets its seqs, and
 	// the events the FSM added for it count as its own.
 	tf.ok(&fsmv1.GrantLease{TaskId: id, Node: "n1", Time: timestamppb.New(t0)}) // 5: state_changed to placed
