@@ -48,6 +48,10 @@ type FSM struct {
 	// entry is exactly what the last flush wrote; appliers work on clones.
 	live   map[string]*warrenv1.Task
 	noLive bool // benchmarks only: the baseline without the cache
+	// lastReq remembers, for live tasks, the seq and request id of the
+	// last event written since the process started (FSM goroutine only),
+	// so a positioned append need not read the event before it.
+	lastReq map[string]lastEvent
 	// replanGen changes whenever placement could now place something it
 	// could not before: a task became pending, or a node appeared, changed
 	// or gained room. The leader's placement loop replans only then.
@@ -88,7 +92,7 @@ var _ raft.BatchingFSM = (*FSM)(nil)
 // NewFSM opens the state machine over db. tmpDir holds snapshot checkpoints
 // while they stream and must be on the same filesystem as db.
 func NewFSM(db *pebble.DB, tmpDir string, log *slog.Logger) (*FSM, error) {
-	f := &FSM{db: db, log: log, tmpDir: tmpDir, watch: newWatchers(), idem: newIdemSet(), live: map[string]*warrenv1.Task{}}
+	f := &FSM{db: db, log: log, tmpDir: tmpDir, watch: newWatchers(), idem: newIdemSet(), live: map[string]*warrenv1.Task{}, lastReq: map[string]lastEvent{}}
 	if err := f.idem.load(db); err != nil {
 		return nil, err
 	}
@@ -127,7 +131,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	if f.noLive {
 		live = map[string]*warrenv1.Task{}
 	}
-	a := &applier{b: b, idem: f.idem, live: live, touched: map[string]struct{}{}, tasks: map[string]*cachedTask{}, nodes: map[string]*cachedNode{}}
+	a := &applier{b: b, idem: f.idem, live: live, lastReq: f.lastReq, touched: map[string]struct{}{}, tasks: map[string]*cachedTask{}, nodes: map[string]*cachedNode{}}
 	last := applied
 	for i, l := range logs {
 		if invariants && i > 0 && l.Index <= logs[i-1].Index {
@@ -190,6 +194,7 @@ type applier struct {
 	b       *pebble.Batch
 	idem    *idemSet
 	live    map[string]*warrenv1.Task // FSM.live
+	lastReq map[string]lastEvent      // FSM.lastReq
 	touched map[string]struct{}
 	tasks   map[string]*cachedTask
 	nodes   map[string]*cachedNode
@@ -365,6 +370,7 @@ func (a *applier) flushTasks() {
 		// cached record.
 		if Terminal(c.t.GetState()) {
 			delete(a.live, id)
+			delete(a.lastReq, id)
 		} else {
 			a.live[id] = c.t
 		}
@@ -392,9 +398,16 @@ func (a *applier) appendEvent(t *warrenv1.Task, ts *timestamppb.Timestamp, kind 
 		}
 	}
 	a.put(keyEvent(t.GetId(), seq), &warrenv1.Event{Seq: seq, Time: ts, Kind: kind, Payload: payload, Epoch: epoch, RequestId: a.reqID})
+	a.lastReq[t.GetId()] = lastEvent{seq: seq, req: a.reqID}
 	t.NextSeq = seq + 1
 	t.UpdatedAt = ts
 	return seq
+}
+
+// lastEvent is an entry of FSM.lastReq.
+type lastEvent struct {
+	seq uint64
+	req string
 }
 
 func (a *applier) setState(t *warrenv1.Task, ts *timestamppb.Timestamp, to warrenv1.TaskState, extra map[string]any) uint64 {
@@ -543,19 +556,55 @@ func (a *applier) appendAt(m *fsmv1.AppendEvents) *fsmv1.Result {
 	if r != nil {
 		return r
 	}
+	id, req := t.GetId(), m.GetRequestId()
 	if next := t.GetNextSeq(); next != want {
 		// A retry is recognised before the task's state is checked: the
 		// append being retried may have ended the task.
-		if next > want && m.GetRequestId() != "" {
-			if last := a.appendedBy(t.GetId(), want, m.GetRequestId(), want+uint64(len(m.GetEvents()))+maxAddedEvents); last != 0 {
+		if next > want && req != "" {
+			if last := a.appendedBy(id, want, req, want+uint64(len(m.GetEvents()))+maxAddedEvents); last != 0 {
 				return &fsmv1.Result{FirstSeq: want, LastSeq: last, CancelRequested: t.GetCancelRequested()}
 			}
 		}
-		return fail(connect.CodeFailedPrecondition, "%v: expected_seq %d, task %s is at seq %d", ErrSeqMismatch, want, t.GetId(), next)
+		// Not a retry. A writer that lost its lease or whose task ended
+		// hears that, as from any append, rather than that the seq moved.
+		if _, r := a.writable(id); r != nil {
+			return r
+		}
+		if m.GetLeaseEpoch() != t.GetLease().GetEpoch() {
+			return fail(connect.CodeFailedPrecondition, "%v: append carries epoch %d, task %s is at epoch %d",
+				ErrStaleEpoch, m.GetLeaseEpoch(), id, t.GetLease().GetEpoch())
+		}
+		return fail(connect.CodeFailedPrecondition, "%v: expected_seq %d, task %s is at seq %d", ErrSeqMismatch, want, id, next)
 	}
-	a.reqID = m.GetRequestId()
+	// The events just before carrying this request id would make this
+	// append's events and theirs one run, and a retry of the earlier
+	// append would then get this one's seqs too.
+	if req != "" && want > 1 && a.lastRequestID(id, want-1) == req {
+		return fail(connect.CodeAlreadyExists, "request_id %q: the append just before seq %d used it; give each append its own", req, want)
+	}
+	a.reqID = req
 	defer func() { a.reqID = "" }()
 	return a.appendEvents(m)
+}
+
+// lastRequestID returns the request id on the task's event at seq: from
+// the FSM's memory of the last event written to each live task when that
+// is the one asked for, else read from the log (the memory only saves the
+// read, so replicas answer alike either way).
+func (a *applier) lastRequestID(taskID string, seq uint64) string {
+	var ev warrenv1.Event
+	if l, ok := a.lastReq[taskID]; ok && l.seq == seq {
+		if invariants {
+			if !a.get(keyEvent(taskID, seq), &ev) || ev.GetRequestId() != l.req {
+				panic(fmt.Sprintf("invariant: remembered request id %q of task %s event %d differs from the log's %q", l.req, taskID, seq, ev.GetRequestId()))
+			}
+		}
+		return l.req
+	}
+	if !a.get(keyEvent(taskID, seq), &ev) {
+		return ""
+	}
+	return ev.GetRequestId()
 }
 
 // maxAddedEvents bounds, with room to spare, the events the FSM adds to an

@@ -17,13 +17,15 @@ import (
 // batch: every task's events are gapless from 1 to next_seq-1; the state
 // index lists each task exactly under its state; a stale epoch never
 // appends; terminal tasks never gain events; acknowledged idempotent
-// retries never add events; a positioned append lands at its seq or not at
-// all, and its events carry its request id.
+// retries never add events and get the first append's seqs; a positioned
+// append lands at its seq or not at all, and its events carry its request
+// id.
 func TestFSMInvariants(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		tf := newTestFSM(t)
 		var ids []string
-		recorded := map[string]bool{} // task/request ids whose append succeeded
+		recorded := map[string]string{}                  // task/request id (/seq) of an acknowledged append → its seqs
+		positioned := map[string][]*fsmv1.AppendEvents{} // each task's positioned appends so far
 		states := []string{"pending", "placed", "running", "waiting_approval", "succeeded", "failed", "cancelled"}
 		ts := timestamppb.New(t0)
 		for step := 0; step < 40; step++ {
@@ -45,12 +47,25 @@ func TestFSMInvariants(t *testing.T) {
 				node := rapid.SampledFrom([]string{"n1", "n2"}).Draw(rt, "node")
 				switch rapid.IntRange(0, 8).Draw(rt, "kind") {
 				case 8:
-					// A positioned append, usually at the task's next seq
-					// as it was before this batch.
-					want := max(int64(cur.GetNextSeq())+int64(rapid.IntRange(-2, 1).Draw(rt, "seqskew")), 1)
-					msgs = append(msgs, &fsmv1.AppendEvents{TaskId: id, LeaseEpoch: epoch, Time: ts, ExpectedSeq: uint64(want),
-						RequestId: rapid.SampledFrom([]string{"", "p", "q"}).Draw(rt, "preq"),
-						Events:    []*warrenv1.EventInput{logEvent("z"), stateEvent(rapid.SampledFrom(states).Draw(rt, "pto"))}})
+					// A positioned append: half the time a retry of an
+					// earlier one of this task, else a new one, usually
+					// at the task's next seq as it was before this batch.
+					if old := positioned[id]; len(old) > 0 && rapid.Bool().Draw(rt, "retry") {
+						msgs = append(msgs, rapid.SampledFrom(old).Draw(rt, "again"))
+						continue
+					}
+					want := max(int64(cur.GetNextSeq())+int64(rapid.SampledFrom([]int{0, 0, 0, -1, -2, 1}).Draw(rt, "seqskew")), 1)
+					if rapid.IntRange(0, 3).Draw(rt, "pstale") != 0 {
+						epoch = cur.GetLease().GetEpoch() // mostly the current owner
+					}
+					evs := []*warrenv1.EventInput{logEvent("z")}
+					if rapid.Bool().Draw(rt, "withstate") {
+						evs = append(evs, stateEvent(rapid.SampledFrom(states).Draw(rt, "pto")))
+					}
+					m := &fsmv1.AppendEvents{TaskId: id, LeaseEpoch: epoch, Time: ts, ExpectedSeq: uint64(want),
+						RequestId: rapid.SampledFrom([]string{"p", "p", "q", ""}).Draw(rt, "preq"), Events: evs}
+					positioned[id] = append(positioned[id], m)
+					msgs = append(msgs, m)
 				case 5:
 					msgs = append(msgs, &fsmv1.RegisterNode{Node: &warrenv1.Node{Id: node, Drivers: []string{"sim"},
 						Capacity: &warrenv1.Resources{MilliCpu: 3 * DefaultTaskMilliCPU, MemoryBytes: 3 * DefaultTaskMemoryBytes}}, Time: ts})
@@ -109,9 +124,16 @@ func TestFSMInvariants(t *testing.T) {
 							}
 						}
 					}
-					replay := c.GetRequestId() != "" && recorded[key]
-					if res[i].GetCode() == 0 && c.GetRequestId() != "" {
-						recorded[key] = true
+					first, replay := recorded[key]
+					replay = replay && c.GetRequestId() != ""
+					if r := res[i]; r.GetCode() == 0 && c.GetRequestId() != "" {
+						got := fmt.Sprintf("%d..%d", r.GetFirstSeq(), r.GetLastSeq())
+						if replay && got != first {
+							rt.Fatalf("retry of append %s got seqs %s, the first got %s", key, got, first)
+						}
+						if !replay {
+							recorded[key] = got
+						}
 					}
 					// A retry of an acknowledged append returns the recorded
 					// result; anything else with a stale epoch is refused.

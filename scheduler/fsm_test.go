@@ -221,15 +221,20 @@ func TestPositionedAppendIsExactlyOnceWithoutARecord(t *testing.T) {
 		}
 	}
 
-	// A request id reused by many appends in a row makes a run longer than
-	// any one append writes: a retry at its start is refused, after a
-	// bounded number of reads.
+	// An append that reuses the request id of the events just before it is
+	// refused: its events would join theirs, and a retry of the earlier
+	// append would get both.
 	other := tf.create("").GetId()
-	for seq := uint64(2); seq <= 9; seq++ {
-		tf.ok(&fsmv1.AppendEvents{TaskId: other, ExpectedSeq: seq, RequestId: "dup", Events: []*warrenv1.EventInput{logEvent("d")}, Time: timestamppb.New(t0)})
+	tf.ok(&fsmv1.AppendEvents{TaskId: other, ExpectedSeq: 2, RequestId: "dup", Events: []*warrenv1.EventInput{logEvent("d")}, Time: timestamppb.New(t0)})
+	if r := tf.apply(&fsmv1.AppendEvents{TaskId: other, ExpectedSeq: 3, RequestId: "dup", Events: []*warrenv1.EventInput{logEvent("e")}, Time: timestamppb.New(t0)})[0]; connect.Code(r.GetCode()) != connect.CodeAlreadyExists {
+		t.Fatalf("append reusing the id just before it: %v %q", connect.Code(r.GetCode()), r.GetMessage())
 	}
-	if r := tf.apply(&fsmv1.AppendEvents{TaskId: other, ExpectedSeq: 2, RequestId: "dup", Events: []*warrenv1.EventInput{logEvent("d")}, Time: timestamppb.New(t0)})[0]; connect.Code(r.GetCode()) != connect.CodeFailedPrecondition {
-		t.Fatalf("retry at the start of a reused id's long run: %v %q", connect.Code(r.GetCode()), r.GetMessage())
+	tf.reopen() // the same answer from the log, without the FSM's memory
+	if r := tf.apply(&fsmv1.AppendEvents{TaskId: other, ExpectedSeq: 3, RequestId: "dup", Events: []*warrenv1.EventInput{logEvent("e")}, Time: timestamppb.New(t0)})[0]; connect.Code(r.GetCode()) != connect.CodeAlreadyExists {
+		t.Fatalf("after a restart: %v %q", connect.Code(r.GetCode()), r.GetMessage())
+	}
+	if r := tf.ok(&fsmv1.AppendEvents{TaskId: other, ExpectedSeq: 2, RequestId: "dup", Events: []*warrenv1.EventInput{logEvent("d")}, Time: timestamppb.New(t0)})[0]; seqs(r) != "2..2" {
+		t.Fatalf("retry of the first: %s, want 2..2", seqs(r))
 	}
 
 	// A retry of the append that ended the task still gets its seqs, and
@@ -242,9 +247,19 @@ func TestPositionedAppendIsExactlyOnceWithoutARecord(t *testing.T) {
 	if r := tf.ok(end)[0]; seqs(r) != "6..7" {
 		t.Fatalf("retry of the ending append: %s, want 6..7", seqs(r))
 	}
-	end.RequestId, end.ExpectedSeq = "after-end", 8
-	if r := tf.apply(end)[0]; connect.Code(r.GetCode()) != connect.CodeFailedPrecondition {
-		t.Fatalf("append to an ended task: %v %q", connect.Code(r.GetCode()), r.GetMessage())
+	// Not a retry, and the task ended: the writer hears that it ended, not
+	// that the seq moved; likewise a writer whose lease is gone.
+	for _, exp := range []uint64{8, 6} {
+		end.RequestId, end.ExpectedSeq = "after-end", exp
+		if r := tf.apply(end)[0]; connect.Code(r.GetCode()) != connect.CodeFailedPrecondition || !strings.Contains(r.GetMessage(), "is succeeded") {
+			t.Fatalf("append at %d to an ended task: %v %q", exp, connect.Code(r.GetCode()), r.GetMessage())
+		}
+	}
+	live := tf.create("").GetId()
+	tf.ok(&fsmv1.GrantLease{TaskId: live, Node: "n1", Time: timestamppb.New(t0)}) // epoch 1, next seq 3
+	stale := &fsmv1.AppendEvents{TaskId: live, LeaseEpoch: 0, ExpectedSeq: 2, RequestId: "old-owner", Events: []*warrenv1.EventInput{logEvent("x")}, Time: timestamppb.New(t0)}
+	if r := tf.apply(stale)[0]; connect.Code(r.GetCode()) != connect.CodeFailedPrecondition || !strings.Contains(r.GetMessage(), ErrStaleEpoch.Error()) {
+		t.Fatalf("stale owner at an old seq: %v %q", connect.Code(r.GetCode()), r.GetMessage())
 	}
 }
 

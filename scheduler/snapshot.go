@@ -120,6 +120,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 		return nil
 	}
 	clear(f.live) // before the copy: a failed copy must not leave stale entries
+	clear(f.lastReq)
 	if err := f.replaceFrom(src); err != nil {
 		return fmt.Errorf("restore snapshot: %w", err)
 	}

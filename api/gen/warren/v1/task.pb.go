@@ -835,9 +835,9 @@ type Event struct {
 	Payload []byte `protobuf:"bytes,5,opt,name=payload,proto3" json:"payload,omitempty"`
 	// The lease epoch the event was appended under (0 for client events).
 	Epoch uint64 `protobuf:"varint,6,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	// On the first event of an append that gave expected_seq: the append's
-	// request id, by which a retry of that append is recognised. Empty
-	// otherwise.
+	// On every event written by an append that gave expected_seq (including
+	// a state_changed the log added for it): that append's request id, by
+	// which a retry of it is recognised. Empty otherwise.
 	RequestId     string `protobuf:"bytes,7,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1467,10 +1467,14 @@ type AppendEventsRequest struct {
 	// Optional: the seq the first event must get, for a writer that knows
 	// the task's next seq (its only writer, or one whose events must follow
 	// exactly what it has read). The append is refused with
-	// failed_precondition unless the task's next seq equals it. A retry (same request_id, same expected_seq) of an append
-	// that was applied returns the first append's seqs, found from the event
-	// at expected_seq, which records the request id. Such an append keeps no
-	// separate idempotency record, so it is cheaper to store. 0: not set.
+	// failed_precondition unless the task's next seq equals it (a stale
+	// lease or an ended task is reported as such first). A retry (same
+	// request_id, same expected_seq) of an append that was applied returns
+	// the first append's seqs, found from the events at expected_seq, which
+	// record the request id. Give each append its own request id: one that
+	// reuses the id of the events just before it is refused with
+	// already_exists. Such an append keeps no separate idempotency record,
+	// so it is cheaper to store. 0: not set.
 	ExpectedSeq   uint64 `protobuf:"varint,5,opt,name=expected_seq,json=expectedSeq,proto3" json:"expected_seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
