@@ -250,16 +250,19 @@ func createTasks(ctx context.Context, tasks []warrenv1connect.TaskServiceClient,
 	return ids, errors.Join(errs...)
 }
 
-// nextSeq returns the task's next seq, or 0 when the call fails (the
-// writer then tries again on its next turn).
-func nextSeq(ctx context.Context, srv warrenv1connect.TaskServiceClient, id string) uint64 {
+// nextSeq returns the task's next seq, the highest any server reports
+// (GetTask reads a server's local state, and a follower may lag), or 0
+// when no server answers (the writer then tries again on its next turn).
+func nextSeq(ctx context.Context, srvs []warrenv1connect.TaskServiceClient, id string) uint64 {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	r, err := srv.GetTask(cctx, connect.NewRequest(&warrenv1.GetTaskRequest{Id: id}))
-	if err != nil {
-		return 0
+	var next uint64
+	for _, srv := range srvs {
+		if r, err := srv.GetTask(cctx, connect.NewRequest(&warrenv1.GetTaskRequest{Id: id})); err == nil {
+			next = max(next, r.Msg.GetTask().GetNextSeq())
+		}
 	}
-	return r.Msg.GetTask().GetNextSeq()
+	return next
 }
 
 // measure runs w writers for warmup+duration and returns what was
@@ -306,7 +309,7 @@ func measure(ctx context.Context, c config, cl *cluster.Cluster, tasks []warrenv
 			for n := 0; !stop.Load() && ctx.Err() == nil; n++ {
 				srv := tasks[(i+n)%len(tasks)] // every writer rotates over the servers
 				if c.positioned && next == 0 {
-					if next = nextSeq(ctx, srv, task); next == 0 {
+					if next = nextSeq(ctx, tasks, task); next == 0 {
 						continue
 					}
 				}
