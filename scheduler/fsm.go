@@ -466,14 +466,24 @@ func (a *applier) writable(id string) (*warrenv1.Task, *fsmv1.Result) {
 	return t, nil
 }
 
-func (a *applier) appendEvents(m *fsmv1.AppendEvents) *fsmv1.Result {
+// appendable returns the task an append writes to, or why it may not: the
+// task is missing or ended, or the append's lease epoch is not the task's.
+func (a *applier) appendable(m *fsmv1.AppendEvents) (*warrenv1.Task, *fsmv1.Result) {
 	t, r := a.writable(m.GetTaskId())
 	if r != nil {
-		return r
+		return nil, r
 	}
 	if m.GetLeaseEpoch() != t.GetLease().GetEpoch() {
-		return fail(connect.CodeFailedPrecondition, "%v: append carries epoch %d, task %s is at epoch %d",
+		return nil, fail(connect.CodeFailedPrecondition, "%v: append carries epoch %d, task %s is at epoch %d",
 			ErrStaleEpoch, m.GetLeaseEpoch(), t.GetId(), t.GetLease().GetEpoch())
+	}
+	return t, nil
+}
+
+func (a *applier) appendEvents(m *fsmv1.AppendEvents) *fsmv1.Result {
+	t, r := a.appendable(m)
+	if r != nil {
+		return r
 	}
 	// Check every event (and the state walk) before writing any.
 	state := t.GetState()
@@ -567,19 +577,15 @@ func (a *applier) appendAt(m *fsmv1.AppendEvents) *fsmv1.Result {
 		}
 		// Not a retry. A writer that lost its lease or whose task ended
 		// hears that, as from any append, rather than that the seq moved.
-		if _, r := a.writable(id); r != nil {
+		if _, r := a.appendable(m); r != nil {
 			return r
-		}
-		if m.GetLeaseEpoch() != t.GetLease().GetEpoch() {
-			return fail(connect.CodeFailedPrecondition, "%v: append carries epoch %d, task %s is at epoch %d",
-				ErrStaleEpoch, m.GetLeaseEpoch(), id, t.GetLease().GetEpoch())
 		}
 		return fail(connect.CodeFailedPrecondition, "%v: expected_seq %d, task %s is at seq %d", ErrSeqMismatch, want, id, next)
 	}
 	// The events just before carrying this request id would make this
 	// append's events and theirs one run, and a retry of the earlier
 	// append would then get this one's seqs too.
-	if req != "" && want > 1 && a.lastRequestID(id, want-1) == req {
+	if req != "" && want > 1 && a.requestIDAt(id, want-1) == req {
 		return fail(connect.CodeAlreadyExists, "request_id %q: the append just before seq %d used it; give each append its own", req, want)
 	}
 	a.reqID = req
@@ -587,11 +593,11 @@ func (a *applier) appendAt(m *fsmv1.AppendEvents) *fsmv1.Result {
 	return a.appendEvents(m)
 }
 
-// lastRequestID returns the request id on the task's event at seq: from
-// the FSM's memory of the last event written to each live task when that
-// is the one asked for, else read from the log (the memory only saves the
-// read, so replicas answer alike either way).
-func (a *applier) lastRequestID(taskID string, seq uint64) string {
+// requestIDAt returns the request id on the task's event at seq ("" if
+// there is no such event): from the FSM's memory of the last event written
+// to each live task when that is the one asked for, else read from the log
+// (the memory only saves the read, so replicas answer alike either way).
+func (a *applier) requestIDAt(taskID string, seq uint64) string {
 	var ev warrenv1.Event
 	if l, ok := a.lastReq[taskID]; ok && l.seq == seq {
 		if invariants {
@@ -617,16 +623,15 @@ const maxAddedEvents = 4
 // seq does not carry it, or the one before it does too: then seq is inside
 // another append's events, not at their start), or when the run reaches
 // limit: one append does not write that many, so the id was reused, and a
-// retry never costs more reads than the append wrote.
+// retry never costs more reads than the append wrote. requestID is never
+// empty here (an event without one would match it).
 func (a *applier) appendedBy(taskID string, seq uint64, requestID string, limit uint64) uint64 {
-	var ev warrenv1.Event
-	if seq > 1 && a.get(keyEvent(taskID, seq-1), &ev) && ev.GetRequestId() == requestID {
+	if seq > 1 && a.requestIDAt(taskID, seq-1) == requestID {
 		return 0
 	}
 	var last uint64
 	for ; seq < limit; seq++ {
-		var ev warrenv1.Event
-		if !a.get(keyEvent(taskID, seq), &ev) || ev.GetRequestId() != requestID {
+		if a.requestIDAt(taskID, seq) != requestID {
 			return last
 		}
 		last = seq
