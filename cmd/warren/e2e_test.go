@@ -64,18 +64,7 @@ func TestClusterSurvivesLeaderKill(t *testing.T) {
 	defer cancel()
 
 	const nTasks, nEvents, writers = 100, 10000, 48
-	tasks := make([]string, nTasks)
-	for i := range tasks {
-		p := procs[i%3]
-		resp, err := p.tasks.CreateTask(ctx, connect.NewRequest(&warrenv1.CreateTaskRequest{
-			RequestId: fmt.Sprintf("e2e-%d", i),
-			Spec:      &warrenv1.TaskSpec{Repo: "https://example.com/r.git", Base: "main", IssueTitle: fmt.Sprint("task ", i)},
-		}))
-		if err != nil {
-			t.Fatalf("create via %s: %v", p.id, err)
-		}
-		tasks[i] = resp.Msg.GetTask().GetId()
-	}
+	tasks := createTasks(t, ctx, procs, nTasks, "e2e")
 
 	var (
 		next   atomic.Int64 // events handed out
@@ -152,14 +141,7 @@ func TestClusterSurvivesLeaderKill(t *testing.T) {
 
 	// Restart the killed server; end every task so streams terminate.
 	victim.start()
-	for _, id := range tasks {
-		if _, err := writeWithRetry(ctx, live(), 0, func(p *proc) (uint64, error) {
-			_, err := p.tasks.CancelTask(ctx, connect.NewRequest(&warrenv1.CancelTaskRequest{TaskId: id, RequestId: "end-" + id}))
-			return 0, err
-		}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	endTasks(t, ctx, live(), tasks)
 	byTask := map[string]map[uint64]string{}
 	for _, a := range acks {
 		if byTask[a.task] == nil {
@@ -199,17 +181,7 @@ func TestPositionedAppendsSurviveLeaderKill(t *testing.T) {
 	defer cancel()
 
 	const nTasks, each = 24, 60
-	tasks := make([]string, nTasks)
-	for i := range tasks {
-		resp, err := procs[i%3].tasks.CreateTask(ctx, connect.NewRequest(&warrenv1.CreateTaskRequest{
-			RequestId: fmt.Sprintf("pos-%d", i),
-			Spec:      &warrenv1.TaskSpec{Repo: "https://example.com/r.git", Base: "main", IssueTitle: fmt.Sprint("task ", i)},
-		}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		tasks[i] = resp.Msg.GetTask().GetId()
-	}
+	tasks := createTasks(t, ctx, procs, nTasks, "pos")
 	var (
 		acked  atomic.Int64
 		killed = make(chan *proc, 1)
@@ -268,14 +240,7 @@ func TestPositionedAppendsSurviveLeaderKill(t *testing.T) {
 		t.Fatal("no leader was killed")
 	}
 	victim.start()
-	for _, id := range tasks {
-		if _, err := writeWithRetry(ctx, procs, 0, func(p *proc) (uint64, error) {
-			_, err := p.tasks.CancelTask(ctx, connect.NewRequest(&warrenv1.CancelTaskRequest{TaskId: id, RequestId: "end-" + id}))
-			return 0, err
-		}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	endTasks(t, ctx, procs, tasks)
 	for _, p := range procs {
 		got := readAll(t, ctx, p, tasks)
 		for w, id := range tasks {
@@ -293,6 +258,39 @@ func TestPositionedAppendsSurviveLeaderKill(t *testing.T) {
 					t.Fatalf("%s: task %s has %q after the writer's last append", p.id, id, m)
 				}
 			}
+		}
+	}
+}
+
+// createTasks creates n tasks, spread over the servers, with request ids
+// prefix-0, prefix-1, ….
+func createTasks(t *testing.T, ctx context.Context, procs []*proc, n int, prefix string) []string {
+	t.Helper()
+	tasks := make([]string, n)
+	for i := range tasks {
+		p := procs[i%len(procs)]
+		resp, err := p.tasks.CreateTask(ctx, connect.NewRequest(&warrenv1.CreateTaskRequest{
+			RequestId: fmt.Sprintf("%s-%d", prefix, i),
+			Spec:      &warrenv1.TaskSpec{Repo: "https://example.com/r.git", Base: "main", IssueTitle: fmt.Sprint("task ", i)},
+		}))
+		if err != nil {
+			t.Fatalf("create via %s: %v", p.id, err)
+		}
+		tasks[i] = resp.Msg.GetTask().GetId()
+	}
+	return tasks
+}
+
+// endTasks cancels every task, retrying across the servers, so that
+// streams of their logs end.
+func endTasks(t *testing.T, ctx context.Context, procs []*proc, tasks []string) {
+	t.Helper()
+	for _, id := range tasks {
+		if _, err := writeWithRetry(ctx, procs, 0, func(p *proc) (uint64, error) {
+			_, err := p.tasks.CancelTask(ctx, connect.NewRequest(&warrenv1.CancelTaskRequest{TaskId: id, RequestId: "end-" + id}))
+			return 0, err
+		}); err != nil {
+			t.Fatal(err)
 		}
 	}
 }
