@@ -18,6 +18,7 @@ import (
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
 	"github.com/warrenhq/warren/client"
+	"github.com/warrenhq/warren/internal/freeaddr"
 	"github.com/warrenhq/warren/noded"
 	"github.com/warrenhq/warren/noded/driver/sim"
 	"github.com/warrenhq/warren/scheduler"
@@ -39,16 +40,6 @@ type server struct {
 	url string
 }
 
-func freePort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 func startCluster(t *testing.T, n int, ttl time.Duration) *cluster {
 	t.Helper()
 	c := &cluster{t: t, dir: t.TempDir()}
@@ -58,9 +49,9 @@ func startCluster(t *testing.T, n int, ttl time.Duration) *cluster {
 			t.Fatal(err)
 		}
 		url := "http://" + ln.Addr().String()
-		gaddr := freePort(t)
+		gaddr := freeaddr.Loopback(t)
 		cfg := scheduler.Config{
-			ID: fmt.Sprintf("s%d", i+1), DataDir: filepath.Join(c.dir, fmt.Sprint(i)), RaftAddr: freePort(t), APIURL: url,
+			ID: fmt.Sprintf("s%d", i+1), DataDir: filepath.Join(c.dir, fmt.Sprint(i)), RaftAddr: freeaddr.Loopback(t), APIURL: url,
 			Bootstrap: i == 0, SnapshotInterval: time.Hour, RaftLevel: "error",
 			NodeTTL: ttl, GossipAddr: gaddr, JoinGossip: c.gossip, RaftLogTo: io.Discard,
 		}
@@ -123,7 +114,7 @@ func (c *cluster) startNode(id string, latency time.Duration) *noded.Daemon {
 	c.t.Helper()
 	d, err := noded.Start(noded.Config{
 		ID: id, DataDir: filepath.Join(c.dir, "node-"+id), Servers: c.urls(),
-		GossipAddr: freePort(c.t), JoinGossip: c.gossip,
+		GossipAddr: freeaddr.Loopback(c.t), JoinGossip: c.gossip,
 		Driver:   sim.New(sim.Config{RestoreLatency: latency, ExecLatency: latency}),
 		Capacity: &warrenv1.Resources{MilliCpu: 1000 * 1000, MemoryBytes: 1 << 50},
 		Labels:   map[string]string{"zone": id},
@@ -368,7 +359,7 @@ func TestPoolTargetReachesLaterNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	drv := sim.New(sim.Config{})
-	d, err := noded.Start(noded.Config{ID: "late", DataDir: filepath.Join(c.dir, "node-late"), Servers: c.urls(), GossipAddr: freePort(t),
+	d, err := noded.Start(noded.Config{ID: "late", DataDir: filepath.Join(c.dir, "node-late"), Servers: c.urls(), GossipAddr: freeaddr.Loopback(t),
 		JoinGossip: c.gossip, Driver: drv, Capacity: &warrenv1.Resources{MilliCpu: 1000, MemoryBytes: 1 << 30}})
 	if err != nil {
 		t.Fatal(err)

@@ -17,6 +17,7 @@ import (
 	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
+	"github.com/warrenhq/warren/internal/freeaddr"
 )
 
 // node is one in-process server with its HTTP listener.
@@ -27,16 +28,6 @@ type node struct {
 	tasks warrenv1connect.TaskServiceClient
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 func startNode(t *testing.T, dir, id string, bootstrap bool, join string, trailing uint64, tweak ...func(*Config)) *node {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -45,7 +36,7 @@ func startNode(t *testing.T, dir, id string, bootstrap bool, join string, traili
 	}
 	url := "http://" + ln.Addr().String()
 	cfg := Config{
-		ID: id, DataDir: filepath.Join(dir, id), RaftAddr: freeAddr(t), APIURL: url,
+		ID: id, DataDir: filepath.Join(dir, id), RaftAddr: freeaddr.Loopback(t), APIURL: url,
 		Bootstrap: bootstrap, JoinURL: join, TrailingLogs: trailing, SnapshotThreshold: 1 << 30,
 		SnapshotInterval: time.Hour, RaftLevel: "error",
 	}

@@ -18,6 +18,7 @@ import (
 
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/client"
+	"github.com/warrenhq/warren/internal/freeaddr"
 	"github.com/warrenhq/warren/noded/agenttest"
 	"github.com/warrenhq/warren/noded/driver/container"
 )
@@ -382,7 +383,7 @@ func newAgentFleet(t *testing.T, imageDir string, env ...string) *agentFleet {
 	if guestBin := filepath.Join(filepath.Dir(warrenBin), "warren-guest"); !fileExistsTest(guestBin) {
 		agenttest.BuildGuest(t, guestBin) // the container driver finds it next to warren
 	}
-	f := &agentFleet{t: t, dir: t.TempDir(), imageDir: imageDir, env: env, gossip: []string{freePort(t), freePort(t), freePort(t)}}
+	f := &agentFleet{t: t, dir: t.TempDir(), imageDir: imageDir, env: env, gossip: []string{freeaddr.Loopback(t), freeaddr.Loopback(t), freeaddr.Loopback(t)}}
 	f.servers = startClusterWith(t, f.dir, func(i int) []string {
 		return []string{"--gossip", f.gossip[i], "--join-gossip", strings.Join(f.gossip, ",")}
 	})
@@ -418,7 +419,7 @@ func newAgentFleet(t *testing.T, imageDir string, env ...string) *agentFleet {
 func (f *agentFleet) startNode(id, labels string, flags []string, env ...string) *proc {
 	p := newProc(f.t, f.dir, id)
 	p.argv = append([]string{"node", "--id", id, "--data", filepath.Join(f.dir, id), "--servers", strings.Join(f.urls, ","),
-		"--gossip", freePort(f.t), "--join-gossip", strings.Join(f.gossip, ","), "--driver", "container", "--image-dir", f.imageDir,
+		"--gossip", freeaddr.Loopback(f.t), "--join-gossip", strings.Join(f.gossip, ","), "--driver", "container", "--image-dir", f.imageDir,
 		"--egress", "off", "--capacity", "cpu=64,mem=64GiB", "--labels", labels, "--approval-grace", "10m", "--log-level", "info", "--allow-local-repos"}, flags...)
 	p.env = append(append([]string(nil), f.env...), env...)
 	p.start()

@@ -17,6 +17,7 @@ import (
 
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
+	"github.com/warrenhq/warren/internal/freeaddr"
 )
 
 // TestCLIContract runs the documented commands against `warren dev` and
@@ -27,13 +28,13 @@ func TestCLIContract(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a server process")
 	}
-	api := freePort(t)
+	api := freeaddr.Loopback(t)
 	host, port, _ := net.SplitHostPort(api)
 	p, _ := strconv.Atoi(port)
 	if p >= 65534 {
 		t.Skip("no room for the raft port")
 	}
-	dev := exec.Command(warrenBin, "dev", "--data", filepath.Join(t.TempDir(), "dev"), "--api", api, "--raft", freePort(t), "--log-level", "warn")
+	dev := exec.Command(warrenBin, "dev", "--data", filepath.Join(t.TempDir(), "dev"), "--api", api, "--raft", freeaddr.Loopback(t), "--log-level", "warn")
 	if err := dev.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/client"
+	"github.com/warrenhq/warren/internal/freeaddr"
 )
 
 // fleet is three server processes and three `warren node --driver sim`
@@ -30,7 +31,7 @@ type fleet struct {
 func startFleet(t *testing.T, nodes int) *fleet {
 	t.Helper()
 	dir := t.TempDir()
-	gossip := []string{freePort(t), freePort(t), freePort(t)}
+	gossip := []string{freeaddr.Loopback(t), freeaddr.Loopback(t), freeaddr.Loopback(t)}
 	servers := startClusterWith(t, dir, func(i int) []string {
 		return []string{"--gossip", gossip[i], "--join-gossip", strings.Join(gossip, ",")}
 	})
@@ -43,7 +44,7 @@ func startFleet(t *testing.T, nodes int) *fleet {
 		id := fmt.Sprintf("n%d", i+1)
 		p := newProc(t, dir, id)
 		p.argv = []string{"node", "--id", id, "--data", filepath.Join(dir, id), "--servers", strings.Join(urls, ","),
-			"--gossip", freePort(t), "--join-gossip", strings.Join(gossip, ","), "--driver", "sim",
+			"--gossip", freeaddr.Loopback(t), "--join-gossip", strings.Join(gossip, ","), "--driver", "sim",
 			"--capacity", "cpu=1000,mem=1000GiB", "--labels", "zone=" + id, "--log-level", "warn"}
 		p.start()
 		f.nodes = append(f.nodes, p)

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -17,6 +16,7 @@ import (
 
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
+	"github.com/warrenhq/warren/internal/freeaddr"
 )
 
 // warrenBin is the binary under test, built once by TestMain.
@@ -58,18 +58,8 @@ type proc struct {
 	cluster warrenv1connect.ClusterServiceClient
 }
 
-func freePort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 func newProc(t *testing.T, dir, id string, extra ...string) *proc {
-	p := &proc{t: t, id: id, dataDir: filepath.Join(dir, id), api: freePort(t), raft: freePort(t), extra: extra}
+	p := &proc{t: t, id: id, dataDir: filepath.Join(dir, id), api: freeaddr.Loopback(t), raft: freeaddr.Loopback(t), extra: extra}
 	p.http = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 	p.tasks = warrenv1connect.NewTaskServiceClient(p.http, p.url())
 	p.cluster = warrenv1connect.NewClusterServiceClient(p.http, p.url())

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/guest"
+	"github.com/warrenhq/warren/internal/freeaddr"
 	"github.com/warrenhq/warren/noded/driver/microvm"
 )
 
@@ -39,7 +40,7 @@ func TestSandboxCLI(t *testing.T) {
 	if _, err := guest.LoadTemplate(imageDir, "default"); err != nil {
 		t.Skipf("needs the default template: %v (run `make image`)", err)
 	}
-	api := freePort(t)
+	api := freeaddr.Loopback(t)
 	host, port, _ := net.SplitHostPort(api)
 	if p, _ := strconv.Atoi(port); p >= 65534 {
 		t.Skip("no room for the raft port")
@@ -52,7 +53,7 @@ func TestSandboxCLI(t *testing.T) {
 	}
 	defer logFile.Close()
 	devLog := func() string { b, _ := os.ReadFile(logPath); return string(b) }
-	dev := exec.Command(warrenBin, "dev", "--driver", "microvm", "--image-dir", imageDir, "--data", data, "--api", api, "--raft", freePort(t), "--log-level", "warn")
+	dev := exec.Command(warrenBin, "dev", "--driver", "microvm", "--image-dir", imageDir, "--data", data, "--api", api, "--raft", freeaddr.Loopback(t), "--log-level", "warn")
 	dev.Stdout, dev.Stderr = logFile, logFile
 	if err := dev.Start(); err != nil {
 		t.Fatal(err)

@@ -1,21 +1,12 @@
 package gossip
 
 import (
-	"net"
 	"sync"
 	"testing"
 	"time"
-)
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
+	"github.com/warrenhq/warren/internal/freeaddr"
+)
 
 // TestDeadMemberDetected starts four members, kills one without leaving
 // (a crash), and reports how long the others took to declare it dead.
@@ -31,7 +22,7 @@ func TestDeadMemberDetected(t *testing.T) {
 			mu.Unlock()
 		}
 	}
-	first := freeAddr(t)
+	first := freeaddr.Loopback(t)
 	var members []*Member
 	for i, id := range []string{"s1", "s2", "n1", "n2"} {
 		role := RoleServer
@@ -40,7 +31,7 @@ func TestDeadMemberDetected(t *testing.T) {
 		}
 		addr := first
 		if i > 0 {
-			addr = freeAddr(t)
+			addr = freeaddr.Loopback(t)
 		}
 		m, err := Start(Config{Role: role, ID: id, Addr: addr, Join: []string{first}, OnChange: watch})
 		if err != nil {
@@ -84,7 +75,7 @@ func TestDeadMemberDetected(t *testing.T) {
 func TestFleetMemberStandsForItsNodes(t *testing.T) {
 	var mu sync.Mutex
 	dead := map[string]bool{}
-	first := freeAddr(t)
+	first := freeaddr.Loopback(t)
 	s, err := Start(Config{Role: RoleServer, ID: "s1", Addr: first, OnChange: func(role, id string, alive bool) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -96,7 +87,7 @@ func TestFleetMemberStandsForItsNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	f, err := Start(Config{Role: RoleFleet, ID: "h1", Count: 3, Addr: freeAddr(t), Join: []string{first}, Fleet: true})
+	f, err := Start(Config{Role: RoleFleet, ID: "h1", Count: 3, Addr: freeaddr.Loopback(t), Join: []string{first}, Fleet: true})
 	if err != nil {
 		t.Fatal(err)
 	}
