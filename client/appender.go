@@ -177,7 +177,11 @@ func (a *Appender) send(batch []*pendingAppend) {
 			return
 		}
 		switch connect.CodeOf(err) {
-		case connect.CodeUnavailable, connect.CodeUnknown, connect.CodeDeadlineExceeded, connect.CodeAborted:
+		// The call's context is our own and never cancelled, so canceled
+		// here is the transport's (a server that died mid-call, a write on
+		// a connection it closed): worth another try like the others.
+		// Every append has a request id, so a retry applies it once.
+		case connect.CodeUnavailable, connect.CodeUnknown, connect.CodeDeadlineExceeded, connect.CodeAborted, connect.CodeCanceled:
 			if time.Now().Before(deadline) {
 				a.c.failover()
 				time.Sleep(backoff)
