@@ -160,7 +160,7 @@ func (a *Appender) send(batch []*pendingAppend) {
 	backoff := 50 * time.Millisecond
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-		resp, err := a.c.Tasks().AppendEventsBatch(ctx, connect.NewRequest(req))
+		resp, err := a.c.appendTasks().AppendEventsBatch(ctx, connect.NewRequest(req))
 		cancel()
 		if err == nil {
 			res := resp.Msg.GetResults()

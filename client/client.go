@@ -11,6 +11,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/warrenhq/warren/api"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
 )
@@ -20,8 +21,12 @@ const DefaultServer = "http://127.0.0.1:7480"
 
 // Client talks to a warren cluster through any of its servers.
 type Client struct {
-	urls    []string
-	next    atomic.Uint32
+	urls []string
+	next atomic.Uint32
+	// leader is 1 + the index in urls of the server that last named
+	// itself leader in api.LeaderHeader, 0 when none did (or it failed
+	// since). Only appends follow it.
+	leader  atomic.Int32
 	tasks   []warrenv1connect.TaskServiceClient
 	cluster []warrenv1connect.ClusterServiceClient
 
@@ -51,9 +56,9 @@ func NewWith(servers string, hc *http.Client) (*Client, error) {
 		return nil, errors.New("server: no URL given")
 	}
 	c := &Client{urls: urls}
+	// Small requests go uncompressed: gzip costs more than it saves.
+	opt := connect.WithClientOptions(connect.WithCompressMinBytes(4096), connect.WithInterceptors(leaderInterceptor{c}))
 	for _, u := range urls {
-		// Small requests go uncompressed: gzip costs more than it saves.
-		opt := connect.WithCompressMinBytes(4096)
 		c.tasks = append(c.tasks, warrenv1connect.NewTaskServiceClient(hc, u, opt))
 		c.cluster = append(c.cluster, warrenv1connect.NewClusterServiceClient(hc, u, opt))
 		c.sandboxes = append(c.sandboxes, warrenv1connect.NewSandboxServiceClient(hc, u, opt))
@@ -76,11 +81,59 @@ func (c *Client) Sandboxes() warrenv1connect.SandboxServiceClient {
 	return c.sandboxes[int(c.next.Load())%len(c.sandboxes)]
 }
 
+// appendTasks returns the TaskService client appends go to: the leader's
+// when a server named it, else the current server's.
+func (c *Client) appendTasks() warrenv1connect.TaskServiceClient {
+	if l := c.leader.Load(); l > 0 {
+		return c.tasks[l-1]
+	}
+	return c.Tasks()
+}
+
+// noteLeader records the leader a server named, if it is one of the
+// client's servers (a URL the client was not given is not followed).
+func (c *Client) noteLeader(url string) {
+	url = strings.TrimRight(url, "/")
+	for i, u := range c.urls {
+		if u == url {
+			c.leader.Store(int32(i + 1))
+			return
+		}
+	}
+}
+
+// leaderInterceptor notes api.LeaderHeader on every unary response.
+type leaderInterceptor struct{ c *Client }
+
+func (l leaderInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		resp, err := next(ctx, req)
+		if err == nil {
+			if u := resp.Header().Get(api.LeaderHeader); u != "" {
+				l.c.noteLeader(u)
+			}
+		}
+		return resp, err
+	}
+}
+
+func (leaderInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return next
+}
+
+func (leaderInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return next
+}
+
 // URL returns the current server's URL.
 func (c *Client) URL() string { return c.urls[int(c.next.Load())%len(c.urls)] }
 
-// failover moves to the next server.
-func (c *Client) failover() { c.next.Add(1) }
+// failover moves to the next server, and forgets the leader: it may be
+// the server that failed.
+func (c *Client) failover() {
+	c.leader.Store(0)
+	c.next.Add(1)
+}
 
 // Watch calls fn for every event of task id with seq > after, in order and
 // exactly once, reconnecting (to the next server if there are several)

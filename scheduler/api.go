@@ -244,7 +244,9 @@ func (a taskAPI) AppendEvents(ctx context.Context, req *connect.Request[warrenv1
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&warrenv1.AppendEventsResponse{FirstSeq: res.GetFirstSeq(), LastSeq: res.GetLastSeq(), CancelRequested: res.GetCancelRequested()}), nil
+	resp := connect.NewResponse(&warrenv1.AppendEventsResponse{FirstSeq: res.GetFirstSeq(), LastSeq: res.GetLastSeq(), CancelRequested: res.GetCancelRequested()})
+	a.s.nameLeader(resp.Header())
+	return resp, nil
 }
 
 // MaxAppendsPerBatch bounds one AppendEventsBatch call.
@@ -279,7 +281,9 @@ func (a taskAPI) AppendEventsBatch(ctx context.Context, req *connect.Request[war
 		}
 		out.Results[i] = ar
 	}
-	return connect.NewResponse(out), nil
+	resp := connect.NewResponse(out)
+	a.s.nameLeader(resp.Header())
+	return resp, nil
 }
 
 func (a taskAPI) SendMessage(ctx context.Context, req *connect.Request[warrenv1.SendMessageRequest]) (*connect.Response[warrenv1.SendMessageResponse], error) {

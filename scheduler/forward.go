@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/raft"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/warrenhq/warren/api"
 	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
@@ -68,6 +69,17 @@ func (s *Server) leaderURL() (string, error) {
 		return "", fmt.Errorf("leader %s has no recorded address yet: %w", id, errNoLeader)
 	}
 	return m.GetApiUrl(), nil
+}
+
+// nameLeader sets api.LeaderHeader on a write's response when this server
+// is not the leader (so it forwarded the write) and knows who is.
+func (s *Server) nameLeader(h http.Header) {
+	if s.raft.State() == raft.Leader {
+		return
+	}
+	if url, err := s.leaderURL(); err == nil && url != s.cfg.APIURL {
+		h.Set(api.LeaderHeader, url)
+	}
 }
 
 // propose commits commands through raft, from any server: on the leader it
