@@ -52,6 +52,7 @@ type config struct {
 	payload    int
 	batch      int
 	appenders  int
+	inflight   int
 	maxTasks   int
 	positioned bool
 	h2c        bool
@@ -73,6 +74,7 @@ func main() {
 	flag.DurationVar(&c.warmup, "warmup", time.Second, "unmeasured time before each run")
 	flag.IntVar(&c.runs, "runs", 3, "runs per writer count; the table shows medians")
 	flag.IntVar(&c.payload, "payload", 256, "event payload size in bytes (a JSON object)")
+	flag.IntVar(&c.inflight, "appender-inflight", 4, "calls each client.Appender keeps in flight (node daemons use 8)")
 	flag.IntVar(&c.appenders, "appenders", 0, "send writers' appends through this many shared client.Appenders (as that many node daemons would: each batches its writers' appends into AppendEventsBatch calls); 0: one AppendEvents call per append")
 	flag.IntVar(&c.batch, "batch", 1, "events per AppendEvents call (a node sending several of its actors' events at once); events/s counts events")
 	flag.IntVar(&c.maxTasks, "tasks", 256, "at most this many tasks per level; writers share them")
@@ -97,6 +99,9 @@ func main() {
 	}
 	if c.duration <= 0 || c.runs < 1 || c.maxTasks < 1 {
 		errs = append(errs, errors.New("-duration, -runs and -tasks must be positive"))
+	}
+	if c.inflight < 1 || c.inflight > 64 {
+		errs = append(errs, fmt.Errorf("-appender-inflight: %d is not in 1..64", c.inflight))
 	}
 	if c.appenders < 0 || c.appenders > 1024 {
 		errs = append(errs, fmt.Errorf("-appenders: %d is not in 0..1024", c.appenders))
@@ -292,7 +297,7 @@ func measure(ctx context.Context, c config, cl *cluster.Cluster, tasks []warrenv
 		if err != nil {
 			return result{}, err
 		}
-		app := wc.NewAppender(4, 1024)
+		app := wc.NewAppender(c.inflight, 1024)
 		defer app.Close()
 		apps = append(apps, app)
 	}
