@@ -57,15 +57,25 @@ const (
 
 // Open opens, creating it if needed, the server's Pebble database at dir with
 // options tuned for a Raft log. The WAL is on and Store syncs every write.
-// The caller closes the returned DB.
+// Flushes and compactions are paced (pace.go). The caller closes the
+// returned DB.
 func Open(dir string) (*pebble.DB, error) {
-	return OpenWithFS(dir, vfs.Default)
+	fs := newPacedFS(vfs.Default)
+	o := options(fs)
+	l := pebble.EventListener{}
+	fs.listen(&l)
+	o.EventListener = &l
+	return open(dir, o)
 }
 
 // OpenWithFS is Open with an injected filesystem, for tests that use
-// vfs.NewMem or errorfs.
+// vfs.NewMem or errorfs, and without pacing.
 func OpenWithFS(dir string, fs vfs.FS) (*pebble.DB, error) {
-	db, err := pebble.Open(dir, options(fs))
+	return open(dir, options(fs))
+}
+
+func open(dir string, o *pebble.Options) (*pebble.DB, error) {
+	db, err := pebble.Open(dir, o)
 	if err != nil {
 		return nil, fmt.Errorf("raftlog: open %s: %w", dir, err)
 	}
