@@ -6,6 +6,8 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"github.com/warrenhq/warren/internal/pace"
 )
 
 // Pacing of Pebble's background writes.
@@ -79,30 +81,28 @@ func (p *pacedFS) Create(name string, category vfs.DiskWriteCategory) (vfs.File,
 	if err != nil {
 		return f, err
 	}
+	var k float64
 	switch category {
 	case categoryFlush:
-		return &pacedFile{File: f, fs: p, k: flushPace}, nil
+		k = flushPace
 	case categoryCompaction:
-		return &pacedFile{File: f, fs: p, k: compactionPace}, nil
+		k = compactionPace
+	default:
+		return f, nil
 	}
-	return f, nil
+	return &pacedFile{File: f, p: pace.Pacer{K: k, Max: maxPaceSleep, Off: p.isStalled, Sleep: p.sleep}}, nil
 }
 
-// pacedFile sleeps before each write for k times the time since the
-// previous write returned. Pebble writes an sstable from one goroutine at a
-// time.
+func (p *pacedFS) isStalled() bool { return p.stalled.Load() != 0 }
+
+// pacedFile paces each write of an sstable. Pebble writes an sstable from
+// one goroutine at a time.
 type pacedFile struct {
 	vfs.File
-	fs   *pacedFS
-	k    float64
-	last time.Time
+	p pace.Pacer
 }
 
 func (f *pacedFile) Write(b []byte) (int, error) {
-	if !f.last.IsZero() && f.fs.stalled.Load() == 0 {
-		f.fs.sleep(min(time.Duration(float64(time.Since(f.last))*f.k), maxPaceSleep))
-	}
-	n, err := f.File.Write(b)
-	f.last = time.Now()
-	return n, err
+	f.p.Wait()
+	return f.File.Write(b)
 }
