@@ -518,14 +518,7 @@ func lastLine(s string) string {
 // a few hundred cycles (twice in 100 when this test was written); every
 // reconnect must still answer, and the sandbox must still run commands.
 func TestAgentReconnectsAfterHangUps(t *testing.T) {
-	d := newDriver(t, "")
-	defer d.Close()
-	ctx := ctxT(t, 5*time.Minute)
-	sb, err := d.Claim(ctx, driver.ClaimRequest{ID: "sb-hangups", TTL: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sb.Destroy()
+	ctx, sb := claimOne(t, "sb-hangups", 5*time.Minute)
 	vm := sb.(*VM)
 	var logs bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
@@ -553,6 +546,21 @@ func TestAgentReconnectsAfterHangUps(t *testing.T) {
 	t.Logf("%d hang-ups; reconnects that needed a second connection: %d", hangUps, strings.Count(logs.String(), "reconnecting"))
 }
 
+// claimOne starts a driver and claims one sandbox with an hour's TTL; the
+// test's cleanup destroys both. ctx ends after d.
+func claimOne(t *testing.T, id string, d time.Duration) (context.Context, driver.Sandbox) {
+	t.Helper()
+	drv := newDriver(t, "")
+	t.Cleanup(func() { drv.Close() })
+	ctx := ctxT(t, d)
+	sb, err := drv.Claim(ctx, driver.ClaimRequest{ID: id, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sb.Destroy() })
+	return ctx, sb
+}
+
 // A resumed guest serves the new host in a fresh agent session. Each
 // cycle's session makes one call more than the one before, so its stream
 // ids reach the previous session's last one (its pause's sync): a guest
@@ -560,14 +568,7 @@ func TestAgentReconnectsAfterHangUps(t *testing.T) {
 // the new host's session as more of the old one and refused the reused id,
 // and the call failed with EOF after yamux's one-minute close timeout.
 func TestPauseLeavesNoStaleSession(t *testing.T) {
-	d := newDriver(t, "")
-	defer d.Close()
-	ctx := ctxT(t, 10*time.Minute)
-	sb, err := d.Claim(ctx, driver.ClaimRequest{ID: "sb-pauses", TTL: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sb.Destroy()
+	ctx, sb := claimOne(t, "sb-pauses", 10*time.Minute)
 	ia := sb.(driver.Interactive)
 	const cycles = 12
 	for i := range cycles {
