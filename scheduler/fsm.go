@@ -305,9 +305,10 @@ func (a *applier) put(k []byte, m proto.Message) {
 // written back once, at the end of the batch, however many commands of the
 // batch changed them.
 type cachedTask struct {
-	t     *warrenv1.Task
-	orig  warrenv1.TaskState // state when first read (unspecified if new)
-	dirty bool
+	t      *warrenv1.Task
+	orig   warrenv1.TaskState // state when first read (unspecified if new)
+	dirty  bool
+	cached bool // t is FSM.live's record
 }
 
 // task returns the task (the batch's working copy; mutate it only once the
@@ -323,9 +324,13 @@ func (a *applier) task(id string) (*warrenv1.Task, *fsmv1.Result) {
 				panic(fmt.Sprintf("invariant: cached task %s differs from its stored record", id))
 			}
 		}
-		t := snapshotTask(c)
-		a.tasks[id] = &cachedTask{t: t, orig: t.GetState()}
-		return t, nil
+		// The cached record itself is the working copy: commands mutate
+		// it only once they are sure to succeed, and then putTask it, so
+		// at the end of the batch it is what flushTasks writes. (The
+		// invariants build checks, in flushTasks, that a task no command
+		// put was not changed either.)
+		a.tasks[id] = &cachedTask{t: c, orig: c.GetState(), cached: true}
+		return c, nil
 	}
 	t := &warrenv1.Task{}
 	if !a.get(keyTask(id), t) {
@@ -350,6 +355,12 @@ func (a *applier) putTask(t *warrenv1.Task) {
 func (a *applier) flushTasks() {
 	for id, c := range a.tasks {
 		if !c.dirty {
+			if invariants && c.cached {
+				stored := &warrenv1.Task{}
+				if !a.get(keyTask(id), stored) || !proto.Equal(stored, c.t) {
+					panic(fmt.Sprintf("invariant: cached task %s was changed by a command that did not put it", id))
+				}
+			}
 			continue
 		}
 		if st := c.t.GetState(); c.orig != st {

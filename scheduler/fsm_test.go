@@ -585,3 +585,32 @@ func TestRestoreRejectsMalformedArchive(t *testing.T) {
 		t.Fatal("restore of garbage succeeded")
 	}
 }
+
+// A live task's cached record is the batch's working copy, so a command
+// that changed it without putting it would leave the cache ahead of Pebble.
+// The invariants build catches that at the end of the batch.
+func TestInvariantsCatchACachedTaskChangedWithoutPut(t *testing.T) {
+	if !invariants {
+		t.Skip("needs -tags invariants")
+	}
+	tf := newTestFSM(t)
+	task := tf.create("c1")
+	tf.ok(&fsmv1.SendMessage{TaskId: task.GetId(), Text: "hi", RequestId: "m1", Time: timestamppb.New(t0)}) // now cached
+	b := tf.db.NewIndexedBatch()
+	defer b.Close()
+	a := &applier{b: b, idem: tf.fsm.idem, live: tf.fsm.live, lastReq: tf.fsm.lastReq, touched: map[string]struct{}{}, tasks: map[string]*cachedTask{}, nodes: map[string]*cachedNode{}}
+	w, r := a.task(task.GetId())
+	if r != nil {
+		t.Fatal(r.GetMessage())
+	}
+	if w != tf.fsm.live[task.GetId()] {
+		t.Fatal("the working copy is not the cached record")
+	}
+	w.UpdatedAt = nil // a bug: changed, not put
+	defer func() {
+		if p := recover(); p == nil || !strings.Contains(fmt.Sprint(p), "did not put it") {
+			t.Fatalf("flushTasks after an unput change: %v, want the invariant's panic", p)
+		}
+	}()
+	a.flushTasks()
+}
