@@ -10,6 +10,7 @@ import (
 	"github.com/hashicorp/raft"
 	"google.golang.org/protobuf/proto"
 
+	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
 )
@@ -123,6 +124,13 @@ func (c clusterAPI) Propose(ctx context.Context, req *connect.Request[warrenv1.P
 		}
 		if !forwardable[cmd.Type] {
 			return nil, invalid(fmt.Errorf("commands[%d]: %s commands are not accepted from other servers", i, cmd.Type))
+		}
+		// The FSM does not scan an append's payloads again
+		// (checkEventApplied): check what a follower forwards here.
+		if m, ok := cmd.Body.(*fsmv1.AppendEvents); ok {
+			if err := validateAppendCommand(m); err != nil {
+				return nil, invalid(fmt.Errorf("commands[%d]: %w", i, err))
+			}
 		}
 	}
 	if c.s.raft.State() != raft.Leader {

@@ -424,3 +424,38 @@ func TestListEventsPages(t *testing.T) {
 		t.Fatalf("limit over the maximum: %v", err)
 	}
 }
+
+// The FSM does not scan an append's payload for valid JSON again, so the
+// leader checks appends a follower forwards (Propose) as the API checks its
+// own.
+func TestProposeChecksForwardedAppends(t *testing.T) {
+	nodes := startCluster(t, 0)
+	leader := leaderOf(nodes)
+	task := createVia(t, leader, 1)
+	cl := warrenv1connect.NewClusterServiceClient(http.DefaultClient, leader.url)
+	propose := func(payload string) error {
+		b, err := EncodeCommand(&fsmv1.AppendEvents{TaskId: task.GetId(), RequestId: "p-" + payload,
+			Events: []*warrenv1.EventInput{{Kind: "log", Payload: []byte(payload)}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = cl.Propose(context.Background(), connect.NewRequest(&warrenv1.ProposeRequest{Commands: [][]byte{b}}))
+		return err
+	}
+	err := propose(`{"msg": "unterminated`)
+	if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "commands[0]: events[0].payload: not a JSON object") {
+		t.Fatalf("a forwarded append with a broken payload: %v", err)
+	}
+	if err := propose(`{"msg":"ok"}`); err != nil {
+		t.Fatalf("a forwarded append with a good payload: %v", err)
+	}
+	evs, err := leader.srv.FSM().Events(task.GetId(), 0, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range evs {
+		if e.GetKind() == "log" && string(e.GetPayload()) != `{"msg":"ok"}` {
+			t.Fatalf("event %d has payload %q", e.GetSeq(), e.GetPayload())
+		}
+	}
+}

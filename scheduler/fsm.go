@@ -501,7 +501,7 @@ func (a *applier) appendEvents(m *fsmv1.AppendEvents) *fsmv1.Result {
 	pending := append([]string(nil), t.GetPendingApprovals()...)
 	park := false
 	for i, ev := range m.GetEvents() {
-		if err := checkEventInput(fmt.Sprintf("events[%d]", i), ev); err != nil {
+		if err := checkEventApplied(i, ev); err != nil {
 			return fail(connect.CodeInvalidArgument, "%v", err)
 		}
 		switch ev.GetKind() {

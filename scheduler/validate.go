@@ -13,6 +13,7 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/warrenhq/warren/api"
+	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 )
 
@@ -268,11 +269,17 @@ func validateAppend(r *warrenv1.AppendEventsRequest) error {
 		p.add("events", "%d events is over the limit of %d per append", n, MaxEventsPerAppend)
 	}
 	for i, ev := range r.GetEvents() {
-		if err := checkEventInput(fmt.Sprintf("events[%d]", i), ev); err != nil {
+		if err := checkEventInput(i, ev); err != nil {
 			p = append(p, err)
 		}
 	}
 	return p.err()
+}
+
+// validateAppendCommand checks an append command as validateAppend checks
+// the request it is made from.
+func validateAppendCommand(m *fsmv1.AppendEvents) error {
+	return validateAppend(&warrenv1.AppendEventsRequest{TaskId: m.GetTaskId(), RequestId: m.GetRequestId(), Events: m.GetEvents()})
 }
 
 func validateMessage(r *warrenv1.SendMessageRequest) error {
