@@ -188,10 +188,18 @@ func TestSandboxCLI(t *testing.T) {
 	// The pool needs the template's snapshot first: a TCG boot and warm-up
 	// that takes seconds on an idle machine and minutes while the rest of
 	// the suite runs on the same two cores.
-	waitUntil(t, "the pool to fill", 5*time.Minute, func() bool {
-		out, _, _ := run("pool", "list", "-o", "json")
-		return strings.Contains(out, `"target":1`) && strings.Contains(out, `"ready":1`)
-	})
+	var pools string
+	poolDeadline := time.Now().Add(5 * time.Minute)
+	for {
+		pools, _, _ = run("pool", "list", "-o", "json")
+		if strings.Contains(pools, `"target":1`) && strings.Contains(pools, `"ready":1`) {
+			break
+		}
+		if time.Now().After(poolDeadline) {
+			t.Fatalf("timed out after 5m waiting for the pool to fill; pool list: %s", pools)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	if _, stderr, code = run("pool", "set", "default", "0"); code != 0 {
 		t.Fatalf("pool set 0: %s", stderr)
 	}

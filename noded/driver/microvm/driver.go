@@ -80,6 +80,9 @@ type Driver struct {
 	accelWhy string
 	cg       *cgroups
 	blanks   blanks
+	// failSnapshot, if set, fails a snapshot attempt before it starts
+	// when it returns an error (tests).
+	failSnapshot func() error
 
 	mu        sync.Mutex
 	templates map[string]*tplState
@@ -95,9 +98,12 @@ type tplState struct {
 	snap     *snapshot
 	snapWhy  string // why there is no snapshot
 	snapping bool
-	target   int
-	pool     []*VM // paused, restored, ready to claim
-	filling  int
+	// snapFails counts snapshot attempts that failed in a row; while the
+	// pool has a target, each failure schedules another attempt.
+	snapFails int
+	target    int
+	pool      []*VM // paused, restored, ready to claim
+	filling   int
 }
 
 // New checks QEMU and the template store, chooses the accelerator (probing
@@ -312,15 +318,34 @@ func (d *Driver) snapshotFor(ts *tplState) *snapshot {
 		defer d.wg.Done()
 		ctx, cancel := d.stopContext(5 * time.Minute)
 		defer cancel()
-		s, err := d.makeSnapshot(ctx, ts.t)
+		var s *snapshot
+		var err error
+		if d.failSnapshot != nil {
+			err = d.failSnapshot()
+		}
+		if err == nil {
+			s, err = d.makeSnapshot(ctx, ts.t)
+		}
 		d.mu.Lock()
 		ts.snapping = false
 		if err != nil {
 			ts.snapWhy = "making the snapshot failed: " + err.Error()
+			ts.snapFails++
+			// A pool waits for the snapshot: try again later (a
+			// failure under load, such as a boot that timed out, may
+			// not repeat), backing off up to snapshotRetryMax.
+			retry := ts.target > 0 && !d.closed
+			delay := min(snapshotRetry<<min(ts.snapFails-1, 8), snapshotRetryMax)
 			d.mu.Unlock()
-			d.log.Warn("snapshot failed", "template", ts.t.Name, "err", err)
+			if retry {
+				d.log.Warn("snapshot failed; trying again for the warm pool", "template", ts.t.Name, "err", err, "in", delay)
+				d.goRefill(ts, delay)
+			} else {
+				d.log.Warn("snapshot failed", "template", ts.t.Name, "err", err)
+			}
 			return
 		}
+		ts.snapFails = 0
 		ts.snap = s
 		d.mu.Unlock()
 		d.log.Info("snapshot ready", "template", ts.t.Name, "took", time.Duration(s.Meta.TookMS)*time.Millisecond)
@@ -473,6 +498,13 @@ func (d *Driver) Claim(ctx context.Context, req driver.ClaimRequest) (driver.San
 
 const refillDelay = 250 * time.Millisecond
 
+// After a failed snapshot, a template with a pool target tries again after
+// snapshotRetry, doubling up to snapshotRetryMax. (A variable for tests.)
+var (
+	snapshotRetry    = 15 * time.Second
+	snapshotRetryMax = 5 * time.Minute
+)
+
 func (d *Driver) claim(ctx context.Context, ts *tplState, req driver.ClaimRequest, lim driver.Limits) (*VM, error) {
 	snapShape := lim.VCPUs == 1 && lim.MemMB == d.cfg.SnapshotMemMB && req.Force != driver.StartBoot
 	if snapShape {
@@ -538,9 +570,10 @@ func (d *Driver) SetPoolTarget(template string, n int) {
 	d.goRefill(ts, 0)
 }
 
-// goRefill refills ts's pool in the background after delay. Close waits
-// for it (a refill under way destroys its VM when the driver closes: a
-// QEMU still starting when the process exits would outlive it).
+// goRefill refills ts's pool in the background after delay (Close ends the
+// wait). Close waits for the refill (a refill under way destroys its VM
+// when the driver closes: a QEMU still starting when the process exits
+// would outlive it).
 func (d *Driver) goRefill(ts *tplState, delay time.Duration) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -548,7 +581,17 @@ func (d *Driver) goRefill(ts *tplState, delay time.Duration) {
 		return
 	}
 	d.wg.Add(1)
-	time.AfterFunc(delay, func() { defer d.wg.Done(); d.refill(ts) })
+	go func() {
+		defer d.wg.Done()
+		t := time.NewTimer(delay)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-d.stop: // Close does not wait out a long delay
+			return
+		}
+		d.refill(ts)
+	}()
 }
 
 // Pools reports every template's pool.

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -693,5 +694,30 @@ func TestCloseDuringSnapshotLeavesNothing(t *testing.T) {
 	d := newDriver(t, "")
 	go d.EnsureSnapshot(context.Background(), "")
 	waitVMDir(t, d, "the snapshot's boot")
+	assertNothingLeft(t, d)
+}
+
+// A snapshot that fails (a boot that timed out under load, say) is tried
+// again while a pool waits for it; before, the pool stayed empty until
+// something else asked for the snapshot.
+func TestFailedSnapshotIsRetriedForThePool(t *testing.T) {
+	d := newDriver(t, "")
+	defer d.Close()
+	old := snapshotRetry
+	snapshotRetry = 100 * time.Millisecond
+	defer func() { snapshotRetry = old }()
+	var attempts atomic.Int32
+	d.failSnapshot = func() error {
+		if attempts.Add(1) == 1 {
+			return errors.New("injected: the first attempt fails")
+		}
+		return nil
+	}
+	d.SetPoolTarget("default", 1)
+	waitPool(t, d, 1)
+	if n := attempts.Load(); n != 2 {
+		t.Fatalf("%d snapshot attempts, want 2 (one failure, one retry)", n)
+	}
+	d.SetPoolTarget("default", 0)
 	assertNothingLeft(t, d)
 }
