@@ -88,53 +88,25 @@ func (p *pacedFS) Create(name string, category vfs.DiskWriteCategory) (vfs.File,
 	default:
 		return f, nil
 	}
-	return &pacedFile{File: f, p: pacer{K: k, Max: maxPaceSleep, Off: p.isStalled, Sleep: p.sleep}}, nil
+	return &pacedFile{File: f, fs: p, k: k}, nil
 }
 
-func (p *pacedFS) isStalled() bool { return p.stalled.Load() != 0 }
-
-// pacedFile paces each write of an sstable. Pebble writes an sstable from
-// one goroutine at a time.
+// pacedFile sleeps before each write for k times the time since its
+// previous write began (at most maxPaceSleep; not during a write stall).
+// Pebble writes an sstable from one goroutine at a time.
 type pacedFile struct {
 	vfs.File
-	p pacer
-}
-
-func (f *pacedFile) Write(b []byte) (int, error) {
-	f.p.Wait()
-	return f.File.Write(b)
-}
-
-// pacer paces one stream of work (a file being written): before each step
-// it sleeps K times as long as the work took since its previous call. It is
-// not safe for concurrent use.
-type pacer struct {
-	// K is the sleep per unit of work.
-	K float64
-	// Max bounds one sleep: a worker that was descheduled for long (which
-	// counts as work) does not then sleep for as long again.
-	Max time.Duration
-	// Off, if set and true, makes Wait return at once (while foreground
-	// work waits on this work, for example).
-	Off func() bool
-	// Sleep is time.Sleep unless set (tests).
-	Sleep func(time.Duration)
-
+	fs   *pacedFS
+	k    float64
 	last time.Time
 }
 
-// Wait sleeps before the next step, in proportion to the work since the
-// previous call returned. The first call does not sleep.
-func (p *pacer) Wait() {
-	if !p.last.IsZero() && (p.Off == nil || !p.Off()) {
-		d := min(time.Duration(float64(time.Since(p.last))*p.K), p.Max)
-		if d > 0 {
-			if p.Sleep != nil {
-				p.Sleep(d)
-			} else {
-				time.Sleep(d)
-			}
+func (f *pacedFile) Write(b []byte) (int, error) {
+	if !f.last.IsZero() && f.fs.stalled.Load() == 0 {
+		if d := min(time.Duration(float64(time.Since(f.last))*f.k), maxPaceSleep); d > 0 {
+			f.fs.sleep(d)
 		}
 	}
-	p.last = time.Now()
+	f.last = time.Now()
+	return f.File.Write(b)
 }

@@ -42,8 +42,8 @@ func TestPacedWritesSleepInProportionToWork(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if f.p.K != c.k || f.p.Max != maxPaceSleep {
-			t.Fatalf("%s: paced with k %v and at most %v, want %v and %v", c.cat, f.p.K, f.p.Max, c.k, maxPaceSleep)
+		if f.k != c.k {
+			t.Fatalf("%s: paced with k %v, want %v", c.cat, f.k, c.k)
 		}
 		write() // nothing to pace yet
 		if len(slept) != 0 {
@@ -54,13 +54,19 @@ func TestPacedWritesSleepInProportionToWork(t *testing.T) {
 		if len(slept) != 1 || slept[0] < time.Duration(5*float64(time.Millisecond)*c.k) {
 			t.Fatalf("%s: after 5ms of work slept %v, want at least %v times that", c.cat, slept, c.k)
 		}
+		// A writer that was away for long sleeps at most maxPaceSleep.
+		f.last = time.Now().Add(-time.Second)
+		write()
+		if len(slept) != 2 || slept[1] != maxPaceSleep {
+			t.Fatalf("%s: after 1s away slept %v, want %v", c.cat, slept[1:], maxPaceSleep)
+		}
 		// During a write stall nothing sleeps.
 		fs.stalled.Store(1)
 		time.Sleep(5 * time.Millisecond)
 		write()
 		fs.stalled.Store(0)
-		if len(slept) != 1 {
-			t.Fatalf("%s: slept %v during a write stall", c.cat, slept[1:])
+		if len(slept) != 2 {
+			t.Fatalf("%s: slept %v during a write stall", c.cat, slept[2:])
 		}
 		if err := f.Close(); err != nil {
 			t.Fatal(err)
@@ -128,31 +134,4 @@ func TestPacedDBWorks(t *testing.T) {
 		t.Fatalf("%d flushes and %d paced writes; want some of each", flushes, paced)
 	}
 	t.Logf("%d flushes, %d compactions, %d paced writes", flushes, compactions, paced)
-}
-
-func TestPacerSleepsInProportionToWork(t *testing.T) {
-	var slept []time.Duration
-	off := false
-	p := &pacer{K: 3, Max: 100 * time.Millisecond, Off: func() bool { return off }, Sleep: func(d time.Duration) { slept = append(slept, d) }}
-	p.Wait() // nothing to pace yet
-	if len(slept) != 0 {
-		t.Fatalf("first Wait slept %v", slept)
-	}
-	const work = 10 * time.Millisecond
-	p.last = time.Now().Add(-work)
-	p.Wait()
-	if len(slept) != 1 || slept[0] < 3*work || slept[0] > 3*work+20*time.Millisecond {
-		t.Fatalf("after %v of work slept %v, want about %v", work, slept, 3*work)
-	}
-	p.last = time.Now().Add(-time.Second)
-	p.Wait()
-	if slept[1] != p.Max {
-		t.Fatalf("after 1s away slept %v, want the cap %v", slept[1], p.Max)
-	}
-	off = true
-	p.last = time.Now().Add(-work)
-	p.Wait()
-	if len(slept) != 2 {
-		t.Fatalf("slept %v while off", slept[2:])
-	}
 }
