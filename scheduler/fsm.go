@@ -45,7 +45,8 @@ type FSM struct {
 	// and was written since the process started (FSM goroutine only). The
 	// applier reads a task from here instead of Pebble, where under load
 	// the record is usually in an sstable block that is not cached. An
-	// entry is exactly what the last flush wrote; appliers work on clones.
+	// entry is exactly what the last flush wrote; an applier uses it as
+	// the batch's working copy (see applier.task).
 	live   map[string]*warrenv1.Task
 	noLive bool // benchmarks only: the baseline without the cache
 	// lastReq remembers, for live tasks, the seq and request id of the
@@ -305,10 +306,9 @@ func (a *applier) put(k []byte, m proto.Message) {
 // written back once, at the end of the batch, however many commands of the
 // batch changed them.
 type cachedTask struct {
-	t      *warrenv1.Task
-	orig   warrenv1.TaskState // state when first read (unspecified if new)
-	dirty  bool
-	cached bool // t is FSM.live's record
+	t     *warrenv1.Task
+	orig  warrenv1.TaskState // state when first read (unspecified if new)
+	dirty bool
 }
 
 // task returns the task (the batch's working copy; mutate it only once the
@@ -329,7 +329,7 @@ func (a *applier) task(id string) (*warrenv1.Task, *fsmv1.Result) {
 		// at the end of the batch it is what flushTasks writes. (The
 		// invariants build checks, in flushTasks, that a task no command
 		// put was not changed either.)
-		a.tasks[id] = &cachedTask{t: c, orig: c.GetState(), cached: true}
+		a.tasks[id] = &cachedTask{t: c, orig: c.GetState()}
 		return c, nil
 	}
 	t := &warrenv1.Task{}
@@ -355,7 +355,7 @@ func (a *applier) putTask(t *warrenv1.Task) {
 func (a *applier) flushTasks() {
 	for id, c := range a.tasks {
 		if !c.dirty {
-			if invariants && c.cached {
+			if invariants && a.live[id] == c.t { // FSM.live's record
 				stored := &warrenv1.Task{}
 				if !a.get(keyTask(id), stored) || !proto.Equal(stored, c.t) {
 					panic(fmt.Sprintf("invariant: cached task %s was changed by a command that did not put it", id))
