@@ -294,12 +294,44 @@ type ClaimRequest struct {
 // Claim sets the guest's clock, reseeds its entropy, and sets its hostname
 // and base environment. It returns the guest's clock after the call.
 func (c *Client) Claim(ctx context.Context, req ClaimRequest) (time.Time, error) {
-	res, err := c.simple(ctx, &Request{Op: OpClaim, UnixNano: req.Now.UnixNano(), Entropy: req.Entropy,
-		Hostname: req.Hostname, Env: req.Env, Pids: req.Pids, Net: req.Net})
+	res, err := c.simple(ctx, claimRequest(req))
 	if err != nil {
 		return time.Time{}, err
 	}
 	return time.Unix(0, res.GuestUnixNano), nil
+}
+
+// ClaimResult is a claim's answer.
+type ClaimResult struct {
+	GuestTime time.Time // the guest's clock after the claim
+	// Ordered: the agent serves a claim before any call opened after it,
+	// so StartClaim may be followed by calls at once.
+	Ordered bool
+}
+
+// StartClaim sends a claim and returns once it is on its way, with a
+// function that waits for the answer. With an agent whose claims are
+// Ordered, every call made after StartClaim returns runs after the claim,
+// with its identity, and is refused if the claim failed; so a host can
+// send a sandbox's first command without waiting a round trip for the
+// claim. ctx bounds the whole call, including the wait.
+func (c *Client) StartClaim(ctx context.Context, req ClaimRequest) (wait func() (ClaimResult, error), err error) {
+	cl, err := c.open(ctx, claimRequest(req))
+	if err != nil {
+		return nil, err
+	}
+	return func() (ClaimResult, error) {
+		res, err := c.finish(cl, nil)
+		if err != nil {
+			return ClaimResult{}, err
+		}
+		return ClaimResult{GuestTime: time.Unix(0, res.GuestUnixNano), Ordered: res.Ordered}, nil
+	}, nil
+}
+
+func claimRequest(req ClaimRequest) *Request {
+	return &Request{Op: OpClaim, UnixNano: req.Now.UnixNano(), Entropy: req.Entropy,
+		Hostname: req.Hostname, Env: req.Env, Pids: req.Pids, Net: req.Net}
 }
 
 // Stats reports the guest's resources.

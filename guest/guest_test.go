@@ -23,16 +23,34 @@ type fakeSys struct {
 	entropy  []byte
 	hostname string
 	net      *NetConfig
+	// setTimeDelay slows SetTime (a claim's first step); hostnameErr fails
+	// SetHostname.
+	setTimeDelay time.Duration
+	hostnameErr  error
 }
 
-func (f *fakeSys) SetTime(ns int64) error { f.mu.Lock(); f.now = ns; f.mu.Unlock(); return nil }
+func (f *fakeSys) SetTime(ns int64) error {
+	time.Sleep(f.setTimeDelay)
+	f.mu.Lock()
+	f.now = ns
+	f.mu.Unlock()
+	return nil
+}
 func (f *fakeSys) AddEntropy(b []byte) error {
 	f.mu.Lock()
 	f.entropy = append([]byte(nil), b...)
 	f.mu.Unlock()
 	return nil
 }
-func (f *fakeSys) SetHostname(n string) error     { f.mu.Lock(); f.hostname = n; f.mu.Unlock(); return nil }
+func (f *fakeSys) SetHostname(n string) error {
+	if f.hostnameErr != nil {
+		return f.hostnameErr
+	}
+	f.mu.Lock()
+	f.hostname = n
+	f.mu.Unlock()
+	return nil
+}
 func (f *fakeSys) SetNetwork(c NetConfig) error   { f.mu.Lock(); f.net = &c; f.mu.Unlock(); return nil }
 func (f *fakeSys) SetPids(int) error              { return nil }
 func (f *fakeSys) Stats() (Stats, error)          { return Stats{Procs: 7}, nil }
@@ -227,6 +245,56 @@ func TestClaimSetsIdentity(t *testing.T) {
 	out, _, err := c.Output(context.Background(), "sh", "-c", "echo $SANDBOX_ID")
 	if err != nil || string(out) != "sb-1\n" {
 		t.Fatalf("claim env: %q %v", out, err)
+	}
+}
+
+// A command sent right behind a claim, without waiting for its answer,
+// runs with the claimed identity: the agent serves a claim before it
+// accepts the next call. (Served concurrently, the command would start
+// while the slow claim is still setting the clock, with no SANDBOX_ID.)
+func TestCallsBehindAClaimSeeItsIdentity(t *testing.T) {
+	c := pair(t, &fakeSys{setTimeDelay: 200 * time.Millisecond})
+	ctx := context.Background()
+	wait, err := c.StartClaim(ctx, ClaimRequest{Now: time.Now(), Hostname: "sb-2", Env: map[string]string{"SANDBOX_ID": "sb-2"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _, err := c.Output(ctx, "sh", "-c", "echo $SANDBOX_ID")
+	if err != nil || string(out) != "sb-2\n" {
+		t.Fatalf("command behind the claim: %q %v", out, err)
+	}
+	res, err := wait()
+	if err != nil || !res.Ordered {
+		t.Fatalf("claim: %+v %v", res, err)
+	}
+}
+
+// A failed claim leaves the sandbox without its identity, so calls behind
+// it are refused with the reason, until a claim succeeds.
+func TestCallsBehindAFailedClaimAreRefused(t *testing.T) {
+	sys := &fakeSys{hostnameErr: errors.New("no hostname today")}
+	c := pair(t, sys)
+	ctx := context.Background()
+	wait, err := c.StartClaim(ctx, ClaimRequest{Now: time.Now(), Hostname: "sb-3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = c.Output(ctx, "true")
+	if err == nil || !strings.Contains(err.Error(), "claim failed") || !strings.Contains(err.Error(), "no hostname today") {
+		t.Fatalf("command behind a failed claim: %v", err)
+	}
+	if _, err := wait(); err == nil {
+		t.Fatal("the claim did not fail")
+	}
+	if _, err := c.Ping(ctx); err != nil {
+		t.Fatalf("ping after a failed claim: %v", err)
+	}
+	sys.hostnameErr = nil // no call is running: the claim was answered
+	if _, err := c.Claim(ctx, ClaimRequest{Now: time.Now(), Hostname: "sb-3"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, res, err := c.Output(ctx, "true"); err != nil || res.ExitCode != 0 {
+		t.Fatalf("command after a good claim: %+v %v", res, err)
 	}
 }
 

@@ -45,6 +45,10 @@ type Server struct {
 
 	mu  sync.Mutex
 	env map[string]string // set by claim; the base of every exec's env
+	// claimErr is why the last claim failed; until a claim succeeds, calls
+	// that would run in the sandbox are refused (the host may have sent
+	// them behind the claim, expecting the claimed identity).
+	claimErr error
 }
 
 // BaseEnv is the environment every command starts from.
@@ -69,8 +73,18 @@ func YamuxConfig() *yamux.Config {
 	return c
 }
 
+// firstFrameWait bounds how long Serve waits for a new stream's request
+// (the host writes it right behind the stream's opening).
+const firstFrameWait = 30 * time.Second
+
 // Serve runs one yamux session on conn until it ends, answering each
 // stream as one call. It returns when conn fails or closes.
+//
+// Calls run concurrently, except a claim: Serve reads each stream's request
+// as it accepts it, and serves a claim before it accepts the next stream.
+// Streams are accepted in the order the host opened them, so every call
+// the host opens after a claim sees the claimed identity, and the host need
+// not wait for the claim's answer before sending them.
 func (s *Server) Serve(conn io.ReadWriteCloser) error {
 	sess, err := yamux.Server(conn, YamuxConfig())
 	if err != nil {
@@ -85,7 +99,16 @@ func (s *Server) Serve(conn io.ReadWriteCloser) error {
 			}
 			return err
 		}
-		go s.handle(st)
+		req, ok := s.request(st)
+		if !ok {
+			st.Close()
+			continue
+		}
+		if req.Op == OpClaim {
+			s.handle(st, req)
+			continue
+		}
+		go s.handle(st, req)
 	}
 }
 
@@ -96,23 +119,34 @@ func (s *Server) log() *slog.Logger {
 	return slog.New(slog.DiscardHandler)
 }
 
-// handle runs one call. Every path ends with a result or an error frame.
-func (s *Server) handle(st *yamux.Stream) {
-	defer st.Close()
+// request reads a stream's first frame, its request. On failure it
+// answers with an error frame where it can and reports false.
+func (s *Server) request(st *yamux.Stream) (*Request, bool) {
+	_ = st.SetReadDeadline(time.Now().Add(firstFrameWait))
 	kind, p, err := readFrame(st)
+	_ = st.SetReadDeadline(time.Time{})
 	if err != nil {
-		return
+		if !errors.Is(err, io.EOF) {
+			_ = writeFrame(st, frameError, []byte("request: "+err.Error()))
+		}
+		return nil, false
 	}
 	if kind != frameRequest {
 		_ = writeFrame(st, frameError, []byte(fmt.Sprintf("first frame is %q, want a request", kind)))
-		return
+		return nil, false
 	}
 	var req Request
 	if err := json.Unmarshal(p, &req); err != nil {
 		_ = writeFrame(st, frameError, []byte("request: "+err.Error()))
-		return
+		return nil, false
 	}
-	res, err := s.call(st, &req)
+	return &req, true
+}
+
+// handle runs one call. Every path ends with a result or an error frame.
+func (s *Server) handle(st *yamux.Stream, req *Request) {
+	defer st.Close()
+	res, err := s.call(st, req)
 	if err != nil {
 		_ = writeFrame(st, frameError, []byte(err.Error()))
 		return
@@ -121,6 +155,15 @@ func (s *Server) handle(st *yamux.Stream) {
 }
 
 func (s *Server) call(st *yamux.Stream, req *Request) (*Result, error) {
+	switch req.Op {
+	case OpExec, OpRead, OpWrite, OpList, OpStat:
+		s.mu.Lock()
+		err := s.claimErr
+		s.mu.Unlock()
+		if err != nil {
+			return nil, fmt.Errorf("the sandbox has no identity: its claim failed: %w", err)
+		}
+	}
 	switch req.Op {
 	case OpPing:
 		return &Result{GuestUnixNano: time.Now().UnixNano()}, nil
@@ -135,7 +178,11 @@ func (s *Server) call(st *yamux.Stream, req *Request) (*Result, error) {
 	case OpStat:
 		return s.stat(req)
 	case OpClaim:
-		return s.claim(req)
+		res, err := s.claim(req)
+		s.mu.Lock()
+		s.claimErr = err
+		s.mu.Unlock()
+		return res, err
 	case OpStats:
 		if s.Sys == nil {
 			return nil, errors.New("stats: not supported here")
@@ -524,5 +571,5 @@ func (s *Server) claim(req *Request) (*Result, error) {
 	// every byte goes through the emulated UART; a line like this one took
 	// about 0.4 ms of the guest's one vCPU, in the middle of a warm claim.
 	s.log().Debug("claimed", "hostname", req.Hostname)
-	return &Result{GuestUnixNano: time.Now().UnixNano()}, nil
+	return &Result{GuestUnixNano: time.Now().UnixNano(), Ordered: true}, nil
 }

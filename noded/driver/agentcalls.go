@@ -15,6 +15,16 @@ import (
 // a driver error saying why there is none (destroyed, paused).
 type AgentCalls struct {
 	Agent func() (*guest.Client, error)
+	// CallErr, if set, may replace the error of a call that failed (with
+	// the reason the sandbox went away, say).
+	CallErr func(error) error
+}
+
+func (a AgentCalls) callErr(err error) error {
+	if err == nil || a.CallErr == nil {
+		return err
+	}
+	return a.CallErr(err)
 }
 
 func (a AgentCalls) agent() (*guest.Client, error) {
@@ -40,7 +50,8 @@ func (a AgentCalls) Run(ctx context.Context, req guest.ExecRequest, stdout, stde
 	if err != nil {
 		return guest.ExecResult{}, err
 	}
-	return c.Exec(ctx, req, stdout, stderr)
+	res, err := c.Exec(ctx, req, stdout, stderr)
+	return res, a.callErr(err)
 }
 
 // ReadFile copies a file out of the sandbox to w.
@@ -49,7 +60,8 @@ func (a AgentCalls) ReadFile(ctx context.Context, path string, limit int64, w io
 	if err != nil {
 		return guest.FileInfo{}, err
 	}
-	return c.ReadFile(ctx, path, limit, w)
+	fi, err := c.ReadFile(ctx, path, limit, w)
+	return fi, a.callErr(err)
 }
 
 // WriteFile writes a file in the sandbox.
@@ -58,7 +70,8 @@ func (a AgentCalls) WriteFile(ctx context.Context, path string, mode uint32, r i
 	if err != nil {
 		return guest.FileInfo{}, err
 	}
-	return c.WriteFile(ctx, path, mode, r)
+	fi, err := c.WriteFile(ctx, path, mode, r)
+	return fi, a.callErr(err)
 }
 
 // ListFiles lists a directory in the sandbox.
@@ -67,7 +80,8 @@ func (a AgentCalls) ListFiles(ctx context.Context, path string) ([]guest.FileInf
 	if err != nil {
 		return nil, err
 	}
-	return c.List(ctx, path)
+	fs, err := c.List(ctx, path)
+	return fs, a.callErr(err)
 }
 
 // ShellQuote quotes s as one word for /bin/sh, for the command lines a

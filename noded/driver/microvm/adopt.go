@@ -59,7 +59,7 @@ func (d *Driver) adopt(dir, id string) (*VM, string) {
 	}
 	vm := &VM{d: d, id: id, spec: m.Spec, template: m.Template, state: m.State, sandboxID: m.SandboxID, start: m.Start,
 		limits: m.Limits, created: m.Created, expires: m.Expires, env: m.Env}
-	vm.Agent = vm.client
+	vm.Agent, vm.CallErr = vm.client, vm.callErr
 	vm.netNS = m.NetNS
 	switch m.State {
 	case "paused":

@@ -83,6 +83,9 @@ type Driver struct {
 	// failSnapshot, if set, fails a snapshot attempt before it starts
 	// when it returns an error (tests).
 	failSnapshot func() error
+	// breakBind, if set, spoils a claim's request so that the guest
+	// refuses it (tests).
+	breakBind bool
 
 	mu        sync.Mutex
 	templates map[string]*tplState
@@ -379,6 +382,13 @@ func (d *Driver) EnsureSnapshot(ctx context.Context, template string) error {
 	}
 }
 
+// isClosed reports whether Close or Detach was called.
+func (d *Driver) isClosed() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.closed
+}
+
 func (d *Driver) stopContext(timeout time.Duration) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	go func() {
@@ -431,6 +441,11 @@ func (d *Driver) Claim(ctx context.Context, req driver.ClaimRequest) (driver.San
 	if req.ID == "" {
 		return nil, driver.Errorf(driver.ErrInvalid, "id: required")
 	}
+	// The guest would refuse a bad environment too, but a warm claim does
+	// not wait for its answer (see VM.bind).
+	if err := guest.CheckExec([]string{"env"}, req.Env); err != nil {
+		return nil, driver.Errorf(driver.ErrInvalid, "%v", err)
+	}
 	ts, err := d.template(req.Template)
 	if err != nil {
 		return nil, err
@@ -466,7 +481,11 @@ func (d *Driver) Claim(ctx context.Context, req driver.ClaimRequest) (driver.San
 	}
 	vm.expires = time.Now().Add(ttl)
 	tb := time.Now()
-	if err := vm.bind(ctx, req); err != nil {
+	finish, err := vm.bind(ctx, req)
+	if finish != nil {
+		defer func() { go finish() }() // once the sandbox is registered (or destroyed)
+	}
+	if err != nil {
 		vm.destroy()
 		d.mu.Lock()
 		delete(d.live, req.ID)
@@ -474,7 +493,9 @@ func (d *Driver) Claim(ctx context.Context, req driver.ClaimRequest) (driver.San
 		return nil, err
 	}
 	vm.mu.Lock()
-	vm.phases.Bind = time.Since(tb)
+	if vm.bound == nil { // else the bind's own wait times it
+		vm.phases.Bind = time.Since(tb)
+	}
 	vm.claimTime = time.Since(t0)
 	phases := vm.phases
 	vm.mu.Unlock()
@@ -749,6 +770,7 @@ func (d *Driver) Detach() {
 		vm.destroy()
 	}
 	for _, vm := range live {
+		vm.awaitBind() // the next run re-adopts it with its identity
 		vm.mu.Lock()
 		if vm.ttl != nil {
 			vm.ttl.Stop()

@@ -379,6 +379,49 @@ func TestWarmPoolClaim(t *testing.T) {
 	assertNothingLeft(t, d)
 }
 
+// A warm claim hands the sandbox out without waiting for the guest to
+// answer its bind (the agent applies the bind before any later call). When
+// the guest refuses the bind, the first command is refused with the reason
+// and the sandbox is destroyed, leaving nothing behind.
+func TestWarmClaimWhoseBindFails(t *testing.T) {
+	d := newDriver(t, "")
+	defer d.Close()
+	ctx := ctxT(t, 5*time.Minute)
+	if err := d.EnsureSnapshot(ctx, ""); err != nil {
+		t.Fatal(err)
+	}
+	d.SetPoolTarget("default", 1)
+	waitPool(t, d, 1)
+	d.breakBind = true
+	sb, err := d.Claim(ctx, driver.ClaimRequest{ID: "sb-unbound"})
+	d.SetPoolTarget("default", 0) // no refill: it would restore a VM with its bind broken
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info := sb.(driver.Interactive).Info(); info.Start != driver.StartWarm {
+		t.Fatalf("start %q, want warm (a pipelined bind)", info.Start)
+	}
+	_, err = sb.(driver.Interactive).Run(ctx, guest.ExecRequest{Argv: []string{"true"}}, nil, nil)
+	if !errors.Is(err, driver.ErrUnavailable) || !strings.Contains(err.Error(), "could not be bound") || !strings.Contains(err.Error(), "net.iface") {
+		t.Fatalf("a command behind a refused bind: %v", err)
+	}
+	sb.(*VM).awaitBind()
+	deadline := time.Now().Add(30 * time.Second)
+	for { // destroy takes the sandbox off the live list last
+		d.mu.Lock()
+		_, live := d.live["sb-unbound"]
+		d.mu.Unlock()
+		if !live {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox (%s) not destroyed after its bind failed", sb.(driver.Interactive).Info().State)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	assertNothingLeft(t, d)
+}
+
 func waitPool(t *testing.T, d *Driver, n int) {
 	t.Helper()
 	deadline := time.Now().Add(3 * time.Minute)
@@ -410,6 +453,7 @@ func TestBadClaims(t *testing.T) {
 		{driver.ClaimRequest{ID: "x", Limits: driver.Limits{DiskMB: 1 << 30}}, "limits.disk_mb", driver.ErrInvalid},
 		{driver.ClaimRequest{ID: "x", TTL: 1000 * time.Hour}, "ttl", driver.ErrInvalid},
 		{driver.ClaimRequest{}, "id: required", driver.ErrInvalid},
+		{driver.ClaimRequest{ID: "x", Env: map[string]string{"A=B": "c"}}, `env "A=B"`, driver.ErrInvalid},
 	} {
 		_, err := d.Claim(ctx, tc.req)
 		if !errors.Is(err, tc.err) || !strings.Contains(err.Error(), tc.want) {

@@ -44,6 +44,14 @@ type VM struct {
 	ttl       *time.Timer
 	net       driver.Network // nil: the VM's NIC has no backend
 	netNS     string         // at re-adoption: the namespace to take back
+	// ordered: the agent serves a claim before any later call (learned
+	// when a pool member is prewarmed), so a warm claim does not wait for
+	// the guest's answer to its bind (see bind).
+	ordered bool
+	// bound is closed once a pipelined bind's answer is in (nil: the bind,
+	// if any, was waited for); bindErr is why it failed.
+	bound   chan struct{}
+	bindErr error
 }
 
 // Network is the VM's network, nil when it has none.
@@ -128,7 +136,7 @@ func (d *Driver) restore(ctx context.Context, ts *tplState, snap *snapshot, sand
 	d.track(id, true)
 	vm := &VM{d: d, id: id, template: ts.t.Name + "@" + ts.t.Version, sandboxID: sandboxID, limits: lim, created: time.Now(),
 		state: "running", snapState: snap.state(), memShared: true}
-	vm.Agent = vm.client
+	vm.Agent, vm.CallErr = vm.client, vm.callErr
 	vm.spec = vmSpec{ID: id, Dir: d.vmDir(id), Kernel: ts.t.Path(ts.t.Kernel), Initramfs: ts.t.Path(ts.t.Initramfs),
 		Disk: filepath.Join(d.vmDir(id), "disk.qcow2"), MemMB: snap.Meta.MemMB, VCPUs: snap.Meta.VCPUs,
 		MemFile: snap.mem(), Accel: d.accel, Incoming: true, Cmdline: snap.Meta.Cmdline, CPU: snap.Meta.CPU, TBSizeMB: d.cfg.TCGCacheMB, NIC: snap.Meta.NIC,
@@ -167,7 +175,7 @@ func (d *Driver) boot(ctx context.Context, ts *tplState, sandboxID string, lim d
 	d.track(id, true)
 	vm := &VM{d: d, id: id, template: ts.t.Name + "@" + ts.t.Version, sandboxID: sandboxID, limits: lim, created: time.Now(),
 		state: "running", start: driver.StartBoot}
-	vm.Agent = vm.client
+	vm.Agent, vm.CallErr = vm.client, vm.callErr
 	vm.spec = vmSpec{ID: id, Dir: d.vmDir(id), Kernel: ts.t.Path(ts.t.Kernel), Initramfs: ts.t.Path(ts.t.Initramfs),
 		Disk: filepath.Join(d.vmDir(id), "disk.qcow2"), MemMB: lim.MemMB, VCPUs: lim.VCPUs, Accel: d.accel, TBSizeMB: d.cfg.TCGCacheMB,
 		Cmdline: d.cmdline("warren.pids=" + strconv.Itoa(lim.Pids)), CPU: d.cpu(), NIC: true}
@@ -231,8 +239,10 @@ type ClaimPhases struct {
 	Bind time.Duration
 }
 
-// ClaimPhases reports where this sandbox's claim spent its time.
+// ClaimPhases reports where this sandbox's claim spent its time. It waits
+// for a pipelined bind's answer, which is part of the claim.
 func (vm *VM) ClaimPhases() ClaimPhases {
+	vm.awaitBind()
 	vm.mu.Lock()
 	defer vm.mu.Unlock()
 	return vm.phases
@@ -254,7 +264,13 @@ func (p ClaimPhases) logAttrs() []any {
 
 // bind gives a claimed VM its identity: the host's clock, fresh entropy,
 // its hostname, its environment and its process limit.
-func (vm *VM) bind(ctx context.Context, req driver.ClaimRequest) error {
+//
+// A pool member whose agent orders claims is bound pipelined: bind returns
+// once the claim is sent, with finish, which the caller runs (in its own
+// goroutine) once the sandbox is registered; finish waits for the guest's
+// answer and destroys the sandbox if the bind failed. finish is nil when
+// bind waited for the answer itself.
+func (vm *VM) bind(ctx context.Context, req driver.ClaimRequest) (finish func(), err error) {
 	seed := make([]byte, 64)
 	_, _ = rand.Read(seed)
 	vm.mu.Lock()
@@ -265,11 +281,54 @@ func (vm *VM) bind(ctx context.Context, req driver.ClaimRequest) error {
 		nc := vm.net.GuestConfig(true)
 		creq.Net = &nc
 	}
-	_, err := vm.agent.Claim(ctx, creq)
-	if err != nil {
-		return fmt.Errorf("claim: %w", err)
+	if vm.d.breakBind {
+		creq.Net = &guest.NetConfig{} // no interface name: refused
 	}
-	return nil
+	if !vm.ordered {
+		_, err := vm.agent.Claim(ctx, creq)
+		if err != nil {
+			return nil, fmt.Errorf("claim: %w", err)
+		}
+		return nil, nil
+	}
+	// Pipelined: the agent applies the claim before any call opened after
+	// this one, and refuses them if it fails, so the sandbox is handed out
+	// as soon as the claim is sent; its first command follows it to the
+	// guest instead of waiting a round trip for the answer. The answer is
+	// awaited by finish: a failed bind destroys the sandbox. The wait
+	// outlives the claim's context (often a request's).
+	tb := time.Now()
+	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), bindWait)
+	wait, err := vm.agent.StartClaim(bctx, creq)
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("claim: %w", err)
+	}
+	vm.bound = make(chan struct{})
+	return func() {
+		_, err := wait()
+		cancel()
+		vm.mu.Lock()
+		vm.phases.Bind = time.Since(tb)
+		gone := vm.state == "destroyed"
+		vm.bindErr = err
+		vm.mu.Unlock()
+		close(vm.bound)
+		if err != nil && !gone && !vm.d.isClosed() {
+			vm.d.log.Warn("sandbox's identity not bound in the guest; destroying it", "sandbox", req.ID, "err", err)
+			vm.destroy()
+		}
+	}, nil
+}
+
+// bindWait bounds a pipelined bind's wait for the guest's answer.
+const bindWait = time.Minute
+
+// awaitBind waits for a pipelined bind's answer, if one is under way.
+func (vm *VM) awaitBind() {
+	if b := vm.bound; b != nil {
+		<-b
+	}
 }
 
 // prewarm runs a claim's calls once in a restored clone before it is
@@ -280,9 +339,15 @@ func (vm *VM) prewarm(ctx context.Context) error {
 	seed := make([]byte, 64)
 	_, _ = rand.Read(seed)
 	for i := 0; i < 2; i++ {
-		if _, err := vm.agent.Claim(ctx, guest.ClaimRequest{Now: time.Now(), Entropy: seed, Hostname: "warm", Pids: 4096}); err != nil {
+		wait, err := vm.agent.StartClaim(ctx, guest.ClaimRequest{Now: time.Now(), Entropy: seed, Hostname: "warm", Pids: 4096})
+		if err != nil {
 			return fmt.Errorf("prewarm: %w", err)
 		}
+		res, err := wait()
+		if err != nil {
+			return fmt.Errorf("prewarm: %w", err)
+		}
+		vm.ordered = res.Ordered
 		for _, argv := range [][]string{{"/bin/sh", "-c", "true"}, {"true"}} {
 			if _, _, err := vm.agent.Output(ctx, argv...); err != nil {
 				return fmt.Errorf("prewarm: %w", err)
@@ -334,10 +399,33 @@ func (vm *VM) Info() driver.Info {
 		Created: vm.created, Expires: vm.expires, ClaimTime: vm.claimTime, Accelerator: vm.d.accel}
 }
 
+// callErr names a failed bind as the reason a call failed: the guest
+// refuses calls behind it, and the sandbox is destroyed.
+func (vm *VM) callErr(err error) error {
+	vm.mu.Lock()
+	defer vm.mu.Unlock()
+	if e := vm.unbound(); e != nil {
+		return e
+	}
+	return err
+}
+
+// unbound is the error for calls on a sandbox whose bind failed (nil if it
+// did not). vm.mu is held.
+func (vm *VM) unbound() error {
+	if vm.bindErr == nil {
+		return nil
+	}
+	return driver.Errorf(driver.ErrUnavailable, "sandbox %s: its identity could not be bound in the guest, so it was destroyed: %v", vm.sandboxID, vm.bindErr)
+}
+
 // client returns the agent of a running sandbox.
 func (vm *VM) client() (*guest.Client, error) {
 	vm.mu.Lock()
 	defer vm.mu.Unlock()
+	if err := vm.unbound(); err != nil {
+		return nil, err
+	}
 	switch {
 	case vm.state == "destroyed":
 		return nil, driver.Errorf(driver.ErrNotFound, "sandbox %s is destroyed", vm.sandboxID)
@@ -352,6 +440,7 @@ func (vm *VM) client() (*guest.Client, error) {
 // Pause flushes the guest's disks, saves memory and devices to
 // paused.state in the VM's directory, and ends QEMU. The overlay stays.
 func (vm *VM) Pause(ctx context.Context) error {
+	vm.awaitBind()
 	vm.mu.Lock()
 	defer vm.mu.Unlock()
 	switch vm.state {
