@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -18,7 +19,8 @@ import (
 // Client is the host's end of one guest connection. It is safe for
 // concurrent use; each call opens its own stream.
 type Client struct {
-	sess *yamux.Session
+	sess    *yamux.Session
+	ordered atomic.Bool // a ping's answer said the agent orders claims
 }
 
 // NewClient starts a session on conn (a virtio-serial chardev socket, a
@@ -136,14 +138,21 @@ func (c *Client) simple(ctx context.Context, req *Request) (*Result, error) {
 	return c.finish(cl, nil)
 }
 
-// Ping returns the guest's clock.
+// Ping returns the guest's clock. It also learns whether the agent orders
+// claims (Ordered).
 func (c *Client) Ping(ctx context.Context) (time.Time, error) {
 	res, err := c.simple(ctx, &Request{Op: OpPing})
 	if err != nil {
 		return time.Time{}, err
 	}
+	c.ordered.Store(res.Ordered)
 	return time.Unix(0, res.GuestUnixNano), nil
 }
+
+// Ordered reports whether the agent said, in its answer to a ping on this
+// session, that it serves a claim before any call opened after it (see
+// StartClaim). False before a ping, and for older agents.
+func (c *Client) Ordered() bool { return c.ordered.Load() }
 
 // ExecRequest is one command.
 type ExecRequest struct {

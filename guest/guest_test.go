@@ -255,6 +255,12 @@ func TestClaimSetsIdentity(t *testing.T) {
 func TestCallsBehindAClaimSeeItsIdentity(t *testing.T) {
 	c := pair(t, &fakeSys{setTimeDelay: 200 * time.Millisecond})
 	ctx := context.Background()
+	if c.Ordered() {
+		t.Fatal("ordered before any ping")
+	}
+	if _, err := c.Ping(ctx); err != nil || !c.Ordered() {
+		t.Fatalf("after a ping: ordered %v, err %v", c.Ordered(), err)
+	}
 	wait, err := c.StartClaim(ctx, ClaimRequest{Now: time.Now(), Hostname: "sb-2", Env: map[string]string{"SANDBOX_ID": "sb-2"}})
 	if err != nil {
 		t.Fatal(err)

@@ -130,9 +130,9 @@ type Result struct {
 	Stats *Stats `json:"stats,omitempty"`
 	// ping, claim: the guest's clock after the call
 	GuestUnixNano int64 `json:"guest_unix_nano,omitempty"`
-	// claim: this agent serves a claim before it accepts the next call,
-	// so a host may send its first calls right behind a claim without
-	// waiting for the answer (see Client.StartClaim).
+	// ping, claim: this agent serves a claim before it accepts the next
+	// call, so a host may send its first calls right behind a claim
+	// without waiting for the answer (see Client.StartClaim).
 	Ordered bool `json:"ordered,omitempty"`
 }
 

@@ -166,7 +166,7 @@ func (s *Server) call(st *yamux.Stream, req *Request) (*Result, error) {
 	}
 	switch req.Op {
 	case OpPing:
-		return &Result{GuestUnixNano: time.Now().UnixNano()}, nil
+		return &Result{GuestUnixNano: time.Now().UnixNano(), Ordered: true}, nil
 	case OpExec:
 		return s.exec(st, req)
 	case OpRead:

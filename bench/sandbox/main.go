@@ -359,8 +359,8 @@ func run(c config) error {
 		fmt.Fprintf(&b, "Where a claim's time goes (medians of each phase, so they need not add up to the total's median): "+
 			"launch is QEMU's start until its QMP socket answers, load the snapshot's device state, resume QMP `cont` until the guest agent answers "+
 			"(a warm VM's agent is connected already), bind the claim call into the guest (clock, entropy, hostname, environment, limits), "+
-			"first command the `/bin/true` round trip. A warm claim does not wait for its bind's answer (its first command follows the bind "+
-			"to the guest at once), so its bind is timed from sending to the answer and overlaps its first command.\n\n")
+			"first command the `/bin/true` round trip. A claim does not wait for its bind's answer (its first command follows the bind "+
+			"to the guest at once), so bind is timed from sending to the answer and overlaps the first command.\n\n")
 		fmt.Fprintf(&b, "| claim | overlay | launch | load | resume | bind | first command | total |\n|---|---|---|---|---|---|---|---|\n")
 		for _, s := range []*series{restore, warm} {
 			if len(s.phases) == 0 {

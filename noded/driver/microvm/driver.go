@@ -441,7 +441,7 @@ func (d *Driver) Claim(ctx context.Context, req driver.ClaimRequest) (driver.San
 	if req.ID == "" {
 		return nil, driver.Errorf(driver.ErrInvalid, "id: required")
 	}
-	// The guest would refuse a bad environment too, but a warm claim does
+	// The guest would refuse a bad environment too, but a claim does
 	// not wait for its answer (see VM.bind).
 	if err := guest.CheckExec([]string{"env"}, req.Env); err != nil {
 		return nil, driver.Errorf(driver.ErrInvalid, "%v", err)

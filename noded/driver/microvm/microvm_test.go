@@ -565,6 +565,7 @@ func lastLine(s string) string {
 func TestAgentReconnectsAfterHangUps(t *testing.T) {
 	ctx, sb := claimOne(t, "sb-hangups", 5*time.Minute)
 	vm := sb.(*VM)
+	vm.awaitBind() // the claim's answer comes on the first session
 	var logs bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	const hangUps = 200

@@ -44,10 +44,6 @@ type VM struct {
 	ttl       *time.Timer
 	net       driver.Network // nil: the VM's NIC has no backend
 	netNS     string         // at re-adoption: the namespace to take back
-	// ordered: the agent serves a claim before any later call (learned
-	// when a pool member is prewarmed), so a warm claim does not wait for
-	// the guest's answer to its bind (see bind).
-	ordered bool
 	// bound is closed once a pipelined bind's answer is in (nil: the bind,
 	// if any, was waited for); bindErr is why it failed.
 	bound   chan struct{}
@@ -265,7 +261,8 @@ func (p ClaimPhases) logAttrs() []any {
 // bind gives a claimed VM its identity: the host's clock, fresh entropy,
 // its hostname, its environment and its process limit.
 //
-// A pool member whose agent orders claims is bound pipelined: bind returns
+// A VM whose agent orders claims (its first ping said so) is bound
+// pipelined: bind returns
 // once the claim is sent, with finish, which the caller runs (in its own
 // goroutine) once the sandbox is registered; finish waits for the guest's
 // answer and destroys the sandbox if the bind failed. finish is nil when
@@ -284,7 +281,7 @@ func (vm *VM) bind(ctx context.Context, req driver.ClaimRequest) (finish func(),
 	if vm.d.breakBind {
 		creq.Net = &guest.NetConfig{} // no interface name: refused
 	}
-	if !vm.ordered {
+	if !vm.agent.Ordered() {
 		_, err := vm.agent.Claim(ctx, creq)
 		if err != nil {
 			return nil, fmt.Errorf("claim: %w", err)
@@ -339,15 +336,9 @@ func (vm *VM) prewarm(ctx context.Context) error {
 	seed := make([]byte, 64)
 	_, _ = rand.Read(seed)
 	for i := 0; i < 2; i++ {
-		wait, err := vm.agent.StartClaim(ctx, guest.ClaimRequest{Now: time.Now(), Entropy: seed, Hostname: "warm", Pids: 4096})
-		if err != nil {
+		if _, err := vm.agent.Claim(ctx, guest.ClaimRequest{Now: time.Now(), Entropy: seed, Hostname: "warm", Pids: 4096}); err != nil {
 			return fmt.Errorf("prewarm: %w", err)
 		}
-		res, err := wait()
-		if err != nil {
-			return fmt.Errorf("prewarm: %w", err)
-		}
-		vm.ordered = res.Ordered
 		for _, argv := range [][]string{{"/bin/sh", "-c", "true"}, {"true"}} {
 			if _, _, err := vm.agent.Output(ctx, argv...); err != nil {
 				return fmt.Errorf("prewarm: %w", err)
