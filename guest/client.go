@@ -20,7 +20,7 @@ import (
 // concurrent use; each call opens its own stream.
 type Client struct {
 	sess    *yamux.Session
-	ordered atomic.Bool // a ping's answer said the agent orders claims
+	ordered atomic.Bool // an answer to a ping or a claim said the agent orders claims
 }
 
 // NewClient starts a session on conn (a virtio-serial chardev socket, a
@@ -145,13 +145,20 @@ func (c *Client) Ping(ctx context.Context) (time.Time, error) {
 	if err != nil {
 		return time.Time{}, err
 	}
-	c.ordered.Store(res.Ordered)
-	return time.Unix(0, res.GuestUnixNano), nil
+	return c.clock(res), nil
 }
 
-// Ordered reports whether the agent said, in its answer to a ping on this
-// session, that it serves a claim before any call opened after it (see
-// StartClaim). False before a ping, and for older agents.
+// clock is the guest's clock in a ping's or a claim's answer, which also
+// says whether the agent orders claims.
+func (c *Client) clock(res *Result) time.Time {
+	c.ordered.Store(res.Ordered)
+	return time.Unix(0, res.GuestUnixNano)
+}
+
+// Ordered reports whether the agent said, in its answer to a ping or a
+// claim on this session, that it serves a claim before any call opened
+// after it (see StartClaim). False before such an answer, and for older
+// agents.
 func (c *Client) Ordered() bool { return c.ordered.Load() }
 
 // ExecRequest is one command.
@@ -307,34 +314,26 @@ func (c *Client) Claim(ctx context.Context, req ClaimRequest) (time.Time, error)
 	if err != nil {
 		return time.Time{}, err
 	}
-	return time.Unix(0, res.GuestUnixNano), nil
-}
-
-// ClaimResult is a claim's answer.
-type ClaimResult struct {
-	GuestTime time.Time // the guest's clock after the claim
-	// Ordered: the agent serves a claim before any call opened after it,
-	// so StartClaim may be followed by calls at once.
-	Ordered bool
+	return c.clock(res), nil
 }
 
 // StartClaim sends a claim and returns once it is on its way, with a
-// function that waits for the answer. With an agent whose claims are
-// Ordered, every call made after StartClaim returns runs after the claim,
-// with its identity, and is refused if the claim failed; so a host can
-// send a sandbox's first command without waiting a round trip for the
-// claim. ctx bounds the whole call, including the wait.
-func (c *Client) StartClaim(ctx context.Context, req ClaimRequest) (wait func() (ClaimResult, error), err error) {
+// function that waits for the answer (what Claim returns). With an agent
+// whose claims are Ordered, every call made after StartClaim returns runs
+// after the claim, with its identity, and is refused if the claim failed;
+// so a host can send a sandbox's first command without waiting a round
+// trip for the claim. ctx bounds the whole call, including the wait.
+func (c *Client) StartClaim(ctx context.Context, req ClaimRequest) (wait func() (time.Time, error), err error) {
 	cl, err := c.open(ctx, claimRequest(req))
 	if err != nil {
 		return nil, err
 	}
-	return func() (ClaimResult, error) {
+	return func() (time.Time, error) {
 		res, err := c.finish(cl, nil)
 		if err != nil {
-			return ClaimResult{}, err
+			return time.Time{}, err
 		}
-		return ClaimResult{GuestTime: time.Unix(0, res.GuestUnixNano), Ordered: res.Ordered}, nil
+		return c.clock(res), nil
 	}, nil
 }
 

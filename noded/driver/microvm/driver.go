@@ -480,7 +480,6 @@ func (d *Driver) Claim(ctx context.Context, req driver.ClaimRequest) (driver.San
 		return nil, err
 	}
 	vm.expires = time.Now().Add(ttl)
-	tb := time.Now()
 	finish, err := vm.bind(ctx, req)
 	if finish != nil {
 		defer func() { go finish() }() // once the sandbox is registered (or destroyed)
@@ -493,9 +492,6 @@ func (d *Driver) Claim(ctx context.Context, req driver.ClaimRequest) (driver.San
 		return nil, err
 	}
 	vm.mu.Lock()
-	if vm.bound == nil { // else the bind's own wait times it
-		vm.phases.Bind = time.Since(tb)
-	}
 	vm.claimTime = time.Since(t0)
 	phases := vm.phases
 	vm.mu.Unlock()

@@ -346,14 +346,7 @@ func TestIdleGuestIsTickless(t *testing.T) {
 }
 
 func TestWarmPoolClaim(t *testing.T) {
-	d := newDriver(t, "")
-	defer d.Close()
-	ctx := ctxT(t, 5*time.Minute)
-	if err := d.EnsureSnapshot(ctx, ""); err != nil {
-		t.Fatal(err)
-	}
-	d.SetPoolTarget("default", 2)
-	waitPool(t, d, 2)
+	d, ctx := warmDriver(t, 2)
 	sb, err := d.Claim(ctx, driver.ClaimRequest{ID: "sb-warm"})
 	if err != nil {
 		t.Fatal(err)
@@ -384,14 +377,7 @@ func TestWarmPoolClaim(t *testing.T) {
 // the guest refuses the bind, the first command is refused with the reason
 // and the sandbox is destroyed, leaving nothing behind.
 func TestWarmClaimWhoseBindFails(t *testing.T) {
-	d := newDriver(t, "")
-	defer d.Close()
-	ctx := ctxT(t, 5*time.Minute)
-	if err := d.EnsureSnapshot(ctx, ""); err != nil {
-		t.Fatal(err)
-	}
-	d.SetPoolTarget("default", 1)
-	waitPool(t, d, 1)
+	d, ctx := warmDriver(t, 1)
 	d.breakBind = true
 	sb, err := d.Claim(ctx, driver.ClaimRequest{ID: "sb-unbound"})
 	d.SetPoolTarget("default", 0) // no refill: it would restore a VM with its bind broken
@@ -420,6 +406,21 @@ func TestWarmClaimWhoseBindFails(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	assertNothingLeft(t, d)
+}
+
+// warmDriver starts a driver whose default template has a snapshot and a
+// full pool of n; the test's cleanup closes it. ctx ends after 5 minutes.
+func warmDriver(t *testing.T, n int) (*Driver, context.Context) {
+	t.Helper()
+	d := newDriver(t, "")
+	t.Cleanup(func() { d.Close() })
+	ctx := ctxT(t, 5*time.Minute)
+	if err := d.EnsureSnapshot(ctx, ""); err != nil {
+		t.Fatal(err)
+	}
+	d.SetPoolTarget("default", n)
+	waitPool(t, d, n)
+	return d, ctx
 }
 
 func waitPool(t *testing.T, d *Driver, n int) {

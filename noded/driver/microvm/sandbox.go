@@ -262,11 +262,11 @@ func (p ClaimPhases) logAttrs() []any {
 // its hostname, its environment and its process limit.
 //
 // A VM whose agent orders claims (its first ping said so) is bound
-// pipelined: bind returns
-// once the claim is sent, with finish, which the caller runs (in its own
-// goroutine) once the sandbox is registered; finish waits for the guest's
-// answer and destroys the sandbox if the bind failed. finish is nil when
-// bind waited for the answer itself.
+// pipelined: bind returns once the claim is sent, with finish, which the
+// caller runs (in its own goroutine) once the sandbox is registered;
+// finish waits for the guest's answer and destroys the sandbox if the bind
+// failed. finish is nil when bind waited for the answer itself. Either way
+// bind times the phase (ClaimPhases.Bind).
 func (vm *VM) bind(ctx context.Context, req driver.ClaimRequest) (finish func(), err error) {
 	seed := make([]byte, 64)
 	_, _ = rand.Read(seed)
@@ -281,11 +281,15 @@ func (vm *VM) bind(ctx context.Context, req driver.ClaimRequest) (finish func(),
 	if vm.d.breakBind {
 		creq.Net = &guest.NetConfig{} // no interface name: refused
 	}
+	tb := time.Now()
 	if !vm.agent.Ordered() {
 		_, err := vm.agent.Claim(ctx, creq)
 		if err != nil {
 			return nil, fmt.Errorf("claim: %w", err)
 		}
+		vm.mu.Lock()
+		vm.phases.Bind = time.Since(tb)
+		vm.mu.Unlock()
 		return nil, nil
 	}
 	// Pipelined: the agent applies the claim before any call opened after
@@ -294,7 +298,6 @@ func (vm *VM) bind(ctx context.Context, req driver.ClaimRequest) (finish func(),
 	// guest instead of waiting a round trip for the answer. The answer is
 	// awaited by finish: a failed bind destroys the sandbox. The wait
 	// outlives the claim's context (often a request's).
-	tb := time.Now()
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), bindWait)
 	wait, err := vm.agent.StartClaim(bctx, creq)
 	if err != nil {
