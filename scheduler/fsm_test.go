@@ -614,3 +614,77 @@ func TestInvariantsCatchACachedTaskChangedWithoutPut(t *testing.T) {
 	}()
 	a.flushTasks()
 }
+
+// Plain appends do not rewrite the task's record (bumpTask): every read of
+// it must still see the next seq and the update time its events give, and
+// appends after a restart, or on a replica restored from a snapshot, must
+// go on at that seq.
+func TestPlainAppendsLeaveTheRecordButReadsCatchUp(t *testing.T) {
+	tf := newTestFSM(t)
+	task := tf.create("")
+	id := task.GetId()
+	stored := func() *warrenv1.Task {
+		t.Helper()
+		var rec warrenv1.Task
+		if err := tf.fsm.getProto(keyTask(id), &rec); err != nil {
+			t.Fatal(err)
+		}
+		return &rec
+	}
+	for i := 1; i <= 3; i++ {
+		tf.ok(&fsmv1.AppendEvents{TaskId: id, Events: []*warrenv1.EventInput{logEvent("a"), logEvent("b")}, Time: timestamppb.New(t0.Add(time.Duration(i) * time.Second))})
+	}
+	tf.ok(&fsmv1.SendMessage{TaskId: id, Text: "steer", Time: timestamppb.New(t0.Add(4 * time.Second))})
+	if rec := stored(); rec.GetNextSeq() != 2 {
+		t.Fatalf("stored record's next_seq = %d: plain appends rewrote it (want the create's 2)", rec.GetNextSeq())
+	}
+	check := func(what string, wantNext uint64, wantUpdated time.Time) {
+		t.Helper()
+		got, err := tf.fsm.Task(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.GetNextSeq() != wantNext || !got.GetUpdatedAt().AsTime().Equal(wantUpdated) {
+			t.Fatalf("%s: next_seq %d updated_at %v, want %d %v", what, got.GetNextSeq(), got.GetUpdatedAt().AsTime(), wantNext, wantUpdated)
+		}
+		list, _, err := tf.fsm.ListTasks(warrenv1.TaskState_TASK_STATE_UNSPECIFIED, "", 10)
+		if err != nil || len(list) != 1 || !proto.Equal(list[0], got) {
+			t.Fatalf("%s: ListTasks = %v, %v; want the task GetTask reads", what, list, err)
+		}
+	}
+	check("after plain appends", 9, t0.Add(4*time.Second))
+
+	// After a restart the FSM has no cached record: it reads the stored
+	// one and catches up, and the next append lands at seq 9.
+	tf.reopen()
+	check("after a restart", 9, t0.Add(4*time.Second))
+	r := tf.ok(&fsmv1.AppendEvents{TaskId: id, Events: []*warrenv1.EventInput{logEvent("c")}, Time: timestamppb.New(t0.Add(5 * time.Second))})[0]
+	if r.GetFirstSeq() != 9 || r.GetLastSeq() != 9 {
+		t.Fatalf("append after a restart got seqs %d..%d, want 9..9", r.GetFirstSeq(), r.GetLastSeq())
+	}
+	// The update time is the last event's, as it always was, even when that
+	// is stamped earlier (a new leader whose clock is behind).
+	tf.ok(&fsmv1.AppendEvents{TaskId: id, Events: []*warrenv1.EventInput{logEvent("d")}, Time: timestamppb.New(t0)})
+	check("after an event stamped earlier", 11, t0)
+
+	// A state change rewrites the record; appends after it leave it again.
+	tf.ok(&fsmv1.AppendEvents{TaskId: id, Events: []*warrenv1.EventInput{stateEvent("cancelled")}, Time: timestamppb.New(t0.Add(6 * time.Second))})
+	if rec := stored(); rec.GetNextSeq() != 12 || rec.GetState() != warrenv1.TaskState_TASK_STATE_CANCELLED {
+		t.Fatalf("stored record after a state change: next_seq %d state %v, want 12 cancelled", rec.GetNextSeq(), rec.GetState())
+	}
+	check("after a state change", 12, t0.Add(6*time.Second))
+
+	// A replica restored from a snapshot reads the same.
+	other := newTestFSM(t)
+	if err := other.fsm.Restore(io.NopCloser(bytes.NewReader(snapshotBytes(t, tf.fsm)))); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := tf.fsm.Task(id)
+	b, err := other.fsm.Task(id)
+	if err != nil || !proto.Equal(a, b) {
+		t.Fatalf("restored replica reads %v (%v), want %v", b, err, a)
+	}
+	if kindsOf(other.events(id)) != kindsOf(tf.events(id)) {
+		t.Fatal("restored replica's events differ")
+	}
+}

@@ -27,10 +27,25 @@ func (f *FSM) getProto(k []byte, m proto.Message) error {
 	return proto.Unmarshal(v, m)
 }
 
-// Task returns a task or ErrNotFound.
+// Task returns a task or ErrNotFound. The record and the events it is
+// caught up with (catchUp) are read from one snapshot.
 func (f *FSM) Task(id string) (*warrenv1.Task, error) {
+	snap := f.db.NewSnapshot()
+	defer snap.Close()
 	t := &warrenv1.Task{}
-	if err := f.getProto(keyTask(id), t); err != nil {
+	v, closer, err := snap.Get(keyTask(id))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return nil, fmt.Errorf("task %q: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("task %q: %w", id, err)
+	}
+	err = proto.Unmarshal(v, t)
+	closer.Close()
+	if err != nil {
+		return nil, fmt.Errorf("task %q: %w", id, err)
+	}
+	if err := catchUp(snap, t); err != nil {
 		return nil, fmt.Errorf("task %q: %w", id, err)
 	}
 	return t, nil
