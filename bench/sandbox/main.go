@@ -343,7 +343,10 @@ func run(c config) error {
 		g := s.goal
 		if s.goalMS > 0 {
 			met := "missed"
-			if float64(s.pct(0.5).Microseconds())/1000 <= s.goalMS {
+			switch {
+			case len(s.samples) == 0:
+				met = "not measured in this run"
+			case float64(s.pct(0.5).Microseconds())/1000 <= s.goalMS:
 				met = "met"
 			}
 			g += " — " + met
