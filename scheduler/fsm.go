@@ -41,12 +41,14 @@ type FSM struct {
 	applied atomic.Uint64
 	watch   *watchers
 	idem    *idemSet // FSM goroutine only
-	// live caches the stored record of every task that is not terminal
-	// and was written since the process started (FSM goroutine only). The
-	// applier reads a task from here instead of Pebble, where under load
-	// the record is usually in an sstable block that is not cached. An
-	// entry is exactly what the last flush wrote; an applier uses it as
-	// the batch's working copy (see applier.task).
+	// live caches the record of every task that is not terminal and was
+	// written or appended to since the process started (FSM goroutine
+	// only). The applier reads a task from here instead of Pebble, where
+	// under load the record is usually in an sstable block that is not
+	// cached. An entry is the stored record caught up with the task's
+	// events (catchUp: plain appends do not rewrite the record, see
+	// applier.bumpTask); an applier uses it as the batch's working copy
+	// (see applier.task).
 	live   map[string]*warrenv1.Task
 	noLive bool // benchmarks only: the baseline without the cache
 	// lastReq remembers, for live tasks, the seq and request id of the
@@ -302,9 +304,10 @@ func (a *applier) put(k []byte, m proto.Message) {
 	}
 }
 
-// cachedTask is a task read or written during one ApplyBatch. Tasks are
-// written back once, at the end of the batch, however many commands of the
-// batch changed them.
+// cachedTask is a task read or written during one ApplyBatch. A changed
+// task is written back once, at the end of the batch, however many
+// commands of the batch changed it, and not at all if they only appended
+// events to it (bumpTask).
 type cachedTask struct {
 	t     *warrenv1.Task
 	orig  warrenv1.TaskState // state when first read (unspecified if new)
@@ -314,7 +317,8 @@ type cachedTask struct {
 }
 
 // task returns the task (the batch's working copy; mutate it only once the
-// command is sure to succeed, then call putTask).
+// command is sure to succeed, then call putTask, or bumpTask if the
+// command only appended events).
 func (a *applier) task(id string) (*warrenv1.Task, *fsmv1.Result) {
 	if c, ok := a.tasks[id]; ok {
 		return c.t, nil
@@ -327,10 +331,11 @@ func (a *applier) task(id string) (*warrenv1.Task, *fsmv1.Result) {
 			}
 		}
 		// The cached record itself is the working copy: commands mutate
-		// it only once they are sure to succeed, and then putTask it, so
-		// at the end of the batch it is what flushTasks writes. (The
+		// it only once they are sure to succeed, and then putTask (or
+		// bumpTask) it, so at the end of the batch it is what flushTasks
+		// writes (or what the stored record and its events read as). (The
 		// invariants build checks, in flushTasks, that a task no command
-		// put was not changed either.)
+		// put or bumped was not changed either.)
 		a.tasks[id] = &cachedTask{t: c, orig: c.GetState()}
 		return c, nil
 	}
@@ -377,7 +382,7 @@ func (a *applier) flushTasks() {
 			if invariants && (c.bumped || a.live[id] == c.t) { // FSM.live's record
 				stored := &warrenv1.Task{}
 				if !a.get(keyTask(id), stored) || catchUp(a.b, stored) != nil || !proto.Equal(stored, c.t) {
-					panic(fmt.Sprintf("invariant: cached task %s was changed by a command that did not put it", id))
+					panic(fmt.Sprintf("invariant: cached task %s differs from its stored record and events: changed by a command that did not put it", id))
 				}
 			}
 			if c.bumped { // appended to, so live (a finished task takes no events)
