@@ -325,8 +325,7 @@ func (a *applier) task(id string) (*warrenv1.Task, *fsmv1.Result) {
 	}
 	if c, ok := a.live[id]; ok {
 		if invariants {
-			stored := &warrenv1.Task{}
-			if !a.get(keyTask(id), stored) || catchUp(a.b, stored) != nil || !proto.Equal(stored, c) {
+			if stored, ok := a.stored(id); !ok || !proto.Equal(stored, c) {
 				panic(fmt.Sprintf("invariant: cached task %s differs from its stored record and events", id))
 			}
 		}
@@ -339,15 +338,25 @@ func (a *applier) task(id string) (*warrenv1.Task, *fsmv1.Result) {
 		a.tasks[id] = &cachedTask{t: c, orig: c.GetState()}
 		return c, nil
 	}
+	t, ok := a.stored(id)
+	if !ok {
+		return nil, fail(connect.CodeNotFound, "task %q not found", id)
+	}
+	a.tasks[id] = &cachedTask{t: t, orig: t.GetState()}
+	return t, nil
+}
+
+// stored reads a task's record from the batch, caught up with its events
+// (catchUp); false if there is none.
+func (a *applier) stored(id string) (*warrenv1.Task, bool) {
 	t := &warrenv1.Task{}
 	if !a.get(keyTask(id), t) {
-		return nil, fail(connect.CodeNotFound, "task %q not found", id)
+		return nil, false
 	}
 	if err := catchUp(a.b, t); err != nil {
 		panic(fmt.Sprintf("scheduler: task %s: %v", id, err))
 	}
-	a.tasks[id] = &cachedTask{t: t, orig: t.GetState()}
-	return t, nil
+	return t, true
 }
 
 // putTask marks the task changed; flushTasks writes it.
@@ -380,8 +389,7 @@ func (a *applier) flushTasks() {
 	for id, c := range a.tasks {
 		if !c.dirty {
 			if invariants && (c.bumped || a.live[id] == c.t) { // FSM.live's record
-				stored := &warrenv1.Task{}
-				if !a.get(keyTask(id), stored) || catchUp(a.b, stored) != nil || !proto.Equal(stored, c.t) {
+				if stored, ok := a.stored(id); !ok || !proto.Equal(stored, c.t) {
 					panic(fmt.Sprintf("invariant: cached task %s differs from its stored record and events: changed by a command that did not put it", id))
 				}
 			}
@@ -446,9 +454,7 @@ func (a *applier) appendEvent(t *warrenv1.Task, ts *timestamppb.Timestamp, kind 
 // appended after it was last written (bumpTask): next_seq follows the last
 // event, and updated_at is that event's time, as appendEvent set them on
 // the record the FSM holds in memory.
-func catchUp(r interface {
-	NewIter(*pebble.IterOptions) (*pebble.Iterator, error)
-}, t *warrenv1.Task) error {
+func catchUp(r pebble.Reader, t *warrenv1.Task) error {
 	id := t.GetId()
 	it, err := r.NewIter(&pebble.IterOptions{
 		LowerBound: keyEvent(id, t.GetNextSeq()),

@@ -15,8 +15,11 @@ import (
 // Queries read the local replica's applied state. They are safe from any
 // goroutine and return fresh messages the caller owns.
 
-func (f *FSM) getProto(k []byte, m proto.Message) error {
-	v, closer, err := f.db.Get(k)
+func (f *FSM) getProto(k []byte, m proto.Message) error { return readProto(f.db, k, m) }
+
+// readProto decodes the value at k in r into m, or returns ErrNotFound.
+func readProto(r pebble.Reader, k []byte, m proto.Message) error {
+	v, closer, err := r.Get(k)
 	if errors.Is(err, pebble.ErrNotFound) {
 		return ErrNotFound
 	}
@@ -33,16 +36,7 @@ func (f *FSM) Task(id string) (*warrenv1.Task, error) {
 	snap := f.db.NewSnapshot()
 	defer snap.Close()
 	t := &warrenv1.Task{}
-	v, closer, err := snap.Get(keyTask(id))
-	if errors.Is(err, pebble.ErrNotFound) {
-		return nil, fmt.Errorf("task %q: %w", id, ErrNotFound)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("task %q: %w", id, err)
-	}
-	err = proto.Unmarshal(v, t)
-	closer.Close()
-	if err != nil {
+	if err := readProto(snap, keyTask(id), t); err != nil {
 		return nil, fmt.Errorf("task %q: %w", id, err)
 	}
 	if err := catchUp(snap, t); err != nil {
