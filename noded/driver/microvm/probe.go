@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -128,7 +129,7 @@ func SmokeBoot(ctx context.Context, qemu string, accel string, t *guest.Template
 	defer p.kill()
 	bctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	c, err := waitAgent(bctx, s, p.exited)
+	c, err := waitAgent(bctx, s, p.exited, bootAgentWait, slog.Default())
 	if err != nil {
 		return "", 0, err
 	}

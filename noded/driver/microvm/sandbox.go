@@ -193,7 +193,7 @@ func (d *Driver) boot(ctx context.Context, ts *tplState, sandboxID string, lim d
 	}
 	bctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
-	c, err := waitAgent(bctx, vm.spec, vm.p.exited)
+	c, err := waitAgent(bctx, vm.spec, vm.p.exited, bootAgentWait, d.log)
 	if err != nil {
 		vm.destroy()
 		return nil, fmt.Errorf("boot: %w", err)
@@ -212,7 +212,7 @@ func (vm *VM) cont(ctx context.Context) error {
 	}
 	actx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	c, err := waitAgent(actx, vm.spec, vm.p.exited)
+	c, err := waitAgent(actx, vm.spec, vm.p.exited, resumeAgentWait, vm.d.log)
 	if err != nil {
 		return err
 	}

@@ -112,7 +112,7 @@ func (d *Driver) makeSnapshot(ctx context.Context, t *guest.Template) (*snapshot
 		return nil, err
 	}
 	defer q.Close()
-	c, err := waitAgent(bctx, spec, p.exited)
+	c, err := waitAgent(bctx, spec, p.exited, bootAgentWait, d.log)
 	if err != nil {
 		return nil, err
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -309,13 +310,25 @@ func qemuVersion(qemu string) (string, error) {
 	return "", errors.New("qemu version: unrecognised output")
 }
 
+// How long waitAgent's first ping waits for an answer: a booting guest's
+// agent answers once the guest is up (seconds under TCG), a restored one's
+// within a fraction of a second.
+const (
+	bootAgentWait   = 10 * time.Second
+	resumeAgentWait = time.Second
+)
+
 // waitAgent connects to the guest agent and waits until it answers.
 //
-// It keeps one connection while the guest boots: a virtio-serial port
-// blocks the guest's writes while no host is connected, so hanging up and
-// redialling on a timeout would leave the guest writing a stale answer into
-// the next connection. It redials only when the session itself fails.
-func waitAgent(ctx context.Context, s vmSpec, exited <-chan struct{}) (*guest.Client, error) {
+// A ping that gets no answer within wait is retried on a new connection,
+// after a pause in which the guest sees the hang-up and ends its session;
+// each attempt waits twice as long as the one before, so a slow guest still
+// gets its time. An agent that closes its port between hosts (templates
+// made before the agent held its port open) can lose a host's first calls
+// when the host connects just as the agent closes the port, and the ping
+// then never gets its answer (docs/sandboxes.md, "The agent's port"). The
+// session itself failing is retried at once.
+func waitAgent(ctx context.Context, s vmSpec, exited <-chan struct{}, wait time.Duration, log *slog.Logger) (*guest.Client, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
@@ -333,7 +346,7 @@ func waitAgent(ctx context.Context, s vmSpec, exited <-chan struct{}) (*guest.Cl
 			return nil
 		}
 	}
-	for {
+	for attempt := 1; ; {
 		if err := gone(); err != nil {
 			return nil, err
 		}
@@ -346,14 +359,25 @@ func waitAgent(ctx context.Context, s vmSpec, exited <-chan struct{}) (*guest.Cl
 			continue
 		}
 		// The ping waits in the socket until the agent opens its port.
-		if _, err = c.Ping(ctx); err == nil {
+		pctx, pcancel := context.WithTimeout(ctx, wait)
+		_, err = c.Ping(pctx)
+		timedOut := pctx.Err() != nil && ctx.Err() == nil
+		pcancel()
+		if err == nil {
 			return c, nil
 		}
 		c.Close()
 		if err := gone(); err != nil {
 			return nil, err
 		}
-		time.Sleep(10 * time.Millisecond)
+		if !timedOut {
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		log.Info("the guest agent did not answer; reconnecting", "vm", s.ID, "attempt", attempt, "waited", wait)
+		time.Sleep(time.Duration(attempt) * 50 * time.Millisecond)
+		attempt++
+		wait *= 2
 	}
 }
 
