@@ -270,7 +270,8 @@ func FindPort(name string) (string, error) {
 
 // RunAgent serves calls on the virtio-serial port forever. Each host
 // connection is one yamux session; when the host goes away the port reads
-// end of file, and the agent waits for the next connection.
+// end of file, and the agent waits for the next connection on the port it
+// holds open (see hostPort).
 func RunAgent(logger *slog.Logger) error {
 	// No oom_score_adj here: children would inherit it, and a hog that
 	// cannot be killed panics the guest. The commands' cgroup keeps them
@@ -294,19 +295,11 @@ func RunAgent(logger *slog.Logger) error {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	console(ReadyMarker)
-	for {
-		f, err := os.OpenFile(dev, os.O_RDWR, 0)
-		if err != nil {
-			time.Sleep(10 * time.Millisecond)
-			continue
-		}
-		start := time.Now()
-		_ = srv.Serve(f)
-		f.Close()
-		if time.Since(start) < 5*time.Millisecond {
-			// No host connected: the port reads end of file at once.
-			time.Sleep(2 * time.Millisecond)
-		}
+	var port *hostPort
+	for port, err = openPort(dev); err != nil; port, err = openPort(dev) {
+		time.Sleep(10 * time.Millisecond)
 	}
+	console(ReadyMarker)
+	port.serve(srv)
+	return nil
 }
