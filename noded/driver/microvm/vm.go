@@ -124,7 +124,13 @@ func (s vmSpec) args() []string {
 		a = append(a, "-netdev", backend, "-device", "virtio-net-device,netdev=net0,mac="+guestMAC)
 	}
 	if s.Incoming {
-		a = append(a, "-incoming", "defer")
+		// No self-announce after the state is loaded: QEMU would make the
+		// guest send gratuitous ARP and neighbour advertisements for the
+		// address it had when the state was saved, five times over half a
+		// second, while a claim waits for the guest. A clone gets its
+		// address at its claim; a resumed sandbox keeps its own, on the
+		// same node, behind its own tap.
+		a = append(a, "-incoming", "defer", "-global", "migration.announce-rounds=0")
 	}
 	return a
 }
