@@ -49,6 +49,7 @@ type config struct {
 	tcgCache                       int
 	tcgHugePages                   bool
 	tcgASLR                        bool
+	tcgGuestLSM                    bool
 	tcgTicklessIdle                bool
 	pss                            []int
 	ctrSocket, rootfs, agent       string
@@ -63,6 +64,7 @@ func main() {
 	flag.IntVar(&c.tcgCache, "tcg-cache-mb", 0, "TCG translation cache per VM in MiB (0: the driver's default)")
 	flag.BoolVar(&c.tcgHugePages, "tcg-huge-pages", false, "keep transparent huge pages for clones' QEMUs under TCG (the driver turns them off for clones by default; cold boots keep them)")
 	flag.BoolVar(&c.tcgTicklessIdle, "tcg-tickless-idle", true, "under TCG, where the host's TSC is reliable, let guests stop their tick while idle (=false: the driver's TCGPeriodicTick)")
+	flag.BoolVar(&c.tcgGuestLSM, "tcg-guest-lsm", false, "keep the guest kernel's default security modules and pressure stall accounting under TCG (the driver boots guests with lsm=landlock,lockdown,yama psi=0 by default)")
 	flag.BoolVar(&c.tcgASLR, "tcg-aslr", false, "keep address-space layout randomization in guests under TCG (the driver boots them with norandmaps by default)")
 	flag.IntVar(&c.boots, "boots", 5, "cold boots")
 	flag.IntVar(&c.restores, "restores", 20, "snapshot restores")
@@ -158,7 +160,7 @@ func run(c config) error {
 		}
 		defer os.RemoveAll(c.stateDir)
 	}
-	d, err := microvm.New(microvm.Config{ImageDir: c.imageDir, StateDir: c.stateDir, Accel: c.accel, TCGCacheMB: c.tcgCache, TCGHugePages: c.tcgHugePages, TCGASLR: c.tcgASLR, TCGPeriodicTick: !c.tcgTicklessIdle,
+	d, err := microvm.New(microvm.Config{ImageDir: c.imageDir, StateDir: c.stateDir, Accel: c.accel, TCGCacheMB: c.tcgCache, TCGHugePages: c.tcgHugePages, TCGASLR: c.tcgASLR, TCGGuestLSM: c.tcgGuestLSM, TCGPeriodicTick: !c.tcgTicklessIdle,
 		Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return err
@@ -331,12 +333,16 @@ func run(c config) error {
 	if !c.tcgASLR && d.Accelerator() == "tcg" {
 		aslr = "off (norandmaps)"
 	}
+	lsm := "the kernel's default"
+	if !c.tcgGuestLSM && d.Accelerator() == "tcg" {
+		lsm = "landlock, lockdown and yama only, no pressure stall accounting"
+	}
 	tick := "periodic (250 Hz)"
 	if d.TicklessIdle() {
 		tick = "stopped while idle (-cpu qemu64,+arat, tsc=reliable)"
 	}
-	fmt.Fprintf(&b, "Run on %s, %d CPUs; QEMU microvm, accelerator **%s** (%s); template %s@%s (kernel %s); guest 256 MiB, 1 vCPU; TCG cache %d MiB; QEMU's transparent huge pages %s; the guest's address-space randomization %s; the guest's tick %s.\n",
-		time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), d.Accelerator(), d.AcceleratorReason(), t.Name, t.Version, t.KernelRelease, cache, thp, aslr, tick)
+	fmt.Fprintf(&b, "Run on %s, %d CPUs; QEMU microvm, accelerator **%s** (%s); template %s@%s (kernel %s); guest 256 MiB, 1 vCPU; TCG cache %d MiB; QEMU's transparent huge pages %s; the guest's address-space randomization %s; the guest's security modules %s; the guest's tick %s.\n",
+		time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), d.Accelerator(), d.AcceleratorReason(), t.Name, t.Version, t.KernelRelease, cache, thp, aslr, lsm, tick)
 	fmt.Fprintf(&b, "Making the template's snapshot took %v. Every latency ends when the guest agent has run `/bin/true` and returned its exit status.\n\n", snapTook.Round(time.Millisecond))
 	fmt.Fprintf(&b, "| measure | n | p50 | p99 | min | max | goal |\n|---|---|---|---|---|---|---|\n")
 	for _, s := range all {

@@ -39,6 +39,7 @@ type nodeFlags struct {
 	containerd, runtime, runcBinary                                                string
 	tcgCacheMB                                                                     int
 	tcgASLR                                                                        bool
+	tcgGuestLSM                                                                    bool
 	tcgPeriodicTick                                                                bool
 	egress                                                                         egressFlags
 	model                                                                          modelFlags
@@ -68,6 +69,7 @@ func (f *nodeFlags) register(fs *flag.FlagSet) {
 		f.tcgPeriodicTick = !on
 		return nil
 	})
+	fs.BoolVar(&f.tcgGuestLSM, "tcg-guest-lsm", false, "microvm under TCG: keep the guest kernel's default security modules (AppArmor, TOMOYO) and pressure stall accounting (off by default: guests boot with lsm=landlock,lockdown,yama psi=0, whose hooks cost every fresh clone translation and every command time)")
 	fs.BoolVar(&f.tcgASLR, "tcg-aslr", false, "microvm under TCG: keep address-space layout randomization inside guests (off by default: with it every exec in a guest translates the dynamic loader and libc again)")
 	fs.StringVar(&f.containerd, "containerd", container.DefaultSocket, "container: containerd's socket")
 	fs.StringVar(&f.runtime, "runtime", "runc", "container: runc, or runsc (gVisor through the runc shim; needs --egress off)")
@@ -314,7 +316,7 @@ func newDriver(f *nodeFlags) (driver.Driver, error) {
 			return nil, err
 		}
 		d, err := microvm.New(microvm.Config{ImageDir: f.imageDir, StateDir: filepath.Join(f.data, "microvm"), Accel: f.accel,
-			TCGCacheMB: f.tcgCacheMB, TCGASLR: f.tcgASLR, TCGPeriodicTick: f.tcgPeriodicTick, Networks: nets, Logger: log})
+			TCGCacheMB: f.tcgCacheMB, TCGASLR: f.tcgASLR, TCGGuestLSM: f.tcgGuestLSM, TCGPeriodicTick: f.tcgPeriodicTick, Networks: nets, Logger: log})
 		if err != nil {
 			f.closeEgress()
 			return nil, fmt.Errorf("driver: %w", err)

@@ -288,6 +288,33 @@ func TestCmdlineRandomization(t *testing.T) {
 	}
 }
 
+func TestCmdlineSecurityModules(t *testing.T) {
+	for _, c := range []struct {
+		accel string
+		keep  bool
+		want  bool // lsm= and psi=0
+	}{{"tcg", false, true}, {"tcg", true, false}, {"kvm", false, false}} {
+		d := &Driver{accel: c.accel, cfg: Config{TCGGuestLSM: c.keep}}
+		got := d.cmdline("warren.pids=64")
+		if strings.Contains(got, " lsm="+guestLSMs+" psi=0") != c.want || strings.Contains(got, "lsm=") != c.want || !strings.HasSuffix(got, " warren.pids=64") {
+			t.Errorf("accel %s, TCGGuestLSM %v: cmdline %q; want lsm= and psi=0 %v", c.accel, c.keep, got, c.want)
+		}
+	}
+}
+
+// A guest under TCG runs without AppArmor, TOMOYO and pressure stall
+// accounting (see Config.TCGGuestLSM), and with Landlock.
+func TestGuestSecurityModules(t *testing.T) {
+	_, sb := claimOne(t, "sb-lsm", 3*time.Minute)
+	if sb.(*VM).d.accel != "tcg" {
+		t.Skip("the guest's security modules are the kernel's default under KVM")
+	}
+	out, code := run(t, sb, "cat /sys/module/apparmor/parameters/enabled; test -e /proc/pressure/cpu && echo psi; grep -o 'lsm=[^ ]*' /proc/cmdline")
+	if want := "N\nlsm=" + guestLSMs + "\n"; code != 0 || out != want {
+		t.Fatalf("exit %d, %q; want AppArmor off, no /proc/pressure and %q", code, out, want)
+	}
+}
+
 func TestTicklessChoice(t *testing.T) {
 	for _, c := range []struct {
 		accel             string
