@@ -643,7 +643,7 @@ func TestAgentAnswersEveryNewHost(t *testing.T) {
 		time.Sleep(hangUpQuiet)
 		vm.agent.Close()
 		vm.agent = nil
-		pause := 40*time.Millisecond + time.Duration(i%10)*300*time.Microsecond
+		pause := 100*time.Millisecond + time.Duration(i%10)*300*time.Microsecond
 		time.Sleep(pause)
 		c, err := guest.Dial(ctx, vm.spec.agentPath())
 		if err != nil {
