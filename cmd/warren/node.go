@@ -69,7 +69,7 @@ func (f *nodeFlags) register(fs *flag.FlagSet) {
 		f.tcgPeriodicTick = !on
 		return nil
 	})
-	fs.BoolVar(&f.tcgGuestLSM, "tcg-guest-lsm", false, "microvm under TCG: keep the guest kernel's default security modules (AppArmor, TOMOYO) and pressure stall accounting (off by default: guests boot with lsm=landlock,lockdown,yama psi=0, whose hooks cost every fresh clone translation and every command time)")
+	fs.BoolVar(&f.tcgGuestLSM, "tcg-guest-lsm", false, "microvm under TCG: keep the guest kernel's default security modules (AppArmor, TOMOYO) and pressure stall accounting (off by default: guests boot with lsm=landlock,lockdown,yama psi=0: their hooks cost translation in every fresh clone and time in every command)")
 	fs.BoolVar(&f.tcgASLR, "tcg-aslr", false, "microvm under TCG: keep address-space layout randomization inside guests (off by default: with it every exec in a guest translates the dynamic loader and libc again)")
 	fs.StringVar(&f.containerd, "containerd", container.DefaultSocket, "container: containerd's socket")
 	fs.StringVar(&f.runtime, "runtime", "runc", "container: runc, or runsc (gVisor through the runc shim; needs --egress off)")
