@@ -280,16 +280,12 @@ func (a *applier) putIdem(k []byte, m proto.Message) {
 }
 
 func (a *applier) get(k []byte, m proto.Message) bool {
-	v, closer, err := a.b.Get(k)
-	if errors.Is(err, pebble.ErrNotFound) {
+	err := readProto(a.b, k, m)
+	if errors.Is(err, ErrNotFound) {
 		return false
 	}
 	if err != nil {
 		panic(fmt.Sprintf("scheduler: read %x: %v", k, err))
-	}
-	defer closer.Close()
-	if err := proto.Unmarshal(v, m); err != nil {
-		panic(fmt.Sprintf("scheduler: decode %x: %v", k, err))
 	}
 	return true
 }
@@ -456,10 +452,7 @@ func (a *applier) appendEvent(t *warrenv1.Task, ts *timestamppb.Timestamp, kind 
 // the record the FSM holds in memory.
 func catchUp(r pebble.Reader, t *warrenv1.Task) error {
 	id := t.GetId()
-	it, err := r.NewIter(&pebble.IterOptions{
-		LowerBound: keyEvent(id, t.GetNextSeq()),
-		UpperBound: prefixEnd(append([]byte{prefixEvent}, id...)),
-	})
+	it, err := eventsFrom(r, id, t.GetNextSeq())
 	if err != nil {
 		return err
 	}

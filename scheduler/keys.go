@@ -3,6 +3,8 @@ package scheduler
 import (
 	"encoding/binary"
 
+	"github.com/cockroachdb/pebble/v2"
+
 	"github.com/warrenhq/warren/raftlog"
 )
 
@@ -61,6 +63,14 @@ func keyNodeTasks(node string) []byte {
 }
 
 func keyNodeTask(node, task string) []byte { return append(keyNodeTasks(node), task...) }
+
+// eventsFrom iterates task id's events in r from seq on.
+func eventsFrom(r pebble.Reader, id string, seq uint64) (*pebble.Iterator, error) {
+	return r.NewIter(&pebble.IterOptions{
+		LowerBound: keyEvent(id, seq),
+		UpperBound: prefixEnd(append([]byte{prefixEvent}, id...)),
+	})
+}
 
 // prefixEnd returns the smallest key greater than every key with prefix p.
 func prefixEnd(p []byte) []byte {

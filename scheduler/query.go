@@ -47,10 +47,7 @@ func (f *FSM) Task(id string) (*warrenv1.Task, error) {
 
 // Events returns up to limit events of task id with seq > after, in order.
 func (f *FSM) Events(id string, after uint64, limit int) ([]*warrenv1.Event, error) {
-	it, err := f.db.NewIter(&pebble.IterOptions{
-		LowerBound: keyEvent(id, after+1),
-		UpperBound: prefixEnd(append([]byte{prefixEvent}, id...)),
-	})
+	it, err := eventsFrom(f.db, id, after+1)
 	if err != nil {
 		return nil, err
 	}
