@@ -3,14 +3,11 @@ package microvm
 import (
 	"context"
 	"encoding/json"
-	"fmt"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
-	"github.com/warrenhq/warren/guest"
 	"github.com/warrenhq/warren/noded/driver"
 )
 
@@ -89,7 +86,7 @@ func (d *Driver) adopt(dir, id string) (*VM, string) {
 	if st, err := q.Status(ctx); err == nil && st == "paused" {
 		_, _ = q.Run(ctx, "cont", nil)
 	}
-	c, err := reconnectAgent(ctx, vm.spec.agentPath(), d.log.With("sandbox", m.SandboxID))
+	c, err := waitAgent(ctx, vm.spec, vm.p.exited, reconnectAgentWait, d.log.With("sandbox", m.SandboxID))
 	if err != nil {
 		q.Close()
 		vm.p.kill()
@@ -102,42 +99,6 @@ func (d *Driver) adopt(dir, id string) (*VM, string) {
 // adoptTimeout bounds reconnecting to a running guest's agent (re-adoption,
 // and a resumed VM's fresh session).
 const adoptTimeout = 15 * time.Second
-
-// reconnectAgent connects to a running guest's agent, as a restarted node
-// does when it re-adopts a VM, and waits until it answers.
-//
-// In QEMU 7.2 a guest's write that meets the host's hang-up (the last host
-// hung up in the middle of a call, or just as one ended) can leave the
-// virtio-serial port throttled: the socket chardev disconnects inside the
-// failed write, and the port then throttles itself with no watch left to
-// lift it. A new connection does not lift it either: the guest gets the
-// new host's calls, but its answers stay in the VM. A hang-up does, and
-// QEMU drops what the guest wrote. So a ping that gets no answer in time
-// is retried on a new connection, after a pause in which the guest sees
-// the hang-up and ends its session. Each attempt waits twice as long as
-// the one before, from 2 s, so a slow guest still gets its time.
-func reconnectAgent(ctx context.Context, path string, log *slog.Logger) (*guest.Client, error) {
-	wait := 2 * time.Second
-	for attempt := 1; ; attempt++ {
-		c, err := guest.Dial(ctx, path)
-		if err == nil {
-			actx, cancel := context.WithTimeout(ctx, wait)
-			_, err = c.Ping(actx)
-			cancel()
-			if err == nil {
-				return c, nil
-			}
-			c.Close()
-		}
-		pause := time.Duration(attempt) * 50 * time.Millisecond
-		if dl, ok := ctx.Deadline(); ctx.Err() != nil || ok && time.Until(dl) < pause {
-			return nil, fmt.Errorf("no answer in %d attempts: %w", attempt, err)
-		}
-		log.Info("the guest agent did not answer; reconnecting", "attempt", attempt, "err", err)
-		time.Sleep(pause)
-		wait *= 2
-	}
-}
 
 // reattachNetwork takes back a re-adopted VM's network with its policy. If
 // it cannot (the node runs without egress policy now, or the namespace is

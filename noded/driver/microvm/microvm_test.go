@@ -585,7 +585,7 @@ func lastLine(s string) string {
 
 // A restarted node reconnects to each running VM's agent. QEMU 7.2 can
 // leave a virtio-serial port throttled when a guest's write meets the
-// host's hang-up (see reconnectAgent), and the next connection then gets
+// host's hang-up (see waitAgent), and the next connection then gets
 // no answers: that hung about one re-adoption in 30.
 // Hanging up right after a call and dialling again hits that window within
 // a few hundred cycles (twice in 100 when this test was written); every
@@ -604,7 +604,7 @@ func TestAgentReconnectsAfterHangUps(t *testing.T) {
 		// hang-up; a varying pause varies where the next dial lands.
 		time.Sleep(time.Duration(i%20) * time.Millisecond)
 		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		c, err := reconnectAgent(rctx, vm.spec.agentPath(), log)
+		c, err := waitAgent(rctx, vm.spec, vm.p.exited, reconnectAgentWait, log)
 		cancel()
 		if err == nil {
 			vm.agent = c
@@ -628,7 +628,7 @@ func TestAgentReconnectsAfterHangUps(t *testing.T) {
 // and waited for answers that never came (about one restored clone in ten
 // whose host connected a moment after the resume waited a minute and was
 // then booted cold). Each cycle waits until the guest has nothing left to
-// write (QEMU's throttling, see reconnectAgent, is not what is tested here),
+// write (QEMU's throttling, see waitAgent, is not what is tested here),
 // hangs up, gives the guest time to see the hang-up, and dials again after
 // a pause that sweeps the phase of any polling; every ping must be answered
 // on its own connection.

@@ -484,7 +484,7 @@ func (vm *VM) Pause(ctx context.Context) error {
 // (TestPauseLeavesNoStaleSession). A hang-up while the guest runs ends the
 // stale session. Waiting hangUpQuiet before it lets the guest's last
 // writes (the close of the call that found it answering) leave first;
-// reconnectAgent copes with a write that meets the hang-up anyway
+// waitAgent copes with a write that meets the hang-up anyway
 // (docs/sandboxes.md).
 func (vm *VM) freshSession(ctx context.Context) error {
 	time.Sleep(hangUpQuiet)
@@ -493,7 +493,7 @@ func (vm *VM) freshSession(ctx context.Context) error {
 	time.Sleep(hangUpGrace)
 	rctx, cancel := context.WithTimeout(ctx, adoptTimeout)
 	defer cancel()
-	c, err := reconnectAgent(rctx, vm.spec.agentPath(), vm.d.log)
+	c, err := waitAgent(rctx, vm.spec, vm.p.exited, reconnectAgentWait, vm.d.log)
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}

@@ -318,10 +318,12 @@ func qemuVersion(qemu string) (string, error) {
 
 // How long waitAgent's first ping waits for an answer: a booting guest's
 // agent answers once the guest is up (seconds under TCG), a restored one's
-// within a fraction of a second.
+// within a fraction of a second; a running guest's (re-adoption, a resumed
+// sandbox's fresh session) within a few, however busy the host.
 const (
-	bootAgentWait   = 10 * time.Second
-	resumeAgentWait = time.Second
+	bootAgentWait      = 10 * time.Second
+	resumeAgentWait    = time.Second
+	reconnectAgentWait = 2 * time.Second
 )
 
 // waitAgent connects to the guest agent and waits until it answers.
@@ -329,11 +331,19 @@ const (
 // A ping that gets no answer within wait is retried on a new connection,
 // after a pause in which the guest sees the hang-up and ends its session;
 // each attempt waits twice as long as the one before, so a slow guest still
-// gets its time. An agent that closes its port between hosts (templates
-// made before the agent held its port open) can lose a host's first calls
-// when the host connects just as the agent closes the port, and the ping
-// then never gets its answer (docs/sandboxes.md, "The agent's port"). The
-// session itself failing is retried at once.
+// gets its time. The session itself failing is retried at once. A ping can
+// go unanswered for good in two ways:
+//   - An agent that closes its port between hosts (templates made before
+//     the agent held its port open) can lose a host's first calls when the
+//     host connects just as the agent closes the port (docs/sandboxes.md,
+//     "The agent's port").
+//   - In QEMU 7.2 a guest's write that meets the host's hang-up (the last
+//     host hung up in the middle of a call, or just as one ended) can leave
+//     the virtio-serial port throttled: the socket chardev disconnects
+//     inside the failed write, and the port then throttles itself with no
+//     watch left to lift it. A new connection does not lift it either: the
+//     guest gets the new host's calls, but its answers stay in the VM. A
+//     hang-up does, and QEMU drops what the guest wrote.
 func waitAgent(ctx context.Context, s vmSpec, exited <-chan struct{}, wait time.Duration, log *slog.Logger) (*guest.Client, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
