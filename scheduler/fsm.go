@@ -40,7 +40,8 @@ type FSM struct {
 	tmpDir  string // for snapshot checkpoints
 	applied atomic.Uint64
 	watch   *watchers
-	idem    *idemSet // FSM goroutine only
+	idem    *idemSet  // FSM goroutine only
+	reqs    *reqIndex // FSM goroutine only
 	// live caches the record of every task that is not terminal and was
 	// written or appended to since the process started (FSM goroutine
 	// only). The applier reads a task from here instead of Pebble, where
@@ -95,7 +96,7 @@ var _ raft.BatchingFSM = (*FSM)(nil)
 // NewFSM opens the state machine over db. tmpDir holds snapshot checkpoints
 // while they stream and must be on the same filesystem as db.
 func NewFSM(db *pebble.DB, tmpDir string, log *slog.Logger) (*FSM, error) {
-	f := &FSM{db: db, log: log, tmpDir: tmpDir, watch: newWatchers(), idem: newIdemSet(), live: map[string]*warrenv1.Task{}, lastReq: map[string]lastEvent{}}
+	f := &FSM{db: db, log: log, tmpDir: tmpDir, watch: newWatchers(), idem: newIdemSet(), reqs: newReqIndex(), live: map[string]*warrenv1.Task{}, lastReq: map[string]lastEvent{}}
 	if err := f.idem.load(db); err != nil {
 		return nil, err
 	}
@@ -134,7 +135,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	if f.noLive {
 		live = map[string]*warrenv1.Task{}
 	}
-	a := &applier{b: b, idem: f.idem, live: live, lastReq: f.lastReq, touched: map[string]struct{}{}, tasks: map[string]*cachedTask{}, nodes: map[string]*cachedNode{}}
+	a := &applier{b: b, idem: f.idem, reqs: f.reqs, live: live, lastReq: f.lastReq, touched: map[string]struct{}{}, tasks: map[string]*cachedTask{}, nodes: map[string]*cachedNode{}}
 	last := applied
 	for i, l := range logs {
 		if invariants && i > 0 && l.Index <= logs[i-1].Index {
@@ -196,6 +197,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 type applier struct {
 	b       *pebble.Batch
 	idem    *idemSet
+	reqs    *reqIndex
 	live    map[string]*warrenv1.Task // FSM.live
 	lastReq map[string]lastEvent      // FSM.lastReq
 	touched map[string]struct{}
@@ -203,7 +205,7 @@ type applier struct {
 	nodes   map[string]*cachedNode
 	replan  bool // see FSM.replanGen
 	// reqID is stamped on every event written while it is set: the request
-	// id of the positioned append being applied (see appendAt).
+	// id of the append being applied (see appendAt and appendOnce).
 	reqID string
 }
 
@@ -221,7 +223,10 @@ func (a *applier) apply(c Command) *fsmv1.Result {
 		if m.GetExpectedSeq() != 0 {
 			return a.appendAt(m)
 		}
-		return a.idempotent("append/"+m.GetTaskId(), m.GetRequestId(), func() *fsmv1.Result { return a.appendEvents(m) })
+		if m.GetRequestId() == "" {
+			return a.appendEvents(m)
+		}
+		return a.appendOnce(m)
 	case *fsmv1.SendMessage:
 		return a.idempotent("msg/"+m.GetTaskId(), m.GetRequestId(), func() *fsmv1.Result { return a.sendMessage(m) })
 	case *fsmv1.Decide:
@@ -413,6 +418,7 @@ func (a *applier) flushTasks() {
 		if Terminal(c.t.GetState()) {
 			delete(a.live, id)
 			delete(a.lastReq, id)
+			a.reqs.end(id)
 		} else {
 			a.live[id] = c.t
 		}
@@ -441,6 +447,9 @@ func (a *applier) appendEvent(t *warrenv1.Task, ts *timestamppb.Timestamp, kind 
 	}
 	a.put(keyEvent(t.GetId(), seq), &warrenv1.Event{Seq: seq, Time: ts, Kind: kind, Payload: payload, Epoch: epoch, RequestId: a.reqID})
 	a.lastReq[t.GetId()] = lastEvent{seq: seq, req: a.reqID}
+	if a.reqID != "" {
+		a.reqs.noted(t.GetId(), a.reqID)
+	}
 	t.NextSeq = seq + 1
 	t.UpdatedAt = ts
 	return seq

@@ -179,7 +179,6 @@ func TestPositionedAppendIsExactlyOnceWithoutARecord(t *testing.T) {
 	at := func(want uint64, req string, evs ...*warrenv1.EventInput) *fsmv1.AppendEvents {
 		return &fsmv1.AppendEvents{TaskId: id, ExpectedSeq: want, RequestId: req, Events: evs, Time: timestamppb.New(t0)}
 	}
-	seqs := func(r *fsmv1.Result) string { return fmt.Sprintf("%d..%d", r.GetFirstSeq(), r.GetLastSeq()) }
 
 	if r := tf.ok(at(2, "p1", logEvent("a"), logEvent("b")))[0]; seqs(r) != "2..3" {
 		t.Fatalf("first append: %s, want 2..3", seqs(r))

@@ -121,6 +121,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	}
 	clear(f.live) // before the copy: a failed copy must not leave stale entries
 	clear(f.lastReq)
+	f.reqs.reset()
 	if err := f.replaceFrom(src); err != nil {
 		return fmt.Errorf("restore snapshot: %w", err)
 	}

@@ -85,7 +85,7 @@ func main() {
 	flag.IntVar(&c.appenders, "appenders", 0, "send writers' appends through this many shared client.Appenders (as that many node daemons would: each batches its writers' appends into AppendEventsBatch calls); 0: one AppendEvents call per append")
 	flag.IntVar(&c.batch, "batch", 1, "events per AppendEvents call (a node sending several of its actors' events at once); events/s counts events")
 	flag.IntVar(&c.maxTasks, "tasks", 256, "at most this many tasks per level; writers share them")
-	flag.BoolVar(&c.positioned, "positioned", false, "each writer is the only writer of its own task and names the seq its events go at (expected_seq), so the log keeps no idempotency record per append; -tasks is ignored")
+	flag.BoolVar(&c.positioned, "positioned", false, "each writer is the only writer of its own task and names the seq its events go at (expected_seq), so a retry is found at that seq; -tasks is ignored")
 	flag.BoolVar(&c.h2c, "h2c", false, "use HTTP/2 cleartext (multiplexed) instead of one HTTP/1.1 connection per writer")
 	flag.BoolVar(&c.gzip, "gzip", true, "accept gzip-compressed responses, as connect-go clients (and warren's client package) do by default")
 	flag.StringVar(&c.out, "out", "", "also write the markdown report to this file")

@@ -835,9 +835,9 @@ type Event struct {
 	Payload []byte `protobuf:"bytes,5,opt,name=payload,proto3" json:"payload,omitempty"`
 	// The lease epoch the event was appended under (0 for client events).
 	Epoch uint64 `protobuf:"varint,6,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	// On every event written by an append that gave expected_seq (including
-	// a state_changed the log added for it): that append's request id, by
-	// which a retry of it is recognised. Empty otherwise.
+	// On every event written by an append (including a state_changed the log
+	// added for it): that append's request id, by which a retry of it is
+	// recognised. Empty on events written by other calls.
 	RequestId     string `protobuf:"bytes,7,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
