@@ -32,6 +32,9 @@ type reqIndex struct {
 
 const maxEndedReqSets = 64
 
+// appendScope is the idempotency scope of the records appends once kept.
+const appendScope = "append/"
+
 func newReqIndex() *reqIndex {
 	return &reqIndex{seed: maphash.MakeSeed(), tasks: map[string]map[uint64]struct{}{}}
 }
@@ -104,9 +107,11 @@ func (a *applier) mayHave(t *warrenv1.Task, req string) bool {
 func (a *applier) appendOnce(m *fsmv1.AppendEvents) *fsmv1.Result {
 	id, req := m.GetTaskId(), m.GetRequestId()
 	// Appends applied before events carried their request id left a record.
-	var prev fsmv1.Result
-	if a.getIdem(keyIdem("append/"+id, req), &prev) {
-		return &prev
+	if a.idem.appends {
+		var prev fsmv1.Result
+		if a.getIdem(keyIdem(appendScope+id, req), &prev) {
+			return &prev
+		}
 	}
 	t, r := a.task(id)
 	if r != nil {

@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"bytes"
 	"fmt"
 	"hash/maphash"
 
@@ -17,6 +18,9 @@ import (
 type idemSet struct {
 	seed maphash.Seed
 	m    map[uint64]struct{}
+	// appends: the database holds records of appends, which versions
+	// before appendonce.go wrote; without them an append need not look.
+	appends bool
 }
 
 func newIdemSet() *idemSet {
@@ -35,7 +39,7 @@ func (s *idemSet) add(k []byte) { s.m[s.hash(k)] = struct{}{} }
 
 // load replaces the set with the keys stored in db.
 func (s *idemSet) load(db *pebble.DB) error {
-	s.m = map[uint64]struct{}{}
+	s.m, s.appends = map[uint64]struct{}{}, false
 	it, err := db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixIdem}, UpperBound: []byte{prefixIdem + 1}})
 	if err != nil {
 		return err
@@ -43,6 +47,7 @@ func (s *idemSet) load(db *pebble.DB) error {
 	defer it.Close()
 	for ok := it.First(); ok; ok = it.Next() {
 		s.add(it.Key())
+		s.appends = s.appends || bytes.HasPrefix(it.Key()[1:], []byte(appendScope))
 	}
 	if err := it.Error(); err != nil {
 		return fmt.Errorf("load idempotency keys: %w", err)
