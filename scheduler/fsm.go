@@ -195,15 +195,16 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 // applier applies commands into one indexed batch. Each command checks
 // everything before it writes, so a refused command leaves no trace.
 type applier struct {
-	b       *pebble.Batch
-	idem    *idemSet
-	reqs    *reqIndex
-	live    map[string]*warrenv1.Task // FSM.live
-	lastReq map[string]lastEvent      // FSM.lastReq
-	touched map[string]struct{}
-	tasks   map[string]*cachedTask
-	nodes   map[string]*cachedNode
-	replan  bool // see FSM.replanGen
+	b        *pebble.Batch
+	idem     *idemSet
+	reqs     *reqIndex
+	live     map[string]*warrenv1.Task // FSM.live
+	lastReq  map[string]lastEvent      // FSM.lastReq
+	touched  map[string]struct{}
+	tasks    map[string]*cachedTask
+	nodes    map[string]*cachedNode
+	replan   bool   // see FSM.replanGen
+	key, val []byte // appendEvent's scratch buffers
 	// reqID is stamped on every event written while it is set: the request
 	// id of the append being applied (see appendAt and appendOnce).
 	reqID string
@@ -445,7 +446,11 @@ func (a *applier) appendEvent(t *warrenv1.Task, ts *timestamppb.Timestamp, kind 
 			}
 		}
 	}
-	a.put(keyEvent(t.GetId(), seq), &warrenv1.Event{Seq: seq, Time: ts, Kind: kind, Payload: payload, Epoch: epoch, RequestId: a.reqID})
+	a.key = appendKeyEvent(a.key[:0], t.GetId(), seq)
+	a.val = appendEventValue(a.val[:0], seq, ts, kind, payload, epoch, a.reqID)
+	if err := a.b.Set(a.key, a.val, nil); err != nil { // Set copies both
+		panic(fmt.Sprintf("scheduler: batch set: %v", err))
+	}
 	a.lastReq[t.GetId()] = lastEvent{seq: seq, req: a.reqID}
 	if a.reqID != "" {
 		a.reqs.noted(t.GetId(), a.reqID)

@@ -32,7 +32,10 @@ func keyTask(id string) []byte { return append([]byte{prefixTask}, id...) }
 // events sort by seq. Task ids are fixed-length ULIDs, so no separator is
 // needed between id and seq.
 func keyEvent(id string, seq uint64) []byte {
-	k := make([]byte, 0, 1+len(id)+8)
+	return appendKeyEvent(make([]byte, 0, 1+len(id)+8), id, seq)
+}
+
+func appendKeyEvent(k []byte, id string, seq uint64) []byte {
 	k = append(k, prefixEvent)
 	k = append(k, id...)
 	return binary.BigEndian.AppendUint64(k, seq)
