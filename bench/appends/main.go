@@ -33,6 +33,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"runtime/pprof"
 	"runtime"
 	"slices"
 	"strconv"
@@ -70,6 +71,7 @@ type config struct {
 	quietWait  time.Duration
 	targets    string
 	rate       float64
+	cpuProfile string
 }
 
 func main() {
@@ -95,6 +97,7 @@ func main() {
 	flag.DurationVar(&c.quietWait, "quiet-wait", 3*time.Minute, "wait at most this long for -quiet, then run anyway (0: never wait)")
 	flag.Float64Var(&c.rate, "rate", 0, "open loop: offer this many events/s in all, each writer sending on its own fixed schedule, and time each append from when it was due (so waiting behind a slow one counts); 0: closed loop, each writer sends its next append when the last returns")
 	flag.StringVar(&c.targets, "targets", "all", "servers the writers call: all, leader or followers (to isolate forwarding cost)")
+	flag.StringVar(&c.cpuProfile, "cpuprofile", "", "write the bench client's own CPU profile (the writers and appenders, not the servers: give them --pprof in -server-args) to this file")
 	flag.Parse()
 	var errs []error
 	for _, s := range strings.Split(writers, ",") {
@@ -131,7 +134,21 @@ func main() {
 		os.Exit(2)
 	}
 	c.serverArgs = strings.Fields(serverArgs)
-	os.Exit(cluster.Run(func(ctx context.Context) error { return run(ctx, c) }))
+	if c.cpuProfile != "" {
+		f, err := os.Create(c.cpuProfile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "-cpuprofile: %v\n", err)
+			os.Exit(2)
+		}
+	}
+	code := cluster.Run(func(ctx context.Context) error { return run(ctx, c) })
+	if c.cpuProfile != "" {
+		pprof.StopCPUProfile()
+	}
+	os.Exit(code)
 }
 
 func logf(format string, args ...any) {
