@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"bytes"
 	"errors"
 	"testing"
 
@@ -87,6 +88,45 @@ func FuzzDecodeCommand(f *testing.F) {
 		c2, err := DecodeCommand(again)
 		if err != nil || !proto.Equal(c.Body, c2.Body) {
 			t.Fatalf("re-decode %s: %v", c.Type, err)
+		}
+	})
+}
+
+// batchCommands reads a batch as DecodeCommand does: the same commands,
+// and an error for the same inputs.
+func FuzzBatchCommands(f *testing.F) {
+	for _, m := range allCommands() {
+		b, _ := EncodeCommand(m)
+		f.Add(encodeBatch([][]byte{b, b}))
+	}
+	f.Add(encodeBatch(nil))
+	f.Add([]byte{byte(CmdBatch)})
+	f.Add([]byte{byte(CmdBatch | FlagIgnorable), 0x0a, 0x01, 0x02})
+	f.Add([]byte{byte(CmdBatch), 0x0a, 0x05, 0x02})
+	f.Add([]byte{byte(CmdBatch), 0x08, 0x01, 0x0a, 0x00, 0x13, 0x14})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if len(b) == 0 || CmdType(b[0])&^FlagIgnorable != CmdBatch {
+			if _, err := batchCommands(b); err == nil {
+				t.Fatal("a command that is not a batch was read as one")
+			}
+			return
+		}
+		got, err := batchCommands(b)
+		c, werr := DecodeCommand(b)
+		if (err == nil) != (werr == nil) {
+			t.Fatalf("batchCommands error %v, DecodeCommand error %v", err, werr)
+		}
+		if err != nil {
+			return
+		}
+		want := c.Body.(*fsmv1.Batch).GetCommands()
+		if len(got) != len(want) {
+			t.Fatalf("%d commands, DecodeCommand gives %d", len(got), len(want))
+		}
+		for i := range got {
+			if !bytes.Equal(got[i], want[i]) {
+				t.Fatalf("command %d: %x, DecodeCommand gives %x", i, got[i], want[i])
+			}
 		}
 	})
 }

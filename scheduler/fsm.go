@@ -148,14 +148,11 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 		if l.Type != raft.LogCommand {
 			continue
 		}
-		cmd, err := DecodeCommand(l.Data)
-		if err != nil {
-			// A committed entry this server cannot read: continuing would
-			// let replicas diverge. Stop loudly.
-			panic(fmt.Sprintf("scheduler: raft entry %d: %v", l.Index, err))
-		}
-		if cmd.Type == CmdBatch {
-			sub := cmd.Body.(*fsmv1.Batch).GetCommands()
+		if len(l.Data) > 0 && CmdType(l.Data[0])&^FlagIgnorable == CmdBatch {
+			sub, err := batchCommands(l.Data)
+			if err != nil {
+				panic(fmt.Sprintf("scheduler: raft entry %d: %v", l.Index, err))
+			}
 			res := make([]*fsmv1.Result, len(sub))
 			for j, raw := range sub {
 				c, err := DecodeCommand(raw)
@@ -167,6 +164,12 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 			out[i] = res
 			f.stats.add(len(sub))
 			continue
+		}
+		cmd, err := DecodeCommand(l.Data)
+		if err != nil {
+			// A committed entry this server cannot read: continuing would
+			// let replicas diverge. Stop loudly.
+			panic(fmt.Sprintf("scheduler: raft entry %d: %v", l.Index, err))
 		}
 		out[i] = []*fsmv1.Result{a.apply(cmd)}
 		f.stats.add(1)
