@@ -166,6 +166,7 @@ type result struct {
 	cpuBench   float64 // cores used by this process
 	cpuServers float64 // cores used by the servers together
 	cpuOther   float64 // cores used by everything else on the machine
+	ioWait     float64 // cores idle while a disk request was outstanding
 }
 
 func run(ctx context.Context, c config) error {
@@ -231,9 +232,9 @@ func run(ctx context.Context, c config) error {
 			if err != nil {
 				return err
 			}
-			logf("writers=%d run %d/%d: %.0f events/s, p50 %s, p99 %s, p99.9 %s, errors %d, %.1f events/raft entry, cpu bench %.2f servers %.2f other %.2f cores",
+			logf("writers=%d run %d/%d: %.0f events/s, p50 %s, p99 %s, p99.9 %s, errors %d, %.1f events/raft entry, cpu bench %.2f servers %.2f other %.2f cores, iowait %.2f cores",
 				w, r+1, c.runs, res.perSec, ms(pct(res.lat, 0.50)), ms(pct(res.lat, 0.99)), ms(pct(res.lat, 0.999)),
-				res.errors, res.perEntry, res.cpuBench, res.cpuServers, res.cpuOther)
+				res.errors, res.perEntry, res.cpuBench, res.cpuServers, res.cpuOther, res.ioWait)
 			for msg, n := range res.errSamples {
 				logf("  %d× %s", n, msg)
 			}
@@ -415,7 +416,7 @@ func measure(ctx context.Context, c config, cl *cluster.Cluster, tasks []warrenv
 		return st.GetLastLogIndex(), err
 	}
 	var idx0, idx1 uint64
-	var cpu0, cpu1 [3]time.Duration
+	var cpu0, cpu1 [4]time.Duration
 	sleepUntil(ctx, t0)
 	idx0, err0 := leaderIndex()
 	cpu0 = cpuTimes(cl)
@@ -452,18 +453,19 @@ func measure(ctx context.Context, c config, cl *cluster.Cluster, tasks []warrenv
 	res.cpuBench = (cpu1[0] - cpu0[0]).Seconds() / secs
 	res.cpuServers = (cpu1[1] - cpu0[1]).Seconds() / secs
 	res.cpuOther = max(0, (cpu1[2]-cpu0[2]).Seconds()/secs-res.cpuBench-res.cpuServers)
+	res.ioWait = (cpu1[3] - cpu0[3]).Seconds() / secs
 	return res, nil
 }
 
 // cpuTimes returns the CPU time used so far by this process, by all
-// servers together, and by the whole machine.
-func cpuTimes(cl *cluster.Cluster) [3]time.Duration {
+// servers together, and by the whole machine, and the machine's iowait.
+func cpuTimes(cl *cluster.Cluster) [4]time.Duration {
 	var s time.Duration
 	for _, n := range cl.Nodes {
 		d, _ := n.CPUTime()
 		s += d
 	}
-	return [3]time.Duration{cluster.SelfCPUTime(), s, cluster.MachineBusy()}
+	return [4]time.Duration{cluster.SelfCPUTime(), s, cluster.MachineBusy(), cluster.MachineIOWait()}
 }
 
 func errKey(err error) string {
@@ -551,15 +553,15 @@ func render(c config, results map[int][]result) string {
 		"%s measured after %s warm-up, median of %d runs. Server flags: %s.\n\n",
 		host, runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.GOOS+"/"+runtime.GOARCH, runtime.Version(),
 		c.batch, c.payload, how(c, who, proto), c.duration, c.warmup, c.runs, strings.Join(c.serverArgs, " "))
-	b.WriteString("| writers | events/s | p50 | p99 | p99.9 | errors | events/raft entry | CPU cores: bench / servers / other |\n")
-	b.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| writers | events/s | p50 | p99 | p99.9 | errors | events/raft entry | CPU cores: bench / servers / other | iowait cores |\n")
+	b.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, w := range c.writers {
 		rs := results[w]
 		errs := 0
 		for _, r := range rs {
 			errs += r.errors
 		}
-		fmt.Fprintf(&b, "| %d | %.0f | %s | %s | %s | %d | %.1f | %.2f / %.2f / %.2f |\n", w,
+		fmt.Fprintf(&b, "| %d | %.0f | %s | %s | %s | %d | %.1f | %.2f / %.2f / %.2f | %.2f |\n", w,
 			median(collect(rs, func(r result) float64 { return r.perSec })),
 			ms(median(collect(rs, func(r result) time.Duration { return pct(r.lat, 0.50) }))),
 			ms(median(collect(rs, func(r result) time.Duration { return pct(r.lat, 0.99) }))),
@@ -568,10 +570,12 @@ func render(c config, results map[int][]result) string {
 			median(collect(rs, func(r result) float64 { return r.perEntry })),
 			median(collect(rs, func(r result) float64 { return r.cpuBench })),
 			median(collect(rs, func(r result) float64 { return r.cpuServers })),
-			median(collect(rs, func(r result) float64 { return r.cpuOther })))
+			median(collect(rs, func(r result) float64 { return r.cpuOther })),
+			median(collect(rs, func(r result) float64 { return r.ioWait })))
 	}
 	b.WriteString("\nerrors: total over all runs. events/raft entry: acknowledged appends per leader log entry (group commit batch size). " +
-		"CPU: cores busy during the window; other = the rest of the machine (e.g. unrelated builds), which skews the figures when not ~0.\n\n")
+		"CPU: cores busy during the window; other = the rest of the machine (e.g. unrelated builds), which skews the figures when not ~0. " +
+		"iowait: cores idle while a disk request was outstanding, that is time the machine waited on its disk (synced raft writes); well above its usual level it marks a disk stall.\n\n")
 	const goalW, goalRate, goalP99 = 1024, 20000.0, 50 * time.Millisecond
 	if c.rate > 0 {
 		b.WriteString("Goal (≥ 20,000 events/s with 1024 writers, p99 ≤ 50 ms): judged on closed-loop runs (without -rate), not on this one.\n")

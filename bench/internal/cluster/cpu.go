@@ -66,6 +66,23 @@ func MachineBusy() time.Duration {
 	return time.Duration(busy) * time.Second / clkTck
 }
 
+// MachineIOWait returns the time the machine's CPUs have spent idle with a
+// disk request outstanding so far (/proc/stat's iowait): time the machine
+// waited on its disk, which grows in a disk stall.
+func MachineIOWait() time.Duration {
+	data, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(data), "\n")
+	f := strings.Fields(line)
+	if len(f) < 6 {
+		return 0
+	}
+	n, _ := strconv.ParseInt(f[5], 10, 64)
+	return time.Duration(n) * time.Second / clkTck
+}
+
 // OwnCPUTime returns the CPU time used so far by this process and by every
 // running server of the cluster.
 func (c *Cluster) OwnCPUTime() time.Duration {
