@@ -366,7 +366,13 @@ func measure(ctx context.Context, c config, cl *cluster.Cluster, tasks []warrenv
 					Events:      events,
 					ExpectedSeq: next,
 				})
-				cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				// A direct call gets a deadline of its own; client.Appender
+				// bounds its calls and retries itself (15 s a call, its
+				// retry window), as a node daemon's writers rely on.
+				cctx, cancel := ctx, context.CancelFunc(func() {})
+				if len(apps) == 0 {
+					cctx, cancel = context.WithTimeout(ctx, 10*time.Second)
+				}
 				s := time.Now()
 				if c.rate > 0 {
 					s = due // a late start is part of the latency
