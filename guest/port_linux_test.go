@@ -43,6 +43,22 @@ func TestPortConnKeepsThePortAfterEndOfFile(t *testing.T) {
 	if _, err := hc.Ping(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// The guest may still be writing the tail of the ping's stream (its
+	// close frame) after the answer arrived; a write under way when the
+	// session ends closes the port by design. Wait until it has been idle
+	// for 200 ms, so this test sees the case it is about.
+	for idle := 0; idle < 10; {
+		pc.mu.Lock()
+		w := pc.writing
+		pc.mu.Unlock()
+		if idle++; w > 0 {
+			idle = 0
+		}
+		if ctx.Err() != nil {
+			t.Fatal("the guest kept writing after the ping")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	// The host hangs up its writing half: the guest reads end of file.
 	if err := control(h, func(fd int) error { return unix.Shutdown(fd, unix.SHUT_WR) }); err != nil {
 		t.Fatal(err)
