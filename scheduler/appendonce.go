@@ -1,10 +1,9 @@
 package scheduler
 
 import (
+	"encoding/binary"
 	"fmt"
 	"hash/maphash"
-
-	"google.golang.org/protobuf/proto"
 
 	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
@@ -77,12 +76,12 @@ func (a *applier) mayHave(t *warrenv1.Task, req string) bool {
 		if err != nil {
 			panic(fmt.Sprintf("scheduler: task %s events: %v", id, err))
 		}
-		var ev warrenv1.Event
 		for ok := it.First(); ok; ok = it.Next() {
-			if err := proto.Unmarshal(it.Value(), &ev); err != nil {
+			r, err := eventRequestID(it.Value())
+			if err != nil {
 				panic(fmt.Sprintf("scheduler: task %s event %x: %v", id, it.Key(), err))
 			}
-			if r := ev.GetRequestId(); r != "" {
+			if r != "" {
 				s[a.reqs.hash(r)] = struct{}{}
 			}
 		}
@@ -140,16 +139,17 @@ func (a *applier) findAppend(id, req string) (first, last uint64) {
 		panic(fmt.Sprintf("scheduler: task %s events: %v", id, err))
 	}
 	defer it.Close()
-	var ev warrenv1.Event
 	for ok := it.Last(); ok; ok = it.Prev() {
-		if err := proto.Unmarshal(it.Value(), &ev); err != nil {
+		r, err := eventRequestID(it.Value())
+		if err != nil {
 			panic(fmt.Sprintf("scheduler: task %s event %x: %v", id, it.Key(), err))
 		}
-		if ev.GetRequestId() == req {
+		if r == req {
+			seq := binary.BigEndian.Uint64(it.Key()[1+len(id):])
 			if last == 0 {
-				last = ev.GetSeq()
+				last = seq
 			}
-			first = ev.GetSeq()
+			first = seq
 		} else if last != 0 {
 			break
 		}

@@ -53,3 +53,31 @@ func appendEventValue(b []byte, seq uint64, ts *timestamppb.Timestamp, kind stri
 	}
 	return b
 }
+
+// eventRequestID returns the request_id of a stored event without decoding
+// the rest (its payload may be 64 KiB): the request index reads it from
+// every event of a task when it rebuilds the task's set.
+func eventRequestID(v []byte) (string, error) {
+	var id []byte
+	for len(v) > 0 {
+		num, typ, n := protowire.ConsumeTag(v)
+		if n < 0 {
+			return "", protowire.ParseError(n)
+		}
+		v = v[n:]
+		if num == 7 && typ == protowire.BytesType {
+			b, m := protowire.ConsumeBytes(v)
+			if m < 0 {
+				return "", protowire.ParseError(m)
+			}
+			id, v = b, v[m:] // the last one wins, as in proto.Unmarshal
+			continue
+		}
+		m := protowire.ConsumeFieldValue(num, typ, v)
+		if m < 0 {
+			return "", protowire.ParseError(m)
+		}
+		v = v[m:]
+	}
+	return string(id), nil
+}

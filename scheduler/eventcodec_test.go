@@ -36,6 +36,9 @@ func TestEventValueRoundTrips(t *testing.T) {
 		if string(got) != string(ref) {
 			rt.Fatalf("encoded %x, proto.Marshal gives %x", got, ref)
 		}
+		if id, err := eventRequestID(got); err != nil || id != want.GetRequestId() {
+			rt.Fatalf("eventRequestID = %q, %v; want %q", id, err, want.GetRequestId())
+		}
 		var back warrenv1.Event
 		if err := proto.Unmarshal(got, &back); err != nil {
 			rt.Fatal(err)
@@ -45,6 +48,23 @@ func TestEventValueRoundTrips(t *testing.T) {
 		}
 		if !proto.Equal(&back, want) {
 			rt.Fatalf("decoded %v, want %v", &back, want)
+		}
+	})
+}
+
+// eventRequestID reads the request id proto.Unmarshal reads from any
+// value the latter accepts.
+func FuzzEventRequestID(f *testing.F) {
+	f.Add(appendEventValue(nil, 3, timestamppb.New(t0), "log", []byte(`{"a":1}`), 2, "req-1"))
+	f.Add(appendEventValue(appendEventValue(nil, 1, nil, "", nil, 0, "first"), 0, nil, "", nil, 0, "second"))
+	f.Add([]byte{0x3a, 0x03, 'a', 'b'})
+	f.Fuzz(func(t *testing.T, v []byte) {
+		var ev warrenv1.Event
+		if err := proto.Unmarshal(v, &ev); err != nil {
+			return
+		}
+		if id, err := eventRequestID(v); err != nil || id != ev.GetRequestId() {
+			t.Fatalf("eventRequestID = %q, %v; proto.Unmarshal reads %q", id, err, ev.GetRequestId())
 		}
 	})
 }
