@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 
-	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
@@ -189,28 +188,8 @@ func batchCommands(b []byte) ([][]byte, error) {
 		return nil, fmt.Errorf("not a batch")
 	}
 	var cmds [][]byte
-	for rest := b[1:]; len(rest) > 0; {
-		num, typ, n := protowire.ConsumeTag(rest)
-		if n < 0 {
-			return nil, fmt.Errorf("decode batch: %w", protowire.ParseError(n))
-		}
-		if !num.IsValid() {
-			return nil, fmt.Errorf("decode batch: invalid field number %d", num)
-		}
-		if num == 1 && typ == protowire.BytesType {
-			v, m := protowire.ConsumeBytes(rest[n:])
-			if m < 0 {
-				return nil, fmt.Errorf("decode batch: %w", protowire.ParseError(m))
-			}
-			cmds = append(cmds, v)
-			rest = rest[n+m:]
-			continue
-		}
-		m := protowire.ConsumeFieldValue(num, typ, rest[n:])
-		if m < 0 {
-			return nil, fmt.Errorf("decode batch: %w", protowire.ParseError(m))
-		}
-		rest = rest[n+m:]
+	if err := eachBytesField(b[1:], 1, func(c []byte) { cmds = append(cmds, c) }); err != nil {
+		return nil, fmt.Errorf("decode batch: %w", err)
 	}
 	return cmds, nil
 }

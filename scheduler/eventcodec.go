@@ -1,6 +1,8 @@
 package scheduler
 
 import (
+	"fmt"
+
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
@@ -59,25 +61,38 @@ func appendEventValue(b []byte, seq uint64, ts *timestamppb.Timestamp, kind stri
 // every event of a task when it rebuilds the task's set.
 func eventRequestID(v []byte) (string, error) {
 	var id []byte
-	for len(v) > 0 {
-		num, typ, n := protowire.ConsumeTag(v)
-		if n < 0 {
-			return "", protowire.ParseError(n)
+	err := eachBytesField(v, 7, func(b []byte) { id = b }) // the last one wins, as in proto.Unmarshal
+	return string(id), err
+}
+
+// eachBytesField calls fn, in order, with the value of every field of the
+// encoded message b that has number num and the bytes wire type (as
+// sub-slices of b), and checks the other fields' encoding as
+// proto.Unmarshal does, skipping their values.
+func eachBytesField(b []byte, num protowire.Number, fn func([]byte)) error {
+	for len(b) > 0 {
+		n, typ, l := protowire.ConsumeTag(b)
+		if l < 0 {
+			return protowire.ParseError(l)
 		}
-		v = v[n:]
-		if num == 7 && typ == protowire.BytesType {
-			b, m := protowire.ConsumeBytes(v)
+		if !n.IsValid() {
+			return fmt.Errorf("invalid field number %d", n)
+		}
+		b = b[l:]
+		if n == num && typ == protowire.BytesType {
+			v, m := protowire.ConsumeBytes(b)
 			if m < 0 {
-				return "", protowire.ParseError(m)
+				return protowire.ParseError(m)
 			}
-			id, v = b, v[m:] // the last one wins, as in proto.Unmarshal
+			fn(v)
+			b = b[m:]
 			continue
 		}
-		m := protowire.ConsumeFieldValue(num, typ, v)
+		m := protowire.ConsumeFieldValue(n, typ, b)
 		if m < 0 {
-			return "", protowire.ParseError(m)
+			return protowire.ParseError(m)
 		}
-		v = v[m:]
+		b = b[m:]
 	}
-	return string(id), nil
+	return nil
 }
