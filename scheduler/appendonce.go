@@ -72,24 +72,12 @@ func (a *applier) mayHave(t *warrenv1.Task, req string) bool {
 	s, ok := a.reqs.tasks[id]
 	if !ok {
 		s = map[uint64]struct{}{}
-		it, err := eventsFrom(a.b, id, 1)
-		if err != nil {
-			panic(fmt.Sprintf("scheduler: task %s events: %v", id, err))
-		}
-		for ok := it.First(); ok; ok = it.Next() {
-			r, err := eventRequestID(it.Value())
-			if err != nil {
-				panic(fmt.Sprintf("scheduler: task %s event %x: %v", id, it.Key(), err))
-			}
+		a.eachRequestID(id, false, func(_ uint64, r string) bool {
 			if r != "" {
 				s[a.reqs.hash(r)] = struct{}{}
 			}
-		}
-		err = it.Error()
-		it.Close()
-		if err != nil {
-			panic(fmt.Sprintf("scheduler: task %s events: %v", id, err))
-		}
+			return true
+		})
 		a.reqs.tasks[id] = s
 		if Terminal(t.GetState()) {
 			a.reqs.end(id)
@@ -134,28 +122,42 @@ func (a *applier) appendOnce(m *fsmv1.AppendEvents) *fsmv1.Result {
 // carry req (0, 0 if none does), scanning back from the newest event: a
 // retry usually follows its first attempt closely.
 func (a *applier) findAppend(id, req string) (first, last uint64) {
+	a.eachRequestID(id, true, func(seq uint64, r string) bool {
+		if r != req {
+			return last == 0 // past the run: stop
+		}
+		if last == 0 {
+			last = seq
+		}
+		first = seq
+		return true
+	})
+	return first, last
+}
+
+// eachRequestID calls fn with the seq and request id of each of task id's
+// events, oldest first or (backward) newest first, until fn returns false.
+// It reads only the request id of each (eventRequestID).
+func (a *applier) eachRequestID(id string, backward bool, fn func(seq uint64, req string) bool) {
 	it, err := eventsFrom(a.b, id, 1)
 	if err != nil {
 		panic(fmt.Sprintf("scheduler: task %s events: %v", id, err))
 	}
 	defer it.Close()
-	for ok := it.Last(); ok; ok = it.Prev() {
+	first, next := it.First, it.Next
+	if backward {
+		first, next = it.Last, it.Prev
+	}
+	for ok := first(); ok; ok = next() {
 		r, err := eventRequestID(it.Value())
 		if err != nil {
 			panic(fmt.Sprintf("scheduler: task %s event %x: %v", id, it.Key(), err))
 		}
-		if r == req {
-			seq := binary.BigEndian.Uint64(it.Key()[1+len(id):])
-			if last == 0 {
-				last = seq
-			}
-			first = seq
-		} else if last != 0 {
+		if !fn(binary.BigEndian.Uint64(it.Key()[1+len(id):]), r) {
 			break
 		}
 	}
 	if err := it.Error(); err != nil {
 		panic(fmt.Sprintf("scheduler: task %s events: %v", id, err))
 	}
-	return first, last
 }
