@@ -47,20 +47,13 @@ func SelfCPUTime() time.Duration {
 // so far (every non-idle field of /proc/stat's cpu line), to tell how much
 // of the machine other work took during a measurement.
 func MachineBusy() time.Duration {
-	data, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return 0
-	}
-	line, _, _ := strings.Cut(string(data), "\n")
-	f := strings.Fields(line)
 	var busy int64
 	// cpu user nice system idle iowait irq softirq steal guest guest_nice;
 	// guest time is already counted in user.
-	for i, v := range f[1:] {
+	for i, n := range machineCPU() {
 		if i == 3 || i == 4 || i >= 8 {
 			continue
 		}
-		n, _ := strconv.ParseInt(v, 10, 64)
 		busy += n
 	}
 	return time.Duration(busy) * time.Second / clkTck
@@ -70,17 +63,30 @@ func MachineBusy() time.Duration {
 // disk request outstanding so far (/proc/stat's iowait): time the machine
 // waited on its disk, which grows in a disk stall.
 func MachineIOWait() time.Duration {
+	f := machineCPU()
+	if len(f) < 5 {
+		return 0
+	}
+	return time.Duration(f[4]) * time.Second / clkTck
+}
+
+// machineCPU returns the fields of /proc/stat's cpu line, in clock ticks
+// (nil if it cannot be read).
+func machineCPU() []int64 {
 	data, err := os.ReadFile("/proc/stat")
 	if err != nil {
-		return 0
+		return nil
 	}
 	line, _, _ := strings.Cut(string(data), "\n")
 	f := strings.Fields(line)
-	if len(f) < 6 {
-		return 0
+	if len(f) == 0 {
+		return nil
 	}
-	n, _ := strconv.ParseInt(f[5], 10, 64)
-	return time.Duration(n) * time.Second / clkTck
+	out := make([]int64, len(f)-1)
+	for i, v := range f[1:] {
+		out[i], _ = strconv.ParseInt(v, 10, 64)
+	}
+	return out
 }
 
 // OwnCPUTime returns the CPU time used so far by this process and by every
