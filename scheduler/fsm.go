@@ -155,6 +155,12 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 			}
 			res := make([]*fsmv1.Result, len(sub))
 			for j, raw := range sub {
+				if len(raw) > 0 && CmdType(raw[0])&^FlagIgnorable == CmdAppendEvents {
+					if m, ok := decodeAppendEvents(raw[1:]); ok {
+						res[j] = a.apply(Command{Type: CmdAppendEvents, Body: m})
+						continue
+					}
+				}
 				c, err := DecodeCommand(raw)
 				if err != nil {
 					panic(fmt.Sprintf("scheduler: raft entry %d command %d: %v", l.Index, j, err))
