@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sort"
 
+	segjson "github.com/segmentio/encoding/json"
+
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 )
 
@@ -130,10 +132,14 @@ func checkEvent(i int, ev *warrenv1.EventInput, scanJSON bool) error {
 }
 
 // isJSONObject reports whether p is one valid JSON object, without
-// allocating (this runs for every event on every replica).
+// allocating (this runs for every event a server receives). It accepts
+// what encoding/json.Valid accepts (FuzzIsJSONObject), with segmentio's
+// validator: encoding/json's state machine was about 5% of the leader's
+// CPU at 1024 writers, and segmentio's is 18 times as fast on a 256-byte
+// payload and 3 times on a tool result full of escapes.
 func isJSONObject(p []byte) bool {
 	p = bytes.TrimLeft(p, " \t\r\n")
-	return len(p) > 0 && p[0] == '{' && json.Valid(p)
+	return len(p) > 0 && p[0] == '{' && segjson.Valid(p)
 }
 
 // mustJSON marshals server-built payloads, which cannot fail.
