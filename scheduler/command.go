@@ -142,6 +142,11 @@ func EncodeCommand(m proto.Message) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	if a, ok := m.(*fsmv1.AppendEvents); ok {
+		if n, ok := sizeAppendEvents(a); ok {
+			return appendAppendEvents(append(make([]byte, 0, 1+n), byte(t)), a), nil
+		}
+	}
 	b := make([]byte, 1, 1+proto.Size(m))
 	b[0] = byte(t)
 	return proto.MarshalOptions{}.MarshalAppend(b, m)

@@ -19,23 +19,7 @@ func appendEventValue(b []byte, seq uint64, ts *timestamppb.Timestamp, kind stri
 		b = protowire.AppendVarint(b, seq)
 	}
 	if ts != nil {
-		var n int
-		if s := ts.GetSeconds(); s != 0 {
-			n += protowire.SizeTag(1) + protowire.SizeVarint(uint64(s))
-		}
-		if ns := ts.GetNanos(); ns != 0 {
-			n += protowire.SizeTag(2) + protowire.SizeVarint(uint64(int64(ns)))
-		}
-		b = protowire.AppendTag(b, 3, protowire.BytesType)
-		b = protowire.AppendVarint(b, uint64(n))
-		if s := ts.GetSeconds(); s != 0 {
-			b = protowire.AppendTag(b, 1, protowire.VarintType)
-			b = protowire.AppendVarint(b, uint64(s))
-		}
-		if ns := ts.GetNanos(); ns != 0 {
-			b = protowire.AppendTag(b, 2, protowire.VarintType)
-			b = protowire.AppendVarint(b, uint64(int64(ns)))
-		}
+		b = appendTimestampField(b, 3, ts)
 	}
 	if kind != "" {
 		b = protowire.AppendTag(b, 4, protowire.BytesType)
@@ -54,6 +38,34 @@ func appendEventValue(b []byte, seq uint64, ts *timestamppb.Timestamp, kind stri
 		b = protowire.AppendString(b, requestID)
 	}
 	return b
+}
+
+// appendTimestampField appends ts as field num of a message, as
+// proto.Marshal writes it.
+func appendTimestampField(b []byte, num protowire.Number, ts *timestamppb.Timestamp) []byte {
+	b = protowire.AppendTag(b, num, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(timestampSize(ts)))
+	if s := ts.GetSeconds(); s != 0 {
+		b = protowire.AppendTag(b, 1, protowire.VarintType)
+		b = protowire.AppendVarint(b, uint64(s))
+	}
+	if ns := ts.GetNanos(); ns != 0 {
+		b = protowire.AppendTag(b, 2, protowire.VarintType)
+		b = protowire.AppendVarint(b, uint64(int64(ns)))
+	}
+	return b
+}
+
+// timestampSize is the encoded size of ts's fields.
+func timestampSize(ts *timestamppb.Timestamp) int {
+	n := 0
+	if s := ts.GetSeconds(); s != 0 {
+		n += protowire.SizeTag(1) + protowire.SizeVarint(uint64(s))
+	}
+	if ns := ts.GetNanos(); ns != 0 {
+		n += protowire.SizeTag(2) + protowire.SizeVarint(uint64(int64(ns)))
+	}
+	return n
 }
 
 // eventRequestID returns the request_id of a stored event without decoding
