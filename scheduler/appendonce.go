@@ -21,7 +21,7 @@ import (
 // per append on every replica (bench/README.md, eighteenth session).
 type reqIndex struct {
 	seed  maphash.Seed
-	tasks map[string]map[uint64]struct{}
+	tasks map[string]*reqSet
 	// ended lists the ended tasks whose sets are kept, oldest first. An
 	// ended task takes no events, but a retry of the append that ended it
 	// (or a late append) still looks it up; at most maxEndedReqSets are
@@ -35,7 +35,7 @@ const maxEndedReqSets = 64
 const appendScope = "append/"
 
 func newReqIndex() *reqIndex {
-	return &reqIndex{seed: maphash.MakeSeed(), tasks: map[string]map[uint64]struct{}{}}
+	return &reqIndex{seed: maphash.MakeSeed(), tasks: map[string]*reqSet{}}
 }
 
 func (x *reqIndex) hash(req string) uint64 { return maphash.String(x.seed, req) }
@@ -50,7 +50,7 @@ func (x *reqIndex) reset() {
 // (an unloaded set is built from the events when needed).
 func (x *reqIndex) noted(id, req string) {
 	if s, ok := x.tasks[id]; ok {
-		s[x.hash(req)] = struct{}{}
+		s.add(x.hash(req))
 	}
 }
 
@@ -71,10 +71,10 @@ func (a *applier) mayHave(t *warrenv1.Task, req string) bool {
 	id := t.GetId()
 	s, ok := a.reqs.tasks[id]
 	if !ok {
-		s = map[uint64]struct{}{}
+		s = &reqSet{}
 		a.eachRequestID(id, false, func(_ uint64, r string) bool {
 			if r != "" {
-				s[a.reqs.hash(r)] = struct{}{}
+				s.add(a.reqs.hash(r))
 			}
 			return true
 		})
@@ -83,8 +83,7 @@ func (a *applier) mayHave(t *warrenv1.Task, req string) bool {
 			a.reqs.end(id)
 		}
 	}
-	_, ok = s[a.reqs.hash(req)]
-	return ok
+	return s.has(a.reqs.hash(req))
 }
 
 // appendOnce applies an append that names no expected_seq and carries a
