@@ -51,6 +51,7 @@ type config struct {
 	tcgASLR                        bool
 	tcgGuestLSM                    bool
 	tcgTicklessIdle                bool
+	tcgRDRAND                      bool
 	pss                            []int
 	ctrSocket, rootfs, agent       string
 }
@@ -64,6 +65,7 @@ func main() {
 	flag.IntVar(&c.tcgCache, "tcg-cache-mb", 0, "TCG translation cache per VM in MiB (0: the driver's default)")
 	flag.BoolVar(&c.tcgHugePages, "tcg-huge-pages", false, "keep transparent huge pages for clones' QEMUs under TCG (the driver turns them off for clones by default; cold boots keep them)")
 	flag.BoolVar(&c.tcgTicklessIdle, "tcg-tickless-idle", true, "under TCG, where the host's TSC is reliable, let guests stop their tick while idle (=false: the driver's TCGPeriodicTick)")
+	flag.BoolVar(&c.tcgRDRAND, "tcg-rdrand", true, "under TCG, give guests RDRAND (=false: the driver's TCGNoRDRAND, QEMU's plain qemu64)")
 	flag.BoolVar(&c.tcgGuestLSM, "tcg-guest-lsm", false, "keep the guest kernel's default security modules and pressure stall accounting under TCG (the driver boots guests with lsm=landlock,lockdown,yama psi=0 by default)")
 	flag.BoolVar(&c.tcgASLR, "tcg-aslr", false, "keep address-space layout randomization in guests under TCG (the driver boots them with norandmaps by default)")
 	flag.IntVar(&c.boots, "boots", 5, "cold boots")
@@ -160,7 +162,7 @@ func run(c config) error {
 		}
 		defer os.RemoveAll(c.stateDir)
 	}
-	d, err := microvm.New(microvm.Config{ImageDir: c.imageDir, StateDir: c.stateDir, Accel: c.accel, TCGCacheMB: c.tcgCache, TCGHugePages: c.tcgHugePages, TCGASLR: c.tcgASLR, TCGGuestLSM: c.tcgGuestLSM, TCGPeriodicTick: !c.tcgTicklessIdle,
+	d, err := microvm.New(microvm.Config{ImageDir: c.imageDir, StateDir: c.stateDir, Accel: c.accel, TCGCacheMB: c.tcgCache, TCGHugePages: c.tcgHugePages, TCGASLR: c.tcgASLR, TCGGuestLSM: c.tcgGuestLSM, TCGPeriodicTick: !c.tcgTicklessIdle, TCGNoRDRAND: !c.tcgRDRAND,
 		Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return err
@@ -339,7 +341,10 @@ func run(c config) error {
 	}
 	tick := "periodic (250 Hz)"
 	if d.TicklessIdle() {
-		tick = "stopped while idle (-cpu qemu64,+arat, tsc=reliable)"
+		tick = "stopped while idle (ARAT, tsc=reliable)"
+	}
+	if m := d.CPUModel(); m != "" {
+		tick += "; the guest's CPU model " + m
 	}
 	fmt.Fprintf(&b, "Run on %s, %d CPUs; QEMU microvm, accelerator **%s** (%s); template %s@%s (kernel %s); guest 256 MiB, 1 vCPU; TCG cache %d MiB; QEMU's transparent huge pages %s; the guest's address-space randomization %s; the guest's security modules %s; the guest's tick %s.\n",
 		time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), d.Accelerator(), d.AcceleratorReason(), t.Name, t.Version, t.KernelRelease, cache, thp, aslr, lsm, tick)

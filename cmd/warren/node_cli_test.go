@@ -74,28 +74,34 @@ func FuzzParseCapacity(f *testing.F) {
 	})
 }
 
-// Guests stop their tick while idle unless --tcg-tickless-idle=false (the
-// field is the inverse, so warren dev, whose flag set lacks the flag, gets
-// the same default from the zero value).
-func TestTicklessIdleFlag(t *testing.T) {
-	for _, c := range []struct {
-		args     []string
-		periodic bool
-	}{{nil, false}, {[]string{"--tcg-tickless-idle"}, false}, {[]string{"--tcg-tickless-idle=true"}, false}, {[]string{"--tcg-tickless-idle=false"}, true}} {
-		var f nodeFlags
+// Guests stop their tick while idle unless --tcg-tickless-idle=false, and
+// have RDRAND unless --tcg-rdrand=false (the fields are the inverses, so
+// warren dev, whose flag set lacks the flags, gets the same defaults from
+// the zero value).
+func TestInvertedTCGFlags(t *testing.T) {
+	for name, off := range map[string]func(*nodeFlags) bool{
+		"tcg-tickless-idle": func(f *nodeFlags) bool { return f.tcgPeriodicTick },
+		"tcg-rdrand":        func(f *nodeFlags) bool { return f.tcgNoRDRAND },
+	} {
+		for _, c := range []struct {
+			args []string
+			off  bool
+		}{{nil, false}, {[]string{"--" + name}, false}, {[]string{"--" + name + "=true"}, false}, {[]string{"--" + name + "=false"}, true}} {
+			var f nodeFlags
+			fs := flag.NewFlagSet("node", flag.ContinueOnError)
+			f.register(fs)
+			if err := fs.Parse(c.args); err != nil {
+				t.Fatalf("%v: %v", c.args, err)
+			}
+			if off(&f) != c.off {
+				t.Errorf("%v: inverse field %v, want %v", c.args, off(&f), c.off)
+			}
+		}
 		fs := flag.NewFlagSet("node", flag.ContinueOnError)
-		f.register(fs)
-		if err := fs.Parse(c.args); err != nil {
-			t.Fatalf("%v: %v", c.args, err)
+		fs.SetOutput(io.Discard)
+		new(nodeFlags).register(fs)
+		if err := fs.Parse([]string{"--" + name + "=sometimes"}); err == nil {
+			t.Errorf("--%s=sometimes was accepted", name)
 		}
-		if f.tcgPeriodicTick != c.periodic {
-			t.Errorf("%v: periodic tick %v, want %v", c.args, f.tcgPeriodicTick, c.periodic)
-		}
-	}
-	fs := flag.NewFlagSet("node", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	new(nodeFlags).register(fs)
-	if err := fs.Parse([]string{"--tcg-tickless-idle=sometimes"}); err == nil {
-		t.Error("--tcg-tickless-idle=sometimes was accepted")
 	}
 }

@@ -315,22 +315,42 @@ func TestGuestSecurityModules(t *testing.T) {
 	}
 }
 
+// Under TCG, guests run tickless where the host's TSC is reliable (unless
+// TCGPeriodicTick) and have RDRAND unless TCGNoRDRAND; under KVM they get
+// the host's CPU model.
 func TestTicklessChoice(t *testing.T) {
 	for _, c := range []struct {
-		accel             string
-		hostTSC, periodic bool
-		want              bool
-	}{{"tcg", true, false, true}, {"tcg", true, true, false}, {"tcg", false, false, false}, {"kvm", true, false, false}} {
-		d := &Driver{accel: c.accel, hostTSC: c.hostTSC, cfg: Config{TCGPeriodicTick: c.periodic}}
+		accel                     string
+		hostTSC, periodic, noRand bool
+		want                      bool
+		cpu                       string
+	}{
+		{"tcg", true, false, false, true, "qemu64,+arat,+rdrand"},
+		{"tcg", true, true, false, false, "qemu64,+rdrand"},
+		{"tcg", false, false, false, false, "qemu64,+rdrand"},
+		{"tcg", true, false, true, true, "qemu64,+arat"},
+		{"tcg", false, false, true, false, "qemu64"},
+		{"kvm", true, false, false, false, "host"},
+	} {
+		d := &Driver{accel: c.accel, hostTSC: c.hostTSC, cfg: Config{TCGPeriodicTick: c.periodic, TCGNoRDRAND: c.noRand}}
 		cmd := d.cmdline("")
 		spec := vmSpec{ID: "x", Accel: c.accel, CPU: d.cpu(), Cmdline: cmd}
 		args := strings.Join(spec.args(), " ")
-		if strings.Contains(cmd, "tsc=reliable") != c.want || strings.Contains(args, "-cpu "+tcgCPU) != c.want {
-			t.Errorf("%+v: cmdline %q, args %q; want tickless %v", c, cmd, args, c.want)
+		if strings.Contains(cmd, "tsc=reliable") != c.want || !strings.Contains(args+" ", "-cpu "+c.cpu+" ") {
+			t.Errorf("%+v: cmdline %q, args %q; want tickless %v, -cpu %s", c, cmd, args, c.want, c.cpu)
 		}
-		if c.accel == "kvm" && !strings.Contains(args, "-cpu host") {
-			t.Errorf("kvm args %q lack -cpu host", args)
-		}
+	}
+}
+
+// A guest under TCG has RDRAND (see Config.TCGNoRDRAND).
+func TestGuestHasRDRAND(t *testing.T) {
+	_, sb := claimOne(t, "sb-rdrand", 3*time.Minute)
+	if sb.(*VM).d.accel != "tcg" {
+		t.Skip("under KVM the guest has the host's CPU model")
+	}
+	out, code := run(t, sb, "grep -c -w rdrand /proc/cpuinfo")
+	if code != 0 || out != "1\n" {
+		t.Fatalf("exit %d, %q; want rdrand in the guest's one CPU's flags", code, out)
 	}
 }
 
