@@ -50,6 +50,19 @@ type nodeFlags struct {
 	why string
 }
 
+// setInverse parses a boolean flag that is on by default into off, its
+// inverse, so that the zero value of off means the default.
+func setInverse(off *bool) func(string) error {
+	return func(v string) error {
+		on, err := strconv.ParseBool(v)
+		if err != nil {
+			return fmt.Errorf("want true or false, not %q", v)
+		}
+		*off = !on
+		return nil
+	}
+}
+
 func (f *nodeFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.id, "id", "", "node id, unique in the cluster (required)")
 	fs.StringVar(&f.data, "data", "", "data directory (required)")
@@ -60,24 +73,10 @@ func (f *nodeFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.imageDir, "image-dir", defaultImageDir(), "microvm: the template store (env WARREN_IMAGE_DIR)")
 	fs.StringVar(&f.accel, "accel", "auto", "microvm: accelerator: auto (probe KVM once, else TCG), kvm or tcg")
 	fs.IntVar(&f.tcgCacheMB, "tcg-cache-mb", microvm.DefaultTCGCacheMB, "microvm under TCG: translation cache per VM in MiB (resident as used; smaller saves memory, larger saves retranslation)")
-	// Inverted, so that `warren dev`, which does not register it, gets
-	// the default too.
-	fs.BoolFunc("tcg-tickless-idle", "microvm under TCG, where the host's TSC is reliable: guests stop their 250 Hz tick while idle, which cuts an idle sandbox's CPU 3-5x (default true; =false keeps the periodic tick)", func(v string) error {
-		on, err := strconv.ParseBool(v)
-		if err != nil {
-			return fmt.Errorf("want true or false, not %q", v)
-		}
-		f.tcgPeriodicTick = !on
-		return nil
-	})
-	fs.BoolFunc("tcg-rdrand", "microvm under TCG: guests' CPU model has RDRAND, served from the host's getrandom; a restored clone reaches its first command about a fifth sooner with it (default true; =false gives QEMU's plain qemu64)", func(v string) error {
-		on, err := strconv.ParseBool(v)
-		if err != nil {
-			return fmt.Errorf("want true or false, not %q", v)
-		}
-		f.tcgNoRDRAND = !on
-		return nil
-	})
+	// Inverted, so that `warren dev`, which does not register them, gets
+	// the defaults too.
+	fs.BoolFunc("tcg-tickless-idle", "microvm under TCG, where the host's TSC is reliable: guests stop their 250 Hz tick while idle, which cuts an idle sandbox's CPU 3-5x (default true; =false keeps the periodic tick)", setInverse(&f.tcgPeriodicTick))
+	fs.BoolFunc("tcg-rdrand", "microvm under TCG: guests' CPU model has RDRAND, served from the host's getrandom; a restored clone reaches its first command about a fifth sooner with it (default true; =false gives QEMU's plain qemu64)", setInverse(&f.tcgNoRDRAND))
 	fs.BoolVar(&f.tcgGuestLSM, "tcg-guest-lsm", false, "microvm under TCG: keep the guest kernel's default security modules (AppArmor, TOMOYO) and pressure stall accounting (off by default: guests boot with lsm=landlock,lockdown,yama psi=0: their hooks cost translation in every fresh clone and time in every command)")
 	fs.BoolVar(&f.tcgASLR, "tcg-aslr", false, "microvm under TCG: keep address-space layout randomization inside guests (off by default: with it every exec in a guest translates the dynamic loader and libc again)")
 	fs.StringVar(&f.containerd, "containerd", container.DefaultSocket, "container: containerd's socket")
