@@ -20,6 +20,7 @@ import (
 
 	"github.com/containerd/containerd"
 	"github.com/containerd/containerd/cio"
+	"github.com/containerd/containerd/errdefs"
 	"github.com/containerd/containerd/oci"
 	"github.com/containerd/containerd/runtime/v2/runc/options"
 	"github.com/opencontainers/runtime-spec/specs-go"
@@ -218,15 +219,36 @@ func (d *Driver) destroyContainer(ctx context.Context, c containerd.Container) {
 			case <-time.After(10 * time.Second):
 			}
 		}
-		if _, err := t.Delete(ctx, containerd.WithProcessKill); err != nil && d.cfg.Runtime == "runsc" {
-			// runsc cannot signal a container still in "created" (its
-			// start failed), so the shim cannot kill it; runsc can delete
-			// it by force, and then the shim sees it exit.
-			d.runscForceDelete(ctx, c.ID())
-			_, _ = t.Delete(ctx, containerd.WithProcessKill)
+		// The task can take longer to stop than the wait above on a busy
+		// host (gVisor tearing down a fork bomb's processes), and a task
+		// that has not stopped cannot be deleted, nor its container. Try
+		// again until ctx ends rather than leave both behind.
+		forced := false
+		for {
+			_, err := t.Delete(ctx, containerd.WithProcessKill)
+			if err == nil || errdefs.IsNotFound(err) {
+				break
+			}
+			if d.cfg.Runtime == "runsc" && !forced {
+				// runsc cannot signal a container still in "created"
+				// (its start failed), so the shim cannot kill it;
+				// runsc can delete it by force, and then the shim sees
+				// it exit.
+				d.runscForceDelete(ctx, c.ID())
+				forced = true
+				continue
+			}
+			select {
+			case <-ctx.Done():
+				d.log.Warn("container task not deleted", "container", c.ID(), "err", err)
+				return
+			case <-time.After(250 * time.Millisecond):
+			}
 		}
 	}
-	_ = c.Delete(ctx)
+	if err := c.Delete(ctx); err != nil && !errdefs.IsNotFound(err) {
+		d.log.Warn("container not deleted", "container", c.ID(), "err", err)
+	}
 }
 
 // lower mounts a template's root file system read-only, once.
