@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"runtime"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -19,6 +21,10 @@ import (
 // A node daemon uses one for all its task actors, so the cluster handles a
 // few large calls instead of one call per event. Append is safe for
 // concurrent use.
+//
+// A call is started as soon as a slot is free, after gather has let the
+// writers that are about to append do so, so that calls stay large under
+// load (see gather).
 type Appender struct {
 	c        *Client
 	in       chan *pendingAppend
@@ -26,6 +32,8 @@ type Appender struct {
 	maxItems int
 	done     chan struct{}
 	retryFor time.Duration
+	calls    atomic.Uint64
+	appends  atomic.Uint64
 }
 
 type pendingAppend struct {
@@ -120,21 +128,69 @@ func (a *Appender) run() {
 			return
 		default:
 		}
-		batch := []*pendingAppend{first}
-	fill:
-		for len(batch) < a.maxItems {
-			select {
-			case p := <-a.in:
-				batch = append(batch, p)
-			default:
-				break fill
-			}
-		}
+		batch := gather(first, a.in, a.maxItems, len(a.slots) > 1)
+		a.calls.Add(1)
+		a.appends.Add(uint64(len(batch)))
 		go func() {
 			defer func() { <-a.slots }()
 			a.send(batch)
 		}()
 	}
+}
+
+// gather's bounds on waiting for more appends: it stops after
+// gatherIdle yields in a row that brought none, after gatherYields yields
+// in all, or after gatherFor.
+const (
+	gatherIdle   = 2
+	gatherYields = 16
+	gatherFor    = time.Millisecond
+)
+
+// gather takes first and what else is queued on in, up to max appends.
+// When a call returns, its writers are woken one by one and queue their
+// next appends over the following microseconds, while the call's slot is
+// already free; taking only what was queued at that instant sent many
+// calls of a few appends each, and the rest waited a whole call for the
+// next slot. So while other calls are in flight (busy), gather yields to
+// the other goroutines as long as that brings more appends. A lone writer
+// (nothing else in flight) does not wait.
+func gather(first *pendingAppend, in <-chan *pendingAppend, max int, busy bool) []*pendingAppend {
+	batch := []*pendingAppend{first}
+	idle, yields := 0, 0
+	var start time.Time
+	for len(batch) < max {
+		select {
+		case p := <-in:
+			batch = append(batch, p)
+			idle = 0
+			continue
+		default:
+		}
+		if !busy || idle == gatherIdle || yields == gatherYields {
+			break
+		}
+		if yields == 0 {
+			start = time.Now()
+		} else if time.Since(start) > gatherFor {
+			break
+		}
+		idle++
+		yields++
+		runtime.Gosched()
+	}
+	return batch
+}
+
+// AppenderStats counts an Appender's calls and the appends they carried.
+type AppenderStats struct {
+	Calls   uint64 // AppendEventsBatch calls started (a retry is not counted again)
+	Appends uint64 // appends sent in them
+}
+
+// Stats returns the calls and appends sent so far.
+func (a *Appender) Stats() AppenderStats {
+	return AppenderStats{Calls: a.calls.Load(), Appends: a.appends.Load()}
 }
 
 func (a *Appender) abort() {

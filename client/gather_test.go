@@ -1,0 +1,72 @@
+package client
+
+import (
+	"runtime"
+	"sync"
+	"testing"
+)
+
+// The writers a returning call wakes queue their next appends a moment
+// after its slot is free; gather must wait for them instead of sending a
+// call of one append and leaving the rest for the next slot. One P stands
+// for a busy machine, where the woken writers run only when gather yields
+// (with an idle P they race gather, and a yield may bring none).
+func TestGatherTakesWritersWokenJustBefore(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	for round := range 20 {
+		in := make(chan *pendingAppend, 1024)
+		release := make(chan struct{})
+		const writers = 64
+		var blocked sync.WaitGroup
+		for range writers {
+			blocked.Add(1)
+			go func() {
+				blocked.Done()
+				<-release
+				in <- &pendingAppend{}
+			}()
+		}
+		blocked.Wait()
+		close(release) // as a call's outcomes wake its writers
+		batch := gather(&pendingAppend{}, in, 1024, true)
+		if len(batch) != writers+1 {
+			t.Fatalf("round %d: gathered %d appends of %d queued right after the call began", round, len(batch), writers+1)
+		}
+	}
+}
+
+func TestGatherBounds(t *testing.T) {
+	in := make(chan *pendingAppend, 100)
+	for range 100 {
+		in <- &pendingAppend{}
+	}
+	if n := len(gather(&pendingAppend{}, in, 10, true)); n != 10 {
+		t.Fatalf("gathered %d appends with a maximum of 10", n)
+	}
+	if len(in) != 91 {
+		t.Fatalf("%d appends left queued, want 91", len(in))
+	}
+	empty := make(chan *pendingAppend)
+	for _, busy := range []bool{false, true} {
+		if n := len(gather(&pendingAppend{}, empty, 10, busy)); n != 1 {
+			t.Fatalf("a lone append gathered %d (busy %v)", n, busy)
+		}
+	}
+	// With nothing else in flight gather takes what is queued and does not
+	// wait: one P, and the woken writer runs only if gather yields.
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	release := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		<-release
+		empty <- &pendingAppend{}
+		close(done)
+	}()
+	runtime.Gosched() // let it block on release
+	close(release)
+	if n := len(gather(&pendingAppend{}, empty, 10, false)); n != 1 {
+		t.Fatalf("an idle appender waited for an append: gathered %d", n)
+	}
+	<-empty
+	<-done
+}
