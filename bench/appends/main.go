@@ -163,6 +163,7 @@ type result struct {
 	errors     int
 	errSamples map[string]int
 	perEntry   float64 // acked appends per raft log entry
+	perCall    float64 // appends per AppendEventsBatch call of the client.Appenders (0: none)
 	cpuBench   float64 // cores used by this process
 	cpuServers float64 // cores used by the servers together
 	cpuOther   float64 // cores used by everything else on the machine
@@ -232,9 +233,9 @@ func run(ctx context.Context, c config) error {
 			if err != nil {
 				return err
 			}
-			logf("writers=%d run %d/%d: %.0f events/s, p50 %s, p99 %s, p99.9 %s, errors %d, %.1f events/raft entry, cpu bench %.2f servers %.2f other %.2f cores, iowait %.2f cores",
+			logf("writers=%d run %d/%d: %.0f events/s, p50 %s, p99 %s, p99.9 %s, errors %d, %.1f events/raft entry, %.1f appends/call, cpu bench %.2f servers %.2f other %.2f cores, iowait %.2f cores",
 				w, r+1, c.runs, res.perSec, ms(pct(res.lat, 0.50)), ms(pct(res.lat, 0.99)), ms(pct(res.lat, 0.999)),
-				res.errors, res.perEntry, res.cpuBench, res.cpuServers, res.cpuOther, res.ioWait)
+				res.errors, res.perEntry, res.perCall, res.cpuBench, res.cpuServers, res.cpuOther, res.ioWait)
 			for msg, n := range res.errSamples {
 				logf("  %d× %s", n, msg)
 			}
@@ -423,12 +424,22 @@ func measure(ctx context.Context, c config, cl *cluster.Cluster, tasks []warrenv
 	}
 	var idx0, idx1 uint64
 	var cpu0, cpu1 [4]time.Duration
+	appStats := func() (s client.AppenderStats) {
+		for _, a := range apps {
+			st := a.Stats()
+			s.Calls += st.Calls
+			s.Appends += st.Appends
+		}
+		return s
+	}
 	sleepUntil(ctx, t0)
 	idx0, err0 := leaderIndex()
 	cpu0 = cpuTimes(cl)
+	app0 := appStats()
 	sleepUntil(ctx, t1)
 	idx1, err1 := leaderIndex()
 	cpu1 = cpuTimes(cl)
+	app1 := appStats()
 	stop.Store(true)
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
@@ -455,6 +466,9 @@ func measure(ctx context.Context, c config, cl *cluster.Cluster, tasks []warrenv
 	res.perSec = float64(res.acked) / secs
 	if err0 == nil && err1 == nil && idx1 > idx0 {
 		res.perEntry = float64(res.acked) / float64(idx1-idx0)
+	}
+	if app1.Calls > app0.Calls {
+		res.perCall = float64(app1.Appends-app0.Appends) / float64(app1.Calls-app0.Calls)
 	}
 	res.cpuBench = (cpu1[0] - cpu0[0]).Seconds() / secs
 	res.cpuServers = (cpu1[1] - cpu0[1]).Seconds() / secs
@@ -559,27 +573,32 @@ func render(c config, results map[int][]result) string {
 		"%s measured after %s warm-up, median of %d runs. Server flags: %s.\n\n",
 		host, runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.GOOS+"/"+runtime.GOARCH, runtime.Version(),
 		c.batch, c.payload, how(c, who, proto), c.duration, c.warmup, c.runs, strings.Join(c.serverArgs, " "))
-	b.WriteString("| writers | events/s | p50 | p99 | p99.9 | errors | events/raft entry | CPU cores: bench / servers / other | iowait cores |\n")
-	b.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| writers | events/s | p50 | p99 | p99.9 | errors | events/raft entry | appends/call | CPU cores: bench / servers / other | iowait cores |\n")
+	b.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, w := range c.writers {
 		rs := results[w]
 		errs := 0
 		for _, r := range rs {
 			errs += r.errors
 		}
-		fmt.Fprintf(&b, "| %d | %.0f | %s | %s | %s | %d | %.1f | %.2f / %.2f / %.2f | %.2f |\n", w,
+		perCall := "–"
+		if c.appenders > 0 {
+			perCall = fmt.Sprintf("%.1f", median(collect(rs, func(r result) float64 { return r.perCall })))
+		}
+		fmt.Fprintf(&b, "| %d | %.0f | %s | %s | %s | %d | %.1f | %s | %.2f / %.2f / %.2f | %.2f |\n", w,
 			median(collect(rs, func(r result) float64 { return r.perSec })),
 			ms(median(collect(rs, func(r result) time.Duration { return pct(r.lat, 0.50) }))),
 			ms(median(collect(rs, func(r result) time.Duration { return pct(r.lat, 0.99) }))),
 			ms(median(collect(rs, func(r result) time.Duration { return pct(r.lat, 0.999) }))),
 			errs,
 			median(collect(rs, func(r result) float64 { return r.perEntry })),
+			perCall,
 			median(collect(rs, func(r result) float64 { return r.cpuBench })),
 			median(collect(rs, func(r result) float64 { return r.cpuServers })),
 			median(collect(rs, func(r result) float64 { return r.cpuOther })),
 			median(collect(rs, func(r result) float64 { return r.ioWait })))
 	}
-	b.WriteString("\nerrors: total over all runs. events/raft entry: acknowledged appends per leader log entry (group commit batch size). " +
+	b.WriteString("\nerrors: total over all runs. events/raft entry: acknowledged appends per leader log entry (group commit batch size). appends/call: appends per AppendEventsBatch call of the client.Appenders (their batch size; – without -appenders). " +
 		"CPU: cores busy during the window; other = the rest of the machine (e.g. unrelated builds), which skews the figures when not ~0. " +
 		"iowait: cores idle while a disk request was outstanding, that is time the machine waited on its disk (synced raft writes); well above its usual level it marks a disk stall.\n\n")
 	const goalW, goalRate, goalP99 = 1024, 20000.0, 50 * time.Millisecond
