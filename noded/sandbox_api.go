@@ -479,7 +479,7 @@ func (a *SandboxAPI) ListPools(ctx context.Context, req *connect.Request[warrenv
 	if p, ok := a.drv.(driver.Pooler); ok {
 		for _, st := range p.Pools() {
 			res.Pools = append(res.Pools, &warrenv1.PoolStatus{NodeId: a.nodeID, Template: st.Template, Target: uint32(st.Target),
-				Ready: uint32(st.Ready), Filling: uint32(st.Filling), Snapshot: st.Snapshot})
+				Ready: uint32(st.Ready), Filling: uint32(st.Filling), Snapshot: st.Snapshot, Standby: uint32(st.Standby)})
 		}
 	}
 	return connect.NewResponse(res), nil

@@ -38,6 +38,7 @@ type nodeFlags struct {
 	imageDir, accel, sandboxListen                                                 string
 	containerd, runtime, runcBinary                                                string
 	tcgCacheMB                                                                     int
+	standbyQEMUs                                                                   int // microvm.Config.StandbyQEMUs: 0 the default, -1 none
 	tcgASLR                                                                        bool
 	tcgGuestLSM                                                                    bool
 	tcgPeriodicTick                                                                bool
@@ -73,6 +74,17 @@ func (f *nodeFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.imageDir, "image-dir", defaultImageDir(), "microvm: the template store (env WARREN_IMAGE_DIR)")
 	fs.StringVar(&f.accel, "accel", "auto", "microvm: accelerator: auto (probe KVM once, else TCG), kvm or tcg")
 	fs.IntVar(&f.tcgCacheMB, "tcg-cache-mb", microvm.DefaultTCGCacheMB, "microvm under TCG: translation cache per VM in MiB (resident as used; smaller saves memory, larger saves retranslation)")
+	fs.Func("standby-qemus", fmt.Sprintf("microvm: QEMUs per template kept launched ahead, waiting to load its snapshot, so a cold claim (no warm sandbox ready) skips QEMU's start; each costs an idle QEMU process and no CPU (default %d; 0 keeps none)", microvm.DefaultStandbyQEMUs), func(s string) error {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 0 || n > 64 {
+			return fmt.Errorf("want a count between 0 and 64")
+		}
+		f.standbyQEMUs = n
+		if n == 0 {
+			f.standbyQEMUs = -1
+		}
+		return nil
+	})
 	// Inverted, so that `warren dev`, which does not register them, gets
 	// the defaults too.
 	fs.BoolFunc("tcg-tickless-idle", "microvm under TCG, where the host's TSC is reliable: guests stop their 250 Hz tick while idle, which cuts an idle sandbox's CPU 3-5x (default true; =false keeps the periodic tick)", setInverse(&f.tcgPeriodicTick))
@@ -324,7 +336,7 @@ func newDriver(f *nodeFlags) (driver.Driver, error) {
 			return nil, err
 		}
 		d, err := microvm.New(microvm.Config{ImageDir: f.imageDir, StateDir: filepath.Join(f.data, "microvm"), Accel: f.accel,
-			TCGCacheMB: f.tcgCacheMB, TCGASLR: f.tcgASLR, TCGGuestLSM: f.tcgGuestLSM, TCGPeriodicTick: f.tcgPeriodicTick, TCGNoRDRAND: f.tcgNoRDRAND, Networks: nets, Logger: log})
+			TCGCacheMB: f.tcgCacheMB, TCGASLR: f.tcgASLR, TCGGuestLSM: f.tcgGuestLSM, TCGPeriodicTick: f.tcgPeriodicTick, TCGNoRDRAND: f.tcgNoRDRAND, StandbyQEMUs: f.standbyQEMUs, Networks: nets, Logger: log})
 		if err != nil {
 			f.closeEgress()
 			return nil, fmt.Errorf("driver: %w", err)

@@ -358,9 +358,9 @@ func cmdPool(args []string, stdout, stderr io.Writer) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tTEMPLATE\tTARGET\tREADY\tFILLING\tSNAPSHOT")
+	fmt.Fprintln(tw, "NODE\tTEMPLATE\tTARGET\tREADY\tFILLING\tSTANDBY\tSNAPSHOT")
 	for _, p := range pools {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\n", p.GetNodeId(), p.GetTemplate(), p.GetTarget(), p.GetReady(), p.GetFilling(), p.GetSnapshot())
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\n", p.GetNodeId(), p.GetTemplate(), p.GetTarget(), p.GetReady(), p.GetFilling(), p.GetStandby(), p.GetSnapshot())
 	}
 	return tw.Flush()
 }

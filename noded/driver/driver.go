@@ -126,6 +126,9 @@ type PoolStatus struct {
 	Ready    int
 	Filling  int
 	Snapshot string // "ready", "making" or why there is none
+	// Standby counts QEMUs launched ahead for cold claims, waiting to
+	// load the template's snapshot (microvm; zero for other drivers).
+	Standby int
 }
 
 // Pooler is a driver with real warm pools.

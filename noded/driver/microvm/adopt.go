@@ -13,8 +13,8 @@ import (
 
 // adoptAll runs once at start: each VM a previous run of this node left is
 // re-adopted if it is a claimed sandbox whose QEMU still answers (or one
-// paused to disk), and destroyed otherwise. Warm-pool members are
-// destroyed: the pool refills.
+// paused to disk), and destroyed otherwise. Warm-pool members and standby
+// QEMUs are destroyed: they are made again.
 func (d *Driver) adoptAll() {
 	ents, _ := os.ReadDir(filepath.Join(d.cfg.StateDir, "vms"))
 	for _, e := range ents {
@@ -48,7 +48,10 @@ func (d *Driver) adopt(dir, id string) (*VM, string) {
 	if err := json.Unmarshal(b, &m); err != nil || m.ID != id {
 		return nil, "unreadable meta.json"
 	}
-	if m.SandboxID == "" || m.State == "pool" {
+	switch {
+	case m.State == "standby":
+		return nil, "a standby QEMU"
+	case m.SandboxID == "" || m.State == "pool":
 		return nil, "a warm-pool member"
 	}
 	if time.Now().After(m.Expires) {

@@ -51,12 +51,22 @@ func needVM(t *testing.T) {
 
 func newDriver(t *testing.T, stateDir string) *Driver {
 	t.Helper()
+	return newDriverWith(t, stateDir, nil)
+}
+
+// newDriverWith is newDriver with changes to the driver's Config.
+func newDriverWith(t *testing.T, stateDir string, change func(*Config)) *Driver {
+	t.Helper()
 	needVM(t)
 	if stateDir == "" {
 		stateDir = t.TempDir()
 	}
-	d, err := New(Config{ImageDir: imageDir(), StateDir: stateDir, Accel: os.Getenv("WARREN_TEST_ACCEL"),
-		Logger: slog.New(slog.NewTextHandler(tlog{t}, nil))})
+	cfg := Config{ImageDir: imageDir(), StateDir: stateDir, Accel: os.Getenv("WARREN_TEST_ACCEL"),
+		Logger: slog.New(slog.NewTextHandler(tlog{t}, nil))}
+	if change != nil {
+		change(&cfg)
+	}
+	d, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,9 +218,11 @@ func TestClonesAreIsolated(t *testing.T) {
 		if got := sb.(driver.Interactive).Info().Start; got != driver.StartRestore {
 			t.Fatalf("%s started %q, want a restore from the snapshot", id, got)
 		}
-		// A restore goes through every phase but the warm pool's.
-		if p := sb.(*VM).ClaimPhases(); p.Launch <= 0 || p.Load <= 0 || p.Resume <= 0 || p.Bind <= 0 {
-			t.Errorf("%s: restore phases %+v; want launch, load, resume and bind", id, p)
+		// A restore goes through every phase but the warm pool's; one
+		// onto a standby QEMU (the second, when the refill after the
+		// first was quick) launched it before the claim.
+		if p := sb.(*VM).ClaimPhases(); (p.Launch <= 0) != p.Standby || p.Load <= 0 || p.Resume <= 0 || p.Bind <= 0 {
+			t.Errorf("%s: restore phases %+v; want launch (unless onto a standby), load, resume and bind", id, p)
 		}
 		sbs = append(sbs, sb)
 	}
@@ -417,6 +429,120 @@ func TestWarmPoolClaim(t *testing.T) {
 		t.Fatalf("pools after target 0: %+v", p)
 	}
 	assertNothingLeft(t, d)
+}
+
+// A cold claim loads the snapshot into a standby QEMU launched ahead, and
+// the node launches the next; a standby of another snapshot, or whose
+// QEMU has exited, is destroyed and not used; Close destroys standbys.
+func TestStandbyQEMUs(t *testing.T) {
+	d := newDriver(t, "")
+	defer d.Close()
+	ctx := ctxT(t, 5*time.Minute)
+	if err := d.EnsureSnapshot(ctx, ""); err != nil {
+		t.Fatal(err)
+	}
+	standby := waitStandby(t, d)
+	claim := func(id string) (*VM, ClaimPhases) {
+		t.Helper()
+		sb, err := d.Claim(ctx, driver.ClaimRequest{ID: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out, code := run(t, sb, "hostname; echo $((6*7))"); code != 0 || out != id+"\n42\n" {
+			t.Fatalf("%s: exit %d %q", id, code, out)
+		}
+		if st := sb.(driver.Interactive).Info().Start; st != driver.StartRestore {
+			t.Fatalf("%s started %q, want restore", id, st)
+		}
+		return sb.(*VM), sb.(*VM).ClaimPhases()
+	}
+
+	vm, p := claim("sb-standby")
+	if !p.Standby || p.Overlay != 0 || p.Launch != 0 || p.Load <= 0 || vm.id != standby.id {
+		t.Errorf("claim with a standby ready: phases %+v, VM %s, standby %s; want the standby's VM, loaded only", p, vm.id, standby.id)
+	}
+	next := waitStandby(t, d) // launched again after the claim
+	if next.id == standby.id {
+		t.Fatal("the claimed VM is still on standby")
+	}
+	vm.Destroy()
+	assertGone(t, d, vm.id)
+
+	// A standby of an older snapshot is not used.
+	ts, _ := d.template("")
+	d.mu.Lock()
+	old := ts.snap
+	renewed := *old
+	ts.snap = &renewed
+	d.mu.Unlock()
+	vm, p = claim("sb-newer-snapshot")
+	if p.Standby || p.Launch <= 0 {
+		t.Errorf("claim with a stale standby: phases %+v; want a QEMU of its own", p)
+	}
+	waitGone(t, d, next.id)
+	vm.Destroy()
+
+	// Nor one whose QEMU has exited.
+	dead := waitStandby(t, d)
+	dead.p.kill()
+	vm, p = claim("sb-dead-standby")
+	if p.Standby {
+		t.Errorf("claim with a dead standby: phases %+v; want a QEMU of its own", p)
+	}
+	waitGone(t, d, dead.id)
+	vm.Destroy()
+
+	// No standby: SetStandbyQEMUs(0) destroys it.
+	last := waitStandby(t, d)
+	d.SetStandbyQEMUs(0)
+	assertGone(t, d, last.id)
+	if p := d.Pools(); len(p) != 1 || p[0].Standby != 0 {
+		t.Errorf("pools with no standby: %+v", p)
+	}
+	d.SetStandbyQEMUs(1)
+	waitStandby(t, d)
+	assertNothingLeft(t, d) // closes: the standby goes too
+}
+
+// waitStandby waits for a standby QEMU of the default template and
+// returns it.
+func waitStandby(t *testing.T, d *Driver) *VM {
+	t.Helper()
+	ts, err := d.template("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(3 * time.Minute)
+	for time.Now().Before(deadline) {
+		d.mu.Lock()
+		var vm *VM
+		if len(ts.standby) > 0 {
+			vm = ts.standby[0]
+		}
+		d.mu.Unlock()
+		if vm != nil {
+			if b, err := os.ReadFile(filepath.Join(vm.spec.Dir, "meta.json")); err != nil || !strings.Contains(string(b), `"state": "standby"`) {
+				t.Errorf("standby %s's meta.json: %v %s", vm.id, err, b)
+			}
+			return vm
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("no standby QEMU: %+v", d.Pools())
+	return nil
+}
+
+// waitGone waits for a VM destroyed in the background to be gone.
+func waitGone(t *testing.T, d *Driver, id string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if _, err := os.Stat(d.vmDir(id)); os.IsNotExist(err) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	assertGone(t, d, id)
 }
 
 // A warm claim hands the sandbox out without waiting for the guest to
@@ -804,7 +930,9 @@ func TestCloseDuringRefillLeavesNothing(t *testing.T) {
 // driver closes destroys its VM and fails, instead of handing out a
 // sandbox no one will destroy.
 func TestCloseDuringClaimLeavesNothing(t *testing.T) {
-	d := newDriver(t, "")
+	// No standby QEMU: the claim launches its own, which is the longer
+	// window to close in (TestStandbyQEMUs closes with standbys).
+	d := newDriverWith(t, "", func(c *Config) { c.StandbyQEMUs = -1 })
 	if err := d.EnsureSnapshot(ctxT(t, 5*time.Minute), ""); err != nil {
 		t.Fatal(err)
 	}

@@ -27,12 +27,13 @@ type VM struct {
 	template  string // name@version
 	snapState string // the snapshot state file a paused-to-disk VM resumes from ("" for fresh)
 	memShared bool
+	from      *snapshot // the snapshot a clone was launched for
 
 	mu        sync.Mutex // serialises lifecycle changes (pause, resume, destroy)
 	p         *proc
 	qmp       *QMP
 	agent     *guest.Client
-	state     string // "pool", "running", "paused", "destroyed"
+	state     string // "standby", "pool", "running", "paused", "destroyed"
 	sandboxID string
 	start     driver.Start
 	limits    driver.Limits
@@ -126,12 +127,52 @@ func (vm *VM) launch(ctx context.Context, state string) error {
 	return nil
 }
 
-// restore starts a clone of snap, loaded but paused.
-func (d *Driver) restore(ctx context.Context, ts *tplState, snap *snapshot, sandboxID string, lim driver.Limits) (*VM, error) {
+// restore starts a clone of snap, loaded but paused: in one of the
+// template's standby QEMUs when standby is set and one is ready, else in
+// a QEMU it launches.
+func (d *Driver) restore(ctx context.Context, ts *tplState, snap *snapshot, sandboxID string, lim driver.Limits, standby bool) (*VM, error) {
+	if vm := d.takeStandby(ts, snap, standby); vm != nil {
+		vm.mu.Lock()
+		vm.sandboxID, vm.limits, vm.created, vm.state = sandboxID, lim, time.Now(), "running"
+		vm.phases = ClaimPhases{Standby: true}
+		vm.mu.Unlock()
+		if d.cg != nil && sandboxID != "" {
+			_ = d.cg.setLow(vm.id, false)
+		}
+		err := vm.load(ctx)
+		if err == nil || ctx.Err() != nil {
+			return vm, err
+		}
+		d.log.Warn("a standby QEMU did not load the snapshot; launching another", "vm", vm.id, "err", err)
+	}
+	vm, err := d.launchClone(ctx, ts, snap, sandboxID, lim)
+	if err != nil {
+		return nil, err
+	}
+	return vm, vm.load(ctx)
+}
+
+// load loads the VM's snapshot state into its waiting QEMU (destroying the
+// VM if that fails).
+func (vm *VM) load(ctx context.Context) error {
+	t0 := time.Now()
+	if err := loadState(ctx, vm.qmp, vm.spec.incomingURI(), true); err != nil {
+		vm.destroy()
+		return fmt.Errorf("restore: %w", err)
+	}
+	vm.phases.Load = time.Since(t0)
+	vm.d.log.Debug("restored", "vm", vm.id, "standby", vm.phases.Standby, "overlay", vm.phases.Overlay, "launch", vm.phases.Launch, "load", vm.phases.Load)
+	return nil
+}
+
+// launchClone makes a VM for a clone of snap up to the snapshot's load:
+// its directory, network, root disk's overlay, cgroup and QEMU, which
+// waits (-incoming defer) to load snap's state.
+func (d *Driver) launchClone(ctx context.Context, ts *tplState, snap *snapshot, sandboxID string, lim driver.Limits) (*VM, error) {
 	id := d.newVMID()
 	d.track(id, true)
 	vm := &VM{d: d, id: id, template: ts.t.Name + "@" + ts.t.Version, sandboxID: sandboxID, limits: lim, created: time.Now(),
-		state: "running", snapState: snap.state(), memShared: true}
+		state: "running", snapState: snap.state(), memShared: true, from: snap}
 	vm.Agent, vm.CallErr = vm.client, vm.callErr
 	vm.spec = vmSpec{ID: id, Dir: d.vmDir(id), Kernel: ts.t.Path(ts.t.Kernel), Initramfs: ts.t.Path(ts.t.Initramfs),
 		Disk: filepath.Join(d.vmDir(id), "disk.qcow2"), MemMB: snap.Meta.MemMB, VCPUs: snap.Meta.VCPUs,
@@ -155,13 +196,7 @@ func (d *Driver) restore(ctx context.Context, ts *tplState, snap *snapshot, sand
 		vm.destroy()
 		return nil, err
 	}
-	t2 := time.Now()
-	if err := loadState(ctx, vm.qmp, vm.spec.incomingURI(), true); err != nil {
-		vm.destroy()
-		return nil, fmt.Errorf("restore: %w", err)
-	}
-	vm.phases = ClaimPhases{Overlay: t1.Sub(t0), Launch: t2.Sub(t1), Load: time.Since(t2)}
-	d.log.Debug("restored", "vm", id, "overlay", vm.phases.Overlay, "launch", vm.phases.Launch, "load", vm.phases.Load)
+	vm.phases = ClaimPhases{Overlay: t1.Sub(t0), Launch: time.Since(t1)}
 	return vm, nil
 }
 
@@ -233,6 +268,10 @@ type ClaimPhases struct {
 	// Bind is the claim call into the guest: clock, entropy, hostname,
 	// environment, process limit and network.
 	Bind time.Duration
+	// Standby is set when a restore loaded the snapshot into a standby
+	// QEMU (Config.StandbyQEMUs): its overlay and launch were made before
+	// the claim, and are zero here.
+	Standby bool
 }
 
 // ClaimPhases reports where this sandbox's claim spent its time. It waits
@@ -254,6 +293,9 @@ func (p ClaimPhases) logAttrs() []any {
 		if f.v > 0 {
 			a = append(a, f.k, f.v)
 		}
+	}
+	if p.Standby {
+		a = append(a, "standby_qemu", true)
 	}
 	return a
 }

@@ -1635,7 +1635,10 @@ type PoolStatus struct {
 	Ready    uint32                 `protobuf:"varint,4,opt,name=ready,proto3" json:"ready,omitempty"`
 	Filling  uint32                 `protobuf:"varint,5,opt,name=filling,proto3" json:"filling,omitempty"`
 	// "ready", "making", or why the template has no snapshot.
-	Snapshot      string `protobuf:"bytes,6,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	Snapshot string `protobuf:"bytes,6,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	// QEMUs launched ahead for cold claims, waiting to load the template's
+	// snapshot (microvm; `warren node --standby-qemus`).
+	Standby       uint32 `protobuf:"varint,7,opt,name=standby,proto3" json:"standby,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1710,6 +1713,13 @@ func (x *PoolStatus) GetSnapshot() string {
 		return x.Snapshot
 	}
 	return ""
+}
+
+func (x *PoolStatus) GetStandby() uint32 {
+	if x != nil {
+		return x.Standby
+	}
+	return 0
 }
 
 type SetPoolTargetRequest struct {
@@ -2046,7 +2056,7 @@ const file_warren_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\">\n" +
 	"\x0eResumeResponse\x12,\n" +
-	"\asandbox\x18\x01 \x01(\v2\x12.warren.v1.SandboxR\asandbox\"\xa5\x01\n" +
+	"\asandbox\x18\x01 \x01(\v2\x12.warren.v1.SandboxR\asandbox\"\xbf\x01\n" +
 	"\n" +
 	"PoolStatus\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1a\n" +
@@ -2054,7 +2064,8 @@ const file_warren_v1_sandbox_proto_rawDesc = "" +
 	"\x06target\x18\x03 \x01(\rR\x06target\x12\x14\n" +
 	"\x05ready\x18\x04 \x01(\rR\x05ready\x12\x18\n" +
 	"\afilling\x18\x05 \x01(\rR\afilling\x12\x1a\n" +
-	"\bsnapshot\x18\x06 \x01(\tR\bsnapshot\"c\n" +
+	"\bsnapshot\x18\x06 \x01(\tR\bsnapshot\x12\x18\n" +
+	"\astandby\x18\a \x01(\rR\astandby\"c\n" +
 	"\x14SetPoolTargetRequest\x12\x1a\n" +
 	"\btemplate\x18\x01 \x01(\tR\btemplate\x12\x16\n" +
 	"\x06target\x18\x02 \x01(\rR\x06target\x12\x17\n" +
