@@ -4,7 +4,11 @@
 //   - cold boot: a claim that boots the template from scratch, to the
 //     first command answered;
 //   - snapshot restore (a cold claim): a claim that restores a clone of the
-//     template's snapshot, to the first command answered;
+//     template's snapshot, to the first command answered; once onto one of
+//     the driver's standby QEMUs (launched ahead, waiting to load the
+//     snapshot; refilled and idle before each claim), and once with
+//     QEMU's start on the claim's path (no standby ready, as in a burst of
+//     claims);
 //   - warm-pool claim: a claim served from a warm pool, to the first
 //     command answered (the pool is refilled and idle before each claim);
 //   - the peer: a containerd + runc container start, timed as the whole
@@ -13,7 +17,7 @@
 //     (claim → first command) when a containerd runs;
 //   - PSS and CPU per idle sandbox with 10 and with 50 restored sandboxes running
 //     (the sum of the QEMU processes' Pss from /proc/PID/smaps_rollup,
-//     divided by their count).
+//     divided by their count), and the PSS of one idle standby QEMU.
 //
 // The first command is `/bin/true` run through the agent. It needs root,
 // QEMU and a template (`make image`). Run from the repository root:
@@ -203,7 +207,8 @@ func run(c config) error {
 		return ia.Info().Start, nil
 	}
 	boot := &series{name: "cold boot (claim → first command)"}
-	restore := &series{name: "snapshot restore, a cold claim (claim → first command)", goal: "p50 ≤ 250 ms", goalMS: 250}
+	restore := &series{name: "snapshot restore, a cold claim, onto a standby QEMU (claim → first command)", goal: "p50 ≤ 250 ms", goalMS: 250}
+	burst := &series{name: "snapshot restore, a cold claim, QEMU started by the claim: no standby ready (claim → first command)", goal: "p50 ≤ 250 ms", goalMS: 250}
 	warm := &series{name: "warm-pool claim (claim → first command)", goal: "p50 ≤ 15 ms", goalMS: 15}
 	for i := 0; i < c.boots; i++ {
 		start, err := claim(driver.StartBoot, boot)
@@ -215,16 +220,51 @@ func run(c config) error {
 		}
 		progress("cold boot %d/%d: %v", i+1, c.boots, boot.samples[len(boot.samples)-1].Round(time.Millisecond))
 	}
-	for i := 0; i < c.restores; i++ {
-		start, err := claim(driver.StartRestore, restore)
-		if err != nil {
-			return fmt.Errorf("restore: %w", err)
+	restores := func(s *series, standby bool) error {
+		for i := 0; i < c.restores; i++ {
+			if standby {
+				if err := waitStandby(d, 1); err != nil {
+					return err
+				}
+				time.Sleep(300 * time.Millisecond) // as before a warm claim
+			}
+			start, err := claim(driver.StartRestore, s)
+			if err != nil {
+				return fmt.Errorf("restore: %w", err)
+			}
+			if start != driver.StartRestore {
+				return fmt.Errorf("restore: the sandbox started %q", start)
+			}
+			if got := s.phases[len(s.phases)-1].Standby; got != standby {
+				return fmt.Errorf("restore: onto a standby QEMU %v, want %v", got, standby)
+			}
 		}
-		if start != driver.StartRestore {
-			return fmt.Errorf("restore: the sandbox started %q", start)
-		}
+		return nil
 	}
-	progress("restores: p50 %v", restore.pct(0.5).Round(time.Millisecond))
+	// Back to back with no standby: each claim starts its QEMU.
+	d.SetStandbyQEMUs(0)
+	if err := restores(burst, false); err != nil {
+		return err
+	}
+	progress("restores, QEMU started by the claim: p50 %v", burst.pct(0.5).Round(time.Millisecond))
+	d.SetStandbyQEMUs(1)
+	if err := restores(restore, true); err != nil {
+		return err
+	}
+	progress("restores onto a standby QEMU: p50 %v", restore.pct(0.5).Round(time.Millisecond))
+	// One idle standby QEMU's memory, alone on the host.
+	var standbyPSS, standbyRSS, standbyAnon int64
+	if c.restores > 0 {
+		if err := waitStandby(d, 1); err != nil {
+			return err
+		}
+		time.Sleep(time.Second)
+		var procs int
+		if standbyPSS, standbyRSS, standbyAnon, procs = qemuMemory(); procs != 1 {
+			return fmt.Errorf("standby PSS: found %d QEMU processes, want 1", procs)
+		}
+		progress("an idle standby QEMU: PSS %.1f MiB, %.1f MiB of it anonymous", float64(standbyPSS)/1024, float64(standbyAnon)/1024)
+	}
 	d.SetPoolTarget("default", 1)
 	for i := 0; i < c.warms; i++ {
 		if err := waitPool(d, 1); err != nil {
@@ -240,9 +280,10 @@ func run(c config) error {
 		}
 	}
 	d.SetPoolTarget("default", 0)
+	d.SetStandbyQEMUs(0) // the idle sandboxes below are measured alone
 	progress("warm claims: p50 %v", warm.pct(0.5).Round(time.Millisecond))
 
-	all := []*series{boot, restore, warm}
+	all := []*series{boot, restore, burst, warm}
 	if c.ctrs > 0 && c.ctrSocket != "" {
 		// warren's own container driver, claim to first command, beside the
 		// bare ctr figure.
@@ -306,7 +347,7 @@ func run(c config) error {
 			sbs = append(sbs, sb)
 		}
 		time.Sleep(3 * time.Second) // idle
-		pss, rss, procs := qemuMemory()
+		pss, rss, _, procs := qemuMemory()
 		// CPU the idle sandboxes' QEMUs use, over idleCPUWindow.
 		t0, c0 := time.Now(), qemuCPU()
 		time.Sleep(idleCPUWindow)
@@ -364,19 +405,20 @@ func run(c config) error {
 		}
 		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %s |\n", s.name, len(s.samples), ms(s.pct(0.5)), ms(s.pct(0.99)), ms(s.pct(0)), ms(s.pct(1)), g)
 	}
-	fmt.Fprintf(&b, "\nRatios of medians: cold boot / warm claim %.0f×, restore / warm claim %.1f×", ratio(boot, warm), ratio(restore, warm))
-	for _, s := range all[3:] {
+	fmt.Fprintf(&b, "\nRatios of medians: cold boot / warm claim %.0f×, restore / warm claim %.1f×, restore with QEMU's start / onto a standby %.2f×",
+		ratio(boot, warm), ratio(restore, warm), ratio(burst, restore))
+	for _, s := range all[4:] {
 		fmt.Fprintf(&b, ", %s / warm claim %.1f×", strings.SplitN(s.name, " (", 2)[0], ratio(s, warm))
 	}
 	fmt.Fprintf(&b, ".\n\n")
 	if len(restore.phases) > 0 || len(warm.phases) > 0 {
 		fmt.Fprintf(&b, "Where a claim's time goes (medians of each phase, so they need not add up to the total's median): "+
-			"launch is QEMU's start until its QMP socket answers, load the snapshot's device state, resume QMP `cont` until the guest agent answers "+
+			"launch is QEMU's start until its QMP socket answers (made before the claim for a standby QEMU), load the snapshot's device state, resume QMP `cont` until the guest agent answers "+
 			"(a warm VM's agent is connected already), bind the claim call into the guest (clock, entropy, hostname, environment, limits), "+
 			"first command the `/bin/true` round trip. A claim does not wait for its bind's answer (its first command follows the bind "+
 			"to the guest at once), so bind is timed from sending to the answer and overlaps the first command.\n\n")
 		fmt.Fprintf(&b, "| claim | overlay | launch | load | resume | bind | first command | total |\n|---|---|---|---|---|---|---|---|\n")
-		for _, s := range []*series{restore, warm} {
+		for _, s := range []*series{restore, burst, warm} {
 			if len(s.phases) == 0 {
 				continue
 			}
@@ -403,6 +445,11 @@ func run(c config) error {
 		}
 		fmt.Fprintf(&b, "| %d | %.1f MiB | %.1f MiB | %s | %.2f%% |\n", r.n, r.perMiB, r.rss, g, r.cpu)
 	}
+	if standbyPSS > 0 {
+		fmt.Fprintf(&b, "\nAn idle standby QEMU (one per template by default, for cold claims; not counted above), alone on the host: PSS %.1f MiB, RSS %.1f MiB; "+
+			"of its PSS %.1f MiB is anonymous (its own: QEMU's heap and the relocated data of its binary and libraries), the rest file pages (mostly QEMU's binary and libraries), which it shares with every clone's QEMU.\n",
+			float64(standbyPSS)/1024, float64(standbyRSS)/1024, float64(standbyAnon)/1024)
+	}
 	if ctrNote != "" {
 		fmt.Fprintf(&b, "\nPeer: %s\n", ctrNote)
 	}
@@ -420,17 +467,27 @@ func ratio(a, b *series) float64 {
 	return float64(a.pct(0.5)) / float64(b.pct(0.5))
 }
 
+// waitPool waits for n warm VMs of the default template.
 func waitPool(d *microvm.Driver, n int) error {
+	return waitPools(d, "warm pool did not fill", func(p driver.PoolStatus) bool { return p.Ready >= n })
+}
+
+// waitStandby waits for n standby QEMUs of the default template.
+func waitStandby(d *microvm.Driver, n int) error {
+	return waitPools(d, "no standby QEMU launched", func(p driver.PoolStatus) bool { return p.Standby >= n })
+}
+
+func waitPools(d *microvm.Driver, what string, ok func(driver.PoolStatus) bool) error {
 	deadline := time.Now().Add(2 * time.Minute)
 	for time.Now().Before(deadline) {
 		for _, p := range d.Pools() {
-			if p.Template == "default" && p.Ready >= n {
+			if p.Template == "default" && ok(p) {
 				return nil
 			}
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	return fmt.Errorf("warm pool did not fill in 2 minutes: %+v", d.Pools())
+	return fmt.Errorf("%s in 2 minutes: %+v", what, d.Pools())
 }
 
 // idleCPUWindow is how long the bench watches idle sandboxes' CPU use.
@@ -477,8 +534,9 @@ func qemuProcs() []string {
 	return out
 }
 
-// qemuMemory sums Pss and Rss (KiB) of this host's warren QEMU processes.
-func qemuMemory() (pss, rss int64, procs int) {
+// qemuMemory sums Pss, Rss and Pss_Anon (KiB) of this host's warren QEMU
+// processes.
+func qemuMemory() (pss, rss, anon int64, procs int) {
 	for _, dir := range qemuProcs() {
 		r, err := os.ReadFile(filepath.Join(dir, "smaps_rollup"))
 		if err != nil {
@@ -496,10 +554,12 @@ func qemuMemory() (pss, rss int64, procs int) {
 				pss += v
 			case "Rss:":
 				rss += v
+			case "Pss_Anon:":
+				anon += v
 			}
 		}
 	}
-	return pss, rss, procs
+	return pss, rss, anon, procs
 }
 
 // containers times `ctr run --rm` of /bin/true on the template's root
