@@ -84,3 +84,20 @@ func TestWaitAgentEndsWhenQEMUExits(t *testing.T) {
 		t.Fatal("waitAgent waited out its context")
 	}
 }
+
+// A QEMU that exits before its QMP socket answers (here one that cannot
+// start: the binary is /bin/false) fails the launch at once, with its
+// log, instead of leaving the caller waiting for QMP until its deadline.
+func TestLaunchEndsWhenQEMUExits(t *testing.T) {
+	d := &Driver{cfg: Config{QEMU: "/bin/false"}, log: slog.New(slog.DiscardHandler)}
+	vm := &VM{d: d, id: "x", spec: vmSpec{ID: "x", Dir: t.TempDir(), MemMB: 64, VCPUs: 1, Accel: "tcg"}}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	err := vm.launch(ctx, "")
+	if err == nil || !strings.Contains(err.Error(), "qemu exited") {
+		t.Fatalf("launch of a QEMU that exits: %v, want qemu exited", err)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("launch waited out its context")
+	}
+}

@@ -119,8 +119,25 @@ func (vm *VM) launch(ctx context.Context, state string) error {
 		return err
 	}
 	vm.p = p
-	q, err := DialQMP(ctx, vm.spec.qmpPath())
+	// A QEMU that exits before its QMP socket answers (or a shell that
+	// could not put it in its cgroup) ends the wait, instead of leaving
+	// it to the caller's deadline.
+	qctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-p.exited:
+			cancel()
+		case <-qctx.Done():
+		}
+	}()
+	q, err := DialQMP(qctx, vm.spec.qmpPath())
 	if err != nil {
+		select {
+		case <-p.exited:
+			return fmt.Errorf("qemu exited before QMP answered: %s", tail(filepath.Join(vm.spec.Dir, "qemu.log")))
+		default:
+		}
 		return fmt.Errorf("%w: %s", err, tail(filepath.Join(vm.spec.Dir, "qemu.log")))
 	}
 	vm.qmp = q
