@@ -184,6 +184,8 @@ func run(c config) error {
 	n := 0
 	claim := func(force driver.Start, into *series) (driver.Start, error) {
 		n++
+		ctx, cancel := context.WithTimeout(ctx, 3*time.Minute) // a stuck claim fails the run
+		defer cancel()
 		t0 := time.Now()
 		sb, err := d.Claim(ctx, driver.ClaimRequest{ID: fmt.Sprintf("bench-%d", n), Force: force})
 		if err != nil {
