@@ -144,8 +144,11 @@ func (a *Appender) run() {
 const (
 	gatherIdle   = 2
 	gatherYields = 16
-	gatherFor    = time.Millisecond
 )
+
+// gatherFor is a variable for tests: on a loaded machine the OS can stop
+// the thread for longer than this between two yields.
+var gatherFor = time.Millisecond
 
 // gather takes first and what else is queued on in, up to max appends.
 // When a call returns, its writers are woken one by one and queue their
