@@ -221,6 +221,10 @@ func TestSandboxCLI(t *testing.T) {
 	if len(standbys) > microvm.DefaultStandbyQEMUs {
 		t.Errorf("%d standby QEMUs, want at most %d", len(standbys), microvm.DefaultStandbyQEMUs)
 	}
+	// pool list counts them.
+	if pools, _, _ = run("pool", "list", "-o", "json"); !strings.Contains(pools, fmt.Sprintf(`"standby":%d`, len(standbys))) && len(standbys) > 0 {
+		t.Errorf("pool list with %d standby QEMUs: %s", len(standbys), pools)
+	}
 	if b, _ := exec.Command("pgrep", "-f", "-a", "qemu-system.*"+vms).Output(); len(b) > 0 {
 		for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
 			if !standbys[strings.TrimPrefix(regexp.MustCompile(`-name warren-(\S+)`).FindString(l), "-name warren-")] {
