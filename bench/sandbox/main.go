@@ -227,11 +227,11 @@ func run(c config) error {
 	// standby, so the claim starts its own QEMU. (Back to back runs of
 	// each kind drifted apart with the host's speed.)
 	restoreOne := func(s *series, standby bool) error {
-		n := 0
+		want := 0
 		if standby {
-			n = 1
+			want = 1
 		}
-		d.SetStandbyQEMUs(n)
+		d.SetStandbyQEMUs(want)
 		if standby {
 			if err := waitStandby(d, 1); err != nil {
 				return err

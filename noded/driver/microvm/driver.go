@@ -751,12 +751,9 @@ func (d *Driver) refillStandby(ts *tplState) {
 }
 
 // takeStandby returns one of the template's standby QEMUs launched for
-// snap, nil if there is none (or if !want). Standbys of another snapshot,
-// or whose QEMU has exited, are destroyed.
-func (d *Driver) takeStandby(ts *tplState, snap *snapshot, want bool) *VM {
-	if !want {
-		return nil
-	}
+// snap, nil if there is none. Standbys of another snapshot, or whose QEMU
+// has exited, are destroyed.
+func (d *Driver) takeStandby(ts *tplState, snap *snapshot) *VM {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for len(ts.standby) > 0 {

@@ -122,15 +122,8 @@ func (vm *VM) launch(ctx context.Context, state string) error {
 	// A QEMU that exits before its QMP socket answers (or a shell that
 	// could not put it in its cgroup) ends the wait, instead of leaving
 	// it to the caller's deadline.
-	qctx, cancel := context.WithCancel(ctx)
+	qctx, cancel := whileRunning(ctx, p.exited)
 	defer cancel()
-	go func() {
-		select {
-		case <-p.exited:
-			cancel()
-		case <-qctx.Done():
-		}
-	}()
 	q, err := DialQMP(qctx, vm.spec.qmpPath())
 	if err != nil {
 		select {
@@ -148,7 +141,11 @@ func (vm *VM) launch(ctx context.Context, state string) error {
 // template's standby QEMUs when standby is set and one is ready, else in
 // a QEMU it launches.
 func (d *Driver) restore(ctx context.Context, ts *tplState, snap *snapshot, sandboxID string, lim driver.Limits, standby bool) (*VM, error) {
-	if vm := d.takeStandby(ts, snap, standby); vm != nil {
+	var vm *VM
+	if standby {
+		vm = d.takeStandby(ts, snap)
+	}
+	if vm != nil {
 		vm.mu.Lock()
 		vm.sandboxID, vm.limits, vm.created, vm.state = sandboxID, lim, time.Now(), "running"
 		vm.phases = ClaimPhases{Standby: true}
@@ -157,16 +154,22 @@ func (d *Driver) restore(ctx context.Context, ts *tplState, snap *snapshot, sand
 			_ = d.cg.setLow(vm.id, false)
 		}
 		err := vm.load(ctx)
-		if err == nil || ctx.Err() != nil {
-			return vm, err
+		switch {
+		case err == nil:
+			return vm, nil
+		case ctx.Err() != nil:
+			return nil, err
 		}
 		d.log.Warn("a standby QEMU did not load the snapshot; launching another", "vm", vm.id, "err", err)
 	}
 	vm, err := d.launchClone(ctx, ts, snap, sandboxID, lim)
+	if err == nil {
+		err = vm.load(ctx)
+	}
 	if err != nil {
 		return nil, err
 	}
-	return vm, vm.load(ctx)
+	return vm, nil
 }
 
 // load loads the VM's snapshot state into its waiting QEMU (destroying the

@@ -345,15 +345,8 @@ const (
 //     guest gets the new host's calls, but its answers stay in the VM. A
 //     hang-up does, and QEMU drops what the guest wrote.
 func waitAgent(ctx context.Context, s vmSpec, exited <-chan struct{}, wait time.Duration, log *slog.Logger) (*guest.Client, error) {
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := whileRunning(ctx, exited)
 	defer cancel()
-	go func() {
-		select {
-		case <-exited:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
 	gone := func() error {
 		select {
 		case <-exited:
@@ -395,6 +388,20 @@ func waitAgent(ctx context.Context, s vmSpec, exited <-chan struct{}, wait time.
 		attempt++
 		wait *= 2
 	}
+}
+
+// whileRunning returns a context that also ends when QEMU exits (exited
+// is closed), so a wait on QEMU does not outlast it.
+func whileRunning(ctx context.Context, exited <-chan struct{}) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-exited:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
 }
 
 func tail(files ...string) string {
