@@ -73,6 +73,17 @@ func newDriverWith(t *testing.T, stateDir string, change func(*Config)) *Driver 
 	return d
 }
 
+// snapshotted makes d's snapshot of the default template (failing the
+// test if it cannot) and returns a context of timeout for the test.
+func snapshotted(t *testing.T, d *Driver, timeout time.Duration) context.Context {
+	t.Helper()
+	ctx := ctxT(t, timeout)
+	if err := d.EnsureSnapshot(ctx, ""); err != nil {
+		t.Fatal(err)
+	}
+	return ctx
+}
+
 type tlog struct{ t *testing.T }
 
 func (l tlog) Write(p []byte) (int, error) { l.t.Log(strings.TrimSpace(string(p))); return len(p), nil }
@@ -205,10 +216,7 @@ func absDur(d time.Duration) time.Duration {
 func TestClonesAreIsolated(t *testing.T) {
 	d := newDriver(t, "")
 	defer d.Close()
-	ctx := ctxT(t, 5*time.Minute)
-	if err := d.EnsureSnapshot(ctx, ""); err != nil {
-		t.Fatal(err)
-	}
+	ctx := snapshotted(t, d, 5*time.Minute)
 	var sbs []driver.Sandbox
 	for _, id := range []string{"sb-a", "sb-b"} {
 		sb, err := d.Claim(ctx, driver.ClaimRequest{ID: id})
@@ -376,10 +384,7 @@ func TestIdleGuestIsTickless(t *testing.T) {
 	if !d.tickless() {
 		t.Skipf("guests tick periodically here (accelerator %s, host TSC reliable %v)", d.accel, d.hostTSC)
 	}
-	ctx := ctxT(t, 5*time.Minute)
-	if err := d.EnsureSnapshot(ctx, ""); err != nil {
-		t.Fatal(err)
-	}
+	ctx := snapshotted(t, d, 5*time.Minute)
 	for _, force := range []driver.Start{driver.StartRestore, driver.StartBoot} {
 		sb, err := d.Claim(ctx, driver.ClaimRequest{ID: "sb-tick-" + string(force), Force: force})
 		if err != nil {
@@ -437,10 +442,7 @@ func TestWarmPoolClaim(t *testing.T) {
 func TestStandbyQEMUs(t *testing.T) {
 	d := newDriver(t, "")
 	defer d.Close()
-	ctx := ctxT(t, 5*time.Minute)
-	if err := d.EnsureSnapshot(ctx, ""); err != nil {
-		t.Fatal(err)
-	}
+	ctx := snapshotted(t, d, 5*time.Minute)
 	standby := waitStandby(t, d)
 	claim := func(id string) (*VM, ClaimPhases) {
 		t.Helper()
@@ -587,10 +589,7 @@ func warmDriver(t *testing.T, n int) (*Driver, context.Context) {
 	t.Helper()
 	d := newDriver(t, "")
 	t.Cleanup(func() { d.Close() })
-	ctx := ctxT(t, 5*time.Minute)
-	if err := d.EnsureSnapshot(ctx, ""); err != nil {
-		t.Fatal(err)
-	}
+	ctx := snapshotted(t, d, 5*time.Minute)
 	d.SetPoolTarget("default", n)
 	waitPool(t, d, n)
 	return d, ctx
@@ -643,10 +642,7 @@ func TestBadClaims(t *testing.T) {
 func TestAbuseIsContained(t *testing.T) {
 	d := newDriver(t, "")
 	defer d.Close()
-	ctx := ctxT(t, 10*time.Minute)
-	if err := d.EnsureSnapshot(ctx, ""); err != nil {
-		t.Fatal(err)
-	}
+	ctx := snapshotted(t, d, 10*time.Minute)
 	bad, err := d.Claim(ctx, driver.ClaimRequest{ID: "sb-bad", Limits: driver.Limits{Pids: 512}})
 	if err != nil {
 		t.Fatal(err)
@@ -918,9 +914,7 @@ func waitVMDir(t *testing.T, d *Driver, what string) {
 // filled waits for the refill, whose VM is destroyed, not left running.
 func TestCloseDuringRefillLeavesNothing(t *testing.T) {
 	d := newDriver(t, "")
-	if err := d.EnsureSnapshot(ctxT(t, 5*time.Minute), ""); err != nil {
-		t.Fatal(err)
-	}
+	snapshotted(t, d, 5*time.Minute)
 	d.SetPoolTarget("default", 2)
 	waitVMDir(t, d, "a refill's restore")
 	assertNothingLeft(t, d)
@@ -933,9 +927,7 @@ func TestCloseDuringClaimLeavesNothing(t *testing.T) {
 	// No standby QEMU: the claim launches its own, which is the longer
 	// window to close in (TestStandbyQEMUs closes with standbys).
 	d := newDriverWith(t, "", func(c *Config) { c.StandbyQEMUs = -1 })
-	if err := d.EnsureSnapshot(ctxT(t, 5*time.Minute), ""); err != nil {
-		t.Fatal(err)
-	}
+	snapshotted(t, d, 5*time.Minute)
 	errc := make(chan error, 1)
 	go func() {
 		_, err := d.Claim(ctxT(t, time.Minute), driver.ClaimRequest{ID: "sb-closing"})
