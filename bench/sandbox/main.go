@@ -42,6 +42,8 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/guest"
+	"github.com/warrenhq/warren/netpolicy"
+	"github.com/warrenhq/warren/noded"
 	"github.com/warrenhq/warren/noded/driver"
 	"github.com/warrenhq/warren/noded/driver/container"
 	"github.com/warrenhq/warren/noded/driver/microvm"
@@ -58,6 +60,7 @@ type config struct {
 	tcgRDRAND                      bool
 	pss                            []int
 	ctrSocket, rootfs, agent       string
+	egress                         string
 }
 
 func main() {
@@ -81,6 +84,7 @@ func main() {
 	flag.StringVar(&c.agent, "agent", "bin/warren-guest", "warren-guest binary for the container driver")
 	flag.StringVar(&c.rootfs, "rootfs", "", "container root file system (default: the template's debootstrap tree)")
 	flag.StringVar(&c.out, "out", "", "also write the report (markdown) here")
+	flag.StringVar(&c.egress, "egress", "auto", "give each sandbox its egress-policy network, as a node does: on, off, or auto (on with /dev/net/tun, as `warren node --egress auto`); with it, a claim binds the sandbox's network in the guest")
 	flag.Parse()
 	for _, f := range strings.Split(pss, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
@@ -94,6 +98,16 @@ func main() {
 	}
 	if c.imageDir == "" {
 		c.imageDir = microvm.DefaultImageDir
+	}
+	switch c.egress {
+	case "auto":
+		c.egress = "off"
+		if _, err := os.Stat("/dev/net/tun"); err == nil {
+			c.egress = "on"
+		}
+	case "on", "off":
+	default:
+		fatal(fmt.Errorf("-egress: %q is not on, off or auto", c.egress))
 	}
 	if c.ctrSocket == "" {
 		if _, err := os.Stat(container.DefaultSocket); err == nil {
@@ -166,8 +180,20 @@ func run(c config) error {
 		}
 		defer os.RemoveAll(c.stateDir)
 	}
+	var nets driver.Networks
+	if c.egress == "on" {
+		// The node's default egress setup (namespaces kept ready, the DNS
+		// resolver, the nftables table), with a tag of its own. No
+		// sandbox here sends traffic.
+		eg, err := noded.NewEgress(netpolicy.Config{Tag: "sbb", Pool: 4, StateDir: filepath.Join(c.stateDir, "egress")})
+		if err != nil {
+			return fmt.Errorf("egress (-egress off runs without): %w", err)
+		}
+		defer eg.Close()
+		nets = eg
+	}
 	d, err := microvm.New(microvm.Config{ImageDir: c.imageDir, StateDir: c.stateDir, Accel: c.accel, TCGCacheMB: c.tcgCache, TCGHugePages: c.tcgHugePages, TCGASLR: c.tcgASLR, TCGGuestLSM: c.tcgGuestLSM, TCGPeriodicTick: !c.tcgTicklessIdle, TCGNoRDRAND: !c.tcgRDRAND,
-		Logger: slog.New(slog.DiscardHandler)})
+		Networks: nets, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return err
 	}
@@ -296,7 +322,7 @@ func run(c config) error {
 		// warren's own container driver, claim to first command, beside the
 		// bare ctr figure.
 		cd, err := container.New(container.Config{Socket: c.ctrSocket, ImageDir: c.imageDir, StateDir: filepath.Join(c.stateDir, "container"),
-			Namespace: "warren-bench", Agent: c.agent})
+			Namespace: "warren-bench", Agent: c.agent, Networks: nets})
 		if err != nil {
 			progress("container driver: %v", err)
 		} else {
@@ -397,6 +423,11 @@ func run(c config) error {
 	}
 	fmt.Fprintf(&b, "Run on %s, %d CPUs; QEMU microvm, accelerator **%s** (%s); template %s@%s (kernel %s); guest 256 MiB, 1 vCPU; TCG cache %d MiB; QEMU's transparent huge pages %s; the guest's address-space randomization %s; the guest's security modules %s; the guest's tick %s.\n",
 		time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), d.Accelerator(), d.AcceleratorReason(), t.Name, t.Version, t.KernelRelease, cache, thp, aslr, lsm, tick)
+	netNote := "on: each sandbox has its own network namespace behind the node's egress policy, as with `warren node --egress on` (the default as root), and a claim binds the guest's network"
+	if c.egress == "off" {
+		netNote = "off: sandboxes have no network (`warren node --egress off`)"
+	}
+	fmt.Fprintf(&b, "Egress policy %s.\n", netNote)
 	fmt.Fprintf(&b, "Making the template's snapshot took %v. Every latency ends when the guest agent has run `/bin/true` and returned its exit status.\n\n", snapTook.Round(time.Millisecond))
 	fmt.Fprintf(&b, "| measure | n | p50 | p99 | min | max | goal |\n|---|---|---|---|---|---|---|\n")
 	for _, s := range all {
