@@ -23,10 +23,12 @@ type fakeSys struct {
 	entropy  []byte
 	hostname string
 	net      *NetConfig
+	netCalls int
 	// setTimeDelay slows SetTime (a claim's first step); hostnameErr fails
-	// SetHostname.
+	// SetHostname; netErr fails SetNetwork.
 	setTimeDelay time.Duration
 	hostnameErr  error
+	netErr       error
 }
 
 func (f *fakeSys) SetTime(ns int64) error {
@@ -51,7 +53,16 @@ func (f *fakeSys) SetHostname(n string) error {
 	f.mu.Unlock()
 	return nil
 }
-func (f *fakeSys) SetNetwork(c NetConfig) error   { f.mu.Lock(); f.net = &c; f.mu.Unlock(); return nil }
+func (f *fakeSys) SetNetwork(c NetConfig) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.netCalls++
+	if f.netErr != nil {
+		return f.netErr
+	}
+	f.net = &c
+	return nil
+}
 func (f *fakeSys) SetPids(int) error              { return nil }
 func (f *fakeSys) Stats() (Stats, error)          { return Stats{Procs: 7}, nil }
 func (f *fakeSys) ExecAttr() *syscall.SysProcAttr { return &syscall.SysProcAttr{Setpgid: true} }
@@ -245,6 +256,49 @@ func TestClaimSetsIdentity(t *testing.T) {
 	out, _, err := c.Output(context.Background(), "sh", "-c", "echo $SANDBOX_ID")
 	if err != nil || string(out) != "sb-1\n" {
 		t.Fatalf("claim env: %q %v", out, err)
+	}
+}
+
+// A claim sets the network only when its settings differ from those the
+// last claim set: a snapshot's clones send the settings their snapshot set.
+// A failed attempt is made again in full.
+func TestClaimSkipsTheNetworkItSetAlready(t *testing.T) {
+	sys := &fakeSys{}
+	c := pair(t, sys)
+	ctx := context.Background()
+	a := NetConfig{Iface: "eth0", Addrs: []string{"169.254.77.2/30"}, Gateways: []string{"169.254.77.1"}, DNS: []string{"10.213.0.1"}}
+	b := a.clone()
+	b.DNS = []string{"10.213.0.5"}
+	claim := func(nc NetConfig) error {
+		_, err := c.Claim(ctx, ClaimRequest{Now: time.Now(), Net: &nc})
+		return err
+	}
+	calls := func() int { sys.mu.Lock(); defer sys.mu.Unlock(); return sys.netCalls }
+	for i, step := range []struct {
+		nc    NetConfig
+		fail  bool
+		calls int
+	}{
+		{a, false, 1}, {a, false, 1}, {b, false, 2}, {a, false, 3}, {b, true, 4}, {b, false, 5}, {b, false, 5},
+	} {
+		sys.mu.Lock()
+		sys.netErr = nil
+		if step.fail {
+			sys.netErr = errors.New("no netlink today")
+		}
+		sys.mu.Unlock()
+		if err := claim(step.nc); (err != nil) != step.fail {
+			t.Fatalf("claim %d: %v", i, err)
+		}
+		if n := calls(); n != step.calls {
+			t.Fatalf("after claim %d: SetNetwork ran %d times, want %d", i, n, step.calls)
+		}
+	}
+	sys.mu.Lock()
+	got := *sys.net
+	sys.mu.Unlock()
+	if !got.Equal(b) {
+		t.Errorf("network set: %+v, want %+v", got, b)
 	}
 }
 

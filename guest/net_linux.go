@@ -18,10 +18,11 @@ import (
 // on the same guest, so existing addresses and routes are replaced.
 func (s *LinuxSystem) SetNetwork(c NetConfig) error {
 	if !s.Container {
-		l, err := netlink.LinkByName(c.Iface)
+		idx, err := ifIndex(c.Iface)
 		if err != nil {
 			return fmt.Errorf("%s: %w", c.Iface, err)
 		}
+		l := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: idx, Name: c.Iface}}
 		for _, a := range c.Addrs {
 			p := netip.MustParsePrefix(a)
 			addr := &netlink.Addr{IPNet: &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}, Flags: unix.IFA_F_NODAD}
@@ -55,4 +56,26 @@ func (s *LinuxSystem) SetNetwork(c NetConfig) error {
 		os.Remove("/etc/resolv.conf")
 	}
 	return os.WriteFile("/etc/resolv.conf", []byte(b.String()), 0o644)
+}
+
+// ifIndex is the index of the interface name, by SIOCGIFINDEX. It stands
+// for netlink.LinkByName, which has the kernel fill in and the library
+// decode every attribute of the link: under TCG, a restored clone
+// translates all that code at its claim, about 50 ms.
+func ifIndex(name string) (int, error) {
+	ifr, err := unix.NewIfreq(name)
+	if err != nil {
+		return 0, err
+	}
+	// Any socket takes the device ioctls; a route netlink socket is the
+	// kind the calls after this one open.
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_ROUTE)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(fd)
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFINDEX, ifr); err != nil {
+		return 0, err
+	}
+	return int(ifr.Uint32()), nil
 }

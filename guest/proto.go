@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"slices"
 	"strings"
 )
 
@@ -86,6 +87,16 @@ type NetConfig struct {
 	Addrs    []string `json:"addrs,omitempty"`    // CIDR, e.g. "169.254.77.2/30"
 	Gateways []string `json:"gateways,omitempty"` // default routes, one per family
 	DNS      []string `json:"dns,omitempty"`      // nameservers for /etc/resolv.conf
+}
+
+// Equal reports whether c and o are the same settings, in the same order.
+func (c NetConfig) Equal(o NetConfig) bool {
+	return c.Iface == o.Iface && slices.Equal(c.Addrs, o.Addrs) && slices.Equal(c.Gateways, o.Gateways) && slices.Equal(c.DNS, o.DNS)
+}
+
+func (c NetConfig) clone() NetConfig {
+	c.Addrs, c.Gateways, c.DNS = slices.Clone(c.Addrs), slices.Clone(c.Gateways), slices.Clone(c.DNS)
+	return c
 }
 
 // Check validates c, naming the field at fault.

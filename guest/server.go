@@ -49,6 +49,11 @@ type Server struct {
 	// that would run in the sandbox are refused (the host may have sent
 	// them behind the claim, expecting the claimed identity).
 	claimErr error
+	// net is the network settings the last claim set, nil before one
+	// did. A claim with the same ones leaves the network as it is: a
+	// snapshot's guest sets those of its node's sandboxes before it is
+	// saved, and its clones, whose claims send the same, skip the work.
+	net *NetConfig
 }
 
 // BaseEnv is the environment every command starts from.
@@ -560,8 +565,20 @@ func (s *Server) claim(req *Request) (*Result, error) {
 		if s.Sys == nil {
 			return nil, errors.New("net: not supported here")
 		}
-		if err := s.Sys.SetNetwork(*req.Net); err != nil {
-			return nil, fmt.Errorf("net: %w", err)
+		s.mu.Lock()
+		same := s.net != nil && s.net.Equal(*req.Net)
+		s.mu.Unlock()
+		if !same {
+			if err := s.Sys.SetNetwork(*req.Net); err != nil {
+				s.mu.Lock()
+				s.net = nil // partly set: set it all again next time
+				s.mu.Unlock()
+				return nil, fmt.Errorf("net: %w", err)
+			}
+			n := req.Net.clone()
+			s.mu.Lock()
+			s.net = &n
+			s.mu.Unlock()
 		}
 	}
 	s.mu.Lock()
