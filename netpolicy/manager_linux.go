@@ -545,16 +545,26 @@ type GuestNet struct {
 // Guest returns the guest's network settings: for a microVM (tap) the
 // guest link's addresses; for a container the slot's own.
 func (s *Sandbox) Guest(tap bool) GuestNet {
-	g := GuestNet{DNS: []netip.Addr{s.m.resolver.Host4, s.m.resolver.Host6}}
 	if tap {
-		g.Addr4, g.Gateway4 = netip.PrefixFrom(GuestAddr4, 30), netip.PrefixFrom(GuestGateway4, 30)
-		g.Addr6, g.Gateway6 = netip.PrefixFrom(GuestAddr6, 126), netip.PrefixFrom(GuestGateway6, 126)
-	} else {
-		g.Addr4, g.Gateway4 = netip.PrefixFrom(s.slot.Sandbox4, 30), netip.PrefixFrom(s.slot.Host4, 30)
-		g.Addr6, g.Gateway6 = netip.PrefixFrom(s.slot.Sandbox6, 126), netip.PrefixFrom(s.slot.Host6, 126)
+		return s.m.GuestTap()
 	}
+	g := GuestNet{DNS: s.m.dnsAddrs()}
+	g.Addr4, g.Gateway4 = netip.PrefixFrom(s.slot.Sandbox4, 30), netip.PrefixFrom(s.slot.Host4, 30)
+	g.Addr6, g.Gateway6 = netip.PrefixFrom(s.slot.Sandbox6, 126), netip.PrefixFrom(s.slot.Host6, 126)
 	return g
 }
+
+// GuestTap is the guest's side of every microVM sandbox's network on this
+// node: each guest sits behind a tap in a namespace of its own, so all of
+// them have the same link addresses, and the node's resolver. A snapshot
+// can carry it, so clones need not set it at their claim.
+func (m *Manager) GuestTap() GuestNet {
+	return GuestNet{DNS: m.dnsAddrs(),
+		Addr4: netip.PrefixFrom(GuestAddr4, 30), Gateway4: netip.PrefixFrom(GuestGateway4, 30),
+		Addr6: netip.PrefixFrom(GuestAddr6, 126), Gateway6: netip.PrefixFrom(GuestGateway6, 126)}
+}
+
+func (m *Manager) dnsAddrs() []netip.Addr { return []netip.Addr{m.resolver.Host4, m.resolver.Host6} }
 
 // OpenTap creates the microVM link in the namespace and returns its file
 // for the VMM (QEMU's -netdev tap,fd=N). Call it at most once.

@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/guest"
 	"github.com/warrenhq/warren/netpolicy"
 	"github.com/warrenhq/warren/noded/driver"
 )
@@ -70,6 +71,11 @@ func (e *Egress) denyPort(hostport string) {
 // Attach gives a new sandbox a network that allows nothing until bind.
 func (e *Egress) Attach(ctx context.Context) (driver.Network, error) {
 	return driver.PolicyNetworks{M: e.m}.Attach(ctx)
+}
+
+// TapGuestConfig is the guest side of every microVM sandbox's network.
+func (e *Egress) TapGuestConfig() guest.NetConfig {
+	return driver.PolicyNetworks{M: e.m}.TapGuestConfig()
 }
 
 // Reattach takes back, after a restart, a re-adopted sandbox's network.

@@ -69,8 +69,18 @@ type PolicyNetwork struct{ *netpolicy.Sandbox }
 
 // GuestConfig is the guest's side of the network: eth0's addresses and
 // routes (for a microVM) and the node's resolver.
-func (n PolicyNetwork) GuestConfig(tap bool) guest.NetConfig {
-	g := n.Guest(tap)
+func (n PolicyNetwork) GuestConfig(tap bool) guest.NetConfig { return guestConfig(n.Guest(tap)) }
+
+// TapGuest is Networks whose microVM guests all get the same network
+// settings (see netpolicy.Manager.GuestTap), known before any is attached.
+type TapGuest interface {
+	TapGuestConfig() guest.NetConfig
+}
+
+// TapGuestConfig is the guest side of every microVM network of p.
+func (p PolicyNetworks) TapGuestConfig() guest.NetConfig { return guestConfig(p.M.GuestTap()) }
+
+func guestConfig(g netpolicy.GuestNet) guest.NetConfig {
 	c := guest.NetConfig{Iface: netpolicy.IfaceUplink,
 		Addrs:    []string{g.Addr4.String(), g.Addr6.String()},
 		Gateways: []string{g.Gateway4.Addr().String(), g.Gateway6.Addr().String()}}

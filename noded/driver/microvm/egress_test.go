@@ -35,47 +35,71 @@ func TestEgressFromMicroVM(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer assertNothingLeft(t, d)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	sb, err := d.Claim(ctx, driver.ClaimRequest{ID: "sb-egress"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sb.Destroy()
-	nw := sb.(driver.Networked).Network().(driver.PolicyNetwork)
-	nw.Bind(sb.ID())
-	if err := nw.SetPolicy(netpolicy.Policy{}); err != nil {
-		t.Fatal(err)
-	}
-	try := func(args string) []string {
-		return netpolicytest.Probe(t, func(script string) (string, int) { return run(t, sb, script) }, args)
-	}
-	if f := try("allowed.test"); f[0] != "ok" || f[1] != netpolicytest.Web.String() {
-		t.Errorf("allowed.test: %v; want ok via %v", f, netpolicytest.Web)
-	}
-	if f := try("denied.test"); f[0] != "noname" {
-		t.Errorf("denied.test: %v; want no name", f)
-	}
-	for _, target := range []string{
-		netpolicytest.Other.String(),
-		netpolicytest.Private.String(),
-		fmt.Sprintf("%s %d", netpolicytest.NodeAddr, netpolicytest.APIPort),
-		fmt.Sprintf("%s %d", netpolicytest.NodeAddr, netpolicytest.GossipPort),
-		"169.254.169.254",
-		netpolicy.GuestGateway4.String(),
-	} {
-		f := try(target)
-		if f[0] != "refused" || f[3] != "ConnectionRefusedError" {
-			t.Errorf("%s: %v; want ConnectionRefusedError (a reset)", target, f)
-			continue
-		}
-		if ms, err := strconv.ParseFloat(f[2], 64); err != nil || ms > 100 {
-			t.Errorf("%s: refused after %s ms; want within 100 ms", target, f[2])
-		}
-	}
-	// UDP and ICMP to a denied host fail; the same to the allowed one
-	// pass for UDP.
-	out, _ := run(t, sb, fmt.Sprintf(`python3 -c '
+	// Booted, the claim sets the guest's network; restored from the
+	// snapshot, the clone has it already.
+	for _, start := range []driver.Start{driver.StartBoot, driver.StartRestore} {
+		t.Run(string(start), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer cancel()
+			if start == driver.StartRestore {
+				// The snapshot's guest set this node's network before it was
+				// saved; the clone's claim finds it in place and sets nothing.
+				if err := d.EnsureSnapshot(ctx, ""); err != nil {
+					t.Fatal(err)
+				}
+				ts, err := d.template("")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if snap := d.snapshotFor(ts); snap == nil || snap.Meta.GuestNet == "" {
+					t.Fatalf("snapshot without the network: %+v", snap)
+				}
+			}
+			mu.Lock()
+			audit = nil
+			mu.Unlock()
+			sb, err := d.Claim(ctx, driver.ClaimRequest{ID: "sb-egress-" + string(start), Force: start})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer sb.Destroy()
+			if got := sb.(*VM).start; got != start {
+				t.Fatalf("the sandbox started %q, want %q", got, start)
+			}
+			nw := sb.(driver.Networked).Network().(driver.PolicyNetwork)
+			nw.Bind(sb.ID())
+			if err := nw.SetPolicy(netpolicy.Policy{}); err != nil {
+				t.Fatal(err)
+			}
+			try := func(args string) []string {
+				return netpolicytest.Probe(t, func(script string) (string, int) { return run(t, sb, script) }, args)
+			}
+			if f := try("allowed.test"); f[0] != "ok" || f[1] != netpolicytest.Web.String() {
+				t.Errorf("allowed.test: %v; want ok via %v", f, netpolicytest.Web)
+			}
+			if f := try("denied.test"); f[0] != "noname" {
+				t.Errorf("denied.test: %v; want no name", f)
+			}
+			for _, target := range []string{
+				netpolicytest.Other.String(),
+				netpolicytest.Private.String(),
+				fmt.Sprintf("%s %d", netpolicytest.NodeAddr, netpolicytest.APIPort),
+				fmt.Sprintf("%s %d", netpolicytest.NodeAddr, netpolicytest.GossipPort),
+				"169.254.169.254",
+				netpolicy.GuestGateway4.String(),
+			} {
+				f := try(target)
+				if f[0] != "refused" || f[3] != "ConnectionRefusedError" {
+					t.Errorf("%s: %v; want ConnectionRefusedError (a reset)", target, f)
+					continue
+				}
+				if ms, err := strconv.ParseFloat(f[2], 64); err != nil || ms > 100 {
+					t.Errorf("%s: refused after %s ms; want within 100 ms", target, f[2])
+				}
+			}
+			// UDP and ICMP to a denied host fail; the same to the allowed one
+			// pass for UDP.
+			out, _ := run(t, sb, fmt.Sprintf(`python3 -c '
 import socket
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(2); s.connect(("%s", 80)); s.send(b"x")
 try:
@@ -95,36 +119,38 @@ try:
 except Exception as e:
     print("icmp", type(e).__name__)
 '`, netpolicytest.Other, netpolicytest.Other))
-	t.Logf("udp/icmp to %v: %s", netpolicytest.Other, strings.TrimSpace(out))
-	if !strings.Contains(out, "udp OSError") && !strings.Contains(out, "udp ConnectionRefusedError") || !strings.Contains(out, "icmp-type 3") {
-		t.Errorf("udp or icmp to a denied host got through: %s", out)
-	}
-	// A live change: allowed.test is off the list for new connections.
-	if err := nw.SetPolicy(netpolicy.Policy{Profile: netpolicy.ProfileCustom, Allow: []string{"www.cdn.test"}}); err != nil {
-		t.Fatal(err)
-	}
-	if f := try("allowed.test"); f[0] != "noname" {
-		t.Errorf("allowed.test after the change: %v; want no name", f)
-	}
-	if f := try(netpolicytest.Web.String()); f[0] != "refused" {
-		t.Errorf("%v after the change: %v; want refused", netpolicytest.Web, f)
-	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		mu.Lock()
-		var allow, deny bool
-		for _, e := range audit {
-			allow = allow || e.Verdict == "allow" && e.Kind == "connect" && e.Addr == netpolicytest.Web.String()
-			deny = deny || e.Verdict == "deny" && e.Kind == "connect" && e.Addr == netpolicytest.Other.String()
-		}
-		mu.Unlock()
-		if allow && deny {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("audit: allow %v, deny %v: %+v", allow, deny, audit)
-		}
-		time.Sleep(50 * time.Millisecond)
+			t.Logf("udp/icmp to %v: %s", netpolicytest.Other, strings.TrimSpace(out))
+			if !strings.Contains(out, "udp OSError") && !strings.Contains(out, "udp ConnectionRefusedError") || !strings.Contains(out, "icmp-type 3") {
+				t.Errorf("udp or icmp to a denied host got through: %s", out)
+			}
+			// A live change: allowed.test is off the list for new connections.
+			if err := nw.SetPolicy(netpolicy.Policy{Profile: netpolicy.ProfileCustom, Allow: []string{"www.cdn.test"}}); err != nil {
+				t.Fatal(err)
+			}
+			if f := try("allowed.test"); f[0] != "noname" {
+				t.Errorf("allowed.test after the change: %v; want no name", f)
+			}
+			if f := try(netpolicytest.Web.String()); f[0] != "refused" {
+				t.Errorf("%v after the change: %v; want refused", netpolicytest.Web, f)
+			}
+			deadline := time.Now().Add(5 * time.Second)
+			for {
+				mu.Lock()
+				var allow, deny bool
+				for _, e := range audit {
+					allow = allow || e.Verdict == "allow" && e.Kind == "connect" && e.Addr == netpolicytest.Web.String()
+					deny = deny || e.Verdict == "deny" && e.Kind == "connect" && e.Addr == netpolicytest.Other.String()
+				}
+				mu.Unlock()
+				if allow && deny {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("audit: allow %v, deny %v: %+v", allow, deny, audit)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		})
 	}
 }
 

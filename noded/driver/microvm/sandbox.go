@@ -400,8 +400,16 @@ func (vm *VM) awaitBind() {
 func (vm *VM) prewarm(ctx context.Context) error {
 	seed := make([]byte, 64)
 	_, _ = rand.Read(seed)
+	req := guest.ClaimRequest{Now: time.Now(), Entropy: seed, Hostname: "warm", Pids: 4096}
+	if vm.net != nil && vm.spec.NIC {
+		// The pool VM keeps this network, so the claim's bind will set the
+		// same addresses and routes again (replacing them), and that path
+		// is then translated already.
+		nc := vm.net.GuestConfig(true)
+		req.Net = &nc
+	}
 	for i := 0; i < 2; i++ {
-		if _, err := vm.agent.Claim(ctx, guest.ClaimRequest{Now: time.Now(), Entropy: seed, Hostname: "warm", Pids: 4096}); err != nil {
+		if _, err := vm.agent.Claim(ctx, req); err != nil {
 			return fmt.Errorf("prewarm: %w", err)
 		}
 		for _, argv := range [][]string{{"/bin/sh", "-c", "true"}, {"true"}} {

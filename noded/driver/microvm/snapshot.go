@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/guest"
+	"github.com/warrenhq/warren/netpolicy"
 	"github.com/warrenhq/warren/noded/driver"
 )
 
@@ -31,8 +32,17 @@ type snapMeta struct {
 	Cmdline         string `json:"cmdline"`
 	CPU             string `json:"cpu,omitempty"`
 	NIC             bool   `json:"nic"`
-	Created         string `json:"created"`
-	TookMS          int64  `json:"took_ms"`
+	// NICUp: the snapshot's guest brought its NIC up before it was saved.
+	// Snapshots made before that are remade.
+	NICUp bool `json:"nic_up"`
+	// GuestNet is the network settings (guest.NetConfig as JSON) the
+	// snapshot's guest set before it was saved: those of every microVM
+	// sandbox of the node's egress policy (driver.TapGuest). A claim that
+	// sets the same ones finds them in place. Empty: the NIC is up
+	// without addresses (no egress policy).
+	GuestNet string `json:"guest_net,omitempty"`
+	Created  string `json:"created"`
+	TookMS   int64  `json:"took_ms"`
 }
 
 func (s *snapshot) mem() string   { return filepath.Join(s.Dir, "mem") }
@@ -46,7 +56,17 @@ func (d *Driver) snapshotDir(t *guest.Template) string {
 
 func (d *Driver) wantMeta(t *guest.Template) snapMeta {
 	return snapMeta{Template: t.Name, TemplateVersion: t.Version, KernelSHA256: t.Kernel.SHA256, QEMUVersion: d.qver,
-		Accel: d.accel, MemMB: d.cfg.SnapshotMemMB, VCPUs: 1, Cmdline: d.cmdline(""), CPU: d.cpu(), NIC: true}
+		Accel: d.accel, MemMB: d.cfg.SnapshotMemMB, VCPUs: 1, Cmdline: d.cmdline(""), CPU: d.cpu(), NIC: true, NICUp: true, GuestNet: d.snapshotNet()}
+}
+
+// snapshotNet is snapMeta.GuestNet for this node's networks.
+func (d *Driver) snapshotNet() string {
+	tg, ok := d.cfg.Networks.(driver.TapGuest)
+	if !ok {
+		return ""
+	}
+	b, _ := json.Marshal(tg.TapGuestConfig())
+	return string(b)
 }
 
 // loadSnapshot returns t's snapshot if one exists and matches this node's
@@ -122,6 +142,26 @@ func (d *Driver) makeSnapshot(ctx context.Context, t *guest.Template) (*snapshot
 		if _, _, err := c.Output(bctx, argv...); err != nil {
 			c.Close()
 			return nil, fmt.Errorf("warm-up: %w", err)
+		}
+	}
+	if m.NICUp {
+		// The guest's network is set up in the snapshot: the NIC up, and
+		// with the node's egress policy the addresses, routes and resolver
+		// every microVM sandbox of this node gets. The agent remembers
+		// them, so a clone's claim, which sends the same, changes nothing.
+		// Under TCG every clone translates afresh the code it runs, and
+		// setting the network took a restored clone 260-280 ms, most of it
+		// that (bench/README.md, twenty-third session).
+		nc := guest.NetConfig{Iface: netpolicy.IfaceUplink}
+		if m.GuestNet != "" {
+			if err := json.Unmarshal([]byte(m.GuestNet), &nc); err != nil {
+				c.Close()
+				return nil, fmt.Errorf("warm-up: network: %w", err)
+			}
+		}
+		if _, err := c.Claim(bctx, guest.ClaimRequest{Now: time.Now(), Net: &nc}); err != nil {
+			c.Close()
+			return nil, fmt.Errorf("warm-up: network: %w", err)
 		}
 	}
 	if err := c.Sync(bctx); err != nil {
