@@ -18,12 +18,14 @@ import (
 )
 
 type fakeSys struct {
-	mu       sync.Mutex
-	now      int64
-	entropy  []byte
-	hostname string
-	net      *NetConfig
-	netCalls int
+	mu        sync.Mutex
+	now       int64
+	entropy   []byte
+	hostname  string
+	net       *NetConfig
+	netCalls  int
+	pids      int
+	pidsCalls int
 	// setTimeDelay slows SetTime (a claim's first step); hostnameErr fails
 	// SetHostname; netErr fails SetNetwork.
 	setTimeDelay time.Duration
@@ -63,7 +65,13 @@ func (f *fakeSys) SetNetwork(c NetConfig) error {
 	f.net = &c
 	return nil
 }
-func (f *fakeSys) SetPids(int) error              { return nil }
+func (f *fakeSys) SetPids(n int) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.pidsCalls++
+	f.pids = n
+	return nil
+}
 func (f *fakeSys) Stats() (Stats, error)          { return Stats{Procs: 7}, nil }
 func (f *fakeSys) ExecAttr() *syscall.SysProcAttr { return &syscall.SysProcAttr{Setpgid: true} }
 
@@ -299,6 +307,25 @@ func TestClaimSkipsTheNetworkItSetAlready(t *testing.T) {
 	sys.mu.Unlock()
 	if !got.Equal(b) {
 		t.Errorf("network set: %+v, want %+v", got, b)
+	}
+}
+
+// Likewise the process limit: a snapshot sets the default one.
+func TestClaimSkipsTheProcessLimitItSetAlready(t *testing.T) {
+	sys := &fakeSys{}
+	c := pair(t, sys)
+	for i, step := range []struct{ pids, calls, want int }{
+		{4096, 1, 4096}, {4096, 1, 4096}, {0, 1, 4096}, {64, 2, 64}, {4096, 3, 4096},
+	} {
+		if _, err := c.Claim(context.Background(), ClaimRequest{Now: time.Now(), Pids: step.pids}); err != nil {
+			t.Fatal(err)
+		}
+		sys.mu.Lock()
+		calls, pids := sys.pidsCalls, sys.pids
+		sys.mu.Unlock()
+		if calls != step.calls || pids != step.want {
+			t.Fatalf("after claim %d (pids %d): SetPids ran %d times, limit %d; want %d times, %d", i, step.pids, calls, pids, step.calls, step.want)
+		}
 	}
 }
 

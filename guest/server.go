@@ -54,6 +54,9 @@ type Server struct {
 	// snapshot's guest sets those of its node's sandboxes before it is
 	// saved, and its clones, whose claims send the same, skip the work.
 	net *NetConfig
+	// pids is the process limit the last claim set, 0 before one did; a
+	// claim with the same leaves it as it is, like net.
+	pids int
 }
 
 // BaseEnv is the environment every command starts from.
@@ -547,8 +550,18 @@ func (s *Server) claim(req *Request) (*Result, error) {
 				return nil, fmt.Errorf("reseed: %w", err)
 			}
 		}
-		if req.Pids > 0 {
-			if err := s.Sys.SetPids(req.Pids); err != nil {
+		s.mu.Lock()
+		samePids := s.pids == req.Pids
+		s.mu.Unlock()
+		if req.Pids > 0 && !samePids {
+			err := s.Sys.SetPids(req.Pids)
+			s.mu.Lock()
+			s.pids = req.Pids
+			if err != nil {
+				s.pids = 0
+			}
+			s.mu.Unlock()
+			if err != nil {
 				return nil, fmt.Errorf("pids: %w", err)
 			}
 		}

@@ -479,7 +479,7 @@ func (d *Driver) checkLimits(ts *tplState, l driver.Limits) (driver.Limits, erro
 		l.MemMB = d.cfg.SnapshotMemMB
 	}
 	if l.Pids == 0 {
-		l.Pids = 4096
+		l.Pids = DefaultPids
 	}
 	diskMB := int(ts.t.DiskBytes >> 20)
 	if l.VCPUs < 1 || l.VCPUs > runtime.NumCPU() {
@@ -709,8 +709,13 @@ func (d *Driver) refill(ts *tplState) {
 // poolLimits are the limits of a VM made ahead of its claim (a warm-pool
 // member or a standby QEMU): the snapshot's shape.
 func (d *Driver) poolLimits(ts *tplState) driver.Limits {
-	return driver.Limits{VCPUs: 1, MemMB: d.cfg.SnapshotMemMB, Pids: 4096, DiskMB: int(ts.t.DiskBytes >> 20)}
+	return driver.Limits{VCPUs: 1, MemMB: d.cfg.SnapshotMemMB, Pids: DefaultPids, DiskMB: int(ts.t.DiskBytes >> 20)}
 }
+
+// DefaultPids is a sandbox's process limit when its claim gives none. The
+// template's snapshot sets it in the guest, so a clone's claim with it
+// leaves the limit as it is.
+const DefaultPids = 4096
 
 // refillStandby launches standby QEMUs for the template's snapshot until
 // it has Config.StandbyQEMUs of them, one at a time. It does not start a

@@ -159,7 +159,8 @@ func (d *Driver) makeSnapshot(ctx context.Context, t *guest.Template) (*snapshot
 				return nil, fmt.Errorf("warm-up: network: %w", err)
 			}
 		}
-		if _, err := c.Claim(bctx, guest.ClaimRequest{Now: time.Now(), Net: &nc}); err != nil {
+		// The default process limit too: setting it took a clone 14-19 ms.
+		if _, err := c.Claim(bctx, guest.ClaimRequest{Now: time.Now(), Net: &nc, Pids: DefaultPids}); err != nil {
 			c.Close()
 			return nil, fmt.Errorf("warm-up: network: %w", err)
 		}
