@@ -554,16 +554,15 @@ func (s *Server) claim(req *Request) (*Result, error) {
 		samePids := s.pids == req.Pids
 		s.mu.Unlock()
 		if req.Pids > 0 && !samePids {
-			err := s.Sys.SetPids(req.Pids)
-			s.mu.Lock()
-			s.pids = req.Pids
-			if err != nil {
-				s.pids = 0
-			}
-			s.mu.Unlock()
-			if err != nil {
+			if err := s.Sys.SetPids(req.Pids); err != nil {
+				s.mu.Lock()
+				s.pids = 0 // unknown: set it again next time
+				s.mu.Unlock()
 				return nil, fmt.Errorf("pids: %w", err)
 			}
+			s.mu.Lock()
+			s.pids = req.Pids
+			s.mu.Unlock()
 		}
 		if req.Hostname != "" {
 			if err := s.Sys.SetHostname(req.Hostname); err != nil {

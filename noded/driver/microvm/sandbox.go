@@ -400,11 +400,12 @@ func (vm *VM) awaitBind() {
 func (vm *VM) prewarm(ctx context.Context) error {
 	seed := make([]byte, 64)
 	_, _ = rand.Read(seed)
-	req := guest.ClaimRequest{Now: time.Now(), Entropy: seed, Hostname: "warm", Pids: 4096}
+	req := guest.ClaimRequest{Now: time.Now(), Entropy: seed, Hostname: "warm", Pids: DefaultPids}
 	if vm.net != nil && vm.spec.NIC {
-		// The pool VM keeps this network, so the claim's bind will set the
-		// same addresses and routes again (replacing them), and that path
-		// is then translated already.
+		// The pool VM keeps this network, and its claim sends it again.
+		// The snapshot set it already, so an agent that remembers skips
+		// it both times; an older one sets it here, and the claim then
+		// runs that path translated.
 		nc := vm.net.GuestConfig(true)
 		req.Net = &nc
 	}

@@ -144,26 +144,24 @@ func (d *Driver) makeSnapshot(ctx context.Context, t *guest.Template) (*snapshot
 			return nil, fmt.Errorf("warm-up: %w", err)
 		}
 	}
-	if m.NICUp {
-		// The guest's network is set up in the snapshot: the NIC up, and
-		// with the node's egress policy the addresses, routes and resolver
-		// every microVM sandbox of this node gets. The agent remembers
-		// them, so a clone's claim, which sends the same, changes nothing.
-		// Under TCG every clone translates afresh the code it runs, and
-		// setting the network took a restored clone 260-280 ms, most of it
-		// that (bench/README.md, twenty-third session).
-		nc := guest.NetConfig{Iface: netpolicy.IfaceUplink}
-		if m.GuestNet != "" {
-			if err := json.Unmarshal([]byte(m.GuestNet), &nc); err != nil {
-				c.Close()
-				return nil, fmt.Errorf("warm-up: network: %w", err)
-			}
-		}
-		// The default process limit too: setting it took a clone 14-19 ms.
-		if _, err := c.Claim(bctx, guest.ClaimRequest{Now: time.Now(), Net: &nc, Pids: DefaultPids}); err != nil {
+	// The guest's network is set up in the snapshot: the NIC up, and
+	// with the node's egress policy the addresses, routes and resolver
+	// every microVM sandbox of this node gets. The agent remembers
+	// them, so a clone's claim, which sends the same, changes nothing.
+	// Under TCG every clone translates afresh the code it runs, and
+	// setting the network took a restored clone 260-280 ms, most of it
+	// that (bench/README.md, twenty-third session).
+	nc := guest.NetConfig{Iface: netpolicy.IfaceUplink}
+	if m.GuestNet != "" {
+		if err := json.Unmarshal([]byte(m.GuestNet), &nc); err != nil {
 			c.Close()
 			return nil, fmt.Errorf("warm-up: network: %w", err)
 		}
+	}
+	// The default process limit too: setting it took a clone 14-19 ms.
+	if _, err := c.Claim(bctx, guest.ClaimRequest{Now: time.Now(), Net: &nc, Pids: DefaultPids}); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("warm-up: claim: %w", err)
 	}
 	if err := c.Sync(bctx); err != nil {
 		c.Close()
