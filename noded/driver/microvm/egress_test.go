@@ -66,6 +66,7 @@ func TestEgressFromMicroVM(t *testing.T) {
 			if got := sb.(*VM).start; got != start {
 				t.Fatalf("the sandbox started %q, want %q", got, start)
 			}
+			assertQuietIPv6(t, sb, start == driver.StartRestore)
 			nw := sb.(driver.Networked).Network().(driver.PolicyNetwork)
 			nw.Bind(sb.ID())
 			if err := nw.SetPolicy(netpolicy.Policy{}); err != nil {
@@ -151,6 +152,58 @@ except Exception as e:
 				time.Sleep(50 * time.Millisecond)
 			}
 		})
+	}
+}
+
+// assertQuietIPv6 checks that a claimed sandbox's kernel is done with
+// bringing its link up, or soon is: the link is up with a link-local
+// address that is not tentative (at once in a restored clone: the
+// snapshot waited for it), and from then on, over a second and a half,
+// the guest sends no IPv6 packet of its own (router solicitations, MLD
+// reports). A clone that still had that work pending from its snapshot
+// would run it during its claim (guest.ipv6Quiet, waitLinkReady).
+func assertQuietIPv6(t *testing.T, sb driver.Sandbox, restored bool) {
+	t.Helper()
+	const script = `cat /sys/class/net/eth0/operstate; cat /proc/net/if_inet6; echo sent $(grep '^Ip6OutRequests ' /proc/net/dev_snmp6/eth0)`
+	read := func() (ready bool, why, sent string) {
+		out, _ := run(t, sb, script)
+		lines := strings.SplitN(out, "\n", 2)
+		if len(lines) != 2 {
+			t.Fatalf("unexpected output: %q", out)
+		}
+		if i := strings.LastIndex(out, "sent "); i >= 0 {
+			sent = strings.TrimSpace(out[i:])
+		}
+		if lines[0] != "up" {
+			return false, "operstate " + lines[0], sent
+		}
+		ready, why = linkLocalReady(lines[1], "eth0")
+		return ready, why, sent
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for first := true; ; first = false {
+		ready, why, _ := read()
+		if ready {
+			break
+		}
+		if restored && first {
+			t.Errorf("a restored clone's link is not ready at its claim: %s", why)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("link not ready 5s after the claim: %s", why)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond)
+	_, _, before := read()
+	time.Sleep(1500 * time.Millisecond)
+	ready, why, after := read()
+	t.Logf("IPv6 packets sent by the guest: %q, 1.5s later %q", before, after)
+	if !ready {
+		t.Errorf("link no longer ready: %s", why)
+	}
+	if before == "" || before != after {
+		t.Errorf("the guest sent IPv6 packets of its own after its link was ready: %q, then %q", before, after)
 	}
 }
 
