@@ -78,7 +78,8 @@ func cmdImageBuild(args []string, stdout, stderr io.Writer) error {
 	c := image.Config{Progress: stderr}
 	fs.StringVar(&c.Name, "name", "default", "template name")
 	fs.StringVar(&c.Out, "dir", defaultImageDir(), "template store to write into")
-	fs.StringVar(&c.Kernel, "kernel", "", "Debian vmlinuz to use (default: the newest /boot/vmlinuz-*)")
+	fs.StringVar(&c.Kernel, "kernel", "", "the guest kernel, a vmlinuz named vmlinuz-RELEASE: Debian's or one deploy/kernel/build.sh built (default: the newest /boot/vmlinuz-*)")
+	fs.StringVar(&c.Modules, "modules", "", "the kernel's modules directory, with modules.dep and modules.builtin (default: /lib/modules/RELEASE; deploy/kernel/build.sh leaves one beside its kernel, in modules/RELEASE)")
 	exe, _ := os.Executable()
 	fs.StringVar(&c.Agent, "agent", filepath.Join(filepath.Dir(exe), "warren-guest"), "the static warren-guest binary")
 	fs.StringVar(&c.Suite, "suite", "bookworm", "Debian suite")

@@ -28,9 +28,14 @@ var DefaultPackages = []string{
 
 // Config is one build.
 type Config struct {
-	Name     string   // template name, e.g. "default"
-	Out      string   // template store root
-	Kernel   string   // a vmlinuz; "" picks the newest /boot/vmlinuz-*
+	Name   string // template name, e.g. "default"
+	Out    string // template store root
+	Kernel string // a vmlinuz; "" picks the newest /boot/vmlinuz-*
+	// Modules is the kernel's modules directory (modules.dep, and
+	// modules.builtin for drivers built in); "" is
+	// /lib/modules/RELEASE, RELEASE from the kernel's file name
+	// (vmlinuz-RELEASE).
+	Modules  string
 	Agent    string   // the static warren-guest binary
 	Suite    string   // Debian suite for debootstrap
 	Mirror   string   // Debian mirror
@@ -94,7 +99,10 @@ func Build(ctx context.Context, c Config) (*guest.Template, error) {
 		c.Kernel = ks[len(ks)-1]
 	}
 	release := strings.TrimPrefix(filepath.Base(c.Kernel), "vmlinuz-")
-	modDir := filepath.Join("/lib/modules", release)
+	modDir := c.Modules
+	if modDir == "" {
+		modDir = filepath.Join("/lib/modules", release)
+	}
 	if _, err := os.Stat(modDir); err != nil {
 		return nil, fmt.Errorf("kernel %s: modules: %w", c.Kernel, err)
 	}

@@ -45,6 +45,26 @@ func TestModuleOrderPutsDependenciesFirst(t *testing.T) {
 	}
 }
 
+// warren's own kernel (deploy/kernel) has every guest module built in: an
+// empty modules.dep and a modules.builtin naming them give no module to
+// load, and one missing from both is an error naming it.
+func TestModuleOrderAllBuiltIn(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "modules.dep"), nil, 0o644)
+	builtin := []string{"kernel/drivers/virtio/virtio_mmio.ko", "kernel/drivers/char/virtio_console.ko",
+		"kernel/drivers/block/virtio_blk.ko", "kernel/drivers/net/virtio_net.ko", "kernel/drivers/char/hw_random/virtio-rng.ko",
+		"kernel/crypto/crc32c_generic.ko", "kernel/fs/ext4/ext4.ko"}
+	os.WriteFile(filepath.Join(dir, "modules.builtin"), []byte(strings.Join(builtin, "\n")+"\n"), 0o644)
+	got, err := moduleOrder(dir, GuestModules)
+	if err != nil || len(got) != 0 {
+		t.Fatalf("moduleOrder = %v, %v; want nothing to load", got, err)
+	}
+	os.WriteFile(filepath.Join(dir, "modules.builtin"), []byte(strings.Join(builtin[1:], "\n")+"\n"), 0o644)
+	if _, err := moduleOrder(dir, GuestModules); err == nil || !strings.Contains(err.Error(), "virtio_mmio") {
+		t.Errorf("virtio_mmio neither loadable nor built in: err %v", err)
+	}
+}
+
 // The initramfs is the kernel's "newc" cpio: check the headers a reader
 // needs (magic, mode, sizes, name) and the 4-byte alignment.
 func TestCpioNewc(t *testing.T) {
