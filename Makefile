@@ -60,23 +60,23 @@ bin/warren-guest: $(shell find guest cmd/warren-guest -name '*.go') go.mod
 
 # The guest template: kernel, initramfs and debootstrap root file system,
 # in $WARREN_IMAGE_DIR (default /var/lib/warren/templates). Needs root,
-# debootstrap, e2fsprogs, xz-utils, qemu-system-x86, qemu-utils and a
-# Debian kernel (linux-image-amd64); .ci/run installs them.
-# The guest template. Its kernel is warren's own (deploy/kernel/build.sh,
-# from Debian's linux-source-6.1: about 9 minutes on 2 cores the first
-# time, then cached under build/kernel) where that package is installed, or
-# with KERNEL=debian (or without the package) Debian's linux-image-amd64.
+# debootstrap, e2fsprogs, xz-utils, qemu-system-x86 and qemu-utils; .ci/run
+# installs them. The kernel is warren's own (deploy/kernel/build.sh, from
+# Debian's linux-source-6.1 with bc, bison, flex and libelf-dev: about 9
+# minutes on 2 cores the first time, then cached under build/kernel) where
+# that package is installed, or, without it or with KERNEL=debian, Debian's
+# linux-image-amd64.
 KERNEL ?= warren
 image: build bin/warren-guest
-	@if [ "$(KERNEL)" != debian ] && [ -f /usr/src/linux-source-6.1.tar.xz ]; then \
+	@set -- --name default; \
+	if [ "$(KERNEL)" != debian ] && [ -f /usr/src/linux-source-6.1.tar.xz ]; then \
 		k=$$(./deploy/kernel/build.sh) || exit 1; \
-		echo ./bin/warren image build --name default --kernel "$$k" --modules "$$(dirname "$$k")/modules/$${k##*/vmlinuz-}"; \
-		./bin/warren image build --name default --kernel "$$k" --modules "$$(dirname "$$k")/modules/$${k##*/vmlinuz-}"; \
-	else \
-		[ "$(KERNEL)" = debian ] || echo "image: /usr/src/linux-source-6.1.tar.xz is missing, so the guest gets Debian's kernel (apt-get install linux-source-6.1 bc bison flex libelf-dev for warren's own, which restores clones faster: docs/sandboxes.md)"; \
-		echo ./bin/warren image build --name default; \
-		./bin/warren image build --name default; \
-	fi
+		set -- "$$@" --kernel "$$k" --modules "$$(dirname "$$k")/modules/$${k##*/vmlinuz-}"; \
+	elif [ "$(KERNEL)" != debian ]; then \
+		echo "image: /usr/src/linux-source-6.1.tar.xz is missing, so the guest gets Debian's kernel (apt-get install linux-source-6.1 bc bison flex libelf-dev for warren's own, which restores clones faster: docs/sandboxes.md)"; \
+	fi; \
+	echo ./bin/warren image build "$$@"; \
+	./bin/warren image build "$$@"
 
 # Sandbox latency and memory: cold boot, snapshot restore, warm claim, the
 # containerd+runc peer, PSS at 10 and 50 sandboxes (root, `make image`).

@@ -122,7 +122,7 @@ func Build(ctx context.Context, c Config) (*guest.Template, error) {
 	if err := extractVmlinux(c.Kernel, filepath.Join(work, "vmlinux")); err != nil {
 		return nil, err
 	}
-	c.step("[2/5] initramfs: warren-guest and %d modules from %s", len(GuestModules), modDir)
+	c.step("[2/5] initramfs: warren-guest and, of the %d guest modules, those %s does not have built in", len(GuestModules), modDir)
 	if err := buildInitramfs(c.Agent, modDir, filepath.Join(work, "initramfs.cpio")); err != nil {
 		return nil, err
 	}
