@@ -61,17 +61,21 @@ bin/warren-guest: $(shell find guest cmd/warren-guest -name '*.go') go.mod
 # The guest template: kernel, initramfs and debootstrap root file system,
 # in $WARREN_IMAGE_DIR (default /var/lib/warren/templates). Needs root,
 # debootstrap, e2fsprogs, xz-utils, qemu-system-x86 and qemu-utils; .ci/run
-# installs them. The kernel is warren's own (deploy/kernel/build.sh, from
-# Debian's linux-source-6.1 with bc, bison, flex and libelf-dev: about 9
-# minutes on 2 cores the first time, then cached under build/kernel) where
+# installs them. The kernel is warren's own, in two builds: SMP for guests
+# with several vCPUs and uniprocessor for one-vCPU guests, the snapshot's
+# and its clones' (deploy/kernel/build.sh [--up], from Debian's
+# linux-source-6.1 with bc, bison, flex and libelf-dev: about 9 minutes
+# each on 2 cores the first time, then cached under build/kernel) where
 # that package is installed, or, without it or with KERNEL=debian, Debian's
-# linux-image-amd64.
+# linux-image-amd64 alone.
 KERNEL ?= warren
 image: build bin/warren-guest
 	@set -- --name default; \
 	if [ "$(KERNEL)" != debian ] && [ -f /usr/src/linux-source-6.1.tar.xz ]; then \
 		k=$$(./deploy/kernel/build.sh) || exit 1; \
-		set -- "$$@" --kernel "$$k" --modules "$$(dirname "$$k")/modules/$${k##*/vmlinuz-}"; \
+		u=$$(./deploy/kernel/build.sh --up) || exit 1; \
+		set -- "$$@" --kernel "$$k" --modules "$$(dirname "$$k")/modules/$${k##*/vmlinuz-}" \
+			--kernel-up "$$u" --modules-up "$$(dirname "$$u")/modules/$${u##*/vmlinuz-}"; \
 	elif [ "$(KERNEL)" != debian ]; then \
 		echo "image: /usr/src/linux-source-6.1.tar.xz is missing, so the guest gets Debian's kernel (apt-get install linux-source-6.1 bc bison flex libelf-dev for warren's own, which restores clones faster: docs/sandboxes.md)"; \
 	fi; \

@@ -17,6 +17,7 @@ import (
 //
 //	<root>/<name>/<version>/manifest.json
 //	                        vmlinux        the PVH kernel, uncompressed
+//	                        vmlinux-up     optional: its uniprocessor build
 //	                        initramfs.cpio warren-guest as /init, modules
 //	                        rootfs.ext4    the root file system
 //	<root>/<name>/current -> <version>
@@ -32,10 +33,18 @@ type Manifest struct {
 	Created       string   `json:"created"`
 	KernelRelease string   `json:"kernel_release"`
 	Kernel        Artifact `json:"kernel"`
-	Initramfs     Artifact `json:"initramfs"`
-	Rootfs        Artifact `json:"rootfs"`
-	Agent         Artifact `json:"agent"`
-	QEMUVersion   string   `json:"qemu_version"`
+	// KernelUP, when set, is a uniprocessor build of the same kernel
+	// (CONFIG_SMP off), with every driver built in. Guests with one vCPU
+	// (the template's snapshot, its clones and one-vCPU cold boots) run
+	// it; Kernel runs guests with more. Under TCG a one-vCPU guest runs
+	// the uniprocessor build's code faster, and a fresh clone has less of
+	// it to translate (docs/sandboxes.md, "The guest kernel").
+	KernelUP        *Artifact `json:"kernel_up,omitempty"`
+	KernelUPRelease string    `json:"kernel_up_release,omitempty"`
+	Initramfs       Artifact  `json:"initramfs"`
+	Rootfs          Artifact  `json:"rootfs"`
+	Agent           Artifact  `json:"agent"`
+	QEMUVersion     string    `json:"qemu_version"`
 	// Accelerator is the one the build's smoke boot ran on.
 	Accelerator string   `json:"accelerator"`
 	Packages    []string `json:"packages"`
@@ -61,6 +70,24 @@ type Template struct {
 
 // Path returns the absolute path of an artifact.
 func (t *Template) Path(a Artifact) string { return filepath.Join(t.Dir, a.File) }
+
+// KernelFor returns the kernel a guest with vcpus vCPUs boots and its
+// release: KernelUP for one vCPU when the template has it, else Kernel.
+func (t *Template) KernelFor(vcpus int) (Artifact, string) {
+	if vcpus <= 1 && t.KernelUP != nil {
+		return *t.KernelUP, t.KernelUPRelease
+	}
+	return t.Kernel, t.KernelRelease
+}
+
+// Artifacts returns every file of the template the manifest checksums.
+func (m *Manifest) Artifacts() []Artifact {
+	as := []Artifact{m.Kernel}
+	if m.KernelUP != nil {
+		as = append(as, *m.KernelUP)
+	}
+	return append(as, m.Initramfs, m.Rootfs)
+}
 
 // ErrNoTemplate is returned when a template is not in the store.
 var ErrNoTemplate = errors.New("template not found")
@@ -88,7 +115,7 @@ func LoadTemplate(root, name string) (*Template, error) {
 	if err := json.Unmarshal(b, &t.Manifest); err != nil {
 		return nil, fmt.Errorf("template %q: manifest: %w", name, err)
 	}
-	for _, a := range []Artifact{t.Kernel, t.Initramfs, t.Rootfs} {
+	for _, a := range t.Artifacts() {
 		fi, err := os.Stat(t.Path(a))
 		if err != nil {
 			return nil, fmt.Errorf("template %q: %w", name, err)
@@ -114,7 +141,7 @@ func ListTemplates(root string) []string {
 
 // Verify recomputes every artifact's checksum.
 func (t *Template) Verify() error {
-	for _, a := range []Artifact{t.Kernel, t.Initramfs, t.Rootfs} {
+	for _, a := range t.Artifacts() {
 		sum, _, err := FileSHA256(t.Path(a))
 		if err != nil {
 			return err

@@ -425,8 +425,12 @@ func run(c config) error {
 	if m := d.CPUModel(); m != "" {
 		tick += "; the guest's CPU model " + m
 	}
+	_, kernel := t.KernelFor(1)
+	if t.KernelUP != nil {
+		kernel += ", uniprocessor"
+	}
 	fmt.Fprintf(&b, "Run on %s, %d CPUs; QEMU microvm, accelerator **%s** (%s); template %s@%s (kernel %s); guest 256 MiB, 1 vCPU; TCG cache %d MiB; QEMU's transparent huge pages %s; the guest's address-space randomization %s; the guest's security modules %s; the guest's tick %s.\n",
-		time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), d.Accelerator(), d.AcceleratorReason(), t.Name, t.Version, t.KernelRelease, cache, thp, aslr, lsm, tick)
+		time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), d.Accelerator(), d.AcceleratorReason(), t.Name, t.Version, kernel, cache, thp, aslr, lsm, tick)
 	netNote := "on: each sandbox has its own network namespace behind the node's egress policy, as with `warren node --egress on` (the default as root), and a claim binds the guest's network"
 	if c.egress == "off" {
 		netNote = "off: sandboxes have no network (`warren node --egress off`)"

@@ -60,7 +60,11 @@ func cmdImage(args []string, stdout, stderr io.Writer) error {
 				fmt.Fprintf(tw, "%s\t(broken: %v)\n", n, err)
 				continue
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%dms\t%dMiB\t%s\n", t.Name, t.Version, t.KernelRelease, t.QEMUVersion,
+			kernel := t.KernelRelease
+			if t.KernelUP != nil {
+				kernel += " (1 vCPU: " + t.KernelUPRelease + ")"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%dms\t%dMiB\t%s\n", t.Name, t.Version, kernel, t.QEMUVersion,
 				t.Accelerator, t.BootMS, t.DiskBytes>>20, t.Created)
 		}
 		return tw.Flush()
@@ -80,6 +84,8 @@ func cmdImageBuild(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&c.Out, "dir", defaultImageDir(), "template store to write into")
 	fs.StringVar(&c.Kernel, "kernel", "", "the guest kernel, a vmlinuz named vmlinuz-RELEASE: Debian's or one deploy/kernel/build.sh built (default: the newest /boot/vmlinuz-*)")
 	fs.StringVar(&c.Modules, "modules", "", "the kernel's modules directory, with modules.dep and modules.builtin (default: /lib/modules/RELEASE; deploy/kernel/build.sh leaves one beside its kernel, in modules/RELEASE)")
+	fs.StringVar(&c.KernelUP, "kernel-up", "", "optional: a uniprocessor build of the kernel (vmlinuz-RELEASE, CONFIG_SMP off) for one-vCPU guests, the snapshot's and its clones' (deploy/kernel/build.sh --up); both kernels must have every guest driver built in")
+	fs.StringVar(&c.ModulesUP, "modules-up", "", "the uniprocessor kernel's modules directory (default: /lib/modules/RELEASE)")
 	exe, _ := os.Executable()
 	fs.StringVar(&c.Agent, "agent", filepath.Join(filepath.Dir(exe), "warren-guest"), "the static warren-guest binary")
 	fs.StringVar(&c.Suite, "suite", "bookworm", "Debian suite")

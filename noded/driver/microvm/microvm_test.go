@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -409,6 +410,40 @@ func TestIdleGuestIsTickless(t *testing.T) {
 		}
 		if n > 200 { // a periodic tick is 500 in 2 s
 			t.Errorf("%s: %d timer interrupts in 2 s of idle; want the tick stopped", force, n)
+		}
+	}
+	assertNothingLeft(t, d)
+}
+
+// A guest with one vCPU (a clone of the snapshot) runs the template's
+// uniprocessor kernel when it has one, a guest with two its other kernel,
+// with both CPUs up.
+func TestGuestKernelByVCPUs(t *testing.T) {
+	d := newDriver(t, "")
+	defer d.Close()
+	if runtime.NumCPU() < 2 {
+		t.Skip("needs 2 CPUs for a 2-vCPU guest")
+	}
+	tpl, err := guest.LoadTemplate(imageDir(), "default")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := snapshotted(t, d, 5*time.Minute)
+	for _, vcpus := range []int{1, 2} {
+		_, release := tpl.KernelFor(vcpus)
+		sb, err := d.Claim(ctx, driver.ClaimRequest{ID: "sb-vcpus-" + strconv.Itoa(vcpus), Limits: driver.Limits{VCPUs: vcpus}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, code := run(t, sb, "uname -r; nproc")
+		start := sb.(driver.Interactive).Info().Start
+		sb.Destroy()
+		t.Logf("%d vCPUs (%s): %q", vcpus, start, out)
+		if want := release + "\n" + strconv.Itoa(vcpus) + "\n"; code != 0 || out != want {
+			t.Errorf("%d vCPUs: exit %d, %q; want %q", vcpus, code, out, want)
+		}
+		if wantStart := map[int]driver.Start{1: driver.StartRestore, 2: driver.StartBoot}[vcpus]; start != wantStart {
+			t.Errorf("%d vCPUs: started %s, want %s", vcpus, start, wantStart)
 		}
 	}
 	assertNothingLeft(t, d)

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -40,7 +41,7 @@ func probeKVM(ctx context.Context, qemu string, t *guest.Template, dir string) (
 		return false, "/dev/kvm: " + err.Error()
 	}
 	f.Close()
-	s := vmSpec{ID: "probe-" + randID(), Dir: filepath.Join(dir, "probe-"+randID()), Kernel: t.Path(t.Kernel),
+	s := vmSpec{ID: "probe-" + randID(), Dir: filepath.Join(dir, "probe-"+randID()), Kernel: kernelPath(t, 1),
 		Initramfs: t.Path(t.Initramfs), MemMB: 128, VCPUs: 1, Accel: "kvm", Cmdline: kernelCmdline("warren.probe=1")}
 	defer os.RemoveAll(s.Dir)
 	p, err := start(qemu, s, nil, nil, "")
@@ -82,12 +83,12 @@ func chooseAccel(ctx context.Context, want, qemu, qver string, t *guest.Template
 	for _, dir := range cacheDirs {
 		var v accelVerdict
 		b, err := os.ReadFile(filepath.Join(dir, accelCacheFile))
-		if err == nil && json.Unmarshal(b, &v) == nil && v.Kernel == t.Kernel.SHA256 && v.QEMU == qver {
+		if err == nil && json.Unmarshal(b, &v) == nil && v.Kernel == kernelSHA256(t, 1) && v.QEMU == qver {
 			return v.Accel, v.Reason + " (cached)"
 		}
 	}
 	ok, why := probeKVM(ctx, qemu, t, cacheDirs[len(cacheDirs)-1])
-	v := accelVerdict{Kernel: t.Kernel.SHA256, QEMU: qver, Accel: "tcg", Reason: why}
+	v := accelVerdict{Kernel: kernelSHA256(t, 1), QEMU: qver, Accel: "tcg", Reason: why}
 	if ok {
 		v.Accel = "kvm"
 	}
@@ -99,9 +100,24 @@ func chooseAccel(ctx context.Context, want, qemu, qver string, t *guest.Template
 	return v.Accel, v.Reason
 }
 
+// kernelPath is the kernel file a guest of t with vcpus vCPUs boots.
+func kernelPath(t *guest.Template, vcpus int) string {
+	k, _ := t.KernelFor(vcpus)
+	return t.Path(k)
+}
+
+// kernelSHA256 is the checksum of the kernel a guest of t with vcpus
+// vCPUs boots.
+func kernelSHA256(t *guest.Template, vcpus int) string {
+	k, _ := t.KernelFor(vcpus)
+	return k.SHA256
+}
+
 // SmokeBoot cold-boots t once with accel ("" probes) and returns the
 // accelerator used and the time from QEMU's start to the agent's first
-// answer to `uname -r`. `warren image build` records both in the manifest.
+// answer to `uname -r`, with one vCPU. `warren image build` records both
+// in the manifest. A template with a uniprocessor kernel is booted a
+// second time, with 2 vCPUs on its other kernel, which must bring up both.
 func SmokeBoot(ctx context.Context, qemu string, accel string, t *guest.Template, workDir string) (string, time.Duration, error) {
 	qver, err := qemuVersion(qemu)
 	if err != nil {
@@ -110,38 +126,62 @@ func SmokeBoot(ctx context.Context, qemu string, accel string, t *guest.Template
 	if accel == "" || accel == "auto" {
 		accel, _ = chooseAccel(ctx, "auto", qemu, qver, t, filepath.Dir(filepath.Dir(t.Dir)), workDir)
 	}
+	took, err := smokeBoot(ctx, qemu, accel, t, workDir, 1)
+	if err != nil {
+		return "", 0, err
+	}
+	if t.KernelUP != nil {
+		if _, err := smokeBoot(ctx, qemu, accel, t, workDir, 2); err != nil {
+			return "", 0, fmt.Errorf("with 2 vCPUs: %w", err)
+		}
+	}
+	return accel, took, nil
+}
+
+// smokeBoot boots t with vcpus vCPUs and checks its kernel's release and
+// the guest's CPU count.
+func smokeBoot(ctx context.Context, qemu, accel string, t *guest.Template, workDir string, vcpus int) (time.Duration, error) {
+	kernel, release := t.KernelFor(vcpus)
 	dir := filepath.Join(workDir, "smoke-"+randID())
 	defer os.RemoveAll(dir)
 	disk := filepath.Join(dir, "disk.qcow2")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", 0, err
+		return 0, err
 	}
 	if err := createOverlay(ctx, t.Path(t.Rootfs), "raw", disk); err != nil {
-		return "", 0, err
+		return 0, err
 	}
-	s := vmSpec{ID: "smoke-" + randID(), Dir: dir, Kernel: t.Path(t.Kernel), Initramfs: t.Path(t.Initramfs), Disk: disk,
-		MemMB: 256, VCPUs: 1, Accel: accel, Cmdline: kernelCmdline("")}
+	s := vmSpec{ID: "smoke-" + randID(), Dir: dir, Kernel: t.Path(kernel), Initramfs: t.Path(t.Initramfs), Disk: disk,
+		MemMB: 256, VCPUs: vcpus, Accel: accel, Cmdline: kernelCmdline("")}
 	t0 := time.Now()
 	p, err := start(qemu, s, nil, nil, "")
 	if err != nil {
-		return "", 0, err
+		return 0, err
 	}
 	defer p.kill()
 	bctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	c, err := waitAgent(bctx, s, p.exited, bootAgentWait, slog.Default())
 	if err != nil {
-		return "", 0, err
+		return 0, err
 	}
 	defer c.Close()
 	out, res, err := c.Output(bctx, "uname", "-r")
 	if err != nil {
-		return "", 0, err
+		return 0, err
 	}
-	if res.ExitCode != 0 || strings.TrimSpace(string(out)) != t.KernelRelease {
-		return "", 0, fmt.Errorf("uname -r: exit %d, %q; want %q", res.ExitCode, out, t.KernelRelease)
+	took := time.Since(t0)
+	if res.ExitCode != 0 || strings.TrimSpace(string(out)) != release {
+		return 0, fmt.Errorf("uname -r: exit %d, %q; want %q", res.ExitCode, out, release)
 	}
-	return accel, time.Since(t0), nil
+	out, res, err = c.Output(bctx, "nproc")
+	if err != nil {
+		return 0, err
+	}
+	if res.ExitCode != 0 || strings.TrimSpace(string(out)) != strconv.Itoa(vcpus) {
+		return 0, fmt.Errorf("nproc: exit %d, %q; want %d CPUs", res.ExitCode, out, vcpus)
+	}
+	return took, nil
 }
 
 func randID() string {

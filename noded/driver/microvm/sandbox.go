@@ -194,7 +194,7 @@ func (d *Driver) launchClone(ctx context.Context, ts *tplState, snap *snapshot, 
 	vm := &VM{d: d, id: id, template: ts.t.Name + "@" + ts.t.Version, sandboxID: sandboxID, limits: lim, created: time.Now(),
 		state: "running", snapState: snap.state(), memShared: true, from: snap}
 	vm.Agent, vm.CallErr = vm.client, vm.callErr
-	vm.spec = vmSpec{ID: id, Dir: d.vmDir(id), Kernel: ts.t.Path(ts.t.Kernel), Initramfs: ts.t.Path(ts.t.Initramfs),
+	vm.spec = vmSpec{ID: id, Dir: d.vmDir(id), Kernel: kernelPath(ts.t, snap.Meta.VCPUs), Initramfs: ts.t.Path(ts.t.Initramfs),
 		Disk: filepath.Join(d.vmDir(id), "disk.qcow2"), MemMB: snap.Meta.MemMB, VCPUs: snap.Meta.VCPUs,
 		MemFile: snap.mem(), Accel: d.accel, Incoming: true, Cmdline: snap.Meta.Cmdline, CPU: snap.Meta.CPU, TBSizeMB: d.cfg.TCGCacheMB, NIC: snap.Meta.NIC,
 		NoTHP: d.noTHP()}
@@ -227,7 +227,7 @@ func (d *Driver) boot(ctx context.Context, ts *tplState, sandboxID string, lim d
 	vm := &VM{d: d, id: id, template: ts.t.Name + "@" + ts.t.Version, sandboxID: sandboxID, limits: lim, created: time.Now(),
 		state: "running", start: driver.StartBoot}
 	vm.Agent, vm.CallErr = vm.client, vm.callErr
-	vm.spec = vmSpec{ID: id, Dir: d.vmDir(id), Kernel: ts.t.Path(ts.t.Kernel), Initramfs: ts.t.Path(ts.t.Initramfs),
+	vm.spec = vmSpec{ID: id, Dir: d.vmDir(id), Kernel: kernelPath(ts.t, lim.VCPUs), Initramfs: ts.t.Path(ts.t.Initramfs),
 		Disk: filepath.Join(d.vmDir(id), "disk.qcow2"), MemMB: lim.MemMB, VCPUs: lim.VCPUs, Accel: d.accel, TBSizeMB: d.cfg.TCGCacheMB,
 		Cmdline: d.cmdline("warren.pids=" + strconv.Itoa(lim.Pids)), CPU: d.cpu(), NIC: true}
 	if err := os.MkdirAll(vm.spec.Dir, 0o755); err != nil {

@@ -58,7 +58,7 @@ func (d *Driver) snapshotDir(t *guest.Template) string {
 }
 
 func (d *Driver) wantMeta(t *guest.Template) snapMeta {
-	return snapMeta{Template: t.Name, TemplateVersion: t.Version, KernelSHA256: t.Kernel.SHA256, QEMUVersion: d.qver,
+	return snapMeta{Template: t.Name, TemplateVersion: t.Version, KernelSHA256: kernelSHA256(t, 1), QEMUVersion: d.qver,
 		Accel: d.accel, MemMB: d.cfg.SnapshotMemMB, VCPUs: 1, Cmdline: d.cmdline(""), CPU: d.cpu(), NIC: true, NICUp: true, GuestNet: d.snapshotNet()}
 }
 
@@ -116,7 +116,7 @@ func (d *Driver) makeSnapshot(ctx context.Context, t *guest.Template) (*snapshot
 	}
 	m := d.wantMeta(t)
 	id := d.newVMID()
-	spec := vmSpec{ID: id, Dir: d.vmDir(id), Kernel: t.Path(t.Kernel), Initramfs: t.Path(t.Initramfs),
+	spec := vmSpec{ID: id, Dir: d.vmDir(id), Kernel: kernelPath(t, m.VCPUs), Initramfs: t.Path(t.Initramfs),
 		Disk: s.disk(), MemMB: m.MemMB, VCPUs: m.VCPUs, MemFile: s.mem(), MemShare: true, Accel: d.accel, Cmdline: m.Cmdline, CPU: m.CPU, TBSizeMB: d.cfg.TCGCacheMB, NIC: m.NIC}
 	d.track(id, true)
 	defer d.track(id, false)

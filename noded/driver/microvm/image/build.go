@@ -35,11 +35,18 @@ type Config struct {
 	// modules.builtin for drivers built in); "" is
 	// /lib/modules/RELEASE, RELEASE from the kernel's file name
 	// (vmlinuz-RELEASE).
-	Modules  string
-	Agent    string   // the static warren-guest binary
-	Suite    string   // Debian suite for debootstrap
-	Mirror   string   // Debian mirror
-	Packages []string // extra packages
+	Modules string
+	// KernelUP is an optional uniprocessor build of the kernel (a
+	// vmlinuz-RELEASE, CONFIG_SMP off) for one-vCPU guests, and
+	// ModulesUP its modules directory (the same default as Modules).
+	// Both kernels must have every guest driver built in: the initramfs
+	// carries one set of modules.
+	KernelUP  string
+	ModulesUP string
+	Agent     string   // the static warren-guest binary
+	Suite     string   // Debian suite for debootstrap
+	Mirror    string   // Debian mirror
+	Packages  []string // extra packages
 	// FreeMB is the free space left in the root file system: the most a
 	// sandbox can write to its disk.
 	FreeMB int
@@ -98,13 +105,19 @@ func Build(ctx context.Context, c Config) (*guest.Template, error) {
 		sort.Strings(ks)
 		c.Kernel = ks[len(ks)-1]
 	}
-	release := strings.TrimPrefix(filepath.Base(c.Kernel), "vmlinuz-")
-	modDir := c.Modules
-	if modDir == "" {
-		modDir = filepath.Join("/lib/modules", release)
+	release, modDir, err := kernelModules(c.Kernel, c.Modules)
+	if err != nil {
+		return nil, err
 	}
-	if _, err := os.Stat(modDir); err != nil {
-		return nil, fmt.Errorf("kernel %s: modules: %w", c.Kernel, err)
+	var upRelease string
+	if c.KernelUP != "" {
+		var upModDir string
+		if upRelease, upModDir, err = kernelModules(c.KernelUP, c.ModulesUP); err != nil {
+			return nil, fmt.Errorf("kernel-up: %w", err)
+		}
+		if err := allBuiltIn(modDir, upModDir); err != nil {
+			return nil, fmt.Errorf("kernel-up: %w", err)
+		}
 	}
 	root := filepath.Join(c.Out, c.Name)
 	work, err := os.MkdirTemp(root+"-build", "")
@@ -121,6 +134,12 @@ func Build(ctx context.Context, c Config) (*guest.Template, error) {
 	c.step("[1/5] kernel: uncompressing %s", c.Kernel)
 	if err := extractVmlinux(c.Kernel, filepath.Join(work, "vmlinux")); err != nil {
 		return nil, err
+	}
+	if c.KernelUP != "" {
+		c.step("      and the uniprocessor build for one-vCPU guests, %s", c.KernelUP)
+		if err := extractVmlinux(c.KernelUP, filepath.Join(work, "vmlinux-up")); err != nil {
+			return nil, fmt.Errorf("kernel-up: %w", err)
+		}
 	}
 	c.step("[2/5] initramfs: warren-guest and, of the %d guest modules, those %s does not have built in", len(GuestModules), modDir)
 	if err := buildInitramfs(c.Agent, modDir, filepath.Join(work, "initramfs.cpio")); err != nil {
@@ -139,10 +158,18 @@ func Build(ctx context.Context, c Config) (*guest.Template, error) {
 	}
 	m := guest.Manifest{Name: c.Name, Created: time.Now().UTC().Format(time.RFC3339), KernelRelease: release,
 		QEMUVersion: c.QEMUVersion, Packages: pkgs, Suite: c.Suite, DiskBytes: fsBytes}
-	for _, a := range []struct {
+	files := []struct {
 		dst  *guest.Artifact
 		file string
-	}{{&m.Kernel, "vmlinux"}, {&m.Initramfs, "initramfs.cpio"}, {&m.Rootfs, "rootfs.ext4"}} {
+	}{{&m.Kernel, "vmlinux"}, {&m.Initramfs, "initramfs.cpio"}, {&m.Rootfs, "rootfs.ext4"}}
+	if c.KernelUP != "" {
+		m.KernelUP, m.KernelUPRelease = &guest.Artifact{}, upRelease
+		files = append(files, struct {
+			dst  *guest.Artifact
+			file string
+		}{m.KernelUP, "vmlinux-up"})
+	}
+	for _, a := range files {
 		sum, n, err := guest.FileSHA256(filepath.Join(work, a.file))
 		if err != nil {
 			return nil, err
@@ -152,7 +179,11 @@ func Build(ctx context.Context, c Config) (*guest.Template, error) {
 	if sum, n, err := guest.FileSHA256(c.Agent); err == nil {
 		m.Agent = guest.Artifact{File: "initramfs.cpio:/init", SHA256: sum, Size: n}
 	}
-	m.Version = shortHash(m.Kernel.SHA256 + m.Initramfs.SHA256 + m.Rootfs.SHA256)
+	sums := m.Kernel.SHA256 + m.Initramfs.SHA256 + m.Rootfs.SHA256
+	if m.KernelUP != nil {
+		sums += m.KernelUP.SHA256
+	}
+	m.Version = shortHash(sums)
 	final := filepath.Join(root, m.Version)
 	if err := writeManifest(work, &m); err != nil {
 		return nil, err
@@ -171,7 +202,11 @@ func Build(ctx context.Context, c Config) (*guest.Template, error) {
 	}
 	t := &guest.Template{Dir: final, Manifest: m}
 	if c.Smoke != nil {
-		c.step("[5/5] smoke boot")
+		if m.KernelUP != nil {
+			c.step("[5/5] smoke boot: one vCPU on the uniprocessor kernel, then two on the SMP kernel")
+		} else {
+			c.step("[5/5] smoke boot")
+		}
 		accel, boot, err := c.Smoke(ctx, t)
 		if err != nil {
 			return nil, fmt.Errorf("smoke boot of %s: %w (the template is in %s)", m.Version, err, final)
@@ -201,6 +236,38 @@ func Build(ctx context.Context, c Config) (*guest.Template, error) {
 
 // prune removes all but the newest keep versions of a template (current
 // always stays).
+// kernelModules returns a vmlinuz-RELEASE's release and its modules
+// directory: modDir, or /lib/modules/RELEASE when that is "".
+func kernelModules(kernel, modDir string) (string, string, error) {
+	release := strings.TrimPrefix(filepath.Base(kernel), "vmlinuz-")
+	if _, err := os.Stat(kernel); err != nil {
+		return "", "", fmt.Errorf("kernel: %w", err)
+	}
+	if modDir == "" {
+		modDir = filepath.Join("/lib/modules", release)
+	}
+	if _, err := os.Stat(modDir); err != nil {
+		return "", "", fmt.Errorf("kernel %s: modules: %w", kernel, err)
+	}
+	return release, modDir, nil
+}
+
+// allBuiltIn checks that the kernels of these modules directories need
+// no module of GuestModules loaded: the initramfs carries the modules of
+// one kernel, so a template with two kernels needs none.
+func allBuiltIn(modDirs ...string) error {
+	for _, d := range modDirs {
+		mods, err := moduleOrder(d, GuestModules)
+		if err != nil {
+			return err
+		}
+		if len(mods) > 0 {
+			return fmt.Errorf("the kernel of %s has guest drivers as modules (%s); a template with a uniprocessor kernel needs both kernels with every guest driver built in, as deploy/kernel/build.sh builds them", d, strings.Join(mods, ", "))
+		}
+	}
+	return nil
+}
+
 func prune(root, current string, keep int) []string {
 	ents, err := os.ReadDir(root)
 	if err != nil {

@@ -2,7 +2,9 @@ package image
 
 import (
 	"bytes"
+	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -129,5 +131,67 @@ func TestPruneKeepsTheNewest(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(root, v)); err != nil {
 			t.Errorf("%s was removed", v)
 		}
+	}
+}
+
+// A template with a uniprocessor kernel carries one initramfs for both
+// kernels, so neither may need a guest module loaded; the error names the
+// modules.
+func TestAllBuiltInRefusesModules(t *testing.T) {
+	builtinDir, modsDir := t.TempDir(), t.TempDir()
+	os.WriteFile(filepath.Join(builtinDir, "modules.dep"), nil, 0o644)
+	var builtin []string
+	for _, m := range GuestModules {
+		builtin = append(builtin, "kernel/x/"+strings.ReplaceAll(m, "_", "-")+".ko")
+	}
+	os.WriteFile(filepath.Join(builtinDir, "modules.builtin"), []byte(strings.Join(builtin, "\n")+"\n"), 0o644)
+	if err := allBuiltIn(builtinDir, builtinDir); err != nil {
+		t.Fatalf("all built in: %v", err)
+	}
+	os.WriteFile(filepath.Join(modsDir, "modules.dep"), []byte("kernel/drivers/virtio/virtio_mmio.ko:\n"), 0o644)
+	os.WriteFile(filepath.Join(modsDir, "modules.builtin"), []byte(strings.Join(builtin[1:], "\n")+"\n"), 0o644)
+	err := allBuiltIn(builtinDir, modsDir)
+	if err == nil || !strings.Contains(err.Error(), "virtio_mmio.ko") || !strings.Contains(err.Error(), modsDir) {
+		t.Errorf("a kernel with virtio_mmio as a module: %v", err)
+	}
+}
+
+// Build refuses a bad --kernel-up before it starts work, naming the flag.
+func TestBuildChecksKernelUP(t *testing.T) {
+	for _, tool := range []string{"debootstrap", "mkfs.ext4", "xz"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("needs %s (apt-get install debootstrap e2fsprogs xz-utils)", tool)
+		}
+	}
+	dir := t.TempDir()
+	builtin, mods := filepath.Join(dir, "builtin"), filepath.Join(dir, "mods")
+	os.MkdirAll(builtin, 0o755)
+	os.MkdirAll(mods, 0o755)
+	var names []string
+	for _, m := range GuestModules {
+		names = append(names, "kernel/x/"+m+".ko")
+	}
+	os.WriteFile(filepath.Join(builtin, "modules.dep"), nil, 0o644)
+	os.WriteFile(filepath.Join(builtin, "modules.builtin"), []byte(strings.Join(names, "\n")+"\n"), 0o644)
+	os.WriteFile(filepath.Join(mods, "modules.dep"), []byte(strings.Join(names, ":\n")+":\n"), 0o644)
+	os.WriteFile(filepath.Join(mods, "modules.builtin"), nil, 0o644)
+	kernel, agent := filepath.Join(dir, "vmlinuz-6.1.0-test"), filepath.Join(dir, "warren-guest")
+	os.WriteFile(kernel, []byte("not a kernel"), 0o644)
+	os.WriteFile(agent, []byte("not an agent"), 0o755)
+	for _, c := range []struct {
+		kernelUP, modules, modulesUP, want string
+	}{
+		{filepath.Join(dir, "vmlinuz-missing"), builtin, builtin, "kernel-up: kernel: "},
+		{kernel, builtin, filepath.Join(dir, "none"), "kernel-up: kernel " + kernel + ": modules: "},
+		{kernel, mods, builtin, "kernel-up: the kernel of " + mods + " has guest drivers as modules"},
+	} {
+		_, err := Build(context.Background(), Config{Name: "t", Out: filepath.Join(dir, "store"), Agent: agent, FreeMB: 1024,
+			Kernel: kernel, Modules: c.modules, KernelUP: c.kernelUP, ModulesUP: c.modulesUP})
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("kernel-up %s, modules %s, modules-up %s: %v; want %q", c.kernelUP, c.modules, c.modulesUP, err, c.want)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "store")); !os.IsNotExist(err) {
+		t.Errorf("a refused build left the store: %v", err)
 	}
 }
