@@ -158,16 +158,14 @@ func Build(ctx context.Context, c Config) (*guest.Template, error) {
 	}
 	m := guest.Manifest{Name: c.Name, Created: time.Now().UTC().Format(time.RFC3339), KernelRelease: release,
 		QEMUVersion: c.QEMUVersion, Packages: pkgs, Suite: c.Suite, DiskBytes: fsBytes}
-	files := []struct {
+	type output struct {
 		dst  *guest.Artifact
 		file string
-	}{{&m.Kernel, "vmlinux"}, {&m.Initramfs, "initramfs.cpio"}, {&m.Rootfs, "rootfs.ext4"}}
+	}
+	files := []output{{&m.Kernel, "vmlinux"}, {&m.Initramfs, "initramfs.cpio"}, {&m.Rootfs, "rootfs.ext4"}}
 	if c.KernelUP != "" {
 		m.KernelUP, m.KernelUPRelease = &guest.Artifact{}, upRelease
-		files = append(files, struct {
-			dst  *guest.Artifact
-			file string
-		}{m.KernelUP, "vmlinux-up"})
+		files = append(files, output{m.KernelUP, "vmlinux-up"})
 	}
 	for _, a := range files {
 		sum, n, err := guest.FileSHA256(filepath.Join(work, a.file))
@@ -234,8 +232,6 @@ func Build(ctx context.Context, c Config) (*guest.Template, error) {
 	return t, nil
 }
 
-// prune removes all but the newest keep versions of a template (current
-// always stays).
 // kernelModules returns a vmlinuz-RELEASE's release and its modules
 // directory: modDir, or /lib/modules/RELEASE when that is "".
 func kernelModules(kernel, modDir string) (string, string, error) {
@@ -268,6 +264,8 @@ func allBuiltIn(modDirs ...string) error {
 	return nil
 }
 
+// prune removes all but the newest keep versions of a template (current
+// always stays).
 func prune(root, current string, keep int) []string {
 	ents, err := os.ReadDir(root)
 	if err != nil {
