@@ -21,6 +21,7 @@ import (
 type Client struct {
 	sess    *yamux.Session
 	ordered atomic.Bool // an answer to a ping or a claim said the agent orders claims
+	wire    atomic.Bool // the agent reads the wire codec: calls use it
 }
 
 // NewClient starts a session on conn (a virtio-serial chardev socket, a
@@ -79,7 +80,12 @@ func (c *Client) open(ctx context.Context, req *Request) (*call, error) {
 		_ = st.SetReadDeadline(time.Now())
 		st.Close()
 	})
-	if err := writeJSON(st, frameRequest, req); err != nil {
+	if c.wire.Load() {
+		err = writeFrame(st, frameRequestWire, req.appendWire(nil))
+	} else {
+		err = writeJSON(st, frameRequest, req)
+	}
+	if err != nil {
 		stop()
 		st.Close()
 		return nil, c.err(ctx, err)
@@ -114,6 +120,15 @@ func (c *Client) finish(cl *call, onData func(kind byte, p []byte) error) (*Resu
 			}
 			var res Result
 			if err := json.Unmarshal(p, &res); err != nil {
+				return nil, fmt.Errorf("guest: result: %w", err)
+			}
+			return &res, nil
+		case frameResultWire:
+			if err := cl.ctx.Err(); err != nil {
+				return nil, err
+			}
+			var res Result
+			if err := res.decodeWire(p); err != nil {
 				return nil, fmt.Errorf("guest: result: %w", err)
 			}
 			return &res, nil
@@ -152,6 +167,9 @@ func (c *Client) Ping(ctx context.Context) (time.Time, error) {
 // says whether the agent orders claims.
 func (c *Client) clock(res *Result) time.Time {
 	c.ordered.Store(res.Ordered)
+	if res.Wire {
+		c.wire.Store(true)
+	}
 	return time.Unix(0, res.GuestUnixNano)
 }
 
@@ -160,6 +178,15 @@ func (c *Client) clock(res *Result) time.Time {
 // after it (see StartClaim). False before such an answer, and for older
 // agents.
 func (c *Client) Ordered() bool { return c.ordered.Load() }
+
+// UseWire makes the Client send its calls in the wire codec (wire.go)
+// from now on, as it does on its own once an answer to a ping or a claim
+// says the agent reads it. For a session whose agent is known to read it
+// before any answer: a clone of a snapshot whose agent said so.
+func (c *Client) UseWire() { c.wire.Store(true) }
+
+// Wire reports whether the Client sends its calls in the wire codec.
+func (c *Client) Wire() bool { return c.wire.Load() }
 
 // ExecRequest is one command.
 type ExecRequest struct {

@@ -75,8 +75,18 @@ func (f *fakeSys) SetPids(n int) error {
 func (f *fakeSys) Stats() (Stats, error)          { return Stats{Procs: 7}, nil }
 func (f *fakeSys) ExecAttr() *syscall.SysProcAttr { return &syscall.SysProcAttr{Setpgid: true} }
 
-// pair runs a Server on one end of a pipe and returns a Client on the other.
+// pair runs a Server on one end of a pipe and returns a Client on the
+// other, speaking the wire codec from its first call, as a clone's host
+// does (TestClientLearnsTheWireCodec covers JSON).
 func pair(t *testing.T, sys System) *Client {
+	t.Helper()
+	c := pairJSON(t, sys)
+	c.UseWire()
+	return c
+}
+
+// pairJSON is pair with a Client that has not learnt the wire codec.
+func pairJSON(t *testing.T, sys System) *Client {
 	t.Helper()
 	a, b := net.Pipe()
 	srv := &Server{Sys: sys}
@@ -424,6 +434,8 @@ func FuzzServer(f *testing.F) {
 	f.Add([]byte("q\x00\x00\x00\x1c{\"op\":\"stat\",\"path\":\"/tmp\"}"))
 	f.Add([]byte("q\x00\x00\x00\x1c{\"op\":\"list\",\"path\":\"../x\"}"))
 	f.Add([]byte("d\xff\xff\xff\xff"))
+	f.Add(append([]byte("Q\x00\x00\x00\x06"), (&Request{Op: OpPing}).appendWire(nil)...))
+	f.Add(append([]byte("Q\x00\x00\x00\x0c"), (&Request{Op: OpStat, Path: "/tmp"}).appendWire(nil)...))
 	f.Fuzz(func(t *testing.T, in []byte) {
 		if bytes.Contains(in, []byte("exec")) || bytes.Contains(in, []byte("write")) || bytes.Contains(in, []byte("claim")) || bytes.Contains(in, []byte("sync")) {
 			return // those act on the host running the fuzzer

@@ -19,7 +19,9 @@ import (
 // Request), then, for calls that carry data (write, exec with stdin),
 // frameData frames and a frameEOF. The guest answers with frameStdout,
 // frameStderr or frameData frames and ends with exactly one frameResult
-// (JSON Result) or frameError (a UTF-8 message).
+// (JSON Result) or frameError (a UTF-8 message). A request may instead be
+// a frameRequestWire (the wire codec, wire.go), answered by a
+// frameResultWire in place of the frameResult.
 const (
 	frameRequest byte = 'q'
 	frameData    byte = 'd'
@@ -145,6 +147,10 @@ type Result struct {
 	// call, so a host may send its first calls right behind a claim
 	// without waiting for the answer (see Client.StartClaim).
 	Ordered bool `json:"ordered,omitempty"`
+	// ping, claim: this agent reads requests in the wire codec (wire.go)
+	// and answers them in it; a Client that sees it uses that codec for
+	// its later calls.
+	Wire bool `json:"wire,omitempty"`
 }
 
 // FileInfo describes one file in the guest.

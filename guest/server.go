@@ -107,16 +107,16 @@ func (s *Server) Serve(conn io.ReadWriteCloser) error {
 			}
 			return err
 		}
-		req, ok := s.request(st)
+		req, wire, ok := s.request(st)
 		if !ok {
 			st.Close()
 			continue
 		}
 		if req.Op == OpClaim {
-			s.handle(st, req)
+			s.handle(st, req, wire)
 			continue
 		}
-		go s.handle(st, req)
+		go s.handle(st, req, wire)
 	}
 }
 
@@ -127,9 +127,10 @@ func (s *Server) log() *slog.Logger {
 	return slog.New(slog.DiscardHandler)
 }
 
-// request reads a stream's first frame, its request. On failure it
-// answers with an error frame where it can and reports false.
-func (s *Server) request(st *yamux.Stream) (*Request, bool) {
+// request reads a stream's first frame, its request, and reports whether
+// it came in the wire codec (to be answered in it). On failure it answers
+// with an error frame where it can and reports false.
+func (s *Server) request(st *yamux.Stream) (*Request, bool, bool) {
 	_ = st.SetReadDeadline(time.Now().Add(firstFrameWait))
 	kind, p, err := readFrame(st)
 	_ = st.SetReadDeadline(time.Time{})
@@ -137,26 +138,35 @@ func (s *Server) request(st *yamux.Stream) (*Request, bool) {
 		if !errors.Is(err, io.EOF) {
 			_ = writeFrame(st, frameError, []byte("request: "+err.Error()))
 		}
-		return nil, false
-	}
-	if kind != frameRequest {
-		_ = writeFrame(st, frameError, []byte(fmt.Sprintf("first frame is %q, want a request", kind)))
-		return nil, false
+		return nil, false, false
 	}
 	var req Request
-	if err := json.Unmarshal(p, &req); err != nil {
-		_ = writeFrame(st, frameError, []byte("request: "+err.Error()))
-		return nil, false
+	switch kind {
+	case frameRequestWire:
+		err = req.decodeWire(p)
+	case frameRequest:
+		err = json.Unmarshal(p, &req)
+	default:
+		_ = writeFrame(st, frameError, []byte(fmt.Sprintf("first frame is %q, want a request", kind)))
+		return nil, false, false
 	}
-	return &req, true
+	if err != nil {
+		_ = writeFrame(st, frameError, []byte("request: "+err.Error()))
+		return nil, false, false
+	}
+	return &req, kind == frameRequestWire, true
 }
 
 // handle runs one call. Every path ends with a result or an error frame.
-func (s *Server) handle(st *yamux.Stream, req *Request) {
+func (s *Server) handle(st *yamux.Stream, req *Request, wire bool) {
 	defer st.Close()
 	res, err := s.call(st, req)
 	if err != nil {
 		_ = writeFrame(st, frameError, []byte(err.Error()))
+		return
+	}
+	if wire {
+		_ = writeFrame(st, frameResultWire, res.appendWire(nil))
 		return
 	}
 	_ = writeJSON(st, frameResult, res)
@@ -174,7 +184,7 @@ func (s *Server) call(st *yamux.Stream, req *Request) (*Result, error) {
 	}
 	switch req.Op {
 	case OpPing:
-		return &Result{GuestUnixNano: time.Now().UnixNano(), Ordered: true}, nil
+		return &Result{GuestUnixNano: time.Now().UnixNano(), Ordered: true, Wire: true}, nil
 	case OpExec:
 		return s.exec(st, req)
 	case OpRead:
@@ -600,5 +610,5 @@ func (s *Server) claim(req *Request) (*Result, error) {
 	// every byte goes through the emulated UART; a line like this one took
 	// about 0.4 ms of the guest's one vCPU, in the middle of a warm claim.
 	s.log().Debug("claimed", "hostname", req.Hostname)
-	return &Result{GuestUnixNano: time.Now().UnixNano(), Ordered: true}, nil
+	return &Result{GuestUnixNano: time.Now().UnixNano(), Ordered: true, Wire: true}, nil
 }

@@ -429,6 +429,9 @@ func TestGuestKernelByVCPUs(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := snapshotted(t, d, 5*time.Minute)
+	if snap, err := d.loadSnapshot(tpl); err != nil || !snap.Meta.AgentWire {
+		t.Errorf("the snapshot does not record that its agent reads the wire codec: %v", err)
+	}
 	for _, vcpus := range []int{1, 2} {
 		_, release := tpl.KernelFor(vcpus)
 		sb, err := d.Claim(ctx, driver.ClaimRequest{ID: "sb-vcpus-" + strconv.Itoa(vcpus), Limits: driver.Limits{VCPUs: vcpus}})
@@ -437,6 +440,12 @@ func TestGuestKernelByVCPUs(t *testing.T) {
 		}
 		out, code := run(t, sb, "uname -r; nproc")
 		start := sb.(driver.Interactive).Info().Start
+		// A clone's host speaks the wire codec from its first call (its
+		// snapshot's agent said it reads it); a booted guest's host
+		// learns it from the agent's answer to its first ping.
+		if vm := sb.(*VM); !vm.agent.Wire() || vm.spec.AgentWire != (vcpus == 1) {
+			t.Errorf("%d vCPUs: the host's calls in the wire codec %v, known before the first %v", vcpus, vm.agent.Wire(), vm.spec.AgentWire)
+		}
 		sb.Destroy()
 		t.Logf("%d vCPUs (%s): %q", vcpus, start, out)
 		if want := release + "\n" + strconv.Itoa(vcpus) + "\n"; code != 0 || out != want {

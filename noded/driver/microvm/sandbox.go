@@ -196,7 +196,7 @@ func (d *Driver) launchClone(ctx context.Context, ts *tplState, snap *snapshot, 
 	vm.Agent, vm.CallErr = vm.client, vm.callErr
 	vm.spec = vmSpec{ID: id, Dir: d.vmDir(id), Kernel: kernelPath(ts.t, snap.Meta.VCPUs), Initramfs: ts.t.Path(ts.t.Initramfs),
 		Disk: filepath.Join(d.vmDir(id), "disk.qcow2"), MemMB: snap.Meta.MemMB, VCPUs: snap.Meta.VCPUs,
-		MemFile: snap.mem(), Accel: d.accel, Incoming: true, Cmdline: snap.Meta.Cmdline, CPU: snap.Meta.CPU, TBSizeMB: d.cfg.TCGCacheMB, NIC: snap.Meta.NIC,
+		MemFile: snap.mem(), Accel: d.accel, Incoming: true, Cmdline: snap.Meta.Cmdline, CPU: snap.Meta.CPU, TBSizeMB: d.cfg.TCGCacheMB, NIC: snap.Meta.NIC, AgentWire: snap.Meta.AgentWire,
 		NoTHP: d.noTHP()}
 	if err := os.MkdirAll(vm.spec.Dir, 0o755); err != nil {
 		d.track(id, false)

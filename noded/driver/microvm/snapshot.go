@@ -44,8 +44,14 @@ type snapMeta struct {
 	// sets the same ones finds them in place. Empty: the NIC is up
 	// without addresses (no egress policy).
 	GuestNet string `json:"guest_net,omitempty"`
-	Created  string `json:"created"`
-	TookMS   int64  `json:"took_ms"`
+	// AgentWire: the snapshot's agent said it reads the wire codec
+	// (guest.Result.Wire), so its clones' hosts use it from their first
+	// call: a clone's first calls then run no JSON decoding, which under
+	// TCG each fresh clone would translate. Learnt, not wanted: a
+	// snapshot without it is used as it is, its clones speaking JSON.
+	AgentWire bool   `json:"agent_wire,omitempty"`
+	Created   string `json:"created"`
+	TookMS    int64  `json:"took_ms"`
 }
 
 func (s *snapshot) mem() string   { return filepath.Join(s.Dir, "mem") }
@@ -86,7 +92,7 @@ func (d *Driver) loadSnapshot(t *guest.Template) (*snapshot, error) {
 	}
 	want := d.wantMeta(t)
 	got := s.Meta
-	got.Created, got.TookMS = "", 0
+	got.Created, got.TookMS, got.AgentWire = "", 0, false
 	if got != want {
 		return nil, fmt.Errorf("snapshot %s does not match: has %+v, want %+v", dir, got, want)
 	}
@@ -180,6 +186,7 @@ func (d *Driver) makeSnapshot(ctx context.Context, t *guest.Template) (*snapshot
 		c.Close()
 		return nil, err
 	}
+	m.AgentWire = c.Wire()
 	c.Close()
 	// The guest sees the host hang up and goes back to waiting for one;
 	// give it a moment, then freeze it.

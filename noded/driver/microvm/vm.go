@@ -47,6 +47,11 @@ type vmSpec struct {
 	// either way, so a snapshot's clones match it whatever their network.
 	NIC bool
 	Tap bool `json:"-"`
+	// AgentWire: the guest's agent is known to read the wire codec (a
+	// clone of a snapshot whose agent said so), so the host's calls use
+	// it from the first (guest.Client.UseWire); otherwise the first
+	// ping's answer tells.
+	AgentWire bool `json:",omitempty"`
 }
 
 // incomingURI is migrate-incoming's URI for the saved state start passed
@@ -366,6 +371,9 @@ func waitAgent(ctx context.Context, s vmSpec, exited <-chan struct{}, wait time.
 		if err != nil {
 			time.Sleep(2 * time.Millisecond)
 			continue
+		}
+		if s.AgentWire {
+			c.UseWire()
 		}
 		// The ping waits in the socket until the agent opens its port.
 		pctx, pcancel := context.WithTimeout(ctx, wait)
