@@ -581,16 +581,19 @@ func (s *Server) claim(req *Request) (*Result, error) {
 		}
 	}
 	if req.Net != nil {
-		if err := req.Net.Check(); err != nil {
-			return nil, err
-		}
-		if s.Sys == nil {
-			return nil, errors.New("net: not supported here")
-		}
+		// Settings equal to those in place were checked when they were set
+		// (a clone's claim, whose snapshot set them): parsing the addresses
+		// again would be code a fresh clone translates for nothing.
 		s.mu.Lock()
 		same := s.net != nil && s.net.Equal(*req.Net)
 		s.mu.Unlock()
 		if !same {
+			if err := req.Net.Check(); err != nil {
+				return nil, err
+			}
+			if s.Sys == nil {
+				return nil, errors.New("net: not supported here")
+			}
 			if err := s.Sys.SetNetwork(*req.Net); err != nil {
 				s.mu.Lock()
 				s.net = nil // partly set: set it all again next time
