@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"unsafe"
 
@@ -20,6 +21,12 @@ type LinuxSystem struct {
 	// sandbox's workload, not the agent.
 	cgroupFD int
 	cgroup   string
+	// urandom is /dev/urandom, opened once (-1 until it could be): a
+	// claim's reseed then makes no open and close, which a clone's claim
+	// would run for the first time (under TCG, translated afresh) before
+	// its first command.
+	urandomMu sync.Mutex
+	urandom   int
 	// Container is set when the agent runs in a container: it shares the
 	// host's kernel, so the clock, entropy pool and hostname are the
 	// host's (or the runtime's) and are left alone.
@@ -28,7 +35,10 @@ type LinuxSystem struct {
 
 // NewLinuxSystem opens execCgroup ("" for none) once for all commands.
 func NewLinuxSystem(execCgroup string) (*LinuxSystem, error) {
-	s := &LinuxSystem{cgroupFD: -1, cgroup: execCgroup}
+	s := &LinuxSystem{cgroupFD: -1, cgroup: execCgroup, urandom: -1}
+	if fd, err := unix.Open("/dev/urandom", unix.O_WRONLY|unix.O_CLOEXEC, 0); err == nil {
+		s.urandom = fd // else AddEntropy tries again
+	}
 	if execCgroup != "" {
 		fd, err := unix.Open(execCgroup, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		if err != nil {
@@ -54,20 +64,24 @@ func (s *LinuxSystem) AddEntropy(seed []byte) error {
 	if s.Container {
 		return nil // the host kernel's pool, not a copy of a snapshot's
 	}
-	f, err := os.OpenFile("/dev/urandom", os.O_WRONLY, 0)
-	if err != nil {
-		return err
+	s.urandomMu.Lock()
+	defer s.urandomMu.Unlock()
+	if s.urandom < 0 {
+		fd, err := unix.Open("/dev/urandom", unix.O_WRONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		s.urandom = fd
 	}
-	defer f.Close()
 	// struct rand_pool_info { int entropy_count; int buf_size; __u32 buf[]; }
 	buf := make([]byte, 8+len(seed))
 	*(*int32)(unsafe.Pointer(&buf[0])) = int32(len(seed) * 8)
 	*(*int32)(unsafe.Pointer(&buf[4])) = int32(len(seed))
 	copy(buf[8:], seed)
-	if _, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.RNDADDENTROPY, uintptr(unsafe.Pointer(&buf[0]))); e != 0 {
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(s.urandom), unix.RNDADDENTROPY, uintptr(unsafe.Pointer(&buf[0]))); e != 0 {
 		return fmt.Errorf("RNDADDENTROPY: %w", e)
 	}
-	if _, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.RNDRESEEDCRNG, 0); e != 0 {
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(s.urandom), unix.RNDRESEEDCRNG, 0); e != 0 {
 		return fmt.Errorf("RNDRESEEDCRNG: %w", e)
 	}
 	return nil
