@@ -326,7 +326,7 @@ func (c *Client) Stat(ctx context.Context, path string) (FileInfo, error) {
 
 // ClaimRequest binds a restored guest's identity.
 type ClaimRequest struct {
-	Now      time.Time
+	Now      time.Time // the guest's clock; zero leaves it as it is
 	Entropy  []byte
 	Hostname string
 	Env      map[string]string
@@ -365,8 +365,13 @@ func (c *Client) StartClaim(ctx context.Context, req ClaimRequest) (wait func() 
 }
 
 func claimRequest(req ClaimRequest) *Request {
-	return &Request{Op: OpClaim, UnixNano: req.Now.UnixNano(), Entropy: req.Entropy,
-		Hostname: req.Hostname, Env: req.Env, Pids: req.Pids, Net: req.Net}
+	r := &Request{Op: OpClaim, Entropy: req.Entropy, Hostname: req.Hostname, Env: req.Env, Pids: req.Pids, Net: req.Net}
+	if !req.Now.IsZero() {
+		// The zero time's UnixNano is far out of range, not 0 (which the
+		// agent reads as "keep the clock").
+		r.UnixNano = req.Now.UnixNano()
+	}
+	return r
 }
 
 // Stats reports the guest's resources.

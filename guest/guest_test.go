@@ -277,6 +277,21 @@ func TestClaimSetsIdentity(t *testing.T) {
 	}
 }
 
+// A claim without a time leaves the guest's clock alone (the zero time is
+// not sent as a time far in the past).
+func TestClaimWithoutATimeKeepsTheClock(t *testing.T) {
+	sys := &fakeSys{}
+	c := pair(t, sys)
+	if _, err := c.Claim(context.Background(), ClaimRequest{Hostname: "sb-2"}); err != nil {
+		t.Fatal(err)
+	}
+	sys.mu.Lock()
+	defer sys.mu.Unlock()
+	if sys.now != 0 || sys.hostname != "sb-2" {
+		t.Errorf("system after a claim without a time: now %d hostname %q", sys.now, sys.hostname)
+	}
+}
+
 // A claim sets the network only when its settings differ from those the
 // last claim set: a snapshot's clones send the settings their snapshot set.
 // A failed attempt is made again in full.
