@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -170,6 +171,9 @@ func (c *Client) clock(res *Result) time.Time {
 	if res.Wire {
 		c.wire.Store(true)
 	}
+	if res.GuestUnixNano == 0 {
+		return time.Time{} // an answer without the guest's clock
+	}
 	return time.Unix(0, res.GuestUnixNano)
 }
 
@@ -190,11 +194,51 @@ func (c *Client) Wire() bool { return c.wire.Load() }
 
 // ExecRequest is one command.
 type ExecRequest struct {
-	Argv    []string
-	Env     map[string]string
-	Dir     string
+	Argv []string
+	Env  map[string]string
+	Dir  string
+	// Timeout kills the command's process group after this long; 0 is
+	// none. It is sent in whole milliseconds, rounded up.
 	Timeout time.Duration
-	Stdin   io.Reader // nil: the command's stdin is empty
+	// Stdin is the command's stdin; nil: it is empty. If reading it fails,
+	// the command is killed and Exec returns that error. Exec may still
+	// be in a Read of it when it returns.
+	Stdin io.Reader
+}
+
+// timeoutMS is d in whole milliseconds, rounded up (so a timeout under
+// 1 ms is not sent as 0, which is none).
+func timeoutMS(d time.Duration) (int64, error) {
+	if d < 0 {
+		return 0, fmt.Errorf("timeout: %v: must not be negative", d)
+	}
+	ms := int64((d + time.Millisecond - 1) / time.Millisecond)
+	return ms, CheckTimeoutMS(ms)
+}
+
+// readErr records the first error of a reader other than io.EOF.
+type readErr struct {
+	r   io.Reader
+	mu  sync.Mutex
+	err error
+}
+
+func (r *readErr) Read(p []byte) (int, error) {
+	n, err := r.r.Read(p)
+	if err != nil && err != io.EOF {
+		r.mu.Lock()
+		if r.err == nil {
+			r.err = err
+		}
+		r.mu.Unlock()
+	}
+	return n, err
+}
+
+func (r *readErr) get() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.err
 }
 
 // ExecResult is how a command ended.
@@ -211,15 +255,26 @@ func (c *Client) Exec(ctx context.Context, req ExecRequest, stdout, stderr io.Wr
 	if err := CheckExec(req.Argv, req.Env); err != nil {
 		return ExecResult{}, err
 	}
-	cl, err := c.open(ctx, &Request{Op: OpExec, Argv: req.Argv, Env: req.Env, Dir: req.Dir,
-		TimeoutMS: req.Timeout.Milliseconds(), Stdin: req.Stdin != nil})
+	ms, err := timeoutMS(req.Timeout)
 	if err != nil {
 		return ExecResult{}, err
 	}
+	cl, err := c.open(ctx, &Request{Op: OpExec, Argv: req.Argv, Env: req.Env, Dir: req.Dir,
+		TimeoutMS: ms, Stdin: req.Stdin != nil})
+	if err != nil {
+		return ExecResult{}, err
+	}
+	var stdin *readErr
 	if req.Stdin != nil {
+		stdin = &readErr{r: req.Stdin}
 		go func() {
-			if _, err := writeChunks(cl.st, frameData, req.Stdin); err == nil {
+			if _, err := writeChunks(cl.st, frameData, stdin); err == nil {
 				_ = writeFrame(cl.st, frameEOF, nil)
+			} else if stdin.get() != nil {
+				// Our reader failed: the command must not go on as if
+				// its input had ended. Closing our side of the stream
+				// makes the agent kill it.
+				cl.st.Close()
 			}
 		}()
 	}
@@ -240,6 +295,11 @@ func (c *Client) Exec(ctx context.Context, req ExecRequest, stdout, stderr io.Wr
 		}
 		return nil
 	})
+	if stdin != nil {
+		if serr := stdin.get(); serr != nil {
+			return ExecResult{}, fmt.Errorf("guest: exec: stdin: %w", serr)
+		}
+	}
 	if err != nil {
 		return ExecResult{}, err
 	}
@@ -282,17 +342,30 @@ func (c *Client) WriteFile(ctx context.Context, path string, mode uint32, r io.R
 	if err != nil {
 		return FileInfo{}, err
 	}
-	if _, err := writeChunks(cl.st, frameData, r); err != nil {
-		cl.close()
-		return FileInfo{}, c.err(ctx, err)
-	}
-	if err := writeFrame(cl.st, frameEOF, nil); err != nil {
-		cl.close()
-		return FileInfo{}, c.err(ctx, err)
-	}
+	// The data goes out while the answer is awaited: an agent that
+	// refuses the write early (its claim failed, the directory cannot be
+	// made) answers at once and reads no more, and a writer that waited
+	// for the whole file to go first would stall on the full stream.
+	src := &readErr{r: r}
+	sent := make(chan error, 1)
+	go func() {
+		_, err := writeChunks(cl.st, frameData, src)
+		if err == nil {
+			err = writeFrame(cl.st, frameEOF, nil)
+		} else if src.get() != nil {
+			cl.st.Close() // no EOF frame: the agent discards what it got
+		}
+		sent <- err
+	}()
 	res, err := c.finish(cl, nil)
+	if serr := src.get(); serr != nil {
+		return FileInfo{}, fmt.Errorf("guest: write %s: reading the data: %w", path, serr)
+	}
 	if err != nil {
-		return FileInfo{}, err
+		return FileInfo{}, err // the writer ends on the closed stream
+	}
+	if err := <-sent; err != nil {
+		return FileInfo{}, c.err(ctx, err)
 	}
 	if res.File == nil {
 		return FileInfo{}, errors.New("guest: write: no file info")
@@ -320,6 +393,9 @@ func (c *Client) Stat(ctx context.Context, path string) (FileInfo, error) {
 	res, err := c.simple(ctx, &Request{Op: OpStat, Path: path})
 	if err != nil {
 		return FileInfo{}, err
+	}
+	if res.File == nil {
+		return FileInfo{}, errors.New("guest: stat: no file info")
 	}
 	return *res.File, nil
 }

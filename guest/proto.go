@@ -39,6 +39,11 @@ const MaxFrame = 1 << 20
 const (
 	MaxCommandBytes = 128 << 10 // command line plus environment
 	MaxPathBytes    = 4096
+	// MaxTimeoutMS bounds an exec's timeout (a year): larger values would
+	// overflow time.Duration in the agent.
+	MaxTimeoutMS = 365 * 24 * 3600 * 1000
+	// MaxPids bounds a claim's process limit: Linux's largest pid_max.
+	MaxPids = 1 << 22
 )
 
 // Op names a call.

@@ -286,6 +286,9 @@ func (s *Server) exec(st *yamux.Stream, req *Request) (*Result, error) {
 	if err := CheckExec(req.Argv, req.Env); err != nil {
 		return nil, err
 	}
+	if err := CheckTimeoutMS(req.TimeoutMS); err != nil {
+		return nil, err
+	}
 	dir := req.Dir
 	if dir == "" {
 		dir = "/root"
@@ -311,7 +314,11 @@ func (s *Server) exec(st *yamux.Stream, req *Request) (*Result, error) {
 	}
 
 	// The command is looked up in the command's PATH, not the agent's.
-	cmd := exec.Command(lookPath(req.Argv[0], env["PATH"]), req.Argv[1:]...)
+	path, ok := lookPath(req.Argv[0], env["PATH"])
+	if !ok {
+		return nil, fmt.Errorf("start %q: %w", req.Argv[0], &exec.Error{Name: req.Argv[0], Err: exec.ErrNotFound})
+	}
+	cmd := exec.Command(path, req.Argv[1:]...)
 	cmd.Env = envv
 	cmd.Dir = dir
 	if s.Sys != nil {
@@ -324,10 +331,16 @@ func (s *Server) exec(st *yamux.Stream, req *Request) (*Result, error) {
 	cmd.Stderr = streamWriter{&wmu, st, frameStderr}
 	// Background children that keep the pipes open do not hold the call.
 	cmd.WaitDelay = 500 * time.Millisecond
-	var stdin *io.PipeWriter
+	// The command's stdin is a pipe whose writes fail once the command
+	// closed its end or ended, so the frame loop below never blocks on a
+	// command that stopped reading (it would no longer see the host give
+	// up). Wait closes it.
+	var stdin io.WriteCloser
 	if req.Stdin {
-		pr, pw := io.Pipe()
-		cmd.Stdin, stdin = pr, pw
+		var err error
+		if stdin, err = cmd.StdinPipe(); err != nil {
+			return nil, fmt.Errorf("start %q: stdin: %w", req.Argv[0], err)
+		}
 	}
 	start := time.Now()
 	if err := cmd.Start(); err != nil {
@@ -357,7 +370,7 @@ func (s *Server) exec(st *yamux.Stream, req *Request) (*Result, error) {
 					kill()
 				}
 				if stdin != nil {
-					stdin.CloseWithError(io.ErrUnexpectedEOF)
+					stdin.Close()
 				}
 				return
 			}
@@ -406,18 +419,49 @@ func (s *Server) exec(st *yamux.Stream, req *Request) (*Result, error) {
 	return res, nil
 }
 
-// lookPath finds name in path (a PATH value) unless it has a slash.
-func lookPath(name, path string) string {
+// lookPath finds name in path (a PATH value) unless it has a slash, and
+// reports whether it did. A name it cannot find is not found: the agent's
+// own PATH is never searched.
+func lookPath(name, path string) (string, bool) {
 	if strings.Contains(name, "/") {
-		return name
+		return name, true
 	}
 	for _, dir := range filepath.SplitList(path) {
 		p := filepath.Join(dir, name)
 		if fi, err := os.Stat(p); err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0 {
-			return p
+			return p, true
 		}
 	}
-	return name // exec reports it not found
+	return "", false
+}
+
+// CheckTimeoutMS reports whether an exec's timeout is within the limits
+// (0 is none).
+func CheckTimeoutMS(ms int64) error {
+	switch {
+	case ms < 0:
+		return fmt.Errorf("timeout: %d ms: must not be negative", ms)
+	case ms > MaxTimeoutMS:
+		return fmt.Errorf("timeout: %d ms, over the limit of %d (a year)", ms, int64(MaxTimeoutMS))
+	}
+	return nil
+}
+
+// fileMode is a write's mode: permission bits plus setuid, setgid and
+// sticky, given as Unix bits (0o4755) or as Go's (what FileInfo.Mode
+// holds, so a stat's mode can be written back).
+func fileMode(m uint32) os.FileMode {
+	mode := os.FileMode(m & 0o777)
+	if m&0o4000 != 0 || os.FileMode(m)&os.ModeSetuid != 0 {
+		mode |= os.ModeSetuid
+	}
+	if m&0o2000 != 0 || os.FileMode(m)&os.ModeSetgid != 0 {
+		mode |= os.ModeSetgid
+	}
+	if m&0o1000 != 0 || os.FileMode(m)&os.ModeSticky != 0 {
+		mode |= os.ModeSticky
+	}
+	return mode
 }
 
 func fileInfo(name string, fi os.FileInfo) FileInfo {
@@ -428,7 +472,9 @@ func (s *Server) read(st *yamux.Stream, req *Request) (*Result, error) {
 	if err := CheckPath(req.Path); err != nil {
 		return nil, err
 	}
-	f, err := os.Open(req.Path)
+	// Opened without blocking: a FIFO with no writer would hold the call
+	// (and its goroutine) forever.
+	f, err := os.OpenFile(req.Path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -437,15 +483,20 @@ func (s *Server) read(st *yamux.Stream, req *Request) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	if fi.IsDir() {
+	switch {
+	case fi.IsDir():
 		return nil, fmt.Errorf("read %s: is a directory", req.Path)
+	case fi.Mode()&(os.ModeNamedPipe|os.ModeSocket) != 0:
+		return nil, fmt.Errorf("read %s: not a regular file (%v)", req.Path, fi.Mode().Type())
 	}
 	if req.Limit > 0 && fi.Size() > req.Limit {
 		return nil, fmt.Errorf("read %s: %d bytes, over the limit of %d", req.Path, fi.Size(), req.Limit)
 	}
 	var r io.Reader = f
 	if req.Limit > 0 {
-		r = io.LimitReader(f, req.Limit)
+		// A file whose size says nothing (/proc) or that grew since the
+		// stat is refused when it turns out larger, not cut short.
+		r = &overLimit{r: f, n: req.Limit, path: req.Path, limit: req.Limit}
 	}
 	if _, err := writeChunks(st, frameData, r); err != nil {
 		return nil, err
@@ -454,11 +505,36 @@ func (s *Server) read(st *yamux.Stream, req *Request) (*Result, error) {
 	return &Result{File: &info}, nil
 }
 
+// overLimit reads at most n bytes from r and fails if r has more.
+type overLimit struct {
+	r     io.Reader
+	n     int64
+	path  string
+	limit int64
+}
+
+func (l *overLimit) Read(p []byte) (int, error) {
+	if l.n <= 0 {
+		var b [1]byte
+		if n, err := l.r.Read(b[:]); n > 0 {
+			return 0, fmt.Errorf("read %s: over the limit of %d bytes", l.path, l.limit)
+		} else {
+			return 0, err
+		}
+	}
+	if int64(len(p)) > l.n {
+		p = p[:l.n]
+	}
+	n, err := l.r.Read(p)
+	l.n -= int64(n)
+	return n, err
+}
+
 func (s *Server) write(st *yamux.Stream, req *Request) (*Result, error) {
 	if err := CheckPath(req.Path); err != nil {
 		return nil, err
 	}
-	mode := os.FileMode(req.Mode & 0o7777)
+	mode := fileMode(req.Mode)
 	if mode == 0 {
 		mode = 0o644
 	}
@@ -544,10 +620,20 @@ func (s *Server) stat(req *Request) (*Result, error) {
 // claim binds a restored sandbox's identity: clock, entropy, hostname and
 // the environment of later commands.
 func (s *Server) claim(req *Request) (*Result, error) {
+	n := 0
 	for k, v := range req.Env {
 		if k == "" || strings.ContainsAny(k, "=\x00") || strings.IndexByte(v, 0) >= 0 {
 			return nil, fmt.Errorf("env %q: invalid", k)
 		}
+		n += len(k) + len(v) + 2
+	}
+	// The claim's environment is the base of every command's: one over
+	// the limit would make every later exec fail.
+	if n > MaxCommandBytes {
+		return nil, fmt.Errorf("env: %d bytes, over the limit of %d", n, MaxCommandBytes)
+	}
+	if req.Pids < 0 || req.Pids > MaxPids {
+		return nil, fmt.Errorf("pids: %d: must be between 0 (keep the limit) and %d", req.Pids, MaxPids)
 	}
 	if s.Sys != nil {
 		if req.UnixNano != 0 {

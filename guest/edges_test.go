@@ -1,0 +1,240 @@
+package guest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"testing/iotest"
+	"time"
+
+	"github.com/hashicorp/yamux"
+)
+
+// A command that closes its stdin while the host still sends it: the agent
+// drops the rest and still sees the host give up, and kills the command.
+// (With stdin behind an io.Pipe the agent's frame loop blocked on the
+// write for good: the host's cancel never reached it.)
+func TestExecStdinClosedByTheCommandStillCancels(t *testing.T) {
+	c := pair(t, &fakeSys{})
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		for range 500 {
+			if b, _ := os.ReadFile(pidFile); len(b) > 0 {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		time.Sleep(200 * time.Millisecond) // the host's stdin is under way
+		cancel()
+	}()
+	_, err := c.Exec(ctx, ExecRequest{Argv: []string{"sh", "-c", "exec 0<&-; echo $$ > " + pidFile + "; sleep 30"},
+		Stdin: bytes.NewReader(make([]byte, 4<<20))}, nil, nil)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("err %v, want context.Canceled", err)
+	}
+	assertGone(t, pidFile)
+}
+
+// A failing stdin reader kills the command, and Exec says why.
+func TestExecStdinReadErrorKillsTheCommand(t *testing.T) {
+	c := pair(t, &fakeSys{})
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	// The reader fails once the command runs (its pid is written).
+	in := io.MultiReader(strings.NewReader("some input\n"), readerFunc(func([]byte) (int, error) {
+		for range 500 {
+			if b, _ := os.ReadFile(pidFile); len(b) > 0 {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		return 0, errors.New("disk gone")
+	}))
+	_, err := c.Exec(ctx, ExecRequest{Argv: []string{"sh", "-c", "echo $$ > " + pidFile + "; cat > /dev/null; sleep 30"}, Stdin: in}, nil, nil)
+	if err == nil || !strings.Contains(err.Error(), "stdin: disk gone") {
+		t.Fatalf("err %v, want the stdin reader's error", err)
+	}
+	assertGone(t, pidFile)
+}
+
+type readerFunc func([]byte) (int, error)
+
+func (f readerFunc) Read(p []byte) (int, error) { return f(p) }
+
+// An agent refusing a write before reading its data (here: its claim
+// failed) answers at once with the reason, however large the file.
+func TestWriteFileRefusedEarlyGivesTheReason(t *testing.T) {
+	c := pair(t, &fakeSys{hostnameErr: errors.New("no hostname for you")})
+	if _, err := c.Claim(context.Background(), ClaimRequest{Hostname: "sb"}); err == nil {
+		t.Fatal("claim: want an error")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	t0 := time.Now()
+	_, err := c.WriteFile(ctx, filepath.Join(t.TempDir(), "f"), 0, bytes.NewReader(make([]byte, 8<<20)))
+	if err == nil || !strings.Contains(err.Error(), "no hostname for you") {
+		t.Fatalf("err %v, want the failed claim's reason", err)
+	}
+	if d := time.Since(t0); d > 10*time.Second {
+		t.Errorf("took %v", d)
+	}
+}
+
+// A failing data reader ends a write without a file, and says why.
+func TestWriteFileReadErrorLeavesNoFile(t *testing.T) {
+	c := pair(t, &fakeSys{})
+	dir := t.TempDir()
+	path := filepath.Join(dir, "f")
+	_, err := c.WriteFile(context.Background(), path, 0, io.MultiReader(strings.NewReader("part"), iotest.ErrReader(errors.New("source gone"))))
+	if err == nil || !strings.Contains(err.Error(), "source gone") {
+		t.Fatalf("err %v", err)
+	}
+	for range 100 {
+		ents, _ := os.ReadDir(dir)
+		if len(ents) == 0 {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	ents, _ := os.ReadDir(dir)
+	t.Fatalf("left behind: %v", ents)
+}
+
+// Timeouts: under 1 ms is rounded up, not sent as none; negative or huge
+// ones are refused, by the client and by the agent.
+func TestExecTimeoutLimits(t *testing.T) {
+	c := pair(t, &fakeSys{})
+	ctx := context.Background()
+	res, err := c.Exec(ctx, ExecRequest{Argv: []string{"sleep", "5"}, Timeout: 500 * time.Microsecond}, nil, nil)
+	if err != nil || !res.TimedOut {
+		t.Fatalf("500µs timeout: %+v %v", res, err)
+	}
+	if _, err := c.Exec(ctx, ExecRequest{Argv: []string{"true"}, Timeout: -time.Second}, nil, nil); err == nil || !strings.Contains(err.Error(), "timeout") {
+		t.Errorf("negative timeout: %v", err)
+	}
+	for _, ms := range []int64{-5, MaxTimeoutMS + 1, 1 << 62} {
+		_, err := c.simple(ctx, &Request{Op: OpExec, Argv: []string{"true"}, TimeoutMS: ms})
+		if err == nil || !strings.Contains(err.Error(), "timeout") {
+			t.Errorf("timeout_ms %d: %v", ms, err)
+		}
+	}
+}
+
+// A command not in its own PATH is not found, even when the agent's PATH
+// has it.
+func TestExecLooksOnlyInTheCommandsPath(t *testing.T) {
+	c := pair(t, &fakeSys{})
+	_, err := c.Exec(context.Background(), ExecRequest{Argv: []string{"true"}, Env: map[string]string{"PATH": "/nonexistent"}}, nil, nil)
+	if err == nil || !strings.Contains(err.Error(), "executable file not found") {
+		t.Fatalf("err %v", err)
+	}
+}
+
+// Reads never block on a FIFO, and a file larger than the limit is
+// refused even when its size said otherwise.
+func TestReadRefusesFIFOsAndOversizedFiles(t *testing.T) {
+	c := pair(t, &fakeSys{})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	fifo := filepath.Join(t.TempDir(), "fifo")
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.ReadFile(ctx, fifo, 0, io.Discard); err == nil || !strings.Contains(err.Error(), "not a regular file") {
+		t.Errorf("fifo: %v", err)
+	}
+	// /proc files say size 0.
+	if _, err := c.ReadFile(ctx, "/proc/self/maps", 16, io.Discard); err == nil || !strings.Contains(err.Error(), "over the limit of 16 bytes") {
+		t.Errorf("/proc/self/maps with a limit of 16: %v", err)
+	}
+	var b bytes.Buffer
+	if _, err := c.ReadFile(ctx, "/proc/self/maps", 1<<20, &b); err != nil || b.Len() == 0 {
+		t.Errorf("/proc/self/maps within the limit: %d bytes, %v", b.Len(), err)
+	}
+}
+
+// Setuid, setgid and sticky bits survive a write, as Unix bits or as Go's
+// (what a stat returns).
+func TestWriteFileKeepsSpecialModeBits(t *testing.T) {
+	c := pair(t, &fakeSys{})
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		mode uint32
+		want os.FileMode
+	}{
+		{0o4755, os.ModeSetuid | 0o755},
+		{0o1777, os.ModeSticky | 0o777},
+		{uint32(os.ModeSetgid | 0o750), os.ModeSetgid | 0o750},
+	} {
+		p := filepath.Join(dir, "f")
+		if _, err := c.WriteFile(context.Background(), p, tc.mode, strings.NewReader("x")); err != nil {
+			t.Fatal(err)
+		}
+		fi, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := fi.Mode() & (os.ModePerm | os.ModeSetuid | os.ModeSetgid | os.ModeSticky); got != tc.want {
+			t.Errorf("mode %o: file has %v, want %v", tc.mode, got, tc.want)
+		}
+	}
+}
+
+// A claim whose environment is over the limit, or whose process limit is
+// out of range, is refused naming the field.
+func TestClaimRefusesBadLimits(t *testing.T) {
+	c := pair(t, &fakeSys{})
+	ctx := context.Background()
+	if _, err := c.Claim(ctx, ClaimRequest{Env: map[string]string{"BIG": strings.Repeat("x", MaxCommandBytes)}}); err == nil || !strings.Contains(err.Error(), "env:") {
+		t.Errorf("big env: %v", err)
+	}
+	for _, n := range []int{-1, MaxPids + 1} {
+		if _, err := c.Claim(ctx, ClaimRequest{Pids: n}); err == nil || !strings.Contains(err.Error(), "pids") {
+			t.Errorf("pids %d: %v", n, err)
+		}
+	}
+}
+
+// An agent's answer without file info is an error on the host, not a
+// crash.
+func TestStatWithoutFileInfoIsAnError(t *testing.T) {
+	a, b := net.Pipe()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		sess, err := yamux.Server(b, YamuxConfig())
+		if err != nil {
+			return
+		}
+		defer sess.Close()
+		st, err := sess.AcceptStream()
+		if err != nil {
+			return
+		}
+		_, _, _ = readFrame(st)
+		_ = writeFrame(st, frameResultWire, nil)
+		st.Close()
+		<-sess.CloseChan()
+	}()
+	c, err := NewClient(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.UseWire()
+	_, err = c.Stat(context.Background(), "/x")
+	c.Close()
+	<-done
+	if err == nil || !strings.Contains(err.Error(), "no file info") {
+		t.Fatalf("err %v", err)
+	}
+}
