@@ -301,6 +301,9 @@ func (a *SandboxAPI) Exec(ctx context.Context, req *connect.Request[warrenv1.Exe
 	if m.GetTimeoutMs() < 0 {
 		return invalidArg("timeout_ms %d: must not be negative", m.GetTimeoutMs())
 	}
+	if m.GetTimeoutMs() > guest.MaxTimeoutMS {
+		return invalidArg("timeout_ms %d: over the limit of %d (a year)", m.GetTimeoutMs(), int64(guest.MaxTimeoutMS))
+	}
 	if len(m.GetStdin()) > maxStdinBytes {
 		return invalidArg("stdin: %d bytes, over the limit of %d", len(m.GetStdin()), maxStdinBytes)
 	}

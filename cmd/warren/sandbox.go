@@ -250,6 +250,9 @@ func cmdSandbox(args []string, stdout, stderr io.Writer) error {
 		if len(pos) < 2 {
 			return errors.New("sandbox exec: want ID -- CMD...")
 		}
+		if *cmdTimeout < 0 {
+			return fmt.Errorf("--cmd-timeout %v: must not be negative", *cmdTimeout)
+		}
 		envm, err := parseEnv(*env)
 		if err != nil {
 			return err
@@ -263,7 +266,7 @@ func cmdSandbox(args []string, stdout, stderr io.Writer) error {
 			ctx, cancel = context.WithTimeout(context.Background(), cf.timeout)
 		}
 		defer cancel()
-		req := &warrenv1.ExecRequest{SandboxId: pos[0], Command: pos[1:], Env: envm, Dir: *dir, TimeoutMs: cmdTimeout.Milliseconds()}
+		req := &warrenv1.ExecRequest{SandboxId: pos[0], Command: pos[1:], Env: envm, Dir: *dir, TimeoutMs: ceilMS(*cmdTimeout)}
 		if *stdin {
 			if req.Stdin, err = io.ReadAll(os.Stdin); err != nil {
 				return err
@@ -453,4 +456,10 @@ func describeEgress(p *warrenv1.EgressPolicy) string {
 		s += fmt.Sprintf("+%d", n)
 	}
 	return s
+}
+
+// ceilMS is d in whole milliseconds, rounded up: a timeout under 1 ms
+// must not become 0, which is no limit.
+func ceilMS(d time.Duration) int64 {
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
 }

@@ -171,6 +171,8 @@ func TestSandboxCLI(t *testing.T) {
 		{[]string{"sandbox", "cp", sb.ID + ":/root/../../etc/shadow", "-"}, `".."`},
 		{[]string{"sandbox", "exec", sb.ID, "--", "echo", strings.Repeat("x", 100<<10), strings.Repeat("y", 100<<10)}, "over the limit"},
 		{[]string{"sandbox", "exec", "not-an-id", "--", "true"}, "sandbox_id"},
+		{[]string{"sandbox", "exec", "--cmd-timeout", "9000h", sb.ID, "--", "true"}, "timeout_ms"},
+		{[]string{"sandbox", "exec", "--cmd-timeout", "-1s", sb.ID, "--", "true"}, "--cmd-timeout"},
 		{[]string{"sandbox", "create", "--egress-allow", "no spaces.org"}, "egress.allow[0]"},
 		{[]string{"sandbox", "create", "--egress-prefix", "10.0.0.0/33"}, "egress.allow_prefixes[0]"},
 		{[]string{"sandbox", "create", "--egress-profile", "open"}, "egress.profile"},
