@@ -333,7 +333,8 @@ func (c *Client) ReadFile(ctx context.Context, path string, limit int64, w io.Wr
 }
 
 // WriteFile replaces (atomically) or creates a guest file with r's bytes,
-// creating parent directories. mode 0 means 0644.
+// creating parent directories. mode 0 means 0644. If it returns an error
+// it may still be in a Read of r.
 func (c *Client) WriteFile(ctx context.Context, path string, mode uint32, r io.Reader) (FileInfo, error) {
 	if err := CheckPath(path); err != nil {
 		return FileInfo{}, err
