@@ -29,7 +29,7 @@ import (
 // Limits of the sandbox API on a node.
 const (
 	MaxFileBytes  = 32 << 20 // ReadFile and WriteFile carry a whole file
-	maxStdinBytes = 8 << 20
+	MaxStdinBytes = 8 << 20  // an Exec's stdin, sent whole
 )
 
 // SandboxAPI serves warren.v1.SandboxService for the sandboxes of one
@@ -304,8 +304,8 @@ func (a *SandboxAPI) Exec(ctx context.Context, req *connect.Request[warrenv1.Exe
 	if m.GetTimeoutMs() > guest.MaxTimeoutMS {
 		return invalidArg("timeout_ms %d: over the limit of %d (a year)", m.GetTimeoutMs(), int64(guest.MaxTimeoutMS))
 	}
-	if len(m.GetStdin()) > maxStdinBytes {
-		return invalidArg("stdin: %d bytes, over the limit of %d", len(m.GetStdin()), maxStdinBytes)
+	if len(m.GetStdin()) > MaxStdinBytes {
+		return invalidArg("stdin: %d bytes, over the limit of %d", len(m.GetStdin()), MaxStdinBytes)
 	}
 	ia, err := a.sandbox(m.GetSandboxId())
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"strings"
 	"text/tabwriter"
@@ -15,6 +16,7 @@ import (
 	"connectrpc.com/connect"
 
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/noded"
 )
 
 const sandboxUsage = `usage: warren sandbox <command>
@@ -71,12 +73,25 @@ func cmdSandbox(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		defer cancel()
+		if *ttl < 0 {
+			return fmt.Errorf("ttl %v: must not be negative", *ttl)
+		}
+		for _, f := range []struct {
+			name string
+			v    uint
+		}{{"vcpus", *vcpus}, {"memory-mb", *mem}, {"pids", *pids}, {"disk-mb", *disk}} {
+			if f.v > math.MaxUint32 {
+				return fmt.Errorf("%s %d: over %d", f.name, f.v, uint32(math.MaxUint32))
+			}
+		}
 		envm, err := parseEnv(*env)
 		if err != nil {
 			return err
 		}
 		res, err := c.Sandboxes().CreateSandbox(ctx, connect.NewRequest(&warrenv1.CreateSandboxRequest{
-			Template: *template, TtlSeconds: int64(ttl.Seconds()), Env: envm, NodeId: *node,
+			// Whole seconds, rounded up: a TTL under 1s must not become
+			// 0, which is the node's default (an hour).
+			Template: *template, TtlSeconds: int64((*ttl + time.Second - 1) / time.Second), Env: envm, NodeId: *node,
 			Limits: &warrenv1.SandboxLimits{Vcpus: uint32(*vcpus), MemoryMb: uint32(*mem), Pids: uint32(*pids), DiskMb: uint32(*disk)},
 			Egress: ef.policy(fs),
 		}))
@@ -222,11 +237,14 @@ func cmdSandbox(args []string, stdout, stderr io.Writer) error {
 			var data []byte
 			var mode uint32
 			if pos[0] == "-" {
-				data, err = io.ReadAll(os.Stdin)
+				data, err = readAtMost(os.Stdin, noded.MaxFileBytes, "cp: stdin")
 			} else {
 				var fi os.FileInfo
 				if fi, err = os.Stat(pos[0]); err == nil {
 					mode = uint32(fi.Mode().Perm())
+					if fi.Size() > noded.MaxFileBytes {
+						return fmt.Errorf("cp: %s: %d bytes, over the limit of %d", pos[0], fi.Size(), noded.MaxFileBytes)
+					}
 					data, err = os.ReadFile(pos[0])
 				}
 			}
@@ -268,7 +286,7 @@ func cmdSandbox(args []string, stdout, stderr io.Writer) error {
 		defer cancel()
 		req := &warrenv1.ExecRequest{SandboxId: pos[0], Command: pos[1:], Env: envm, Dir: *dir, TimeoutMs: ceilMS(*cmdTimeout)}
 		if *stdin {
-			if req.Stdin, err = io.ReadAll(os.Stdin); err != nil {
+			if req.Stdin, err = readAtMost(os.Stdin, noded.MaxStdinBytes, "stdin"); err != nil {
 				return err
 			}
 		}
@@ -462,4 +480,17 @@ func describeEgress(p *warrenv1.EgressPolicy) string {
 // must not become 0, which is no limit.
 func ceilMS(d time.Duration) int64 {
 	return int64((d + time.Millisecond - 1) / time.Millisecond)
+}
+
+// readAtMost reads r whole unless it holds more than max bytes: the call
+// would be refused anyway, so the rest is not read into memory.
+func readAtMost(r io.Reader, max int64, what string) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(r, max+1))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	if int64(len(b)) > max {
+		return nil, fmt.Errorf("%s: over the limit of %d bytes", what, max)
+	}
+	return b, nil
 }
