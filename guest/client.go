@@ -206,13 +206,18 @@ type ExecRequest struct {
 	Stdin io.Reader
 }
 
-// timeoutMS is d in whole milliseconds, rounded up (so a timeout under
-// 1 ms is not sent as 0, which is none).
+// CeilMS is d in whole milliseconds, rounded up: a timeout under 1 ms must
+// not become 0, which is none.
+func CeilMS(d time.Duration) int64 {
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
+}
+
+// timeoutMS is an exec's timeout as sent: CeilMS of d, checked.
 func timeoutMS(d time.Duration) (int64, error) {
 	if d < 0 {
 		return 0, fmt.Errorf("timeout: %v: must not be negative", d)
 	}
-	ms := int64((d + time.Millisecond - 1) / time.Millisecond)
+	ms := CeilMS(d)
 	return ms, CheckTimeoutMS(ms)
 }
 
@@ -241,6 +246,21 @@ func (r *readErr) get() error {
 	return r.err
 }
 
+// sendData sends a call's data (an exec's stdin, a write's file) as data
+// frames and then the EOF frame. If reading src fails, it closes the
+// stream instead of sending EOF: the agent then kills the command, or
+// discards the partial file, rather than take the data as complete.
+func sendData(st *yamux.Stream, src *readErr) error {
+	_, err := writeChunks(st, frameData, src)
+	if err == nil {
+		return writeFrame(st, frameEOF, nil)
+	}
+	if src.get() != nil {
+		st.Close()
+	}
+	return err
+}
+
 // ExecResult is how a command ended.
 type ExecResult struct {
 	ExitCode int
@@ -267,16 +287,7 @@ func (c *Client) Exec(ctx context.Context, req ExecRequest, stdout, stderr io.Wr
 	var stdin *readErr
 	if req.Stdin != nil {
 		stdin = &readErr{r: req.Stdin}
-		go func() {
-			if _, err := writeChunks(cl.st, frameData, stdin); err == nil {
-				_ = writeFrame(cl.st, frameEOF, nil)
-			} else if stdin.get() != nil {
-				// Our reader failed: the command must not go on as if
-				// its input had ended. Closing our side of the stream
-				// makes the agent kill it.
-				cl.st.Close()
-			}
-		}()
+		go func() { _ = sendData(cl.st, stdin) }()
 	}
 	res, err := c.finish(cl, func(kind byte, p []byte) error {
 		var w io.Writer
@@ -349,15 +360,7 @@ func (c *Client) WriteFile(ctx context.Context, path string, mode uint32, r io.R
 	// for the whole file to go first would stall on the full stream.
 	src := &readErr{r: r}
 	sent := make(chan error, 1)
-	go func() {
-		_, err := writeChunks(cl.st, frameData, src)
-		if err == nil {
-			err = writeFrame(cl.st, frameEOF, nil)
-		} else if src.get() != nil {
-			cl.st.Close() // no EOF frame: the agent discards what it got
-		}
-		sent <- err
-	}()
+	go func() { sent <- sendData(cl.st, src) }()
 	res, err := c.finish(cl, nil)
 	if serr := src.get(); serr != nil {
 		return FileInfo{}, fmt.Errorf("guest: write %s: reading the data: %w", path, serr)

@@ -251,16 +251,27 @@ func CheckExec(argv []string, env map[string]string) error {
 		}
 		n += len(a) + 1
 	}
-	for k, v := range env {
-		if k == "" || strings.ContainsAny(k, "=\x00") || strings.IndexByte(v, 0) >= 0 {
-			return fmt.Errorf("env %q: name must be non-empty without '=' or NUL, value without NUL", k)
-		}
-		n += len(k) + len(v) + 2
+	en, err := envBytes(env)
+	if err != nil {
+		return err
 	}
-	if n > MaxCommandBytes {
+	if n += en; n > MaxCommandBytes {
 		return fmt.Errorf("command: %d bytes with its environment, over the limit of %d", n, MaxCommandBytes)
 	}
 	return nil
+}
+
+// envBytes checks an environment's names and values and returns its size
+// as a command's environment takes it (NAME=VALUE and a NUL each).
+func envBytes(env map[string]string) (int, error) {
+	n := 0
+	for k, v := range env {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.IndexByte(v, 0) >= 0 {
+			return 0, fmt.Errorf("env %q: name must be non-empty without '=' or NUL, value without NUL", k)
+		}
+		n += len(k) + len(v) + 2
+	}
+	return n, nil
 }
 
 // streamWriter sends each Write as one frame of kind; safe for concurrent use.
@@ -620,12 +631,9 @@ func (s *Server) stat(req *Request) (*Result, error) {
 // claim binds a restored sandbox's identity: clock, entropy, hostname and
 // the environment of later commands.
 func (s *Server) claim(req *Request) (*Result, error) {
-	n := 0
-	for k, v := range req.Env {
-		if k == "" || strings.ContainsAny(k, "=\x00") || strings.IndexByte(v, 0) >= 0 {
-			return nil, fmt.Errorf("env %q: invalid", k)
-		}
-		n += len(k) + len(v) + 2
+	n, err := envBytes(req.Env)
+	if err != nil {
+		return nil, err
 	}
 	// The claim's environment is the base of every command's: one over
 	// the limit would make every later exec fail.

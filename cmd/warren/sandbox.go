@@ -16,6 +16,7 @@ import (
 	"connectrpc.com/connect"
 
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/guest"
 	"github.com/warrenhq/warren/noded"
 )
 
@@ -284,7 +285,7 @@ func cmdSandbox(args []string, stdout, stderr io.Writer) error {
 			ctx, cancel = context.WithTimeout(context.Background(), cf.timeout)
 		}
 		defer cancel()
-		req := &warrenv1.ExecRequest{SandboxId: pos[0], Command: pos[1:], Env: envm, Dir: *dir, TimeoutMs: ceilMS(*cmdTimeout)}
+		req := &warrenv1.ExecRequest{SandboxId: pos[0], Command: pos[1:], Env: envm, Dir: *dir, TimeoutMs: guest.CeilMS(*cmdTimeout)}
 		if *stdin {
 			if req.Stdin, err = readAtMost(os.Stdin, noded.MaxStdinBytes, "stdin"); err != nil {
 				return err
@@ -474,12 +475,6 @@ func describeEgress(p *warrenv1.EgressPolicy) string {
 		s += fmt.Sprintf("+%d", n)
 	}
 	return s
-}
-
-// ceilMS is d in whole milliseconds, rounded up: a timeout under 1 ms
-// must not become 0, which is no limit.
-func ceilMS(d time.Duration) int64 {
-	return int64((d + time.Millisecond - 1) / time.Millisecond)
 }
 
 // readAtMost reads r whole unless it holds more than max bytes: the call
