@@ -80,6 +80,9 @@ func (c *Client) open(ctx context.Context, req *Request) (*call, error) {
 	stop := context.AfterFunc(ctx, func() {
 		_ = st.SetReadDeadline(time.Now())
 		st.Close()
+		if req.Op == OpExec && req.Stdin {
+			c.abandon(st.StreamID())
+		}
 	})
 	if c.wire.Load() {
 		err = writeFrame(st, frameRequestWire, req.appendWire(nil))
@@ -92,6 +95,20 @@ func (c *Client) open(ctx context.Context, req *Request) (*call, error) {
 		return nil, c.err(ctx, err)
 	}
 	return &call{st: st, stop: stop, ctx: ctx}, nil
+}
+
+// abandonWait bounds an OpCancel's wait for its answer.
+const abandonWait = 10 * time.Second
+
+// abandon tells the agent that the host gave up on the exec on stream id.
+// Closing the stream says so too, but an agent writing the exec's stdin
+// to a command that does not read it would not see that until the command
+// ended. An agent from before OpCancel answers it with an error, which
+// changes nothing.
+func (c *Client) abandon(id uint32) {
+	ctx, cancel := context.WithTimeout(context.Background(), abandonWait)
+	defer cancel()
+	_, _ = c.simple(ctx, &Request{Op: OpCancel, Call: id})
 }
 
 func (c *Client) err(ctx context.Context, err error) error {

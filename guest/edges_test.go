@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -17,31 +18,49 @@ import (
 	"github.com/hashicorp/yamux"
 )
 
-// A command that closes its stdin while the host still sends it: the agent
-// drops the rest and still sees the host give up, and kills the command.
-// (With stdin behind an io.Pipe the agent's frame loop blocked on the
-// write for good: the host's cancel never reached it.)
-func TestExecStdinClosedByTheCommandStillCancels(t *testing.T) {
-	c := pair(t, &fakeSys{})
-	pidFile := filepath.Join(t.TempDir(), "pid")
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() {
-		for range 500 {
-			if b, _ := os.ReadFile(pidFile); len(b) > 0 {
-				break
+// The host gives up on an exec while it still sends the command's stdin,
+// and the agent kills the command:
+//   - "closed": the command closes its stdin; the agent drops the rest
+//     and still sees the host give up. (With stdin behind an io.Pipe the
+//     agent's frame loop blocked on the write for good: the host's cancel
+//     never reached it.)
+//   - "unread": the command keeps its stdin open but never reads it, so
+//     the agent's frame loop waits on the full pipe; the host's cancel
+//     reaches it as a call of its own (OpCancel). (Before, the command ran
+//     on until it ended or timed out.)
+func TestExecStdinStillCancels(t *testing.T) {
+	for _, tc := range []struct{ name, script string }{
+		{"closed", "exec 0<&-; echo $$ > %s; sleep 30"},
+		{"unread", "echo $$ > %s; exec sleep 30"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := pair(t, &fakeSys{})
+			pidFile := filepath.Join(t.TempDir(), "pid")
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			go func() {
+				waitForFile(pidFile)
+				time.Sleep(200 * time.Millisecond) // the pipe is full by now
+				cancel()
+			}()
+			_, err := c.Exec(ctx, ExecRequest{Argv: []string{"sh", "-c", fmt.Sprintf(tc.script, pidFile)},
+				Stdin: bytes.NewReader(make([]byte, 4<<20))}, nil, nil)
+			if !errors.Is(err, context.Canceled) {
+				t.Fatalf("err %v, want context.Canceled", err)
 			}
-			time.Sleep(10 * time.Millisecond)
-		}
-		time.Sleep(200 * time.Millisecond) // the host's stdin is under way
-		cancel()
-	}()
-	_, err := c.Exec(ctx, ExecRequest{Argv: []string{"sh", "-c", "exec 0<&-; echo $$ > " + pidFile + "; sleep 30"},
-		Stdin: bytes.NewReader(make([]byte, 4<<20))}, nil, nil)
-	if !errors.Is(err, context.Canceled) {
-		t.Fatalf("err %v, want context.Canceled", err)
+			assertGone(t, pidFile)
+		})
 	}
-	assertGone(t, pidFile)
+}
+
+// waitForFile waits up to 5 s for a file with something in it.
+func waitForFile(path string) {
+	for range 500 {
+		if b, _ := os.ReadFile(path); len(b) > 0 {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // A failing stdin reader kills the command, and Exec says why.
@@ -52,12 +71,7 @@ func TestExecStdinReadErrorKillsTheCommand(t *testing.T) {
 	defer cancel()
 	// The reader fails once the command runs (its pid is written).
 	in := io.MultiReader(strings.NewReader("some input\n"), readerFunc(func([]byte) (int, error) {
-		for range 500 {
-			if b, _ := os.ReadFile(pidFile); len(b) > 0 {
-				break
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		waitForFile(pidFile)
 		return 0, errors.New("disk gone")
 	}))
 	_, err := c.Exec(ctx, ExecRequest{Argv: []string{"sh", "-c", "echo $$ > " + pidFile + "; cat > /dev/null; sleep 30"}, Stdin: in}, nil, nil)

@@ -60,6 +60,11 @@ const (
 	OpClaim Op = "claim"
 	OpStats Op = "stats"
 	OpSync  Op = "sync"
+	// OpCancel abandons a running exec, named by its stream's id
+	// (Request.Call): the host sends it when it gives up on an exec whose
+	// stdin it was still sending, since the agent may be waiting on the
+	// command's stdin pipe and not reading the exec's stream.
+	OpCancel Op = "cancel"
 )
 
 // Request is the first frame of every call. Fields not used by Op are empty.
@@ -84,6 +89,9 @@ type Request struct {
 	Hostname string     `json:"hostname,omitempty"`
 	Pids     int        `json:"pids,omitempty"`
 	Net      *NetConfig `json:"net,omitempty"`
+
+	// cancel
+	Call uint32 `json:"call,omitempty"` // the exec's yamux stream id
 }
 
 // NetConfig is a sandbox's network, set at claim. In a microVM the agent

@@ -57,6 +57,8 @@ type Server struct {
 	// pids is the process limit the last claim set, 0 before one did; a
 	// claim with the same leaves it as it is, like net.
 	pids int
+	// execs abandons each running exec, by its stream's id (OpCancel).
+	execs map[uint32]context.CancelFunc
 }
 
 // BaseEnv is the environment every command starts from.
@@ -112,11 +114,33 @@ func (s *Server) Serve(conn io.ReadWriteCloser) error {
 			st.Close()
 			continue
 		}
-		if req.Op == OpClaim {
-			s.handle(st, req, wire)
+		switch req.Op {
+		case OpClaim:
+			s.handle(context.Background(), st, req, wire)
+			continue
+		case OpExec:
+			// Known from here on, so an OpCancel for it, which the host
+			// opens after it, always finds it.
+			ctx, cancel := context.WithCancel(context.Background())
+			id := st.StreamID()
+			s.mu.Lock()
+			if s.execs == nil {
+				s.execs = make(map[uint32]context.CancelFunc)
+			}
+			s.execs[id] = cancel
+			s.mu.Unlock()
+			go func() {
+				defer func() {
+					s.mu.Lock()
+					delete(s.execs, id)
+					s.mu.Unlock()
+					cancel()
+				}()
+				s.handle(ctx, st, req, wire)
+			}()
 			continue
 		}
-		go s.handle(st, req, wire)
+		go s.handle(context.Background(), st, req, wire)
 	}
 }
 
@@ -158,9 +182,10 @@ func (s *Server) request(st *yamux.Stream) (*Request, bool, bool) {
 }
 
 // handle runs one call. Every path ends with a result or an error frame.
-func (s *Server) handle(st *yamux.Stream, req *Request, wire bool) {
+// ctx ends when the host abandons the call (only execs have one that does).
+func (s *Server) handle(ctx context.Context, st *yamux.Stream, req *Request, wire bool) {
 	defer st.Close()
-	res, err := s.call(st, req)
+	res, err := s.call(ctx, st, req)
 	if err != nil {
 		_ = writeFrame(st, frameError, []byte(err.Error()))
 		return
@@ -172,7 +197,7 @@ func (s *Server) handle(st *yamux.Stream, req *Request, wire bool) {
 	_ = writeJSON(st, frameResult, res)
 }
 
-func (s *Server) call(st *yamux.Stream, req *Request) (*Result, error) {
+func (s *Server) call(ctx context.Context, st *yamux.Stream, req *Request) (*Result, error) {
 	switch req.Op {
 	case OpExec, OpRead, OpWrite, OpList, OpStat:
 		s.mu.Lock()
@@ -186,7 +211,15 @@ func (s *Server) call(st *yamux.Stream, req *Request) (*Result, error) {
 	case OpPing:
 		return &Result{GuestUnixNano: time.Now().UnixNano(), Ordered: true, Wire: true}, nil
 	case OpExec:
-		return s.exec(st, req)
+		return s.exec(ctx, st, req)
+	case OpCancel:
+		s.mu.Lock()
+		cancel := s.execs[req.Call]
+		s.mu.Unlock()
+		if cancel != nil {
+			cancel()
+		}
+		return &Result{}, nil
 	case OpRead:
 		return s.read(st, req)
 	case OpWrite:
@@ -293,7 +326,10 @@ func (w streamWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func (s *Server) exec(st *yamux.Stream, req *Request) (*Result, error) {
+// exec runs a command until it ends, times out, or the host abandons it:
+// it closes the stream, or, as its stdin may hold the frame loop below,
+// cancels ctx (OpCancel).
+func (s *Server) exec(abandoned context.Context, st *yamux.Stream, req *Request) (*Result, error) {
 	if err := CheckExec(req.Argv, req.Env); err != nil {
 		return nil, err
 	}
@@ -373,6 +409,10 @@ func (s *Server) exec(st *yamux.Stream, req *Request) (*Result, error) {
 	// host gave up on the call, and the command's process group is killed.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	// An OpCancel kills it too. Wait then closes the stdin pipe, which
+	// frees the frame loop if a command that does not read its stdin held
+	// it in a write.
+	defer context.AfterFunc(abandoned, kill)()
 	go func() {
 		for {
 			kind, p, err := readFrame(st)

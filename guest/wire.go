@@ -22,7 +22,8 @@ import (
 //
 //	Request:   1 op, 2 argv (repeated), 3 env (repeated Entry), 4 dir,
 //	           5 timeout_ms, 6 stdin, 7 path, 8 mode, 9 limit,
-//	           10 unix_nano, 11 entropy, 12 hostname, 13 pids, 14 net
+//	           10 unix_nano, 11 entropy, 12 hostname, 13 pids, 14 net,
+//	           15 call
 //	Entry:     1 key, 2 value
 //	NetConfig: 1 iface, 2 addrs, 3 gateways, 4 dns (all but 1 repeated)
 //	Result:    1 exit_code, 2 signal, 3 timed_out, 4 duration_us, 5 file,
@@ -99,7 +100,7 @@ func (r *Request) appendWire(b []byte) []byte {
 	if r.Net != nil {
 		b = appendMessage(b, 14, r.Net.appendWire)
 	}
-	return b
+	return appendInt(b, 15, int64(r.Call))
 }
 
 func (c *NetConfig) appendWire(b []byte) []byte {
@@ -324,6 +325,8 @@ func (r *Request) decodeWire(msg []byte) error {
 				return fmt.Errorf("net: %w", err)
 			}
 			return nil
+		case 15:
+			return f.uint32("call", &r.Call)
 		}
 		return nil
 	})

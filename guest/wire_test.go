@@ -18,7 +18,7 @@ func genStrings(t *rapid.T, label string) []string {
 
 func genRequest(t *rapid.T) Request {
 	r := Request{
-		Op:        Op(rapid.SampledFrom([]string{"", "ping", "exec", "read", "claim", "x"}).Draw(t, "op")),
+		Op:        Op(rapid.SampledFrom([]string{"", "ping", "exec", "read", "claim", "cancel", "x"}).Draw(t, "op")),
 		Argv:      genStrings(t, "argv"),
 		Env:       rapid.MapOfN(rapid.String(), rapid.String(), 0, 4).Draw(t, "env"),
 		Dir:       rapid.String().Draw(t, "dir"),
@@ -31,6 +31,7 @@ func genRequest(t *rapid.T) Request {
 		Entropy:   rapid.SliceOfN(rapid.Byte(), 0, 40).Draw(t, "entropy"),
 		Hostname:  rapid.String().Draw(t, "hostname"),
 		Pids:      rapid.IntRange(math.MinInt32, math.MaxInt32).Draw(t, "pids"),
+		Call:      rapid.Uint32().Draw(t, "call"),
 	}
 	if rapid.Bool().Draw(t, "net") {
 		r.Net = &NetConfig{Iface: rapid.String().Draw(t, "iface"), Addrs: genStrings(t, "addrs"),
@@ -117,6 +118,7 @@ func TestWireErrorsNameTheField(t *testing.T) {
 		{"op as a number", protowire.AppendVarint(tag(nil, 1, protowire.VarintType), 7), "op (field 1): wire type 0, want 2"},
 		{"pids out of range", protowire.AppendVarint(tag(nil, 13, protowire.VarintType), 1<<40), "pids: 1099511627776 is out of range"},
 		{"mode out of range", protowire.AppendVarint(tag(nil, 8, protowire.VarintType), 1<<33), "mode: 8589934592 is out of range"},
+		{"call out of range", protowire.AppendVarint(tag(nil, 15, protowire.VarintType), 1<<32), "call: 4294967296 is out of range"},
 		{"truncated string", append(tag(nil, 7, protowire.BytesType), 5, 'a'), "field 7"},
 		{"bad net", protowire.AppendBytes(tag(nil, 14, protowire.BytesType), protowire.AppendVarint(tag(nil, 1, protowire.VarintType), 1)), "net: iface"},
 		{"bad env", protowire.AppendBytes(tag(nil, 3, protowire.BytesType), protowire.AppendVarint(tag(nil, 2, protowire.VarintType), 1)), "env: env value"},

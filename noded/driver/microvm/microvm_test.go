@@ -169,6 +169,28 @@ func TestSandboxLifecycle(t *testing.T) {
 		t.Fatalf("exit %d, output %q", code, out)
 	}
 	ia := sb.(driver.Interactive)
+	// A call given up while its command leaves stdin unread still kills
+	// the command: the agent, blocked on the full pipe, hears of it by a
+	// cancel call.
+	cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	_, err = ia.Run(cctx, guest.ExecRequest{Argv: []string{"sh", "-c", "exec sleep 1234"},
+		Stdin: bytes.NewReader(make([]byte, 4<<20))}, nil, nil)
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("exec given up: %v, want context.DeadlineExceeded", err)
+	}
+	for i := 0; ; i++ {
+		// [p]: the pattern does not match grep's own command line.
+		out, _ := run(t, sb, "cat /proc/[0-9]*/cmdline | tr '\\0' ' ' | grep -c 'slee[p] 1234'")
+		if strings.TrimSpace(out) == "0" {
+			break
+		}
+		if i == 50 {
+			t.Fatalf("the given-up command still runs: %q", out)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	step(t, "exec given up", &t0)
 	if _, err := ia.WriteFile(ctx, "/work/note.txt", 0o644, strings.NewReader("kept across pause\n")); err != nil {
 		t.Fatal(err)
 	}
