@@ -53,6 +53,50 @@ func TestExecStdinStillCancels(t *testing.T) {
 	}
 }
 
+// A cancel names an exec of its own session: a host that reconnected
+// (stream ids start again from 1) cannot kill an exec its last session
+// left running.
+func TestExecCancelIsPerSession(t *testing.T) {
+	srv := &Server{Sys: &fakeSys{}}
+	connect := func() *Client {
+		a, b := net.Pipe()
+		done := make(chan struct{})
+		go func() { defer close(done); _ = srv.Serve(b) }()
+		c, err := NewClient(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.UseWire()
+		t.Cleanup(func() { c.Close(); <-done })
+		return c
+	}
+	first, second := connect(), connect()
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ran := make(chan error, 1)
+	go func() {
+		_, err := first.Exec(ctx, ExecRequest{Argv: []string{"sh", "-c", "echo $$ > " + pidFile + "; exec sleep 30"}}, nil, nil)
+		ran <- err
+	}()
+	waitForFile(pidFile)
+	for id := uint32(1); id < 20; id++ {
+		if _, err := second.simple(context.Background(), &Request{Op: OpCancel, Call: id}); err != nil {
+			t.Fatalf("cancel %d: %v", id, err)
+		}
+	}
+	select {
+	case err := <-ran:
+		t.Fatalf("the first session's exec ended: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	cancel()
+	if err := <-ran; !errors.Is(err, context.Canceled) {
+		t.Fatalf("err %v, want context.Canceled", err)
+	}
+	assertGone(t, pidFile)
+}
+
 // waitForFile waits up to 5 s for a file with something in it.
 func waitForFile(path string) {
 	for range 500 {

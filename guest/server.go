@@ -57,8 +57,38 @@ type Server struct {
 	// pids is the process limit the last claim set, 0 before one did; a
 	// claim with the same leaves it as it is, like net.
 	pids int
-	// execs abandons each running exec, by its stream's id (OpCancel).
-	execs map[uint32]context.CancelFunc
+}
+
+// execTable is one session's running execs, by stream id, for OpCancel.
+// Ids are a session's own: a host that reconnects starts again from 1,
+// while an exec of its last session may still run.
+type execTable struct {
+	mu sync.Mutex
+	m  map[uint32]context.CancelFunc
+}
+
+// add registers the exec on stream id and returns its context (ended by
+// cancel) and its removal.
+func (t *execTable) add(id uint32) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	t.mu.Lock()
+	t.m[id] = cancel
+	t.mu.Unlock()
+	return ctx, func() {
+		t.mu.Lock()
+		delete(t.m, id)
+		t.mu.Unlock()
+		cancel()
+	}
+}
+
+func (t *execTable) cancel(id uint32) {
+	t.mu.Lock()
+	cancel := t.m[id]
+	t.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
 }
 
 // BaseEnv is the environment every command starts from.
@@ -101,6 +131,7 @@ func (s *Server) Serve(conn io.ReadWriteCloser) error {
 		return err
 	}
 	defer sess.Close()
+	execs := &execTable{m: make(map[uint32]context.CancelFunc)}
 	for {
 		st, err := sess.AcceptStream()
 		if err != nil {
@@ -121,24 +152,14 @@ func (s *Server) Serve(conn io.ReadWriteCloser) error {
 		case OpExec:
 			// Known from here on, so an OpCancel for it, which the host
 			// opens after it, always finds it.
-			ctx, cancel := context.WithCancel(context.Background())
-			id := st.StreamID()
-			s.mu.Lock()
-			if s.execs == nil {
-				s.execs = make(map[uint32]context.CancelFunc)
-			}
-			s.execs[id] = cancel
-			s.mu.Unlock()
+			ctx, remove := execs.add(st.StreamID())
 			go func() {
-				defer func() {
-					s.mu.Lock()
-					delete(s.execs, id)
-					s.mu.Unlock()
-					cancel()
-				}()
+				defer remove()
 				s.handle(ctx, st, req, wire)
 			}()
 			continue
+		case OpCancel:
+			execs.cancel(req.Call)
 		}
 		go s.handle(context.Background(), st, req, wire)
 	}
@@ -212,13 +233,7 @@ func (s *Server) call(ctx context.Context, st *yamux.Stream, req *Request) (*Res
 		return &Result{GuestUnixNano: time.Now().UnixNano(), Ordered: true, Wire: true}, nil
 	case OpExec:
 		return s.exec(ctx, st, req)
-	case OpCancel:
-		s.mu.Lock()
-		cancel := s.execs[req.Call]
-		s.mu.Unlock()
-		if cancel != nil {
-			cancel()
-		}
+	case OpCancel: // done by Serve, which knows the session's execs
 		return &Result{}, nil
 	case OpRead:
 		return s.read(st, req)
