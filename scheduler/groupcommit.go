@@ -82,6 +82,14 @@ func (g *groupCommit) close() { close(g.done) }
 // returned results are in the order of cmds.
 func (g *groupCommit) propose(ctx context.Context, cmds [][]byte) ([]*fsmv1.Result, uint64, error) {
 	p := &proposal{cmds: cmds, out: make(chan proposalResult, 1)}
+	// Closed first: the queue has room after close too, and a select
+	// between it and done would queue about half the late proposals
+	// where no one reads them.
+	select {
+	case <-g.done:
+		return nil, 0, errProposalAborted
+	default:
+	}
 	select {
 	case g.in <- p:
 	case <-ctx.Done():
@@ -96,6 +104,15 @@ func (g *groupCommit) propose(ctx context.Context, cmds [][]byte) ([]*fsmv1.Resu
 		// The entry may still commit; callers retry with the same request
 		// id, so a late commit is not applied twice.
 		return nil, 0, ctx.Err()
+	case <-g.done:
+		// run may be gone, with p queued after its last look at the
+		// queue. A result already given still counts.
+		select {
+		case r := <-p.out:
+			return r.results, r.index, r.err
+		default:
+			return nil, 0, errProposalAborted
+		}
 	}
 }
 

@@ -128,6 +128,25 @@ func TestGroupCommitCloseFailsQueued(t *testing.T) {
 	}
 }
 
+// A propose after close fails at once. (It chose at random between the
+// queue, which has room after close, and done: about half were queued
+// where no one reads, and waited for their context, forever for
+// context.Background.)
+func TestGroupCommitProposeAfterCloseFails(t *testing.T) {
+	f := &fakeStart{release: make(chan struct{})}
+	close(f.release)
+	g := newGroupCommit(f.start, 1, 100, 1<<20)
+	g.close()
+	for i := 0; i < 50; i++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, _, err := g.propose(ctx, [][]byte{[]byte("x")})
+		cancel()
+		if !errors.Is(err, errProposalAborted) {
+			t.Fatalf("propose %d after close: %v, want errProposalAborted", i, err)
+		}
+	}
+}
+
 // holdSlot proposes one command and waits until it is in flight, so that it
 // holds a slot until f.release closes. (Sending into g.slots from the test
 // would race with the loop, which takes a slot before it reads the queue.)
