@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"slices"
 	"sync/atomic"
 
@@ -94,8 +95,15 @@ func (f *FSM) ApplyStats() (entries, commands uint64, perEntry []uint64) {
 var _ raft.BatchingFSM = (*FSM)(nil)
 
 // NewFSM opens the state machine over db. tmpDir holds snapshot checkpoints
-// while they stream and must be on the same filesystem as db.
+// while they stream and must be on the same filesystem as db; it is the
+// FSM's alone, and what a crash left there is removed here: a checkpoint
+// is hard links to sstables, which would keep every one compaction has
+// since dropped on the disk for good. (Raft keeps its own copy of each
+// snapshot in its snapshot store.)
 func NewFSM(db *pebble.DB, tmpDir string, log *slog.Logger) (*FSM, error) {
+	if err := os.RemoveAll(tmpDir); err != nil {
+		return nil, fmt.Errorf("remove what a crash left in %s: %w", tmpDir, err)
+	}
 	f := &FSM{db: db, log: log, tmpDir: tmpDir, watch: newWatchers(), idem: newIdemSet(), reqs: newReqIndex(), live: map[string]*warrenv1.Task{}, lastReq: map[string]lastEvent{}}
 	if err := f.idem.load(db); err != nil {
 		return nil, err

@@ -1,10 +1,13 @@
 package scheduler
 
 import (
+	"archive/tar"
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -583,6 +586,72 @@ func TestRestoreRejectsMalformedArchive(t *testing.T) {
 	if err := tf.fsm.Restore(io.NopCloser(strings.NewReader("not a tar archive at all"))); err == nil {
 		t.Fatal("restore of garbage succeeded")
 	}
+}
+
+// A snapshot stream cut short at any archive entry's end (no trailer) is
+// refused, and the local state is left as it was (Pebble's marker files
+// come last, so a cut checkpoint does not open), or, cut after the last
+// entry, restored whole.
+func TestRestoreOfACutStreamKeepsTheState(t *testing.T) {
+	src := newTestFSM(t)
+	var ids []string
+	for i := 0; i < 30; i++ {
+		id := src.create(fmt.Sprintf("r%d", i)).GetId()
+		src.ok(&fsmv1.SendMessage{TaskId: id, Text: "hello", Time: timestamppb.New(t0)})
+		ids = append(ids, id)
+	}
+	data := snapshotBytes(t, src.fsm)
+	r := bytes.NewReader(data)
+	tr := tar.NewReader(r)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.Copy(io.Discard, tr); err != nil {
+			t.Fatal(err)
+		}
+		cut := data[:len(data)-r.Len()] // up to the end of h's data
+		dst := newTestFSM(t)
+		mine := dst.create("mine").GetId()
+		rerr := dst.fsm.Restore(io.NopCloser(bytes.NewReader(cut)))
+		if rerr == nil {
+			for _, id := range ids {
+				if _, err := dst.fsm.Task(id); err != nil {
+					t.Fatalf("restore of a stream cut after %s: no error, but task %s is missing: %v", h.Name, id, err)
+				}
+			}
+		} else if _, err := dst.fsm.Task(mine); err != nil {
+			t.Fatalf("restore of a stream cut after %s refused (%v), but the local task is gone: %v", h.Name, rerr, err)
+		}
+	}
+}
+
+// What a crash leaves in the FSM's tmp directory (a checkpoint whose
+// snapshot was never released, a restore's copy) is removed when the FSM
+// opens again: a checkpoint's hard links would keep sstables on the disk
+// for good.
+func TestCrashLeftoversInTmpAreRemoved(t *testing.T) {
+	tf := newTestFSM(t)
+	tf.create("a")
+	if _, err := tf.fsm.Snapshot(); err != nil { // never released: the crash
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(tf.dir, "tmp", "restore-1", "db"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	tf.reopen()
+	if left, _ := os.ReadDir(filepath.Join(tf.dir, "tmp")); len(left) > 0 {
+		t.Fatalf("after reopen, %d entries left in tmp (%s ...)", len(left), left[0].Name())
+	}
+	snap, err := tf.fsm.Snapshot()
+	if err != nil {
+		t.Fatalf("snapshot after the clean-up: %v", err)
+	}
+	snap.Release()
 }
 
 // A live task's cached record is the batch's working copy, so a command
