@@ -31,6 +31,7 @@ type Appender struct {
 	slots    chan struct{}
 	maxItems int
 	done     chan struct{}
+	stopped  chan struct{} // closed when run has returned
 	retryFor time.Duration
 	calls    atomic.Uint64
 	appends  atomic.Uint64
@@ -64,6 +65,7 @@ func (c *Client) NewAppender(inflight, maxItems int) *Appender {
 		slots:    make(chan struct{}, inflight),
 		maxItems: maxItems,
 		done:     make(chan struct{}),
+		stopped:  make(chan struct{}),
 		retryFor: 30 * time.Second,
 	}
 	go a.run()
@@ -91,6 +93,11 @@ func (a *Appender) Append(ctx context.Context, req *warrenv1.AppendEventsRequest
 		return nil, ErrAppenderClosed
 	default:
 	}
+	return a.enqueue(ctx, p)
+}
+
+// enqueue queues p and waits for its outcome.
+func (a *Appender) enqueue(ctx context.Context, p *pendingAppend) (*warrenv1.AppendEventsResponse, error) {
 	select {
 	case a.in <- p:
 	case <-ctx.Done():
@@ -98,15 +105,24 @@ func (a *Appender) Append(ctx context.Context, req *warrenv1.AppendEventsRequest
 	case <-a.done:
 		return nil, ErrAppenderClosed
 	}
-	select {
-	case o := <-p.out:
-		return o.res, o.err
-	case <-ctx.Done():
-		return nil, ctx.Err() // it may still be applied, once
+	for stopped := a.stopped; ; {
+		select {
+		case o := <-p.out:
+			return o.res, o.err
+		case <-ctx.Done():
+			return nil, ctx.Err() // it may still be applied, once
+		case <-stopped:
+			// Closed while p was queued: the queue has room after Close,
+			// so p may have gone in after run's last drain. Drain again;
+			// if p was sent instead, its call still answers it.
+			a.abort()
+			stopped = nil
+		}
 	}
 }
 
 func (a *Appender) run() {
+	defer close(a.stopped)
 	for {
 		select {
 		case a.slots <- struct{}{}:

@@ -1,10 +1,14 @@
 package client
 
 import (
+	"context"
+	"errors"
 	"runtime"
 	"sync"
 	"testing"
 	"time"
+
+	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 )
 
 // The writers a returning call wakes queue their next appends a moment
@@ -77,4 +81,26 @@ func TestGatherBounds(t *testing.T) {
 	}
 	<-empty
 	<-done
+}
+
+// An append queued after Close (it passed Append's check just before)
+// ends with ErrAppenderClosed instead of waiting for its context: the
+// queue has room after Close, and run, which drained it once, is gone.
+func TestAppendQueuedAfterCloseEnds(t *testing.T) {
+	c, err := New("http://127.0.0.1:1") // never dialled
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := c.NewAppender(1, 8)
+	a.Close()
+	<-a.stopped
+	for i := range 50 {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		p := &pendingAppend{req: &warrenv1.AppendEventsRequest{TaskId: "x"}, out: make(chan appendOutcome, 1)}
+		_, err := a.enqueue(ctx, p)
+		cancel()
+		if !errors.Is(err, ErrAppenderClosed) {
+			t.Fatalf("append %d queued after close: %v, want ErrAppenderClosed", i, err)
+		}
+	}
 }
