@@ -10,7 +10,6 @@ import (
 	"github.com/hashicorp/raft"
 	"google.golang.org/protobuf/proto"
 
-	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
 )
@@ -102,14 +101,6 @@ func (c clusterAPI) Snapshot(ctx context.Context, _ *connect.Request[warrenv1.Sn
 	return connect.NewResponse(&warrenv1.SnapshotResponse{Index: idx}), nil
 }
 
-// forwardable are the command types a follower forwards: client and
-// operator writes. Batches, membership, plans and leases are proposed by
-// the leader only.
-var forwardable = map[CmdType]bool{
-	CmdCreateTask: true, CmdAppendEvents: true, CmdSendMessage: true, CmdDecide: true, CmdCancelTask: true,
-	CmdRegisterNode: true, CmdNodeOp: true, CmdSetPool: true,
-}
-
 // Propose applies commands forwarded by a follower. Only the leader
 // accepts them; it never forwards again, so there are no loops.
 func (c clusterAPI) Propose(ctx context.Context, req *connect.Request[warrenv1.ProposeRequest]) (*connect.Response[warrenv1.ProposeResponse], error) {
@@ -122,15 +113,10 @@ func (c clusterAPI) Propose(ctx context.Context, req *connect.Request[warrenv1.P
 		if err != nil {
 			return nil, invalid(fmt.Errorf("commands[%d]: %w", i, err))
 		}
-		if !forwardable[cmd.Type] {
-			return nil, invalid(fmt.Errorf("commands[%d]: %s commands are not accepted from other servers", i, cmd.Type))
-		}
-		// The FSM does not scan an append's payloads again
-		// (checkEventApplied): check what a follower forwards here.
-		if m, ok := cmd.Body.(*fsmv1.AppendEvents); ok {
-			if err := validateAppendCommand(m); err != nil {
-				return nil, invalid(fmt.Errorf("commands[%d]: %w", i, err))
-			}
+		// The FSM trusts what it applies (it does not scan an append's
+		// payloads again, for one): check what a follower forwards here.
+		if err := validateForwarded(cmd); err != nil {
+			return nil, invalid(fmt.Errorf("commands[%d]: %w", i, err))
 		}
 	}
 	if c.s.raft.State() != raft.Leader {

@@ -12,7 +12,9 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/hashicorp/raft"
+	"github.com/oklog/ulid/v2"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
@@ -457,5 +459,62 @@ func TestProposeChecksForwardedAppends(t *testing.T) {
 		if e.GetKind() == "log" && string(e.GetPayload()) != `{"msg":"ok"}` {
 			t.Fatalf("event %d has payload %q", e.GetSeq(), e.GetPayload())
 		}
+	}
+}
+
+// The leader checks every command a follower forwards, not only appends:
+// the cluster API is open to whoever reaches the port, and a task id that
+// is not a canonical ULID would share another task's event keys (an id
+// that was another task's plus 8 bytes made that task unreadable, and a
+// command on it panicked every server after a restart).
+func TestProposeChecksEveryForwardedCommand(t *testing.T) {
+	n := startNode(t, t.TempDir(), "s1", true, "", 0)
+	waitFor(t, "s1 to lead", 10*time.Second, func() bool { return leaderOf([]*node{n}) != nil })
+	victim := createVia(t, n, 1)
+	id := victim.GetId()
+	ts := timestamppb.New(t0)
+	cl := warrenv1connect.NewClusterServiceClient(http.DefaultClient, n.url)
+	for _, tc := range []struct {
+		cmd  proto.Message
+		want string
+	}{
+		{&fsmv1.CreateTask{Id: "", Tenant: "default", RequestId: "a", Spec: testSpec(), Time: ts}, "commands[0]: id"},
+		{&fsmv1.CreateTask{Id: id + "\x00\x00\x00\x00\x00\x00\x00\x07", Tenant: "default", RequestId: "b", Spec: testSpec(), Time: ts}, "commands[0]: id"},
+		{&fsmv1.CreateTask{Id: strings.ToLower(ulid.Make().String()), Tenant: "default", RequestId: "c", Spec: testSpec(), Time: ts}, "canonical form"},
+		{&fsmv1.CreateTask{Id: ulid.Make().String(), Tenant: "default", RequestId: "d", Time: ts}, "spec: required"},
+		{&fsmv1.CreateTask{Id: ulid.Make().String(), RequestId: "e", Spec: testSpec(), Time: ts}, "tenant: required"},
+		{&fsmv1.SendMessage{TaskId: "nope", Text: "hi", Time: ts}, "task_id"},
+		{&fsmv1.SendMessage{TaskId: id, Time: ts}, "text"},
+		{&fsmv1.Decide{TaskId: id, Time: ts}, "tool_call_id"},
+		{&fsmv1.CancelTask{TaskId: id + "x", Time: ts}, "task_id"},
+		{&fsmv1.RegisterNode{Time: ts}, "node: required"},
+		{&fsmv1.NodeOp{Id: "n1", Op: fsmv1.NodeOp_OP_DOWN, Time: ts}, "op: OP_DOWN is not an operator's op"},
+		{&fsmv1.NodeOp{Id: "-", Op: fsmv1.NodeOp_OP_CORDON, Time: ts}, "commands[0]: id: \"-\" must be"},
+		{&fsmv1.SetPool{Template: "default", Target: 5000}, "target"},
+		{&fsmv1.GrantLease{TaskId: id, Node: "n1", Time: ts}, "not accepted from other servers"},
+	} {
+		b, err := EncodeCommand(tc.cmd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = cl.Propose(context.Background(), connect.NewRequest(&warrenv1.ProposeRequest{Commands: [][]byte{b}}))
+		if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("forwarded %T %v: %v, want invalid_argument mentioning %q", tc.cmd, tc.cmd, err, tc.want)
+		}
+	}
+	ctx := context.Background()
+	if _, err := n.tasks.GetTask(ctx, connect.NewRequest(&warrenv1.GetTaskRequest{Id: id})); err != nil {
+		t.Fatalf("the task after the refused commands: %v", err)
+	}
+	if _, err := n.tasks.ListTasks(ctx, connect.NewRequest(&warrenv1.ListTasksRequest{})); err != nil {
+		t.Fatalf("ListTasks after the refused commands: %v", err)
+	}
+	// What the API makes still goes through.
+	b, err := EncodeCommand(&fsmv1.SendMessage{TaskId: id, Text: "steer", RequestId: "fwd-1", Time: ts})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.Propose(ctx, connect.NewRequest(&warrenv1.ProposeRequest{Commands: [][]byte{b}})); err != nil {
+		t.Fatalf("a good forwarded message: %v", err)
 	}
 }

@@ -588,6 +588,27 @@ func TestRestoreRejectsMalformedArchive(t *testing.T) {
 	}
 }
 
+// The FSM itself refuses a create whose id is not a canonical ULID, so no
+// command in the log can put one task's events among another's keys (the
+// id of one task plus 8 bytes did, and a command on that task after a
+// restart panicked the FSM).
+func TestCreateRefusesNonCanonicalIDs(t *testing.T) {
+	tf := newTestFSM(t)
+	victim := tf.create("victim")
+	tf.ok(&fsmv1.SendMessage{TaskId: victim.GetId(), Text: "hi", RequestId: "m1", Time: timestamppb.New(t0)})
+	for _, id := range []string{"", victim.GetId() + "\x00\x00\x00\x00\x00\x00\x00\x07", strings.ToLower(ulid.Make().String()), "x"} {
+		res := tf.apply(&fsmv1.CreateTask{Id: id, Tenant: "default", RequestId: "r-" + id, Spec: testSpec(), Time: timestamppb.New(t0)})
+		if connect.Code(res[0].GetCode()) != connect.CodeInvalidArgument {
+			t.Fatalf("create with id %q: %v, want invalid_argument", id, res[0])
+		}
+	}
+	tf.reopen()
+	tf.ok(&fsmv1.SendMessage{TaskId: victim.GetId(), Text: "again", RequestId: "m2", Time: timestamppb.New(t0)})
+	if _, err := tf.fsm.Task(victim.GetId()); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // A snapshot stream cut short at any archive entry's end (no trailer) is
 // refused, and the local state is left as it was (Pebble's marker files
 // come last, so a cut checkpoint does not open), or, cut after the last

@@ -292,16 +292,21 @@ func (a *sandboxAPI) ListSandboxes(ctx context.Context, req *connect.Request[war
 	return connect.NewResponse(out), nil
 }
 
+// validatePool checks a warm-pool target.
+func validatePool(template string, target uint32) error {
+	var p problems
+	if !reTemplate.MatchString(template) {
+		p.add("template", "%q must be 1-128 of a-z, 0-9, '.', '_', '-'", truncate(template, 80))
+	}
+	if target > 1000 {
+		p.add("target", "%d is over the limit of 1000 per node", target)
+	}
+	return p.err()
+}
+
 // SetPoolTarget sets the target on every sandbox node (or the one named).
 func (a *sandboxAPI) SetPoolTarget(ctx context.Context, req *connect.Request[warrenv1.SetPoolTargetRequest]) (*connect.Response[warrenv1.SetPoolTargetResponse], error) {
-	var p problems
-	if !reTemplate.MatchString(req.Msg.GetTemplate()) {
-		p.add("template", "%q must be 1-128 of a-z, 0-9, '.', '_', '-'", truncate(req.Msg.GetTemplate(), 80))
-	}
-	if req.Msg.GetTarget() > 1000 {
-		p.add("target", "%d is over the limit of 1000 per node", req.Msg.GetTarget())
-	}
-	if err := p.err(); err != nil {
+	if err := validatePool(req.Msg.GetTemplate(), req.Msg.GetTarget()); err != nil {
 		return nil, invalid(err)
 	}
 	if req.Msg.GetNodeId() == "" {

@@ -282,6 +282,53 @@ func validateAppendCommand(m *fsmv1.AppendEvents) error {
 	return validateAppend(&warrenv1.AppendEventsRequest{TaskId: m.GetTaskId(), RequestId: m.GetRequestId(), Events: m.GetEvents()})
 }
 
+// validateForwarded checks a command a follower forwarded (client and
+// operator writes only: batches, membership, plans, leases and a node's
+// down are the leader's own) as the handler that made it checked its
+// request: the cluster API is reachable by
+// whoever reaches the API port, and the FSM trusts what it applies (a
+// task id that is not a canonical ULID would, for one, share another
+// task's event keys). What the handler adds itself (ids, times) is
+// checked for its form.
+func validateForwarded(cmd Command) error {
+	switch m := cmd.Body.(type) {
+	case *fsmv1.CreateTask:
+		var p problems
+		if u, err := ulid.ParseStrict(m.GetId()); err != nil || u.String() != m.GetId() {
+			p.add("id", "%q is not a task id in canonical form (26 upper-case ULID characters)", truncate(m.GetId(), 40))
+		}
+		if m.GetTenant() == "" {
+			p.add("tenant", "required")
+		}
+		if err := validateCreate(&warrenv1.CreateTaskRequest{RequestId: m.GetRequestId(), Tenant: m.GetTenant(), Spec: m.GetSpec()}); err != nil {
+			p = append(p, err)
+		}
+		return p.err()
+	case *fsmv1.AppendEvents:
+		return validateAppendCommand(m)
+	case *fsmv1.SendMessage:
+		return validateMessage(&warrenv1.SendMessageRequest{TaskId: m.GetTaskId(), Text: m.GetText(), RequestId: m.GetRequestId()})
+	case *fsmv1.Decide:
+		return validateDecide(&warrenv1.DecideRequest{TaskId: m.GetTaskId(), ToolCallId: m.GetToolCallId(), Comment: m.GetComment(), RequestId: m.GetRequestId()})
+	case *fsmv1.CancelTask:
+		return validateCancel(&warrenv1.CancelTaskRequest{TaskId: m.GetTaskId(), Reason: m.GetReason(), RequestId: m.GetRequestId()})
+	case *fsmv1.RegisterNode:
+		return validateNode(m.GetNode())
+	case *fsmv1.NodeOp:
+		var p problems
+		p.nodeID("id", m.GetId())
+		switch m.GetOp() {
+		case fsmv1.NodeOp_OP_CORDON, fsmv1.NodeOp_OP_UNCORDON, fsmv1.NodeOp_OP_DRAIN:
+		default: // down is the leader's own verdict
+			p.add("op", "%s is not an operator's op", m.GetOp())
+		}
+		return p.err()
+	case *fsmv1.SetPool:
+		return validatePool(m.GetTemplate(), m.GetTarget())
+	}
+	return fmt.Errorf("%s commands are not accepted from other servers", cmd.Type)
+}
+
 func validateMessage(r *warrenv1.SendMessageRequest) error {
 	var p problems
 	p.taskID("task_id", r.GetTaskId())
