@@ -3,6 +3,8 @@ package scheduler
 import (
 	"context"
 	"fmt"
+	"io"
+	"math"
 	"net"
 	"net/http"
 	"path/filepath"
@@ -468,8 +470,7 @@ func TestProposeChecksForwardedAppends(t *testing.T) {
 // that was another task's plus 8 bytes made that task unreadable, and a
 // command on it panicked every server after a restart).
 func TestProposeChecksEveryForwardedCommand(t *testing.T) {
-	n := startNode(t, t.TempDir(), "s1", true, "", 0)
-	waitFor(t, "s1 to lead", 10*time.Second, func() bool { return leaderOf([]*node{n}) != nil })
+	n := startSingle(t)
 	victim := createVia(t, n, 1)
 	id := victim.GetId()
 	ts := timestamppb.New(t0)
@@ -516,5 +517,54 @@ func TestProposeChecksEveryForwardedCommand(t *testing.T) {
 	}
 	if _, err := cl.Propose(ctx, connect.NewRequest(&warrenv1.ProposeRequest{Commands: [][]byte{b}})); err != nil {
 		t.Fatalf("a good forwarded message: %v", err)
+	}
+}
+
+// startSingle starts a one-server cluster and waits until it leads.
+func startSingle(t *testing.T) *node {
+	t.Helper()
+	n := startNode(t, t.TempDir(), "s1", true, "", 0)
+	waitFor(t, "s1 to lead", 10*time.Second, func() bool { return leaderOf([]*node{n}) != nil })
+	return n
+}
+
+// after_seq 2^64-1 (or Last-Event-ID 18446744073709551615) asks for
+// nothing; after+1 wrapped to 0 and every event was sent again.
+func TestAfterTheLastPossibleSeqSendsNothing(t *testing.T) {
+	n := startSingle(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	task := createVia(t, n, 1)
+	if _, err := n.tasks.CancelTask(ctx, connect.NewRequest(&warrenv1.CancelTaskRequest{TaskId: task.GetId()})); err != nil {
+		t.Fatal(err) // pending, so it ends at once: the streams below end
+	}
+	stream, err := n.tasks.StreamEvents(ctx, connect.NewRequest(&warrenv1.StreamEventsRequest{TaskId: task.GetId(), AfterSeq: math.MaxUint64}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for stream.Receive() {
+		t.Errorf("StreamEvents after 2^64-1 sent seq %d", stream.Msg().GetEvent().GetSeq())
+	}
+	stream.Close()
+	resp, err := n.tasks.ListEvents(ctx, connect.NewRequest(&warrenv1.ListEventsRequest{TaskId: task.GetId(), AfterSeq: math.MaxUint64}))
+	if err != nil || len(resp.Msg.GetEvents()) != 0 {
+		t.Errorf("ListEvents after 2^64-1: %v, %v", resp.Msg.GetEvents(), err)
+	}
+	req, err := http.NewRequestWithContext(ctx, "GET", n.url+"/v1/tasks/"+task.GetId()+"/events", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Last-Event-ID", "18446744073709551615")
+	hr, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hr.Body.Close()
+	body, err := io.ReadAll(hr.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(body), "id: ") {
+		t.Errorf("SSE with Last-Event-ID 2^64-1 sent events:\n%s", body)
 	}
 }

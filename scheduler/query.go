@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 
 	"github.com/cockroachdb/pebble/v2"
 	"google.golang.org/protobuf/proto"
@@ -47,6 +48,9 @@ func (f *FSM) Task(id string) (*warrenv1.Task, error) {
 
 // Events returns up to limit events of task id with seq > after, in order.
 func (f *FSM) Events(id string, after uint64, limit int) ([]*warrenv1.Event, error) {
+	if after == math.MaxUint64 { // after+1 would wrap to 0: every event
+		return nil, nil
+	}
 	it, err := eventsFrom(f.db, id, after+1)
 	if err != nil {
 		return nil, err
