@@ -7,8 +7,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -77,13 +79,8 @@ func cmdSandbox(args []string, stdout, stderr io.Writer) error {
 		if *ttl < 0 {
 			return fmt.Errorf("ttl %v: must not be negative", *ttl)
 		}
-		for _, f := range []struct {
-			name string
-			v    uint
-		}{{"vcpus", *vcpus}, {"memory-mb", *mem}, {"pids", *pids}, {"disk-mb", *disk}} {
-			if f.v > math.MaxUint32 {
-				return fmt.Errorf("%s %d: over %d", f.name, f.v, uint32(math.MaxUint32))
-			}
+		if err := fitUint32(map[string]uint{"vcpus": *vcpus, "memory-mb": *mem, "pids": *pids, "disk-mb": *disk}); err != nil {
+			return err
 		}
 		envm, err := parseEnv(*env)
 		if err != nil {
@@ -488,4 +485,15 @@ func readAtMost(r io.Reader, max int64, what string) ([]byte, error) {
 		return nil, fmt.Errorf("%s: over the limit of %d bytes", what, max)
 	}
 	return b, nil
+}
+
+// fitUint32 refuses a flag's value that the API's 32-bit field would
+// wrap (--memory-mb 4294967424 became 128), naming the flag.
+func fitUint32(flags map[string]uint) error {
+	for _, name := range slices.Sorted(maps.Keys(flags)) {
+		if v := flags[name]; v > math.MaxUint32 {
+			return fmt.Errorf("%s %d: over %d", name, v, uint32(math.MaxUint32))
+		}
+	}
+	return nil
 }

@@ -10,9 +10,9 @@ import (
 	"github.com/warrenhq/warren/noded"
 )
 
-// Bad sandbox flags are refused before any call, naming the flag: a TTL
-// below 0, limits that would wrap in the API's 32-bit fields, and input
-// over the API's limits (not read whole into memory first).
+// Bad sandbox and task flags are refused before any call, naming the
+// flag: a TTL below 0, values that would wrap in the API's 32-bit fields,
+// and input over the API's limits (not read whole into memory first).
 func TestSandboxFlagErrors(t *testing.T) {
 	big := filepath.Join(t.TempDir(), "big")
 	if err := os.WriteFile(big, nil, 0o644); err != nil {
@@ -30,6 +30,10 @@ func TestSandboxFlagErrors(t *testing.T) {
 		{[]string{"sandbox", "create", "--vcpus", "4294967296"}, "vcpus 4294967296: over"},
 		{[]string{"sandbox", "cp", big, "sb-0000000000-dev:/x"}, "over the limit of 33554432"},
 		{[]string{"sandbox", "exec", "--cmd-timeout", "-1s", "sb-0000000000-dev", "--", "true"}, "--cmd-timeout -1s: must not be negative"},
+		{[]string{"task", "create", "--repo", "https://example.com/r.git", "--base", "main", "--title", "t",
+			"--script-steps", "1", "--script-step-millis", "4294967496"}, "script-step-millis 4294967496: over 4294967295"},
+		{[]string{"task", "create", "--repo", "https://example.com/r.git", "--base", "main", "--title", "t",
+			"--script-steps", "1", "--script-output-bytes", "4294967297"}, "script-output-bytes 4294967297: over"},
 	} {
 		var out, errOut bytes.Buffer
 		err := run(c.args, &out, &errOut)

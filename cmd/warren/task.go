@@ -174,6 +174,9 @@ func taskCreate(args []string, stdout io.Writer) error {
 		}
 		spec.IssueBody = string(b)
 	}
+	if err := fitUint32(map[string]uint{"script-step-millis": *stepMillis, "script-output-bytes": *scriptOutput}); err != nil {
+		return err
+	}
 	if script.Steps > 0 {
 		script.StepMillis, script.OutputBytes = uint32(*stepMillis), uint32(*scriptOutput)
 		spec.Script = script
