@@ -142,6 +142,7 @@ func (c *Client) failover() {
 // onRetry, if not nil, is told about each reconnect.
 func (c *Client) Watch(ctx context.Context, id string, after uint64, fn func(*warrenv1.Event) error, onRetry func(error)) error {
 	backoff := 100 * time.Millisecond
+	var notFoundSince time.Time // the first of the not_found answers in a row
 	for {
 		stream, err := c.Tasks().StreamEvents(ctx, connect.NewRequest(&warrenv1.StreamEventsRequest{TaskId: id, AfterSeq: after}))
 		if err == nil {
@@ -160,6 +161,7 @@ func (c *Client) Watch(ctx context.Context, id string, after uint64, fn func(*wa
 				}
 				after = ev.GetSeq()
 				backoff = 100 * time.Millisecond
+				notFoundSince = time.Time{}
 			}
 			err = stream.Err()
 			stream.Close()
@@ -177,7 +179,16 @@ func (c *Client) Watch(ctx context.Context, id string, after uint64, fn func(*wa
 			if after == 0 {
 				return err
 			}
-			// A lagging server has not applied the task yet: try again.
+			// A lagging server may not have applied the task yet: ask
+			// again, the next server too, for a while. A task no server
+			// knows (a mistyped id) ends the watch then.
+			if notFoundSince.IsZero() {
+				notFoundSince = time.Now()
+			} else if time.Since(notFoundSince) >= watchNotFoundFor {
+				return err
+			}
+		default:
+			notFoundSince = time.Time{}
 		}
 		if onRetry != nil {
 			onRetry(err)
@@ -191,6 +202,10 @@ func (c *Client) Watch(ctx context.Context, id string, after uint64, fn func(*wa
 		backoff = min(2*backoff, 2*time.Second)
 	}
 }
+
+// watchNotFoundFor is how long Watch, after some events, keeps asking for
+// a task the servers say does not exist.
+const watchNotFoundFor = 5 * time.Second
 
 // StaleEpochText is how the cluster words a refusal of an append whose
 // lease epoch is not the task's current one.
