@@ -358,34 +358,46 @@ const streamBatch = 256
 // passes the last seq it saw.
 func (s *Server) tail(ctx context.Context, id string, after uint64, send func(*warrenv1.Event) error) error {
 	for {
-		wake := s.fsm.WatchTask(id)
-		t, err := s.fsm.Task(id) // read the task before its events
-		if err != nil {
+		more, err := s.tailOnce(ctx, id, &after, send)
+		if !more || err != nil {
 			return err
 		}
-		evs, err := s.fsm.Events(id, after, streamBatch)
-		if err != nil {
-			return err
+	}
+}
+
+// tailOnce sends the events after *after that are there now, and waits
+// for the task's next change if it has not ended; it reports whether to
+// go on.
+func (s *Server) tailOnce(ctx context.Context, id string, after *uint64, send func(*warrenv1.Event) error) (bool, error) {
+	wake, release := s.fsm.WatchTask(id)
+	defer release()
+	t, err := s.fsm.Task(id) // read the task before its events
+	if err != nil {
+		return false, err
+	}
+	evs, err := s.fsm.Events(id, *after, streamBatch)
+	if err != nil {
+		return false, err
+	}
+	for _, ev := range evs {
+		if err := send(ev); err != nil {
+			return false, err
 		}
-		for _, ev := range evs {
-			if err := send(ev); err != nil {
-				return err
-			}
-			after = ev.GetSeq()
-		}
-		if len(evs) == streamBatch {
-			continue
-		}
-		if Terminal(t.GetState()) && after >= t.GetNextSeq()-1 {
-			return nil
-		}
-		select {
-		case <-wake:
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-s.stop:
-			return connect.NewError(connect.CodeUnavailable, errors.New("server shutting down; reconnect with after_seq"))
-		}
+		*after = ev.GetSeq()
+	}
+	if len(evs) == streamBatch {
+		return true, nil
+	}
+	if Terminal(t.GetState()) && *after >= t.GetNextSeq()-1 {
+		return false, nil
+	}
+	select {
+	case <-wake:
+		return true, nil
+	case <-ctx.Done():
+		return false, ctx.Err()
+	case <-s.stop:
+		return false, connect.NewError(connect.CodeUnavailable, errors.New("server shutting down; reconnect with after_seq"))
 	}
 }
 

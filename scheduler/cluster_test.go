@@ -568,3 +568,36 @@ func TestAfterTheLastPossibleSeqSendsNothing(t *testing.T) {
 		t.Errorf("SSE with Last-Event-ID 2^64-1 sent events:\n%s", body)
 	}
 }
+
+// A stream's watch of its task is let go when the stream ends: streams of
+// tasks that do not exist, or that ended, left an entry behind for good
+// (a client could grow the map at will with made-up ids).
+func TestFinishedStreamsLeaveNoWatch(t *testing.T) {
+	n := startSingle(t)
+	ctx := context.Background()
+	task := createVia(t, n, 1)
+	if _, err := n.tasks.CancelTask(ctx, connect.NewRequest(&warrenv1.CancelTaskRequest{TaskId: task.GetId()})); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 20; i++ {
+		stream, err := n.tasks.StreamEvents(ctx, connect.NewRequest(&warrenv1.StreamEventsRequest{TaskId: fmt.Sprintf("01J%023d", i)}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for stream.Receive() {
+		}
+		if connect.CodeOf(stream.Err()) != connect.CodeNotFound {
+			t.Fatalf("stream of a missing task: %v", stream.Err())
+		}
+		stream.Close()
+		hr, err := http.Get(n.url + "/v1/tasks/" + task.GetId() + "/events") // ended: sends its events and ends
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, hr.Body)
+		hr.Body.Close()
+	}
+	if got := n.srv.FSM().watch.watched(); got != 0 {
+		t.Fatalf("after 40 finished streams, %d tasks are still watched", got)
+	}
+}

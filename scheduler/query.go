@@ -112,9 +112,10 @@ func (f *FSM) Member(id string) (*fsmv1.Member, error) {
 	return m, nil
 }
 
-// WatchTask returns a channel closed at the next change to task id. Take it
-// before reading, then wait on it.
-func (f *FSM) WatchTask(id string) <-chan struct{} { return f.watch.task(id) }
+// WatchTask returns a channel closed at the next change to task id, and
+// the call that lets go of it. Take it before reading, then wait on it,
+// then let go.
+func (f *FSM) WatchTask(id string) (<-chan struct{}, func()) { return f.watch.task(id) }
 
 // WaitApplied blocks until the applied index reaches idx or ctx ends.
 func (f *FSM) WaitApplied(ctx context.Context, idx uint64) error {
