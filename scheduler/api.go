@@ -27,6 +27,12 @@ const compressMinBytes = 4096
 // commands; allow twice that plus framing.
 const maxRequestBytes = 2*MaxEventsPerAppend*MaxPayloadBytes + 1<<20
 
+// maxForwardBytes bounds a follower's forwarded request (ClusterService):
+// a client's largest, plus what forwarding adds to each command (a type
+// byte, a time, a generated request id: about 50 bytes), so a request the
+// leader takes is taken through a follower too.
+const maxForwardBytes = maxRequestBytes + MaxAppendsPerBatch*256
+
 // taskAPI implements warrenv1connect.TaskServiceHandler.
 type taskAPI struct{ s *Server }
 
@@ -40,7 +46,7 @@ func newMux(s *Server) http.Handler {
 		connect.WithReadMaxBytes(maxRequestBytes),
 	)
 	mux.Handle(warrenv1connect.NewTaskServiceHandler(taskAPI{s}, opts))
-	mux.Handle(warrenv1connect.NewClusterServiceHandler(clusterAPI{s}, opts))
+	mux.Handle(warrenv1connect.NewClusterServiceHandler(clusterAPI{s}, opts, connect.WithReadMaxBytes(maxForwardBytes)))
 	mux.Handle(warrenv1connect.NewNodeServiceHandler(nodeAPI{s}, opts))
 	mux.Handle(warrenv1connect.NewSandboxServiceHandler(newSandboxAPI(s), connect.WithHandlerOptions(
 		connect.WithInterceptors(errorInterceptor{}), connect.WithReadMaxBytes(80<<20))))

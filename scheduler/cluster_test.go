@@ -2,6 +2,8 @@ package scheduler
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"math"
@@ -599,5 +601,46 @@ func TestFinishedStreamsLeaveNoWatch(t *testing.T) {
 	}
 	if got := n.srv.FSM().watch.watched(); got != 0 {
 		t.Fatalf("after 40 finished streams, %d tasks are still watched", got)
+	}
+}
+
+// A request the API takes on the leader is taken through a follower too.
+// The follower forwards it as a ProposeRequest, which adds to each command
+// a type byte, a time and a generated request id; the leader read that
+// under the client's limit, so a request within ~50 KB of it was refused
+// (resource_exhausted) through a follower only.
+func TestForwardedRequestNearTheLimit(t *testing.T) {
+	nodes := startCluster(t, 0)
+	leader, follower := leaderOf(nodes), followerOf(nodes)
+	task := createVia(t, leader, 1) // appends to it are refused (epoch), per item
+	const n = MaxAppendsPerBatch
+	req := &warrenv1.AppendEventsBatchRequest{}
+	for i := 0; i < n; i++ {
+		req.Appends = append(req.Appends, &warrenv1.AppendEventsRequest{TaskId: task.GetId(), LeaseEpoch: 99,
+			Events: []*warrenv1.EventInput{{Kind: KindLog, Payload: []byte(`{"m":"x"}`)}}})
+	}
+	// Fill the payloads up to about 8 KB under the client's limit.
+	room := maxRequestBytes - 16<<10 - proto.Size(req)
+	per := room / n
+	for i, a := range req.Appends {
+		k := per
+		if i == 0 {
+			k += room - per*n
+		}
+		b := make([]byte, (k+1)/2)
+		rand.Read(b)
+		a.Events[0].Payload = []byte(fmt.Sprintf(`{"m":"x%s"}`, hex.EncodeToString(b)[:k]))
+	}
+	size := proto.Size(req)
+	if size > maxRequestBytes {
+		t.Fatalf("test built %d bytes, over %d", size, maxRequestBytes)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	_, lerr := leader.tasks.AppendEventsBatch(ctx, connect.NewRequest(req))
+	_, ferr := follower.tasks.AppendEventsBatch(ctx, connect.NewRequest(req))
+	t.Logf("request %d bytes (limit %d): leader: %v; follower: %v", size, maxRequestBytes, lerr, ferr)
+	if lerr == nil && ferr != nil {
+		t.Fatalf("a %d-byte AppendEventsBatch (limit %d) is accepted by the leader but refused through a follower: %v", size, maxRequestBytes, ferr)
 	}
 }
