@@ -529,6 +529,11 @@ func (a *applier) createTask(m *fsmv1.CreateTask) *fsmv1.Result {
 			if r != nil {
 				return r
 			}
+			// A retry sends the same spec; another spec under the same
+			// key is a client's mistake, which must not pass for a create.
+			if !proto.Equal(t.GetSpec(), m.GetSpec()) {
+				return fail(connect.CodeAlreadyExists, "request_id %q: task %s was created with it for another spec", m.GetRequestId(), t.GetId())
+			}
 			return &fsmv1.Result{Task: snapshotTask(t)}
 		}
 	}

@@ -139,6 +139,14 @@ func TestCreateIsIdempotentOnRequestID(t *testing.T) {
 	if res[0].GetTask().GetId() != a.GetId() || res[0].GetCreated() {
 		t.Fatalf("retry created %s (created=%v), want the first task %s", res[0].GetTask().GetId(), res[0].GetCreated(), a.GetId())
 	}
+	// The key again with another spec is a mistake, not a retry: refused,
+	// naming the key and the task it made.
+	other := testSpec()
+	other.IssueTitle = "another issue"
+	res = tf.apply(&fsmv1.CreateTask{Id: ulid.Make().String(), Tenant: "default", RequestId: "req-1", Spec: other, Time: timestamppb.New(t0)})
+	if connect.Code(res[0].GetCode()) != connect.CodeAlreadyExists || !strings.Contains(res[0].GetMessage(), `request_id "req-1": task `+a.GetId()) {
+		t.Fatalf("the key again with another spec: %v, want already_exists naming it", res[0])
+	}
 	// Another tenant's identical key is a different task.
 	res = tf.ok(&fsmv1.CreateTask{Id: ulid.Make().String(), Tenant: "other", RequestId: "req-1", Spec: testSpec(), Time: timestamppb.New(t0)})
 	if res[0].GetTask().GetId() == a.GetId() || !res[0].GetCreated() {
