@@ -2,8 +2,6 @@ package scheduler
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"math"
@@ -608,39 +606,53 @@ func TestFinishedStreamsLeaveNoWatch(t *testing.T) {
 // The follower forwards it as a ProposeRequest, which adds to each command
 // a type byte, a time and a generated request id; the leader read that
 // under the client's limit, so a request within ~50 KB of it was refused
-// (resource_exhausted) through a follower only.
+// (resource_exhausted) through a follower only. Here: the largest batch
+// the API takes, forwarded as the follower would, fits the ClusterService's
+// limit, and the leader reads a request of that size (its first command
+// is made invalid, so it is refused as such, without a 33 MiB apply).
 func TestForwardedRequestNearTheLimit(t *testing.T) {
-	nodes := startCluster(t, 0)
-	leader, follower := leaderOf(nodes), followerOf(nodes)
-	task := createVia(t, leader, 1) // appends to it are refused (epoch), per item
-	const n = MaxAppendsPerBatch
 	req := &warrenv1.AppendEventsBatchRequest{}
-	for i := 0; i < n; i++ {
-		req.Appends = append(req.Appends, &warrenv1.AppendEventsRequest{TaskId: task.GetId(), LeaseEpoch: 99,
-			Events: []*warrenv1.EventInput{{Kind: KindLog, Payload: []byte(`{"m":"x"}`)}}})
+	for range MaxAppendsPerBatch {
+		req.Appends = append(req.Appends, &warrenv1.AppendEventsRequest{TaskId: ulid.Make().String(), LeaseEpoch: 1 << 40,
+			Events: []*warrenv1.EventInput{{Kind: KindLog}}})
 	}
-	// Fill the payloads up to about 8 KB under the client's limit.
-	room := maxRequestBytes - 16<<10 - proto.Size(req)
-	per := room / n
-	for i, a := range req.Appends {
-		k := per
-		if i == 0 {
-			k += room - per*n
+	var payload []byte
+	for per := (maxRequestBytes - proto.Size(req)) / MaxAppendsPerBatch; ; per -= 8 { // as much as fits
+		payload = []byte(`{"m":"` + strings.Repeat("x", per) + `"}`)
+		for _, a := range req.Appends {
+			a.Events[0].Payload = payload
 		}
-		b := make([]byte, (k+1)/2)
-		rand.Read(b)
-		a.Events[0].Payload = []byte(fmt.Sprintf(`{"m":"x%s"}`, hex.EncodeToString(b)[:k]))
+		if proto.Size(req) <= maxRequestBytes {
+			break
+		}
 	}
-	size := proto.Size(req)
-	if size > maxRequestBytes {
-		t.Fatalf("test built %d bytes, over %d", size, maxRequestBytes)
+	if size := proto.Size(req); size > maxRequestBytes || size < maxRequestBytes-4096 {
+		t.Fatalf("built a %d-byte request, want just under %d", size, maxRequestBytes)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	_, lerr := leader.tasks.AppendEventsBatch(ctx, connect.NewRequest(req))
-	_, ferr := follower.tasks.AppendEventsBatch(ctx, connect.NewRequest(req))
-	t.Logf("request %d bytes (limit %d): leader: %v; follower: %v", size, maxRequestBytes, lerr, ferr)
-	if lerr == nil && ferr != nil {
-		t.Fatalf("a %d-byte AppendEventsBatch (limit %d) is accepted by the leader but refused through a follower: %v", size, maxRequestBytes, ferr)
+	// What the follower sends: the handler's commands, encoded.
+	fwd := &warrenv1.ProposeRequest{}
+	now := timestamppb.Now()
+	for _, it := range req.Appends {
+		b, err := EncodeCommand(&fsmv1.AppendEvents{TaskId: it.GetTaskId(), LeaseEpoch: it.GetLeaseEpoch(), Events: it.GetEvents(),
+			RequestId: requestID(it.GetRequestId()), Time: now, ExpectedSeq: it.GetExpectedSeq()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fwd.Commands = append(fwd.Commands, b)
+	}
+	size := proto.Size(fwd)
+	if size <= maxRequestBytes || size > maxForwardBytes {
+		t.Fatalf("forwarded: %d bytes, want over the client's %d (else this test shows nothing) and at most %d", size, maxRequestBytes, maxForwardBytes)
+	}
+	bad, err := EncodeCommand(&fsmv1.AppendEvents{TaskId: "not-a-task", Events: []*warrenv1.EventInput{{Kind: KindLog, Payload: payload}}, Time: now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fwd.Commands[0] = bad
+	n := startSingle(t)
+	cl := warrenv1connect.NewClusterServiceClient(http.DefaultClient, n.url)
+	_, err = cl.Propose(context.Background(), connect.NewRequest(fwd))
+	if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "commands[0]: task_id") {
+		t.Fatalf("a %d-byte forwarded request: %v, want it read and refused for its first command", size, err)
 	}
 }
