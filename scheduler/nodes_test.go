@@ -326,3 +326,27 @@ func TestCancelWhileParkingEndsTheTask(t *testing.T) {
 		t.Fatalf("a cancelled waiting task whose node died: %v", tk)
 	}
 }
+
+// A node daemon that restarts with a smaller capacity (an operator lowers
+// --cpu, or the host lost memory) while it holds leases re-registers with
+// less than it has allocated: a legal state (placement gives it nothing
+// until leases end), which the invariants build took for a broken one and
+// panicked in every replica's apply.
+func TestReRegisterSmallerThanItsLeases(t *testing.T) {
+	tf := newTestFSM(t)
+	tf.registerNode("n1", 4)
+	a, b := tf.create("").GetId(), tf.create("").GetId()
+	tf.plan(at(a, "n1"), at(b, "n1"))
+	defer func() {
+		if r := recover(); r != nil {
+			t.Fatalf("re-registering n1 with room for 1 task while it holds 2 panicked: %v", r)
+		}
+	}()
+	n := tf.ok(&fsmv1.RegisterNode{Node: &warrenv1.Node{
+		Id: "n1", Drivers: []string{"sim"},
+		Capacity: &warrenv1.Resources{MilliCpu: DefaultTaskMilliCPU, MemoryBytes: DefaultTaskMemoryBytes},
+	}, Time: timestamppb.New(t0)})[0].GetNode()
+	if n.GetTaskCount() != 2 {
+		t.Fatalf("node after re-register: %v", n)
+	}
+}
