@@ -670,6 +670,11 @@ func (a *applier) appendEvents(m *fsmv1.AppendEvents) *fsmv1.Result {
 	}
 	t.State = state
 	t.PendingApprovals = pending
+	if state == warrenv1.TaskState_TASK_STATE_PENDING && t.GetCancelRequested() {
+		// Given back after a cancel: nothing should place it again only
+		// to record that (nor leave it pending where no node fits).
+		a.setState(t, m.GetTime(), warrenv1.TaskState_TASK_STATE_CANCELLED, map[string]any{"reason": "cancelled before its node gave it back"})
+	}
 	a.putTask(t)
 	return &fsmv1.Result{FirstSeq: first, LastSeq: t.GetNextSeq() - 1, CancelRequested: t.GetCancelRequested()}
 }

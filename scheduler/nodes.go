@@ -196,9 +196,14 @@ func (a *applier) requeueAll(node string, ts *timestamppb.Timestamp, reason stri
 func (a *applier) requeue(t *warrenv1.Task, ts *timestamppb.Timestamp, reason string) {
 	lost := a.letGo(t)
 	t.LastFailedNode = lost
-	if t.GetState() == warrenv1.TaskState_TASK_STATE_WAITING_APPROVAL && t.GetCancelRequested() {
-		// Nothing would run it again but to record the cancellation.
-		a.setState(t, ts, warrenv1.TaskState_TASK_STATE_CANCELLED, map[string]any{"reason": "cancelled while waiting for approval; " + reason, "node": lost})
+	if t.GetCancelRequested() {
+		// Nothing would run it again but to record the cancellation (and
+		// where no node fits it would stay pending for good).
+		why := "cancelled before its node was lost; "
+		if t.GetState() == warrenv1.TaskState_TASK_STATE_WAITING_APPROVAL {
+			why = "cancelled while waiting for approval; "
+		}
+		a.setState(t, ts, warrenv1.TaskState_TASK_STATE_CANCELLED, map[string]any{"reason": why + reason, "node": lost})
 		return
 	}
 	if t.GetState() == warrenv1.TaskState_TASK_STATE_WAITING_APPROVAL && len(t.GetPendingApprovals()) > 0 {

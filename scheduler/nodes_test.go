@@ -350,3 +350,35 @@ func TestReRegisterSmallerThanItsLeases(t *testing.T) {
 		t.Fatalf("node after re-register: %v", n)
 	}
 }
+
+// A task cancelled while placed (or running) whose node then dies, or
+// which its node gives back, ends cancelled: it went back to pending, to
+// be placed again only to record the cancellation (and where no node fits
+// it, it sat in pending for good although the cancel was accepted).
+func TestCancelledTaskLetGoEndsCancelled(t *testing.T) {
+	tf := newTestFSM(t)
+	tf.registerNode("n1", 4)
+
+	// Cancelled while being placed; its node dies before it starts.
+	a := tf.create("").GetId()
+	tf.plan(at(a, "n1"))
+	tf.ok(&fsmv1.CancelTask{TaskId: a, Reason: "user", Time: timestamppb.New(t0)})
+	// Cancelled while running; its node gives it back (drain) at the step boundary.
+	b := tf.create("").GetId()
+	tf.plan(at(b, "n1"))
+	tf.ok(&fsmv1.AppendEvents{TaskId: b, LeaseEpoch: 1, Events: []*warrenv1.EventInput{stateEvent("running")}, Time: timestamppb.New(t0)})
+	tf.ok(&fsmv1.CancelTask{TaskId: b, Reason: "user", Time: timestamppb.New(t0)})
+	tf.ok(&fsmv1.AppendEvents{TaskId: b, LeaseEpoch: 1, Events: []*warrenv1.EventInput{stateEvent("pending")}, Time: timestamppb.New(t0)})
+
+	tf.ok(&fsmv1.NodeOp{Id: "n1", Op: fsmv1.NodeOp_OP_DOWN, Reason: "no heartbeat", Time: timestamppb.New(t0)})
+	var bad []string
+	for _, id := range []string{a, b} {
+		tk := tf.mustTask(id)
+		if tk.GetState() != warrenv1.TaskState_TASK_STATE_CANCELLED {
+			bad = append(bad, id+": "+StateName(tk.GetState())+" cancel_requested="+map[bool]string{true: "true", false: "false"}[tk.GetCancelRequested()])
+		}
+	}
+	if len(bad) > 0 {
+		t.Fatalf("cancelled tasks requeued instead of ending cancelled: %v", bad)
+	}
+}
