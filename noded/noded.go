@@ -196,7 +196,7 @@ func Start(cfg Config) (*Daemon, error) {
 		d.cfg.Metrics = cfg.Metrics
 	}
 	var err error
-	d.sys = actor.NewSystem(actor.Config{Logger: d.log})
+	d.sys = actor.NewSystem(actor.Config{Logger: d.log, OnEscalate: d.actorFailed})
 	d.ctx, d.cancel = context.WithCancel(context.Background())
 	if cfg.GossipAddr != "" {
 		if d.gossip, err = gossip.Start(gossip.Config{Role: gossip.RoleNode, ID: cfg.ID, Addr: cfg.GossipAddr,
@@ -307,9 +307,18 @@ func (d *Daemon) startTask(m *warrenv1.StartTask) {
 	if task.GetId() != id || task.GetLease().GetEpoch() != epoch {
 		task = nil // not this lease's: read it
 	}
+	var spawned bool // the factory runs again for each restart after a panic
 	ref, err := d.sys.Spawn(fmt.Sprintf("task-%s-e%d", id, epoch),
 		func() actor.Behavior {
-			return &taskActor{d: d, id: id, epoch: epoch, resume: resume, given: task, ctx: ctx}
+			// Only the first actor starts from the task StartTask carried:
+			// a restarted one reads it afresh, with the steps since done
+			// (the snapshot would have it rerun them all).
+			given := task
+			if spawned {
+				given = nil
+			}
+			spawned = true
+			return &taskActor{d: d, id: id, epoch: epoch, resume: resume, given: given, ctx: ctx}
 		},
 		actor.WithMailbox(16),
 		actor.WithPolicy(actor.RestartPolicy{MaxRestarts: 3, Window: time.Minute}))
@@ -344,6 +353,45 @@ func (d *Daemon) stopTask(m *warrenv1.StopTask) {
 }
 
 // actorDone removes a task actor that ended by itself.
+// actorFailed ends the task of an actor that failed more often than its
+// restart policy allows (it is stopped, its sandbox destroyed): the task
+// leaves the node and fails, saying why. Left alone, it would stay leased
+// here with nothing running it, as the node still heartbeats.
+func (d *Daemon) actorFailed(ref *actor.Ref, err error) {
+	d.mu.Lock()
+	var id string
+	var epoch uint64
+	for tid, cur := range d.actors {
+		if cur.ref == ref {
+			id, epoch = tid, cur.epoch
+			break
+		}
+	}
+	d.mu.Unlock()
+	if id == "" {
+		return
+	}
+	d.actorDone(id, epoch, &d.stats.Finished)
+	if d.ctx.Err() != nil {
+		return // closing: the task stays leased here, as Close says
+	}
+	reason := "the node's task actor kept failing: " + err.Error()
+	if len(reason) > 1000 {
+		reason = reason[:1000] + "…"
+	}
+	d.wg.Add(1)
+	go func() { // OnEscalate must not block
+		defer d.wg.Done()
+		ctx, cancel := context.WithTimeout(d.ctx, time.Minute)
+		defer cancel()
+		_, aerr := d.app.Append(ctx, &warrenv1.AppendEventsRequest{TaskId: id, LeaseEpoch: epoch,
+			RequestId: fmt.Sprintf("e%d/actor-failed", epoch), Events: []*warrenv1.EventInput{ev("state_changed", map[string]any{"to": "failed", "reason": reason})}})
+		if aerr != nil {
+			d.log.Warn("record a failed task actor", "task", id, "epoch", epoch, "err", aerr)
+		}
+	}()
+}
+
 func (d *Daemon) actorDone(id string, epoch uint64, how *int) {
 	d.mu.Lock()
 	defer d.mu.Unlock()

@@ -20,6 +20,7 @@ import (
 	"github.com/warrenhq/warren/client"
 	"github.com/warrenhq/warren/internal/freeaddr"
 	"github.com/warrenhq/warren/noded"
+	"github.com/warrenhq/warren/noded/driver"
 	"github.com/warrenhq/warren/noded/driver/sim"
 	"github.com/warrenhq/warren/scheduler"
 )
@@ -112,10 +113,16 @@ func (c *cluster) urls() []string {
 
 func (c *cluster) startNode(id string, latency time.Duration) *noded.Daemon {
 	c.t.Helper()
+	return c.startNodeWith(id, sim.New(sim.Config{RestoreLatency: latency, ExecLatency: latency}))
+}
+
+// startNodeWith starts a node daemon with drv.
+func (c *cluster) startNodeWith(id string, drv driver.Driver) *noded.Daemon {
+	c.t.Helper()
 	d, err := noded.Start(noded.Config{
 		ID: id, DataDir: filepath.Join(c.dir, "node-"+id), Servers: c.urls(),
 		GossipAddr: freeaddr.Loopback(c.t), JoinGossip: c.gossip,
-		Driver:   sim.New(sim.Config{RestoreLatency: latency, ExecLatency: latency}),
+		Driver:   drv,
 		Capacity: &warrenv1.Resources{MilliCpu: 1000 * 1000, MemoryBytes: 1 << 50},
 		Labels:   map[string]string{"zone": id},
 	})

@@ -160,7 +160,7 @@ func (a *taskActor) Receive(c *actor.Context, msg any) {
 func (a *taskActor) start(c *actor.Context) {
 	ctx := a.ctx
 	t := a.given
-	a.given = nil // a retry or a restart reads the task afresh
+	a.given = nil // a retry reads the task afresh (a restart has none: startTask)
 	if t == nil {
 		resp, err := a.d.cl.Tasks().GetTask(ctx, connect.NewRequest(&warrenv1.GetTaskRequest{Id: a.id}))
 		if err != nil {
