@@ -8,6 +8,7 @@ import (
 	"time"
 
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/noded"
 	"github.com/warrenhq/warren/noded/driver"
 	"github.com/warrenhq/warren/noded/driver/sim"
 )
@@ -85,4 +86,51 @@ func TestActorThatKeepsFailingFailsItsTask(t *testing.T) {
 		t.Fatalf("the last event does not say why: %s %s", last.GetKind(), last.GetPayload())
 	}
 	waitFor(t, "the node to let go", 10*time.Second, func() bool { return a.Running() == 0 && drv.Live() == 0 })
+}
+
+// crashDriver stands for a driver whose sandboxes outlive the node's
+// process, as microVMs do: the sim driver (simulated sandboxes), with
+// Destroy and Close doing nothing, so the next run finds them, as the
+// microvm driver re-adopts its VMs under their sandbox ids.
+type crashDriver struct{ *sim.Driver }
+
+type survivingSandbox struct{ driver.Sandbox }
+
+func (survivingSandbox) Destroy() error { return nil }
+
+func (d crashDriver) Claim(ctx context.Context, req driver.ClaimRequest) (driver.Sandbox, error) {
+	sb, err := d.Driver.Claim(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return survivingSandbox{sb}, nil
+}
+
+func (crashDriver) Close() error { return nil }
+
+// A node restarted within its TTL keeps its leases, and its task actors
+// claim their sandboxes under the same ids; one its last run left is
+// destroyed and the task goes on in a fresh one. (The claim was refused,
+// "sandbox exists", and retried for good: the task never moved, and the
+// node, still heartbeating, was never declared down.)
+func TestRestartedNodeGoesOnWithItsTask(t *testing.T) {
+	c := startCluster(t, 1, 0)
+	sd := sim.New(sim.Config{})
+	noGossip := func(cfg *noded.Config) { cfg.GossipAddr, cfg.JoinGossip = "", nil } // a crash sends no leave
+	a1 := c.startNodeWith("a", crashDriver{sd}, noGossip)
+	ids := c.submit(1, &warrenv1.Script{Steps: 20, StepMillis: 20})
+	waitFor(t, "a few steps", 20*time.Second, func() bool {
+		tk := c.task(ids[0])
+		return tk.GetState() == warrenv1.TaskState_TASK_STATE_RUNNING && tk.GetNextSeq() > 6
+	})
+	a1.Close() // its sandbox lives on
+	c.startNodeWith("a", sd, noGossip)
+	waitFor(t, "the task to succeed on the restarted node", 30*time.Second, c.allEnded(ids))
+	checkLog(t, ids[0], c.events(ids[0]), 20)
+	if tk := c.task(ids[0]); tk.GetLease().GetNode() != "a" || tk.GetLease().GetEpoch() != 1 {
+		t.Fatalf("the task moved: node %q epoch %d", tk.GetLease().GetNode(), tk.GetLease().GetEpoch())
+	}
+	if n := sd.Live(); n != 0 {
+		t.Fatalf("%d sandboxes left", n)
+	}
 }

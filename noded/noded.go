@@ -139,9 +139,11 @@ type Daemon struct {
 	actors map[string]*taskRef // task id -> its actor
 	stats  Stats
 
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	ctx       context.Context
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+	closeErr  error
 
 	git        *agent.GitService
 	sandboxSrv *http.Server
@@ -227,8 +229,13 @@ func Start(cfg Config) (*Daemon, error) {
 
 // Close stops the actors (their tasks stay leased to this node until it is
 // declared down, or until the daemon comes back), leaves gossip and
-// destroys the sandboxes.
+// destroys the sandboxes. Later calls return the first's result.
 func (d *Daemon) Close() error {
+	d.closeOnce.Do(func() { d.closeErr = d.close() })
+	return d.closeErr
+}
+
+func (d *Daemon) close() error {
 	d.cancel()
 	d.wg.Wait()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -116,16 +116,20 @@ func (c *cluster) startNode(id string, latency time.Duration) *noded.Daemon {
 	return c.startNodeWith(id, sim.New(sim.Config{RestoreLatency: latency, ExecLatency: latency}))
 }
 
-// startNodeWith starts a node daemon with drv.
-func (c *cluster) startNodeWith(id string, drv driver.Driver) *noded.Daemon {
+// startNodeWith starts a node daemon with drv; tweaks change its config.
+func (c *cluster) startNodeWith(id string, drv driver.Driver, tweaks ...func(*noded.Config)) *noded.Daemon {
 	c.t.Helper()
-	d, err := noded.Start(noded.Config{
+	cfg := noded.Config{
 		ID: id, DataDir: filepath.Join(c.dir, "node-"+id), Servers: c.urls(),
 		GossipAddr: freeaddr.Loopback(c.t), JoinGossip: c.gossip,
 		Driver:   drv,
 		Capacity: &warrenv1.Resources{MilliCpu: 1000 * 1000, MemoryBytes: 1 << 50},
 		Labels:   map[string]string{"zone": id},
-	})
+	}
+	for _, tw := range tweaks {
+		tw(&cfg)
+	}
+	d, err := noded.Start(cfg)
 	if err != nil {
 		c.t.Fatal(err)
 	}

@@ -202,7 +202,24 @@ func (a *taskActor) start(c *actor.Context) {
 	}
 	a.next = done + 1
 	if a.sb == nil {
-		sb, err := a.d.cfg.Driver.Claim(ctx, driver.ClaimRequest{ID: fmt.Sprintf("%s-e%d", a.id, a.epoch), Template: t.GetSpec().GetTemplate()})
+		id := fmt.Sprintf("%s-e%d", a.id, a.epoch)
+		if l, ok := a.d.cfg.Driver.(interface {
+			Get(string) (driver.Sandbox, bool)
+		}); ok {
+			if old, ok := l.Get(id); ok {
+				// Left by this node's last run (a driver re-adopts its
+				// sandboxes after a restart; no actor here holds it: a
+				// restarted one destroyed its own). Its claim would be
+				// refused for good; the task resumes from its log into a
+				// fresh sandbox, as on any other node.
+				c.Logger().Info("destroying the sandbox this node's last run left", "task", a.id, "sandbox", id)
+				if err := old.Destroy(); err != nil {
+					a.failed(c, "destroy the last run's sandbox", err, startMsg{})
+					return
+				}
+			}
+		}
+		sb, err := a.d.cfg.Driver.Claim(ctx, driver.ClaimRequest{ID: id, Template: t.GetSpec().GetTemplate()})
 		if err != nil {
 			a.failed(c, "claim sandbox", err, startMsg{})
 			return

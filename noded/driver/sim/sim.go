@@ -81,6 +81,15 @@ func (d *Driver) Claim(ctx context.Context, req driver.ClaimRequest) (driver.San
 	return sb, nil
 }
 
+// Get returns a live simulated sandbox. (The sim driver is no
+// driver.Lister: the SandboxService offers no simulated sandboxes.)
+func (d *Driver) Get(id string) (driver.Sandbox, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	sb, ok := d.live[id]
+	return sb, ok
+}
+
 // Close destroys every simulated sandbox.
 func (d *Driver) Close() error {
 	d.mu.Lock()
