@@ -656,3 +656,39 @@ func TestForwardedRequestNearTheLimit(t *testing.T) {
 		t.Fatalf("a %d-byte forwarded request: %v, want it read and refused for its first command", size, err)
 	}
 }
+
+// A leader judges no node before it is ready (its barrier done): until
+// then no node can attach, so every node would look silent, and a slow
+// or failed barrier declared them all down. Once ready, a node that never
+// attaches is declared down after two TTLs, as before.
+func TestLivenessWaitsForTheLeaderToBeReady(t *testing.T) {
+	const ttl = 200 * time.Millisecond
+	n := startNode(t, t.TempDir(), "s1", true, "", 0, func(c *Config) { c.NodeTTL = ttl })
+	waitFor(t, "s1 to lead and be ready", 10*time.Second, func() bool {
+		return n.srv.Raft().State() == raft.Leader && n.srv.readyTerm.Load() == n.srv.Raft().CurrentTerm()
+	})
+	term := n.srv.readyTerm.Load()
+	n.srv.readyTerm.Store(0) // as while its barrier runs
+	n.srv.sess.lead(n.srv.clock.Now())
+	cl := warrenv1connect.NewClusterServiceClient(http.DefaultClient, n.url)
+	if _, err := cl.RegisterNode(context.Background(), connect.NewRequest(&warrenv1.RegisterNodeRequest{Node: &warrenv1.Node{
+		Id: "n1", Drivers: []string{"sim"}, Capacity: &warrenv1.Resources{MilliCpu: 1000, MemoryBytes: 1 << 30}}})); err != nil {
+		t.Fatal(err)
+	}
+	status := func() warrenv1.NodeStatus {
+		nodes, err := n.srv.FSM().Nodes()
+		if err != nil || len(nodes) != 1 {
+			t.Fatalf("nodes: %v %v", nodes, err)
+		}
+		return nodes[0].GetStatus()
+	}
+	time.Sleep(5 * ttl)
+	if st := status(); st != warrenv1.NodeStatus_NODE_STATUS_READY {
+		t.Fatalf("before the leader was ready, n1 became %s", st)
+	}
+	n.srv.sess.ready(n.srv.clock.Now())
+	n.srv.readyTerm.Store(term)
+	waitFor(t, "n1, which never attached, to be declared down", 10*time.Second, func() bool {
+		return status() == warrenv1.NodeStatus_NODE_STATUS_DOWN
+	})
+}

@@ -277,6 +277,30 @@ func orUint(v, def uint64) uint64 {
 	return v
 }
 
+// becomeReady waits, as the leader of term, until everything committed
+// before it is applied (a barrier), and then takes node sessions. A failed
+// barrier is tried again while this server still leads in term: until it
+// is ready no node can attach, and liveness judges none.
+func (s *Server) becomeReady(term uint64) {
+	for {
+		err := s.raft.Barrier(30 * time.Second).Error()
+		if s.raft.State() != raft.Leader || s.raft.CurrentTerm() != term {
+			return
+		}
+		if err == nil {
+			s.sess.ready(s.clock.Now())
+			s.readyTerm.Store(term)
+			return
+		}
+		s.log.Warn("leader barrier; trying again", "term", term, "err", err)
+		select {
+		case <-s.stop:
+			return
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
 // watchLeadership records this server's API address whenever it becomes
 // leader, so followers can forward to it.
 func (s *Server) watchLeadership() {
@@ -293,16 +317,7 @@ func (s *Server) watchLeadership() {
 			s.sess.lead(s.clock.Now())
 			s.log.Info("became leader")
 			term := s.raft.CurrentTerm()
-			go func() {
-				if err := s.raft.Barrier(30 * time.Second).Error(); err != nil {
-					s.log.Warn("leader barrier", "err", err)
-					return
-				}
-				if s.raft.CurrentTerm() == term {
-					s.sess.ready(s.clock.Now())
-					s.readyTerm.Store(term)
-				}
-			}()
+			go s.becomeReady(term)
 			m, err := s.fsm.Member(s.cfg.ID)
 			if err == nil && m.GetApiUrl() == s.cfg.APIURL && m.GetRaftAddress() == s.cfg.RaftAddr {
 				continue

@@ -352,7 +352,9 @@ func (s *Server) livenessLoop() {
 			return
 		case <-tick.C:
 		}
-		if s.raft.State() != raft.Leader {
+		if s.raft.State() != raft.Leader || s.readyTerm.Load() != s.raft.CurrentTerm() {
+			// Not leading, or not ready yet: nodes cannot attach until the
+			// leader's barrier, so none is judged before it.
 			continue
 		}
 		nodes, err := s.fsm.Nodes()
