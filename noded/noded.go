@@ -359,7 +359,6 @@ func (d *Daemon) stopTask(m *warrenv1.StopTask) {
 	cur.ref.Stop()
 }
 
-// actorDone removes a task actor that ended by itself.
 // actorFailed ends the task of an actor that failed more often than its
 // restart policy allows (it is stopped, its sandbox destroyed): the task
 // leaves the node and fails, saying why. Left alone, it would stay leased
@@ -399,6 +398,7 @@ func (d *Daemon) actorFailed(ref *actor.Ref, err error) {
 	}()
 }
 
+// actorDone removes a task actor that ended by itself.
 func (d *Daemon) actorDone(id string, epoch uint64, how *int) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
