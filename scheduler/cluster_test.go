@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/cockroachdb/pebble/v2"
 	"github.com/hashicorp/raft"
 	"github.com/oklog/ulid/v2"
 	"google.golang.org/protobuf/proto"
@@ -691,4 +692,29 @@ func TestLivenessWaitsForTheLeaderToBeReady(t *testing.T) {
 	waitFor(t, "n1, which never attached, to be declared down", 10*time.Second, func() bool {
 		return status() == warrenv1.NodeStatus_NODE_STATUS_DOWN
 	})
+}
+
+// The SSE gateway answers 404 for a task that does not exist, and 500,
+// not 404, for one this replica cannot read.
+func TestSSEStatusForMissingAndUnreadableTasks(t *testing.T) {
+	n := startSingle(t)
+	task := createVia(t, n, 1)
+	get := func(id string) (int, string) {
+		resp, err := http.Get(n.url + "/v1/tasks/" + id + "/events")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := get(ulid.Make().String()); code != http.StatusNotFound || !strings.HasPrefix(body, "not_found:") {
+		t.Fatalf("a missing task: %d %q", code, body)
+	}
+	if err := n.srv.FSM().db.Set(keyTask(task.GetId()), []byte{0xff, 0xff, 0xff}, pebble.Sync); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := get(task.GetId()); code != http.StatusInternalServerError || !strings.HasPrefix(body, "internal:") {
+		t.Fatalf("an unreadable task: %d %q", code, body)
+	}
 }

@@ -33,8 +33,11 @@ func (h sseHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "invalid_argument: "+err.Error(), http.StatusBadRequest)
 		return
 	}
-	if _, err := h.s.fsm.Task(id); err != nil {
+	if _, err := h.s.fsm.Task(id); errors.Is(err, ErrNotFound) {
 		http.Error(w, "not_found: "+err.Error(), http.StatusNotFound)
+		return
+	} else if err != nil { // the replica cannot read it: not the client's fault
+		http.Error(w, "internal: "+err.Error(), http.StatusInternalServerError)
 		return
 	}
 	fl, ok := w.(http.Flusher)
