@@ -78,8 +78,11 @@ func (p *problems) taskID(field, v string) {
 		p.add(field, "required")
 		return
 	}
-	if _, err := ulid.ParseStrict(v); err != nil {
+	if u, err := ulid.ParseStrict(v); err != nil {
 		p.add(field, "%q is not a task id (a 26-character ULID)", truncate(v, 40))
+	} else if c := u.String(); c != v {
+		// Ids are stored as written: another spelling would find nothing.
+		p.add(field, "%q: task ids are upper case (%s)", v, c)
 	}
 }
 

@@ -88,6 +88,8 @@ func TestValidateAppend(t *testing.T) {
 		field string
 	}{
 		{"bad id", &warrenv1.AppendEventsRequest{TaskId: "x", Events: []*warrenv1.EventInput{logEvent("a")}}, "task_id:"},
+		// Ids are stored upper case; a lower-case one found nothing.
+		{"lower-case id", &warrenv1.AppendEventsRequest{TaskId: strings.ToLower(id), Events: []*warrenv1.EventInput{logEvent("a")}}, "task_id: \"01j00000000000000000000000\": task ids are upper case (01J00000000000000000000000)"},
 		{"no events", &warrenv1.AppendEventsRequest{TaskId: id}, "events: required"},
 		{"unknown kind", &warrenv1.AppendEventsRequest{TaskId: id, Events: []*warrenv1.EventInput{{Kind: "nope"}}}, "events[0].kind: unknown"},
 		{"server kind", &warrenv1.AppendEventsRequest{TaskId: id, Events: []*warrenv1.EventInput{{Kind: KindTaskCreated}}}, "events[0].kind:"},
