@@ -162,7 +162,7 @@ func (r *Ref) deliverTimer(inc uint32, msg any, periodic bool) bool {
 		r.mu.Unlock()
 		return true
 	}
-	start := r.push(envelope{msg: msg})
+	start := r.push(envelope{msg: msg, timer: true, inc: inc})
 	r.mu.Unlock()
 	if start {
 		r.start()

@@ -54,6 +54,11 @@ type refStats struct {
 type envelope struct {
 	msg   any
 	reply *reply // nil for Send
+	// timer is set for a timer's message, queued for incarnation inc: a
+	// later incarnation never receives it, though it was queued before
+	// the restart.
+	timer bool
+	inc   uint32
 }
 
 // ID returns the actor's path: its parent's ID, "/", its name.

@@ -54,6 +54,13 @@ func (r *Ref) run() {
 			close(r.space)
 			r.space = nil
 		}
+		if env.timer && env.inc != r.inc {
+			// Queued by a timer of an incarnation that has since been
+			// replaced: dropped, as it would have been had it fired later.
+			r.mu.Unlock()
+			r.sys.m.depth.Add(-1)
+			continue
+		}
 		r.stats.received++
 		b := r.behavior
 		r.mu.Unlock()

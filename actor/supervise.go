@@ -118,6 +118,14 @@ func (r *Ref) fail(err error) bool {
 	stopAll(kids)
 	if old != nil {
 		r.callStopped(old)
+		// What the old behaviour's Stopped started belongs to it, not to
+		// the next: its timers (armed under the incarnation just begun)
+		// are voided by another one, its children stopped.
+		r.mu.Lock()
+		r.inc++
+		late := r.takeChildren()
+		r.mu.Unlock()
+		stopAll(late)
 	}
 	if delay <= 0 {
 		return true // run installs a new behaviour
