@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -83,14 +84,29 @@ func (c *Config) Validate() error {
 	}
 	if host, _, err := net.SplitHostPort(c.RaftAddr); err != nil {
 		errs = append(errs, fmt.Errorf("raft: %q is not HOST:PORT: %v", c.RaftAddr, err))
-	} else if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
-		errs = append(errs, fmt.Errorf("raft: %q must be an address other servers can reach, not %s", c.RaftAddr, host))
+	} else if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+		errs = append(errs, fmt.Errorf("raft: %q must be an address other servers can reach, not %q", c.RaftAddr, host))
 	}
 	if c.APIURL == "" {
 		errs = append(errs, errors.New("api: required"))
 	}
 	if c.Bootstrap && c.JoinURL != "" {
 		errs = append(errs, errors.New("bootstrap and join: choose one"))
+	}
+	if j := c.JoinURL; j != "" && !strings.HasPrefix(j, "http://") && !strings.HasPrefix(j, "https://") {
+		errs = append(errs, fmt.Errorf("join: %q must be a URL starting with http:// or https://", j))
+	}
+	for _, d := range []struct {
+		flag string
+		v    time.Duration
+	}{{"heartbeat-timeout", c.HeartbeatTimeout}, {"election-timeout", c.ElectionTimeout}, {"snapshot-interval", c.SnapshotInterval},
+		{"node-heartbeat", c.NodeHeartbeat}, {"node-ttl", c.NodeTTL}} {
+		if d.v < 0 {
+			errs = append(errs, fmt.Errorf("%s: %v must not be negative (0: the default)", d.flag, d.v))
+		}
+	}
+	if c.NodeTTL > 0 && c.NodeHeartbeat > 0 && c.NodeTTL <= c.NodeHeartbeat {
+		errs = append(errs, fmt.Errorf("node-ttl: %v must be longer than node-heartbeat %v", c.NodeTTL, c.NodeHeartbeat))
 	}
 	if c.MaxStarting < 0 {
 		errs = append(errs, fmt.Errorf("max-starting: %d must be positive (0: the default, %d)", c.MaxStarting, DefaultMaxStarting))

@@ -449,8 +449,9 @@ func parseCapacity(s string) (*warrenv1.Resources, error) {
 		switch k {
 		case "cpu":
 			c, err := strconv.ParseFloat(v, 64)
-			if err != nil || c <= 0 || c > 1e6 {
-				return nil, fmt.Errorf("capacity: cpu=%q is not a positive number of cores", v)
+			// !(c >= 0.001) also refuses NaN, and what would round to 0m.
+			if err != nil || !(c >= 0.001) || c > 1e6 {
+				return nil, fmt.Errorf("capacity: cpu=%q is not a number of cores from 0.001 to 1000000", v)
 			}
 			r.MilliCpu = int64(c * 1000)
 		case "mem":
@@ -476,10 +477,10 @@ func parseSize(s string) (int64, error) {
 	for _, u := range units {
 		if num, ok := strings.CutSuffix(s, u.suffix); ok {
 			n, err := strconv.ParseFloat(num, 64)
-			if err != nil || n <= 0 {
+			if err != nil || !(n > 0) { // NaN is not > 0 either
 				return 0, errors.New("not a positive size like 512MiB or 8GiB")
 			}
-			if b := n * float64(u.mult); b < 1 || b > 1<<60 {
+			if b := n * float64(u.mult); !(b >= 1) || b > 1<<60 {
 				return 0, errors.New("must be from 1 byte to 1 EiB")
 			}
 			return int64(n * float64(u.mult)), nil

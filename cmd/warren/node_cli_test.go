@@ -27,7 +27,7 @@ func TestNodeAndBenchFlagErrors(t *testing.T) {
 		{[]string{"node", "--id", "n1", "--data", "/tmp/x", "--servers", "http://a", "--gossip", "127.0.0.1:1", "--driver", "sim", "--sandbox-listen", "127.0.0.1:0"},
 			[]string{`sandbox-listen: only for the microvm and container drivers`}},
 		{[]string{"node", "--id", "n1", "--data", "/tmp/x", "--servers", "http://a", "--gossip", "127.0.0.1:1", "--driver", "sim", "--capacity", "cpu=0,mem=1GiB"},
-			[]string{`capacity: cpu="0" is not a positive number of cores`}},
+			[]string{`capacity: cpu="0" is not a number of cores from 0.001 to 1000000`}},
 		{[]string{"node", "--id", "n1", "--data", "/tmp/x", "--servers", "http://a", "--gossip", "127.0.0.1:1", "--driver", "sim", "--capacity", "disk=1"},
 			[]string{`capacity: unknown resource "disk"`}},
 		{[]string{"node", "--id", "n1", "--data", "/tmp/x", "--servers", "http://a", "--gossip", "127.0.0.1:1", "--driver", "sim", "--labels", "zone"},
@@ -40,6 +40,19 @@ func TestNodeAndBenchFlagErrors(t *testing.T) {
 			[]string{"pprof: needs --metrics"}},
 		{[]string{"server", "--id", "s1", "--data", "/nonexistent/x", "--api", "127.0.0.1:1", "--raft", "127.0.0.1:2", "--max-starting", "-1"},
 			[]string{"max-starting: -1 must be positive"}},
+		// An empty host was advertised as http://:PORT; a negative TTL
+		// declared every node down; a join URL without its scheme was
+		// retried for good.
+		{[]string{"server", "--id", "s1", "--data", "/nonexistent/x", "--api", ":1", "--raft", "127.0.0.1:2"},
+			[]string{`api: give the address other servers reach this one at, not ""`}},
+		{[]string{"server", "--id", "s1", "--data", "/nonexistent/x", "--api", "127.0.0.1:1", "--raft", ":2"},
+			[]string{`raft: ":2" must be an address other servers can reach`}},
+		{[]string{"server", "--id", "s1", "--data", "/nonexistent/x", "--api", "127.0.0.1:1", "--raft", "127.0.0.1:2", "--node-ttl", "-1s", "--election-timeout", "-2s"},
+			[]string{"node-ttl: -1s must not be negative", "election-timeout: -2s must not be negative"}},
+		{[]string{"server", "--id", "s1", "--data", "/nonexistent/x", "--api", "127.0.0.1:1", "--raft", "127.0.0.1:2", "--node-ttl", "500ms"},
+			[]string{"node-ttl: 500ms must be longer than node-heartbeat 500ms"}},
+		{[]string{"server", "--id", "s2", "--data", "/nonexistent/x", "--api", "127.0.0.1:1", "--raft", "127.0.0.1:2", "--join", "127.0.0.1:7480"},
+			[]string{`join: "127.0.0.1:7480" must be a URL starting with http:// or https://`}},
 		{[]string{"bench"}, []string{`the only benchmark here is "capacity"`}},
 		{[]string{"bench", "capacity", "--preset", "huge"}, []string{`preset: "huge" is not default or ci`}},
 		{[]string{"bench", "capacity", "--finish", "later"}, []string{`finish: "later" is not run or cancel`}},
@@ -63,7 +76,7 @@ func TestNodeAndBenchFlagErrors(t *testing.T) {
 // FuzzParseCapacity: any --capacity or --labels text is parsed or refused
 // with an error, never a panic, and a parsed capacity is positive.
 func FuzzParseCapacity(f *testing.F) {
-	for _, s := range []string{"", "cpu=2,mem=4GiB", "cpu=0.5", "mem=512MiB", "mem=1.5T", "cpu=", "=", ",,", "cpu=1e400", "mem=-1G", "mem=9999999999T", "a=b,c=d"} {
+	for _, s := range []string{"", "cpu=2,mem=4GiB", "cpu=0.5", "mem=512MiB", "mem=1.5T", "cpu=", "=", ",,", "cpu=1e400", "cpu=NaN", "cpu=0.0001", "mem=NaN", "mem=NaNG", "mem=-1G", "mem=9999999999T", "a=b,c=d"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {

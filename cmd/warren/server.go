@@ -162,8 +162,8 @@ func serve(f serverFlags, stderr io.Writer, startNode func(*slog.Logger) (io.Clo
 	if err != nil {
 		return fmt.Errorf("api: %q is not HOST:PORT: %v", f.api, err)
 	}
-	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
-		return fmt.Errorf("api: give the address other servers reach this one at, not %s", host)
+	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+		return fmt.Errorf("api: give the address other servers reach this one at, not %q", host)
 	}
 	f.cfg.APIURL = "http://" + f.api
 	f.cfg.Logger = log
