@@ -2,6 +2,7 @@ package actor
 
 import (
 	"context"
+	"sync"
 	"time"
 )
 
@@ -45,25 +46,47 @@ func WithTimeout(parent context.Context, clock Clock, d time.Duration) (context.
 	if _, ok := clock.(realClock); ok {
 		return context.WithTimeout(parent, d)
 	}
-	ctx, cancel := context.WithCancelCause(parent)
+	c := &clockCtx{parent: parent, done: make(chan struct{})}
+	stop := context.AfterFunc(parent, func() { c.end(parent.Err()) })
 	if d <= 0 {
-		cancel(context.DeadlineExceeded)
-		return clockCtx{ctx}, func() { cancel(context.Canceled) }
+		c.end(context.DeadlineExceeded)
+		return c, func() { stop(); c.end(context.Canceled) }
 	}
-	t := clock.AfterFunc(d, func() { cancel(context.DeadlineExceeded) })
-	return clockCtx{ctx}, func() {
+	t := clock.AfterFunc(d, func() { c.end(context.DeadlineExceeded) })
+	return c, func() {
 		t.Stop()
-		cancel(context.Canceled)
+		stop()
+		c.end(context.Canceled)
 	}
 }
 
-// clockCtx reports the deadline cause of its cancellation as its Err.
-type clockCtx struct{ context.Context }
+// clockCtx is a context ended by its parent, its clock's deadline or its
+// cancel, whichever comes first, with the matching Err. It is a context of
+// its own, not a wrapper: contexts derived from it take its Err
+// (DeadlineExceeded once the clock passes the deadline), where a wrapper's
+// children saw the Canceled of the context inside it.
+type clockCtx struct {
+	parent context.Context
+	done   chan struct{}
+	mu     sync.Mutex
+	err    error
+}
 
-func (c clockCtx) Err() error {
-	err := c.Context.Err()
-	if err == context.Canceled && context.Cause(c.Context) == context.DeadlineExceeded {
-		return context.DeadlineExceeded
+func (c *clockCtx) Deadline() (time.Time, bool) { return c.parent.Deadline() }
+func (c *clockCtx) Done() <-chan struct{}       { return c.done }
+func (c *clockCtx) Value(key any) any           { return c.parent.Value(key) }
+
+func (c *clockCtx) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+func (c *clockCtx) end(err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err == nil {
+		c.err = err
+		close(c.done)
 	}
-	return err
 }

@@ -94,3 +94,34 @@ func TestBackoffDelay(t *testing.T) {
 		t.Errorf("uncapped backoff overflowed to %v", got)
 	}
 }
+
+// A context derived from a fake-clock WithTimeout before its deadline
+// reports DeadlineExceeded once the clock passes it, as with the real
+// clock. (It reported Canceled: the derived context saw the one inside
+// the wrapper WithTimeout returned.) A cancel or a parent's end comes
+// through as Canceled.
+func TestWithTimeoutOnAFakeClockEndsItsChildren(t *testing.T) {
+	fc := NewFakeClock(fakeStart)
+	ctx, cancel := WithTimeout(context.Background(), fc, time.Second)
+	defer cancel()
+	child, cancelChild := context.WithCancel(ctx)
+	defer cancelChild()
+	fc.Advance(time.Second)
+	<-child.Done()
+	if ctx.Err() != context.DeadlineExceeded || child.Err() != context.DeadlineExceeded {
+		t.Fatalf("after the deadline: Err %v, child's %v; want DeadlineExceeded for both", ctx.Err(), child.Err())
+	}
+	parent, endParent := context.WithCancel(context.Background())
+	ctx2, cancel2 := WithTimeout(parent, fc, time.Hour)
+	defer cancel2()
+	endParent()
+	<-ctx2.Done()
+	if ctx2.Err() != context.Canceled {
+		t.Fatalf("after the parent's end: %v, want Canceled", ctx2.Err())
+	}
+	ctx3, cancel3 := WithTimeout(context.Background(), fc, time.Hour)
+	cancel3()
+	if ctx3.Err() != context.Canceled {
+		t.Fatalf("after cancel: %v, want Canceled", ctx3.Err())
+	}
+}
