@@ -38,7 +38,7 @@ func TestNodeAndBenchFlagErrors(t *testing.T) {
 			[]string{`gossip-profile: "wan" is not lan or fleet`}},
 		{[]string{"node", "--id", "n1", "--data", "/tmp/x", "--servers", "http://a", "--gossip", "127.0.0.1:1", "--driver", "sim", "--pprof"},
 			[]string{"pprof: needs --metrics"}},
-		{[]string{"server", "--id", "s1", "--data", "/nonexistent/x", "--api", "127.0.0.1:1", "--raft", "127.0.0.1:2", "--max-starting", "-1"},
+		{[]string{"server", "--id", "s1", "--data", "/nonexistent/x", "--api", "127.0.0.1:0", "--raft", "127.0.0.1:2", "--max-starting", "-1"},
 			[]string{"max-starting: -1 must be positive"}},
 		// An empty host was advertised as http://:PORT; a negative TTL
 		// declared every node down; a join URL without its scheme was
@@ -47,11 +47,11 @@ func TestNodeAndBenchFlagErrors(t *testing.T) {
 			[]string{`api: give the address other servers reach this one at, not ""`}},
 		{[]string{"server", "--id", "s1", "--data", "/nonexistent/x", "--api", "127.0.0.1:1", "--raft", ":2"},
 			[]string{`raft: ":2" must be an address other servers can reach`}},
-		{[]string{"server", "--id", "s1", "--data", "/nonexistent/x", "--api", "127.0.0.1:1", "--raft", "127.0.0.1:2", "--node-ttl", "-1s", "--election-timeout", "-2s"},
+		{[]string{"server", "--id", "s1", "--data", "/nonexistent/x", "--api", "127.0.0.1:0", "--raft", "127.0.0.1:2", "--node-ttl", "-1s", "--election-timeout", "-2s"},
 			[]string{"node-ttl: -1s must not be negative", "election-timeout: -2s must not be negative"}},
-		{[]string{"server", "--id", "s1", "--data", "/nonexistent/x", "--api", "127.0.0.1:1", "--raft", "127.0.0.1:2", "--node-ttl", "500ms"},
+		{[]string{"server", "--id", "s1", "--data", "/nonexistent/x", "--api", "127.0.0.1:0", "--raft", "127.0.0.1:2", "--node-ttl", "500ms"},
 			[]string{"node-ttl: 500ms must be longer than node-heartbeat 500ms"}},
-		{[]string{"server", "--id", "s2", "--data", "/nonexistent/x", "--api", "127.0.0.1:1", "--raft", "127.0.0.1:2", "--join", "127.0.0.1:7480"},
+		{[]string{"server", "--id", "s2", "--data", "/nonexistent/x", "--api", "127.0.0.1:0", "--raft", "127.0.0.1:2", "--join", "127.0.0.1:7480"},
 			[]string{`join: "127.0.0.1:7480" must be a URL starting with http:// or https://`}},
 		{[]string{"bench"}, []string{`the only benchmark here is "capacity"`}},
 		{[]string{"bench", "capacity", "--preset", "huge"}, []string{`preset: "huge" is not default or ci`}},

@@ -173,6 +173,11 @@ func serve(f serverFlags, stderr io.Writer, startNode func(*slog.Logger) (io.Clo
 			f.cfg.DataDir = abs
 		}
 	}
+	// Every flag error at once, before a port is taken (a busy port would
+	// hide them).
+	if err := f.cfg.Validate(); err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", f.api)
 	if err != nil {
 		return fmt.Errorf("api: %w", err)
