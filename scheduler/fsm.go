@@ -13,7 +13,6 @@ import (
 	"connectrpc.com/connect"
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/hashicorp/raft"
-	"github.com/oklog/ulid/v2"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -537,11 +536,8 @@ func (a *applier) createTask(m *fsmv1.CreateTask) *fsmv1.Result {
 			return &fsmv1.Result{Task: snapshotTask(t)}
 		}
 	}
-	// Event keys are the task id and then the seq, with no separator:
-	// every id must be a canonical ULID's 26 bytes, or one task's keys
-	// could fall among another's. (Handlers make such ids; this holds
-	// whatever reaches the log.)
-	if u, err := ulid.ParseStrict(m.GetId()); err != nil || u.String() != m.GetId() {
+	// Handlers make only such ids; this holds whatever reaches the log.
+	if !isTaskID(m.GetId()) {
 		return fail(connect.CodeInvalidArgument, "id %q: not a task id in canonical form", m.GetId())
 	}
 	if _, r := a.task(m.GetId()); r == nil {

@@ -78,12 +78,24 @@ func (p *problems) taskID(field, v string) {
 		p.add(field, "required")
 		return
 	}
+	if isTaskID(v) {
+		return
+	}
 	if u, err := ulid.ParseStrict(v); err != nil {
 		p.add(field, "%q is not a task id (a 26-character ULID)", truncate(v, 40))
-	} else if c := u.String(); c != v {
+	} else {
 		// Ids are stored as written: another spelling would find nothing.
-		p.add(field, "%q: task ids are upper case (%s)", v, c)
+		p.add(field, "%q: task ids are upper case (%s)", v, u.String())
 	}
+}
+
+// isTaskID reports whether id is a task id in the one spelling ids are
+// made and stored in: a ULID's 26 upper-case characters. Event keys are
+// the id and then the seq, with no separator, so any other id could put
+// one task's keys among another's.
+func isTaskID(id string) bool {
+	u, err := ulid.ParseStrict(id)
+	return err == nil && u.String() == id
 }
 
 func truncate(s string, n int) string {
@@ -288,16 +300,14 @@ func validateAppendCommand(m *fsmv1.AppendEvents) error {
 // validateForwarded checks a command a follower forwarded (client and
 // operator writes only: batches, membership, plans, leases and a node's
 // down are the leader's own) as the handler that made it checked its
-// request: the cluster API is reachable by
-// whoever reaches the API port, and the FSM trusts what it applies (a
-// task id that is not a canonical ULID would, for one, share another
-// task's event keys). What the handler adds itself (ids, times) is
-// checked for its form.
+// request: the cluster API is reachable by whoever reaches the API port,
+// and the FSM trusts what it applies. What the handler adds itself (ids,
+// times) is checked for its form.
 func validateForwarded(cmd Command) error {
 	switch m := cmd.Body.(type) {
 	case *fsmv1.CreateTask:
 		var p problems
-		if u, err := ulid.ParseStrict(m.GetId()); err != nil || u.String() != m.GetId() {
+		if !isTaskID(m.GetId()) {
 			p.add("id", "%q is not a task id in canonical form (26 upper-case ULID characters)", truncate(m.GetId(), 40))
 		}
 		if m.GetTenant() == "" {
