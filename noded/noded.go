@@ -381,17 +381,13 @@ func (d *Daemon) actorFailed(ref *actor.Ref, err error) {
 	if d.ctx.Err() != nil {
 		return // closing: the task stays leased here, as Close says
 	}
-	reason := "the node's task actor kept failing: " + err.Error()
-	if len(reason) > 1000 {
-		reason = reason[:1000] + "…"
-	}
+	reason := failedReason("the node's task actor kept failing: " + err.Error())
 	d.wg.Add(1)
 	go func() { // OnEscalate must not block
 		defer d.wg.Done()
 		ctx, cancel := context.WithTimeout(d.ctx, time.Minute)
 		defer cancel()
-		_, aerr := d.app.Append(ctx, &warrenv1.AppendEventsRequest{TaskId: id, LeaseEpoch: epoch,
-			RequestId: fmt.Sprintf("e%d/actor-failed", epoch), Events: []*warrenv1.EventInput{ev("state_changed", map[string]any{"to": "failed", "reason": reason})}})
+		_, aerr := d.app.Append(ctx, leaseAppend(id, epoch, "actor-failed", ev("state_changed", map[string]any{"to": "failed", "reason": reason})))
 		if aerr != nil {
 			d.log.Warn("record a failed task actor", "task", id, "epoch", epoch, "err", aerr)
 		}

@@ -402,8 +402,23 @@ func (a *taskActor) appendEgress(m egressBatch) error {
 // append appends one event under the actor's epoch with an idempotency key
 // scoped to the epoch, so a retry by this owner lands once.
 func (a *taskActor) append(ctx context.Context, key string, e *warrenv1.EventInput) (*warrenv1.AppendEventsResponse, error) {
-	return a.appendReq(ctx, &warrenv1.AppendEventsRequest{TaskId: a.id, LeaseEpoch: a.epoch,
-		RequestId: fmt.Sprintf("e%d/%s", a.epoch, key), Events: []*warrenv1.EventInput{e}})
+	return a.appendReq(ctx, leaseAppend(a.id, a.epoch, key, e))
+}
+
+// leaseAppend is the append of one event under a task's lease, its
+// request id key scoped to the epoch (so a retry by this holder lands
+// once, and the next holder's own appends are not taken for it).
+func leaseAppend(task string, epoch uint64, key string, e *warrenv1.EventInput) *warrenv1.AppendEventsRequest {
+	return &warrenv1.AppendEventsRequest{TaskId: task, LeaseEpoch: epoch,
+		RequestId: fmt.Sprintf("e%d/%s", epoch, key), Events: []*warrenv1.EventInput{e}}
+}
+
+// failedReason is a reason for a failed task, cut to 1000 bytes.
+func failedReason(s string) string {
+	if len(s) > 1000 {
+		return s[:1000] + "…"
+	}
+	return s
 }
 
 // appendReq appends and notes a cancel request the log reports.
@@ -431,10 +446,7 @@ func (a *taskActor) failed(c *actor.Context, what string, err error, retry any) 
 		a.finish(c, err.Error(), &a.d.stats.Stopped)
 	case connect.CodeOf(err) == connect.CodeInvalidArgument:
 		// The same write would be refused again: end the task, saying why.
-		reason := fmt.Sprintf("%s: an event was refused: %s", what, err.Error())
-		if len(reason) > 1000 {
-			reason = reason[:1000] + "…"
-		}
+		reason := failedReason(fmt.Sprintf("%s: an event was refused: %s", what, err.Error()))
 		c.Logger().Warn("an event was refused; the task fails", "task", a.id, "during", what, "err", err)
 		_, _ = a.append(a.ctx, "refused", ev("state_changed", map[string]any{"to": "failed", "reason": reason}))
 		a.finish(c, reason, &a.d.stats.Finished)
