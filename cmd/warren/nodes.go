@@ -65,13 +65,11 @@ func cmdNodes(args []string, stdout, stderr io.Writer) error {
 		case "uncordon":
 			resp, err = c.Cluster().UncordonNode(ctx, connect.NewRequest(&warrenv1.NodeRequest{Id: pos[0]}))
 		default:
-			// Whole seconds, rounded up: under 1s would be 0, which the
-			// server takes for its default (an hour).
 			if *deadline <= 0 {
 				return fmt.Errorf("deadline: must be positive, got %v", *deadline)
 			}
-			secs := int64((*deadline + time.Second - 1) / time.Second)
-			resp, err = c.Cluster().DrainNode(ctx, connect.NewRequest(&warrenv1.DrainNodeRequest{Id: pos[0], DeadlineSeconds: secs}))
+			// Under 1s must not become 0, the server's default (an hour).
+			resp, err = c.Cluster().DrainNode(ctx, connect.NewRequest(&warrenv1.DrainNodeRequest{Id: pos[0], DeadlineSeconds: ceilSeconds(*deadline)}))
 		}
 		if err != nil {
 			return err

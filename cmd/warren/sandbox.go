@@ -87,9 +87,8 @@ func cmdSandbox(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		res, err := c.Sandboxes().CreateSandbox(ctx, connect.NewRequest(&warrenv1.CreateSandboxRequest{
-			// Whole seconds, rounded up: a TTL under 1s must not become
-			// 0, which is the node's default (an hour).
-			Template: *template, TtlSeconds: int64((*ttl + time.Second - 1) / time.Second), Env: envm, NodeId: *node,
+			// A TTL under 1s must not become 0, the node's default (an hour).
+			Template: *template, TtlSeconds: ceilSeconds(*ttl), Env: envm, NodeId: *node,
 			Limits: &warrenv1.SandboxLimits{Vcpus: uint32(*vcpus), MemoryMb: uint32(*mem), Pids: uint32(*pids), DiskMb: uint32(*disk)},
 			Egress: ef.policy(fs),
 		}))
@@ -486,6 +485,10 @@ func readAtMost(r io.Reader, max int64, what string) ([]byte, error) {
 	}
 	return b, nil
 }
+
+// ceilSeconds is d in whole seconds, rounded up, as the API's *_seconds
+// fields take durations.
+func ceilSeconds(d time.Duration) int64 { return int64((d + time.Second - 1) / time.Second) }
 
 // fitUint32 refuses a flag's value that the API's 32-bit field would
 // wrap (--memory-mb 4294967424 became 128), naming the flag.
