@@ -15,13 +15,21 @@ import (
 	"github.com/warrenhq/warren/client"
 )
 
-func TestAppenderSharesCallsAndKeepsEachOutcome(t *testing.T) {
+// devClient starts a single-voter server in this process (startDev) for the
+// test and returns a client of it.
+func devClient(t *testing.T) *client.Client {
+	t.Helper()
 	url, stop := startDev()
-	defer stop()
+	t.Cleanup(stop)
 	c, err := client.New(url)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return c
+}
+
+func TestAppenderSharesCallsAndKeepsEachOutcome(t *testing.T) {
+	c := devClient(t)
 	ctx := context.Background()
 	var ids []string
 	for i := 0; i < 10; i++ {
@@ -78,7 +86,7 @@ func TestAppenderSharesCallsAndKeepsEachOutcome(t *testing.T) {
 	}
 
 	// A refusal is reported to its own caller only.
-	_, err = app.Append(ctx, &warrenv1.AppendEventsRequest{TaskId: ids[0], LeaseEpoch: 7, Events: []*warrenv1.EventInput{{Kind: "log"}}})
+	_, err := app.Append(ctx, &warrenv1.AppendEventsRequest{TaskId: ids[0], LeaseEpoch: 7, Events: []*warrenv1.EventInput{{Kind: "log"}}})
 	if connect.CodeOf(err) != connect.CodeFailedPrecondition {
 		t.Fatalf("stale epoch: %v", err)
 	}
