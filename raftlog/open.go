@@ -57,10 +57,11 @@ const (
 
 // Open opens, creating it if needed, the server's Pebble database at dir with
 // options tuned for a Raft log. The WAL is on and Store syncs every write.
-// Flushes and compactions are paced (pace.go). The caller closes the
+// Flushes and compactions are paced (pace.go), and WAL files are
+// zero-filled ahead of their writer (walfill.go). The caller closes the
 // returned DB.
 func Open(dir string) (*pebble.DB, error) {
-	fs := newPacedFS(vfs.Default)
+	fs := newPacedFS(newWALFillFS(vfs.Default))
 	o := options(fs)
 	l := pebble.EventListener{}
 	fs.listen(&l)
@@ -69,7 +70,7 @@ func Open(dir string) (*pebble.DB, error) {
 }
 
 // OpenWithFS is Open with an injected filesystem, for tests that use
-// vfs.NewMem or errorfs, and without pacing.
+// vfs.NewMem or errorfs, without pacing or WAL filling.
 func OpenWithFS(dir string, fs vfs.FS) (*pebble.DB, error) {
 	return open(dir, options(fs))
 }
