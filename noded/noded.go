@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/warrenhq/warren/actor"
@@ -163,6 +164,7 @@ type taskRef struct {
 	ref    *actor.Ref
 	epoch  uint64
 	cancel context.CancelFunc
+	yield  *atomic.Pointer[string] // shared with the actor: see taskActor.yield
 }
 
 // Start runs a node daemon until Close.
@@ -315,6 +317,7 @@ func (d *Daemon) startTask(m *warrenv1.StartTask) {
 		task = nil // not this lease's: read it
 	}
 	var spawned bool // the factory runs again for each restart after a panic
+	yield := new(atomic.Pointer[string])
 	ref, err := d.sys.Spawn(fmt.Sprintf("task-%s-e%d", id, epoch),
 		func() actor.Behavior {
 			// Only the first actor starts from the task StartTask carried:
@@ -325,7 +328,7 @@ func (d *Daemon) startTask(m *warrenv1.StartTask) {
 				given = nil
 			}
 			spawned = true
-			return &taskActor{d: d, id: id, epoch: epoch, resume: resume, given: given, ctx: ctx}
+			return &taskActor{d: d, id: id, epoch: epoch, resume: resume, given: given, ctx: ctx, yield: yield}
 		},
 		actor.WithMailbox(16),
 		actor.WithPolicy(actor.RestartPolicy{MaxRestarts: 3, Window: time.Minute}))
@@ -334,7 +337,7 @@ func (d *Daemon) startTask(m *warrenv1.StartTask) {
 		d.log.Error("spawn task actor", "task", m.GetTaskId(), "err", err)
 		return
 	}
-	d.actors[m.GetTaskId()] = &taskRef{ref: ref, epoch: m.GetEpoch(), cancel: cancel}
+	d.actors[m.GetTaskId()] = &taskRef{ref: ref, epoch: m.GetEpoch(), cancel: cancel, yield: yield}
 	d.stats.Started++
 }
 
@@ -348,7 +351,12 @@ func (d *Daemon) stopTask(m *warrenv1.StopTask) {
 	}
 	if m.GetYield() {
 		d.mu.Unlock()
-		_ = cur.ref.Send(yieldMsg{reason: m.GetReason()})
+		why := m.GetReason()
+		if why == "" {
+			why = "asked to yield"
+		}
+		// The actor reads it at its next step boundary.
+		cur.yield.CompareAndSwap(nil, &why)
 		return
 	}
 	delete(d.actors, m.GetTaskId())

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -24,7 +25,6 @@ import (
 type (
 	startMsg struct{}
 	stepMsg  struct{}
-	yieldMsg struct{ reason string }
 	// approvalPollMsg looks for the decision a waiting agent loop needs.
 	approvalPollMsg struct {
 		toolCallID string
@@ -79,12 +79,16 @@ type taskActor struct {
 	resume bool
 	given  *warrenv1.Task // from StartTask, used by the first start only
 	ctx    context.Context
+	// yield holds why the task is to be given back, once the node is
+	// asked to (a drain). It is the taskRef's, not a message: a message
+	// could find the mailbox full, and an actor restarted after a panic
+	// is a new taskActor.
+	yield *atomic.Pointer[string]
 
 	script  *warrenv1.Script
 	next    uint32 // the next step to run, from 1
 	sb      driver.Sandbox
-	yield   string // set when asked to give the task back
-	cancel  bool   // the task has a cancel request
+	cancel  bool // the task has a cancel request
 	started bool
 	done    bool
 	bound   bool   // the sandbox's network has the task's policy
@@ -146,11 +150,6 @@ func (a *taskActor) Receive(c *actor.Context, msg any) {
 	case egressMsg:
 		if err := a.recordEgress(); err != nil {
 			a.failed(c, "record egress", err, egressMsg{})
-		}
-	case yieldMsg:
-		a.yield = m.reason
-		if a.yield == "" {
-			a.yield = "asked to yield"
 		}
 	}
 }
@@ -286,12 +285,12 @@ func (a *taskActor) step(c *actor.Context) {
 		a.finish(c, "cancelled", &a.d.stats.Finished)
 		return
 	}
-	if a.yield != "" {
-		if _, err := a.append(ctx, "yield", ev("state_changed", map[string]any{"to": "pending", "reason": a.yield, "node": a.d.cfg.ID})); err != nil {
+	if why := a.yield.Load(); why != nil {
+		if _, err := a.append(ctx, "yield", ev("state_changed", map[string]any{"to": "pending", "reason": *why, "node": a.d.cfg.ID})); err != nil {
 			a.failed(c, "give the task back", err, stepMsg{})
 			return
 		}
-		a.finish(c, "gave the task back: "+a.yield, &a.d.stats.Yielded)
+		a.finish(c, "gave the task back: "+*why, &a.d.stats.Yielded)
 		return
 	}
 	if a.agentMode {

@@ -1,0 +1,45 @@
+package noded
+
+import (
+	"sync/atomic"
+	"testing"
+
+	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+)
+
+// A request to give a task back is the actor's shared state, not a message
+// (which a full mailbox would refuse, and an actor restarted after a panic
+// would not have): stopTask records it for the actor's next step, keeps
+// the first reason, and ignores requests for an older lease.
+func TestYieldRequestIsRecorded(t *testing.T) {
+	ref := &taskRef{epoch: 2, yield: new(atomic.Pointer[string])}
+	d := &Daemon{actors: map[string]*taskRef{"t": ref}}
+	stop := func(epoch uint64, reason string) {
+		d.stopTask(&warrenv1.StopTask{TaskId: "t", Epoch: epoch, Reason: reason, Yield: true})
+	}
+	got := func() string {
+		if p := ref.yield.Load(); p != nil {
+			return *p
+		}
+		return ""
+	}
+	stop(1, "an older lease")
+	if g := got(); g != "" {
+		t.Fatalf("a yield for an older epoch was recorded: %q", g)
+	}
+	stop(2, "node draining")
+	stop(2, "something else")
+	if g := got(); g != "node draining" {
+		t.Fatalf("yield reason %q, want the first one", g)
+	}
+	if d.actors["t"] != ref {
+		t.Fatal("a yield removed the task's actor")
+	}
+
+	other := &taskRef{epoch: 1, yield: new(atomic.Pointer[string])}
+	d.actors["u"] = other
+	d.stopTask(&warrenv1.StopTask{TaskId: "u", Epoch: 1, Yield: true})
+	if p := other.yield.Load(); p == nil || *p != "asked to yield" {
+		t.Fatalf("a yield without a reason recorded %v", p)
+	}
+}
