@@ -1,6 +1,11 @@
 package raftlog
 
 import (
+	"io"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+
 	"github.com/cockroachdb/pebble/v2/vfs"
 )
 
@@ -36,18 +41,32 @@ const (
 
 // walFillFS zero-fills WAL files ahead of their writer; other files pass
 // through.
+//
+// A WAL being written is read only by a checkpoint (a raft snapshot),
+// which copies it whole while the writer goes on. Without the zeros the
+// copy is always a prefix of the log: the reader meets the end of the
+// file where the writer is. With them it would read on into zeros and,
+// if the writer crossed into the next block meanwhile, copy records,
+// zeros, then newer records, which Pebble's reader rightly takes for
+// corruption. So Open of a WAL being written returns the prefix written
+// when it was opened: everything the checkpoint needs, since Pebble
+// flushes the WAL before copying it (pebble.WithFlushedWAL).
 type walFillFS struct {
 	vfs.FS
+	mu   sync.Mutex
+	live map[string]*walFillFile // WALs being written, by path
 }
 
-func newWALFillFS(fs vfs.FS) *walFillFS { return &walFillFS{FS: fs} }
+func newWALFillFS(fs vfs.FS) *walFillFS {
+	return &walFillFS{FS: fs, live: map[string]*walFillFile{}}
+}
 
 func (w *walFillFS) Create(name string, category vfs.DiskWriteCategory) (vfs.File, error) {
 	f, err := w.FS.Create(name, category)
 	if err != nil || category != categoryWAL {
 		return f, err
 	}
-	return &walFillFile{File: f}, nil
+	return w.track(name, &walFillFile{File: f}), nil
 }
 
 // ReuseForWrite is how Pebble recycles an old WAL: it is overwritten from
@@ -61,7 +80,31 @@ func (w *walFillFS) ReuseForWrite(oldname, newname string, category vfs.DiskWrit
 	if fi, err := f.Stat(); err == nil {
 		wf.filled = fi.Size()
 	}
-	return wf, nil
+	return w.track(newname, wf), nil
+}
+
+func (w *walFillFS) track(name string, f *walFillFile) *walFillFile {
+	f.fs, f.name = w, filepath.Clean(name)
+	w.mu.Lock()
+	w.live[f.name] = f
+	w.mu.Unlock()
+	return f
+}
+
+// Open of a WAL being written reads only what was written when it was
+// opened.
+func (w *walFillFS) Open(name string, opts ...vfs.OpenOption) (vfs.File, error) {
+	f, err := w.FS.Open(name, opts...)
+	if err != nil {
+		return f, err
+	}
+	w.mu.Lock()
+	wf := w.live[filepath.Clean(name)]
+	w.mu.Unlock()
+	if wf == nil {
+		return f, nil
+	}
+	return &prefixFile{File: f, n: wf.written.Load()}, nil
 }
 
 // walFillFile tracks its writer's offset (Pebble writes a WAL
@@ -69,9 +112,12 @@ func (w *walFillFS) ReuseForWrite(oldname, newname string, category vfs.DiskWrit
 // the written zeros.
 type walFillFile struct {
 	vfs.File
-	off    int64 // where the next Write goes
-	filled int64 // bytes [0, filled) are written (zeros or data)
-	failed bool  // a fill failed: stop filling this file
+	fs      *walFillFS
+	name    string
+	off     int64        // where the next Write goes
+	written atomic.Int64 // off, for readers (walFillFS.Open)
+	filled  int64        // bytes [0, filled) are written (zeros or data)
+	failed  bool         // a fill failed: stop filling this file
 }
 
 func (f *walFillFile) Write(p []byte) (int, error) {
@@ -80,7 +126,19 @@ func (f *walFillFile) Write(p []byte) (int, error) {
 	}
 	n, err := f.File.Write(p)
 	f.off += int64(n)
+	f.written.Store(f.off)
 	return n, err
+}
+
+func (f *walFillFile) Close() error {
+	if f.fs != nil {
+		f.fs.mu.Lock()
+		if f.fs.live[f.name] == f {
+			delete(f.fs.live, f.name)
+		}
+		f.fs.mu.Unlock()
+	}
+	return f.File.Close()
 }
 
 // fill writes zeros from the end of what is written (or the writer's
@@ -100,3 +158,46 @@ func (f *walFillFile) fill(end int64) {
 
 // walZeros is what fill writes, a chunk at a time.
 var walZeros = make([]byte, walFillChunk)
+
+// prefixFile reads its file's first n bytes only.
+type prefixFile struct {
+	vfs.File
+	n   int64
+	pos int64 // for Read
+}
+
+func (f *prefixFile) Read(p []byte) (int, error) {
+	n, err := f.ReadAt(p, f.pos)
+	f.pos += int64(n)
+	return n, err
+}
+
+func (f *prefixFile) ReadAt(p []byte, off int64) (int, error) {
+	if off >= f.n {
+		return 0, io.EOF
+	}
+	short := off+int64(len(p)) > f.n
+	if short {
+		p = p[:f.n-off]
+	}
+	n, err := f.File.ReadAt(p, off)
+	if err == nil && short {
+		err = io.EOF
+	}
+	return n, err
+}
+
+func (f *prefixFile) Stat() (vfs.FileInfo, error) {
+	fi, err := f.File.Stat()
+	if err != nil {
+		return nil, err
+	}
+	return prefixInfo{fi, min(fi.Size(), f.n)}, nil
+}
+
+type prefixInfo struct {
+	vfs.FileInfo
+	size int64
+}
+
+func (i prefixInfo) Size() int64 { return i.size }
