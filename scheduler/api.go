@@ -220,6 +220,11 @@ func (a taskAPI) GetTask(ctx context.Context, req *connect.Request[warrenv1.GetT
 	return connect.NewResponse(&warrenv1.GetTaskResponse{Task: t}), nil
 }
 
+// maxListBytes bounds one ListTasks page: a task's issue body alone may
+// hold 256 KiB, so 1000 of them would make a response of hundreds of MB.
+// A page that reaches it ends early, with next_page_token set.
+const maxListBytes = 4 << 20
+
 func (a taskAPI) ListTasks(ctx context.Context, req *connect.Request[warrenv1.ListTasksRequest]) (*connect.Response[warrenv1.ListTasksResponse], error) {
 	if err := validateList(req.Msg); err != nil {
 		return nil, invalid(err)
@@ -228,7 +233,7 @@ func (a taskAPI) ListTasks(ctx context.Context, req *connect.Request[warrenv1.Li
 	if size == 0 {
 		size = 100
 	}
-	tasks, next, err := a.s.fsm.ListTasks(req.Msg.GetState(), req.Msg.GetPageToken(), size)
+	tasks, next, err := a.s.fsm.ListTasks(req.Msg.GetState(), req.Msg.GetPageToken(), size, maxListBytes)
 	if err != nil {
 		return nil, err
 	}

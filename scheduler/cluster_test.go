@@ -231,7 +231,7 @@ func TestLateFollowerGetsSnapshot(t *testing.T) {
 
 func countStates(t *testing.T, n *node) map[warrenv1.TaskState]int {
 	t.Helper()
-	tasks, _, err := n.srv.FSM().ListTasks(warrenv1.TaskState_TASK_STATE_UNSPECIFIED, "", 1000)
+	tasks, _, err := n.srv.FSM().ListTasks(warrenv1.TaskState_TASK_STATE_UNSPECIFIED, "", 1000, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -285,7 +285,7 @@ func TestLeaderPlacesPendingTasks(t *testing.T) {
 	})
 	register("n3", "a")
 	waitFor(t, "n3 to take two tasks", 10*time.Second, placed(4))
-	tasks, _, _ := nodes[2].srv.FSM().ListTasks(warrenv1.TaskState_TASK_STATE_PLACED, "", 100)
+	tasks, _, _ := nodes[2].srv.FSM().ListTasks(warrenv1.TaskState_TASK_STATE_PLACED, "", 100, 0)
 	for _, tk := range tasks {
 		if tk.GetLease().GetNode() == "n1" {
 			t.Fatalf("task %s placed on the down node", tk.GetId())
@@ -379,7 +379,7 @@ func TestPlacementPacesStarts(t *testing.T) {
 		t.Fatalf("states %v, want 3 placed and 7 pending", got)
 	}
 	// Start one (as its actor would): one more is placed.
-	tasks, _, err := nodes[0].srv.FSM().ListTasks(warrenv1.TaskState_TASK_STATE_PLACED, "", 1)
+	tasks, _, err := nodes[0].srv.FSM().ListTasks(warrenv1.TaskState_TASK_STATE_PLACED, "", 1, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

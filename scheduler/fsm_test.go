@@ -472,34 +472,62 @@ func TestListTasksPagesAndFilters(t *testing.T) {
 		ids = append(ids, tf.create("").GetId())
 	}
 	tf.ok(&fsmv1.CancelTask{TaskId: ids[2], Time: timestamppb.New(t0)}, &fsmv1.CancelTask{TaskId: ids[5], Time: timestamppb.New(t0)})
-	var got []string
+	if got, _ := listPages(t, tf.fsm, 3, 0); strings.Join(got, ",") != strings.Join(ids, ",") {
+		t.Fatalf("listed %v, want %v", got, ids)
+	}
+	cancelled, next, err := tf.fsm.ListTasks(warrenv1.TaskState_TASK_STATE_CANCELLED, "", 10, 0)
+	if err != nil || next != "" || len(cancelled) != 2 || cancelled[0].GetId() != ids[2] || cancelled[1].GetId() != ids[5] {
+		t.Fatalf("cancelled = %v next=%q err=%v", cancelled, next, err)
+	}
+	pending, _, _ := tf.fsm.ListTasks(warrenv1.TaskState_TASK_STATE_PENDING, "", 10, 0)
+	if len(pending) != 5 {
+		t.Fatalf("pending = %d, want 5", len(pending))
+	}
+}
+
+// listPages pages through every task, limit and maxBytes a page, and
+// returns their ids and how many each page held.
+func listPages(t *testing.T, f *FSM, limit, maxBytes int) (ids []string, pages []int) {
+	t.Helper()
 	after := ""
-	for page := 0; ; page++ {
-		tasks, next, err := tf.fsm.ListTasks(warrenv1.TaskState_TASK_STATE_UNSPECIFIED, after, 3)
+	for {
+		tasks, next, err := f.ListTasks(warrenv1.TaskState_TASK_STATE_UNSPECIFIED, after, limit, maxBytes)
 		if err != nil {
 			t.Fatal(err)
 		}
+		pages = append(pages, len(tasks))
 		for _, tk := range tasks {
-			got = append(got, tk.GetId())
+			ids = append(ids, tk.GetId())
 		}
 		if next == "" {
-			break
+			return ids, pages
 		}
 		after = next
-		if page > 5 {
+		if len(pages) > 100 {
 			t.Fatal("paging does not end")
 		}
+	}
+}
+
+// A page of large tasks ends at the byte budget, with a token that goes
+// on from its last task, and always holds one task.
+func TestListTasksPageBytes(t *testing.T) {
+	tf := newTestFSM(t)
+	var ids []string
+	for range 9 {
+		spec := testSpec()
+		spec.IssueBody = strings.Repeat("b", 100<<10)
+		ids = append(ids, tf.ok(&fsmv1.CreateTask{Id: ulid.Make().String(), Tenant: "default", Spec: spec, Time: timestamppb.New(t0)})[0].GetTask().GetId())
+	}
+	got, pages := listPages(t, tf.fsm, 1000, 250<<10)
+	if fmt.Sprint(pages) != "[2 2 2 2 1]" {
+		t.Fatalf("pages of %v tasks of ~100 KiB under a 250 KiB budget, want [2 2 2 2 1]", pages)
 	}
 	if strings.Join(got, ",") != strings.Join(ids, ",") {
 		t.Fatalf("listed %v, want %v", got, ids)
 	}
-	cancelled, next, err := tf.fsm.ListTasks(warrenv1.TaskState_TASK_STATE_CANCELLED, "", 10)
-	if err != nil || next != "" || len(cancelled) != 2 || cancelled[0].GetId() != ids[2] || cancelled[1].GetId() != ids[5] {
-		t.Fatalf("cancelled = %v next=%q err=%v", cancelled, next, err)
-	}
-	pending, _, _ := tf.fsm.ListTasks(warrenv1.TaskState_TASK_STATE_PENDING, "", 10)
-	if len(pending) != 5 {
-		t.Fatalf("pending = %d, want 5", len(pending))
+	if tasks, _, _ := tf.fsm.ListTasks(warrenv1.TaskState_TASK_STATE_UNSPECIFIED, "", 1000, 1); len(tasks) != 1 {
+		t.Fatalf("a budget below one task gave %d tasks, want 1", len(tasks))
 	}
 }
 
@@ -744,7 +772,7 @@ func TestPlainAppendsLeaveTheRecordButReadsCatchUp(t *testing.T) {
 		if got.GetNextSeq() != wantNext || !got.GetUpdatedAt().AsTime().Equal(wantUpdated) {
 			t.Fatalf("%s: next_seq %d updated_at %v, want %d %v", what, got.GetNextSeq(), got.GetUpdatedAt().AsTime(), wantNext, wantUpdated)
 		}
-		list, _, err := tf.fsm.ListTasks(warrenv1.TaskState_TASK_STATE_UNSPECIFIED, "", 10)
+		list, _, err := tf.fsm.ListTasks(warrenv1.TaskState_TASK_STATE_UNSPECIFIED, "", 10, 0)
 		if err != nil || len(list) != 1 || !proto.Equal(list[0], got) {
 			t.Fatalf("%s: ListTasks = %v, %v; want the task GetTask reads", what, list, err)
 		}

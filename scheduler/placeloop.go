@@ -92,7 +92,7 @@ func (s *Server) placeOnce(rng *rand.Rand) (time.Duration, error) {
 		limit = DefaultMaxStarting
 	}
 	// The tasks starting now, and on which nodes.
-	starting, _, err := s.fsm.ListTasks(warrenv1.TaskState_TASK_STATE_PLACED, "", limit)
+	starting, _, err := s.fsm.ListTasks(warrenv1.TaskState_TASK_STATE_PLACED, "", limit, 0)
 	if err != nil {
 		return time.Since(start), err
 	}
@@ -104,7 +104,7 @@ func (s *Server) placeOnce(rng *rand.Rand) (time.Duration, error) {
 	if room <= 0 {
 		return time.Since(start), nil // a task leaving placed changes replanGen
 	}
-	pending, _, err := s.fsm.ListTasks(warrenv1.TaskState_TASK_STATE_PENDING, "", room)
+	pending, _, err := s.fsm.ListTasks(warrenv1.TaskState_TASK_STATE_PENDING, "", room, 0)
 	if err != nil {
 		return time.Since(start), err
 	}

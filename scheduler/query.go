@@ -70,8 +70,10 @@ func (f *FSM) Events(id string, after uint64, limit int) ([]*warrenv1.Event, err
 
 // ListTasks returns up to limit tasks in id order (creation order), after
 // the id `after`. With state unspecified it lists every state. next is the
-// id to pass as after for the next page, or "" at the end.
-func (f *FSM) ListTasks(state warrenv1.TaskState, after string, limit int) (tasks []*warrenv1.Task, next string, err error) {
+// id to pass as after for the next page, or "" at the end. With maxBytes >
+// 0 a page also ends before a task that would take its encoded size past
+// maxBytes (it always holds at least one task).
+func (f *FSM) ListTasks(state warrenv1.TaskState, after string, limit, maxBytes int) (tasks []*warrenv1.Task, next string, err error) {
 	var lower, upper []byte
 	var idOf func(k []byte) string
 	if state == warrenv1.TaskState_TASK_STATE_UNSPECIFIED {
@@ -90,6 +92,7 @@ func (f *FSM) ListTasks(state warrenv1.TaskState, after string, limit int) (task
 		return nil, "", err
 	}
 	defer it.Close()
+	size := 0
 	for ok := it.First(); ok; ok = it.Next() {
 		if len(tasks) == limit {
 			return tasks, tasks[len(tasks)-1].GetId(), nil
@@ -98,6 +101,11 @@ func (f *FSM) ListTasks(state warrenv1.TaskState, after string, limit int) (task
 		if err != nil {
 			return nil, "", err
 		}
+		n := proto.Size(t)
+		if maxBytes > 0 && len(tasks) > 0 && size+n > maxBytes {
+			return tasks, tasks[len(tasks)-1].GetId(), nil
+		}
+		size += n
 		tasks = append(tasks, t)
 	}
 	return tasks, "", it.Error()
