@@ -112,21 +112,22 @@ func (w *walFillFS) Open(name string, opts ...vfs.OpenOption) (vfs.File, error) 
 // the written zeros.
 type walFillFile struct {
 	vfs.File
-	fs      *walFillFS
-	name    string
-	off     int64        // where the next Write goes
-	written atomic.Int64 // off, for readers (walFillFS.Open)
-	filled  int64        // bytes [0, filled) are written (zeros or data)
-	failed  bool         // a fill failed: stop filling this file
+	fs   *walFillFS
+	name string
+	// written is where the next Write goes; the writer sets it, and
+	// readers (walFillFS.Open) take it as the end of the log so far.
+	written atomic.Int64
+	filled  int64 // bytes [0, filled) are written (zeros or data)
+	failed  bool  // a fill failed: stop filling this file
 }
 
 func (f *walFillFile) Write(p []byte) (int, error) {
-	if end := f.off + int64(len(p)); end > f.filled && !f.failed {
-		f.fill(end)
+	off := f.written.Load()
+	if end := off + int64(len(p)); end > f.filled && !f.failed {
+		f.fill(off, end)
 	}
 	n, err := f.File.Write(p)
-	f.off += int64(n)
-	f.written.Store(f.off)
+	f.written.Store(off + int64(n))
 	return n, err
 }
 
@@ -142,10 +143,10 @@ func (f *walFillFile) Close() error {
 }
 
 // fill writes zeros from the end of what is written (or the writer's
-// offset, if further) to at least one whole chunk past end.
-func (f *walFillFile) fill(end int64) {
+// offset off, if further) to at least one whole chunk past end.
+func (f *walFillFile) fill(off, end int64) {
 	to := (end+walFillChunk-1)/walFillChunk*walFillChunk + walFillChunk
-	for from := max(f.filled, f.off); from < to; {
+	for from := max(f.filled, off); from < to; {
 		n := min(to-from, int64(len(walZeros)))
 		if _, err := f.File.WriteAt(walZeros[:n], from); err != nil {
 			f.failed = true

@@ -48,6 +48,13 @@ func zeroTail(t *testing.T, path string, n int64) bool {
 	return bytes.Count(b, []byte{0}) == len(b)
 }
 
+// patternLog is entry i with size bytes of data, each byte(i).
+func patternLog(i uint64, size int) *raft.Log {
+	l := testLog(i)
+	l.Data = bytes.Repeat([]byte{byte(i)}, size)
+	return l
+}
+
 // A store opened with Open keeps its WAL filled with zeros ahead of the
 // last write, and a copy of its directory taken while it runs (what a
 // SIGKILL leaves, since the page cache holds every write) reopens with
@@ -82,9 +89,7 @@ func TestWALFilledAheadAndReplayed(t *testing.T) {
 	next := uint64(11)
 	for range 4 {
 		for range 600 {
-			l := testLog(next)
-			l.Data = bytes.Repeat([]byte{byte(next)}, 2048)
-			if err := s.StoreLog(l); err != nil {
+			if err := s.StoreLog(patternLog(next, 2048)); err != nil {
 				t.Fatal(err)
 			}
 			next++
@@ -120,7 +125,7 @@ func TestWALFilledAheadAndReplayed(t *testing.T) {
 		if err := s2.GetLog(i, &got); err != nil {
 			t.Fatalf("GetLog(%d) after reopening the copy: %v", i, err)
 		}
-		if !bytes.Equal(got.Data, bytes.Repeat([]byte{byte(i)}, 2048)) {
+		if !logsEqual(&got, patternLog(i, 2048)) {
 			t.Fatalf("entry %d is not what was written", i)
 		}
 	}
@@ -197,15 +202,33 @@ func TestWALFillOnlyWALs(t *testing.T) {
 	}
 }
 
-// openFilled opens a store as Open does and returns its WAL-filling FS.
-func openFilled(t *testing.T, dir string) (*pebble.DB, *walFillFS) {
+// reopenedFilled opens a store in dir as Open does, closes it and opens it
+// again, and returns the second database (closed at the test's end), its
+// WAL-filling FS and its Store. A new database's first WAL has no sync
+// offsets (it is created before the format is raised); every later one,
+// as after a restart, has them.
+func reopenedFilled(t *testing.T, dir string) (*pebble.DB, *walFillFS, *Store) {
 	t.Helper()
-	wfs := newWALFillFS(vfs.Default)
-	db, err := open(dir, options(newPacedFS(wfs)))
+	var db *pebble.DB
+	var wfs *walFillFS
+	for i := range 2 {
+		if i > 0 {
+			if err := db.Close(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		wfs = newWALFillFS(vfs.Default)
+		var err error
+		if db, err = open(dir, options(newPacedFS(wfs))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { db.Close() })
+	s, err := New(db)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return db, wfs
+	return db, wfs, s
 }
 
 // openCopy opens a copied store read-only, as scheduler's FSM opens a
@@ -228,18 +251,7 @@ func openCopy(t *testing.T, dir string) {
 // review; without the prefix read the open fails with "zeroed chunk".)
 func TestWALCopiedWhileWrittenOpens(t *testing.T) {
 	dir := t.TempDir()
-	// A new database's first WAL has no sync offsets (it is created before
-	// the format is raised); every later one has them, so reopen.
-	db, _ := openFilled(t, dir)
-	if err := db.Close(); err != nil {
-		t.Fatal(err)
-	}
-	db, wfs := openFilled(t, dir)
-	defer db.Close()
-	s, err := New(db)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, wfs, s := reopenedFilled(t, dir)
 	storeRange(t, s, 1, 10)
 	wals := walFiles(t, dir)
 	live := wals[len(wals)-1]
@@ -256,9 +268,7 @@ func TestWALCopiedWhileWrittenOpens(t *testing.T) {
 	}
 	copied.Write(buf[:n])
 	for i := uint64(11); i <= 40; i++ {
-		l := testLog(i)
-		l.Data = bytes.Repeat([]byte{byte(i)}, 2048)
-		if err := s.StoreLog(l); err != nil {
+		if err := s.StoreLog(patternLog(i, 2048)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -278,17 +288,7 @@ func TestWALCopiedWhileWrittenOpens(t *testing.T) {
 
 // Checkpoints taken while appends go on (what a raft snapshot does) open.
 func TestCheckpointsWhileAppending(t *testing.T) {
-	dir := t.TempDir()
-	db, _ := openFilled(t, dir)
-	if err := db.Close(); err != nil {
-		t.Fatal(err)
-	}
-	db, _ = openFilled(t, dir)
-	defer db.Close()
-	s, err := New(db)
-	if err != nil {
-		t.Fatal(err)
-	}
+	db, _, s := reopenedFilled(t, t.TempDir())
 	stop := make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
@@ -299,9 +299,7 @@ func TestCheckpointsWhileAppending(t *testing.T) {
 				return
 			default:
 			}
-			l := testLog(i)
-			l.Data = bytes.Repeat([]byte{byte(i)}, 1024)
-			if err := s.StoreLog(l); err != nil {
+			if err := s.StoreLog(patternLog(i, 1024)); err != nil {
 				done <- err
 				return
 			}
