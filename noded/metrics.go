@@ -55,14 +55,18 @@ func (m *Metrics) claimed(sb driver.Sandbox) {
 // MetricsSnapshot is a point-in-time copy, as served by `warren node
 // --metrics` in JSON.
 type MetricsSnapshot struct {
-	Time         time.Time `json:"time"`
-	Nodes        int       `json:"nodes"`
-	Running      int       `json:"running"` // task actors now
-	Started      int       `json:"started"`
-	Finished     int       `json:"finished"`
-	Yielded      int       `json:"yielded"`
-	StoppedStale int       `json:"stopped_stale"`
-	Sessions     int       `json:"sessions"`
+	Time     time.Time `json:"time"`
+	Nodes    int       `json:"nodes"`
+	Running  int       `json:"running"` // task actors now
+	Started  int       `json:"started"`
+	Finished int       `json:"finished"`
+	Yielded  int       `json:"yielded"`
+	// Drain requests to give a task back, and those an uncordon withdrew
+	// before the task's actor acted on them.
+	YieldAsked     int `json:"yield_asked"`
+	YieldWithdrawn int `json:"yield_withdrawn"`
+	StoppedStale   int `json:"stopped_stale"`
+	Sessions       int `json:"sessions"`
 	// Task actors that recorded state_changed to running (once per lease).
 	RecordedRunning    uint64 `json:"recorded_running"`
 	Appends            uint64 `json:"appends"` // successful append calls
@@ -111,6 +115,8 @@ func (m *Metrics) Snapshot(daemons []*Daemon) MetricsSnapshot {
 		s.Started += st.Started
 		s.Finished += st.Finished
 		s.Yielded += st.Yielded
+		s.YieldAsked += st.YieldAsked
+		s.YieldWithdrawn += st.YieldWithdrawn
 		s.StoppedStale += st.StoppedStale
 		s.Sessions += st.Sessions
 	}

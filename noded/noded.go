@@ -158,6 +158,9 @@ type Stats struct {
 	Started, Finished, Yielded, StoppedStale, Stopped int
 	Parked                                            int // agent tasks parked to wait for approval
 	Sessions                                          int // sessions opened
+	// Requests to give a task back (drain) recorded, and those withdrawn
+	// (uncordon) before the task's actor acted on them.
+	YieldAsked, YieldWithdrawn int
 }
 
 type taskRef struct {
@@ -350,13 +353,15 @@ func (d *Daemon) stopTask(m *warrenv1.StopTask) {
 		return
 	}
 	if m.GetYield() {
-		d.mu.Unlock()
 		why := m.GetReason()
 		if why == "" {
 			why = "asked to yield"
 		}
 		// The actor reads it at its next step boundary.
-		cur.yield.CompareAndSwap(nil, &why)
+		if cur.yield.CompareAndSwap(nil, &why) {
+			d.stats.YieldAsked++
+		}
+		d.mu.Unlock()
 		return
 	}
 	delete(d.actors, m.GetTaskId())
@@ -365,6 +370,22 @@ func (d *Daemon) stopTask(m *warrenv1.StopTask) {
 	d.log.Info("stopping task actor", "task", m.GetTaskId(), "epoch", m.GetEpoch(), "reason", m.GetReason())
 	cur.cancel()
 	cur.ref.Stop()
+}
+
+// keepTask handles a KeepTask command: it withdraws a request to give the
+// task back, unless the actor already acted on it (then the task has left,
+// or is leaving, under this epoch).
+func (d *Daemon) keepTask(m *warrenv1.KeepTask) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	cur, ok := d.actors[m.GetTaskId()]
+	if !ok || cur.epoch != m.GetEpoch() {
+		return
+	}
+	if cur.yield.Swap(nil) != nil {
+		d.stats.YieldWithdrawn++
+		d.log.Info("request to give the task back withdrawn", "task", m.GetTaskId(), "epoch", m.GetEpoch())
+	}
 }
 
 // actorFailed ends the task of an actor that failed more often than its

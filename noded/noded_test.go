@@ -332,6 +332,41 @@ func TestDrainMovesTasks(t *testing.T) {
 	_ = b
 }
 
+// An uncordon before the tasks' next step boundary takes back the drain's
+// requests to give them back: the tasks stay on the node and finish there.
+func TestUncordonKeepsTasks(t *testing.T) {
+	c := startCluster(t, 1, 0)
+	a := c.startNode("a", 0)
+	// One long step: the drain and the uncordon both land inside it.
+	ids := c.submit(4, &warrenv1.Script{Steps: 1, StepMillis: 8000})
+	waitFor(t, "tasks running on a", 20*time.Second, func() bool {
+		for _, id := range ids {
+			if c.task(id).GetState() != warrenv1.TaskState_TASK_STATE_RUNNING {
+				return false
+			}
+		}
+		return a.Running() == 4
+	})
+	ctx := context.Background()
+	if _, err := c.cl.Cluster().DrainNode(ctx, connect.NewRequest(&warrenv1.DrainNodeRequest{Id: "a"})); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a to be asked to give its tasks back", 5*time.Second, func() bool { return a.Stats().YieldAsked == 4 })
+	if _, err := c.cl.Cluster().UncordonNode(ctx, connect.NewRequest(&warrenv1.NodeRequest{Id: "a"})); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the requests to be withdrawn", 5*time.Second, func() bool { return a.Stats().YieldWithdrawn == 4 })
+	waitFor(t, "all tasks to succeed", 60*time.Second, c.allEnded(ids))
+	if st := a.Stats(); st.Yielded != 0 {
+		t.Fatalf("a gave back %d tasks after the uncordon: %+v", st.Yielded, st)
+	}
+	for _, id := range ids {
+		if tk := c.task(id); tk.GetState() != warrenv1.TaskState_TASK_STATE_SUCCEEDED || tk.GetLease().GetEpoch() != 1 {
+			t.Fatalf("task %s: %s at epoch %d, want succeeded under its first lease", id, tk.GetState(), tk.GetLease().GetEpoch())
+		}
+	}
+}
+
 func TestCancelStopsRunningTask(t *testing.T) {
 	c := startCluster(t, 1, 0)
 	a := c.startNode("a", 0)

@@ -89,6 +89,13 @@ func (d *Daemon) runSession(nc warrenv1connect.NodeServiceClient, url string) er
 	}
 	d.mu.Lock()
 	d.stats.Sessions++
+	// Requests to give tasks back came from the previous session's leader,
+	// which can no longer withdraw them. If the node is still draining,
+	// this session's leader asks again within a liveness round; if it was
+	// uncordoned meanwhile, nobody would take them back.
+	for _, r := range d.actors {
+		r.yield.Store(nil)
+	}
 	d.mu.Unlock()
 	every := orDuration(time.Duration(w.GetHeartbeatIntervalMs())*time.Millisecond, orDuration(d.cfg.Heartbeat, 500*time.Millisecond))
 	d.log.Info("session opened", "leader", w.GetLeaderId(), "url", url, "heartbeat", every)
@@ -127,6 +134,8 @@ func (d *Daemon) runSession(nc warrenv1connect.NodeServiceClient, url string) er
 			d.startTask(c.Start)
 		case *warrenv1.SessionResponse_Stop:
 			d.stopTask(c.Stop)
+		case *warrenv1.SessionResponse_Keep:
+			d.keepTask(c.Keep)
 		case *warrenv1.SessionResponse_SetPoolTarget:
 			d.log.Info("pool target", "template", c.SetPoolTarget.GetTemplate(), "target", c.SetPoolTarget.GetTarget())
 			if d.Sandboxes != nil {

@@ -1,6 +1,7 @@
 package noded
 
 import (
+	"log/slog"
 	"sync/atomic"
 	"testing"
 
@@ -41,5 +42,31 @@ func TestYieldRequestIsRecorded(t *testing.T) {
 	d.stopTask(&warrenv1.StopTask{TaskId: "u", Epoch: 1, Yield: true})
 	if p := other.yield.Load(); p == nil || *p != "asked to yield" {
 		t.Fatalf("a yield without a reason recorded %v", p)
+	}
+}
+
+// KeepTask withdraws a recorded request for the same lease only, and
+// counts what it withdrew.
+func TestKeepTaskWithdrawsYield(t *testing.T) {
+	ref := &taskRef{epoch: 3, yield: new(atomic.Pointer[string])}
+	d := &Daemon{actors: map[string]*taskRef{"t": ref}, log: slog.New(slog.DiscardHandler)}
+	d.stopTask(&warrenv1.StopTask{TaskId: "t", Epoch: 3, Reason: "node draining", Yield: true})
+	d.keepTask(&warrenv1.KeepTask{TaskId: "t", Epoch: 2})
+	if ref.yield.Load() == nil {
+		t.Fatal("a KeepTask for an older lease withdrew the request")
+	}
+	d.keepTask(&warrenv1.KeepTask{TaskId: "gone", Epoch: 3})
+	d.keepTask(&warrenv1.KeepTask{TaskId: "t", Epoch: 3})
+	if p := ref.yield.Load(); p != nil {
+		t.Fatalf("request %q still recorded after KeepTask", *p)
+	}
+	d.keepTask(&warrenv1.KeepTask{TaskId: "t", Epoch: 3}) // nothing left to withdraw
+	if st := d.stats; st.YieldAsked != 1 || st.YieldWithdrawn != 1 {
+		t.Fatalf("stats %+v, want one request asked and one withdrawn", st)
+	}
+	// Asked again after the withdrawal (a second drain): recorded again.
+	d.stopTask(&warrenv1.StopTask{TaskId: "t", Epoch: 3, Reason: "drained again", Yield: true})
+	if p := ref.yield.Load(); p == nil || *p != "drained again" {
+		t.Fatalf("second request recorded as %v", p)
 	}
 }

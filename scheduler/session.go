@@ -376,6 +376,8 @@ func (s *Server) livenessLoop() {
 				} else {
 					s.askToYield(n.GetId())
 				}
+			} else if !down && st == warrenv1.NodeStatus_NODE_STATUS_READY {
+				s.withdrawYields(n.GetId())
 			}
 			if down {
 				s.log.Warn("declaring node down", "node", n.GetId(), "reason", reason)
@@ -437,4 +439,20 @@ func (s *Server) askToYield(node string) {
 		c.send(&warrenv1.SessionResponse{Msg: &warrenv1.SessionResponse_Stop{Stop: &warrenv1.StopTask{
 			TaskId: t.GetId(), Epoch: e, Reason: "node draining", Yield: true}}})
 	}
+}
+
+// withdrawYields takes back, on a node that is no longer draining (it was
+// uncordoned), the requests to give tasks back that askToYield sent on its
+// session: the tasks whose actors have not reached a step boundary since
+// stay. Without it, an uncordon only stopped the asking, and every task
+// asked before it still moved once.
+func (s *Server) withdrawYields(node string) {
+	c := s.sess.get(node)
+	if c == nil || len(c.yielded) == 0 {
+		return
+	}
+	for id, e := range c.yielded {
+		c.send(&warrenv1.SessionResponse{Msg: &warrenv1.SessionResponse_Keep{Keep: &warrenv1.KeepTask{TaskId: id, Epoch: e}}})
+	}
+	clear(c.yielded)
 }

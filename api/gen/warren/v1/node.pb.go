@@ -506,6 +506,7 @@ type SessionResponse struct {
 	//	*SessionResponse_Start
 	//	*SessionResponse_Stop
 	//	*SessionResponse_SetPoolTarget
+	//	*SessionResponse_Keep
 	Msg           isSessionResponse_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -584,6 +585,15 @@ func (x *SessionResponse) GetSetPoolTarget() *SetPoolTarget {
 	return nil
 }
 
+func (x *SessionResponse) GetKeep() *KeepTask {
+	if x != nil {
+		if x, ok := x.Msg.(*SessionResponse_Keep); ok {
+			return x.Keep
+		}
+	}
+	return nil
+}
+
 type isSessionResponse_Msg interface {
 	isSessionResponse_Msg()
 }
@@ -604,6 +614,10 @@ type SessionResponse_SetPoolTarget struct {
 	SetPoolTarget *SetPoolTarget `protobuf:"bytes,4,opt,name=set_pool_target,json=setPoolTarget,proto3,oneof"`
 }
 
+type SessionResponse_Keep struct {
+	Keep *KeepTask `protobuf:"bytes,5,opt,name=keep,proto3,oneof"`
+}
+
 func (*SessionResponse_Welcome) isSessionResponse_Msg() {}
 
 func (*SessionResponse_Start) isSessionResponse_Msg() {}
@@ -611,6 +625,8 @@ func (*SessionResponse_Start) isSessionResponse_Msg() {}
 func (*SessionResponse_Stop) isSessionResponse_Msg() {}
 
 func (*SessionResponse_SetPoolTarget) isSessionResponse_Msg() {}
+
+func (*SessionResponse_Keep) isSessionResponse_Msg() {}
 
 type Welcome struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
@@ -819,6 +835,62 @@ func (x *StopTask) GetYield() bool {
 	return false
 }
 
+// KeepTask withdraws a request to give a task back (StopTask with yield)
+// that the task's actor has not acted on yet: the node was uncordoned
+// before the task's next step boundary. A node without the task, or with
+// it under another epoch, ignores it.
+type KeepTask struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TaskId        string                 `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	Epoch         uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeepTask) Reset() {
+	*x = KeepTask{}
+	mi := &file_warren_v1_node_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeepTask) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeepTask) ProtoMessage() {}
+
+func (x *KeepTask) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_node_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeepTask.ProtoReflect.Descriptor instead.
+func (*KeepTask) Descriptor() ([]byte, []int) {
+	return file_warren_v1_node_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *KeepTask) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
+}
+
+func (x *KeepTask) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
 // SetPoolTarget sets how many warm sandboxes of a template the node keeps.
 type SetPoolTarget struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -830,7 +902,7 @@ type SetPoolTarget struct {
 
 func (x *SetPoolTarget) Reset() {
 	*x = SetPoolTarget{}
-	mi := &file_warren_v1_node_proto_msgTypes[9]
+	mi := &file_warren_v1_node_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -842,7 +914,7 @@ func (x *SetPoolTarget) String() string {
 func (*SetPoolTarget) ProtoMessage() {}
 
 func (x *SetPoolTarget) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_node_proto_msgTypes[9]
+	mi := &file_warren_v1_node_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -855,7 +927,7 @@ func (x *SetPoolTarget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPoolTarget.ProtoReflect.Descriptor instead.
 func (*SetPoolTarget) Descriptor() ([]byte, []int) {
-	return file_warren_v1_node_proto_rawDescGZIP(), []int{9}
+	return file_warren_v1_node_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SetPoolTarget) GetTemplate() string {
@@ -913,12 +985,13 @@ const file_warren_v1_node_proto_rawDesc = "" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"7\n" +
 	"\tHeartbeat\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x18\n" +
-	"\arunning\x18\x02 \x01(\rR\arunning\"\xe5\x01\n" +
+	"\arunning\x18\x02 \x01(\rR\arunning\"\x90\x02\n" +
 	"\x0fSessionResponse\x12.\n" +
 	"\awelcome\x18\x01 \x01(\v2\x12.warren.v1.WelcomeH\x00R\awelcome\x12,\n" +
 	"\x05start\x18\x02 \x01(\v2\x14.warren.v1.StartTaskH\x00R\x05start\x12)\n" +
 	"\x04stop\x18\x03 \x01(\v2\x13.warren.v1.StopTaskH\x00R\x04stop\x12B\n" +
-	"\x0fset_pool_target\x18\x04 \x01(\v2\x18.warren.v1.SetPoolTargetH\x00R\rsetPoolTargetB\x05\n" +
+	"\x0fset_pool_target\x18\x04 \x01(\v2\x18.warren.v1.SetPoolTargetH\x00R\rsetPoolTarget\x12)\n" +
+	"\x04keep\x18\x05 \x01(\v2\x13.warren.v1.KeepTaskH\x00R\x04keepB\x05\n" +
 	"\x03msg\"q\n" +
 	"\aWelcome\x12\x1b\n" +
 	"\tleader_id\x18\x01 \x01(\tR\bleaderId\x122\n" +
@@ -933,7 +1006,10 @@ const file_warren_v1_node_proto_rawDesc = "" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x14\n" +
-	"\x05yield\x18\x04 \x01(\bR\x05yield\"C\n" +
+	"\x05yield\x18\x04 \x01(\bR\x05yield\"9\n" +
+	"\bKeepTask\x12\x17\n" +
+	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"C\n" +
 	"\rSetPoolTarget\x12\x1a\n" +
 	"\btemplate\x18\x01 \x01(\tR\btemplate\x12\x16\n" +
 	"\x06target\x18\x02 \x01(\rR\x06target*p\n" +
@@ -959,7 +1035,7 @@ func file_warren_v1_node_proto_rawDescGZIP() []byte {
 }
 
 var file_warren_v1_node_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_warren_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_warren_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_warren_v1_node_proto_goTypes = []any{
 	(NodeStatus)(0),               // 0: warren.v1.NodeStatus
 	(*Node)(nil),                  // 1: warren.v1.Node
@@ -971,20 +1047,21 @@ var file_warren_v1_node_proto_goTypes = []any{
 	(*Welcome)(nil),               // 7: warren.v1.Welcome
 	(*StartTask)(nil),             // 8: warren.v1.StartTask
 	(*StopTask)(nil),              // 9: warren.v1.StopTask
-	(*SetPoolTarget)(nil),         // 10: warren.v1.SetPoolTarget
-	nil,                           // 11: warren.v1.Node.LabelsEntry
-	(*Resources)(nil),             // 12: warren.v1.Resources
-	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
-	(*Task)(nil),                  // 14: warren.v1.Task
+	(*KeepTask)(nil),              // 10: warren.v1.KeepTask
+	(*SetPoolTarget)(nil),         // 11: warren.v1.SetPoolTarget
+	nil,                           // 12: warren.v1.Node.LabelsEntry
+	(*Resources)(nil),             // 13: warren.v1.Resources
+	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
+	(*Task)(nil),                  // 15: warren.v1.Task
 }
 var file_warren_v1_node_proto_depIdxs = []int32{
 	0,  // 0: warren.v1.Node.status:type_name -> warren.v1.NodeStatus
-	11, // 1: warren.v1.Node.labels:type_name -> warren.v1.Node.LabelsEntry
-	12, // 2: warren.v1.Node.capacity:type_name -> warren.v1.Resources
-	12, // 3: warren.v1.Node.allocated:type_name -> warren.v1.Resources
-	13, // 4: warren.v1.Node.registered_at:type_name -> google.protobuf.Timestamp
-	13, // 5: warren.v1.Node.status_changed_at:type_name -> google.protobuf.Timestamp
-	13, // 6: warren.v1.Node.drain_deadline:type_name -> google.protobuf.Timestamp
+	12, // 1: warren.v1.Node.labels:type_name -> warren.v1.Node.LabelsEntry
+	13, // 2: warren.v1.Node.capacity:type_name -> warren.v1.Resources
+	13, // 3: warren.v1.Node.allocated:type_name -> warren.v1.Resources
+	14, // 4: warren.v1.Node.registered_at:type_name -> google.protobuf.Timestamp
+	14, // 5: warren.v1.Node.status_changed_at:type_name -> google.protobuf.Timestamp
+	14, // 6: warren.v1.Node.drain_deadline:type_name -> google.protobuf.Timestamp
 	3,  // 7: warren.v1.SessionRequest.hello:type_name -> warren.v1.Hello
 	5,  // 8: warren.v1.SessionRequest.heartbeat:type_name -> warren.v1.Heartbeat
 	1,  // 9: warren.v1.Hello.node:type_name -> warren.v1.Node
@@ -992,15 +1069,16 @@ var file_warren_v1_node_proto_depIdxs = []int32{
 	7,  // 11: warren.v1.SessionResponse.welcome:type_name -> warren.v1.Welcome
 	8,  // 12: warren.v1.SessionResponse.start:type_name -> warren.v1.StartTask
 	9,  // 13: warren.v1.SessionResponse.stop:type_name -> warren.v1.StopTask
-	10, // 14: warren.v1.SessionResponse.set_pool_target:type_name -> warren.v1.SetPoolTarget
-	14, // 15: warren.v1.StartTask.task:type_name -> warren.v1.Task
-	2,  // 16: warren.v1.NodeService.Session:input_type -> warren.v1.SessionRequest
-	6,  // 17: warren.v1.NodeService.Session:output_type -> warren.v1.SessionResponse
-	17, // [17:18] is the sub-list for method output_type
-	16, // [16:17] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	11, // 14: warren.v1.SessionResponse.set_pool_target:type_name -> warren.v1.SetPoolTarget
+	10, // 15: warren.v1.SessionResponse.keep:type_name -> warren.v1.KeepTask
+	15, // 16: warren.v1.StartTask.task:type_name -> warren.v1.Task
+	2,  // 17: warren.v1.NodeService.Session:input_type -> warren.v1.SessionRequest
+	6,  // 18: warren.v1.NodeService.Session:output_type -> warren.v1.SessionResponse
+	18, // [18:19] is the sub-list for method output_type
+	17, // [17:18] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_warren_v1_node_proto_init() }
@@ -1019,6 +1097,7 @@ func file_warren_v1_node_proto_init() {
 		(*SessionResponse_Start)(nil),
 		(*SessionResponse_Stop)(nil),
 		(*SessionResponse_SetPoolTarget)(nil),
+		(*SessionResponse_Keep)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1026,7 +1105,7 @@ func file_warren_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warren_v1_node_proto_rawDesc), len(file_warren_v1_node_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   11,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
