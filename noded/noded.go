@@ -167,7 +167,7 @@ type taskRef struct {
 	ref    *actor.Ref
 	epoch  uint64
 	cancel context.CancelFunc
-	yield  *atomic.Pointer[string] // shared with the actor: see taskActor.yield
+	yield  *atomic.Pointer[yieldRequest] // shared with the actor: see taskActor.yield
 }
 
 // Start runs a node daemon until Close.
@@ -320,7 +320,7 @@ func (d *Daemon) startTask(m *warrenv1.StartTask) {
 		task = nil // not this lease's: read it
 	}
 	var spawned bool // the factory runs again for each restart after a panic
-	yield := new(atomic.Pointer[string])
+	yield := new(atomic.Pointer[yieldRequest])
 	ref, err := d.sys.Spawn(fmt.Sprintf("task-%s-e%d", id, epoch),
 		func() actor.Behavior {
 			// Only the first actor starts from the task StartTask carried:
@@ -358,7 +358,7 @@ func (d *Daemon) stopTask(m *warrenv1.StopTask) {
 			why = "asked to yield"
 		}
 		// The actor reads it at its next step boundary.
-		if cur.yield.CompareAndSwap(nil, &why) {
+		if cur.yield.CompareAndSwap(nil, &yieldRequest{why: why}) {
 			d.stats.YieldAsked++
 		}
 		d.mu.Unlock()
@@ -372,6 +372,24 @@ func (d *Daemon) stopTask(m *warrenv1.StopTask) {
 	cur.ref.Stop()
 }
 
+// yieldRequest is a request to give a task back. taken marks one its actor
+// has started acting on: its append of state_changed to pending may have
+// landed even if the actor saw an error, so from then on the actor goes on
+// giving the task back and nothing withdraws the request. The actor takes
+// it by swapping in a taken copy, so a withdrawal and the taking cannot
+// both succeed.
+type yieldRequest struct {
+	why   string
+	taken bool
+}
+
+// withdrawYield removes r's request to give its task back unless its
+// actor took it, and reports whether it did.
+func withdrawYield(r *taskRef) bool {
+	p := r.yield.Load()
+	return p != nil && !p.taken && r.yield.CompareAndSwap(p, nil)
+}
+
 // keepTask handles a KeepTask command: it withdraws a request to give the
 // task back, unless the actor already acted on it (then the task has left,
 // or is leaving, under this epoch).
@@ -382,7 +400,7 @@ func (d *Daemon) keepTask(m *warrenv1.KeepTask) {
 	if !ok || cur.epoch != m.GetEpoch() {
 		return
 	}
-	if cur.yield.Swap(nil) != nil {
+	if withdrawYield(cur) {
 		d.stats.YieldWithdrawn++
 		d.log.Info("request to give the task back withdrawn", "task", m.GetTaskId(), "epoch", m.GetEpoch())
 	}

@@ -94,7 +94,7 @@ func (d *Daemon) runSession(nc warrenv1connect.NodeServiceClient, url string) er
 	// this session's leader asks again within a liveness round; if it was
 	// uncordoned meanwhile, nobody would take them back.
 	for _, r := range d.actors {
-		r.yield.Store(nil)
+		withdrawYield(r)
 	}
 	d.mu.Unlock()
 	every := orDuration(time.Duration(w.GetHeartbeatIntervalMs())*time.Millisecond, orDuration(d.cfg.Heartbeat, 500*time.Millisecond))

@@ -83,7 +83,7 @@ type taskActor struct {
 	// asked to (a drain). It is the taskRef's, not a message: a message
 	// could find the mailbox full, and an actor restarted after a panic
 	// is a new taskActor.
-	yield *atomic.Pointer[string]
+	yield *atomic.Pointer[yieldRequest]
 
 	script  *warrenv1.Script
 	next    uint32 // the next step to run, from 1
@@ -270,6 +270,20 @@ func (a *taskActor) start(c *actor.Context) {
 	_ = c.Self().Send(stepMsg{})
 }
 
+// takeYield returns the request to give the task back, if there is one,
+// marked taken: an uncordon can no longer withdraw it.
+func (a *taskActor) takeYield() *yieldRequest {
+	for {
+		p := a.yield.Load()
+		if p == nil || p.taken {
+			return p
+		}
+		if a.yield.CompareAndSwap(p, &yieldRequest{why: p.why, taken: true}) {
+			return p
+		}
+	}
+}
+
 // step runs one scripted step, or ends the actor at a step boundary.
 func (a *taskActor) step(c *actor.Context) {
 	ctx := a.ctx
@@ -285,12 +299,12 @@ func (a *taskActor) step(c *actor.Context) {
 		a.finish(c, "cancelled", &a.d.stats.Finished)
 		return
 	}
-	if why := a.yield.Load(); why != nil {
-		if _, err := a.append(ctx, "yield", ev("state_changed", map[string]any{"to": "pending", "reason": *why, "node": a.d.cfg.ID})); err != nil {
+	if y := a.takeYield(); y != nil {
+		if _, err := a.append(ctx, "yield", ev("state_changed", map[string]any{"to": "pending", "reason": y.why, "node": a.d.cfg.ID})); err != nil {
 			a.failed(c, "give the task back", err, stepMsg{})
 			return
 		}
-		a.finish(c, "gave the task back: "+*why, &a.d.stats.Yielded)
+		a.finish(c, "gave the task back: "+y.why, &a.d.stats.Yielded)
 		return
 	}
 	if a.agentMode {
