@@ -138,7 +138,12 @@ type Daemon struct {
 
 	mu     sync.Mutex
 	actors map[string]*taskRef // task id -> its actor
-	stats  Stats
+	// early holds requests to give a task back that came before the
+	// task's actor under their epoch: the leader asks as soon as it sees
+	// the placement applied, which can be before the placement's StartTask
+	// reaches the node. startTask hands each to its actor.
+	early map[string]earlyYield
+	stats Stats
 
 	ctx       context.Context
 	cancel    context.CancelFunc
@@ -321,6 +326,9 @@ func (d *Daemon) startTask(m *warrenv1.StartTask) {
 	}
 	var spawned bool // the factory runs again for each restart after a panic
 	yield := new(atomic.Pointer[yieldRequest])
+	if y := d.takeEarly(id, epoch); y != nil {
+		yield.Store(y)
+	}
 	ref, err := d.sys.Spawn(fmt.Sprintf("task-%s-e%d", id, epoch),
 		func() actor.Behavior {
 			// Only the first actor starts from the task StartTask carried:
@@ -344,23 +352,22 @@ func (d *Daemon) startTask(m *warrenv1.StartTask) {
 	d.stats.Started++
 }
 
+// earlyYield is a request to give a task back under a lease whose actor
+// has not started yet.
+type earlyYield struct {
+	epoch uint64
+	why   string
+}
+
 // stopTask handles a StopTask command.
 func (d *Daemon) stopTask(m *warrenv1.StopTask) {
+	if m.GetYield() {
+		d.yieldTask(m)
+		return
+	}
 	d.mu.Lock()
 	cur, ok := d.actors[m.GetTaskId()]
 	if !ok || cur.epoch > m.GetEpoch() {
-		d.mu.Unlock()
-		return
-	}
-	if m.GetYield() {
-		why := m.GetReason()
-		if why == "" {
-			why = "asked to yield"
-		}
-		// The actor reads it at its next step boundary.
-		if cur.yield.CompareAndSwap(nil, &yieldRequest{why: why}) {
-			d.stats.YieldAsked++
-		}
 		d.mu.Unlock()
 		return
 	}
@@ -370,6 +377,74 @@ func (d *Daemon) stopTask(m *warrenv1.StopTask) {
 	d.log.Info("stopping task actor", "task", m.GetTaskId(), "epoch", m.GetEpoch(), "reason", m.GetReason())
 	cur.cancel()
 	cur.ref.Stop()
+}
+
+// yieldTask records a request to give a task back (StopTask with yield)
+// for the task's actor to act on at its next step boundary. The leader
+// asks once per lease, so a request for a lease whose actor is not
+// running yet is kept for it.
+func (d *Daemon) yieldTask(m *warrenv1.StopTask) {
+	why := m.GetReason()
+	if why == "" {
+		why = "asked to yield"
+	}
+	id, epoch := m.GetTaskId(), m.GetEpoch()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	cur, ok := d.actors[id]
+	switch {
+	case ok && cur.epoch > epoch:
+		// An older lease's request.
+	case ok && cur.epoch == epoch:
+		if cur.yield.CompareAndSwap(nil, &yieldRequest{why: why}) {
+			d.stats.YieldAsked++
+		}
+	default:
+		if e, dup := d.early[id]; dup && e.epoch >= epoch {
+			return
+		}
+		if d.early == nil {
+			d.early = make(map[string]earlyYield)
+		}
+		d.early[id] = earlyYield{epoch: epoch, why: why}
+		d.stats.YieldAsked++
+	}
+}
+
+// takeEarly returns the request to give the task back that came before
+// its actor under epoch, if one did, and forgets requests for older
+// leases. d.mu is held.
+func (d *Daemon) takeEarly(id string, epoch uint64) *yieldRequest {
+	e, ok := d.early[id]
+	if !ok || e.epoch > epoch {
+		return nil
+	}
+	delete(d.early, id)
+	if e.epoch < epoch {
+		return nil
+	}
+	return &yieldRequest{why: e.why}
+}
+
+// dropYields drops every request to give a task back that no actor has
+// taken yet, when the session they came on ends: only its leader could
+// withdraw them, and it no longer can (an uncordon committed meanwhile
+// would not reach the node). If the node is still draining, the next
+// session's leader asks again within a liveness round.
+func (d *Daemon) dropYields() {
+	d.mu.Lock()
+	n := len(d.early)
+	clear(d.early)
+	for _, r := range d.actors {
+		if withdrawYield(r) {
+			n++
+		}
+	}
+	d.stats.YieldWithdrawn += n
+	d.mu.Unlock()
+	if n > 0 {
+		d.log.Info("session ended: dropped requests to give tasks back", "tasks", n)
+	}
 }
 
 // yieldRequest is a request to give a task back. taken marks one its actor
@@ -394,15 +469,21 @@ func withdrawYield(r *taskRef) bool {
 // task back, unless the actor already acted on it (then the task has left,
 // or is leaving, under this epoch).
 func (d *Daemon) keepTask(m *warrenv1.KeepTask) {
+	id, epoch := m.GetTaskId(), m.GetEpoch()
 	d.mu.Lock()
-	defer d.mu.Unlock()
-	cur, ok := d.actors[m.GetTaskId()]
-	if !ok || cur.epoch != m.GetEpoch() {
-		return
+	withdrawn := false
+	if e, ok := d.early[id]; ok && e.epoch == epoch {
+		delete(d.early, id)
+		withdrawn = true
+	} else if cur, ok := d.actors[id]; ok && cur.epoch == epoch {
+		withdrawn = withdrawYield(cur)
 	}
-	if withdrawYield(cur) {
+	if withdrawn {
 		d.stats.YieldWithdrawn++
-		d.log.Info("request to give the task back withdrawn", "task", m.GetTaskId(), "epoch", m.GetEpoch())
+	}
+	d.mu.Unlock()
+	if withdrawn {
+		d.log.Info("request to give the task back withdrawn", "task", id, "epoch", epoch)
 	}
 }
 

@@ -66,6 +66,7 @@ func (d *Daemon) findLeader() (string, error) {
 func (d *Daemon) runSession(nc warrenv1connect.NodeServiceClient, url string) error {
 	ctx, cancel := context.WithCancel(d.ctx)
 	defer cancel()
+	defer d.dropYields()
 	d.net.whenCut(cancel)
 	stream := nc.Session(ctx)
 	defer stream.CloseResponse()
@@ -89,13 +90,6 @@ func (d *Daemon) runSession(nc warrenv1connect.NodeServiceClient, url string) er
 	}
 	d.mu.Lock()
 	d.stats.Sessions++
-	// Requests to give tasks back came from the previous session's leader,
-	// which can no longer withdraw them. If the node is still draining,
-	// this session's leader asks again within a liveness round; if it was
-	// uncordoned meanwhile, nobody would take them back.
-	for _, r := range d.actors {
-		withdrawYield(r)
-	}
 	d.mu.Unlock()
 	every := orDuration(time.Duration(w.GetHeartbeatIntervalMs())*time.Millisecond, orDuration(d.cfg.Heartbeat, 500*time.Millisecond))
 	d.log.Info("session opened", "leader", w.GetLeaderId(), "url", url, "heartbeat", every)

@@ -84,3 +84,50 @@ func TestKeepTaskWithdrawsYield(t *testing.T) {
 		t.Fatalf("a taken request counted as withdrawn: %+v", d.stats)
 	}
 }
+
+// A request that comes before the task's actor under its epoch (the
+// leader saw the placement applied before its StartTask reached the node)
+// is kept for that actor; one for an older lease is not handed to a newer
+// one; KeepTask and the session's end withdraw kept requests too.
+func TestEarlyYieldRequestIsKept(t *testing.T) {
+	d := &Daemon{actors: map[string]*taskRef{}, log: slog.New(slog.DiscardHandler)}
+	yield := func(id string, epoch uint64) {
+		d.stopTask(&warrenv1.StopTask{TaskId: id, Epoch: epoch, Reason: "node draining", Yield: true})
+	}
+	yield("t", 2)
+	yield("t", 2) // asked again: one request
+	if y := d.takeEarly("t", 1); y != nil {
+		t.Fatalf("an older lease's actor got %+v", *y)
+	}
+	if y := d.takeEarly("t", 2); y == nil || y.why != "node draining" || y.taken {
+		t.Fatalf("the lease's actor got %v", y)
+	}
+	if y := d.takeEarly("t", 2); y != nil {
+		t.Fatal("a request was handed out twice")
+	}
+
+	// An actor under an older epoch runs: the request waits for the new one.
+	old := &taskRef{epoch: 1, yield: new(atomic.Pointer[yieldRequest])}
+	d.actors["u"] = old
+	yield("u", 2)
+	if old.yield.Load() != nil {
+		t.Fatal("the older lease's actor got the newer lease's request")
+	}
+	if y := d.takeEarly("u", 3); y != nil {
+		t.Fatalf("a newer lease's actor got an older lease's request: %+v", *y)
+	}
+
+	yield("v", 1)
+	d.keepTask(&warrenv1.KeepTask{TaskId: "v", Epoch: 1})
+	if y := d.takeEarly("v", 1); y != nil {
+		t.Fatal("KeepTask did not withdraw a request kept for its actor")
+	}
+	yield("w", 1)
+	d.dropYields()
+	if y := d.takeEarly("w", 1); y != nil {
+		t.Fatal("the session's end did not drop a request kept for its actor")
+	}
+	if st := d.stats; st.YieldAsked != 4 || st.YieldWithdrawn != 2 {
+		t.Fatalf("stats %+v, want 4 asked (t, u, v, w) and 2 withdrawn (v, w)", st)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"sync"
 	"time"
 
@@ -430,6 +431,14 @@ func (s *Server) askToYield(node string) {
 	if err != nil {
 		return
 	}
+	// Forget the tasks that left the node: the record would otherwise
+	// grow with every task the drain moved, and an uncordon would send
+	// each of them a KeepTask.
+	here := make(map[string]bool, len(tasks))
+	for _, t := range tasks {
+		here[t.GetId()] = true
+	}
+	maps.DeleteFunc(c.yielded, func(id string, _ uint64) bool { return !here[id] })
 	for _, t := range tasks {
 		e := t.GetLease().GetEpoch()
 		if Terminal(t.GetState()) || c.yielded[t.GetId()] == e {
