@@ -10,26 +10,32 @@ import (
 	"connectrpc.com/connect"
 
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/netpolicy"
 	"github.com/warrenhq/warren/netpolicy/netpolicytest"
 	"github.com/warrenhq/warren/noded"
 	"github.com/warrenhq/warren/noded/driver/container"
 )
 
-// A task's sandbox attempts reach its log as egress events, allowed and
-// denied, before the task ends (issue 6, acceptance 3). The sandbox is a
-// real container on the node's egress policy, in the test's own network
-// world (netpolicytest).
-func TestTaskEgressEvents(t *testing.T) {
+// startEgressNode starts a one-server cluster and node "n1" whose sandboxes
+// are real containers (namespace ns) on the node's egress policy, in the
+// test's own network world (netpolicytest); tweak changes the policy's
+// config.
+func startEgressNode(t *testing.T, ns string, tweak func(*netpolicy.Config)) (*cluster, *noded.Daemon) {
+	t.Helper()
 	imageDir := needContainers(t)
 	netpolicytest.NeedRoot(t)
 	agent := buildGuest(t)
 
 	tp := netpolicytest.New(t)
-	eg, err := noded.NewEgress(tp.Config(1, nil))
+	cfg := tp.Config(1, nil)
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	eg, err := noded.NewEgress(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	drv, err := container.New(container.Config{ImageDir: imageDir, StateDir: t.TempDir(), Namespace: "warren-test-egress", Agent: agent, Networks: eg})
+	drv, err := container.New(container.Config{ImageDir: imageDir, StateDir: t.TempDir(), Namespace: ns, Agent: agent, Networks: eg})
 	if err != nil {
 		eg.Close()
 		t.Fatal(err)
@@ -47,6 +53,15 @@ func TestTaskEgressEvents(t *testing.T) {
 		n, err := c.node("n1")
 		return err == nil && n.GetStatus() == warrenv1.NodeStatus_NODE_STATUS_READY
 	})
+	return c, d
+}
+
+// A task's sandbox attempts reach its log as egress events, allowed and
+// denied, before the task ends (issue 6, acceptance 3). The sandbox is a
+// real container on the node's egress policy, in the test's own network
+// world (netpolicytest).
+func TestTaskEgressEvents(t *testing.T) {
+	c, _ := startEgressNode(t, "warren-test-egress", nil)
 
 	// Each step connects to the allowed web host by name and to a host
 	// it may not reach.
@@ -97,5 +112,103 @@ for target in (("allowed.test", 80), ("198.51.100.20", 80)):
 	t.Logf("step outputs: %q", results)
 	if !allowed || !denied {
 		t.Fatalf("egress events: allowed %v, denied %v; want both on the task's log", allowed, denied)
+	}
+}
+
+// A task that stops before it ends (cancelled, or given back by a drain)
+// still records what its sandbox's egress audit holds, before its last
+// event: the sandbox goes with the actor. The audit's periodic report is
+// made too rare to run here, so only that flush can record them.
+func TestTaskEgressRecordedWhenItStops(t *testing.T) {
+	// The audit's periodic report never comes during the test.
+	c, d := startEgressNode(t, "warren-test-egress-stop", func(cfg *netpolicy.Config) { cfg.AuditInterval = time.Hour })
+	ctx := context.Background()
+	// logged lists a task's log as it is now (the task need not have
+	// ended, as c.events needs).
+	logged := func(id string) []*warrenv1.Event {
+		var out []*warrenv1.Event
+		for {
+			resp, err := c.cl.Tasks().ListEvents(ctx, connect.NewRequest(&warrenv1.ListEventsRequest{TaskId: id, AfterSeq: uint64(len(out)), Limit: 1000}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(resp.Msg.GetEvents()) == 0 {
+				return out
+			}
+			out = append(out, resp.Msg.GetEvents()...)
+		}
+	}
+	// Every step tries a host it may not reach, then waits a little.
+	cmd := `python3 -c '
+import socket
+try:
+    socket.create_connection(("198.51.100.20", 80), timeout=1).close()
+except Exception:
+    pass
+'; sleep 1`
+	start := func(reqID string) string {
+		resp, err := c.cl.Tasks().CreateTask(ctx, connect.NewRequest(&warrenv1.CreateTaskRequest{
+			RequestId: reqID, Spec: &warrenv1.TaskSpec{Repo: "https://example.com/r.git", Base: "main", IssueTitle: "egress when stopped",
+				Driver: "container", Script: &warrenv1.Script{Steps: 100, Command: cmd}}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := resp.Msg.GetTask().GetId()
+		waitFor(t, "a step's result", time.Minute, func() bool {
+			for _, e := range logged(id) {
+				if e.GetKind() == "tool_result" {
+					return true
+				}
+			}
+			return false
+		})
+		return id
+	}
+	// denied reports whether the log has the denied attempt before its
+	// state_changed to want.
+	denied := func(id, want string) bool {
+		seen := false
+		for _, e := range logged(id) {
+			switch e.GetKind() {
+			case "egress":
+				var p struct {
+					Events []struct{ Verdict, Addr string }
+				}
+				if err := json.Unmarshal(e.GetPayload(), &p); err != nil {
+					t.Fatal(err)
+				}
+				for _, ev := range p.Events {
+					seen = seen || ev.Verdict == "deny" && ev.Addr == netpolicytest.Other.String()
+				}
+			case "state_changed":
+				var p struct{ To string }
+				json.Unmarshal(e.GetPayload(), &p)
+				if p.To == want {
+					return seen
+				}
+			}
+		}
+		t.Fatalf("task %s: no state_changed to %s", id, want)
+		return false
+	}
+
+	cancelled := start("egress-stop-cancel")
+	if _, err := c.cl.Tasks().CancelTask(ctx, connect.NewRequest(&warrenv1.CancelTaskRequest{TaskId: cancelled, Reason: "test"})); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the task to be cancelled", time.Minute, func() bool {
+		return c.task(cancelled).GetState() == warrenv1.TaskState_TASK_STATE_CANCELLED
+	})
+	if !denied(cancelled, "cancelled") {
+		t.Error("cancelled task: its denied attempts are not on its log")
+	}
+
+	yielded := start("egress-stop-drain")
+	if _, err := c.cl.Cluster().DrainNode(ctx, connect.NewRequest(&warrenv1.DrainNodeRequest{Id: "n1"})); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the task to be given back", time.Minute, func() bool { return d.Stats().Yielded == 1 })
+	if !denied(yielded, "pending") {
+		t.Error("task given back: its denied attempts are not on its log")
 	}
 }

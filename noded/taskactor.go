@@ -292,6 +292,12 @@ func (a *taskActor) step(c *actor.Context) {
 		if a.loop != nil {
 			at = a.loop.Spent().Steps
 		}
+		// The sandbox goes with the actor: what its egress audit holds
+		// lands before the task's last event, as when it succeeds.
+		if err := a.flushEgress(); err != nil {
+			a.failed(c, "record egress", err, stepMsg{})
+			return
+		}
 		if _, err := a.append(ctx, "cancelled", ev("state_changed", map[string]any{"to": "cancelled", "reason": "cancel requested", "at_step": at})); err != nil {
 			a.failed(c, "record cancellation", err, stepMsg{})
 			return
@@ -300,6 +306,10 @@ func (a *taskActor) step(c *actor.Context) {
 		return
 	}
 	if y := a.takeYield(); y != nil {
+		if err := a.flushEgress(); err != nil {
+			a.failed(c, "record egress", err, stepMsg{})
+			return
+		}
 		if _, err := a.append(ctx, "yield", ev("state_changed", map[string]any{"to": "pending", "reason": y.why, "node": a.d.cfg.ID})); err != nil {
 			a.failed(c, "give the task back", err, stepMsg{})
 			return
