@@ -61,8 +61,10 @@ type MetricsSnapshot struct {
 	Started  int       `json:"started"`
 	Finished int       `json:"finished"`
 	Yielded  int       `json:"yielded"`
-	// Drain requests to give a task back, and those an uncordon withdrew
-	// before the task's actor acted on them.
+	// Drain requests to give a task back the node recorded, and those
+	// withdrawn before the task's actor acted on them: by an uncordon, or
+	// dropped when their session ended. (A request whose task ended
+	// another way, cancelled for one, is in neither of the last two.)
 	YieldAsked     int `json:"yield_asked"`
 	YieldWithdrawn int `json:"yield_withdrawn"`
 	StoppedStale   int `json:"stopped_stale"`

@@ -164,7 +164,8 @@ type Stats struct {
 	Parked                                            int // agent tasks parked to wait for approval
 	Sessions                                          int // sessions opened
 	// Requests to give a task back (drain) recorded, and those withdrawn
-	// (uncordon) before the task's actor acted on them.
+	// before the task's actor acted on them (uncordon, or the session's
+	// end; see MetricsSnapshot).
 	YieldAsked, YieldWithdrawn int
 }
 

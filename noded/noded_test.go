@@ -338,7 +338,7 @@ func TestUncordonKeepsTasks(t *testing.T) {
 	c := startCluster(t, 1, 0)
 	a := c.startNode("a", 0)
 	// One long step: the drain and the uncordon both land inside it.
-	ids := c.submit(4, &warrenv1.Script{Steps: 1, StepMillis: 8000})
+	ids := c.submit(4, &warrenv1.Script{Steps: 1, StepMillis: 15000})
 	waitFor(t, "tasks running on a", 20*time.Second, func() bool {
 		for _, id := range ids {
 			if c.task(id).GetState() != warrenv1.TaskState_TASK_STATE_RUNNING {
@@ -373,7 +373,8 @@ func TestUncordonKeepsTasks(t *testing.T) {
 func TestYieldRequestsEndWithTheSession(t *testing.T) {
 	c := startCluster(t, 1, 0)
 	a := c.startNode("a", 0)
-	ids := c.submit(4, &warrenv1.Script{Steps: 1, StepMillis: 10000})
+	// One long step: everything below lands inside it.
+	ids := c.submit(4, &warrenv1.Script{Steps: 1, StepMillis: 20000})
 	waitFor(t, "tasks running on a", 20*time.Second, func() bool { return a.Running() == 4 })
 	ctx := context.Background()
 	if _, err := c.cl.Cluster().DrainNode(ctx, connect.NewRequest(&warrenv1.DrainNodeRequest{Id: "a"})); err != nil {

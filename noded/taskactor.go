@@ -98,6 +98,12 @@ type taskActor struct {
 	egressMu      sync.Mutex
 	egressQ       []netpolicy.AuditBatch
 	egressPending []egressBatch
+	// lastFlushed: the flush before the task's last event (success,
+	// cancellation, or giving it back) landed. A retry of that event, whose
+	// first append may have landed with the task then ended or its lease
+	// moved, must not flush again: a new batch would be refused and end
+	// the actor as if the event had been.
+	lastFlushed bool
 	// the agent loop, for a task that runs one (no scripted steps)
 	agentMode bool
 	agentSeen uint64   // the last seq the loop has looked at (steering)
@@ -294,7 +300,7 @@ func (a *taskActor) step(c *actor.Context) {
 		}
 		// The sandbox goes with the actor: what its egress audit holds
 		// lands before the task's last event, as when it succeeds.
-		if err := a.flushEgress(); err != nil {
+		if err := a.flushBeforeLast(); err != nil {
 			a.failed(c, "record egress", err, stepMsg{})
 			return
 		}
@@ -306,7 +312,7 @@ func (a *taskActor) step(c *actor.Context) {
 		return
 	}
 	if y := a.takeYield(); y != nil {
-		if err := a.flushEgress(); err != nil {
+		if err := a.flushBeforeLast(); err != nil {
 			a.failed(c, "record egress", err, stepMsg{})
 			return
 		}
@@ -322,7 +328,7 @@ func (a *taskActor) step(c *actor.Context) {
 		return
 	}
 	if a.next > a.script.GetSteps() {
-		if err := a.flushEgress(); err != nil {
+		if err := a.flushBeforeLast(); err != nil {
 			a.failed(c, "record egress", err, stepMsg{})
 			return
 		}
@@ -391,6 +397,18 @@ func (a *taskActor) recordEgress() error {
 		}
 		a.egressPending = a.egressPending[1:]
 	}
+	return nil
+}
+
+// flushBeforeLast is flushEgress before the task's last event, once.
+func (a *taskActor) flushBeforeLast() error {
+	if a.lastFlushed {
+		return nil
+	}
+	if err := a.flushEgress(); err != nil {
+		return err
+	}
+	a.lastFlushed = true
 	return nil
 }
 

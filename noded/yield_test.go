@@ -1,10 +1,13 @@
 package noded
 
 import (
+	"context"
 	"log/slog"
 	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/warrenhq/warren/actor"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 )
 
@@ -129,5 +132,31 @@ func TestEarlyYieldRequestIsKept(t *testing.T) {
 	}
 	if st := d.stats; st.YieldAsked != 4 || st.YieldWithdrawn != 2 {
 		t.Fatalf("stats %+v, want 4 asked (t, u, v, w) and 2 withdrawn (v, w)", st)
+	}
+}
+
+// startTask hands a request that came before its StartTask to the actor
+// it spawns (the actor does nothing here: its context is done).
+func TestStartTaskHandsEarlyRequestToItsActor(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // the actor does nothing: Receive returns on a done ctx
+	sys := actor.NewSystem(actor.Config{})
+	defer func() {
+		sctx, c := context.WithTimeout(context.Background(), 5*time.Second)
+		defer c()
+		_ = sys.Shutdown(sctx)
+	}()
+	d := &Daemon{actors: map[string]*taskRef{}, log: slog.New(slog.DiscardHandler), sys: sys, ctx: ctx}
+	d.stopTask(&warrenv1.StopTask{TaskId: "t", Epoch: 2, Reason: "node draining", Yield: true})
+	d.startTask(&warrenv1.StartTask{TaskId: "t", Epoch: 2})
+	ref := d.actors["t"]
+	if ref == nil {
+		t.Fatal("no actor spawned")
+	}
+	if y := ref.yield.Load(); y == nil || y.why != "node draining" || y.taken {
+		t.Fatalf("the actor of epoch 2 got %v, want the early request", y)
+	}
+	if len(d.early) != 0 {
+		t.Fatalf("early request not consumed: %v", d.early)
 	}
 }
