@@ -241,11 +241,14 @@ func (n nodeAPI) Session(ctx context.Context, stream *connect.BidiStream[warrenv
 	}
 	c := &session{node: id, incarnation: hello.GetIncarnation(), out: make(chan *warrenv1.SessionResponse, sessionQueue),
 		closed: make(chan struct{}), yielded: map[string]uint64{}}
+	// Welcome is queued before the session is attached: once attached,
+	// the placement and liveness loops send on it too, and a node refuses
+	// a session whose first message is not a welcome.
+	c.send(&warrenv1.SessionResponse{Msg: &warrenv1.SessionResponse_Welcome{Welcome: &warrenv1.Welcome{
+		LeaderId: s.cfg.ID, HeartbeatIntervalMs: s.heartbeat().Milliseconds(), TtlMs: s.ttl().Milliseconds()}}})
 	s.sess.attach(c, s.clock.Now())
 	defer s.sess.detach(c)
 	s.log.Info("node session opened", "node", id, "incarnation", c.incarnation, "running", len(hello.GetRunning()))
-	c.send(&warrenv1.SessionResponse{Msg: &warrenv1.SessionResponse_Welcome{Welcome: &warrenv1.Welcome{
-		LeaderId: s.cfg.ID, HeartbeatIntervalMs: s.heartbeat().Milliseconds(), TtlMs: s.ttl().Milliseconds()}}})
 	// The cluster's warm-pool targets, so a node that joins or restarts
 	// keeps the pools the operators set.
 	if pools, err := s.fsm.Pools(); err == nil {
