@@ -101,11 +101,13 @@ func (f *FSM) ListTasks(state warrenv1.TaskState, after string, limit, maxBytes 
 		if err != nil {
 			return nil, "", err
 		}
-		n := proto.Size(t)
-		if maxBytes > 0 && len(tasks) > 0 && size+n > maxBytes {
-			return tasks, tasks[len(tasks)-1].GetId(), nil
+		if maxBytes > 0 {
+			n := proto.Size(t)
+			if len(tasks) > 0 && size+n > maxBytes {
+				return tasks, tasks[len(tasks)-1].GetId(), nil
+			}
+			size += n
 		}
-		size += n
 		tasks = append(tasks, t)
 	}
 	return tasks, "", it.Error()
