@@ -486,3 +486,63 @@ func TestConfiguredNodeAddrsAreDenied(t *testing.T) {
 		t.Fatalf("connect to [%v]:80: %v", Web6, err)
 	}
 }
+
+// Collect returns every attempt not reported yet, more than one batch can
+// hold, each once.
+func TestCollectReportsEveryAttempt(t *testing.T) {
+	tp := New(t)
+	cfg := tp.Config(1, func(string, netpolicy.AuditBatch) { t.Error("a periodic report during the test") })
+	cfg.AuditInterval = time.Hour
+	m, err := netpolicy.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	s, err := m.Claim(context.Background(), "sb-collect", netpolicy.Policy{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	const ports = 3 * netpolicy.MaxAuditEvents
+	for i := range ports {
+		if _, err := connect(s, netip.AddrPortFrom(Other, uint16(2000+i))); err == nil {
+			t.Fatalf("connect to %v:%d succeeded", Other, 2000+i)
+		}
+	}
+	bs, err := s.Collect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[int]uint64{}
+	add := func(evs []netpolicy.AuditEvent) {
+		for _, e := range evs {
+			if e.Kind == "connect" && e.Addr == Other.String() && e.Port >= 2000 && e.Port < 2000+ports {
+				if e.Verdict != "deny" {
+					t.Errorf("%s:%d reported as %s", e.Addr, e.Port, e.Verdict)
+				}
+				got[e.Port] += e.Count
+			}
+		}
+	}
+	for _, b := range bs {
+		if len(b.Events) > netpolicy.MaxAuditEvents {
+			t.Errorf("a collected batch has %d events", len(b.Events))
+		}
+		add(b.Events)
+	}
+	if len(bs) < 3 {
+		t.Errorf("%d attempts came in %d batches", ports, len(bs))
+	}
+	for i := range ports {
+		if got[2000+i] == 0 {
+			t.Errorf("port %d: not reported", 2000+i)
+		}
+	}
+	if len(got) != ports {
+		t.Errorf("%d of %d ports reported", len(got), ports)
+	}
+	// Nothing is left for a later report.
+	if bs, err := s.Collect(); err != nil || len(bs) != 0 {
+		t.Fatalf("second collect: %d batches, %v", len(bs), err)
+	}
+}

@@ -48,7 +48,8 @@ type Config struct {
 	// AuditInterval is how often attempts are read and reported; 0 means 1s.
 	AuditInterval time.Duration
 	// Audit receives each sandbox's egress attempts, at most MaxAuditEvents
-	// per interval (the rest summed into Omitted). It must not block.
+	// per interval (the rest summed into Omitted). It runs under the
+	// sandbox's lock, so it must not block or call back into the sandbox.
 	Audit func(sandbox string, b AuditBatch)
 	// StateDir, if set, keeps each bound sandbox's id and policy, so that a
 	// restarted node can take back the networks of the sandboxes its
@@ -658,40 +659,68 @@ func (m *Manager) audit() {
 		}
 		m.mu.Unlock()
 		for _, s := range sbs {
-			id, b, err := s.collect()
-			if err != nil {
-				m.log.Debug("egress audit", "sandbox", id, "err", err)
-				continue
-			}
-			if len(b.Events) > 0 && m.cfg.Audit != nil {
-				m.cfg.Audit(id, b)
-			}
+			s.report(m)
 		}
 	}
 }
 
-// Collect returns the attempts since the last report now, instead of at the
-// next interval: a task calls it before it ends, so its last attempts are
-// on its log.
-func (s *Sandbox) Collect() (AuditBatch, error) {
-	_, b, err := s.collect()
-	return b, err
-}
-
-// collect reads the sandbox's attempts since the last call.
-func (s *Sandbox) collect() (string, AuditBatch, error) {
+// report reads one sandbox's attempts since the last report and hands them
+// to the audit sink. It delivers under the sandbox's lock, so a Collect
+// that returns has seen every earlier report delivered: a report read
+// before it cannot reach the sink after it.
+func (s *Sandbox) report(m *Manager) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	b, err := s.collect()
+	if err != nil {
+		m.log.Debug("egress audit", "sandbox", s.id, "err", err)
+		return
+	}
+	if len(b.Events) > 0 && m.cfg.Audit != nil {
+		m.cfg.Audit(s.id, b)
+	}
+}
+
+// maxCollectBatches bounds Collect; the audit sets are bounded too, so it
+// is reached only when the sandbox keeps making new attempts meanwhile.
+const maxCollectBatches = 64
+
+// Collect returns every attempt not reported yet, now instead of at the
+// next interval, in batches of at most MaxAuditEvents (what one batch
+// cannot hold comes in the next, up to maxCollectBatches): a task calls it
+// before it ends, so its last attempts are on its log. Every report read
+// before the call has been delivered to the audit sink when it returns.
+func (s *Sandbox) Collect() ([]AuditBatch, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []AuditBatch
+	for range maxCollectBatches {
+		b, err := s.collect()
+		if err != nil {
+			return out, err
+		}
+		if len(b.Events) > 0 {
+			out = append(out, b)
+		}
+		if b.Omitted == 0 {
+			break
+		}
+	}
+	return out, nil
+}
+
+// collect reads the sandbox's attempts since the last call; s.mu is held.
+func (s *Sandbox) collect() (AuditBatch, error) {
 	if s.closed {
-		return s.id, AuditBatch{}, ErrClosed
+		return AuditBatch{}, ErrClosed
 	}
 	now, err := readAttempts(s.nft, s.sets)
 	if err != nil {
-		return s.id, AuditBatch{}, err
+		return AuditBatch{}, err
 	}
 	b, left := summarise(s.seen, now, s.dns)
 	s.dns = left
-	return s.id, b, nil
+	return b, nil
 }
 
 // noteDNS queues a resolver decision for the next report, merging repeats.

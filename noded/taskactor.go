@@ -413,21 +413,27 @@ func (a *taskActor) flushBeforeLast() error {
 }
 
 // flushEgress records everything the sandbox's audit has not reported
-// yet, so it lands before the task's last event: it stops the auditor
-// reporting for the sandbox (waiting for a report in flight), reads the
-// audit sets once more, and appends the queue.
+// yet, so it lands before the task's last event: it reads the audit sets
+// once more (every report read before has reached the queue when Collect
+// returns), stops the auditor reporting for the sandbox (so a later report
+// cannot come after the task's last event), and appends the queue. A
+// report read between the two still reaches the queue: unbind waits for it.
 func (a *taskActor) flushEgress() error {
 	if a.sb == nil {
 		return nil
 	}
-	a.d.cfg.Egress.unbind(a.sb.ID())
 	if n, ok := netOf(a.sb); ok {
-		if b, err := n.Collect(); err == nil && len(b.Events) > 0 {
+		bs, err := n.Collect()
+		if err != nil {
+			a.d.log.Debug("egress: collect before the last event", "task", a.id, "err", err)
+		}
+		if len(bs) > 0 {
 			a.egressMu.Lock()
-			a.egressQ = append(a.egressQ, b)
+			a.egressQ = append(a.egressQ, bs...)
 			a.egressMu.Unlock()
 		}
 	}
+	a.d.cfg.Egress.unbind(a.sb.ID())
 	return a.recordEgress()
 }
 
