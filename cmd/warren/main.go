@@ -32,7 +32,7 @@ Usage:
   warren nodes list
   warren nodes cordon ID | uncordon ID | drain ID [--deadline DUR]
   warren bench capacity [--preset default|ci] [--nodes N] [--tasks N] [--out DIR]
-  warren sandbox create|exec|cp|files|get|pause|resume|rm|ls (warren sandbox help)
+  warren sandbox create|exec|cp|files|get|egress|pause|resume|rm|ls (warren sandbox help)
   warren pool set TEMPLATE N | list
   warren image build [--name default] [--dir DIR] [--packages a,b] [--free-mb N]
   warren image list [--dir DIR]
