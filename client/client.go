@@ -139,7 +139,8 @@ func (c *Client) failover() {
 // exactly once, reconnecting (to the next server if there are several)
 // whenever a stream breaks. It returns nil once the task has ended and its
 // last event was delivered, fn's error if fn fails, or ctx's error.
-// onRetry, if not nil, is told about each reconnect.
+// onRetry, if not nil, is told about each reconnect, with c.URL() already
+// the server it reconnects to.
 func (c *Client) Watch(ctx context.Context, id string, after uint64, fn func(*warrenv1.Event) error, onRetry func(error)) error {
 	backoff := 100 * time.Millisecond
 	var notFoundSince time.Time // the first of the not_found answers in a row
@@ -190,10 +191,10 @@ func (c *Client) Watch(ctx context.Context, id string, after uint64, fn func(*wa
 		default:
 			notFoundSince = time.Time{}
 		}
-		if onRetry != nil {
-			onRetry(err)
-		}
 		c.failover()
+		if onRetry != nil {
+			onRetry(err) // c.URL() is the server it reconnects to
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
