@@ -142,6 +142,7 @@ type Server struct {
 	wg       sync.WaitGroup
 	closeErr error
 	closed   sync.Once
+	stopped  sync.Once
 }
 
 // Open starts a server: it opens the data directory, starts raft, and
@@ -414,10 +415,16 @@ func (s *Server) ID() string { return s.cfg.ID }
 // gateway.
 func (s *Server) Handler() http.Handler { return newMux(s) }
 
+// Quiesce ends the server's streams and background loops and makes
+// writes in flight give up, but keeps its store open: call it before
+// shutting the HTTP server down, so that streams end and the reads in
+// flight finish before Close closes the store under them.
+func (s *Server) Quiesce() { s.stopped.Do(func() { close(s.stop) }) }
+
 // Close stops the server and releases the data directory.
 func (s *Server) Close() error {
 	s.closed.Do(func() {
-		close(s.stop)
+		s.Quiesce()
 		s.stopAll()
 		if s.gossip != nil {
 			s.gossip.Close()

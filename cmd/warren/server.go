@@ -223,9 +223,11 @@ func serve(f serverFlags, stderr io.Writer, startNode func(*slog.Logger) (io.Clo
 	if node != nil {
 		_ = node.Close()
 	}
-	// Close the server first so streams end, then the HTTP listener.
-	cerr := srv.Close()
+	// End the streams first, so the HTTP server's shutdown does not wait
+	// for them; then wait for the requests in flight, then close the store.
+	srv.Quiesce()
 	_ = hs.Shutdown(ctx)
+	cerr := srv.Close()
 	if err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
