@@ -213,7 +213,7 @@ func (a taskAPI) GetTask(ctx context.Context, req *connect.Request[warrenv1.GetT
 	if err := p.err(); err != nil {
 		return nil, invalid(err)
 	}
-	t, err := a.s.fsm.Task(req.Msg.GetId())
+	t, err := a.s.readTask(ctx, req.Msg.GetId())
 	if err != nil {
 		return nil, err
 	}
@@ -432,8 +432,12 @@ func (a taskAPI) ListEvents(ctx context.Context, req *connect.Request[warrenv1.L
 	if err != nil {
 		return nil, err
 	}
-	if len(evs) == 0 { // the end of the log, or no such task
-		if _, err := a.s.fsm.Task(req.Msg.GetTaskId()); err != nil {
+	if len(evs) == 0 { // the end of the log, or no such task (yet, here)
+		if _, err := a.s.readTask(ctx, req.Msg.GetTaskId()); err != nil {
+			return nil, err
+		}
+		// readTask may have caught up with the leader.
+		if evs, err = a.s.fsm.Events(req.Msg.GetTaskId(), req.Msg.GetAfterSeq(), limit); err != nil {
 			return nil, err
 		}
 	}
@@ -445,6 +449,9 @@ func (a taskAPI) StreamEvents(ctx context.Context, req *connect.Request[warrenv1
 	p.taskID("task_id", req.Msg.GetTaskId())
 	if err := p.err(); err != nil {
 		return invalid(err)
+	}
+	if _, err := a.s.readTask(ctx, req.Msg.GetTaskId()); err != nil {
+		return err
 	}
 	return a.s.tail(ctx, req.Msg.GetTaskId(), req.Msg.GetAfterSeq(), func(ev *warrenv1.Event) error {
 		return stream.Send(&warrenv1.StreamEventsResponse{Event: ev})

@@ -718,3 +718,58 @@ func TestSSEStatusForMissingAndUnreadableTasks(t *testing.T) {
 		t.Fatalf("an unreadable task: %d %q", code, body)
 	}
 }
+
+// A task created through the leader is there at once for reads on a
+// follower, which is often a moment behind: each read of a task it does
+// not have yet catches up with the leader first. A task no server has is
+// still not_found there.
+func TestFollowerReadsSeeATaskJustCreated(t *testing.T) {
+	nodes := startCluster(t, 1024)
+	leader, follower := leaderOf(nodes), followerOf(nodes)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	sse := func(id string) int {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, follower.url+"/v1/tasks/"+id+"/events", nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close() // the stream goes on: the status is enough
+		return resp.StatusCode
+	}
+	const tries = 10
+	for i := range tries {
+		id := createVia(t, leader, 100+4*i).GetId()
+		if _, err := follower.tasks.GetTask(ctx, connect.NewRequest(&warrenv1.GetTaskRequest{Id: id})); err != nil {
+			t.Fatalf("try %d: GetTask on the follower: %v", i, err)
+		}
+		id = createVia(t, leader, 101+4*i).GetId()
+		resp, err := follower.tasks.ListEvents(ctx, connect.NewRequest(&warrenv1.ListEventsRequest{TaskId: id}))
+		if err != nil {
+			t.Fatalf("try %d: ListEvents on the follower: %v", i, err)
+		}
+		if len(resp.Msg.GetEvents()) == 0 {
+			t.Fatalf("try %d: ListEvents on the follower: no events", i)
+		}
+		id = createVia(t, leader, 102+4*i).GetId()
+		st, err := follower.tasks.StreamEvents(ctx, connect.NewRequest(&warrenv1.StreamEventsRequest{TaskId: id}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !st.Receive() || st.Msg().GetEvent().GetSeq() != 1 {
+			t.Fatalf("try %d: StreamEvents on the follower: %v", i, st.Err())
+		}
+		st.Close()
+		id = createVia(t, leader, 103+4*i).GetId()
+		if code := sse(id); code != http.StatusOK {
+			t.Fatalf("try %d: SSE on the follower: status %d", i, code)
+		}
+	}
+	missing := ulid.Make().String()
+	if _, err := follower.tasks.GetTask(ctx, connect.NewRequest(&warrenv1.GetTaskRequest{Id: missing})); connect.CodeOf(err) != connect.CodeNotFound {
+		t.Fatalf("a missing task on the follower: %v", err)
+	}
+	if code := sse(missing); code != http.StatusNotFound {
+		t.Fatalf("a missing task's SSE on the follower: status %d", code)
+	}
+}

@@ -213,3 +213,46 @@ func retryable(err error) bool {
 	}
 	return false
 }
+
+// catchUpWait bounds how long a follower's read of a task it does not
+// have waits to apply what the leader has.
+const catchUpWait = 2 * time.Second
+
+// readTask reads a task for a read by id (GetTask, ListEvents,
+// StreamEvents, the SSE gateway). Reads are served by the local replica,
+// and a follower may not have applied yet a task another server has
+// acknowledged: one created through the leader a moment ago. So before a
+// follower answers not_found, it asks the leader how far its state
+// machine has applied, waits (at most catchUpWait) until it has applied as
+// far, and reads again. A task no server has (a mistyped id) costs that
+// one call to the leader.
+func (s *Server) readTask(ctx context.Context, id string) (*warrenv1.Task, error) {
+	t, err := s.fsm.Task(id)
+	if !errors.Is(err, ErrNotFound) || s.raft.State() == raft.Leader {
+		return t, err
+	}
+	if s.catchUp(ctx) {
+		return s.fsm.Task(id) // it may have been applied meanwhile, waited for or not
+	}
+	return t, err
+}
+
+// catchUp waits until this replica has applied what the leader had
+// applied when asked; it reports whether it has.
+func (s *Server) catchUp(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, catchUpWait)
+	defer cancel()
+	url, err := s.leaderURL()
+	if err != nil || url == s.cfg.APIURL {
+		return false
+	}
+	resp, err := s.fwd.client(url).Status(ctx, connect.NewRequest(&warrenv1.StatusRequest{}))
+	if err != nil {
+		s.log.Debug("catch up with the leader before a read", "err", err)
+		return false
+	}
+	// The leader's state machine's index, not its commit index: the
+	// commit index may be a leader's no-op, an entry no state machine
+	// sees, so this replica's index might not reach it for a while.
+	return s.fsm.WaitApplied(ctx, resp.Msg.GetFsmAppliedIndex()) == nil
+}

@@ -33,7 +33,7 @@ func (h sseHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "invalid_argument: "+err.Error(), http.StatusBadRequest)
 		return
 	}
-	if _, err := h.s.fsm.Task(id); errors.Is(err, ErrNotFound) {
+	if _, err := h.s.readTask(r.Context(), id); errors.Is(err, ErrNotFound) {
 		http.Error(w, "not_found: "+err.Error(), http.StatusNotFound)
 		return
 	} else if err != nil { // the replica cannot read it: not the client's fault
