@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -771,5 +772,43 @@ func TestFollowerReadsSeeATaskJustCreated(t *testing.T) {
 	}
 	if code := sse(missing); code != http.StatusNotFound {
 		t.Fatalf("a missing task's SSE on the follower: status %d", code)
+	}
+}
+
+// Resuming the SSE stream of a task that has ended, at or after its last
+// event, gets 204 No Content (an EventSource stops reconnecting); from
+// before its last event, the rest and `end`.
+func TestSSEOfAnEndedTask(t *testing.T) {
+	n := startSingle(t)
+	task := createVia(t, n, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := n.tasks.CancelTask(ctx, connect.NewRequest(&warrenv1.CancelTaskRequest{TaskId: task.GetId()})); err != nil {
+		t.Fatal(err)
+	}
+	got, err := n.tasks.GetTask(ctx, connect.NewRequest(&warrenv1.GetTaskRequest{Id: task.GetId()}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := got.Msg.GetTask().GetNextSeq() - 1
+	get := func(lastID uint64) (int, string) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, n.url+"/v1/tasks/"+task.GetId()+"/events", nil)
+		req.Header.Set("Last-Event-ID", strconv.FormatUint(lastID, 10))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	for _, at := range []uint64{last, last + 5} {
+		if code, body := get(at); code != http.StatusNoContent || body != "" {
+			t.Errorf("Last-Event-ID %d of %d: %d %q; want 204 and no body", at, last, code, body)
+		}
+	}
+	code, body := get(last - 1)
+	if code != http.StatusOK || !strings.Contains(body, fmt.Sprintf("id: %d\n", last)) || !strings.Contains(body, "event: end\n") {
+		t.Errorf("Last-Event-ID %d of %d: %d %q; want the last event and end", last-1, last, code, body)
 	}
 }

@@ -33,11 +33,19 @@ func (h sseHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "invalid_argument: "+err.Error(), http.StatusBadRequest)
 		return
 	}
-	if _, err := h.s.readTask(r.Context(), id); errors.Is(err, ErrNotFound) {
+	t, err := h.s.readTask(r.Context(), id)
+	if errors.Is(err, ErrNotFound) {
 		http.Error(w, "not_found: "+err.Error(), http.StatusNotFound)
 		return
 	} else if err != nil { // the replica cannot read it: not the client's fault
 		http.Error(w, "internal: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	// A task that has ended, with nothing after the resume point: 204 tells
+	// an EventSource to stop reconnecting (it would reconnect after the
+	// `end` event and the close, get `end` again, and so on).
+	if Terminal(t.GetState()) && after >= t.GetNextSeq()-1 {
+		w.WriteHeader(http.StatusNoContent)
 		return
 	}
 	fl, ok := w.(http.Flusher)
