@@ -246,6 +246,9 @@ func (a *taskActor) decision(ctx context.Context, id string) (asked, decided, ap
 			return false, false, false, "", err
 		}
 		evs := resp.Msg.GetEvents()
+		if len(evs) == 0 { // the log's end (a page may be short before it)
+			return asked, decided, approved, comment, nil
+		}
 		for _, e := range evs {
 			after = e.GetSeq()
 			var p struct {
@@ -262,9 +265,6 @@ func (a *taskActor) decision(ctx context.Context, id string) (asked, decided, ap
 			case "approval_decided":
 				decided, approved, comment = true, p.Approved, p.Comment
 			}
-		}
-		if len(evs) < 1000 {
-			return asked, decided, approved, comment, nil
 		}
 	}
 }

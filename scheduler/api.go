@@ -386,7 +386,7 @@ func (s *Server) tailOnce(ctx context.Context, id string, after *uint64, send fu
 	if err != nil {
 		return false, err
 	}
-	evs, err := s.fsm.Events(id, *after, streamBatch)
+	evs, full, err := s.fsm.EventsPage(id, *after, streamBatch, maxListBytes)
 	if err != nil {
 		return false, err
 	}
@@ -396,7 +396,7 @@ func (s *Server) tailOnce(ctx context.Context, id string, after *uint64, send fu
 		}
 		*after = ev.GetSeq()
 	}
-	if len(evs) == streamBatch {
+	if full {
 		return true, nil
 	}
 	if Terminal(t.GetState()) && *after >= t.GetNextSeq()-1 {
@@ -428,7 +428,7 @@ func (a taskAPI) ListEvents(ctx context.Context, req *connect.Request[warrenv1.L
 	if limit == 0 {
 		limit = 100
 	}
-	evs, err := a.s.fsm.Events(req.Msg.GetTaskId(), req.Msg.GetAfterSeq(), limit)
+	evs, _, err := a.s.fsm.EventsPage(req.Msg.GetTaskId(), req.Msg.GetAfterSeq(), limit, maxListBytes)
 	if err != nil {
 		return nil, err
 	}
@@ -437,7 +437,7 @@ func (a taskAPI) ListEvents(ctx context.Context, req *connect.Request[warrenv1.L
 			return nil, err
 		}
 		// readTask may have caught up with the leader.
-		if evs, err = a.s.fsm.Events(req.Msg.GetTaskId(), req.Msg.GetAfterSeq(), limit); err != nil {
+		if evs, _, err = a.s.fsm.EventsPage(req.Msg.GetTaskId(), req.Msg.GetAfterSeq(), limit, maxListBytes); err != nil {
 			return nil, err
 		}
 	}

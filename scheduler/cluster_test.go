@@ -812,3 +812,66 @@ func TestSSEOfAnEndedTask(t *testing.T) {
 		t.Errorf("Last-Event-ID %d of %d: %d %q; want the last event and end", last-1, last, code, body)
 	}
 }
+
+// A ListEvents page ends at 4 MiB (with at least one event), and a
+// stream reads past such pages: every event once, in order.
+func TestLargeEventsPageByBytes(t *testing.T) {
+	n := startSingle(t)
+	task := createVia(t, n, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	big := []byte(`{"line":"` + strings.Repeat("x", 60<<10) + `"}`)
+	const total = 150 // about 9 MiB
+	for i := 0; i < total; i += 10 {
+		var evs []*warrenv1.EventInput
+		for range 10 {
+			evs = append(evs, &warrenv1.EventInput{Kind: KindLog, Payload: big})
+		}
+		if _, err := n.tasks.AppendEvents(ctx, connect.NewRequest(&warrenv1.AppendEventsRequest{TaskId: task.GetId(), Events: evs})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	last := uint64(total + 1) // task_created first
+	var after uint64
+	pages := 0
+	for {
+		resp, err := n.tasks.ListEvents(ctx, connect.NewRequest(&warrenv1.ListEventsRequest{TaskId: task.GetId(), AfterSeq: after, Limit: MaxListEvents}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		evs := resp.Msg.GetEvents()
+		if len(evs) == 0 {
+			break
+		}
+		if size := proto.Size(resp.Msg); size > maxListBytes+64<<10 {
+			t.Errorf("page %d: %d bytes", pages, size)
+		}
+		for _, e := range evs {
+			if e.GetSeq() != after+1 {
+				t.Fatalf("page %d: seq %d after %d", pages, e.GetSeq(), after)
+			}
+			after = e.GetSeq()
+		}
+		pages++
+	}
+	if after != last || pages < 3 {
+		t.Fatalf("listed up to seq %d of %d in %d pages", after, last, pages)
+	}
+	if _, err := n.tasks.CancelTask(ctx, connect.NewRequest(&warrenv1.CancelTaskRequest{TaskId: task.GetId()})); err != nil {
+		t.Fatal(err)
+	}
+	st, err := n.tasks.StreamEvents(ctx, connect.NewRequest(&warrenv1.StreamEventsRequest{TaskId: task.GetId()}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seq uint64
+	for st.Receive() {
+		if got := st.Msg().GetEvent().GetSeq(); got != seq+1 {
+			t.Fatalf("stream: seq %d after %d", got, seq)
+		}
+		seq++
+	}
+	if err := st.Err(); err != nil || seq <= last {
+		t.Fatalf("stream ended at seq %d (log has more than %d): %v", seq, last, err)
+	}
+}

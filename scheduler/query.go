@@ -48,24 +48,38 @@ func (f *FSM) Task(id string) (*warrenv1.Task, error) {
 
 // Events returns up to limit events of task id with seq > after, in order.
 func (f *FSM) Events(id string, after uint64, limit int) ([]*warrenv1.Event, error) {
+	evs, _, err := f.EventsPage(id, after, limit, 0)
+	return evs, err
+}
+
+// EventsPage is Events with a byte budget: with maxBytes > 0 the page also
+// ends before an event that would take its stored size past maxBytes (it
+// always holds at least one event). full reports that the page ended at
+// limit or maxBytes, so more events may follow.
+func (f *FSM) EventsPage(id string, after uint64, limit, maxBytes int) (evs []*warrenv1.Event, full bool, err error) {
 	if after == math.MaxUint64 { // after+1 would wrap to 0: every event
-		return nil, nil
+		return nil, false, nil
 	}
 	it, err := eventsFrom(f.db, id, after+1)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	defer it.Close()
-	var out []*warrenv1.Event
-	for ok := it.First(); ok && len(out) < limit; ok = it.Next() {
+	size := 0
+	for ok := it.First(); ok; ok = it.Next() {
+		v := it.Value()
+		if len(evs) == limit || maxBytes > 0 && len(evs) > 0 && size+len(v) > maxBytes {
+			return evs, true, it.Error()
+		}
+		size += len(v)
 		ev := &warrenv1.Event{}
-		if err := proto.Unmarshal(it.Value(), ev); err != nil {
-			return nil, fmt.Errorf("decode event %x: %w", it.Key(), err)
+		if err := proto.Unmarshal(v, ev); err != nil {
+			return nil, false, fmt.Errorf("decode event %x: %w", it.Key(), err)
 		}
 		ev.TaskId = id
-		out = append(out, ev)
+		evs = append(evs, ev)
 	}
-	return out, it.Error()
+	return evs, false, it.Error()
 }
 
 // ListTasks returns up to limit tasks in id order (creation order), after

@@ -1940,7 +1940,9 @@ func (x *ListEventsRequest) GetLimit() uint32 {
 type ListEventsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// In seq order. Fewer than limit when the log (as this server has
-	// applied it) has no more.
+	// applied it) has no more, or when the page reached 4 MiB (it always
+	// holds at least one event): page on from the last seq until a page is
+	// empty.
 	Events        []*Event `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
