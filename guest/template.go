@@ -96,9 +96,12 @@ var ErrNoTemplate = errors.New("template not found")
 // "name@version"). It checks that the artifacts exist with their sizes;
 // Verify checks their contents.
 func LoadTemplate(root, name string) (*Template, error) {
-	name, version, _ := strings.Cut(name, "@")
-	if name == "" || strings.ContainsAny(name, "/\\") || strings.HasPrefix(name, ".") {
+	name, version, hasVersion := strings.Cut(name, "@")
+	if !plainName(name) {
 		return nil, fmt.Errorf("template %q: invalid name", name)
+	}
+	if hasVersion && !plainName(version) {
+		return nil, fmt.Errorf("template %q: invalid version %q", name, version)
 	}
 	if version == "" {
 		version = "current"
@@ -116,6 +119,9 @@ func LoadTemplate(root, name string) (*Template, error) {
 		return nil, fmt.Errorf("template %q: manifest: %w", name, err)
 	}
 	for _, a := range t.Artifacts() {
+		if !plainName(a.File) {
+			return nil, fmt.Errorf("template %q: manifest: artifact %q is not a file name in the template's directory", name, a.File)
+		}
 		fi, err := os.Stat(t.Path(a))
 		if err != nil {
 			return nil, fmt.Errorf("template %q: %w", name, err)
@@ -125,6 +131,12 @@ func LoadTemplate(root, name string) (*Template, error) {
 		}
 	}
 	return t, nil
+}
+
+// plainName reports whether s names an entry of one directory: not empty,
+// no separator, and not "." or ".." (nor anything hidden).
+func plainName(s string) bool {
+	return s != "" && !strings.ContainsAny(s, "/\\") && !strings.HasPrefix(s, ".")
 }
 
 // ListTemplates returns the names of the templates under root that have a

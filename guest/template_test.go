@@ -89,3 +89,56 @@ func TestKernelFor(t *testing.T) {
 		}
 	}
 }
+
+// A template reference (NAME@VERSION) and a manifest's artifacts cannot
+// reach outside the template store.
+func TestTemplateStaysInItsStore(t *testing.T) {
+	tmp := t.TempDir()
+	root := filepath.Join(tmp, "store")
+	outside := filepath.Join(tmp, "elsewhere")
+	for _, d := range []string{filepath.Join(root, "default"), outside} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, f := range []string{"k", "i", "r", "a"} {
+		if err := os.WriteFile(filepath.Join(outside, f), []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bad := `{"name":"evil","version":"1","kernel":{"file":"k","size":1},"initramfs":{"file":"i","size":1},"rootfs":{"file":"r","size":1},"agent":{"file":"a","size":1}}`
+	if err := os.WriteFile(filepath.Join(outside, ManifestFile), []byte(bad), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, ref := range []string{"default@../../elsewhere", "default@..", "default@/abs", "../elsewhere", "default@.hidden"} {
+		if tpl, err := LoadTemplate(root, ref); err == nil {
+			t.Errorf("template %q loaded from %s, outside the store %s", ref, tpl.Dir, root)
+		}
+	}
+	// A manifest whose artifact names a file outside its directory.
+	in := filepath.Join(root, "default", "v1")
+	if err := os.MkdirAll(in, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"k", "i", "r"} {
+		if err := os.WriteFile(filepath.Join(in, f), []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, file := range []string{"../../elsewhere/r", "/etc/hostname"} {
+		m := `{"name":"default","version":"v1","kernel":{"file":"k","size":1},"initramfs":{"file":"i","size":1},"rootfs":{"file":"` + file + `","size":1}}`
+		if err := os.WriteFile(filepath.Join(in, ManifestFile), []byte(m), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := LoadTemplate(root, "default@v1"); err == nil || !strings.Contains(err.Error(), "not a file name") {
+			t.Errorf("rootfs %q: %v", file, err)
+		}
+	}
+	m := `{"name":"default","version":"v1","kernel":{"file":"k","size":1},"initramfs":{"file":"i","size":1},"rootfs":{"file":"r","size":1}}`
+	if err := os.WriteFile(filepath.Join(in, ManifestFile), []byte(m), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadTemplate(root, "default@v1"); err != nil {
+		t.Errorf("a good template: %v", err)
+	}
+}

@@ -100,13 +100,21 @@ func templateName(t string) string {
 	return name
 }
 
+// validTemplateRef reports whether t is a template name, or a name and a
+// version (NAME@VERSION), each a plain name: a version names a directory
+// of the node's template store, so it must not leave it.
+func validTemplateRef(t string) bool {
+	name, version, hasVersion := strings.Cut(t, "@")
+	return reTemplate.MatchString(name) && (!hasVersion || reTemplate.MatchString(version))
+}
+
 // CreateSandbox places the sandbox on a ready node that runs sandboxes and
 // has the template, and forwards the call with an id that names the node.
 func (a *sandboxAPI) CreateSandbox(ctx context.Context, req *connect.Request[warrenv1.CreateSandboxRequest]) (*connect.Response[warrenv1.CreateSandboxResponse], error) {
 	m := req.Msg
 	var p problems
-	if t := templateName(m.GetTemplate()); t != "" && !reTemplate.MatchString(t) {
-		p.add("template", "%q must be 1-128 of a-z, 0-9, '.', '_', '-'", truncate(m.GetTemplate(), 80))
+	if t := m.GetTemplate(); t != "" && !validTemplateRef(t) {
+		p.add("template", "%q must be NAME or NAME@VERSION, each 1-128 of a-z, 0-9, '.', '_', '-'", truncate(t, 80))
 	}
 	if m.GetId() != "" {
 		p.add("id", "set by the server; leave it empty")

@@ -136,3 +136,17 @@ func FuzzValidateCreate(f *testing.F) {
 		}
 	})
 }
+
+// A sandbox's template is NAME or NAME@VERSION, each a plain name: the
+// version names a directory of the node's template store.
+func TestValidTemplateRef(t *testing.T) {
+	for ref, want := range map[string]bool{
+		"default": true, "default@0e535c41c46cf00c": true, "py-3.12@v1": true,
+		"default@": false, "@v1": false, "default@../../x": false, "default@..": false,
+		"default@.x": false, "default@a/b": false, "../x": false, "Default": false, "a@b@c": false,
+	} {
+		if got := validTemplateRef(ref); got != want {
+			t.Errorf("%q: %v, want %v", ref, got, want)
+		}
+	}
+}
