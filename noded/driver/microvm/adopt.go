@@ -151,6 +151,17 @@ func (d *Driver) reapLoop() {
 // cgroups, that no live, pooled or in-progress VM owns. It returns how
 // many things it removed.
 func (d *Driver) reap() int {
+	// List first, then take the owned set: a VM is tracked (d.known)
+	// before its directory, QEMU or cgroup exists, until its destroy, so
+	// anything listed whose VM is being made is owned by then. (The other
+	// order took a VM tracked between the two for an orphan, and removed
+	// its directory and QEMU while a claim or refill was making it.)
+	qemus := ourQEMUs()
+	ents, _ := os.ReadDir(filepath.Join(d.cfg.StateDir, "vms"))
+	var cgs []string
+	if d.cg != nil {
+		cgs = d.cg.list()
+	}
 	owned := map[string]bool{}
 	d.mu.Lock()
 	for id := range d.known {
@@ -169,14 +180,13 @@ func (d *Driver) reap() int {
 	d.mu.Unlock()
 	mine := func(id string) bool { return strings.HasPrefix(id, d.scope+"-") && !owned[id] }
 	n := 0
-	for id, pid := range ourQEMUs() {
+	for id, pid := range qemus {
 		if mine(id) {
 			d.log.Warn("reaping an orphaned QEMU", "vm", id, "pid", pid)
 			adopt(pid).kill()
 			n++
 		}
 	}
-	ents, _ := os.ReadDir(filepath.Join(d.cfg.StateDir, "vms"))
 	for _, e := range ents {
 		if mine(e.Name()) {
 			d.log.Warn("reaping an orphaned VM directory", "vm", e.Name())
@@ -184,12 +194,10 @@ func (d *Driver) reap() int {
 			n++
 		}
 	}
-	if d.cg != nil {
-		for _, id := range d.cg.list() {
-			if mine(id) {
-				_ = d.cg.remove(id)
-				n++
-			}
+	for _, id := range cgs {
+		if mine(id) {
+			_ = d.cg.remove(id)
+			n++
 		}
 	}
 	return n
