@@ -66,7 +66,7 @@ const (
 type Info struct {
 	ID          string
 	Template    string // name@version
-	State       string // "running" or "paused"
+	State       string // "running" or "paused"; "pausing" or "resuming" while one is under way
 	Start       Start
 	Limits      Limits
 	Created     time.Time

@@ -66,6 +66,12 @@ func (d *Driver) adopt(dir, id string) (*VM, string) {
 		if _, err := os.Stat(filepath.Join(dir, "paused.state")); err != nil {
 			return nil, "paused, but its state file is gone"
 		}
+		// A QEMU of a resume the last run did not finish: a resume
+		// launches its own, so this one would be a second on the disk.
+		if pid := readPid(dir); pid > 0 && isOurQEMU(pid, id) {
+			d.log.Warn("a paused sandbox's unfinished resume left a QEMU; ending it", "sandbox", m.SandboxID, "pid", pid)
+			adopt(pid).kill()
+		}
 		return vm, ""
 	case "running":
 	default:

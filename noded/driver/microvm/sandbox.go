@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/warrenhq/warren/guest"
@@ -49,6 +50,8 @@ type VM struct {
 	// if any, was waited for); bindErr is why it failed.
 	bound   chan struct{}
 	bindErr error
+	// busy is what Info reports while a pause or resume holds mu.
+	busy atomic.Pointer[driver.Info]
 }
 
 // Network is the VM's network, nil when it has none.
@@ -422,8 +425,19 @@ func (vm *VM) prewarm(ctx context.Context) error {
 	return nil
 }
 
+// save writes meta.json, what a node restart re-adopts the VM from.
 func (vm *VM) save() {
 	vm.mu.Lock()
+	m := vm.metaLocked()
+	vm.mu.Unlock()
+	vm.writeMeta(m)
+}
+
+// saveLocked is save with vm.mu held: a pause or resume records its
+// outcome before another lifecycle change can begin.
+func (vm *VM) saveLocked() { vm.writeMeta(vm.metaLocked()) }
+
+func (vm *VM) metaLocked() vmMeta {
 	m := vmMeta{ID: vm.id, SandboxID: vm.sandboxID, Template: vm.template, State: vm.state, Start: vm.start, Limits: vm.limits,
 		Created: vm.created, Expires: vm.expires, Spec: vm.spec, Env: vm.env}
 	if vm.net != nil {
@@ -432,7 +446,10 @@ func (vm *VM) save() {
 	if vm.state == "paused" {
 		m.PausedTo = filepath.Join(vm.spec.Dir, "paused.state")
 	}
-	vm.mu.Unlock()
+	return m
+}
+
+func (vm *VM) writeMeta(m vmMeta) {
 	b, _ := json.MarshalIndent(m, "", "  ")
 	_ = atomicfile.WriteFile(filepath.Join(vm.spec.Dir, "meta.json"), b, 0o644)
 }
@@ -458,8 +475,16 @@ func (vm *VM) Warm() bool { return vm.start == driver.StartWarm }
 
 // Info describes the sandbox.
 func (vm *VM) Info() driver.Info {
+	if in := vm.busy.Load(); in != nil {
+		return *in
+	}
 	vm.mu.Lock()
 	defer vm.mu.Unlock()
+	return vm.infoLocked()
+}
+
+// infoLocked is Info with vm.mu held.
+func (vm *VM) infoLocked() driver.Info {
 	return driver.Info{ID: vm.sandboxID, Template: vm.template, State: vm.state, Start: vm.start, Limits: vm.limits,
 		Created: vm.created, Expires: vm.expires, ClaimTime: vm.claimTime, Accelerator: vm.d.accel}
 }
@@ -504,6 +529,9 @@ func (vm *VM) client() (*guest.Client, error) {
 
 // Pause flushes the guest's disks, saves memory and devices to
 // paused.state in the VM's directory, and ends QEMU. The overlay stays.
+// Once the VM is stopped, the pause runs to its end (or is undone, the
+// guest running again) whether or not the caller still waits: a caller
+// that gives up mid-save must not leave the guest frozen.
 func (vm *VM) Pause(ctx context.Context) error {
 	vm.awaitBind()
 	vm.mu.Lock()
@@ -514,22 +542,26 @@ func (vm *VM) Pause(ctx context.Context) error {
 	case "destroyed":
 		return driver.Errorf(driver.ErrNotFound, "sandbox %s is destroyed", vm.sandboxID)
 	}
+	vm.setBusy("pausing")
+	defer vm.setBusy("")
 	if err := vm.agent.Sync(ctx); err != nil {
 		return fmt.Errorf("pause: sync: %w", err)
 	}
 	if _, err := vm.qmp.Run(ctx, "stop", nil); err != nil {
 		return fmt.Errorf("pause: %w", err)
 	}
+	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lifecycleWait)
+	defer cancel()
 	state := filepath.Join(vm.spec.Dir, "paused.state")
 	// Memory is migrated in full: a clone's mapping is private, and a
 	// booted VM's is anonymous.
-	if err := saveState(ctx, vm.qmp, state, false); err != nil {
-		_, _ = vm.qmp.Run(ctx, "cont", nil)
+	if err := saveState(bctx, vm.qmp, state, false); err != nil {
+		vm.undoSave(bctx, state)
 		return fmt.Errorf("pause: %w", err)
 	}
 	vm.agent.Close()
 	vm.agent = nil
-	_, _ = vm.qmp.Run(ctx, "quit", nil)
+	_, _ = vm.qmp.Run(bctx, "quit", nil)
 	vm.qmp.Close()
 	vm.qmp = nil
 	select {
@@ -539,8 +571,42 @@ func (vm *VM) Pause(ctx context.Context) error {
 	}
 	vm.p = nil
 	vm.state = "paused"
-	go vm.save()
+	vm.saveLocked()
 	return nil
+}
+
+// lifecycleWait bounds the part of a pause or resume that runs to its end
+// once begun, whether or not the caller waits.
+const lifecycleWait = 5 * time.Minute
+
+// undoSave cancels a pause's save that failed, removes what it wrote, and
+// lets the guest run again. vm.mu is held.
+func (vm *VM) undoSave(ctx context.Context, state string) {
+	_, _ = vm.qmp.Run(ctx, "migrate_cancel", nil)
+	for {
+		st, _, err := vm.qmp.Migration(ctx)
+		if err != nil || st != "setup" && st != "active" && st != "cancelling" && st != "device" && st != "pre-switchover" {
+			break
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	_ = os.Remove(state)
+	if _, err := vm.qmp.Run(ctx, "cont", nil); err != nil {
+		vm.d.log.Warn("pause failed and the guest did not run again", "sandbox", vm.sandboxID, "err", err)
+	}
+}
+
+// setBusy shows a pause or resume under way in Info, which does not wait
+// for vm.mu meanwhile (a save or load takes seconds). "" ends it. vm.mu is
+// held.
+func (vm *VM) setBusy(state string) {
+	if state == "" {
+		vm.busy.Store(nil)
+		return
+	}
+	in := vm.infoLocked()
+	in.State = state
+	vm.busy.Store(&in)
 }
 
 // freshSession hangs up on the guest agent, now that the guest runs, and
@@ -576,41 +642,79 @@ func (vm *VM) freshSession(ctx context.Context) error {
 // purpose, so the guest's close of that call is not in flight.
 const hangUpQuiet = 50 * time.Millisecond
 
-// Resume starts QEMU again from paused.state, on this node.
+// Resume starts QEMU again from paused.state, on this node. Until the
+// guest runs again, a failure (or the caller giving up) leaves the sandbox
+// paused, with no QEMU, to be resumed again. Once it runs, it may write to
+// its disk, so paused.state no longer matches the disk: the resume then
+// runs to its end whether or not the caller waits, and if the guest does
+// not answer, the sandbox is destroyed.
 func (vm *VM) Resume(ctx context.Context) error {
+	broken, err := vm.resume(ctx)
+	if broken {
+		vm.d.log.Warn("resumed sandbox did not answer; destroying it", "sandbox", vm.ID(), "err", err)
+		vm.destroy()
+		return driver.Errorf(driver.ErrUnavailable, "resume: the guest ran again but did not answer, so the sandbox was destroyed: %v", err)
+	}
+	return err
+}
+
+// resume is Resume under vm.mu; broken reports a guest that ran again
+// but did not answer.
+func (vm *VM) resume(ctx context.Context) (broken bool, err error) {
 	vm.mu.Lock()
 	defer vm.mu.Unlock()
 	switch vm.state {
 	case "running":
-		return nil
+		return false, nil
 	case "destroyed":
-		return driver.Errorf(driver.ErrNotFound, "sandbox %s is destroyed", vm.sandboxID)
+		return false, driver.Errorf(driver.ErrNotFound, "sandbox %s is destroyed", vm.sandboxID)
 	}
+	vm.setBusy("resuming")
+	defer vm.setBusy("")
 	state := filepath.Join(vm.spec.Dir, "paused.state")
 	vm.spec.Incoming = true
-	if err := vm.launch(ctx, state); err != nil {
-		return fmt.Errorf("resume: %w", err)
+	err = vm.launch(ctx, state)
+	if err == nil {
+		err = loadState(ctx, vm.qmp, vm.spec.incomingURI(), false)
 	}
-	if err := loadState(ctx, vm.qmp, vm.spec.incomingURI(), false); err != nil {
-		vm.p.kill()
-		return fmt.Errorf("resume: %w", err)
+	if err != nil {
+		vm.endQEMU()
+		return false, fmt.Errorf("resume: %w", err)
 	}
-	if err := vm.cont(ctx); err != nil {
-		vm.p.kill()
-		return fmt.Errorf("resume: %w", err)
+	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lifecycleWait)
+	defer cancel()
+	if err := vm.cont(bctx); err != nil {
+		return true, fmt.Errorf("resume: %w", err)
 	}
-	if err := vm.freshSession(ctx); err != nil {
-		vm.p.kill()
-		return fmt.Errorf("resume: %w", err)
+	if err := vm.freshSession(bctx); err != nil {
+		return true, fmt.Errorf("resume: %w", err)
 	}
 	// The clock stood still while the VM was on disk.
-	if _, err := vm.agent.Claim(ctx, guest.ClaimRequest{Now: time.Now(), Hostname: driver.Hostname(vm.sandboxID), Env: vm.env}); err != nil {
-		return fmt.Errorf("resume: set clock: %w", err)
+	if _, err := vm.agent.Claim(bctx, guest.ClaimRequest{Now: time.Now(), Hostname: driver.Hostname(vm.sandboxID), Env: vm.env}); err != nil {
+		return true, fmt.Errorf("resume: set clock: %w", err)
 	}
 	os.Remove(state)
 	vm.state = "running"
-	go vm.save()
-	return nil
+	vm.saveLocked()
+	return false, nil
+}
+
+// endQEMU ends a resume's QEMU that did not get as far as running the
+// guest, so the sandbox is paused with no process, as before. vm.mu is
+// held.
+func (vm *VM) endQEMU() {
+	if vm.agent != nil {
+		vm.agent.Close()
+		vm.agent = nil
+	}
+	if vm.qmp != nil {
+		vm.qmp.Close()
+		vm.qmp = nil
+	}
+	if vm.p != nil {
+		vm.p.kill()
+		vm.p = nil
+	}
 }
 
 // Destroy stops the VM and removes its process, files and cgroup.

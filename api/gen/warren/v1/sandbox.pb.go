@@ -99,7 +99,7 @@ type Sandbox struct {
 	NodeId string `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	// name@version
 	Template string `protobuf:"bytes,3,opt,name=template,proto3" json:"template,omitempty"`
-	// "running" or "paused".
+	// "running" or "paused"; "pausing" or "resuming" while one is under way.
 	State string `protobuf:"bytes,4,opt,name=state,proto3" json:"state,omitempty"`
 	// How it started: "warm" (from a pool), "restore" (from the template's
 	// snapshot on demand: a cold claim) or "boot" (booted from scratch).

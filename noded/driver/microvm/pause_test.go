@@ -1,0 +1,157 @@
+package microvm
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/warrenhq/warren/guest"
+	"github.com/warrenhq/warren/noded/driver"
+)
+
+// qemusNamed lists every process whose command line has -name
+// warren-<id> (ourQEMUs keeps one pid per id, so it would hide a second).
+func qemusNamed(id string) []int {
+	var pids []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err == nil && bytes.Contains(b, []byte("\x00-name\x00warren-"+id+"\x00")) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// coldSandbox claims a sandbox that boots (not the snapshot's shape, so
+// no snapshot is made) and is destroyed at the test's end.
+func coldSandbox(t *testing.T, id string) (*Driver, *VM, context.Context) {
+	t.Helper()
+	d := newDriverWith(t, "", func(c *Config) { c.StandbyQEMUs = -1 })
+	t.Cleanup(func() { d.Close() })
+	ctx := ctxT(t, 10*time.Minute)
+	sb, err := d.Claim(ctx, driver.ClaimRequest{ID: id, TTL: time.Hour, Limits: driver.Limits{MemMB: 320}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vm := sb.(*VM)
+	t.Cleanup(func() {
+		vm.Destroy()
+		for _, pid := range qemusNamed(vm.id) {
+			t.Errorf("QEMU %d of the destroyed sandbox still runs", pid)
+			adopt(pid).kill()
+		}
+	})
+	return d, vm, ctx
+}
+
+func runTrue(t *testing.T, vm *VM, ctx context.Context, when string) {
+	t.Helper()
+	rctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if res, err := vm.Run(rctx, guest.ExecRequest{Argv: []string{"true"}}, nil, nil); err != nil || res.ExitCode != 0 {
+		t.Fatalf("%s: true: %v (exit %d)", when, err, res.ExitCode)
+	}
+}
+
+// A resume that fails before the guest runs (here its context is already
+// cancelled) leaves the sandbox paused with no QEMU; the next resume
+// brings it back with one. It used to leave that QEMU running, and the
+// next resume started a second on the same disk.
+func TestFailedResumeLeavesItPaused(t *testing.T) {
+	_, vm, ctx := coldSandbox(t, "sb-resumefail")
+	if err := vm.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := vm.Resume(cctx); err == nil {
+		t.Fatal("a resume with a cancelled context succeeded")
+	}
+	if st := vm.Info().State; st != "paused" {
+		t.Errorf("after the failed resume: %q, want paused", st)
+	}
+	if pids := qemusNamed(vm.id); len(pids) != 0 {
+		t.Errorf("after the failed resume QEMU %v still runs", pids)
+	}
+	if err := vm.Resume(ctx); err != nil {
+		t.Fatalf("second resume: %v", err)
+	}
+	if pids := qemusNamed(vm.id); len(pids) != 1 {
+		t.Errorf("after the second resume: QEMUs %v, want one", pids)
+	}
+	runTrue(t, vm, ctx, "after the second resume")
+}
+
+// A pause whose caller gives up while the state is saved still ends
+// consistently: paused with no QEMU (and it resumes), or running and
+// answering. It used to leave the guest stopped while it said running.
+func TestPauseCancelledMidSave(t *testing.T) {
+	_, vm, ctx := coldSandbox(t, "sb-pausecancel")
+	// Dirty memory, so the save takes a moment.
+	if _, err := vm.Run(ctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", "head -c 150000000 /dev/urandom > /dev/shm/x"}}, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	pctx, cancel := context.WithCancel(ctx)
+	state := filepath.Join(vm.spec.Dir, "paused.state")
+	go func() {
+		for pctx.Err() == nil {
+			if _, err := os.Stat(state); err == nil {
+				cancel() // the save has begun
+				return
+			}
+			time.Sleep(200 * time.Microsecond)
+		}
+	}()
+	err := vm.Pause(pctx)
+	cancel()
+	st := vm.Info().State
+	t.Logf("pause: %v; now %s", err, st)
+	switch {
+	case err == nil && st == "paused":
+		if pids := qemusNamed(vm.id); len(pids) != 0 {
+			t.Errorf("paused, yet QEMU %v runs", pids)
+		}
+		if err := vm.Resume(ctx); err != nil {
+			t.Fatalf("resume: %v", err)
+		}
+		runTrue(t, vm, ctx, "after the resume")
+	case err != nil && st == "running":
+		runTrue(t, vm, ctx, "after the failed pause")
+	default:
+		t.Fatalf("pause: %v, and the sandbox is %q", err, st)
+	}
+}
+
+// Info does not wait for a pause or resume under way (a save or load
+// takes seconds, and listing sandboxes must not hang behind it).
+func TestInfoDuringPause(t *testing.T) {
+	vm := &VM{d: &Driver{log: slog.New(slog.DiscardHandler)}, sandboxID: "sb-x", state: "running"}
+	vm.mu.Lock() // as Pause holds it
+	vm.setBusy("pausing")
+	got := make(chan string, 1)
+	go func() { got <- vm.Info().State }()
+	select {
+	case st := <-got:
+		if st != "pausing" {
+			t.Errorf("Info during a pause: %q", st)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Info waited for the pause")
+	}
+	vm.setBusy("")
+	vm.mu.Unlock()
+	if st := vm.Info().State; st != "running" {
+		t.Errorf("Info after: %q", st)
+	}
+}
