@@ -74,6 +74,7 @@ type Driver struct {
 	live   map[string]*Box
 	lowers map[string]string // template dir -> its read-only mount
 	closed bool
+	claims sync.WaitGroup // claims under way; Close waits for them
 }
 
 // New connects to containerd and destroys every container a previous run
@@ -333,7 +334,9 @@ func (d *Driver) Claim(ctx context.Context, req driver.ClaimRequest) (driver.San
 		return nil, driver.Errorf(driver.ErrInvalid, "sandbox %q exists", req.ID)
 	}
 	d.live[req.ID] = nil
+	d.claims.Add(1)
 	d.mu.Unlock()
+	defer d.claims.Done()
 	b, err := d.start(ctx, t, req, lim)
 	if err != nil {
 		d.mu.Lock()
@@ -341,15 +344,23 @@ func (d *Driver) Claim(ctx context.Context, req driver.ClaimRequest) (driver.San
 		d.mu.Unlock()
 		return nil, err
 	}
+	b.mu.Lock()
 	b.claimTime = time.Since(t0)
 	b.expires = time.Now().Add(ttl)
-	d.mu.Lock()
-	d.live[req.ID] = b
-	d.mu.Unlock()
 	b.ttl = time.AfterFunc(ttl, func() {
 		d.log.Info("sandbox expired; destroying", "sandbox", req.ID)
 		_ = b.Destroy()
 	})
+	b.mu.Unlock()
+	d.mu.Lock()
+	if d.closed { // closed while this claim was under way: Close did not see it
+		delete(d.live, req.ID)
+		d.mu.Unlock()
+		b.destroy() // Close waits for this claim, so the client is still open
+		return nil, driver.Errorf(driver.ErrUnavailable, "driver closed")
+	}
+	d.live[req.ID] = b
+	d.mu.Unlock()
 	d.log.Info("sandbox claimed", "sandbox", req.ID, "took", b.claimTime, "template", t.Name)
 	return b, nil
 }
@@ -522,6 +533,9 @@ func (d *Driver) Close() error {
 		return nil
 	}
 	d.closed = true
+	d.mu.Unlock()
+	d.claims.Wait() // a claim under way destroys its own container
+	d.mu.Lock()
 	var all []*Box
 	for _, b := range d.live {
 		if b != nil {

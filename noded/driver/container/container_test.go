@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/containerd"
+
 	"github.com/warrenhq/warren/guest"
 	"github.com/warrenhq/warren/noded/driver"
 )
@@ -235,6 +237,42 @@ func TestContainerBadClaims(t *testing.T) {
 	} {
 		if _, err := d.Claim(ctx, tc.req); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v: %v, want it to mention %q", tc.req, err, tc.want)
+		}
+	}
+}
+
+// A Close while a claim is under way leaves no container behind: the
+// claim sees the driver closed and destroys its own container (Close
+// waits for it, so the containerd client is still open). It used to
+// register the box after Close had destroyed everything and closed the
+// client, so its container stayed until the node's next start.
+func TestCloseDuringClaimLeavesNoContainer(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	for i := range 4 {
+		d := newDriver(t)
+		sock, scope := d.cfg.Socket, d.scope
+		done := make(chan error, 1)
+		go func() {
+			_, err := d.Claim(ctx, driver.ClaimRequest{ID: fmt.Sprintf("sb-closeclaim%d", i)})
+			done <- err
+		}()
+		time.Sleep(time.Duration(40*i) * time.Millisecond) // at various points of the claim
+		if err := d.Close(); err != nil {
+			t.Fatal(err)
+		}
+		err := <-done
+		c, cerr := containerd.New(sock, containerd.WithDefaultNamespace("warren-test"))
+		if cerr != nil {
+			t.Fatal(cerr)
+		}
+		cs, lerr := c.Containers(ctx, fmt.Sprintf("labels.%q==%s", label, scope))
+		c.Close()
+		if lerr != nil {
+			t.Fatal(lerr)
+		}
+		if len(cs) != 0 {
+			t.Errorf("round %d (claim: %v): %d containers left after Close", i, err, len(cs))
 		}
 	}
 }
