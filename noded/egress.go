@@ -113,6 +113,12 @@ func (e *Egress) bind(sb driver.Sandbox, p netpolicy.Policy, sink func(netpolicy
 	if err := n.SetPolicy(p); err != nil {
 		return err
 	}
+	if sink == nil {
+		// The node's log, as for an unknown id: nothing to keep (and
+		// nothing left behind by a sandbox whose TTL destroys it, which
+		// no one unbinds).
+		return nil
+	}
 	e.mu.Lock()
 	e.sinks[sb.ID()] = sink
 	e.mu.Unlock()
