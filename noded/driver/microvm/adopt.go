@@ -206,5 +206,5 @@ func (d *Driver) reap() int {
 			n++
 		}
 	}
-	return n
+	return n + d.pruneSnapshots()
 }

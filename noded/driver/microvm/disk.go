@@ -3,6 +3,7 @@ package microvm
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"io"
@@ -99,4 +100,33 @@ func copyFile(src, dst string) error {
 		return fmt.Errorf("overlay %s: %w", dst, err)
 	}
 	return nil
+}
+
+// backingFile returns the backing file a qcow2 file's header names ("" for
+// none), without running qemu-img.
+func backingFile(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	var h [20]byte
+	if _, err := io.ReadFull(f, h[:]); err != nil {
+		return "", fmt.Errorf("%s: qcow2 header: %w", path, err)
+	}
+	if string(h[:4]) != "QFI\xfb" {
+		return "", fmt.Errorf("%s: not a qcow2 file", path)
+	}
+	off, size := binary.BigEndian.Uint64(h[8:16]), binary.BigEndian.Uint32(h[16:20])
+	if off == 0 || size == 0 {
+		return "", nil
+	}
+	if size > 1023 { // qcow2's own limit
+		return "", fmt.Errorf("%s: backing file name of %d bytes", path, size)
+	}
+	name := make([]byte, size)
+	if _, err := f.ReadAt(name, int64(off)); err != nil {
+		return "", fmt.Errorf("%s: backing file name: %w", path, err)
+	}
+	return string(name), nil
 }

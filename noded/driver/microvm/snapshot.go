@@ -3,6 +3,8 @@ package microvm
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -58,9 +60,75 @@ func (s *snapshot) mem() string   { return filepath.Join(s.Dir, "mem") }
 func (s *snapshot) state() string { return filepath.Join(s.Dir, "state") }
 func (s *snapshot) disk() string  { return filepath.Join(s.Dir, "disk.qcow2") }
 
-// snapshotDir is where t's snapshot for these settings lives.
+// snapshotDir is where t's snapshot for these settings lives: its name
+// ends in a hash of everything loadSnapshot checks (wantMeta), so a
+// snapshot made again for other settings (a new QEMU, kernel command line,
+// CPU model or network) goes into a directory of its own. The one it
+// replaces stays while a clone's overlay names its disk as the backing
+// file (a paused clone reopens it on resume), and pruneSnapshots removes
+// it after.
 func (d *Driver) snapshotDir(t *guest.Template) string {
-	return filepath.Join(d.cfg.StateDir, "snapshots", fmt.Sprintf("%s-%s-%dm-%s", t.Name, t.Version, d.cfg.SnapshotMemMB, d.accel))
+	b, _ := json.Marshal(d.wantMeta(t))
+	h := sha256.Sum256(b)
+	return filepath.Join(d.cfg.StateDir, "snapshots", snapshotBase(t, d.cfg.SnapshotMemMB, d.accel)+"-"+hex.EncodeToString(h[:6]))
+}
+
+// snapshotBase is the part of a snapshot directory's name that every
+// snapshot of t's version for these settings shares.
+func snapshotBase(t *guest.Template, memMB int, accel string) string {
+	return fmt.Sprintf("%s-%s-%dm-%s", t.Name, t.Version, memMB, accel)
+}
+
+// pruneSnapshots removes the snapshots that a newer one of the same
+// template version replaced and that no VM's overlay (a clone's root disk,
+// or a blank overlay) still names as its backing file, and the blank
+// overlays of snapshots that are gone. It returns how many it removed.
+func (d *Driver) pruneSnapshots() int {
+	current := map[string]string{} // base -> the current snapshot's directory
+	d.mu.Lock()
+	for _, ts := range d.templates {
+		if ts.snap != nil {
+			current[snapshotBase(ts.t, d.cfg.SnapshotMemMB, d.accel)] = ts.snap.Dir
+		}
+	}
+	d.mu.Unlock()
+	if len(current) == 0 {
+		return 0
+	}
+	used := map[string]bool{}
+	vms, _ := filepath.Glob(filepath.Join(d.cfg.StateDir, "vms", "*", "disk.qcow2"))
+	for _, disk := range vms {
+		if b, err := backingFile(disk); err == nil && b != "" {
+			used[filepath.Dir(b)] = true
+		}
+	}
+	root := filepath.Join(d.cfg.StateDir, "snapshots")
+	ents, _ := os.ReadDir(root)
+	n := 0
+	for _, e := range ents {
+		dir := filepath.Join(root, e.Name())
+		if !e.IsDir() || strings.Contains(e.Name(), ".tmp-") || used[dir] {
+			continue
+		}
+		for base, cur := range current {
+			if dir != cur && (e.Name() == base || strings.HasPrefix(e.Name(), base+"-")) {
+				d.log.Info("removing a replaced snapshot no sandbox uses", "snapshot", dir, "current", cur)
+				_ = os.RemoveAll(dir)
+				n++
+				break
+			}
+		}
+	}
+	blanks, _ := filepath.Glob(filepath.Join(d.blanks.dir, "*.qcow2"))
+	for _, bl := range blanks {
+		if b, err := backingFile(bl); err == nil && b != "" {
+			if _, err := os.Stat(b); os.IsNotExist(err) {
+				_ = os.Remove(bl)
+				n++
+			}
+		}
+	}
+	return n
 }
 
 func (d *Driver) wantMeta(t *guest.Template) snapMeta {

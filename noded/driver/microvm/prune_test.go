@@ -1,0 +1,95 @@
+package microvm
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/warrenhq/warren/guest"
+)
+
+// A snapshot replaced by one for other settings stays while a clone's
+// overlay names its disk, and goes after; the blank overlays of a
+// snapshot that is gone go too. The current snapshot always stays.
+func TestPruneReplacedSnapshots(t *testing.T) {
+	if _, err := exec.LookPath("qemu-img"); err != nil {
+		t.Skip("needs qemu-img (apt-get install qemu-utils)")
+	}
+	ctx := context.Background()
+	state := t.TempDir()
+	d := &Driver{cfg: Config{StateDir: state, SnapshotMemMB: 256}, accel: "tcg", log: slog.New(slog.DiscardHandler),
+		templates: map[string]*tplState{}, blanks: blanks{dir: filepath.Join(state, "blanks")}}
+	raw := filepath.Join(state, "rootfs.raw")
+	if err := os.WriteFile(raw, make([]byte, 1<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	snap := func(name string) string {
+		dir := filepath.Join(state, "snapshots", name)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := createOverlay(ctx, raw, "raw", filepath.Join(dir, "disk.qcow2")); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	old := snap("default-v1-256m-tcg") // a name from before the settings' hash
+	replaced := snap("default-v1-256m-tcg-aaaaaaaaaaaa")
+	current := snap("default-v1-256m-tcg-bbbbbbbbbbbb")
+	other := snap("other-v1-256m-tcg-cccccccccccc") // another template's: not loaded, left alone
+	d.templates["default"] = &tplState{t: &guest.Template{Manifest: guest.Manifest{Name: "default", Version: "v1"}},
+		snap: &snapshot{Dir: current}}
+	// A paused clone of the old snapshot, and a blank of the replaced one.
+	vmDisk := filepath.Join(state, "vms", "vm1", "disk.qcow2")
+	if err := os.MkdirAll(filepath.Dir(vmDisk), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := createOverlay(ctx, filepath.Join(old, "disk.qcow2"), "qcow2", vmDisk); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := backingFile(vmDisk); err != nil || b != filepath.Join(old, "disk.qcow2") {
+		t.Fatalf("backingFile: %q, %v", b, err)
+	}
+	blank, err := d.blanks.blank(ctx, filepath.Join(replaced, "disk.qcow2"), "qcow2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	exists := func(p string) bool { _, err := os.Stat(p); return err == nil }
+
+	d.pruneSnapshots()
+	if !exists(old) || !exists(current) || !exists(other) {
+		t.Fatalf("removed a snapshot in use, the current one or another template's: old %v current %v other %v", exists(old), exists(current), exists(other))
+	}
+	if exists(replaced) || exists(blank) {
+		t.Fatalf("kept the replaced snapshot no VM uses (%v) or its blank (%v)", exists(replaced), exists(blank))
+	}
+	if err := os.RemoveAll(filepath.Dir(vmDisk)); err != nil { // the clone destroyed
+		t.Fatal(err)
+	}
+	d.pruneSnapshots()
+	if exists(old) || !exists(current) {
+		t.Fatalf("after the clone went: old %v, current %v", exists(old), exists(current))
+	}
+}
+
+// A snapshot for other settings (here another QEMU version) goes into a
+// directory of its own, never over the files of the one before.
+func TestSnapshotDirPerSettings(t *testing.T) {
+	d := &Driver{cfg: Config{StateDir: t.TempDir(), SnapshotMemMB: 256}, accel: "tcg", log: slog.New(slog.DiscardHandler)}
+	tpl := &guest.Template{Manifest: guest.Manifest{Name: "default", Version: "v1"}}
+	d.qver = "7.2.0"
+	a := d.snapshotDir(tpl)
+	if d.snapshotDir(tpl) != a {
+		t.Fatal("snapshotDir is not stable")
+	}
+	d.qver = "8.0.0"
+	b := d.snapshotDir(tpl)
+	base := filepath.Join(d.cfg.StateDir, "snapshots", "default-v1-256m-tcg-")
+	if a == b || !strings.HasPrefix(a, base) || !strings.HasPrefix(b, base) {
+		t.Fatalf("snapshot dirs %s and %s", a, b)
+	}
+}
