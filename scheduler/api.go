@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -233,7 +234,11 @@ func (a taskAPI) ListTasks(ctx context.Context, req *connect.Request[warrenv1.Li
 	if size == 0 {
 		size = 100
 	}
+	check := a.s.readGuard()
 	tasks, next, err := a.s.fsm.ListTasks(req.Msg.GetState(), req.Msg.GetPageToken(), size, maxListBytes)
+	if cerr := check(); cerr != nil {
+		return nil, cerr
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -382,12 +387,13 @@ func (s *Server) tail(ctx context.Context, id string, after uint64, send func(*w
 func (s *Server) tailOnce(ctx context.Context, id string, after *uint64, send func(*warrenv1.Event) error) (bool, error) {
 	wake, release := s.fsm.WatchTask(id)
 	defer release()
+	check := s.readGuard()
 	t, err := s.fsm.Task(id) // read the task before its events
 	if err != nil {
-		return false, err
+		return false, cmp.Or(check(), err)
 	}
 	evs, full, err := s.fsm.EventsPage(id, *after, streamBatch, maxListBytes)
-	if err != nil {
+	if err = cmp.Or(check(), err); err != nil {
 		return false, err
 	}
 	for _, ev := range evs {
@@ -428,8 +434,9 @@ func (a taskAPI) ListEvents(ctx context.Context, req *connect.Request[warrenv1.L
 	if limit == 0 {
 		limit = 100
 	}
+	check := a.s.readGuard()
 	evs, _, err := a.s.fsm.EventsPage(req.Msg.GetTaskId(), req.Msg.GetAfterSeq(), limit, maxListBytes)
-	if err != nil {
+	if err = cmp.Or(check(), err); err != nil {
 		return nil, err
 	}
 	if len(evs) == 0 { // the end of the log, or no such task (yet, here)
@@ -437,7 +444,9 @@ func (a taskAPI) ListEvents(ctx context.Context, req *connect.Request[warrenv1.L
 			return nil, err
 		}
 		// readTask may have caught up with the leader.
-		if evs, _, err = a.s.fsm.EventsPage(req.Msg.GetTaskId(), req.Msg.GetAfterSeq(), limit, maxListBytes); err != nil {
+		check = a.s.readGuard()
+		evs, _, err = a.s.fsm.EventsPage(req.Msg.GetTaskId(), req.Msg.GetAfterSeq(), limit, maxListBytes)
+		if err = cmp.Or(check(), err); err != nil {
 			return nil, err
 		}
 	}

@@ -875,3 +875,40 @@ func TestLargeEventsPageByBytes(t *testing.T) {
 		t.Fatalf("stream ended at seq %d (log has more than %d): %v", seq, last, err)
 	}
 }
+
+// Reads that a snapshot restore overlaps (it replaces the state piece by
+// piece, so they could find tasks missing or old) answer unavailable,
+// which clients retry, instead of not_found or a partial page.
+func TestReadsDuringARestoreAreRetried(t *testing.T) {
+	n := startSingle(t)
+	task := createVia(t, n, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	f := n.srv.FSM()
+	f.restores.Add(1) // as Restore does while it runs
+	_, err := n.tasks.GetTask(ctx, connect.NewRequest(&warrenv1.GetTaskRequest{Id: task.GetId()}))
+	if connect.CodeOf(err) != connect.CodeUnavailable {
+		t.Errorf("GetTask during a restore: %v", err)
+	}
+	_, err = n.tasks.ListTasks(ctx, connect.NewRequest(&warrenv1.ListTasksRequest{}))
+	if connect.CodeOf(err) != connect.CodeUnavailable {
+		t.Errorf("ListTasks during a restore: %v", err)
+	}
+	_, err = n.tasks.ListEvents(ctx, connect.NewRequest(&warrenv1.ListEventsRequest{TaskId: task.GetId()}))
+	if connect.CodeOf(err) != connect.CodeUnavailable {
+		t.Errorf("ListEvents during a restore: %v", err)
+	}
+	st, err := n.tasks.StreamEvents(ctx, connect.NewRequest(&warrenv1.StreamEventsRequest{TaskId: task.GetId()}))
+	if err == nil {
+		for st.Receive() {
+		}
+		err = st.Err()
+	}
+	if connect.CodeOf(err) != connect.CodeUnavailable {
+		t.Errorf("StreamEvents during a restore: %v", err)
+	}
+	f.restores.Add(1) // done
+	if _, err := n.tasks.GetTask(ctx, connect.NewRequest(&warrenv1.GetTaskRequest{Id: task.GetId()})); err != nil {
+		t.Errorf("GetTask after the restore: %v", err)
+	}
+}

@@ -227,14 +227,39 @@ const catchUpWait = 2 * time.Second
 // far, and reads again. A task no server has (a mistyped id) costs that
 // one call to the leader.
 func (s *Server) readTask(ctx context.Context, id string) (*warrenv1.Task, error) {
+	check := s.readGuard()
 	t, err := s.fsm.Task(id)
+	if cerr := check(); cerr != nil {
+		return nil, cerr
+	}
 	if !errors.Is(err, ErrNotFound) || s.raft.State() == raft.Leader {
 		return t, err
 	}
 	if s.catchUp(ctx) {
-		return s.fsm.Task(id) // it may have been applied meanwhile, waited for or not
+		check = s.readGuard()
+		t, err = s.fsm.Task(id) // it may have been applied meanwhile, waited for or not
+		if cerr := check(); cerr != nil {
+			return nil, cerr
+		}
 	}
 	return t, err
+}
+
+// errRestoring answers a read that a snapshot restore overlapped.
+var errRestoring = connect.NewError(connect.CodeUnavailable, errors.New("this server was installing a snapshot of the cluster's state during the read; retry, or ask another server"))
+
+// readGuard starts a read of the local replica; the check it returns
+// reports errRestoring if a snapshot restore ran during the read (which
+// could then have found tasks missing, or old), else nil. Clients retry
+// unavailable (client.Watch fails over to the next server).
+func (s *Server) readGuard() func() error {
+	g := s.fsm.restores.Load()
+	return func() error {
+		if g%2 == 1 || s.fsm.restores.Load() != g {
+			return errRestoring
+		}
+		return nil
+	}
 }
 
 // catchUp waits until this replica has applied what the leader had

@@ -40,9 +40,13 @@ type FSM struct {
 	log     *slog.Logger
 	tmpDir  string // for snapshot checkpoints
 	applied atomic.Uint64
-	watch   *watchers
-	idem    *idemSet  // FSM goroutine only
-	reqs    *reqIndex // FSM goroutine only
+	// restores counts the starts and ends of snapshot restores (odd while
+	// one runs), so a read can tell whether one overlapped it: it could
+	// have found tasks missing or old (see readGuard).
+	restores atomic.Uint64
+	watch    *watchers
+	idem     *idemSet  // FSM goroutine only
+	reqs     *reqIndex // FSM goroutine only
 	// live caches the record of every task that is not terminal and was
 	// written or appended to since the process started (FSM goroutine
 	// only). The applier reads a task from here instead of Pebble, where

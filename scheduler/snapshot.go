@@ -119,6 +119,13 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 		f.log.Info("snapshot restore skipped: local state is newer", "snapshot_index", snapIndex, "applied", f.Applied())
 		return nil
 	}
+	f.restores.Add(1) // odd: restoring
+	restored := false
+	defer func() {
+		if !restored {
+			f.restores.Add(1)
+		}
+	}()
 	clear(f.live) // before the copy: a failed copy must not leave stale entries
 	clear(f.lastReq)
 	f.reqs.reset()
@@ -130,6 +137,8 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	}
 	f.applied.Store(snapIndex)
 	f.replanGen.Add(1)
+	f.restores.Add(1) // even again, before the wake-up: streams read on
+	restored = true
 	f.watch.notifyAll()
 	f.log.Info("snapshot restored", "index", snapIndex)
 	return nil
