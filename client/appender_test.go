@@ -122,13 +122,24 @@ func TestAppenderSharesCallsAndKeepsEachOutcome(t *testing.T) {
 		t.Fatalf("positioned append at a taken seq: %v", err)
 	}
 
-	// A malformed append fails the whole call it shared, naming the item.
-	_, err = c.Tasks().AppendEventsBatch(ctx, connect.NewRequest(&warrenv1.AppendEventsBatchRequest{Appends: []*warrenv1.AppendEventsRequest{
+	// A malformed append is refused on its own, naming the item; the
+	// others in its call are applied (they may be other tasks', other
+	// tenants'). An empty call fails as a whole.
+	res, err := c.Tasks().AppendEventsBatch(ctx, connect.NewRequest(&warrenv1.AppendEventsBatchRequest{Appends: []*warrenv1.AppendEventsRequest{
 		{TaskId: ids[0], Events: []*warrenv1.EventInput{{Kind: "log"}}},
 		{TaskId: ids[0], Events: []*warrenv1.EventInput{{Kind: "nope"}}},
+		{TaskId: ids[1], Events: []*warrenv1.EventInput{{Kind: "log"}}},
 	}}))
-	if connect.CodeOf(err) != connect.CodeInvalidArgument || !errContains(err, "appends[1]: events[0].kind") {
-		t.Fatalf("malformed batch: %v", err)
+	if err != nil {
+		t.Fatalf("a call with one malformed append: %v", err)
+	}
+	rs := res.Msg.GetResults()
+	if len(rs) != 3 || rs[0].GetErrorCode() != "" || rs[0].GetFirstSeq() == 0 || rs[2].GetErrorCode() != "" || rs[2].GetFirstSeq() == 0 ||
+		rs[1].GetErrorCode() != "invalid_argument" || !strings.Contains(rs[1].GetErrorMessage(), "appends[1]: events[0].kind") {
+		t.Fatalf("a call with one malformed append: %v", rs)
+	}
+	if _, err := c.Tasks().AppendEventsBatch(ctx, connect.NewRequest(&warrenv1.AppendEventsBatchRequest{})); connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Fatalf("an empty call: %v", err)
 	}
 }
 

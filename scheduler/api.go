@@ -270,32 +270,44 @@ const MaxAppendsPerBatch = 1024
 
 func (a taskAPI) AppendEventsBatch(ctx context.Context, req *connect.Request[warrenv1.AppendEventsBatchRequest]) (*connect.Response[warrenv1.AppendEventsBatchResponse], error) {
 	items := req.Msg.GetAppends()
-	if err := validateBatch("appends", "append", items, MaxAppendsPerBatch, validateAppend); err != nil {
+	// The call as a whole: its size. Each item is checked on its own: the
+	// appends of many tasks (often many tenants') share a call, and one
+	// malformed append must not fail the others.
+	if err := validateBatch("appends", "append", items, MaxAppendsPerBatch, func(*warrenv1.AppendEventsRequest) error { return nil }); err != nil {
 		return nil, invalid(err)
 	}
 	now := a.now()
-	cmds := make([]proto.Message, len(items))
+	out := &warrenv1.AppendEventsBatchResponse{Results: make([]*warrenv1.AppendEventsResult, len(items))}
+	var cmds []proto.Message
+	var at []int // cmds[j] is items[at[j]]
 	for i, it := range items {
-		cmds[i] = &fsmv1.AppendEvents{
+		if err := validateAppend(it); err != nil {
+			out.Results[i] = &warrenv1.AppendEventsResult{ErrorCode: connect.CodeInvalidArgument.String(),
+				ErrorMessage: fmt.Sprintf("appends[%d]: %v", i, err)}
+			continue
+		}
+		cmds = append(cmds, &fsmv1.AppendEvents{
 			TaskId:      it.GetTaskId(),
 			LeaseEpoch:  it.GetLeaseEpoch(),
 			Events:      it.GetEvents(),
 			RequestId:   requestID(it.GetRequestId()),
 			Time:        now,
 			ExpectedSeq: it.GetExpectedSeq(),
-		}
+		})
+		at = append(at, i)
 	}
-	res, err := a.s.propose(ctx, cmds...)
-	if err != nil {
-		return nil, err
-	}
-	out := &warrenv1.AppendEventsBatchResponse{Results: make([]*warrenv1.AppendEventsResult, len(res))}
-	for i, r := range res {
-		ar := &warrenv1.AppendEventsResult{FirstSeq: r.GetFirstSeq(), LastSeq: r.GetLastSeq(), CancelRequested: r.GetCancelRequested()}
-		if r.GetCode() != 0 {
-			ar = &warrenv1.AppendEventsResult{ErrorCode: connect.Code(r.GetCode()).String(), ErrorMessage: r.GetMessage()}
+	if len(cmds) > 0 {
+		res, err := a.s.propose(ctx, cmds...)
+		if err != nil {
+			return nil, err
 		}
-		out.Results[i] = ar
+		for j, r := range res {
+			ar := &warrenv1.AppendEventsResult{FirstSeq: r.GetFirstSeq(), LastSeq: r.GetLastSeq(), CancelRequested: r.GetCancelRequested()}
+			if r.GetCode() != 0 {
+				ar = &warrenv1.AppendEventsResult{ErrorCode: connect.Code(r.GetCode()).String(), ErrorMessage: r.GetMessage()}
+			}
+			out.Results[at[j]] = ar
+		}
 	}
 	resp := connect.NewResponse(out)
 	a.s.nameLeader(resp.Header())

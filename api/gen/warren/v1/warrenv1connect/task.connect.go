@@ -73,9 +73,11 @@ type TaskServiceClient interface {
 	// AppendEvents is used by node daemons; it is fenced by the lease epoch.
 	AppendEvents(context.Context, *connect.Request[v1.AppendEventsRequest]) (*connect.Response[v1.AppendEventsResponse], error)
 	// AppendEventsBatch carries many tasks' appends in one call (a node sends
-	// its actors' events together). A malformed item fails the whole call
-	// with invalid_argument; refusals of the log (stale epoch, terminal task)
-	// are reported per item.
+	// its actors' events together). Each item gets its own result: a
+	// malformed item is refused with invalid_argument naming it, and the log's
+	// refusals (stale epoch, terminal task) are reported per item too, so one
+	// bad append does not fail the others. An empty call or one over the
+	// item limit fails as a whole.
 	AppendEventsBatch(context.Context, *connect.Request[v1.AppendEventsBatchRequest]) (*connect.Response[v1.AppendEventsBatchResponse], error)
 	// StreamEvents sends every event with seq > after_seq, then tails live,
 	// and ends after the event that made the task terminal.
@@ -266,9 +268,11 @@ type TaskServiceHandler interface {
 	// AppendEvents is used by node daemons; it is fenced by the lease epoch.
 	AppendEvents(context.Context, *connect.Request[v1.AppendEventsRequest]) (*connect.Response[v1.AppendEventsResponse], error)
 	// AppendEventsBatch carries many tasks' appends in one call (a node sends
-	// its actors' events together). A malformed item fails the whole call
-	// with invalid_argument; refusals of the log (stale epoch, terminal task)
-	// are reported per item.
+	// its actors' events together). Each item gets its own result: a
+	// malformed item is refused with invalid_argument naming it, and the log's
+	// refusals (stale epoch, terminal task) are reported per item too, so one
+	// bad append does not fail the others. An empty call or one over the
+	// item limit fails as a whole.
 	AppendEventsBatch(context.Context, *connect.Request[v1.AppendEventsBatchRequest]) (*connect.Response[v1.AppendEventsBatchResponse], error)
 	// StreamEvents sends every event with seq > after_seq, then tails live,
 	// and ends after the event that made the task terminal.
