@@ -123,19 +123,31 @@ func (a *Appender) enqueue(ctx context.Context, p *pendingAppend) (*warrenv1.App
 
 func (a *Appender) run() {
 	defer close(a.stopped)
+	// carry is an append gather took that did not fit in its call's
+	// bytes: it opens the next call.
+	var carry *pendingAppend
+	closed := func() {
+		if carry != nil {
+			carry.out <- appendOutcome{err: ErrAppenderClosed}
+		}
+		a.abort()
+	}
 	for {
 		select {
 		case a.slots <- struct{}{}:
 		case <-a.done:
-			a.abort()
+			closed()
 			return
 		}
-		var first *pendingAppend
-		select {
-		case first = <-a.in:
-		case <-a.done:
-			a.abort()
-			return
+		first := carry
+		carry = nil
+		if first == nil {
+			select {
+			case first = <-a.in:
+			case <-a.done:
+				a.abort()
+				return
+			}
 		}
 		select {
 		case <-a.done: // closed while we waited: send nothing new
@@ -144,7 +156,8 @@ func (a *Appender) run() {
 			return
 		default:
 		}
-		batch := gather(first, a.in, a.maxItems, len(a.slots) > 1)
+		var batch []*pendingAppend
+		batch, carry = gather(first, a.in, a.maxItems, maxCallBytes, len(a.slots) > 1)
 		a.calls.Add(1)
 		a.appends.Add(uint64(len(batch)))
 		go func() {
@@ -152,6 +165,21 @@ func (a *Appender) run() {
 			a.send(batch)
 		}()
 	}
+}
+
+// maxCallBytes bounds the appends one call carries, by their payloads
+// (appendBytes), well under the servers' request limit (about 33 MiB): a
+// call of 1,024 appends of 64 KiB each would be refused whole.
+const maxCallBytes = 8 << 20
+
+// appendBytes is about what req takes in a call: its payloads and names,
+// and a little for the framing of each field.
+func appendBytes(req *warrenv1.AppendEventsRequest) int {
+	n := 32 + len(req.GetTaskId()) + len(req.GetRequestId())
+	for _, e := range req.GetEvents() {
+		n += 16 + len(e.GetKind()) + len(e.GetPayload())
+	}
+	return n
 }
 
 // gather's bounds on waiting for more appends: it stops after
@@ -166,7 +194,9 @@ const (
 // the thread for longer than this between two yields.
 var gatherFor = time.Millisecond
 
-// gather takes first and what else is queued on in, up to max appends.
+// gather takes first and what else is queued on in, up to max appends
+// and maxBytes (appendBytes; first alone may be more). An append it took
+// that would pass maxBytes is returned as carry, for the next call.
 // When a call returns, its writers are woken one by one and queue their
 // next appends over the following microseconds, while the call's slot is
 // already free; taking only what was queued at that instant sent many
@@ -174,13 +204,19 @@ var gatherFor = time.Millisecond
 // next slot. So while other calls are in flight (busy), gather yields to
 // the other goroutines as long as that brings more appends. A lone writer
 // (nothing else in flight) does not wait.
-func gather(first *pendingAppend, in <-chan *pendingAppend, max int, busy bool) []*pendingAppend {
-	batch := []*pendingAppend{first}
+func gather(first *pendingAppend, in <-chan *pendingAppend, max, maxBytes int, busy bool) (batch []*pendingAppend, carry *pendingAppend) {
+	batch = []*pendingAppend{first}
+	size := appendBytes(first.req)
 	idle, yields := 0, 0
 	var start time.Time
 	for len(batch) < max {
 		select {
 		case p := <-in:
+			n := appendBytes(p.req)
+			if size+n > maxBytes {
+				return batch, p
+			}
+			size += n
 			batch = append(batch, p)
 			idle = 0
 			continue
@@ -198,7 +234,7 @@ func gather(first *pendingAppend, in <-chan *pendingAppend, max int, busy bool) 
 		yields++
 		runtime.Gosched()
 	}
-	return batch
+	return batch, nil
 }
 
 // AppenderStats counts an Appender's calls and the appends they carried.

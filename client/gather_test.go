@@ -40,7 +40,7 @@ func TestGatherTakesWritersWokenJustBefore(t *testing.T) {
 		}
 		blocked.Wait()
 		close(release) // as a call's outcomes wake its writers
-		batch := gather(&pendingAppend{}, in, 1024, true)
+		batch, _ := gather(&pendingAppend{}, in, 1024, maxCallBytes, true)
 		if len(batch) != writers+1 {
 			t.Fatalf("round %d: gathered %d appends of %d queued right after the call began", round, len(batch), writers+1)
 		}
@@ -52,7 +52,7 @@ func TestGatherBounds(t *testing.T) {
 	for range 100 {
 		in <- &pendingAppend{}
 	}
-	if n := len(gather(&pendingAppend{}, in, 10, true)); n != 10 {
+	if n := len(first(gather(&pendingAppend{}, in, 10, maxCallBytes, true))); n != 10 {
 		t.Fatalf("gathered %d appends with a maximum of 10", n)
 	}
 	if len(in) != 91 {
@@ -60,7 +60,7 @@ func TestGatherBounds(t *testing.T) {
 	}
 	empty := make(chan *pendingAppend)
 	for _, busy := range []bool{false, true} {
-		if n := len(gather(&pendingAppend{}, empty, 10, busy)); n != 1 {
+		if n := len(first(gather(&pendingAppend{}, empty, 10, maxCallBytes, busy))); n != 1 {
 			t.Fatalf("a lone append gathered %d (busy %v)", n, busy)
 		}
 	}
@@ -76,7 +76,7 @@ func TestGatherBounds(t *testing.T) {
 	}()
 	runtime.Gosched() // let it block on release
 	close(release)
-	if n := len(gather(&pendingAppend{}, empty, 10, false)); n != 1 {
+	if n := len(first(gather(&pendingAppend{}, empty, 10, maxCallBytes, false))); n != 1 {
 		t.Fatalf("an idle appender waited for an append: gathered %d", n)
 	}
 	<-empty
@@ -102,5 +102,31 @@ func TestAppendQueuedAfterCloseEnds(t *testing.T) {
 		if !errors.Is(err, ErrAppenderClosed) {
 			t.Fatalf("append %d queued after close: %v, want ErrAppenderClosed", i, err)
 		}
+	}
+}
+
+func first[A, B any](a A, _ B) A { return a }
+
+// gather ends a call before an append that would take it past its bytes,
+// and hands that append back to open the next call; an append alone over
+// the bound still goes, alone.
+func TestGatherBoundsBytes(t *testing.T) {
+	big := func() *pendingAppend {
+		return &pendingAppend{req: &warrenv1.AppendEventsRequest{TaskId: "t", Events: []*warrenv1.EventInput{{Kind: "log", Payload: make([]byte, 60<<10)}}}}
+	}
+	in := make(chan *pendingAppend, 100)
+	for range 99 {
+		in <- big()
+	}
+	batch, carry := gather(big(), in, 1024, 1<<20, false)
+	if size := len(batch) * appendBytes(big().req); size > 1<<20 || len(batch) < 10 {
+		t.Fatalf("gathered %d appends (%d bytes) under a bound of 1 MiB", len(batch), size)
+	}
+	if carry == nil || len(in) != 99-len(batch) {
+		t.Fatalf("carry %v, %d left queued after %d gathered", carry != nil, len(in), len(batch))
+	}
+	empty := make(chan *pendingAppend)
+	if batch, carry := gather(big(), empty, 1024, 1000, true); len(batch) != 1 || carry != nil {
+		t.Fatalf("an append over the bound alone: %d gathered, carry %v", len(batch), carry != nil)
 	}
 }
