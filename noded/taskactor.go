@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"connectrpc.com/connect"
 
@@ -359,16 +360,20 @@ func (a *taskActor) step(c *actor.Context) {
 	// once per (task, step) in the replicated state, whichever owner and
 	// epoch gets there first (a rerun gets the first record back), and
 	// never an effect without its result.
-	out := string(res.Output)
+	out, cut := stepOutput(res.Output)
 	if want := int(a.script.GetOutputBytes()); len(out) < want {
 		out += strings.Repeat(".", want-len(out))
+	}
+	result := map[string]any{"tool_call_id": callID, "exit_code": res.ExitCode, "output": out,
+		"duration_ms": res.Duration.Milliseconds()}
+	if cut > 0 {
+		result["output_cut_bytes"] = cut
 	}
 	key := fmt.Sprintf("%s/step-%d", a.id, n)
 	if _, err := a.appendReq(ctx, &warrenv1.AppendEventsRequest{TaskId: a.id, LeaseEpoch: a.epoch,
 		RequestId: "effect/" + callID, Events: []*warrenv1.EventInput{
 			ev("effect", map[string]any{"idempotency_key": key, "tool_call_id": callID, "node": a.d.cfg.ID, "epoch": a.epoch}),
-			ev("tool_result", map[string]any{"tool_call_id": callID, "exit_code": res.ExitCode, "output": out,
-				"duration_ms": res.Duration.Milliseconds()}),
+			ev("tool_result", result),
 		}}); err != nil {
 		a.failed(c, "record effect and tool_result", err, stepMsg{})
 		return
@@ -508,6 +513,33 @@ func (a *taskActor) finish(c *actor.Context, why string, counter *int) {
 	c.Logger().Debug("task actor ends", "task", a.id, "epoch", a.epoch, "why", why)
 	a.d.actorDone(a.id, a.epoch, counter)
 	c.Stop()
+}
+
+// maxStepOutputJSON bounds a scripted step's output in its tool_result,
+// as JSON: an event's payload may hold 64 KiB, and a step that printed
+// more failed its task (its result was refused).
+const maxStepOutputJSON = 48 << 10
+
+// stepOutput is a scripted step's output for its tool_result: valid UTF-8,
+// and, if its JSON would pass maxStepOutputJSON, its tail only; cut is how
+// many bytes of the output were left out (0: none).
+func stepOutput(raw []byte) (out string, cut int) {
+	s := strings.ToValidUTF8(string(raw), "\uFFFD")
+	fits := func(t string) bool { b, _ := json.Marshal(t); return len(b) <= maxStepOutputJSON }
+	if fits(s) {
+		return s, 0
+	}
+	keep := maxStepOutputJSON
+	for {
+		i := max(len(s)-keep, 0)
+		for i < len(s) && !utf8.RuneStart(s[i]) {
+			i++
+		}
+		if t := s[i:]; fits(t) {
+			return t, len(s) - len(t)
+		}
+		keep /= 2
+	}
 }
 
 func ev(kind string, payload any) *warrenv1.EventInput {
