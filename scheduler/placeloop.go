@@ -104,18 +104,30 @@ func (s *Server) placeOnce(rng *rand.Rand) (time.Duration, error) {
 	if room <= 0 {
 		return time.Since(start), nil // a task leaving placed changes replanGen
 	}
-	pending, _, err := s.fsm.ListTasks(warrenv1.TaskState_TASK_STATE_PENDING, "", room, 0)
-	if err != nil {
-		return time.Since(start), err
+	// The oldest room pending tasks first. If tasks no node could take
+	// even empty (a selector, driver or template no node has) fill that
+	// window while nodes have room, look further, 4 times as far each
+	// time: else they would hold back every task created after them.
+	var plan Plan
+	for window := room; ; window = min(4*window, maxPendingPerRound) {
+		pending, _, err := s.fsm.ListTasks(warrenv1.TaskState_TASK_STATE_PENDING, "", window, 0)
+		if err != nil {
+			return time.Since(start), err
+		}
+		if len(pending) == 0 {
+			return time.Since(start), nil
+		}
+		pn := placementNodes(nodes)
+		for i := range pn {
+			pn[i].Starting = startingOn[pn[i].ID]
+		}
+		plan = Place(pn, pendingTasks(pending), PlacementConfig{SpreadLabel: spreadLabel, MaxStartingPerNode: maxStartingPerNode}, rng)
+		blocked := plan.Unfit > 0 && len(plan.Placements)+plan.Unfit == len(pending)
+		if !blocked || len(plan.Placements) >= room || len(pending) < window || window >= maxPendingPerRound {
+			break
+		}
 	}
-	if len(pending) == 0 {
-		return time.Since(start), nil
-	}
-	pn := placementNodes(nodes)
-	for i := range pn {
-		pn[i].Starting = startingOn[pn[i].ID]
-	}
-	plan := Place(pn, pendingTasks(pending), PlacementConfig{SpreadLabel: spreadLabel, MaxStartingPerNode: maxStartingPerNode}, rng)
+	plan.Placements = plan.Placements[:min(len(plan.Placements), room)]
 	cost := time.Since(start)
 	for len(plan.Placements) > 0 {
 		n := min(len(plan.Placements), maxPlacementsPerEntry)

@@ -82,6 +82,11 @@ type Placement struct {
 type Plan struct {
 	Placements []Placement
 	Unplaced   map[string]string
+	// Unfit counts the unplaced tasks no node could take even empty: none
+	// passes their static filters (status, eligibility, driver, template,
+	// labels), or the task itself is malformed. The rest of Unplaced
+	// waited for room.
+	Unfit int
 }
 
 // PlacementConfig tunes Place. The zero value is usable.
@@ -195,6 +200,9 @@ func Place(nodes []PlacementNode, tasks []PendingTask, cfg PlacementConfig, rng 
 		node, warm, reason := p.place(t)
 		if node < 0 {
 			plan.Unplaced[t.ID] = reason
+			if t.Driver == "" || t.Needs.MilliCPU < 0 || t.Needs.MemoryBytes < 0 || len(p.classFor(t).static) == 0 {
+				plan.Unfit++
+			}
 			continue
 		}
 		plan.Placements = append(plan.Placements, Placement{TaskID: t.ID, NodeID: nodes[node].ID, Warm: warm})

@@ -686,3 +686,19 @@ func TestPlaceCapsStartsPerNode(t *testing.T) {
 		t.Fatalf("uncapped: %d placed, %d unplaced", len(plan.Placements), len(plan.Unplaced))
 	}
 }
+
+// Plan.Unfit counts the unplaced tasks no node could take even empty, not
+// those that wait for room.
+func TestPlanCountsUnfitTasks(t *testing.T) {
+	nodes := []PlacementNode{{ID: "n", Status: NodeReady, Eligible: true, Drivers: []string{"sim"}, Capacity: Resources{2000, 4 << 30}}}
+	tasks := []PendingTask{
+		{ID: "fits", Driver: "sim", Needs: Resources{1500, 1 << 30}},
+		{ID: "waits", Driver: "sim", Needs: Resources{1500, 1 << 30}}, // no room left after the first
+		{ID: "gpu", Driver: "gpu", Needs: Resources{100, 1 << 20}},    // no node has the driver
+		{ID: "nodriver", Needs: Resources{100, 1 << 20}},
+	}
+	plan := Place(nodes, tasks, PlacementConfig{}, nil)
+	if len(plan.Placements) != 1 || len(plan.Unplaced) != 3 || plan.Unfit != 2 {
+		t.Fatalf("placed %v, unplaced %v, unfit %d; want 1 placed, 3 unplaced, 2 unfit", plan.Placements, plan.Unplaced, plan.Unfit)
+	}
+}
