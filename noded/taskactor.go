@@ -207,6 +207,11 @@ func (a *taskActor) start(c *actor.Context) {
 		a.script = defaultScript
 	}
 	a.next = done + 1
+	// A cancel, or a drain's request, ends the task here, before the
+	// sandbox: a claim that keeps failing must not keep it in placed.
+	if a.stopAtBoundary(c) {
+		return
+	}
 	if a.sb == nil {
 		id := fmt.Sprintf("%s-e%d", a.id, a.epoch)
 		if l, ok := a.d.cfg.Driver.(interface {
@@ -293,6 +298,17 @@ func (a *taskActor) takeYield() *yieldRequest {
 
 // step runs one scripted step, or ends the actor at a step boundary.
 func (a *taskActor) step(c *actor.Context) {
+	if a.stopAtBoundary(c) {
+		return
+	}
+	a.runStep(c)
+}
+
+// stopAtBoundary records a cancellation, or gives the task back to a
+// drain, if either was asked; it reports whether it did (or will retry).
+// start calls it too, before the sandbox: a task whose claim keeps failing
+// is still cancelled (or given back), not stuck in placed.
+func (a *taskActor) stopAtBoundary(c *actor.Context) bool {
 	ctx := a.ctx
 	if a.cancel {
 		at := int64(a.next)
@@ -303,27 +319,33 @@ func (a *taskActor) step(c *actor.Context) {
 		// lands before the task's last event, as when it succeeds.
 		if err := a.flushBeforeLast(); err != nil {
 			a.failed(c, "record egress", err, stepMsg{})
-			return
+			return true
 		}
 		if _, err := a.append(ctx, "cancelled", ev("state_changed", map[string]any{"to": "cancelled", "reason": "cancel requested", "at_step": at})); err != nil {
 			a.failed(c, "record cancellation", err, stepMsg{})
-			return
+			return true
 		}
 		a.finish(c, "cancelled", &a.d.stats.Finished)
-		return
+		return true
 	}
 	if y := a.takeYield(); y != nil {
 		if err := a.flushBeforeLast(); err != nil {
 			a.failed(c, "record egress", err, stepMsg{})
-			return
+			return true
 		}
 		if _, err := a.append(ctx, "yield", ev("state_changed", map[string]any{"to": "pending", "reason": y.why, "node": a.d.cfg.ID})); err != nil {
 			a.failed(c, "give the task back", err, stepMsg{})
-			return
+			return true
 		}
 		a.finish(c, "gave the task back: "+y.why, &a.d.stats.Yielded)
-		return
+		return true
 	}
+	return false
+}
+
+// runStep runs one step of the task.
+func (a *taskActor) runStep(c *actor.Context) {
+	ctx := a.ctx
 	if a.agentMode {
 		a.agentStep(c)
 		return
