@@ -322,6 +322,11 @@ func (a *taskActor) newEvents() ([]*warrenv1.Event, error) {
 	evs := resp.Msg.GetEvents()
 	for _, e := range evs {
 		a.agentSeen = max(a.agentSeen, e.GetSeq())
+		if e.GetKind() == "cancel_requested" {
+			// Past the mark now, so no step's watch (stepContext) will
+			// see it: note it here.
+			a.cancel = true
+		}
 	}
 	return evs, nil
 }
@@ -330,6 +335,10 @@ func (a *taskActor) newEvents() ([]*warrenv1.Event, error) {
 func (a *taskActor) agentStep(c *actor.Context) {
 	if err := a.steer(); err != nil {
 		a.failed(c, "read steering messages", err, stepMsg{})
+		return
+	}
+	if a.cancel { // read with the messages: record it before another step
+		_ = c.Self().Send(stepMsg{})
 		return
 	}
 	sctx, end := a.stepContext()
