@@ -149,6 +149,7 @@ type Daemon struct {
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
 	closeOnce sync.Once
+	closing   bool // Close began (under mu)
 	closeErr  error
 
 	git        *agent.GitService
@@ -247,6 +248,9 @@ func (d *Daemon) Close() error {
 }
 
 func (d *Daemon) close() error {
+	d.mu.Lock()
+	d.closing = true // no goroutine joins d.wg from now on
+	d.mu.Unlock()
 	d.cancel()
 	d.wg.Wait()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -511,7 +515,13 @@ func (d *Daemon) actorFailed(ref *actor.Ref, err error) {
 		return // closing: the task stays leased here, as Close says
 	}
 	reason := failedReason("the node's task actor kept failing: " + err.Error())
+	d.mu.Lock()
+	if d.closing { // Close is waiting on d.wg: it must not grow now
+		d.mu.Unlock()
+		return
+	}
 	d.wg.Add(1)
+	d.mu.Unlock()
 	go func() { // OnEscalate must not block
 		defer d.wg.Done()
 		ctx, cancel := context.WithTimeout(d.ctx, time.Minute)
