@@ -91,6 +91,11 @@ type taskActor struct {
 	sb      driver.Sandbox
 	cancel  bool // the task has a cancel request
 	started bool
+	// began: this actor's start has read the task and its log. A message
+	// that reaches an actor before that was sent to the one a panic
+	// replaced (the mailbox outlives it), and is dropped: this one's
+	// start sends its own.
+	began   bool
 	done    bool
 	bound   bool   // the sandbox's network has the task's policy
 	egressN uint64 // egress batches numbered so far
@@ -138,6 +143,14 @@ func (a *taskActor) Stopped(*actor.Context) {
 func (a *taskActor) Receive(c *actor.Context, msg any) {
 	if a.done || a.ctx.Err() != nil {
 		return
+	}
+	if !a.began {
+		switch msg.(type) {
+		case startMsg, egressMsg:
+		default:
+			c.Logger().Debug("dropped a message sent before the actor's restart", "task", a.id, "msg", fmt.Sprintf("%T", msg))
+			return
+		}
 	}
 	switch m := msg.(type) {
 	case startMsg:
@@ -207,6 +220,7 @@ func (a *taskActor) start(c *actor.Context) {
 		a.script = defaultScript
 	}
 	a.next = done + 1
+	a.began = true
 	// A cancel, or a drain's request, ends the task here, before the
 	// sandbox: a claim that keeps failing must not keep it in placed.
 	if a.stopAtBoundary(c) {
