@@ -122,7 +122,7 @@ func (s *Server) placeOnce(rng *rand.Rand) (time.Duration, error) {
 			pn[i].Starting = startingOn[pn[i].ID]
 		}
 		plan = Place(pn, pendingTasks(pending), PlacementConfig{SpreadLabel: spreadLabel, MaxStartingPerNode: maxStartingPerNode}, rng)
-		blocked := plan.Unfit > 0 && len(plan.Placements)+plan.Unfit == len(pending)
+		blocked := plan.Unfit > 0 && len(plan.Placements)+plan.Unfit == len(pending) && anyReady(pn)
 		if !blocked || len(plan.Placements) >= room || len(pending) < window || window >= maxPendingPerRound {
 			break
 		}
@@ -154,6 +154,18 @@ func (s *Server) placeOnce(rng *rand.Rand) (time.Duration, error) {
 		s.notifyPlaced(placed)
 	}
 	return cost, nil
+}
+
+// anyReady reports whether some node takes tasks now: with none (all
+// draining or down), every task is unfit, and looking further finds no
+// task to place.
+func anyReady(pn []PlacementNode) bool {
+	for _, n := range pn {
+		if n.Status == NodeReady && n.Eligible {
+			return true
+		}
+	}
+	return false
 }
 
 func placementNodes(nodes []*warrenv1.Node) []PlacementNode {

@@ -84,8 +84,8 @@ type Plan struct {
 	Unplaced   map[string]string
 	// Unfit counts the unplaced tasks no node could take even empty: none
 	// passes their static filters (status, eligibility, driver, template,
-	// labels), or the task itself is malformed. The rest of Unplaced
-	// waited for room.
+	// labels) with the capacity they need, or the task itself is
+	// malformed. The rest of Unplaced waited for room.
 	Unfit int
 }
 
@@ -200,7 +200,7 @@ func Place(nodes []PlacementNode, tasks []PendingTask, cfg PlacementConfig, rng 
 		node, warm, reason := p.place(t)
 		if node < 0 {
 			plan.Unplaced[t.ID] = reason
-			if t.Driver == "" || t.Needs.MilliCPU < 0 || t.Needs.MemoryBytes < 0 || len(p.classFor(t).static) == 0 {
+			if p.unfit(t) {
 				plan.Unfit++
 			}
 			continue
@@ -208,6 +208,20 @@ func Place(nodes []PlacementNode, tasks []PendingTask, cfg PlacementConfig, rng 
 		plan.Placements = append(plan.Placements, Placement{TaskID: t.ID, NodeID: nodes[node].ID, Warm: warm})
 	}
 	return plan
+}
+
+// unfit reports whether no node could take t even empty: none passes its
+// static filters with the capacity it needs, or t itself is malformed.
+func (p *placer) unfit(t *PendingTask) bool {
+	if t.Driver == "" || t.Needs.MilliCPU < 0 || t.Needs.MemoryBytes < 0 {
+		return true
+	}
+	for _, i := range p.classFor(t).static {
+		if p.capCPU[i] >= t.Needs.MilliCPU && p.capMem[i] >= t.Needs.MemoryBytes {
+			return false
+		}
+	}
+	return true
 }
 
 // placer is the working state of one Place call.

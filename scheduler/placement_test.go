@@ -696,9 +696,10 @@ func TestPlanCountsUnfitTasks(t *testing.T) {
 		{ID: "waits", Driver: "sim", Needs: Resources{1500, 1 << 30}}, // no room left after the first
 		{ID: "gpu", Driver: "gpu", Needs: Resources{100, 1 << 20}},    // no node has the driver
 		{ID: "nodriver", Needs: Resources{100, 1 << 20}},
+		{ID: "huge", Driver: "sim", Needs: Resources{64000, 1 << 30}}, // more than the node's whole capacity
 	}
 	plan := Place(nodes, tasks, PlacementConfig{}, nil)
-	if len(plan.Placements) != 1 || len(plan.Unplaced) != 3 || plan.Unfit != 2 {
-		t.Fatalf("placed %v, unplaced %v, unfit %d; want 1 placed, 3 unplaced, 2 unfit", plan.Placements, plan.Unplaced, plan.Unfit)
+	if len(plan.Placements) != 1 || len(plan.Unplaced) != 4 || plan.Unfit != 3 {
+		t.Fatalf("placed %v, unplaced %v, unfit %d; want 1 placed, 4 unplaced, 3 unfit", plan.Placements, plan.Unplaced, plan.Unfit)
 	}
 }
