@@ -517,7 +517,7 @@ func (vm *VM) client() (*guest.Client, error) {
 		return nil, err
 	}
 	switch {
-	case vm.state == "destroyed":
+	case vm.state == "destroyed", vm.state == "destroying":
 		return nil, driver.Errorf(driver.ErrNotFound, "sandbox %s is destroyed", vm.sandboxID)
 	case vm.state == "paused":
 		return nil, driver.Errorf(driver.ErrInvalid, "sandbox %s is paused; resume it first", vm.sandboxID)
@@ -539,7 +539,7 @@ func (vm *VM) Pause(ctx context.Context) error {
 	switch vm.state {
 	case "paused":
 		return nil
-	case "destroyed":
+	case "destroyed", "destroying":
 		return driver.Errorf(driver.ErrNotFound, "sandbox %s is destroyed", vm.sandboxID)
 	}
 	vm.setBusy("pausing")
@@ -547,11 +547,14 @@ func (vm *VM) Pause(ctx context.Context) error {
 	if err := vm.agent.Sync(ctx); err != nil {
 		return fmt.Errorf("pause: sync: %w", err)
 	}
-	if _, err := vm.qmp.Run(ctx, "stop", nil); err != nil {
-		return fmt.Errorf("pause: %w", err)
-	}
+	// From the stop on, the caller's deadline no longer applies: a stop
+	// whose answer came after it would leave the guest stopped while the
+	// sandbox says running.
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lifecycleWait)
 	defer cancel()
+	if _, err := vm.qmp.Run(bctx, "stop", nil); err != nil {
+		return fmt.Errorf("pause: %w", err)
+	}
 	state := filepath.Join(vm.spec.Dir, "paused.state")
 	// Memory is migrated in full: a clone's mapping is private, and a
 	// booted VM's is anonymous.
@@ -666,7 +669,7 @@ func (vm *VM) resume(ctx context.Context) (broken bool, err error) {
 	switch vm.state {
 	case "running":
 		return false, nil
-	case "destroyed":
+	case "destroyed", "destroying":
 		return false, driver.Errorf(driver.ErrNotFound, "sandbox %s is destroyed", vm.sandboxID)
 	}
 	vm.setBusy("resuming")
@@ -683,17 +686,31 @@ func (vm *VM) resume(ctx context.Context) (broken bool, err error) {
 	}
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lifecycleWait)
 	defer cancel()
+	// QEMU holds the state now. Gone before the guest runs, it cannot be
+	// resumed again over a disk the guest has written to since: a node
+	// that dies before this resume ends destroys the sandbox on its next
+	// start ("paused, but its state file is gone").
+	if err := os.Remove(state); err != nil {
+		vm.endQEMU()
+		return false, fmt.Errorf("resume: %w", err)
+	}
+	ranAndFailed := func(err error) (bool, error) {
+		// Under vm.mu, so no other call finds the sandbox paused (and
+		// starts a second QEMU) before Resume destroys it.
+		vm.endQEMU()
+		vm.state = "destroying"
+		return true, err
+	}
 	if err := vm.cont(bctx); err != nil {
-		return true, fmt.Errorf("resume: %w", err)
+		return ranAndFailed(fmt.Errorf("resume: %w", err))
 	}
 	if err := vm.freshSession(bctx); err != nil {
-		return true, fmt.Errorf("resume: %w", err)
+		return ranAndFailed(fmt.Errorf("resume: %w", err))
 	}
 	// The clock stood still while the VM was on disk.
 	if _, err := vm.agent.Claim(bctx, guest.ClaimRequest{Now: time.Now(), Hostname: driver.Hostname(vm.sandboxID), Env: vm.env}); err != nil {
-		return true, fmt.Errorf("resume: set clock: %w", err)
+		return ranAndFailed(fmt.Errorf("resume: set clock: %w", err))
 	}
-	os.Remove(state)
 	vm.state = "running"
 	vm.saveLocked()
 	return false, nil
