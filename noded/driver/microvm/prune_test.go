@@ -2,6 +2,7 @@ package microvm
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -27,21 +28,28 @@ func TestPruneReplacedSnapshots(t *testing.T) {
 	if err := os.WriteFile(raw, make([]byte, 1<<20), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	snap := func(name string) string {
-		dir := filepath.Join(state, "snapshots", name)
+	snap := func(dirName, name, version string) string {
+		dir := filepath.Join(state, "snapshots", dirName)
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			t.Fatal(err)
 		}
 		if err := createOverlay(ctx, raw, "raw", filepath.Join(dir, "disk.qcow2")); err != nil {
 			t.Fatal(err)
 		}
+		b, _ := json.Marshal(snapMeta{Template: name, TemplateVersion: version, MemMB: 256, Accel: "tcg"})
+		if err := os.WriteFile(filepath.Join(dir, "meta.json"), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
 		return dir
 	}
-	old := snap("default-v1-256m-tcg") // a name from before the settings' hash
-	replaced := snap("default-v1-256m-tcg-aaaaaaaaaaaa")
-	current := snap("default-v1-256m-tcg-bbbbbbbbbbbb")
-	other := snap("other-v1-256m-tcg-cccccccccccc") // another template's: not loaded, left alone
-	d.templates["default"] = &tplState{t: &guest.Template{Manifest: guest.Manifest{Name: "default", Version: "v1"}},
+	old := snap("web-1-2-256m-tcg", "web", "1-2") // a name from before the settings' hash
+	replaced := snap("web-1-2-256m-tcg-aaaaaaaaaaaa", "web", "1-2")
+	current := snap("web-1-2-256m-tcg-bbbbbbbbbbbb", "web", "1-2")
+	other := snap("other-v1-256m-tcg-cccccccccccc", "other", "v1") // another template's: not loaded, left alone
+	// Another template whose directory shares the name's prefix (web-1@2
+	// and web@1-2): not loaded, so left alone.
+	lookalike := snap("web-1-2-256m-tcg-dddddddddddd", "web-1", "2")
+	d.templates["web"] = &tplState{t: &guest.Template{Manifest: guest.Manifest{Name: "web", Version: "1-2"}},
 		snap: &snapshot{Dir: current}}
 	// A paused clone of the old snapshot, and a blank of the replaced one.
 	vmDisk := filepath.Join(state, "vms", "vm1", "disk.qcow2")
@@ -61,8 +69,9 @@ func TestPruneReplacedSnapshots(t *testing.T) {
 	exists := func(p string) bool { _, err := os.Stat(p); return err == nil }
 
 	d.pruneSnapshots()
-	if !exists(old) || !exists(current) || !exists(other) {
-		t.Fatalf("removed a snapshot in use, the current one or another template's: old %v current %v other %v", exists(old), exists(current), exists(other))
+	if !exists(old) || !exists(current) || !exists(other) || !exists(lookalike) {
+		t.Fatalf("removed a snapshot in use, the current one or another template's: old %v current %v other %v lookalike %v",
+			exists(old), exists(current), exists(other), exists(lookalike))
 	}
 	if exists(replaced) || exists(blank) {
 		t.Fatalf("kept the replaced snapshot no VM uses (%v) or its blank (%v)", exists(replaced), exists(blank))

@@ -80,15 +80,22 @@ func snapshotBase(t *guest.Template, memMB int, accel string) string {
 }
 
 // pruneSnapshots removes the snapshots that a newer one of the same
-// template version replaced and that no VM's overlay (a clone's root disk,
-// or a blank overlay) still names as its backing file, and the blank
-// overlays of snapshots that are gone. It returns how many it removed.
+// template version replaced and that no VM's overlay (a clone's root disk)
+// still names as its backing file, and the blank overlays of snapshots
+// that are gone. A snapshot is matched to its template by its meta.json
+// (names may share a prefix: web-1@2 and web@1-2). It returns how many it
+// removed.
 func (d *Driver) pruneSnapshots() int {
-	current := map[string]string{} // base -> the current snapshot's directory
+	type key struct {
+		name, version string
+		memMB         int
+		accel         string
+	}
+	current := map[key]string{} // the current snapshot's directory
 	d.mu.Lock()
 	for _, ts := range d.templates {
 		if ts.snap != nil {
-			current[snapshotBase(ts.t, d.cfg.SnapshotMemMB, d.accel)] = ts.snap.Dir
+			current[key{ts.t.Name, ts.t.Version, d.cfg.SnapshotMemMB, d.accel}] = ts.snap.Dir
 		}
 	}
 	d.mu.Unlock()
@@ -110,14 +117,18 @@ func (d *Driver) pruneSnapshots() int {
 		if !e.IsDir() || strings.Contains(e.Name(), ".tmp-") || used[dir] {
 			continue
 		}
-		for base, cur := range current {
-			if dir != cur && (e.Name() == base || strings.HasPrefix(e.Name(), base+"-")) {
-				d.log.Info("removing a replaced snapshot no sandbox uses", "snapshot", dir, "current", cur)
-				_ = os.RemoveAll(dir)
-				n++
-				break
-			}
+		b, err := os.ReadFile(filepath.Join(dir, "meta.json"))
+		var m snapMeta
+		if err != nil || json.Unmarshal(b, &m) != nil {
+			continue // not a snapshot this can tell apart: leave it
 		}
+		cur, ok := current[key{m.Template, m.TemplateVersion, m.MemMB, m.Accel}]
+		if !ok || cur == dir {
+			continue
+		}
+		d.log.Info("removing a replaced snapshot no sandbox uses", "snapshot", dir, "current", cur)
+		_ = os.RemoveAll(dir)
+		n++
 	}
 	blanks, _ := filepath.Glob(filepath.Join(d.blanks.dir, "*.qcow2"))
 	for _, bl := range blanks {
