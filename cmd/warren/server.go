@@ -218,13 +218,15 @@ func serve(f serverFlags, stderr io.Writer, startNode func(*slog.Logger) (io.Clo
 	case err = <-errc:
 		log.Error("api server failed", "err", err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
 	if node != nil {
 		_ = node.Close()
 	}
 	// End the streams first, so the HTTP server's shutdown does not wait
-	// for them; then wait for the requests in flight, then close the store.
+	// for them; then wait (5 s at most, counted from here: the node's
+	// close may have taken as long) for the requests in flight, then close
+	// the store.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
 	srv.Quiesce()
 	_ = hs.Shutdown(ctx)
 	cerr := srv.Close()
