@@ -1,9 +1,7 @@
 package microvm
 
 import (
-	"bytes"
 	"context"
-	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -25,8 +23,7 @@ func qemusNamed(id string) []int {
 		if err != nil {
 			continue
 		}
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		if err == nil && bytes.Contains(b, []byte("\x00-name\x00warren-"+id+"\x00")) {
+		if isOurQEMU(pid, id) {
 			pids = append(pids, pid)
 		}
 	}
