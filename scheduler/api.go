@@ -446,20 +446,27 @@ func (a taskAPI) ListEvents(ctx context.Context, req *connect.Request[warrenv1.L
 	if limit == 0 {
 		limit = 100
 	}
-	check := a.s.readGuard()
-	evs, _, err := a.s.fsm.EventsPage(req.Msg.GetTaskId(), req.Msg.GetAfterSeq(), limit, maxListBytes)
-	if err = cmp.Or(check(), err); err != nil {
+	read := func() ([]*warrenv1.Event, error) {
+		check := a.s.readGuard()
+		evs, _, err := a.s.fsm.EventsPage(req.Msg.GetTaskId(), req.Msg.GetAfterSeq(), limit, maxListBytes)
+		return evs, cmp.Or(check(), err)
+	}
+	applied := a.s.fsm.Applied()
+	evs, err := read()
+	if err != nil {
 		return nil, err
 	}
 	if len(evs) == 0 { // the end of the log, or no such task (yet, here)
 		if _, err := a.s.readTask(ctx, req.Msg.GetTaskId()); err != nil {
 			return nil, err
 		}
-		// readTask may have caught up with the leader.
-		check = a.s.readGuard()
-		evs, _, err = a.s.fsm.EventsPage(req.Msg.GetTaskId(), req.Msg.GetAfterSeq(), limit, maxListBytes)
-		if err = cmp.Or(check(), err); err != nil {
-			return nil, err
+		// Read again only if the replica applied more meanwhile (readTask
+		// may have caught up with the leader): an empty page, the usual
+		// answer to a poll at the log's end, is not read twice.
+		if a.s.fsm.Applied() != applied {
+			if evs, err = read(); err != nil {
+				return nil, err
+			}
 		}
 	}
 	return connect.NewResponse(&warrenv1.ListEventsResponse{Events: evs}), nil
