@@ -233,7 +233,7 @@ func TestContainerBadClaims(t *testing.T) {
 		{driver.ClaimRequest{ID: "x", Template: "no-such"}, `template "no-such"`},
 		{driver.ClaimRequest{ID: "x", Limits: driver.Limits{VCPUs: 999}}, "limits.vcpus"},
 		{driver.ClaimRequest{ID: "x", Limits: driver.Limits{DiskMB: 100}}, "limits.disk_mb"},
-		{driver.ClaimRequest{ID: "x", TTL: 1000 * time.Hour}, "ttl"},
+		{driver.ClaimRequest{ID: "x", TTL: 1000 * time.Hour}, "ttl_seconds 3600000: must be between 1 and 86400"},
 	} {
 		if _, err := d.Claim(ctx, tc.req); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v: %v, want it to mention %q", tc.req, err, tc.want)

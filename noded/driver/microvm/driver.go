@@ -527,7 +527,7 @@ func (d *Driver) Claim(ctx context.Context, req driver.ClaimRequest) (driver.San
 		ttl = d.cfg.DefaultTTL
 	}
 	if ttl < 0 || ttl > d.cfg.MaxTTL {
-		return nil, driver.Errorf(driver.ErrInvalid, "ttl %v: must be between 1s and %v", ttl, d.cfg.MaxTTL)
+		return nil, driver.Errorf(driver.ErrInvalid, "ttl_seconds %d: must be between 1 and %d (%v)", int64(ttl/time.Second), int64(d.cfg.MaxTTL/time.Second), d.cfg.MaxTTL)
 	}
 	d.mu.Lock()
 	if d.closed {

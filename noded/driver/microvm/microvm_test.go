@@ -695,7 +695,7 @@ func TestBadClaims(t *testing.T) {
 		{driver.ClaimRequest{ID: "x", Limits: driver.Limits{MemMB: 1 << 30}}, "limits.memory_mb", driver.ErrInvalid},
 		{driver.ClaimRequest{ID: "x", Limits: driver.Limits{Pids: 1}}, "limits.pids", driver.ErrInvalid},
 		{driver.ClaimRequest{ID: "x", Limits: driver.Limits{DiskMB: 1 << 30}}, "limits.disk_mb", driver.ErrInvalid},
-		{driver.ClaimRequest{ID: "x", TTL: 1000 * time.Hour}, "ttl", driver.ErrInvalid},
+		{driver.ClaimRequest{ID: "x", TTL: 1000 * time.Hour}, "ttl_seconds 3600000: must be between 1 and 86400", driver.ErrInvalid},
 		{driver.ClaimRequest{}, "id: required", driver.ErrInvalid},
 		{driver.ClaimRequest{ID: "x", Env: map[string]string{"A=B": "c"}}, `env "A=B"`, driver.ErrInvalid},
 	} {
