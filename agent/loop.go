@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/warrenhq/warren/actor"
 	"github.com/warrenhq/warren/agent/model"
@@ -125,11 +127,12 @@ type Loop struct {
 	spent   Spent
 	started time.Time
 	step    int64
-	// set by Replay for Resume: the last turn's calls and every recorded
-	// result
-	replayPending []model.Block
-	replayResults map[string]model.Block
-	replayFinish  *Finish
+	// the turn whose calls have not all run (see openTurn), and the user
+	// messages that wait for its results
+	open       *openTurn
+	heldSteers []string
+	// set by Replay: the finish it found (its end was not recorded)
+	replayFinish *Finish
 	// the finishing turn's tool results, which its end keeps out of the
 	// conversation until RejectFinish
 	finishResults []model.Block
@@ -144,7 +147,12 @@ type Loop struct {
 	checkpoint         string
 	hasCheckpoint      bool
 	checkpointTooLarge bool // the last one's patch is not on the log
+	failedCalls        int  // model calls that failed in a row
 }
+
+// MaxFailedCalls is how many model calls in a row may fail (each after
+// the gateway's own retries) before the task ends with a model_error.
+const MaxFailedCalls = 5
 
 // Resumable reports whether the log holds the workspace: the last
 // checkpoint's patch is on it (or the workspace is the base). A task that
@@ -179,18 +187,26 @@ func (l *Loop) Spent() Spent { return l.spent }
 // Start builds the first user message (the issue, the repository's
 // AGENTS.md if it has one, its map) and records it.
 func (l *Loop) Start(ctx context.Context, t Task) error {
-	var sb strings.Builder
-	fmt.Fprintf(&sb, "Issue: %s\n\n%s\n", t.IssueTitle, strings.TrimSpace(t.IssueBody))
+	issue := fmt.Sprintf("Issue: %s\n\n%s\n", t.IssueTitle, strings.TrimSpace(t.IssueBody))
 	if t.TestCommand != "" {
-		fmt.Fprintf(&sb, "\nThe repository's tests run with: %s\n", t.TestCommand)
+		issue += fmt.Sprintf("\nThe repository's tests run with: %s\n", t.TestCommand)
 	}
+	agents, repoMap := "", ""
 	if b, err := l.tools.SB.ReadFile(ctx, path.Join(l.tools.Root, "AGENTS.md"), 64<<10); err == nil && len(b) > 0 {
-		fmt.Fprintf(&sb, "\nThe repository's AGENTS.md:\n%s\n", b)
+		agents = fmt.Sprintf("\nThe repository's AGENTS.md:\n%s\n", b)
 	}
 	if m, err := l.tools.RepoMap(ctx); err == nil && m != "" {
-		fmt.Fprintf(&sb, "\nThe repository's files and top-level symbols:\n%s", m)
+		repoMap = "\nThe repository's files and top-level symbols:\n" + m
 	}
-	text := sb.String()
+	// The message is an event, which holds at most 64 KiB: the map goes
+	// short first (the model has repo_map and list_files), then
+	// AGENTS.md, then the issue.
+	for _, part := range []*string{&repoMap, &agents, &issue} {
+		if over := jsonLen(issue+agents+repoMap) - MaxResultJSON; over > 0 {
+			*part = fitJSON(*part, jsonLen(*part)-over)
+		}
+	}
+	text := issue + agents + repoMap
 	if err := l.rec.Record(ctx, "context", "message", map[string]any{"from": "agent", "role": "user", "initial": true, "text": text}); err != nil {
 		return err
 	}
@@ -198,8 +214,13 @@ func (l *Loop) Start(ctx context.Context, t Task) error {
 	return nil
 }
 
-// Steer adds a user's message; the model sees it at the next step.
+// Steer adds a user's message; the model sees it at the next step, after
+// the results of a turn still open.
 func (l *Loop) Steer(text string) {
+	if l.open != nil {
+		l.heldSteers = append(l.heldSteers, text)
+		return
+	}
 	l.appendUser(model.Block{Type: model.BlockText, Text: "Message from the user: " + text})
 }
 
@@ -260,6 +281,9 @@ func (l *Loop) budget(req model.Request) (int, string) {
 // Step makes one model call and runs the tools it asks for. It returns an
 // outcome when the task is over.
 func (l *Loop) Step(ctx context.Context) (*Outcome, error) {
+	if l.open != nil { // a step that failed part-way: finish its turn first
+		return l.runTurn(ctx, l.open)
+	}
 	req := model.Request{Model: l.cfg.Model, System: l.cfg.System, Tools: ToolSpecs(), Messages: l.msgs}
 	if l.needsCompaction(req) {
 		return l.compact(ctx, req)
@@ -268,7 +292,7 @@ func (l *Loop) Step(ctx context.Context) (*Outcome, error) {
 	if resp == nil {
 		return stop, err
 	}
-	return l.afterResponse(ctx, n, resp.Content, resp.StopReason, nil)
+	return l.runTurn(ctx, &openTurn{n: n, content: resp.Content, stop: resp.StopReason})
 }
 
 // CompactPrompt asks the model for the summary that replaces the history.
@@ -330,8 +354,17 @@ func (l *Loop) call(ctx context.Context, req model.Request, compaction bool) (re
 		if compaction {
 			what = " (compaction)"
 		}
-		return nil, n, nil, fmt.Errorf("step %d%s: %w", n, what, err)
+		err = fmt.Errorf("step %d%s: %w", n, what, err)
+		// The gateway retried this call already; the task's actor retries
+		// the step. A provider that keeps failing (down, a DNS or TLS
+		// failure, the same request answered 500 every time) ends the
+		// task after MaxFailedCalls in a row, budgets or not.
+		if l.failedCalls++; l.failedCalls >= MaxFailedCalls && ctx.Err() == nil {
+			return nil, n, &Outcome{Reason: fmt.Sprintf("model_error: %d calls in a row failed; the last: %v", l.failedCalls, err), Spent: l.spent}, nil
+		}
+		return nil, n, nil, err
 	}
+	l.failedCalls = 0
 	resp = res.Response
 	l.spent.Steps++
 	l.spent.Usage = l.spent.Usage.Add(resp.Usage)
@@ -377,100 +410,148 @@ func compacted(first model.Message, summary string) []model.Message {
 		{Role: model.RoleUser, Content: []model.Block{{Type: model.BlockText, Text: "Continue from the summary."}}}}
 }
 
-// afterResponse adds the model's turn to the conversation and runs its
-// tool calls, skipping those whose results are already recorded (replay).
-func (l *Loop) afterResponse(ctx context.Context, n int64, content []model.Block, stopReason string, recorded map[string]model.Block) (*Outcome, error) {
-	if len(content) == 0 {
-		content = []model.Block{{Type: model.BlockText, Text: "(no answer)"}}
+// openTurn is a model turn whose tool calls have not all run and been
+// recorded: replayed from a log that ends inside it, or live, when a step
+// failed part-way through it (a record refused for a moment, a sandbox
+// hiccup). The next Step (or FinishReplayedTurn) finishes it before any
+// model call, so the model never sees a tool_use without its result and
+// no call that ran is run again.
+type openTurn struct {
+	n       int64
+	content []model.Block
+	stop    string
+	// results recorded on the log, by tool call id
+	recorded map[string]model.Block
+	// calls that ran in this process but whose result is not recorded
+	// yet, and those whose checkpoint is
+	ran   map[string]Result
+	saved map[string]bool
+	// the finish call's, once its result is recorded
+	finish *Finish
+}
+
+// runTurn adds the model's turn to the conversation and runs its tool
+// calls. When it fails, the turn stays open (and out of the conversation)
+// for the next Step to finish; user messages wait for its results.
+func (l *Loop) runTurn(ctx context.Context, t *openTurn) (*Outcome, error) {
+	l.open = nil
+	out, err := l.afterResponse(ctx, t)
+	if err != nil {
+		l.msgs = l.msgs[:len(l.msgs)-1] // the turn's assistant message
+		l.open = t
+		return nil, err
 	}
+	held := l.heldSteers
+	l.heldSteers = nil
+	switch {
+	case out == nil:
+		for _, text := range held {
+			l.Steer(text)
+		}
+	case out.Reason == "finished":
+		// The finish turn's results stay out until its refusal, and the
+		// messages follow them, as a replay of the log places them.
+		l.deferredSteers = append(held, l.deferredSteers...)
+	}
+	// waiting_approval: the messages are on the log, and the replay after
+	// the decision puts them after the turn's results.
+	return out, nil
+}
+
+// afterResponse adds the model's turn to the conversation and runs its
+// tool calls, skipping those whose results are already recorded.
+//
+// A call that may change the workspace is followed by a checkpoint
+// before its result is recorded: a task resumed elsewhere restores the
+// last checkpoint and skips the calls with recorded results, so each of
+// those calls' changes must be in it. (A call whose result did not make
+// it is run again on the restored workspace.)
+func (l *Loop) afterResponse(ctx context.Context, t *openTurn) (*Outcome, error) {
+	if len(t.content) == 0 {
+		t.content = []model.Block{{Type: model.BlockText, Text: "(no answer)"}}
+	}
+	if t.recorded == nil {
+		t.recorded = map[string]model.Block{}
+	}
+	if t.ran == nil {
+		t.ran, t.saved = map[string]Result{}, map[string]bool{}
+	}
+	n, content := t.n, t.content
 	l.msgs = append(l.msgs, model.Message{Role: model.RoleAssistant, Content: content})
-	var finish *Finish
 	var results []model.Block
-	changed := false
 	for i, tu := range content {
 		if tu.Type != model.BlockToolUse {
 			continue
 		}
-		if b, ok := recorded[tu.ID]; ok {
+		if b, ok := t.recorded[tu.ID]; ok {
 			results = append(results, b)
 			continue
 		}
-		if err := l.rec.Record(ctx, fmt.Sprintf("step-%d/call-%d", n, i), "tool_call", map[string]any{
-			"tool_call_id": tu.ID, "tool": tu.Name, "input": tu.Input, "step": n}); err != nil {
-			return nil, err
-		}
-		var r Result
-		tier, rule := l.cfg.Policy.Decide(tu.Name, tu.Input, l.tools.Root)
-		reason := ""
-		if rule != nil {
-			reason = rule.Reason
-		}
-		d, decided := l.decisions[tu.ID]
-		switch {
-		case tier == Deny:
-			r = toolError("denied by policy: %s", orDefault(reason, "a rule of the task's policy"))
-		case decided && !d.approved:
-			r = toolError("rejected by the reviewer: %s", orDefault(d.comment, "(no comment)"))
-		case tier == Approve && !decided:
-			if !l.asked[tu.ID] {
-				if err := l.rec.Record(ctx, fmt.Sprintf("step-%d/approval-%d", n, i), "approval_requested", map[string]any{
-					"tool_call_id": tu.ID, "tool": tu.Name, "input": tu.Input, "reason": reason, "step": n}); err != nil {
-					return nil, err
+		r, ran := t.ran[tu.ID]
+		if !ran {
+			if err := l.rec.Record(ctx, fmt.Sprintf("step-%d/call-%d", n, i), "tool_call", map[string]any{
+				"tool_call_id": tu.ID, "tool": tu.Name, "input": tu.Input, "step": n}); err != nil {
+				return nil, err
+			}
+			tier, rule := l.cfg.Policy.Decide(tu.Name, tu.Input, l.tools.Root)
+			reason := ""
+			if rule != nil {
+				reason = rule.Reason
+			}
+			d, decided := l.decisions[tu.ID]
+			switch {
+			case tier == Deny:
+				r = toolError("denied by policy: %s", orDefault(reason, "a rule of the task's policy"))
+			case decided && !d.approved:
+				r = toolError("rejected by the reviewer: %s", orDefault(d.comment, "(no comment)"))
+			case tier == Approve && !decided:
+				if !l.asked[tu.ID] {
+					if err := l.rec.Record(ctx, fmt.Sprintf("step-%d/approval-%d", n, i), "approval_requested", map[string]any{
+						"tool_call_id": tu.ID, "tool": tu.Name, "input": tu.Input, "reason": reason, "step": n}); err != nil {
+						return nil, err
+					}
+				}
+				// The call runs only after its approval: the loop ends here
+				// and resumes from the log once the decision is on it.
+				return &Outcome{Reason: "waiting_approval", Spent: l.spent,
+					Approval: &Approval{ToolCallID: tu.ID, Tool: tu.Name, Input: tu.Input, Reason: reason}}, nil
+			default:
+				var err error
+				if r, err = l.tools.RunWithin(ctx, tu.Name, tu.Input, l.timeLeft()); err != nil {
+					return nil, fmt.Errorf("step %d: %s: %w", n, tu.Name, err)
 				}
 			}
-			// The call runs only after its approval: the loop ends here
-			// and resumes from the log once the decision is on it.
-			return &Outcome{Reason: "waiting_approval", Spent: l.spent,
-				Approval: &Approval{ToolCallID: tu.ID, Tool: tu.Name, Input: tu.Input, Reason: reason}}, nil
-		default:
-			var err error
-			if r, err = l.tools.Run(ctx, tu.Name, tu.Input); err != nil {
-				return nil, fmt.Errorf("step %d: %s: %w", n, tu.Name, err)
-			}
+			t.ran[tu.ID] = r
 		}
-		payload := map[string]any{
-			"tool_call_id": tu.ID, "output": r.View, "is_error": r.IsError, "truncated": len(r.Full) > len(r.View),
-			"full_bytes": len(r.Full), "changed": r.Changed, "finish": r.Finish}
-		if len(r.Full) > len(r.View) && l.cfg.Blobs != nil {
-			ref, err := l.cfg.Blobs.Put(r.Full)
-			if err != nil {
-				return nil, fmt.Errorf("step %d: %w", n, err)
+		if r.Changed && l.cfg.Checkpoints && !t.saved[tu.ID] {
+			if err := l.saveCheckpoint(ctx, fmt.Sprintf("step-%d/checkpoint-%d", n, i), n); err != nil {
+				return nil, err
 			}
-			payload["blob"] = ref
+			t.saved[tu.ID] = true
+		}
+		payload, view, err := l.resultPayload(tu.ID, r)
+		if err != nil {
+			return nil, fmt.Errorf("step %d: %w", n, err)
 		}
 		if err := l.rec.Record(ctx, fmt.Sprintf("step-%d/result-%d", n, i), "tool_result", payload); err != nil {
 			return nil, err
 		}
-		results = append(results, model.Block{Type: model.BlockToolResult, ToolUseID: tu.ID, Content: r.View, IsError: r.IsError})
-		changed = changed || r.Changed
+		b := model.Block{Type: model.BlockToolResult, ToolUseID: tu.ID, Content: view, IsError: r.IsError}
+		t.recorded[tu.ID] = b
+		delete(t.ran, tu.ID)
+		results = append(results, b)
 		if r.Finish != nil {
-			finish = r.Finish
+			t.finish = r.Finish
 		}
 	}
-	if changed && l.cfg.Checkpoints {
-		patch, err := l.tools.Checkpoint(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("step %d: checkpoint: %w", n, err)
-		}
-		payload := map[string]any{"step": n, "bytes": len(patch), "patch": patch}
-		if b, err := json.Marshal(payload); err != nil || len(b) > MaxCheckpointBytes {
-			delete(payload, "patch")
-			payload["too_large"] = true // a resumed task starts from the base
-		}
-		tooLarge := payload["too_large"] == true
-		l.checkpoint, l.hasCheckpoint, l.checkpointTooLarge = patch, !tooLarge, tooLarge
-		if err := l.rec.Record(ctx, fmt.Sprintf("step-%d/checkpoint", n), "checkpoint", payload); err != nil {
-			return nil, err
-		}
-	}
-	if finish != nil {
+	if t.finish != nil {
 		l.finishResults = results
 		for _, tu := range content {
 			if tu.Type == model.BlockToolUse && tu.Name == ToolFinish {
 				l.finishID = tu.ID
 			}
 		}
-		return &Outcome{Reason: "finished", Finish: finish, Spent: l.spent}, nil
+		return &Outcome{Reason: "finished", Finish: t.finish, Spent: l.spent}, nil
 	}
 	if len(results) > 0 {
 		l.appendUser(results...)
@@ -478,7 +559,7 @@ func (l *Loop) afterResponse(ctx context.Context, n int64, content []model.Block
 	}
 	// A turn without tool calls: the model stopped (end_turn), ran out of
 	// output (max_tokens) or paused (pause_turn). Keep it going.
-	l.appendUser(nudge(stopReason))
+	l.appendUser(nudge(t.stop))
 	return nil, nil
 }
 
@@ -501,18 +582,26 @@ type Event struct {
 // them (the caller restores the workspace first when one of them changes
 // it) and goes on.
 func (l *Loop) Replay(events []Event) ([]model.Block, error) {
-	l.msgs, l.spent, l.step, l.replayFinish = nil, Spent{}, 0, nil
+	l.msgs, l.spent, l.step, l.replayFinish, l.open, l.heldSteers = nil, Spent{}, 0, nil, nil, nil
 	l.checkpoint, l.hasCheckpoint, l.checkpointTooLarge = "", false, false
 	l.asked, l.decisions = map[string]bool{}, map[string]decision{}
 	l.finishResults, l.finishID, l.rejections, l.deferredSteers = nil, "", 0, nil
 	var pending []model.Block
 	results := map[string]model.Block{}
+	// flush ends the previous turn: its results, then the messages that
+	// came while it ran, in the order the loop gave them to the model.
 	flush := func() {
 		bs, still := splitRecorded(pending, results)
 		if len(bs) > 0 {
 			l.appendUser(bs...)
 		}
 		pending = still
+		if len(pending) == 0 {
+			for _, text := range l.heldSteers {
+				l.Steer(text)
+			}
+			l.heldSteers = nil
+		}
 	}
 	for i, e := range events {
 		switch e.Kind {
@@ -531,8 +620,11 @@ func (l *Loop) Replay(events []Event) ([]model.Block, error) {
 				// The finish turn's results stay out until its refusal:
 				// the message follows them, as it did live.
 				l.deferredSteers = append(l.deferredSteers, p.Text)
+			case p.From == "user" && len(pending) > 0:
+				// Its turn's calls are still running: the model sees
+				// it after their results.
+				l.heldSteers = append(l.heldSteers, p.Text)
 			case p.From == "user":
-				flush()
 				l.Steer(p.Text)
 			}
 		case "model_call":
@@ -582,11 +674,15 @@ func (l *Loop) Replay(events []Event) ([]model.Block, error) {
 			}
 		case "checkpoint":
 			var p struct {
-				Patch    string `json:"patch"`
-				TooLarge bool   `json:"too_large"`
+				Patch       string `json:"patch"`
+				PatchBase64 []byte `json:"patch_base64"` // a patch that is not UTF-8
+				TooLarge    bool   `json:"too_large"`
 			}
 			if err := json.Unmarshal(e.Payload, &p); err != nil {
 				return nil, fmt.Errorf("%w: event %d: %v", ErrReplay, i, err)
+			}
+			if p.PatchBase64 != nil {
+				p.Patch = string(p.PatchBase64)
 			}
 			l.checkpoint, l.hasCheckpoint, l.checkpointTooLarge = p.Patch, !p.TooLarge, p.TooLarge
 		case "approval_requested", "approval_decided":
@@ -637,23 +733,29 @@ func (l *Loop) Replay(events []Event) ([]model.Block, error) {
 	}
 	// The last turn's calls: keep those with results, return the rest.
 	recordedNow, missing := splitRecorded(pending, results)
-	if len(missing) == 0 && len(recordedNow) > 0 {
-		if l.replayFinish != nil {
-			// The task had finished: its finish stays out of the
-			// conversation unless RejectFinish takes it back.
-			l.finishResults = recordedNow
-			for _, tu := range pending {
-				if tu.Name == ToolFinish {
-					l.finishID = tu.ID
-				}
+	switch {
+	case len(missing) == 0 && len(recordedNow) > 0 && l.replayFinish != nil:
+		// The task had finished: its finish stays out of the
+		// conversation unless RejectFinish takes it back, and the
+		// messages that came with it follow it then.
+		l.finishResults = recordedNow
+		for _, tu := range pending {
+			if tu.Name == ToolFinish {
+				l.finishID = tu.ID
 			}
-		} else {
-			l.appendUser(recordedNow...)
 		}
-		pending = nil
+		l.deferredSteers = append(l.heldSteers, l.deferredSteers...)
+		l.heldSteers = nil
+	case len(missing) == 0 && len(recordedNow) > 0:
+		flush()
+	case len(missing) > 0:
+		// The log ends inside a turn: it stays open, out of the
+		// conversation, until FinishReplayedTurn (or a Step) runs the
+		// rest of its calls.
+		last := l.msgs[len(l.msgs)-1]
+		l.msgs = l.msgs[:len(l.msgs)-1]
+		l.open = &openTurn{n: l.step, content: last.Content, recorded: results}
 	}
-	l.replayPending = pending
-	l.replayResults = results
 	return missing, nil
 }
 
@@ -685,12 +787,8 @@ func (l *Loop) FinishReplayedTurn(ctx context.Context) (*Outcome, error) {
 	if l.replayFinish != nil { // it had finished; only its end was not recorded
 		return &Outcome{Reason: "finished", Finish: l.replayFinish, Spent: l.spent}, nil
 	}
-	if len(l.replayPending) > 0 {
-		last := l.msgs[len(l.msgs)-1]
-		l.msgs = l.msgs[:len(l.msgs)-1]
-		out, err := l.afterResponse(ctx, l.step, last.Content, "", l.replayResults)
-		l.replayPending = nil
-		return out, err
+	if l.open != nil {
+		return l.runTurn(ctx, l.open)
 	}
 	return nil, nil
 }
@@ -734,3 +832,94 @@ func rejectedFinish(results []model.Block, id, reason string) []model.Block {
 
 // Tools returns the loop's tools.
 func (l *Loop) Tools() *Tools { return l.tools }
+
+// timeLeft is what the wall-clock budget leaves a command (at least a
+// second, so it still reports how it ended), or 0 without that budget.
+func (l *Loop) timeLeft() time.Duration {
+	if l.cfg.Budgets.MaxWallClock <= 0 {
+		return 0
+	}
+	return max(l.cfg.Budgets.MaxWallClock-l.clock.Now().Sub(l.started), time.Second)
+}
+
+// saveCheckpoint records the workspace's patch against the base. A patch
+// that is not UTF-8 (a Latin-1 source file's lines) goes in as base64: a
+// JSON string would turn its bytes into U+FFFD, and it would no longer
+// apply.
+func (l *Loop) saveCheckpoint(ctx context.Context, key string, n int64) error {
+	patch, err := l.tools.Checkpoint(ctx)
+	if err != nil {
+		return fmt.Errorf("step %d: checkpoint: %w", n, err)
+	}
+	payload := map[string]any{"step": n, "bytes": len(patch)}
+	if utf8.ValidString(patch) {
+		payload["patch"] = patch
+	} else {
+		payload["patch_base64"] = base64.StdEncoding.EncodeToString([]byte(patch))
+	}
+	if b, err := json.Marshal(payload); err != nil || len(b) > MaxCheckpointBytes {
+		delete(payload, "patch")
+		delete(payload, "patch_base64")
+		payload["too_large"] = true // a resumed task starts from the base
+	}
+	tooLarge := payload["too_large"] == true
+	l.checkpoint, l.hasCheckpoint, l.checkpointTooLarge = patch, !tooLarge, tooLarge
+	return l.rec.Record(ctx, key, "checkpoint", payload)
+}
+
+// MaxResultJSON bounds a tool_result event's payload, JSON-encoded: the
+// log takes events of at most 64 KiB, and a view's JSON can take six
+// bytes for one of its own (control bytes, bytes that are not UTF-8).
+const MaxResultJSON = 60 << 10
+
+// resultPayload is a call's tool_result event, and the view the model
+// sees: cut further when the event would not fit, so that a replay gives
+// the model what it saw live.
+func (l *Loop) resultPayload(id string, r Result) (map[string]any, string, error) {
+	payload := map[string]any{
+		"tool_call_id": id, "output": "", "is_error": r.IsError,
+		"full_bytes": len(r.Full), "changed": r.Changed, "finish": r.Finish}
+	rest, _ := json.Marshal(payload)
+	v := fitJSON(r.View, MaxResultJSON-len(rest)-64) // room for truncated and blob
+	payload["output"], payload["truncated"] = v, len(r.Full) > len(v)
+	if len(r.Full) > len(v) && l.cfg.Blobs != nil {
+		ref, err := l.cfg.Blobs.Put(r.Full)
+		if err != nil {
+			return nil, "", err
+		}
+		payload["blob"] = ref
+	}
+	return payload, v, nil
+}
+
+// jsonLen is the length of s as a JSON string, quotes included.
+func jsonLen(s string) int {
+	b, _ := json.Marshal(s)
+	return len(b)
+}
+
+// fitJSON returns s, or its head and tail with how much was left out
+// between them, so that its JSON takes at most limit bytes.
+func fitJSON(s string, limit int) string {
+	if jsonLen(s) <= limit {
+		return s
+	}
+	cut := func(keep int) string {
+		head := keep / 4
+		return strings.ToValidUTF8(s[:head], "\uFFFD") + fmt.Sprintf("\n[... %d bytes left out ...]\n", len(s)-keep) +
+			strings.ToValidUTF8(s[len(s)-(keep-head):], "\uFFFD")
+	}
+	lo, hi := 0, len(s) // cut(lo) fits (or nothing does), cut(hi) does not
+	if jsonLen(cut(0)) > limit {
+		return ""
+	}
+	for hi-lo > 1 {
+		mid := (lo + hi) / 2
+		if jsonLen(cut(mid)) <= limit {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return cut(lo)
+}

@@ -139,6 +139,12 @@ func (t *Tools) resolve(p string) (string, error) {
 // are results the model sees (IsError); an error is returned only when the
 // sandbox itself failed.
 func (t *Tools) Run(ctx context.Context, name string, input json.RawMessage) (Result, error) {
+	return t.RunWithin(ctx, name, input, 0)
+}
+
+// RunWithin is Run with a command's time bounded by limit as well (0: no
+// bound but the tool's own): what the task's wall-clock budget leaves.
+func (t *Tools) RunWithin(ctx context.Context, name string, input json.RawMessage, limit time.Duration) (Result, error) {
 	dec := func(v any) error {
 		d := json.NewDecoder(strings.NewReader(string(input)))
 		d.DisallowUnknownFields()
@@ -204,7 +210,7 @@ func (t *Tools) Run(ctx context.Context, name string, input json.RawMessage) (Re
 		if err := dec(&in); err != nil {
 			return toolError("run_command: bad input: %v", err), nil
 		}
-		return t.runCommand(ctx, in.Command, time.Duration(in.TimeoutSeconds)*time.Second)
+		return t.runCommand(ctx, in.Command, time.Duration(in.TimeoutSeconds)*time.Second, limit)
 	case ToolRepoMap:
 		if t.repoMap == "" {
 			if _, err := t.RepoMap(ctx); err != nil {
@@ -354,7 +360,7 @@ func (t *Tools) editFile(ctx context.Context, p, old, new string) (Result, error
 	return Result{View: fmt.Sprintf("edited %s at line %d", p, line), Changed: true}, nil
 }
 
-func (t *Tools) runCommand(ctx context.Context, cmd string, timeout time.Duration) (Result, error) {
+func (t *Tools) runCommand(ctx context.Context, cmd string, timeout, limit time.Duration) (Result, error) {
 	if strings.TrimSpace(cmd) == "" {
 		return toolError("run_command: command: required"), nil
 	}
@@ -362,6 +368,9 @@ func (t *Tools) runCommand(ctx context.Context, cmd string, timeout time.Duratio
 		timeout = DefaultCmdTimeout
 	}
 	timeout = min(timeout, MaxCmdTimeout)
+	if limit > 0 {
+		timeout = min(timeout, limit)
+	}
 	res, err := t.SB.Exec(ctx, []string{"/bin/sh", "-c", cmd}, t.Root, timeout)
 	if err != nil {
 		return Result{}, fmt.Errorf("run_command: %w", err)

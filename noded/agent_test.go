@@ -170,7 +170,7 @@ func checkFixed(t *testing.T, c *cluster, id string, steps int) {
 		t.Fatalf("the tests in the sandbox: %q", testOut)
 	}
 	log := strings.Join(kinds, ",")
-	for _, want := range []string{"message,model_call,tool_call,tool_result", "tool_result,checkpoint"} {
+	for _, want := range []string{"message,model_call,tool_call,tool_result", "tool_call,checkpoint,tool_result"} {
 		if !strings.Contains(log, want) {
 			t.Errorf("the log lacks %s", want)
 		}

@@ -117,11 +117,16 @@ func (s agentSandbox) WriteFile(ctx context.Context, path string, data []byte) e
 type actorRecorder struct{ a *taskActor }
 
 func (r actorRecorder) Record(ctx context.Context, key, kind string, payload any) error {
-	b, err := json.Marshal(payload)
-	if err != nil {
+	// Without HTML escaping: code is full of <, > and &, which json.Marshal
+	// writes as six bytes each, and an event holds at most 64 KiB.
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(payload); err != nil {
 		return err
 	}
-	if _, err = r.a.append(ctx, "agent/"+key, &warrenv1.EventInput{Kind: kind, Payload: b}); err != nil {
+	b := bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
+	if _, err := r.a.append(ctx, "agent/"+key, &warrenv1.EventInput{Kind: kind, Payload: b}); err != nil {
 		return err
 	}
 	if f := r.a.d.cfg.AfterRecord; f != nil {
