@@ -202,7 +202,7 @@ func start(qemu string, s vmSpec, procsFiles []string, tap *os.File, state strin
 	defer logf.Close()
 	script := `for f in $WARREN_CGROUP_PROCS; do echo $$ > "$f" || exit 97; done; exec "$0" "$@"`
 	cmd := exec.Command("/bin/sh", append([]string{"-c", script, qemu}, s.args()...)...)
-	cmd.Env = append(os.Environ(), "WARREN_CGROUP_PROCS="+strings.Join(procsFiles, " "))
+	cmd.Env = append(qemuEnv(os.Environ()), "WARREN_CGROUP_PROCS="+strings.Join(procsFiles, " "))
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if tap != nil {
@@ -432,3 +432,18 @@ func tail(files ...string) string {
 
 // QEMUVersion returns the version QEMU reports.
 func QEMUVersion(qemu string) (string, error) { return qemuVersion(qemu) }
+
+// qemuEnv is the part of the node's environment QEMU gets: not the
+// node's credentials (WARREN_FORGE_TOKEN, model API keys), which a QEMU
+// process has no use for and which its /proc/PID/environ would show.
+func qemuEnv(environ []string) []string {
+	var env []string
+	for _, kv := range environ {
+		k, _, _ := strings.Cut(kv, "=")
+		switch {
+		case k == "PATH", k == "HOME", k == "TMPDIR", k == "TZ", k == "LANG", strings.HasPrefix(k, "LC_"):
+			env = append(env, kv)
+		}
+	}
+	return env
+}
