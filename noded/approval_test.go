@@ -282,3 +282,52 @@ func waitEnded(t *testing.T, c *cluster, id string) {
 		return s == warrenv1.TaskState_TASK_STATE_SUCCEEDED || s == warrenv1.TaskState_TASK_STATE_FAILED
 	})
 }
+
+// The finish phase runs the tests once per finish: when it runs again
+// after the push's approval (or a failed push), it keeps the first run's
+// result instead of running the tests again (up to 20 minutes each, and a
+// flaky test could then refuse a finish whose branch was pushed).
+func TestFinishRunsTheTestsOnceAcrossThePushApproval(t *testing.T) {
+	imageDir := needContainers(t)
+	repo := buggyRepo(t)
+	script := strings.Join([]string{
+		`{"content":[{"type":"tool_use","name":"edit_file","input":{"path":"calc/calc.go","old_string":"return a - b","new_string":"return a + b"}}]}`,
+		`{"content":[{"type":"tool_use","name":"run_command","input":{"command":"mkdir -p .github/workflows && printf 'on: push\\n' > .github/workflows/t.yml"}}]}`,
+		`{"content":[{"type":"tool_use","name":"finish","input":{"summary":"fixed, with CI"}}]}`,
+	}, "\n")
+	c := startAgentNode(t, imageDir, nil, nil)
+	resp, err := c.cl.Tasks().CreateTask(context.Background(), connect.NewRequest(&warrenv1.CreateTaskRequest{
+		RequestId: "agent-tests-once", Spec: &warrenv1.TaskSpec{Repo: repo, Base: "HEAD", IssueTitle: "Add is wrong",
+			TestCommand: `n=$(( $(cat /tmp/warren-test-runs 2>/dev/null || echo 0) + 1 )); echo $n > /tmp/warren-test-runs; echo "test run $n"; go test ./...`,
+			Driver:      "container", Model: "scripted", ModelScript: script}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.Msg.GetTask().GetId()
+	var pushID string
+	waitFor(t, "the push's approval request", 3*time.Minute, func() bool {
+		if p := c.task(id).GetPendingApprovals(); len(p) == 1 && strings.HasPrefix(p[0], "push-") {
+			pushID = p[0]
+			return true
+		}
+		return false
+	})
+	if _, err := c.cl.Tasks().Approve(context.Background(), connect.NewRequest(&warrenv1.DecideRequest{TaskId: id, ToolCallId: pushID})); err != nil {
+		t.Fatal(err)
+	}
+	waitEnded(t, c, id)
+	var body string
+	for _, e := range c.events(id) {
+		if e.GetKind() == "pull_request" {
+			var p struct{ Body string }
+			_ = json.Unmarshal(e.GetPayload(), &p)
+			body = p.Body
+		}
+	}
+	if c.task(id).GetState() != warrenv1.TaskState_TASK_STATE_SUCCEEDED {
+		t.Fatalf("the task ended %v", c.task(id).GetState())
+	}
+	if !strings.Contains(body, "test run 1") || strings.Contains(body, "test run 2") {
+		t.Errorf("the pull request's test output (the tests ran again after the approval?):\n%s", body)
+	}
+}

@@ -80,34 +80,51 @@ func (a *taskActor) finishTask(c *actor.Context) {
 		_ = c.Self().Send(stepMsg{})
 	}
 
-	// The model's diff, before anything else runs in the sandbox.
-	patch, err := a.loop.Tools().Checkpoint(sctx)
-	if a.cancelled(c, sctx) {
-		return
+	// What this round has done already, when it runs again (a failed
+	// append, a push retried, after the push's approval): the sandbox has
+	// not changed since the finish, so neither its diff nor its tests' run
+	// is made again.
+	if a.fin == nil || a.fin.round != round {
+		a.fin = &finishRound{round: round}
 	}
-	if err != nil {
-		a.failed(c, "take the diff", err, finishMsg{})
-		return
-	}
+	fin := a.fin
 
-	// 1. The tests.
-	var testOut string
-	if cmd := a.spec.GetTestCommand(); cmd != "" {
-		ia := a.sb.(driver.Interactive)
-		start := time.Now()
-		var outb bytes.Buffer
-		res, err := ia.Run(sctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", cmd}, Dir: WorkRoot, Timeout: testTimeout}, &outb, &outb)
+	// The model's diff, before anything else runs in the sandbox.
+	if !fin.havePatch {
+		patch, err := a.loop.Tools().Checkpoint(sctx)
 		if a.cancelled(c, sctx) {
 			return
 		}
 		if err != nil {
-			a.failed(c, "run the test command", err, finishMsg{})
+			a.failed(c, "take the diff", err, finishMsg{})
 			return
 		}
-		testOut = tail(outb.String(), 8<<10)
+		fin.patch, fin.havePatch = patch, true
+	}
+	patch := fin.patch
+
+	// 1. The tests.
+	var testOut string
+	if cmd := a.spec.GetTestCommand(); cmd != "" {
+		if fin.test == nil {
+			ia := a.sb.(driver.Interactive)
+			start := time.Now()
+			var outb bytes.Buffer
+			res, err := ia.Run(sctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", cmd}, Dir: WorkRoot, Timeout: testTimeout}, &outb, &outb)
+			if a.cancelled(c, sctx) {
+				return
+			}
+			if err != nil {
+				a.failed(c, "run the test command", err, finishMsg{})
+				return
+			}
+			fin.test = &testRun{res: res, out: tail(outb.String(), 8<<10), took: time.Since(start)}
+		}
+		res := fin.test.res
+		testOut = fin.test.out
 		passed := res.ExitCode == 0 && !res.TimedOut
 		if _, err := a.append(ctx, fmt.Sprintf("finish/test-%d", round), ev("test_run", map[string]any{"command": cmd, "exit_code": res.ExitCode,
-			"timed_out": res.TimedOut, "passed": passed, "output": tail(testOut, 4<<10), "duration_ms": time.Since(start).Milliseconds()})); err != nil {
+			"timed_out": res.TimedOut, "passed": passed, "output": tail(testOut, 4<<10), "duration_ms": fin.test.took.Milliseconds()})); err != nil {
 			a.failed(c, "record the test run", err, finishMsg{})
 			return
 		}
@@ -285,4 +302,19 @@ func orText(s, d string) string {
 		return d
 	}
 	return s
+}
+
+// finishRound is what one round of the finish phase (one finish of the
+// model) has done, kept while the actor retries it.
+type finishRound struct {
+	round     int
+	patch     string
+	havePatch bool
+	test      *testRun // nil: the tests have not run
+}
+
+type testRun struct {
+	res  guest.ExecResult
+	out  string
+	took time.Duration
 }

@@ -119,6 +119,7 @@ type taskActor struct {
 	ws        *agent.Workspace // the task's workspace on the node (git, outside the sandbox)
 	finished  *agent.Outcome   // the model finished: the finish phase runs
 	publishN  int              // failed publish attempts
+	fin       *finishRound     // the finish phase's round so far
 	created   time.Time        // the task's creation
 
 	spec *warrenv1.TaskSpec
