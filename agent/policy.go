@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"path"
 	"regexp"
 	"strings"
 
@@ -118,8 +119,8 @@ func isTool(name string) bool {
 func globRegexp(g string) (*regexp.Regexp, error) { return forge.GlobRegexp(g) }
 
 // Decide returns the tier of a call and the rule that put it there (nil:
-// no rule matched, allowed). root is the repository in the sandbox, so an
-// absolute path under it matches like a relative one.
+// no rule matched, allowed). root is the repository in the sandbox: a
+// path is matched as the file the tool acts on, relative to root.
 func (p *Policy) Decide(tool string, input json.RawMessage, root string) (Tier, *Rule) {
 	if p == nil {
 		return Allow, nil
@@ -129,16 +130,13 @@ func (p *Policy) Decide(tool string, input json.RawMessage, root string) (Tier, 
 		Command string `json:"command"`
 	}
 	_ = json.Unmarshal(input, &in)
-	if root != "" && (in.Path == root || strings.HasPrefix(in.Path, root+"/")) {
-		in.Path = strings.TrimPrefix(strings.TrimPrefix(in.Path, root), "/")
-	}
-	relPath := cleanRel(in.Path)
+	relPath, inRoot := repoPath(in.Path, root)
 	for i := range p.compiled {
 		c := &p.compiled[i]
 		if c.Tool != "" && c.Tool != "*" && c.Tool != tool {
 			continue
 		}
-		if c.path != nil && (in.Path == "" || !c.path.MatchString(relPath)) {
+		if c.path != nil && (in.Path == "" || !inRoot || !c.path.MatchString(relPath)) {
 			continue
 		}
 		if c.cmd != nil && (tool != ToolRunCommand || !c.cmd.MatchString(in.Command)) {
@@ -149,19 +147,17 @@ func (p *Policy) Decide(tool string, input json.RawMessage, root string) (Tier, 
 	return Allow, nil
 }
 
-// cleanRel normalises a path the model gave, relative to the root.
-func cleanRel(p string) string {
-	parts := []string{}
-	for _, s := range strings.Split(p, "/") {
-		switch s {
-		case "", ".":
-		case "..":
-			if len(parts) > 0 {
-				parts = parts[:len(parts)-1]
-			}
-		default:
-			parts = append(parts, s)
-		}
+// repoPath is the path p of a call relative to root, resolved as
+// Tools.resolve does ("../repo/x" is x when root is /work/repo): a rule
+// must match the file the tool acts on. ok is false for a path outside
+// root, which matches no path rule (the tool refuses it).
+func repoPath(p, root string) (rel string, ok bool) {
+	full := path.Clean(path.Join(root, p))
+	if path.IsAbs(p) {
+		full = path.Clean(p)
 	}
-	return strings.Join(parts, "/")
+	if full == root {
+		return "", true
+	}
+	return strings.CutPrefix(full, root+"/")
 }

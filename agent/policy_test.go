@@ -118,3 +118,41 @@ func TestApprovalFlow(t *testing.T) {
 		t.Errorf("tool errors: denied %v, rejected %v", denied, rejected)
 	}
 }
+
+// A rule matches the file the tool acts on: the path resolved against the
+// root as Tools.resolve does it, so "../repo/secrets/k" (the root being
+// /work/repo) is secrets/k to the policy as to the tool. A path outside
+// the root matches no path rule: the tool refuses it.
+func TestPolicyResolvesPathsLikeTheTools(t *testing.T) {
+	pol, err := NewPolicy([]Rule{{Tool: ToolReadFile, Path: "secrets/**", Tier: Deny, Reason: "no secrets"},
+		{Tool: ToolWriteFile, Path: ".github/**", Tier: Approve, Reason: "CI"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := "/work/repo"
+	tl := &Tools{Root: root}
+	for _, c := range []struct {
+		tool, path string
+		want       Tier
+		outside    bool
+	}{
+		{ToolReadFile, "../repo/secrets/prod.key", Deny, false},
+		{ToolReadFile, "/work/repo/../repo/secrets/prod.key", Deny, false},
+		{ToolReadFile, "/work/repo/secrets/prod.key", Deny, false},
+		{ToolReadFile, "./secrets//prod.key", Deny, false},
+		{ToolReadFile, "src/../../repo/secrets/prod.key", Deny, false},
+		{ToolWriteFile, "../repo/.github/workflows/ci.yml", Approve, false},
+		{ToolReadFile, "src/secrets/prod.key", Allow, false},
+		{ToolReadFile, "../other/secrets/prod.key", Allow, true},
+		{ToolReadFile, "/work/repo-secrets/prod.key", Allow, true},
+		{ToolReadFile, "/secrets/prod.key", Allow, true},
+	} {
+		input, _ := json.Marshal(map[string]string{"path": c.path, "content": "x"})
+		if got, _ := pol.Decide(c.tool, input, root); got != c.want {
+			t.Errorf("%s %s: %s, want %s", c.tool, c.path, got, c.want)
+		}
+		if _, err := tl.resolve(c.path); (err != nil) != c.outside {
+			t.Errorf("%s: the tool resolves it to an error %v; the case says outside %v", c.path, err, c.outside)
+		}
+	}
+}
