@@ -371,3 +371,39 @@ func mustJSON(t *testing.T, v any) string {
 	}
 	return string(b)
 }
+
+// A turn whose two calls share one id (some OpenAI-compatible servers
+// repeat ids) gets an approval for each: approving the first call does
+// not approve the second, which the gateway gave an id of its own.
+func TestRepeatedToolCallIDsGetTheirOwnApprovals(t *testing.T) {
+	script := `{"content":[{"type":"tool_use","id":"call_0","name":"edit_file","input":{"path":"go.mod","old_string":"module demo","new_string":"module demo\n\ngo 1.22"}},{"type":"tool_use","id":"call_0","name":"write_file","input":{"path":".github/workflows/ci.yml","content":"on: push\n"}}]}
+{"content":[{"type":"tool_use","name":"finish","input":{"summary":"done"}}]}
+`
+	tl := newRepo(t)
+	pol, _ := NewPolicy(DefaultPolicy())
+	log := &memLog{}
+	g := &model.Gateway{Provider: scriptedFrom(t, script)}
+	newL := func() *Loop { return NewLoop(Config{Model: "scripted", Policy: pol}, g, tl, log) }
+	l := newL()
+	l.Start(context.Background(), Task{IssueTitle: "x"})
+	out, err := l.Run(context.Background())
+	if err != nil || out.Reason != "waiting_approval" || out.Approval.Tool != ToolEditFile {
+		t.Fatalf("%+v %v", out, err)
+	}
+	first := out.Approval.ToolCallID
+	log.Record(context.Background(), "decision-1", "approval_decided", map[string]any{"tool_call_id": first, "approved": true})
+	l = newL()
+	if _, err := l.Replay(log.events); err != nil {
+		t.Fatal(err)
+	}
+	out, err = l.Resume(context.Background())
+	if err != nil || out.Reason != "waiting_approval" || out.Approval.Tool != ToolWriteFile || out.Approval.ToolCallID == first {
+		t.Fatalf("the second call's own approval: %+v %v", out, err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(tl.Root, "go.mod")); !strings.Contains(string(b), "go 1.22") {
+		t.Error("the approved edit did not run")
+	}
+	if _, err := os.Stat(filepath.Join(tl.Root, ".github/workflows/ci.yml")); err == nil {
+		t.Error("the CI file was written without its own approval")
+	}
+}

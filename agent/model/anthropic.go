@@ -3,6 +3,7 @@ package model
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -144,7 +145,12 @@ func (a *Anthropic) Call(ctx context.Context, req Request) (*Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	return decodeAnthropic(raw)
+	resp, err := decodeAnthropic(raw)
+	var he *HTTPError
+	if errors.As(err, &he) {
+		he.redact(a.APIKey) // an error in a 200's body
+	}
+	return resp, err
 }
 
 // decodeAnthropic reads a Messages API response body.
@@ -156,7 +162,7 @@ func decodeAnthropic(raw []byte) (*Response, error) {
 	if r.Type == "error" {
 		var e apiError
 		_ = json.Unmarshal(raw, &e)
-		return nil, &HTTPError{Provider: "anthropic", Status: http.StatusOK, Type: e.Error.Type, Message: shorten(e.Error.Message, 300)}
+		return nil, &HTTPError{Provider: "anthropic", Status: http.StatusOK, Type: e.Error.Type, Message: e.Error.Message}
 	}
 	if r.Type != "message" || r.Role != RoleAssistant || r.StopReason == nil || r.Usage == nil {
 		return nil, fmt.Errorf("anthropic: %w: want a message from the assistant with a stop_reason and usage", ErrMalformed)
@@ -169,6 +175,12 @@ func decodeAnthropic(raw []byte) (*Response, error) {
 		case BlockText:
 			out.Content = append(out.Content, Block{Type: BlockText, Text: c.Text})
 		case BlockToolUse:
+			if out.StopReason == StopMaxTokens && (i == len(r.Content)-1 || c.Name == "" || !json.Valid(c.Input)) {
+				// The output limit cut the call short (its input, even
+				// when it parses, is only what was written so far): it
+				// is dropped, and the loop tells the model to continue.
+				continue
+			}
 			if c.ID == "" || c.Name == "" || !json.Valid(c.Input) {
 				return nil, fmt.Errorf("anthropic: %w: content[%d]: a tool_use without an id, a name or JSON input", ErrMalformed, i)
 			}

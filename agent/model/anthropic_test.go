@@ -294,3 +294,54 @@ func TestCredentialsStayOut(t *testing.T) {
 		t.Errorf("a transport error is retried: %v", err)
 	}
 }
+
+// Some proxies echo the key they were given in their error message: it is
+// redacted before the message is shortened (a cut through the key would
+// leave its first half), in a non-200's body and in an error in a 200's.
+func TestCredentialsEchoedByTheServerAreRedacted(t *testing.T) {
+	const key = "sk-proxy-very-secret-key"
+	echo := func(prefix string) string {
+		return `{"type":"error","error":{"type":"auth_error","message":"` + prefix + `Received API Key = ` + key + `"}}`
+	}
+	for name, c := range map[string]struct {
+		p    Provider
+		path string
+		rep  fakeReply
+	}{
+		"openai 401":          {&OpenAI{APIKey: key}, "/chat/completions", fakeReply{status: 401, body: echo("Invalid proxy server token. ")}},
+		"anthropic 401":       {&Anthropic{APIKey: key}, "/v1/messages", fakeReply{status: 401, body: echo("")}},
+		"anthropic 200 error": {&Anthropic{APIKey: key}, "/v1/messages", fakeReply{status: 200, body: echo("")}},
+		"cut through the key": {&OpenAI{APIKey: key}, "/chat/completions", fakeReply{status: 403, body: echo(strings.Repeat("x", 300-len("Received API Key = ")-len(key)/2))}},
+	} {
+		f := newFake(t, c.path, c.rep)
+		switch p := c.p.(type) {
+		case *OpenAI:
+			p.BaseURL = f.URL
+		case *Anthropic:
+			p.BaseURL = f.URL
+		}
+		_, err := c.p.Call(context.Background(), conversation())
+		var he *HTTPError
+		if !errors.As(err, &he) || !strings.Contains(he.Message, "[redacted]") || strings.Contains(err.Error(), key[:len(key)/2]) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
+// A response cut by its output limit ends in the middle of its last
+// tool_use, whose input (parsed by the server from what was written so
+// far) may look whole: that call is dropped, not run; the calls before it
+// stay, and the stop reason tells the loop to ask for the rest.
+func TestAnthropicMaxTokensDropsTheCutToolUse(t *testing.T) {
+	body := strings.Replace(strings.Replace(antOK, `"stop_reason":"tool_use"`, `"stop_reason":"max_tokens"`, 1),
+		`{"type":"text","text":"Found it."},`, `{"type":"text","text":"Found it."},{"type":"tool_use","id":"toolu_1","name":"read_file","input":{"path":"a.go"}},`, 1)
+	r, err := decodeAnthropic([]byte(body))
+	if err != nil || r.StopReason != StopMaxTokens || len(r.ToolUses()) != 1 || r.ToolUses()[0].ID != "toolu_1" {
+		t.Fatalf("%+v %v", r, err)
+	}
+	// A cut input that is not JSON is no malformed response either.
+	body = strings.Replace(strings.Replace(antOK, `"stop_reason":"tool_use"`, `"stop_reason":"max_tokens"`, 1), `{"summary":"done"}`, `"{\"summ"`, 1)
+	if r, err := decodeAnthropic([]byte(body)); err != nil || len(r.ToolUses()) != 0 || r.Text() != "Found it." {
+		t.Fatalf("%+v %v", r, err)
+	}
+}

@@ -6,7 +6,8 @@ import (
 )
 
 // The response decoders take whatever a server sends: they return a
-// response whose tool calls carry JSON input, or an error; never a panic.
+// response whose tool calls carry a name and JSON input (and, once the
+// gateway has seen them, ids of their own), or an error; never a panic.
 func FuzzDecodeAnthropic(f *testing.F) {
 	f.Add([]byte(antOK))
 	f.Add([]byte(`{"type":"error","error":{"type":"overloaded_error"}}`))
@@ -26,13 +27,17 @@ func FuzzDecodeAnthropic(f *testing.F) {
 func FuzzDecodeOpenAI(f *testing.F) {
 	f.Add([]byte(oaiOK))
 	f.Add([]byte(`{"choices":[{"message":{"tool_calls":[{"id":"a","function":{"name":"b","arguments":""}}]},"finish_reason":"stop"}],"usage":{}}`))
+	f.Add([]byte(`{"choices":[{"message":{"tool_calls":[{"id":"a","function":{"name":"b"}},{"id":"a","function":{"name":"b"}},{"function":{"name":"b"}}]},"finish_reason":"stop"}],"usage":{}}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r, err := decodeOpenAI(b)
 		if err == nil {
+			uniqueToolIDs(r.Content, Request{})
+			seen := map[string]bool{}
 			for _, tu := range r.ToolUses() {
-				if tu.ID == "" || tu.Name == "" || !json.Valid(tu.Input) {
+				if tu.ID == "" || seen[tu.ID] || tu.Name == "" || !json.Valid(tu.Input) {
 					t.Fatalf("accepted a bad tool call: %+v", tu)
 				}
+				seen[tu.ID] = true
 			}
 		}
 	})

@@ -1,6 +1,7 @@
 package model
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -112,6 +113,7 @@ func (g *Gateway) Call(ctx context.Context, req Request) (*Result, error) {
 		}
 		resp, err := g.Provider.Call(ctx, req)
 		if err == nil {
+			uniqueToolIDs(resp.Content, req)
 			if g.Limiter != nil {
 				g.Limiter.Settle(want, resp.Usage.Total())
 			}
@@ -133,6 +135,46 @@ func (g *Gateway) Call(ctx context.Context, req Request) (*Result, error) {
 		if err := sleep(ctx, clock, wait); err != nil {
 			return nil, err
 		}
+	}
+}
+
+// uniqueToolIDs gives each tool_use of content an id that no other call
+// of the response or of req's conversation has. The loop matches
+// approvals and results by id, and some OpenAI-compatible servers give
+// every call the same id, or none. An empty or taken id becomes the old
+// one (or "call") + "-" + the turn + "-" + the call's index, with "-n"
+// added while that is taken too: the same response to the same request
+// always gets the same ids, and the model_call event records them.
+func uniqueToolIDs(content []Block, req Request) {
+	taken := map[string]bool{}
+	for _, m := range req.Messages {
+		for _, b := range m.Content {
+			if b.Type == BlockToolUse {
+				taken[b.ID] = true
+			}
+		}
+	}
+	sent := map[string]bool{} // the response's ids, as the server sent them
+	for _, b := range content {
+		if b.Type == BlockToolUse {
+			sent[b.ID] = true
+		}
+	}
+	for i, b := range content {
+		if b.Type != BlockToolUse {
+			continue
+		}
+		if b.ID != "" && !taken[b.ID] {
+			taken[b.ID] = true
+			continue
+		}
+		base := cmp.Or(b.ID, "call")
+		id := fmt.Sprintf("%s-%d-%d", base, req.Turn, i)
+		for n := 1; taken[id] || sent[id]; n++ {
+			id = fmt.Sprintf("%s-%d-%d-%d", base, req.Turn, i, n)
+		}
+		content[i].ID = id
+		taken[id] = true
 	}
 }
 

@@ -170,14 +170,21 @@ func decodeOpenAI(raw []byte) (*Response, error) {
 	if ch.Message.Content != nil && *ch.Message.Content != "" {
 		out.Content = append(out.Content, Block{Type: BlockText, Text: *ch.Message.Content})
 	}
+	cut := out.StopReason == StopMaxTokens
 	for i, c := range ch.Message.ToolCalls {
 		args := json.RawMessage(c.Function.Arguments)
-		if c.Function.Arguments == "" {
+		if c.Function.Arguments == "" && !cut {
 			args = json.RawMessage("{}")
 		}
-		if c.ID == "" || c.Function.Name == "" || !json.Valid(args) {
-			return nil, fmt.Errorf("openai: %w: tool_calls[%d]: no id, no name, or arguments that are not JSON", ErrMalformed, i)
+		if c.Function.Name == "" || !json.Valid(args) {
+			if cut {
+				// The output limit cut the call short: it is dropped,
+				// and the loop tells the model to continue.
+				continue
+			}
+			return nil, fmt.Errorf("openai: %w: tool_calls[%d]: no name, or arguments that are not JSON", ErrMalformed, i)
 		}
+		// An empty or repeated id is the Gateway's to replace.
 		out.Content = append(out.Content, Block{Type: BlockToolUse, ID: c.ID, Name: c.Function.Name, Input: args})
 	}
 	if out.StopReason == StopEndTurn && len(ch.Message.ToolCalls) > 0 {

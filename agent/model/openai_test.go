@@ -189,3 +189,94 @@ func TestRequestCheck(t *testing.T) {
 		}
 	}
 }
+
+// A Chat Completions response cut by its output limit (finish_reason
+// "length") ends in the middle of a tool call's arguments: that call is
+// dropped (an empty arguments string too: it was cut before it began), the
+// whole calls stay, and the stop reason tells the loop to ask for the rest.
+func TestOpenAILengthCutDropsTheCutToolCall(t *testing.T) {
+	for name, c := range map[string]struct {
+		calls string
+		want  []string // the tool calls kept
+	}{
+		"cut in the arguments": {`{"id":"call_1","type":"function","function":{"name":"write_file","arguments":"{\"path\":\"big.go\",\"content\":\"package big\\n\\nfunc"}}`, nil},
+		"cut before them":      {`{"id":"call_1","type":"function","function":{"name":"finish","arguments":""}}`, nil},
+		"a whole call first": {`{"id":"call_0","type":"function","function":{"name":"read_file","arguments":"{\"path\":\"a.go\"}"}},` +
+			`{"id":"call_1","type":"function","function":{"name":"write_file","arguments":"{\"path\":"}}`, []string{"read_file"}},
+	} {
+		body := `{"id":"c","object":"chat.completion","model":"m","choices":[{"message":{"role":"assistant","content":null,"tool_calls":[` + c.calls +
+			`]},"finish_reason":"length"}],"usage":{"prompt_tokens":10,"completion_tokens":256}}`
+		r, err := decodeOpenAI([]byte(body))
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+			continue
+		}
+		var kept []string
+		for _, tu := range r.ToolUses() {
+			kept = append(kept, tu.Name)
+		}
+		if r.StopReason != StopMaxTokens || strings.Join(kept, ",") != strings.Join(c.want, ",") {
+			t.Errorf("%s: stop reason %q, calls %v", name, r.StopReason, kept)
+		}
+	}
+}
+
+// Some OpenAI-compatible servers give every call of a response the same
+// id, or none; the loop matches approvals and results by id. The gateway
+// renames an empty id or one already taken (in the response or in the
+// conversation), the same way for the same response.
+func TestGatewayMakesToolCallIDsUnique(t *testing.T) {
+	use := func(id string) Block {
+		return Block{Type: BlockToolUse, ID: id, Name: "read_file", Input: json.RawMessage(`{}`)}
+	}
+	text := Block{Type: BlockText, Text: "x"}
+	for name, c := range map[string]struct {
+		content []Block
+		want    []string // the ids after, "" for a text block
+	}{
+		"unique":             {[]Block{text, use("a"), use("b")}, []string{"", "a", "b"}},
+		"repeated":           {[]Block{use("call_0"), text, use("call_0"), use("call_0")}, []string{"call_0", "", "call_0-3-2", "call_0-3-3"}},
+		"none":               {[]Block{use(""), use("")}, []string{"call-3-0", "call-3-1"}},
+		"in the history":     {[]Block{use("toolu_1")}, []string{"toolu_1-3-0"}},
+		"new id sent too":    {[]Block{use("a"), use("a"), use("a-3-1")}, []string{"a", "a-3-1-1", "a-3-1"}},
+		"new id in history":  {[]Block{use("toolu_1"), use("toolu_1-3-0")}, []string{"toolu_1-3-0-1", "toolu_1-3-0"}},
+		"text blocks only":   {[]Block{text}, []string{""}},
+		"no content at all":  {nil, nil},
+		"empty, then its id": {[]Block{use(""), use("call-3-0")}, []string{"call-3-0-1", "call-3-0"}},
+	} {
+		req := conversation() // toolu_1 is in its history
+		req.Turn = 3
+		uniqueToolIDs(c.content, req)
+		var got []string
+		for _, b := range c.content {
+			got = append(got, b.ID)
+		}
+		if strings.Join(got, ",") != strings.Join(c.want, ",") {
+			t.Errorf("%s: %q, want %q", name, got, c.want)
+		}
+	}
+
+	// Through the gateway: two calls of one response never share an id,
+	// and the same response gets the same ids again.
+	body := `{"id":"c","object":"chat.completion","model":"m","choices":[{"message":{"role":"assistant","tool_calls":[{"id":"call_0","type":"function","function":{"name":"read_file","arguments":"{}"}},{"type":"function","function":{"name":"finish","arguments":"{}"}},{"id":"call_0","type":"function","function":{"name":"finish","arguments":"{}"}}]},"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":10,"completion_tokens":5}}`
+	f := newFake(t, "/chat/completions", fakeReply{status: 200, body: body}, fakeReply{status: 200, body: body})
+	g := &Gateway{Provider: &OpenAI{BaseURL: f.URL}}
+	var ids [2]string
+	for i := range ids {
+		res, err := g.Call(context.Background(), conversation())
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := map[string]bool{}
+		for _, tu := range res.Response.ToolUses() {
+			if tu.ID == "" || seen[tu.ID] {
+				t.Errorf("tool call ids %+v", res.Response.ToolUses())
+			}
+			seen[tu.ID] = true
+			ids[i] += tu.ID + " "
+		}
+	}
+	if ids[0] != ids[1] {
+		t.Errorf("the same response got other ids: %s, then %s", ids[0], ids[1])
+	}
+}

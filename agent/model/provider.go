@@ -14,8 +14,9 @@ import (
 )
 
 // Provider speaks one vendor's wire protocol. Call makes exactly one HTTP
-// request (or none, for scripted): retries and rate limits are the
-// Gateway's. Implementations are safe for concurrent use.
+// request (or none, for scripted): retries, rate limits and unique
+// tool_use ids (a response's may be empty or repeated) are the Gateway's.
+// Implementations are safe for concurrent use.
 type Provider interface {
 	// Name is "anthropic", "openai" or "scripted".
 	Name() string
@@ -78,8 +79,9 @@ func retryAfter(h http.Header, now time.Time) time.Duration {
 // post sends one JSON request body to url and returns the body of a 200.
 // Any other status is an *HTTPError with the provider's error type and
 // message (both APIs put them at error.type and error.message) and the
-// wait it asked for; a transport failure is a retryable *HTTPError whose
-// message never holds secret.
+// wait it asked for; a transport failure is a retryable *HTTPError. No
+// error's message holds secret: some proxies echo the key they were given
+// in their own error message.
 func post(ctx context.Context, hc *http.Client, provider, url string, header http.Header, body []byte, secret string) ([]byte, error) {
 	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
@@ -103,9 +105,9 @@ func post(ctx context.Context, hc *http.Client, provider, url string, header htt
 		he := &HTTPError{Provider: provider, Status: resp.StatusCode, RetryAfter: retryAfter(resp.Header, time.Now())}
 		var e apiError
 		if json.Unmarshal(raw, &e) == nil {
-			he.Type, he.Message = e.Error.Type, shorten(e.Error.Message, 300)
+			he.Type, he.Message = e.Error.Type, e.Error.Message
 		}
-		return nil, he
+		return nil, he.redact(secret)
 	}
 	return raw, nil
 }
@@ -116,6 +118,15 @@ type apiError struct {
 		Type    string `json:"type"`
 		Message string `json:"message"`
 	} `json:"error"`
+}
+
+// redact removes secret from what e took from a response body, then
+// shortens the message (in that order: a cut through the key would leave
+// its first part).
+func (e *HTTPError) redact(secret string) *HTTPError {
+	e.Type = redact(e.Type, secret)
+	e.Message = shorten(redact(e.Message, secret), 300)
+	return e
 }
 
 // redact removes a credential from a message.
