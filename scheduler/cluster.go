@@ -84,10 +84,36 @@ func (c clusterAPI) Join(ctx context.Context, req *connect.Request[warrenv1.Join
 		}
 		return connect.NewResponse(&warrenv1.JoinResponse{}), nil
 	}
-	if err := c.s.addVoter(ctx, req.Msg.GetId(), req.Msg.GetRaftAddress(), req.Msg.GetApiUrl()); err != nil {
-		return nil, fmt.Errorf("add voter %s: %w", req.Msg.GetId(), err)
+	id, addr := req.Msg.GetId(), req.Msg.GetRaftAddress()
+	// A voter counts towards the quorum whether the leader reaches it or
+	// not: add only one that answers. Unavailable when it does not answer
+	// (the joiner may still be starting, or a firewall be opened; it keeps
+	// trying and logs each refusal), failed_precondition when something
+	// else answers there.
+	if err := c.s.probeRaft(ctx, id, addr); err != nil {
+		code := connect.CodeFailedPrecondition
+		if errors.Is(err, errUnreachable) {
+			code = connect.CodeUnavailable
+		}
+		c.s.log.Warn("refused join", "peer", id, "raft", addr, "err", err)
+		return nil, connect.NewError(code, fmt.Errorf("raft_address %q of server %s: %w", addr, id, err))
 	}
-	c.s.log.Info("added voter", "peer", req.Msg.GetId(), "raft", req.Msg.GetRaftAddress())
+	// AddVoter on a known id moves it to the new address. That is how a
+	// dead server is replaced, or a restarted one moved; but while the old
+	// address still answers as that server, the joiner is a second machine
+	// given the same id and would take the live server's place.
+	if old, ok := c.s.raftAddrOf(id); ok && old != addr {
+		if c.s.probeRaft(ctx, id, old) == nil {
+			return nil, connect.NewError(connect.CodeAlreadyExists, fmt.Errorf(
+				"id %q is in the cluster already, at raft address %s, which still answers as %s; this server is at %s: give it another id, or stop the other first",
+				id, old, id, addr))
+		}
+		c.s.log.Warn("moving voter: its old raft address does not answer", "peer", id, "old", old, "raft", addr)
+	}
+	if err := c.s.addVoter(ctx, id, addr, req.Msg.GetApiUrl()); err != nil {
+		return nil, fmt.Errorf("add voter %s: %w", id, err)
+	}
+	c.s.log.Info("added voter", "peer", id, "raft", addr)
 	return connect.NewResponse(&warrenv1.JoinResponse{}), nil
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/hashicorp/raft"
 	"github.com/oklog/ulid/v2"
+	"go.uber.org/goleak"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -910,5 +911,138 @@ func TestReadsDuringARestoreAreRetried(t *testing.T) {
 	f.restores.Add(1) // done
 	if _, err := n.tasks.GetTask(ctx, connect.NewRequest(&warrenv1.GetTaskRequest{Id: task.GetId()})); err != nil {
 		t.Errorf("GetTask after the restore: %v", err)
+	}
+}
+
+// join asks the server at url to add server id at raftAddr.
+func join(url, id, raftAddr string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	_, err := warrenv1connect.NewClusterServiceClient(http.DefaultClient, url).Join(ctx,
+		connect.NewRequest(&warrenv1.JoinRequest{Id: id, RaftAddress: raftAddr, ApiUrl: "http://" + raftAddr}))
+	return err
+}
+
+// raftAddrIn returns the raft address n's status lists for server id.
+func raftAddrIn(n *node, id string) string {
+	for _, p := range n.srv.Status().GetPeers() {
+		if p.GetId() == id {
+			return p.GetRaftAddress()
+		}
+	}
+	return ""
+}
+
+// A voter the leader cannot reach still counts towards the quorum: a
+// single server that took one in could never commit again. The leader
+// refuses a join whose raft address does not answer, or answers as
+// another server, and keeps taking writes.
+func TestJoinWithAnUnreachableRaftAddressIsRefused(t *testing.T) {
+	a := startSingle(t)
+	unreachable := freeaddr.Loopback(t) // nothing listens there
+	err := join(a.url, "s2", unreachable)
+	if connect.CodeOf(err) != connect.CodeUnavailable || !strings.Contains(err.Error(), unreachable) || !strings.Contains(err.Error(), "refused") {
+		t.Errorf("join at an unreachable raft address: got %v, want unavailable naming %s and the dial error", err, unreachable)
+	}
+	// The leader's own raft address, pasted by mistake: it answers, as s1.
+	err = join(a.url, "s2", a.srv.cfg.RaftAddr)
+	if connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), `"s1"`) {
+		t.Errorf("join at the leader's raft address: got %v, want failed_precondition naming s1", err)
+	}
+	if peers := a.srv.Status().GetPeers(); len(peers) != 1 {
+		t.Fatalf("peers after refused joins: %v", peers)
+	}
+	createVia(t, a, 1)
+}
+
+// A server restarted on its data with another raft address (and --join)
+// joins again, which moves it: the leader replicates to it at the new
+// address and records it.
+func TestRestartWithANewRaftAddressMovesTheServer(t *testing.T) {
+	dir := t.TempDir()
+	a := startNode(t, dir, "s1", true, "", 0)
+	waitFor(t, "s1 to lead", 10*time.Second, func() bool { return leaderOf([]*node{a}) != nil })
+	startNode(t, dir, "s2", false, a.url, 0)
+	c := startNode(t, dir, "s3", false, a.url, 0)
+	waitFor(t, "3 voters", 15*time.Second, func() bool { return len(a.srv.Status().GetPeers()) == 3 })
+	createVia(t, a, 1)
+	c.stop()
+
+	// Same id and data, a new raft address (startNode picks a fresh one).
+	c2 := startNode(t, dir, "s3", false, a.url, 0)
+	moved := c2.srv.cfg.RaftAddr
+	task := createVia(t, a, 2)
+	waitFor(t, "s3 to get a write at its new address", 10*time.Second, func() bool {
+		_, err := c2.srv.FSM().Task(task.GetId())
+		return err == nil
+	})
+	if got := raftAddrIn(a, "s3"); got != moved {
+		t.Errorf("leader's configuration has s3 at %s, want %s", got, moved)
+	}
+	waitFor(t, "s3's member record to move", 10*time.Second, func() bool {
+		m, err := a.srv.FSM().Member("s3")
+		return err == nil && m.GetRaftAddress() == moved
+	})
+}
+
+// A join with the id of a voter whose raft address still answers as that
+// voter is a second server given the same id: it is refused, naming both
+// addresses, and the voter keeps its place. Once the voter is gone, the
+// same join replaces it (how a dead server is replaced).
+func TestJoinWithAnIDInUseIsRefused(t *testing.T) {
+	nodes := startCluster(t, 0)
+	c := nodes[2]
+	old := c.srv.cfg.RaftAddr
+	other := startNode(t, t.TempDir(), c.srv.ID(), false, "", 0) // no state, not joining by itself
+	addr := other.srv.cfg.RaftAddr
+	err := join(nodes[0].url, c.srv.ID(), addr)
+	if connect.CodeOf(err) != connect.CodeAlreadyExists || !strings.Contains(err.Error(), old) || !strings.Contains(err.Error(), addr) {
+		t.Fatalf("join of a second %s: got %v, want already_exists naming %s and %s", c.srv.ID(), err, old, addr)
+	}
+	if got := raftAddrIn(nodes[0], c.srv.ID()); got != old {
+		t.Fatalf("after a refused join %s is at %s, want %s", c.srv.ID(), got, old)
+	}
+
+	c.stop()
+	waitFor(t, "the join to replace the stopped server", 15*time.Second, func() bool {
+		err := join(nodes[0].url, c.srv.ID(), addr)
+		if err != nil && connect.CodeOf(err) != connect.CodeUnavailable { // no leader for a moment
+			t.Fatalf("join replacing a stopped server: %v", err)
+		}
+		return err == nil
+	})
+	task := createVia(t, nodes[0], 1)
+	waitFor(t, "the replacement to get a write", 10*time.Second, func() bool {
+		_, err := other.srv.FSM().Task(task.GetId())
+		return err == nil
+	})
+}
+
+// An Open that fails once raft runs (here: the gossip port is taken) stops
+// what it started, waiting for raft before it closes the store: nothing is
+// left running, and the data directory opens again.
+func TestFailedOpenReleasesEverything(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent(),
+		goleak.IgnoreAnyFunction("github.com/hashicorp/raft.(*NetworkTransport).handleConn"))
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	cfg := Config{
+		ID: "s1", DataDir: t.TempDir(), RaftAddr: freeaddr.Loopback(t), APIURL: "http://127.0.0.1:1",
+		Bootstrap: true, GossipAddr: taken.Addr().String(), RaftLevel: "error",
+	}
+	if srv, err := Open(cfg); err == nil {
+		srv.Close()
+		t.Fatal("Open with a taken gossip port succeeded")
+	}
+	cfg.GossipAddr = ""
+	srv, err := Open(cfg)
+	if err != nil {
+		t.Fatalf("Open again after a failed Open: %v", err)
+	}
+	if err := srv.Close(); err != nil {
+		t.Fatal(err)
 	}
 }

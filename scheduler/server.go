@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"connectrpc.com/connect"
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
@@ -39,7 +40,7 @@ type Config struct {
 	APIURL   string // URL other servers and clients reach this server's API at
 
 	Bootstrap bool   // form a new single-voter cluster if there is no state yet
-	JoinURL   string // API URL of any member to join through (ignored if state exists)
+	JoinURL   string // API URL of any member to join through (with state: only if the cluster has another RaftAddr for ID)
 
 	HeartbeatTimeout  time.Duration // 0 means DefaultHeartbeatTimeout
 	ElectionTimeout   time.Duration // 0 means DefaultElectionTimeout
@@ -183,7 +184,12 @@ func Open(cfg Config) (*Server, error) {
 	s.fgc = newGroupCommit(s.fwd.start, 8, 1024, 4<<20)
 	if cfg.GossipAddr != "" {
 		if s.gossip, err = startGossip(s); err != nil {
-			s.raft.Shutdown()
+			// As Close: stop group commit, wait until raft has stopped
+			// (its goroutines write to the store), then close the store.
+			s.stopAll()
+			s.gc.close()
+			s.fgc.close()
+			s.raft.Shutdown().Error()
 			s.trans.Close()
 			s.db.Close()
 			return nil, err
@@ -271,7 +277,8 @@ func (s *Server) startRaft() error {
 			Suffrage: raft.Voter, ID: rc.LocalID, Address: s.trans.LocalAddr(),
 		}}})
 		if err := f.Error(); err != nil && !errors.Is(err, raft.ErrCantBootstrap) {
-			s.raft.Shutdown()
+			// Wait for raft to stop before Open closes the store under it.
+			s.raft.Shutdown().Error()
 			s.trans.Close()
 			return fmt.Errorf("bootstrap: %w", err)
 		}
@@ -355,12 +362,18 @@ func (s *Server) bgContext(d time.Duration) (context.Context, context.CancelFunc
 	return context.WithTimeout(s.stopCtx, d)
 }
 
-// joinLoop asks the cluster to add this server until it is a member.
+// joinLoop asks the cluster to add this server until it is a member at
+// its raft address. A server restarted on its data with another --raft is
+// a member at the old one, where the leader no longer reaches it: it joins
+// again, which moves it (AddVoter on a known id sets its address).
 func (s *Server) joinLoop() {
 	defer s.wg.Done()
+	if addr, ok := s.raftAddrOf(s.cfg.ID); ok && !s.ownRaftAddr(addr) {
+		s.log.Info("the cluster has this server at another raft address; joining again to move it", "old", addr, "raft", s.cfg.RaftAddr)
+	}
 	backoff := 100 * time.Millisecond
 	for {
-		if s.isMember() {
+		if addr, ok := s.raftAddrOf(s.cfg.ID); ok && s.ownRaftAddr(addr) {
 			return
 		}
 		ctx, cancel := s.bgContext(10 * time.Second)
@@ -368,6 +381,12 @@ func (s *Server) joinLoop() {
 		cancel()
 		if err == nil {
 			s.log.Info("joined cluster", "via", s.cfg.JoinURL)
+			return
+		}
+		if connect.CodeOf(err) == connect.CodeAlreadyExists {
+			// Another live server has this id: retrying would take its
+			// place the moment it restarts.
+			s.log.Error("join refused; not retrying: give this server another --id", "via", s.cfg.JoinURL, "err", err)
 			return
 		}
 		s.log.Warn("join failed; retrying", "via", s.cfg.JoinURL, "err", err)
@@ -380,17 +399,61 @@ func (s *Server) joinLoop() {
 	}
 }
 
-func (s *Server) isMember() bool {
+// raftAddrOf returns the raft address this server's configuration has for
+// server id, and whether id is in it.
+func (s *Server) raftAddrOf(id string) (string, bool) {
 	f := s.raft.GetConfiguration()
 	if f.Error() != nil {
-		return false
+		return "", false
 	}
 	for _, srv := range f.Configuration().Servers {
-		if srv.ID == raft.ServerID(s.cfg.ID) {
-			return true
+		if srv.ID == raft.ServerID(id) {
+			return string(srv.Address), true
 		}
 	}
-	return false
+	return "", false
+}
+
+// ownRaftAddr reports whether addr is this server's raft address: as
+// given (what Join records) or as resolved (what bootstrap records).
+func (s *Server) ownRaftAddr(addr string) bool {
+	return addr == s.cfg.RaftAddr || addr == string(s.trans.LocalAddr())
+}
+
+// raftProbeTimeout bounds the leader's dial of a raft address it checks.
+const raftProbeTimeout = 2 * time.Second
+
+// errUnreachable marks a raft address the leader could not dial.
+var errUnreachable = errors.New("the leader cannot reach it")
+
+// probeRaft checks that server id's raft transport answers at addr. The
+// leader asks before it adds a voter: one it cannot reach still counts
+// towards the quorum (a single server joined by an unreachable one can
+// never commit again, and nothing removes a server). After a dial, it asks
+// for a pre-vote in term 0, which every raft server answers, with its id,
+// without changing its state; so an address that is another server's (the
+// leader's own, pasted by mistake) or no raft server's is caught too.
+// Dial failures wrap errUnreachable.
+func (s *Server) probeRaft(ctx context.Context, id, addr string) error {
+	d := net.Dialer{Timeout: raftProbeTimeout}
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUnreachable, err)
+	}
+	conn.Close()
+	req := &raft.RequestPreVoteRequest{RPCHeader: raft.RPCHeader{
+		ProtocolVersion: raft.ProtocolVersionMax,
+		ID:              []byte(s.cfg.ID),
+		Addr:            s.trans.EncodePeer(raft.ServerID(s.cfg.ID), s.trans.LocalAddr()),
+	}}
+	var resp raft.RequestPreVoteResponse
+	if err := s.trans.RequestPreVote(raft.ServerID(id), raft.ServerAddress(addr), req, &resp); err != nil {
+		return fmt.Errorf("no raft server answers there: %v", err)
+	}
+	if got := string(resp.ID); got != id {
+		return fmt.Errorf("it is the raft address of server %q, not %q", got, id)
+	}
+	return nil
 }
 
 // addVoter adds a server (leader only) and records its addresses.
