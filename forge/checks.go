@@ -173,8 +173,28 @@ func hunkRange(r string) int {
 	return v
 }
 
+// pathFromHeader is the new path of a "diff --git a/<path> b/<path>"
+// header: the only place it is written for a file without a "+++ b/" line
+// (a deletion, a mode change, an empty new file). git C-quotes a path
+// with a non-ASCII byte, a '"', a '\' or a control character, each name
+// on its own ("a/x" "b/x"); a path with " b/" in it is split where the
+// two names are the same, as git does.
 func pathFromHeader(h string) string {
 	rest := strings.TrimPrefix(h, "diff --git ")
+	if strings.HasPrefix(rest, `"`) {
+		// The first name ends at the first '"' not escaped.
+		for i := 1; i < len(rest); i++ {
+			if rest[i] == '\\' {
+				i++
+			} else if rest[i] == '"' {
+				return strings.TrimPrefix(unquote(strings.TrimPrefix(rest[i+1:], " ")), "b/")
+			}
+		}
+		return unquote(rest)
+	}
+	if n := (len(rest) - 1) / 2; len(rest) >= 5 && len(rest)%2 == 1 && strings.HasPrefix(rest, "a/") && rest[n:n+3] == " b/" && rest[2:n] == rest[n+3:] {
+		return rest[n+3:]
+	}
 	if i := strings.Index(rest, " b/"); i >= 0 {
 		return unquote(rest[i+3:])
 	}

@@ -1,7 +1,10 @@
 package forge
 
 import (
+	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -125,5 +128,69 @@ func TestChecksHeaderLikeLinesInAHunk(t *testing.T) {
 	}
 	if !kinds[FindManifest] || !kinds[FindSecret] {
 		t.Fatalf("findings %+v", r.Findings)
+	}
+}
+
+// A file with no "+++ b/" line (a deletion, a mode change, an empty new
+// file) takes its path from the "diff --git" header, which git C-quotes
+// for some paths: the checks see the path either way.
+func TestParseDiffPathFromHeader(t *testing.T) {
+	for h, want := range map[string]string{
+		"diff --git a/x.go b/x.go": "x.go",
+		`diff --git "a/.github/workflows/d\303\251ploy.yml" "b/.github/workflows/d\303\251ploy.yml"`: ".github/workflows/déploy.yml",
+		`diff --git "a/q\"uote b/x" "b/q\"uote b/x"`:                                                 `q"uote b/x`,
+		"diff --git a/.github/workflows/a b/c.yml b/.github/workflows/a b/c.yml":                     ".github/workflows/a b/c.yml",
+		"diff --git a/old b/new":      "new",
+		`diff --git "a/\303\251" b/e`: "e",
+		`diff --git "a/unterminated`:  `"a/unterminated`,
+		"diff --git a/ b/":            "",
+		"diff --git a":                "a",
+	} {
+		files := ParseDiff([]byte(h + "\ndeleted file mode 100644\nindex 1234567..0000000\n"))
+		if len(files) != 1 || files[0].Path != want {
+			t.Errorf("%s: parsed %+v, want the path %q", h, files, want)
+		}
+	}
+}
+
+// Deleting a CI workflow whose path git quotes asks for approval.
+func TestChecksDeletedFileWithAQuotedPath(t *testing.T) {
+	needGit(t)
+	repo := t.TempDir()
+	sh(t, repo, "init", "-q", "-b", "main")
+	os.MkdirAll(filepath.Join(repo, ".github", "workflows"), 0o755)
+	os.WriteFile(filepath.Join(repo, ".github", "workflows", "déploy.yml"), []byte("on: push\n"), 0o644)
+	os.WriteFile(filepath.Join(repo, "a.txt"), []byte("a\n"), 0o644)
+	sh(t, repo, "add", "-A")
+	sh(t, repo, "commit", "-qm", "first")
+	base := sh(t, repo, "rev-parse", "HEAD")
+	ctx := context.Background()
+	c := &Cache{Dir: t.TempDir()}
+	mirror, err := c.Mirror(ctx, repo, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws, err := c.Git.Checkout(ctx, mirror, base, filepath.Join(t.TempDir(), "ws"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh(t, repo, "rm", "-q", ".github/workflows/déploy.yml")
+	patch := sh(t, repo, "diff", "--cached", "--binary", "HEAD") + "\n"
+	if _, err := ws.Apply(ctx, []byte(patch)); err != nil {
+		t.Fatal(err)
+	}
+	text, err := ws.TextDiff(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(text), `diff --git "a/`) {
+		t.Fatalf("the trap is not set: git did not quote the path:\n%s", text)
+	}
+	r, err := Check(text, CheckConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.NeedsApproval || len(r.Findings) != 1 || r.Findings[0].Path != ".github/workflows/déploy.yml" {
+		t.Errorf("deleting .github/workflows/déploy.yml: findings %+v", r.Findings)
 	}
 }

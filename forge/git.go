@@ -51,8 +51,12 @@ func (g Git) run(ctx context.Context, dir string, auth *Auth, remote string, std
 			user = "x-access-token"
 		}
 		basic := base64.StdEncoding.EncodeToString([]byte(user + ":" + auth.Token))
-		cmd.Env = append(cmd.Env, "GIT_CONFIG_COUNT=1", "GIT_CONFIG_KEY_0=http."+remote+".extraHeader",
-			"GIT_CONFIG_VALUE_0=Authorization: Basic "+basic)
+		// git matches the header against the URL it was given, not the
+		// one it ends up at: after a redirect (git follows the first by
+		// default) it would send the token to the other host. A
+		// repository the forge moved then fails to fetch instead.
+		cmd.Env = append(cmd.Env, "GIT_CONFIG_COUNT=2", "GIT_CONFIG_KEY_0=http."+remote+".extraHeader",
+			"GIT_CONFIG_VALUE_0=Authorization: Basic "+basic, "GIT_CONFIG_KEY_1=http.followRedirects", "GIT_CONFIG_VALUE_1=false")
 	}
 	if stdin != nil {
 		cmd.Stdin = bytes.NewReader(stdin)
@@ -99,7 +103,8 @@ func (c *Cache) lock(key string) func() {
 }
 
 // CheckRepo checks a repository's name: an http(s), ssh, git or file URL,
-// scp-like user@host:path, or an absolute path on the node.
+// scp-like user@host:path, or an absolute path on the node. A URL carries
+// no credentials (user info), but an ssh URL may name its user.
 func CheckRepo(repo string) error {
 	switch {
 	case repo == "":
@@ -110,6 +115,20 @@ func CheckRepo(repo string) error {
 		return errors.New("contains a control character")
 	case filepath.IsAbs(repo):
 		return nil
+	}
+	// Checked on the text, before any parse, so that no later error (nor
+	// a caller's, which quotes the repository) repeats a token: the URL
+	// ends up in events and logs.
+	if scheme, rest, ok := strings.Cut(repo, "://"); ok {
+		authority, path := rest, ""
+		if i := strings.IndexAny(rest, "/?#"); i >= 0 {
+			authority, path = rest[:i], rest[i:]
+		}
+		if i := strings.LastIndex(authority, "@"); i >= 0 &&
+			(!strings.EqualFold(scheme, "ssh") || strings.Contains(authority[:i], ":")) {
+			return fmt.Errorf("%q: the URL's user info (before @) must be empty: credentials go in the node's forge token (WARREN_FORGE_TOKEN), not in the repository URL",
+				scheme+"://"+authority[i+1:]+path)
+		}
 	}
 	if u, err := url.Parse(repo); err == nil && u.Scheme != "" {
 		switch u.Scheme {
@@ -164,7 +183,7 @@ func (c *Cache) Mirror(ctx context.Context, repo, want string) (string, error) {
 		if _, err := c.Git.run(ctx, tmp, nil, "", nil, "config", "--add", "remote.origin.fetch", "+refs/tags/*:refs/tags/*"); err != nil {
 			return "", err
 		}
-		if err := c.fetch(ctx, tmp, repo, auth); err != nil {
+		if err := c.fetch(ctx, tmp, repo, want, auth); err != nil {
 			return "", err
 		}
 		if err := os.Rename(tmp, dir); err != nil {
@@ -172,21 +191,41 @@ func (c *Cache) Mirror(ctx context.Context, repo, want string) (string, error) {
 		}
 		return dir, nil
 	}
-	if want != "" && isHex(want) && len(want) >= 40 {
-		if _, err := c.Git.run(ctx, dir, nil, "", nil, "cat-file", "-e", want+"^{commit}"); err == nil {
-			return dir, nil // already here: commits never change
-		}
+	if c.has(ctx, dir, want) {
+		return dir, nil // already here: commits never change
 	}
-	return dir, c.fetch(ctx, dir, repo, auth)
+	return dir, c.fetch(ctx, dir, repo, want, auth)
 }
 
-func (c *Cache) fetch(ctx context.Context, dir, repo string, auth *Auth) error {
+// has reports whether the mirror in dir holds want, a full commit id.
+func (c *Cache) has(ctx context.Context, dir, want string) bool {
+	if !isHex(want) || len(want) < 40 {
+		return false
+	}
+	_, err := c.Git.run(ctx, dir, nil, "", nil, "cat-file", "-e", want+"^{commit}")
+	return err == nil
+}
+
+// fetch fetches the remote's branches and tags into the mirror in dir,
+// then want (a full commit id, or "") by its id if no branch or tag
+// brought it: a task's pinned commit may be on none any more (its base
+// was force-pushed), and a task resuming on another node still needs it.
+func (c *Cache) fetch(ctx context.Context, dir, repo, want string, auth *Auth) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
 	_, err := c.Git.run(ctx, dir, auth, remoteURL(repo), nil, "fetch", "--quiet", "--prune", "--no-recurse-submodules",
 		"--upload-pack="+serverSide(repo, "upload-pack"), "origin")
 	if err != nil {
 		return fmt.Errorf("fetch %s: %w", repo, err)
+	}
+	if isHex(want) && len(want) >= 40 && !c.has(ctx, dir, want) {
+		// Into a ref of its own, outside the fetch refspecs (so --prune
+		// leaves it): the commit stays reachable in the mirror.
+		_, err := c.Git.run(ctx, dir, auth, remoteURL(repo), nil, "fetch", "--quiet", "--no-recurse-submodules",
+			"--upload-pack="+serverSide(repo, "upload-pack"), "origin", "+"+want+":refs/pinned/"+want)
+		if err != nil {
+			return fmt.Errorf("fetch %s: commit %s is on no branch or tag, and fetching it by id failed: %w", repo, want, err)
+		}
 	}
 	// Point HEAD at the remote's default branch (a bare init names one
 	// that may not exist there).

@@ -2,10 +2,14 @@ package forge
 
 import (
 	"context"
+	"net/http"
+	"net/http/cgi"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -305,5 +309,137 @@ func TestAttributesHideNothing(t *testing.T) {
 	r, err := Check(text, CheckConfig{})
 	if err != nil || !r.Blocked {
 		t.Fatalf("a secret in a file marked binary: %+v %v", r, err)
+	}
+}
+
+// A task resuming on another node checks out its pinned commit even when
+// no branch holds it any more (its base was force-pushed): the mirror
+// fetches it by id.
+func TestMirrorFetchesAPinnedCommitNoBranchHolds(t *testing.T) {
+	needGit(t)
+	repo, _ := newRepo(t)
+	ctx := context.Background()
+	node1 := &Cache{Dir: t.TempDir()}
+	m1, err := node1.Mirror(ctx, repo, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pinned, err := node1.Git.Resolve(ctx, m1, "main")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// main is rebased and force-pushed: pinned is on no branch.
+	sh(t, repo, "reset", "-q", "--hard", "HEAD~1")
+	os.WriteFile(filepath.Join(repo, "a.txt"), []byte("rebased\n"), 0o644)
+	sh(t, repo, "commit", "-qam", "rebased")
+	if got := sh(t, repo, "branch", "--contains", pinned); got != "" {
+		t.Fatalf("the trap is not set: %s holds the pinned commit", got)
+	}
+	// A new mirror, and one that was fetched before the task was pinned.
+	node2 := &Cache{Dir: t.TempDir()}
+	if _, err := node2.Mirror(ctx, repo, ""); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []*Cache{{Dir: t.TempDir()}, node2} {
+		m, err := c.Mirror(ctx, repo, pinned)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Git.Checkout(ctx, m, pinned, filepath.Join(t.TempDir(), "ws")); err != nil {
+			t.Errorf("the pinned commit cannot be checked out: %v", err)
+		}
+	}
+	// A commit the remote does not have fails the fetch, saying which.
+	missing := strings.Repeat("0", 39) + "1"
+	if _, err := node2.Mirror(ctx, repo, missing); err == nil || !strings.Contains(err.Error(), missing) {
+		t.Errorf("Mirror of a commit the remote lacks: %v", err)
+	}
+}
+
+// The forge token goes only to the remote's host: git follows no
+// redirect when it carries one (it would send the header on).
+func TestForgeTokenFollowsNoRedirect(t *testing.T) {
+	needGit(t)
+	backend := "/usr/lib/git-core/git-http-backend"
+	if out, err := exec.Command("git", "--exec-path").Output(); err == nil {
+		backend = filepath.Join(strings.TrimSpace(string(out)), "git-http-backend")
+	}
+	if _, err := os.Stat(backend); err != nil {
+		t.Skip("needs git-http-backend")
+	}
+	repo, _ := newRepo(t)
+	sh(t, repo, "config", "http.uploadpack", "true")
+	var mu sync.Mutex
+	var seen []string
+	// The other host: a working smart-HTTP server that records the
+	// Authorization header it is sent.
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, r.Method+" "+r.URL.Path+" auth="+r.Header.Get("Authorization"))
+		mu.Unlock()
+		h := &cgi.Handler{Path: backend, Env: []string{"GIT_PROJECT_ROOT=" + repo, "GIT_HTTP_EXPORT_ALL=1"}}
+		r.URL.Path = "/.git" + strings.TrimPrefix(r.URL.Path, "/o/r")
+		h.ServeHTTP(w, r)
+	}))
+	defer other.Close()
+	otherURL := strings.Replace(other.URL, "127.0.0.1", "localhost", 1) // another host name
+	forgeSrv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, otherURL+r.URL.RequestURI(), http.StatusMovedPermanently)
+	}))
+	defer forgeSrv.Close()
+	// The trap works: anonymous, git follows the redirect to the other host.
+	anon := &Cache{Dir: t.TempDir()}
+	if _, err := anon.Mirror(context.Background(), forgeSrv.URL+"/o/r", ""); err != nil {
+		t.Fatalf("an anonymous fetch through the redirect: %v", err)
+	}
+
+	mu.Lock()
+	seen = nil
+	mu.Unlock()
+	c := &Cache{Dir: t.TempDir(), Auth: func(string) *Auth { return &Auth{Token: "s3cret-forge-token"} }}
+	if _, err := c.Mirror(context.Background(), forgeSrv.URL+"/o/r", ""); err == nil {
+		t.Error("a fetch with the token followed the redirect")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) > 0 {
+		t.Errorf("the other host got requests of a fetch with the token: %v", seen)
+	}
+}
+
+func TestCheckRepo(t *testing.T) {
+	for _, tc := range []struct {
+		repo string
+		err  string // "" accepted, else part of the error
+	}{
+		{"https://github.com/acme/calc.git", ""},
+		{"http://127.0.0.1:8080/git/a/b", ""},
+		{"ssh://git@github.com/acme/calc.git", ""}, // ssh's user is a login, not a credential
+		{"git@github.com:acme/calc.git", ""},
+		{"git://example.com/calc.git", ""},
+		{"file:///srv/git/calc.git", ""},
+		{"/srv/git/calc.git", ""},
+		{"", "required"},
+		{"--upload-pack=touch /tmp/x", "must not start with -"},
+		{"https://github.com/a\nb", "control character"},
+		{"ftp://example.com/calc.git", "scheme ftp"},
+		{"calc", "is not a URL"},
+		{"https://ghp_T0KEN@github.com/acme/calc.git", `"https://github.com/acme/calc.git": the URL's user info`},
+		{"https://x-access-token:ghp_T0KEN@github.com/acme/calc.git", "forge token"},
+		{"HTTP://ghp_T0KEN@github.com", "user info"},
+		{"https://ghp_T0KEN@github.com/%zz", "user info"}, // not a valid URL either
+		{"ssh://git:ghp_T0KEN@github.com/acme/calc.git", "user info"},
+		{"git://ghp_T0KEN@example.com/calc.git", "user info"},
+		{"https://github.com/acme/a@b.git", ""}, // an @ in the path is no user info
+	} {
+		err := CheckRepo(tc.repo)
+		switch {
+		case tc.err == "" && err != nil:
+			t.Errorf("CheckRepo(%q) = %v", tc.repo, err)
+		case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
+			t.Errorf("CheckRepo(%q) = %v, want an error with %q", tc.repo, err, tc.err)
+		case err != nil && strings.Contains(err.Error(), "T0KEN"):
+			t.Errorf("CheckRepo(%q) repeats the token: %v", tc.repo, err)
+		}
 	}
 }

@@ -152,27 +152,34 @@ func (*Gitea) Name() string { return "gitea" }
 
 func (g *Gitea) EnsurePR(ctx context.Context, req PRRequest) (*PullRequest, error) {
 	path := fmt.Sprintf("/api/v1/repos/%s/%s/pulls", url.PathEscape(req.Repo.Owner), url.PathEscape(req.Repo.Name))
+	type branch struct {
+		Ref  string `json:"ref"`
+		Repo struct {
+			FullName string `json:"full_name"`
+		} `json:"repo"`
+	}
 	type pull struct {
 		Number int    `json:"number"`
 		URL    string `json:"html_url"`
-		Head   struct {
-			Ref string `json:"ref"`
-		} `json:"head"`
+		Head   branch `json:"head"`
+		Base   branch `json:"base"`
 	}
-	var open []pull
+	// The list holds pull requests from forks too, whose branch may have
+	// the same name: the task's is the one from the repository itself. A
+	// page may hold fewer than the limit asked for (the server's
+	// MAX_RESPONSE_ITEMS caps it), so only an empty page is the last.
 	for page := 1; page <= 20; page++ {
 		var batch []pull
 		if err := doJSON(ctx, g.hc, "GET", g.base+path+fmt.Sprintf("?state=open&limit=50&page=%d", page), g.auth(), nil, &batch); err != nil {
 			return nil, fmt.Errorf("gitea: list pull requests: %w", err)
 		}
-		open = append(open, batch...)
-		if len(batch) < 50 {
+		if len(batch) == 0 {
 			break
 		}
-	}
-	for _, pr := range open {
-		if pr.Head.Ref == req.Head {
-			return &PullRequest{Number: pr.Number, URL: pr.URL}, nil
+		for _, pr := range batch {
+			if pr.Head.Ref == req.Head && pr.Head.Repo.FullName != "" && strings.EqualFold(pr.Head.Repo.FullName, pr.Base.Repo.FullName) {
+				return &PullRequest{Number: pr.Number, URL: pr.URL}, nil
+			}
 		}
 	}
 	title := req.Title
@@ -210,15 +217,21 @@ func (g *GitLab) EnsurePR(ctx context.Context, req PRRequest) (*PullRequest, err
 	project := url.PathEscape(req.Repo.fullPath())
 	path := g.base + "/api/v4/projects/" + project + "/merge_requests"
 	var open []struct {
-		IID int    `json:"iid"`
-		URL string `json:"web_url"`
+		IID    int    `json:"iid"`
+		URL    string `json:"web_url"`
+		Source int    `json:"source_project_id"`
+		Target int    `json:"target_project_id"`
 	}
-	q := url.Values{"state": {"opened"}, "source_branch": {req.Head}}
+	q := url.Values{"state": {"opened"}, "source_branch": {req.Head}, "per_page": {"100"}}
 	if err := doJSON(ctx, g.hc, "GET", path+"?"+q.Encode(), g.auth(), nil, &open); err != nil {
 		return nil, fmt.Errorf("gitlab: list merge requests: %w", err)
 	}
-	if len(open) > 0 {
-		return &PullRequest{Number: open[0].IID, URL: open[0].URL}, nil
+	// A fork's merge request may come from a branch of the same name: the
+	// task's comes from the project itself.
+	for _, mr := range open {
+		if mr.Source != 0 && mr.Source == mr.Target {
+			return &PullRequest{Number: mr.IID, URL: mr.URL}, nil
+		}
 	}
 	title := req.Title
 	if req.Draft {

@@ -1,11 +1,13 @@
 package forge
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -15,9 +17,10 @@ import (
 // loopback: it keeps pull requests in memory and counts creations.
 type fakePRs struct {
 	mu      sync.Mutex
-	prs     []map[string]any
+	prs     []map[string]any // "fork": true is a pull request from mallory/calc
 	creates int
 	auth    []string
+	pageCap int // gitea: the server's MAX_RESPONSE_ITEMS (0: 50)
 }
 
 func (f *fakePRs) serve(t *testing.T, kind string) *httptest.Server {
@@ -41,19 +44,37 @@ func (f *fakePRs) serve(t *testing.T, kind string) *httptest.Server {
 			out := []map[string]any{}
 			for _, pr := range f.prs {
 				head := pr["head"].(string)
+				owner, project := "acme", 1
+				if pr["fork"] == true {
+					owner, project = "mallory", 2
+				}
 				switch kind {
 				case "github":
-					if q.Get("head") != "acme:"+head || q.Get("state") != "open" {
+					if q.Get("head") != owner+":"+head || q.Get("state") != "open" {
 						continue
 					}
 					out = append(out, map[string]any{"number": pr["n"], "html_url": pr["url"], "head": map[string]any{"ref": head}})
 				case "gitea":
-					out = append(out, map[string]any{"number": pr["n"], "html_url": pr["url"], "head": map[string]any{"ref": head}})
+					out = append(out, map[string]any{"number": pr["n"], "html_url": pr["url"],
+						"head": map[string]any{"ref": head, "repo": map[string]any{"full_name": owner + "/calc"}},
+						"base": map[string]any{"ref": "main", "repo": map[string]any{"full_name": "acme/calc"}}})
 				case "gitlab":
 					if q.Get("source_branch") == head && q.Get("state") == "opened" {
-						out = append(out, map[string]any{"iid": pr["n"], "web_url": pr["url"]})
+						out = append(out, map[string]any{"iid": pr["n"], "web_url": pr["url"], "source_project_id": project, "target_project_id": 1})
 					}
 				}
+			}
+			if kind == "gitea" { // newest first, a page at a time
+				for i, j := 0, len(out)-1; i < j; i, j = i+1, j-1 {
+					out[i], out[j] = out[j], out[i]
+				}
+				limit, _ := strconv.Atoi(q.Get("limit"))
+				if c := cmp.Or(f.pageCap, 50); limit <= 0 || limit > c {
+					limit = c
+				}
+				page, _ := strconv.Atoi(q.Get("page"))
+				lo, hi := min((max(page, 1)-1)*limit, len(out)), min(max(page, 1)*limit, len(out))
+				out = out[lo:hi]
 			}
 			json.NewEncoder(w).Encode(out)
 		case r.Method == "POST" && r.URL.Path == create:
@@ -131,6 +152,50 @@ func TestEnsurePROpensOnce(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A fork's open pull request from a branch of the same name is not the
+// task's: the adapter opens the task's own.
+func TestEnsurePRIgnoresAForkWithTheSameBranch(t *testing.T) {
+	for _, kind := range []string{"github", "gitea", "gitlab"} {
+		t.Run(kind, func(t *testing.T) {
+			fake := &fakePRs{prs: []map[string]any{{"n": 1, "url": "https://forge.test/acme/calc/pull/1", "head": "agent/t1", "fork": true}}}
+			srv := fake.serve(t, kind)
+			f, err := New(kind, srv.URL, "tok")
+			if err != nil {
+				t.Fatal(err)
+			}
+			req := PRRequest{Repo: RepoRef{Owner: "acme", Name: "calc"}, Head: "agent/t1", Base: "main", Title: "t"}
+			pr, err := f.EnsurePR(context.Background(), req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if pr.Number == 1 || !pr.Created || fake.creates != 1 {
+				t.Fatalf("EnsurePR = %+v after %d creations: the fork's pull request was taken for the task's", pr, fake.creates)
+			}
+		})
+	}
+}
+
+// A Gitea server may cap a page below the limit asked for: a short page
+// is not the last, and a retry still finds the task's pull request on a
+// later one.
+func TestGiteaFindsPRBeyondAServerCappedPage(t *testing.T) {
+	fake := &fakePRs{pageCap: 20}
+	for i := 1; i <= 29; i++ {
+		fake.prs = append(fake.prs, map[string]any{"n": i, "url": fmt.Sprintf("https://forge.test/acme/calc/pull/%d", i), "head": fmt.Sprintf("feature-%d", i)})
+	}
+	srv := fake.serve(t, "gitea")
+	f, err := New("gitea", srv.URL, "tok")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The task's pull request is the oldest open one: on page 2.
+	fake.prs = append([]map[string]any{{"n": 30, "url": "https://forge.test/acme/calc/pull/30", "head": "agent/t1"}}, fake.prs...)
+	pr, err := f.EnsurePR(context.Background(), PRRequest{Repo: RepoRef{Owner: "acme", Name: "calc"}, Head: "agent/t1", Base: "main", Title: "t"})
+	if err != nil || pr.Number != 30 || pr.Created || fake.creates != 0 {
+		t.Fatalf("EnsurePR = %+v, %v after %d creations; want the open #30 found", pr, err, fake.creates)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/warrenhq/warren/agent"
 	"github.com/warrenhq/warren/forge"
@@ -25,7 +26,7 @@ func (f *forgeFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.url, "forge-url", "", "the forge's API base URL (github: https://api.github.com by default; gitea/forgejo: required, e.g. https://gitea.example.com; gitlab: https://gitlab.com by default)")
 	fs.StringVar(&f.user, "forge-user", "", "the user git sends with the token over HTTP(S) (default x-access-token)")
 	fs.BoolVar(&f.draft, "pr-draft", false, "open pull requests as drafts")
-	fs.StringVar(&f.hosts, "forge-git-hosts", "", "the forge's git hosts (host or host:port, comma-separated): only their https repositories (http on loopback) get the token, and only they get pull requests (default: github.com for github without --forge-url, else --forge-url's host)")
+	fs.StringVar(&f.hosts, "forge-git-hosts", "", "the forge's git hosts (host or host:port, comma-separated): only their https repositories (http on loopback) get the token, and only they get pull requests (default: github.com for github without --forge-url, else --forge-url's host, without a leading api. for github)")
 	fs.BoolVar(&f.allowLocal, "allow-local-repos", false, "let tasks name repositories on this node (absolute paths, file://); off on a shared node, where any tenant could read any repository the node can")
 	fs.StringVar(&f.checks, "diff-checks", "", "what each diff finding does, KIND=ACTION comma-separated: kinds secret, ci_config, manifest, tests, size; actions block, approve, flag (default secret=block,ci_config=approve,manifest=approve,tests=flag,size=block)")
 	fs.IntVar(&f.maxFiles, "diff-max-files", 100, "the size check: most files a diff may change")
@@ -65,6 +66,11 @@ func (f *forgeFlags) service(dataDir string) (*agent.GitService, error) {
 			g.Hosts = []string{"github.com"}
 		case f.url == "" && f.kind == "gitlab":
 			g.Hosts = []string{"gitlab.com"}
+		case err == nil && u.Host != "" && f.kind == "github":
+			// GitHub's API may have a host of its own, api.<git host>
+			// (api.github.com, api.<name>.ghe.com); GitHub Enterprise
+			// Server serves both on one host (/api/v3).
+			g.Hosts = []string{strings.TrimPrefix(u.Host, "api.")}
 		case err == nil && u.Host != "":
 			g.Hosts = []string{u.Host}
 		}
