@@ -196,7 +196,6 @@ func TestAnthropicStopReasons(t *testing.T) {
 func TestAnthropicMalformed(t *testing.T) {
 	for name, rep := range map[string]fakeReply{
 		"not json":      {status: 200, body: `{"id":"msg_01",`},
-		"truncated":     {status: 200, body: antOK, truncAt: 60},
 		"no usage":      {status: 200, body: strings.Replace(antOK, `"usage"`, `"usage_gone"`, 1)},
 		"no stop":       {status: 200, body: strings.Replace(antOK, `"stop_reason":"tool_use"`, `"stop_reason":null`, 1)},
 		"bad tool_use":  {status: 200, body: strings.Replace(antOK, `"name":"finish"`, `"name":""`, 1)},
@@ -208,8 +207,15 @@ func TestAnthropicMalformed(t *testing.T) {
 			t.Errorf("%s: %v; want ErrMalformed", name, err)
 		}
 	}
+	// A body the connection cuts short is the network's failure, retried
+	// (it used to fail the task as malformed).
+	f := newFake(t, "/v1/messages", fakeReply{status: 200, body: antOK, truncAt: 60})
+	var cut *HTTPError
+	if _, err := (&Anthropic{BaseURL: f.URL, APIKey: "k"}).Call(context.Background(), conversation()); !errors.As(err, &cut) || !cut.Retryable() || cut.Type != "transport" {
+		t.Errorf("a body cut short: %v; want a retryable transport error", err)
+	}
 	// An error body in a 200 is the provider's error, not a message.
-	f := newFake(t, "/v1/messages", fakeReply{status: 200, body: `{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}`})
+	f = newFake(t, "/v1/messages", fakeReply{status: 200, body: `{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}`})
 	var he *HTTPError
 	if _, err := (&Anthropic{BaseURL: f.URL, APIKey: "k"}).Call(context.Background(), conversation()); !errors.As(err, &he) || !he.Retryable() {
 		t.Errorf("error event in a 200: %v", err)
@@ -343,5 +349,25 @@ func TestAnthropicMaxTokensDropsTheCutToolUse(t *testing.T) {
 	body = strings.Replace(strings.Replace(antOK, `"stop_reason":"tool_use"`, `"stop_reason":"max_tokens"`, 1), `{"summary":"done"}`, `"{\"summ"`, 1)
 	if r, err := decodeAnthropic([]byte(body)); err != nil || len(r.ToolUses()) != 0 || r.Text() != "Found it." {
 		t.Fatalf("%+v %v", r, err)
+	}
+}
+
+// A failed attempt gives back the tokens it took from the node's limiter:
+// repeated 429s or 5xx drained the budget every task shares.
+func TestFailedCallsGiveBackTheirTokens(t *testing.T) {
+	clock := actor.NewFakeClock(time.Unix(1e9, 0))
+	f := newFake(t, "/v1/messages", fakeReply{status: 500, body: `{"type":"error","error":{"type":"api_error","message":"boom"}}`})
+	l := NewLimiter(100_000, clock)
+	g := &Gateway{Provider: &Anthropic{BaseURL: f.URL, APIKey: "k"}, Clock: clock, Limiter: l, Retry: RetryPolicy{MaxAttempts: 1}}
+	req := conversation()
+	req.MaxTokens = 8000
+	if _, err := g.Call(context.Background(), req); err == nil {
+		t.Fatal("the call did not fail")
+	}
+	l.mu.Lock()
+	got := l.tokens
+	l.mu.Unlock()
+	if got < 99_999 {
+		t.Errorf("after a failed call the limiter has %.0f of 100000 tokens", got)
 	}
 }

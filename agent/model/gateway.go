@@ -119,6 +119,12 @@ func (g *Gateway) Call(ctx context.Context, req Request) (*Result, error) {
 			}
 			return &Result{Response: resp, CostMicroUSD: g.Price.CostMicroUSD(resp.Usage), Attempts: attempt}, nil
 		}
+		if g.Limiter != nil {
+			// A refused or failed call used none of the tokens it took:
+			// repeated 429s or 5xx would drain the node's budget for
+			// every task otherwise.
+			g.Limiter.Settle(want, 0)
+		}
 		var he *HTTPError
 		if !errors.As(err, &he) || !he.Retryable() || attempt >= pol.MaxAttempts || ctx.Err() != nil {
 			return nil, fmt.Errorf("model call (attempt %d of %d): %w", attempt, pol.MaxAttempts, err)

@@ -80,7 +80,6 @@ func TestOpenAIFinishReasonsAndMalformed(t *testing.T) {
 		}
 	}
 	for name, rep := range map[string]fakeReply{
-		"truncated":      {status: 200, body: oaiOK, truncAt: 50},
 		"no choices":     {status: 200, body: `{"id":"x","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1}}`},
 		"bad arguments":  {status: 200, body: strings.Replace(oaiOK, `"{\"summary\":\"done\"}"`, `"{not json"`, 1)},
 		"no usage":       {status: 200, body: strings.Replace(oaiOK, `"usage"`, `"nousage"`, 1)},
@@ -91,7 +90,13 @@ func TestOpenAIFinishReasonsAndMalformed(t *testing.T) {
 			t.Errorf("%s: %v; want ErrMalformed", name, err)
 		}
 	}
-	f := newFake(t, "/chat/completions", fakeReply{status: 429, header: map[string]string{"retry-after-ms": "1500"}, body: `{"error":{"type":"requests","message":"Rate limit"}}`})
+	// A body the connection cuts short is the network's failure, retried.
+	f := newFake(t, "/chat/completions", fakeReply{status: 200, body: oaiOK, truncAt: 50})
+	var cut *HTTPError
+	if _, err := (&OpenAI{BaseURL: f.URL}).Call(context.Background(), conversation()); !errors.As(err, &cut) || !cut.Retryable() || cut.Type != "transport" {
+		t.Errorf("a body cut short: %v; want a retryable transport error", err)
+	}
+	f = newFake(t, "/chat/completions", fakeReply{status: 429, header: map[string]string{"retry-after-ms": "1500"}, body: `{"error":{"type":"requests","message":"Rate limit"}}`})
 	var he *HTTPError
 	if _, err := (&OpenAI{BaseURL: f.URL}).Call(context.Background(), conversation()); !errors.As(err, &he) || !he.Retryable() || he.RetryAfter != 1500*time.Millisecond {
 		t.Errorf("429: %v", err)

@@ -140,11 +140,13 @@ func redact(s, secret string) string {
 // maxBody bounds what is read of a response.
 const maxBody = 32 << 20
 
-// readBody reads a response body whole; a body cut short is malformed.
+// readBody reads a response body whole. A body the connection cut short
+// (a reset, a timeout) is a transport error, which the gateway retries;
+// one over maxBody is malformed.
 func readBody(provider string, r io.Reader) ([]byte, error) {
 	b, err := io.ReadAll(io.LimitReader(r, maxBody+1))
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w: reading the body: %v", provider, ErrMalformed, err)
+		return nil, &HTTPError{Provider: provider, Type: "transport", Message: shorten("reading the body: "+err.Error(), 200)}
 	}
 	if len(b) > maxBody {
 		return nil, fmt.Errorf("%s: %w: body over %d bytes", provider, ErrMalformed, maxBody)
