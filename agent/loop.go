@@ -558,7 +558,12 @@ func (l *Loop) afterResponse(ctx context.Context, t *openTurn) (*Outcome, error)
 		return nil, nil
 	}
 	// A turn without tool calls: the model stopped (end_turn), ran out of
-	// output (max_tokens) or paused (pause_turn). Keep it going.
+	// output (max_tokens) or paused (pause_turn). Keep it going; but a
+	// refusal (the provider's safety stop) would only be asked again and
+	// again, at a model call's cost each time, until a budget ends it.
+	if t.stop == model.StopRefusal || t.stop == model.StopContentFilter {
+		return &Outcome{Reason: "model_refused: the model stopped with " + t.stop, Spent: l.spent}, nil
+	}
 	l.appendUser(nudge(t.stop))
 	return nil, nil
 }

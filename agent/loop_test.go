@@ -407,3 +407,25 @@ func TestRepeatedToolCallIDsGetTheirOwnApprovals(t *testing.T) {
 		t.Error("the CI file was written without its own approval")
 	}
 }
+
+// A model that refuses (Anthropic's refusal, OpenAI's content_filter)
+// ends the task: asked to continue, it would refuse again, at a model
+// call's cost each time, until a budget stopped it (budgets are optional).
+func TestRefusalEndsTheTask(t *testing.T) {
+	for _, stop := range []string{model.StopRefusal, model.StopContentFilter} {
+		p := scriptedFrom(t, `{"stop_reason":"`+stop+`","content":[{"type":"text","text":"I cannot help with that."}]}
+{"content":[{"type":"text","text":"still no"}]}
+`)
+		l := NewLoop(Config{Model: "scripted"}, &model.Gateway{Provider: p}, newRepo(t), &memLog{})
+		if err := l.Start(context.Background(), Task{IssueTitle: "x"}); err != nil {
+			t.Fatal(err)
+		}
+		out, err := l.Run(context.Background())
+		if err != nil || out == nil || out.Reason != "model_refused: the model stopped with "+stop {
+			t.Fatalf("%s: %+v %v", stop, out, err)
+		}
+		if p.n != 1 {
+			t.Errorf("%s: %d model calls, want 1", stop, p.n)
+		}
+	}
+}
