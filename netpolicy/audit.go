@@ -15,7 +15,7 @@ type AuditEvent struct {
 	Addr    string `json:"addr,omitempty"`
 	Proto   string `json:"proto,omitempty"` // "tcp", "udp", "icmp", "ipv6-icmp" or the protocol number
 	Port    int    `json:"port,omitempty"`
-	Name    string `json:"name,omitempty"`   // the name looked up (dns)
+	Name    string `json:"name,omitempty"`   // the name looked up (dns); "" sums the lookups past the names a sandbox's backlog holds
 	Reason  string `json:"reason,omitempty"` // why a lookup was denied or cut
 	Count   uint64 `json:"count"`            // packets that opened connections, or lookups
 }

@@ -226,3 +226,66 @@ func TestRestartTakesBackNetworks(t *testing.T) {
 		t.Errorf("state files left: %d", len(ents))
 	}
 }
+
+// A restarted node that takes a network back does not report again the
+// attempts its earlier run reported: the audit sets outlive the node, and
+// so does what was reported of them.
+func TestRestartDoesNotReportAgain(t *testing.T) {
+	tp := New(t)
+	cfg := tp.Config(0, nil)
+	cfg.StateDir = t.TempDir()
+	cfg.AuditInterval = time.Hour
+	m1, err := netpolicy.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s1, err := m1.Claim(context.Background(), "sb-dup", netpolicy.Policy{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := func(bs []netpolicy.AuditBatch, port int) (n uint64) {
+		for _, b := range bs {
+			for _, e := range b.Events {
+				if e.Kind == "connect" && e.Addr == Other.String() && e.Port == port {
+					n += e.Count
+				}
+			}
+		}
+		return n
+	}
+	if _, err := connect(s1, netip.AddrPortFrom(Other, 4242)); err == nil {
+		t.Fatal("connect to the denied host succeeded")
+	}
+	bs, err := s1.Collect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := count(bs, 4242); n != 1 {
+		t.Fatalf("before the restart: %d attempts reported, want 1", n)
+	}
+	// One more attempt, not reported before the restart: the next run
+	// reports it.
+	if _, err := connect(s1, netip.AddrPortFrom(Other, 4243)); err == nil {
+		t.Fatal("connect to the denied host succeeded")
+	}
+	m1.Detach()
+	m2, err := netpolicy.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m2.Close()
+	s2, err := m2.Reattach(s1.NSPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	bs, err = s2.Collect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := count(bs, 4242); n != 0 {
+		t.Errorf("after the restart the attempt to %v:4242, already reported, is reported again (%d)", Other, n)
+	}
+	if n := count(bs, 4243); n != 1 {
+		t.Errorf("after the restart the attempt to %v:4243, not reported before, is reported %d times; want 1", Other, n)
+	}
+}

@@ -6,12 +6,16 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/google/nftables"
 	"github.com/miekg/dns"
+	"github.com/vishvananda/netns"
 	"github.com/warrenhq/warren/netpolicy"
 	. "github.com/warrenhq/warren/netpolicy/netpolicytest"
 )
@@ -544,5 +548,244 @@ func TestCollectReportsEveryAttempt(t *testing.T) {
 	// Nothing is left for a later report.
 	if bs, err := s.Collect(); err != nil || len(bs) != 0 {
 		t.Fatalf("second collect: %d batches, %v", len(bs), err)
+	}
+}
+
+// A later lookup of an allowed name renews its addresses in the allow
+// sets (out and back in with the later time) in one netlink batch, so a
+// connection made meanwhile, by another thread using its cached answer,
+// is never refused.
+func TestRenewingAnAddressKeepsItReachable(t *testing.T) {
+	tp := New(t)
+	m := tp.Manager(t, 1, func(string, netpolicy.AuditBatch) {})
+	s, err := m.Claim(context.Background(), "sb-renew", netpolicy.Policy{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rc, addrs := lookup(t, s, "allowed.test", dns.TypeA); rc != dns.RcodeSuccess || !slices.Contains(addrs, Web) {
+		t.Fatalf("allowed.test: rcode %d, %v", rc, addrs)
+	}
+	web := netip.AddrPortFrom(Web, 80).String()
+	stop := make(chan struct{})
+	var total, fails atomic.Int64
+	var firstErr atomic.Value
+	done := make(chan error, 1)
+	go func() {
+		done <- netpolicy.InNamedNS(s.NSPath(), func() error {
+			for {
+				select {
+				case <-stop:
+					return nil
+				default:
+				}
+				c, err := net.DialTimeout("tcp", web, time.Second)
+				total.Add(1)
+				if err != nil {
+					if fails.Add(1) == 1 {
+						firstErr.Store(err.Error())
+					}
+					continue
+				}
+				c.(*net.TCPConn).SetLinger(0)
+				c.Close()
+			}
+		})
+	}()
+	lookups := 0
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline) && fails.Load() == 0; lookups++ {
+		time.Sleep(2 * time.Millisecond) // each answer's time ends later than the last one's
+		if rc, _ := lookup(t, s, "allowed.test", dns.TypeA); rc != dns.RcodeSuccess {
+			close(stop)
+			<-done
+			t.Fatalf("allowed.test: rcode %d", rc)
+		}
+	}
+	close(stop)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n := fails.Load(); n > 0 {
+		t.Fatalf("%d of %d connections to the allowed %s failed during %d lookups of its name; first: %v", n, total.Load(), web, lookups, firstErr.Load())
+	}
+}
+
+// An address the kernel has already timed out, though the resolver
+// thought it still in the allow sets (their clocks differ a little), is
+// put back by the next lookup: the renewal's batch fails for the missing
+// element, and the resolver adds it alone.
+func TestRenewingAnAddressTheKernelDropped(t *testing.T) {
+	tp := New(t)
+	m := tp.Manager(t, 1, nil)
+	s, err := m.Claim(context.Background(), "sb-renew-gone", netpolicy.Policy{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rc, addrs := lookup(t, s, "allowed.test", dns.TypeA); rc != dns.RcodeSuccess || !slices.Contains(addrs, Web) {
+		t.Fatalf("allowed.test: rcode %d, %v", rc, addrs)
+	}
+	// Take Web out of allow4 behind the resolver's back, as its timeout
+	// would.
+	ns, err := netns.GetFromPath(s.NSPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	c, err := nftables.New(nftables.WithNetNSFd(int(ns)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := c.GetSetByName(&nftables.Table{Name: "warren", Family: nftables.TableFamilyINet}, "allow4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SetDeleteElements(set, []nftables.SetElement{{Key: Web.AsSlice()}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := connect(s, netip.AddrPortFrom(Web, 80)); err == nil {
+		t.Fatal("the address is still reachable after its removal")
+	}
+	time.Sleep(2 * time.Millisecond) // the next answer's time ends later
+	if rc, _ := lookup(t, s, "allowed.test", dns.TypeA); rc != dns.RcodeSuccess {
+		t.Fatalf("allowed.test again: rcode %d", rc)
+	}
+	if _, err := connect(s, netip.AddrPortFrom(Web, 80)); err != nil {
+		t.Fatalf("connect to %v after the lookup put it back: %v", Web, err)
+	}
+}
+
+// The node's registries list is normalized like a policy's names: a
+// registry written with capitals or a final dot matches its queries.
+func TestNodeRegistriesAreNormalized(t *testing.T) {
+	tp := New(t)
+	cfg := tp.Config(0, nil)
+	cfg.Registries = []string{"Allowed.TEST.", "*.CDN.test", "allowed.test"}
+	m, err := netpolicy.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	s, err := m.Claim(context.Background(), "sb-registries", netpolicy.Policy{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"allowed.test", "www.cdn.test"} {
+		if rc, _ := lookup(t, s, name, dns.TypeA); rc != dns.RcodeSuccess {
+			t.Errorf("%s is on the node's registries list %v, but its lookup gets rcode %d", name, cfg.Registries, rc)
+		}
+	}
+	if rc, _ := lookup(t, s, "denied.test", dns.TypeA); rc != dns.RcodeNameError {
+		t.Errorf("denied.test: rcode %d", rc)
+	}
+}
+
+// New refuses a registries list with an entry that is no host name,
+// naming the entry.
+func TestNewRejectsABadRegistry(t *testing.T) {
+	tp := New(t) // so that a New that accepts it sets up only the test's world
+	cfg := tp.Config(0, nil)
+	cfg.Registries = []string{"pypi.org", "a b.org"}
+	m, err := netpolicy.New(cfg)
+	if err == nil {
+		m.Close()
+	}
+	if err == nil || !strings.Contains(err.Error(), `registries[1]: "a b.org"`) {
+		t.Fatalf("New: %v; want an error naming registries[1]", err)
+	}
+}
+
+// Collect returns every attempt the audit sets hold, however many
+// batches that takes (far more than the periodic report drains).
+func TestCollectReportsThousandsOfAttempts(t *testing.T) {
+	tp := New(t)
+	cfg := tp.Config(1, nil)
+	cfg.AuditInterval = time.Hour
+	m, err := netpolicy.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	s, err := m.Claim(context.Background(), "sb-collect-many", netpolicy.Policy{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	const ports = 2300 // more than 64 batches
+	if err := netpolicy.InNamedNS(s.NSPath(), func() error {
+		for i := range ports {
+			c, err := net.DialTimeout("tcp", netip.AddrPortFrom(Other, uint16(10000+i)).String(), time.Second)
+			if err == nil {
+				c.Close()
+				t.Errorf("connect to %v:%d succeeded", Other, 10000+i)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	bs, err := s.Collect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[int]bool{}
+	for _, b := range bs {
+		for _, e := range b.Events {
+			if e.Kind == "connect" && e.Addr == Other.String() && e.Port >= 10000 && e.Port < 10000+ports {
+				got[e.Port] = true
+			}
+		}
+	}
+	if len(got) != ports {
+		last := bs[len(bs)-1]
+		t.Fatalf("Collect returned %d batches with %d of %d attempts; the last batch says %d events (%d attempts) still wait", len(bs), len(got), ports, last.Omitted, last.OmittedCount)
+	}
+}
+
+// A cluster port added while a Claim binds a pooled sandbox (out of the
+// pool, not yet claimed) reaches that sandbox too. The node adds its
+// kernel-picked sandbox-API port this way while the pool is being filled
+// and claimed.
+func TestClusterPortAddedDuringClaim(t *testing.T) {
+	tp := New(t)
+	m := tp.Manager(t, 1, nil)
+	for deadline := time.Now().Add(10 * time.Second); m.Ready() < 1; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the pool never filled")
+		}
+	}
+	s0 := m.Pooled()[0]
+	release := s0.Hold() // the Claim's SetPolicy waits: the window stays open
+	type res struct {
+		s   *netpolicy.Sandbox
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		s, err := m.Claim(context.Background(), "sb-ports", netpolicy.Policy{})
+		ch <- res{s, err}
+	}()
+	for slices.Contains(m.Pooled(), s0) {
+		time.Sleep(time.Millisecond)
+	}
+	// s0 is out of the pool and not claimed yet: the Claim is binding it.
+	err := m.AddClusterPorts(80)
+	release()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := <-ch
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if r.s != s0 {
+		t.Fatalf("the claim took another sandbox")
+	}
+	if rc, addrs := lookup(t, r.s, "allowed.test", dns.TypeA); rc != dns.RcodeSuccess || !slices.Contains(addrs, Web) {
+		t.Fatalf("allowed.test: rcode %d, %v", rc, addrs)
+	}
+	if _, err := connect(r.s, netip.AddrPortFrom(Web, 80)); err == nil {
+		t.Errorf("port 80 was added to the cluster ports, yet the sandbox claimed meanwhile reaches %v:80", Web)
 	}
 }

@@ -42,6 +42,7 @@ type Config struct {
 	// its links (found at start).
 	NodeAddrs []netip.Addr
 	// Registries replaces DefaultRegistries for the registries profile.
+	// New normalizes them as Policy.Normalize does a policy's names.
 	Registries []string
 	// Pool is how many namespaces to keep ready.
 	Pool int
@@ -76,6 +77,7 @@ type Manager struct {
 	claims   sync.WaitGroup    // Claims in flight, which Close waits for
 
 	mu      sync.Mutex
+	ports   []uint16         // the cluster ports, cfg's and those added since; the list only grows
 	used    map[int]bool     // slots with a namespace
 	claimed map[int]*Sandbox // by slot
 	ready   []*Sandbox       // pre-created, unclaimed
@@ -98,6 +100,15 @@ func (c Config) table() string    { return "warren-" + c.Tag }
 func New(cfg Config) (*Manager, error) {
 	if cfg.Tag == "" || len(cfg.Tag) > 4 || strings.Trim(cfg.Tag, "abcdefghijklmnopqrstuvwxyz0123456789") != "" {
 		return nil, fmt.Errorf("netpolicy: tag %q: want 1 to 4 characters of [a-z0-9]", cfg.Tag)
+	}
+	if cfg.Registries != nil {
+		// Matcher compares names as Normalize leaves them: a registry
+		// written "PyPI.org." would otherwise match no query.
+		regs, err := normalizeNames("registries", cfg.Registries)
+		if err != nil {
+			return nil, fmt.Errorf("netpolicy: %w", err)
+		}
+		cfg.Registries = append([]string{}, regs...) // empty stays empty: nil means the defaults
 	}
 	if !cfg.Prefix4.IsValid() {
 		cfg.Prefix4 = DefaultPrefix4
@@ -123,7 +134,7 @@ func New(cfg Config) (*Manager, error) {
 		cfg.Upstream = up
 	}
 	m := &Manager{cfg: cfg, log: cfg.Logger, pool: p, resolver: p.slot(0),
-		used: map[int]bool{}, claimed: map[int]*Sandbox{}, refill: make(chan struct{}, 1), stop: make(chan struct{})}
+		ports: cfg.ClusterPorts, used: map[int]bool{}, claimed: map[int]*Sandbox{}, refill: make(chan struct{}, 1), stop: make(chan struct{})}
 	if cfg.HostNS == "" {
 		m.host, err = netns.Get()
 	} else {
@@ -318,6 +329,9 @@ type Sandbox struct {
 	seen    map[attemptKey]uint64 // packets reported so far
 	dns     []AuditEvent          // resolver decisions not yet reported
 	closed  bool
+	// ports is how many of the manager's cluster ports (a list that only
+	// grows) the table denies.
+	ports int
 	// gen counts policy changes: a lookup that began under an older policy
 	// does not open the allow sets.
 	gen uint64
@@ -369,6 +383,13 @@ func (m *Manager) Claim(ctx context.Context, id string, p Policy) (*Sandbox, err
 	}
 	m.claimed[s.slot.Index] = s
 	m.mu.Unlock()
+	// AddClusterPorts updates the pool and the claimed sandboxes; s was
+	// in neither while it was bound (or created), so it may have missed
+	// a port.
+	if err := s.syncPorts(); err != nil {
+		s.teardown()
+		return nil, fmt.Errorf("netpolicy: sandbox network %s: cluster ports: %w", s.name, err)
+	}
 	return s, nil
 }
 
@@ -407,26 +428,37 @@ func (m *Manager) create() (*Sandbox, error) {
 		return fail(err)
 	}
 	def, _ := Policy{}.Normalize()
-	if s.sets, err = installRules(s.nft, m.rules(def)); err != nil {
+	ports := m.clusterPorts()
+	if s.sets, err = installRules(s.nft, m.rulesWith(ports, def)); err != nil {
 		return fail(err)
 	}
-	s.policy, s.matcher = def, def.Matcher(m.cfg.Registries)
+	s.policy, s.matcher, s.ports = def, def.Matcher(m.cfg.Registries), len(ports)
 	return s, nil
 }
 
-func (m *Manager) rules(p Policy) Rules {
+// clusterPorts is the cluster's ports so far. AddClusterPorts replaces
+// the list rather than append in place, so the caller may keep it.
+func (m *Manager) clusterPorts() []uint16 {
 	m.mu.Lock()
-	ports := m.cfg.ClusterPorts
-	m.mu.Unlock()
+	defer m.mu.Unlock()
+	return m.ports
+}
+
+func (m *Manager) rules(p Policy) Rules { return m.rulesWith(m.clusterPorts(), p) }
+
+func (m *Manager) rulesWith(ports []uint16, p Policy) Rules {
 	return computeRules(m.resolver, m.denied, []netip.Prefix{m.pool.p4, m.pool.p6}, ports, p)
 }
 
 // AddClusterPorts denies more of the cluster's ports (one bound after the
 // manager started, such as the node's sandbox API on a port the kernel
-// picked) to every sandbox, live and future.
+// picked) to every sandbox, live and future. A sandbox that is in neither
+// the pool nor the claimed ones now (a Claim is binding it, or the pool is
+// creating it) catches up when its Claim puts it with the claimed.
 func (m *Manager) AddClusterPorts(ports ...uint16) error {
 	m.mu.Lock()
-	m.cfg.ClusterPorts = append(slices.Clone(m.cfg.ClusterPorts), ports...)
+	// Not in m.cfg, which others read without the lock.
+	m.ports = append(slices.Clone(m.ports), ports...)
 	sbs := slices.Clone(m.ready)
 	for _, s := range m.claimed {
 		sbs = append(sbs, s)
@@ -434,13 +466,25 @@ func (m *Manager) AddClusterPorts(ports ...uint16) error {
 	m.mu.Unlock()
 	var errs []error
 	for _, s := range sbs {
-		s.mu.Lock()
-		if !s.closed {
-			errs = append(errs, addPorts(s.nft, s.sets, ports))
-		}
-		s.mu.Unlock()
+		errs = append(errs, s.syncPorts())
 	}
 	return errors.Join(errs...)
+}
+
+// syncPorts adds to the sandbox's table the cluster ports added since it
+// was made.
+func (s *Sandbox) syncPorts() error {
+	ports := s.m.clusterPorts()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed || len(ports) <= s.ports {
+		return nil
+	}
+	if err := addPorts(s.nft, s.sets, ports[s.ports:]); err != nil {
+		return err
+	}
+	s.ports = len(ports)
+	return nil
 }
 
 func (m *Manager) release(idx int) {
@@ -520,7 +564,7 @@ func (s *Sandbox) Bind(id string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.id = id
-	s.m.saveState(s.name, s.id, s.policy)
+	s.saveState()
 }
 
 // ID is the sandbox's id.
@@ -590,9 +634,7 @@ func (s *Sandbox) SetPolicy(p Policy) error {
 	if err := setAllowPrefixes(s.nft, s.sets, s.m.rules(p)); err != nil {
 		return err
 	}
-	if s.id != "" {
-		s.m.saveState(s.name, s.id, p)
-	}
+	s.saveState()
 	return nil
 }
 
@@ -676,35 +718,60 @@ func (s *Sandbox) report(m *Manager) {
 		m.log.Debug("egress audit", "sandbox", s.id, "err", err)
 		return
 	}
-	if len(b.Events) > 0 && m.cfg.Audit != nil {
+	if len(b.Events) == 0 {
+		return
+	}
+	if m.cfg.Audit != nil {
 		m.cfg.Audit(s.id, b)
 	}
+	// After the delivery: a node that dies in between reports it again
+	// rather than never.
+	s.saveState()
 }
 
-// maxCollectBatches bounds Collect; the audit sets are bounded too, so it
-// is reached only when the sandbox keeps making new attempts meanwhile.
-const maxCollectBatches = 64
+// maxCollectReads bounds Collect's reads of the audit sets. Each read is
+// reported in full, however many batches it takes (the sets hold up to
+// 4 x auditSize attempts); a further read takes what the sandbox tried
+// meanwhile, so the bound is reached only when it keeps trying new
+// destinations during the collect.
+const maxCollectReads = 8
 
 // Collect returns every attempt not reported yet, now instead of at the
-// next interval, in batches of at most MaxAuditEvents (what one batch
-// cannot hold comes in the next, up to maxCollectBatches): a task calls it
+// next interval, in batches of at most MaxAuditEvents: a task calls it
 // before it ends, so its last attempts are on its log. Every report read
 // before the call has been delivered to the audit sink when it returns.
 func (s *Sandbox) Collect() ([]AuditBatch, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.closed {
+		return nil, ErrClosed
+	}
 	var out []AuditBatch
-	for range maxCollectBatches {
-		b, err := s.collect()
+	for range maxCollectReads {
+		now, err := readAttempts(s.nft, s.sets)
 		if err != nil {
 			return out, err
 		}
-		if len(b.Events) > 0 {
-			out = append(out, b)
+		// One read, many batches: reading the sets again for each batch
+		// would cost a full dump per 32 events, under the lock the
+		// resolver and the periodic report wait for.
+		n := len(out)
+		for {
+			b, left := summarise(s.seen, now, s.dns)
+			s.dns = left
+			if len(b.Events) > 0 {
+				out = append(out, b)
+			}
+			if b.Omitted == 0 {
+				break
+			}
 		}
-		if b.Omitted == 0 {
-			break
+		if len(out) == n {
+			break // nothing new since the last read
 		}
+	}
+	if len(out) > 0 {
+		s.saveState()
 	}
 	return out, nil
 }
@@ -723,7 +790,13 @@ func (s *Sandbox) collect() (AuditBatch, error) {
 	return b, nil
 }
 
+// maxPendingDNS bounds the resolver decisions a sandbox keeps between
+// reports, so a flood of distinct names cannot grow the node's memory.
+const maxPendingDNS = 4 * MaxAuditEvents
+
 // noteDNS queues a resolver decision for the next report, merging repeats.
+// Past maxPendingDNS distinct decisions, a further one is not dropped: it
+// is counted in an event without a name, one per verdict and reason.
 func (s *Sandbox) noteDNS(e AuditEvent) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -733,8 +806,15 @@ func (s *Sandbox) noteDNS(e AuditEvent) {
 			return
 		}
 	}
-	if len(s.dns) < 4*MaxAuditEvents {
-		e.Count = 1
-		s.dns = append(s.dns, e)
+	if len(s.dns) >= maxPendingDNS {
+		e.Name = ""
+		for i := range s.dns {
+			if d := &s.dns[i]; d.Name == "" && d.Verdict == e.Verdict && d.Reason == e.Reason {
+				d.Count++
+				return
+			}
+		}
 	}
+	e.Count = 1
+	s.dns = append(s.dns, e)
 }

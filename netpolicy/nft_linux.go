@@ -347,16 +347,23 @@ func addPorts(c *nftables.Conn, s *nftSets, ports []uint16) error {
 	return c.Flush()
 }
 
-// removeAddr takes one address out of the allow sets.
-func removeAddr(c *nftables.Conn, s *nftSets, a netip.Addr) error {
-	set := s.allow4
-	if a.Is6() {
-		set = s.allow6
+// renewAddrs does what allowAddrs does, and first takes renew (addresses
+// of addrs already in the allow sets) out, in the same batch: a kernel may
+// keep an element's first timeout when it is added again. The kernel
+// applies a batch at once, so a connection never finds a renewed address
+// missing. If an element of renew is gone (timed out), the batch fails
+// with ENOENT and changes nothing.
+func renewAddrs(c *nftables.Conn, s *nftSets, renew, addrs []netip.Addr, ttl time.Duration) error {
+	for _, a := range renew {
+		set := s.allow4
+		if a.Is6() {
+			set = s.allow6
+		}
+		if err := c.SetDeleteElements(set, []nftables.SetElement{{Key: a.AsSlice()}}); err != nil {
+			return err
+		}
 	}
-	if err := c.SetDeleteElements(set, []nftables.SetElement{{Key: a.AsSlice()}}); err != nil {
-		return err
-	}
-	return c.Flush()
+	return allowAddrs(c, s, addrs, ttl)
 }
 
 // Attempt is one destination a sandbox tried, as its audit set counts it.

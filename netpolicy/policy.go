@@ -68,15 +68,11 @@ func (p Policy) Normalize() (Policy, error) {
 	if len(p.Allow) > MaxNames {
 		return Policy{}, fmt.Errorf("allow: %d names is over the limit of %d", len(p.Allow), MaxNames)
 	}
-	for i, n := range p.Allow {
-		n = strings.TrimSuffix(strings.ToLower(n), ".")
-		if err := checkPattern(n); err != nil {
-			return Policy{}, fmt.Errorf("allow[%d]: %w", i, err)
-		}
-		if !slices.Contains(out.Allow, n) {
-			out.Allow = append(out.Allow, n)
-		}
+	allow, err := normalizeNames("allow", p.Allow)
+	if err != nil {
+		return Policy{}, err
 	}
+	out.Allow = allow
 	if len(p.AllowPrefixes) > MaxPrefixes {
 		return Policy{}, fmt.Errorf("allow_prefixes: %d prefixes is over the limit of %d", len(p.AllowPrefixes), MaxPrefixes)
 	}
@@ -90,6 +86,22 @@ func (p Policy) Normalize() (Policy, error) {
 		}
 		if !slices.Contains(out.AllowPrefixes, pfx) {
 			out.AllowPrefixes = append(out.AllowPrefixes, pfx)
+		}
+	}
+	return out, nil
+}
+
+// normalizeNames lower-cases names, drops a final dot, checks each and
+// removes repeats; an error names the entry as field[i].
+func normalizeNames(field string, names []string) ([]string, error) {
+	var out []string
+	for i, n := range names {
+		n = strings.TrimSuffix(strings.ToLower(n), ".")
+		if err := checkPattern(n); err != nil {
+			return nil, fmt.Errorf("%s[%d]: %w", field, i, err)
+		}
+		if !slices.Contains(out, n) {
+			out = append(out, n)
 		}
 	}
 	return out, nil

@@ -17,14 +17,27 @@ import (
 )
 
 // A node that restarts while its microVMs keep running takes their
-// networks back: each bound sandbox's id and policy are kept in
-// Config.StateDir; at start, namespaces with such a record stay (with their
+// networks back: each bound sandbox's id, policy and audit progress are
+// kept in Config.StateDir; at start, namespaces with such a record stay (with their
 // veths, rules and allow sets) until the driver re-adopts the sandbox and
 // calls Reattach, or ReapOrphans removes them.
 
 type sandboxState struct {
 	ID     string `json:"id"`
 	Policy Policy `json:"policy"`
+	// Seen is what the audit has reported of the attempts in the audit
+	// sets, which outlive the node, so a restarted node does not report
+	// them again.
+	Seen []seenAttempt `json:"seen,omitempty"`
+}
+
+// seenAttempt is one entry of Sandbox.seen.
+type seenAttempt struct {
+	Allowed bool       `json:"allowed,omitempty"`
+	Addr    netip.Addr `json:"addr"`
+	Proto   uint8      `json:"proto"`
+	Port    uint16     `json:"port,omitempty"`
+	Packets uint64     `json:"packets"`
 }
 
 func (m *Manager) statePath(name string) string {
@@ -36,13 +49,28 @@ func (m *Manager) hasState(name string) bool {
 	return err == nil
 }
 
-// saveState records a bound sandbox's id and policy (write, then rename).
-// A failure only costs the network after a restart, so it is logged.
-func (m *Manager) saveState(name, id string, p Policy) {
+// saveState records a bound sandbox's id, policy and what its audit has
+// reported (s.mu held). A closed sandbox's record is left alone: its
+// teardown removes it, and Detach saves before it closes.
+func (s *Sandbox) saveState() {
+	if s.id == "" || s.closed {
+		return
+	}
+	st := sandboxState{ID: s.id, Policy: s.policy}
+	for k, n := range s.seen {
+		st.Seen = append(st.Seen, seenAttempt{Allowed: k.allowed, Addr: k.addr, Proto: k.proto, Port: k.port, Packets: n})
+	}
+	s.m.writeState(s.name, st)
+}
+
+// writeState writes a sandbox's record (write, then rename). A failure
+// only costs the network, or a repeated audit, after a restart, so it is
+// logged.
+func (m *Manager) writeState(name string, st sandboxState) {
 	if m.cfg.StateDir == "" {
 		return
 	}
-	b, _ := json.Marshal(sandboxState{ID: id, Policy: p})
+	b, _ := json.Marshal(st)
 	err := os.MkdirAll(m.cfg.StateDir, 0o700)
 	if err == nil {
 		tmp := m.statePath(name) + ".tmp"
@@ -64,7 +92,7 @@ func (m *Manager) removeState(name string) {
 // Reattach takes back the network at nsPath that an earlier run of this
 // node left to a sandbox the driver has re-adopted: its namespace, veth,
 // rules and allow sets are as they were; its id and policy come from
-// StateDir.
+// StateDir, with what the audit had reported, so it is not reported again.
 func (m *Manager) Reattach(nsPath string) (*Sandbox, error) {
 	name := filepath.Base(nsPath)
 	slot, err := strconv.Atoi(strings.TrimPrefix(name, m.cfg.nsPrefix()))
@@ -110,6 +138,9 @@ func (m *Manager) Reattach(nsPath string) (*Sandbox, error) {
 		return fail(fmt.Errorf("its table is gone: %w", err))
 	}
 	s.id, s.policy, s.matcher = st.ID, st.Policy, st.Policy.Matcher(m.cfg.Registries)
+	for _, a := range st.Seen {
+		s.seen[attemptKey{a.Allowed, a.Addr, a.Proto, a.Port}] = a.Packets
+	}
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
@@ -117,6 +148,11 @@ func (m *Manager) Reattach(nsPath string) (*Sandbox, error) {
 	}
 	m.claimed[slot] = s
 	m.mu.Unlock()
+	// The table has the ports of the run that made it; add this run's
+	// (adding one it has already changes nothing).
+	if err := s.syncPorts(); err != nil {
+		return fail(fmt.Errorf("cluster ports: %w", err))
+	}
 	m.log.Info("egress: network taken back", "sandbox", s.id, "namespace", name, "profile", s.policy.Profile)
 	return s, nil
 }
@@ -169,6 +205,7 @@ func (m *Manager) Detach() {
 	for _, s := range bound {
 		s.mu.Lock()
 		if !s.closed {
+			s.saveState() // as each report did; again in case a write failed
 			s.closed = true
 			s.nft.CloseLasting()
 			s.ns.Close()

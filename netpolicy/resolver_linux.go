@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
 
 	"github.com/miekg/dns"
+	"golang.org/x/sys/unix"
 )
 
 // The DNS allowlist resolver: one per node, listening on the resolver slot's
@@ -187,29 +189,46 @@ func (r *resolver) ServeDNS(w dns.ResponseWriter, q *dns.Msg) {
 }
 
 // allow puts addrs in the allow sets until now+ttl (s.mu held). An address
-// already there until later is left alone; one there until sooner is taken
-// out and put back with the later time, since a kernel may keep an
-// element's first timeout when it is added again.
+// already there until later is left alone; one there until sooner is
+// renewed: taken out and put back with the later time, in one batch, since
+// a kernel may keep an element's first timeout when it is added again.
 func (s *Sandbox) allow(addrs []netip.Addr, ttl time.Duration) error {
 	now := time.Now()
 	until := now.Add(ttl)
-	var add []netip.Addr
+	var add, renew []netip.Addr
 	for _, a := range addrs {
 		if exp, ok := s.allowed[a]; ok && exp.After(now) {
 			if !until.After(exp) {
 				continue
 			}
-			// Removing an element that already timed out fails with
-			// ENOENT, which is fine; one call per element, so one missing
-			// element cannot undo the others.
-			_ = removeAddr(s.nft, s.sets, a)
+			renew = append(renew, a)
 		}
 		add = append(add, a)
 	}
 	if len(add) == 0 {
 		return nil
 	}
-	if err := allowAddrs(s.nft, s.sets, add, ttl); err != nil {
+	err := renewAddrs(s.nft, s.sets, renew, add, ttl)
+	if errors.Is(err, unix.ENOENT) {
+		// An address of renew timed out just now (the kernel's clock is
+		// not quite ours), which undid the batch. The error does not say
+		// which: renew each address alone, and add alone the one that is
+		// gone.
+		err = nil
+		for _, a := range add {
+			one := []netip.Addr{a}
+			if !slices.Contains(renew, a) {
+				err = errors.Join(err, allowAddrs(s.nft, s.sets, one, ttl))
+				continue
+			}
+			e := renewAddrs(s.nft, s.sets, one, one, ttl)
+			if errors.Is(e, unix.ENOENT) {
+				e = allowAddrs(s.nft, s.sets, one, ttl)
+			}
+			err = errors.Join(err, e)
+		}
+	}
+	if err != nil {
 		return err
 	}
 	for _, a := range add {

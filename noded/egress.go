@@ -109,19 +109,22 @@ func (e *Egress) bind(sb driver.Sandbox, p netpolicy.Policy, sink func(netpolicy
 	if e == nil || !ok {
 		return nil
 	}
+	// The sink first: a report made once Bind names the sandbox goes to
+	// its sink, not the node's log. A nil sink means the node's log, as
+	// for an unknown id: nothing to keep (and nothing left behind by a
+	// sandbox whose TTL destroys it, which no one unbinds).
+	if sink != nil {
+		e.mu.Lock()
+		e.sinks[sb.ID()] = sink
+		e.mu.Unlock()
+	}
 	n.Bind(sb.ID())
 	if err := n.SetPolicy(p); err != nil {
+		if sink != nil {
+			e.unbind(sb.ID())
+		}
 		return err
 	}
-	if sink == nil {
-		// The node's log, as for an unknown id: nothing to keep (and
-		// nothing left behind by a sandbox whose TTL destroys it, which
-		// no one unbinds).
-		return nil
-	}
-	e.mu.Lock()
-	e.sinks[sb.ID()] = sink
-	e.mu.Unlock()
 	return nil
 }
 
