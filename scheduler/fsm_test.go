@@ -617,6 +617,27 @@ func TestRestoreSkipsOlderSnapshot(t *testing.T) {
 	}
 }
 
+// A snapshot's archive starts with its applied index, and a restore at
+// or below the local one stops there, without unpacking the rest (raft
+// restores the newest snapshot at every start).
+func TestRestoreSkipsAnOlderSnapshotWithoutUnpackingIt(t *testing.T) {
+	tf := newTestFSM(t)
+	tf.create("")
+	data := snapshotBytes(t, tf.fsm)
+	tr := tar.NewReader(bytes.NewReader(data))
+	if h, err := tr.Next(); err != nil || h.Name != appliedEntry {
+		t.Fatalf("the archive's first entry: %v %v", h, err)
+	}
+	// Its index entry, then anything but a checkpoint.
+	head := append(data[:1024:1024], []byte(strings.Repeat("not a tar entry ", 64))...)
+	if err := tf.fsm.Restore(io.NopCloser(bytes.NewReader(head))); err != nil {
+		t.Fatalf("a snapshot at the local index was not skipped: %v", err)
+	}
+	if err := newTestFSM(t).fsm.Restore(io.NopCloser(bytes.NewReader(head))); err == nil {
+		t.Fatal("a fresh FSM restored a broken archive")
+	}
+}
+
 func TestRestoreRejectsMalformedArchive(t *testing.T) {
 	tf := newTestFSM(t)
 	if err := tf.fsm.Restore(io.NopCloser(strings.NewReader("not a tar archive at all"))); err == nil {

@@ -32,17 +32,29 @@ func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 		return nil, err
 	}
 	dir := filepath.Join(parent, "db")
+	applied := f.Applied() // on the FSM goroutine: what the checkpoint holds
 	if err := f.db.Checkpoint(dir, pebble.WithFlushedWAL(), pebble.WithRestrictToSpans([]pebble.CheckpointSpan{fsmSpan})); err != nil {
 		os.RemoveAll(parent)
 		return nil, fmt.Errorf("checkpoint: %w", err)
 	}
-	return &checkpointSnapshot{parent: parent, dir: dir}, nil
+	return &checkpointSnapshot{parent: parent, dir: dir, applied: applied}, nil
 }
 
-type checkpointSnapshot struct{ parent, dir string }
+type checkpointSnapshot struct {
+	parent, dir string
+	applied     uint64
+}
+
+// appliedEntry is the archive's first entry: the applied index the
+// checkpoint holds (8 bytes, big-endian). A restore that finds it at or
+// below its own skips the archive without unpacking it: raft restores the
+// newest snapshot at every start, and unpacking a large one only to skip
+// it took its size again on the disk (a nearly full disk then failed the
+// start).
+const appliedEntry = "warren-applied-index"
 
 func (s *checkpointSnapshot) Persist(sink raft.SnapshotSink) error {
-	if err := writeTar(sink, s.dir); err != nil {
+	if err := writeTar(sink, s.dir, s.applied); err != nil {
 		sink.Cancel()
 		return fmt.Errorf("stream snapshot: %w", err)
 	}
@@ -51,10 +63,16 @@ func (s *checkpointSnapshot) Persist(sink raft.SnapshotSink) error {
 
 func (s *checkpointSnapshot) Release() { os.RemoveAll(s.parent) }
 
-func writeTar(w io.Writer, dir string) error {
+func writeTar(w io.Writer, dir string, applied uint64) error {
 	tw := tar.NewWriter(w)
 	entries, err := os.ReadDir(dir)
 	if err != nil {
+		return err
+	}
+	if err := tw.WriteHeader(&tar.Header{Name: appliedEntry, Mode: 0o600, Size: 8, Typeflag: tar.TypeReg}); err != nil {
+		return err
+	}
+	if _, err := tw.Write(binary.BigEndian.AppendUint64(nil, applied)); err != nil {
 		return err
 	}
 	for _, e := range entries {
@@ -100,7 +118,11 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	}
 	defer os.RemoveAll(parent)
 	dir := filepath.Join(parent, "db")
-	if err := readTar(rc, dir); err != nil {
+	skip := func(index uint64) bool { return index != 0 && index <= f.Applied() }
+	if err := readTar(rc, dir, skip); errors.Is(err, errSnapshotOld) {
+		f.log.Info("snapshot restore skipped: local state is newer", "applied", f.Applied())
+		return nil
+	} else if err != nil {
 		return fmt.Errorf("unpack snapshot: %w", err)
 	}
 	src, err := pebble.Open(dir, &pebble.Options{ReadOnly: true, Logger: raftlog.QuietLogger{}})
@@ -187,18 +209,37 @@ func (f *FSM) replaceFrom(src *pebble.DB) error {
 	return b.Commit(pebble.Sync)
 }
 
-func readTar(r io.Reader, dir string) error {
+// errSnapshotOld is readTar's answer to an archive skip refused.
+var errSnapshotOld = errors.New("snapshot not newer than the local state")
+
+// readTar unpacks a snapshot archive into dir. An archive that starts
+// with its applied index (appliedEntry; older ones do not) is not
+// unpacked when skip says so.
+func readTar(r io.Reader, dir string, skip func(index uint64) bool) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
 	tr := tar.NewReader(r)
-	for {
+	for first := true; ; first = false {
 		h, err := tr.Next()
 		if errors.Is(err, io.EOF) {
 			return nil
 		}
 		if err != nil {
 			return err
+		}
+		if h.Name == appliedEntry {
+			var b [8]byte
+			if !first || h.Size != 8 {
+				return fmt.Errorf("unexpected entry %q in snapshot", h.Name)
+			}
+			if _, err := io.ReadFull(tr, b[:]); err != nil {
+				return err
+			}
+			if skip(binary.BigEndian.Uint64(b[:])) {
+				return errSnapshotOld
+			}
+			continue
 		}
 		name := filepath.Base(h.Name)
 		if h.Typeflag != tar.TypeReg || name != h.Name || strings.HasPrefix(name, ".") {
