@@ -87,9 +87,14 @@ const WorkRoot = "/work/repo"
 // agentSandbox is a driver sandbox as the agent's tools see it.
 type agentSandbox struct{ ia driver.Interactive }
 
+// maxToolOutput bounds what the node keeps of each of a tool command's
+// streams (the model sees a view of its head and tail; the blob store gets
+// what is kept): a command may print for its whole timeout.
+const maxToolOutput = 8 << 20
+
 func (s agentSandbox) Exec(ctx context.Context, argv []string, dir string, timeout time.Duration) (agent.ExecResult, error) {
-	var out, errb bytes.Buffer
-	res, err := s.ia.Run(ctx, guest.ExecRequest{Argv: argv, Dir: dir, Timeout: timeout}, &out, &errb)
+	out, errb := driver.NewCappedOutput(maxToolOutput), driver.NewCappedOutput(maxToolOutput)
+	res, err := s.ia.Run(ctx, guest.ExecRequest{Argv: argv, Dir: dir, Timeout: timeout}, out, errb)
 	if err != nil {
 		return agent.ExecResult{}, err
 	}

@@ -1,7 +1,6 @@
 package noded
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -109,8 +108,8 @@ func (a *taskActor) finishTask(c *actor.Context) {
 		if fin.test == nil {
 			ia := a.sb.(driver.Interactive)
 			start := time.Now()
-			var outb bytes.Buffer
-			res, err := ia.Run(sctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", cmd}, Dir: WorkRoot, Timeout: testTimeout}, &outb, &outb)
+			outb := driver.NewCappedOutput(1 << 20) // its tail is what is shown
+			res, err := ia.Run(sctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", cmd}, Dir: WorkRoot, Timeout: testTimeout}, outb, outb)
 			if a.cancelled(c, sctx) {
 				return
 			}
@@ -118,7 +117,7 @@ func (a *taskActor) finishTask(c *actor.Context) {
 				a.failed(c, "run the test command", err, finishMsg{})
 				return
 			}
-			fin.test = &testRun{res: res, out: tail(outb.String(), 8<<10), took: time.Since(start)}
+			fin.test = &testRun{res: res, out: tail(string(outb.Bytes()), 8<<10), took: time.Since(start)}
 		}
 		res := fin.test.res
 		testOut = fin.test.out

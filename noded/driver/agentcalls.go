@@ -1,7 +1,6 @@
 package driver
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"strings"
@@ -34,10 +33,14 @@ func (a AgentCalls) agent() (*guest.Client, error) {
 	return a.Agent()
 }
 
-// Exec runs a shell command and returns its combined output (task actors).
+// MaxExecOutput bounds the output Exec keeps (its head and its tail).
+const MaxExecOutput = 4 << 20
+
+// Exec runs a shell command and returns its combined output (task actors),
+// at most MaxExecOutput of it.
 func (a AgentCalls) Exec(ctx context.Context, req ExecRequest) (ExecResult, error) {
-	var out bytes.Buffer
-	res, err := a.Run(ctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", req.Command}, Timeout: req.Timeout}, &out, &out)
+	out := NewCappedOutput(MaxExecOutput)
+	res, err := a.Run(ctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", req.Command}, Timeout: req.Timeout}, out, out)
 	if err != nil {
 		return ExecResult{}, err
 	}
