@@ -198,6 +198,8 @@ func (d *Driver) reap() int {
 			d.log.Warn("reaping an orphaned VM directory", "vm", e.Name())
 			_ = os.RemoveAll(filepath.Join(d.cfg.StateDir, "vms", e.Name()))
 			n++
+		} else if owned[e.Name()] {
+			trimConsole(filepath.Join(d.cfg.StateDir, "vms", e.Name(), "console.log"))
 		}
 	}
 	for _, id := range cgs {
@@ -207,4 +209,17 @@ func (d *Driver) reap() int {
 		}
 	}
 	return n + d.pruneSnapshots()
+}
+
+// maxConsoleBytes bounds a VM's console.log: the guest (its root, or the
+// code the model runs) may write to its serial port for its whole TTL,
+// and the file is on the node's disk.
+const maxConsoleBytes = 16 << 20
+
+// trimConsole empties a console log over maxConsoleBytes; QEMU appends to
+// it (append=on), so it goes on from the start.
+func trimConsole(name string) {
+	if st, err := os.Stat(name); err == nil && st.Size() > maxConsoleBytes {
+		_ = os.Truncate(name, 0)
+	}
 }

@@ -527,6 +527,9 @@ func (vm *VM) client() (*guest.Client, error) {
 	return vm.agent, nil
 }
 
+// syncWait bounds the guest's disk flush before a pause.
+const syncWait = time.Minute
+
 // Pause flushes the guest's disks, saves memory and devices to
 // paused.state in the VM's directory, and ends QEMU. The overlay stays.
 // Once the VM is stopped, the pause runs to its end (or is undone, the
@@ -544,7 +547,12 @@ func (vm *VM) Pause(ctx context.Context) error {
 	}
 	vm.setBusy("pausing")
 	defer vm.setBusy("")
-	if err := vm.agent.Sync(ctx); err != nil {
+	// The guest may not answer (its agent taken over, or hung): the sync
+	// is bounded, since vm.mu held here holds a destroy, the TTL's too.
+	sctx, scancel := context.WithTimeout(ctx, syncWait)
+	err := vm.agent.Sync(sctx)
+	scancel()
+	if err != nil {
 		return fmt.Errorf("pause: sync: %w", err)
 	}
 	// From the stop on, the caller's deadline no longer applies: a stop

@@ -97,7 +97,10 @@ func (s vmSpec) args() []string {
 		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
 		"-kernel", s.Kernel, "-initrd", s.Initramfs,
 		"-append", s.Cmdline,
-		"-serial", "file:" + filepath.Join(s.Dir, "console.log"),
+		// Appended to (append=on), so the reaper can truncate a console
+		// the guest keeps writing to (maxConsoleBytes).
+		"-chardev", "file,id=console,append=on,path=" + filepath.Join(s.Dir, "console.log"),
+		"-serial", "chardev:console",
 		"-device", "virtio-serial-device",
 		"-chardev", "socket,id=agent,path=" + s.agentPath() + ",server=on,wait=off",
 		"-device", "virtserialport,chardev=agent,name=" + guest.PortName,
@@ -412,10 +415,12 @@ func whileRunning(ctx context.Context, exited <-chan struct{}) (context.Context,
 	return ctx, cancel
 }
 
+// tail returns the end of each file, for an error message. It reads the
+// last 4 KiB only: the guest writes the console, as much as it likes.
 func tail(files ...string) string {
 	var parts []string
 	for _, f := range files {
-		b, _ := os.ReadFile(f)
+		b := readEnd(f, 4<<10)
 		s := strings.TrimSpace(string(b))
 		if len(s) > 600 {
 			s = "…" + s[len(s)-600:]
@@ -446,4 +451,21 @@ func qemuEnv(environ []string) []string {
 		}
 	}
 	return env
+}
+
+// readEnd returns the last n bytes of a file (nil if it cannot be read).
+func readEnd(name string, n int64) []byte {
+	f, err := os.Open(name)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil
+	}
+	off := max(st.Size()-n, 0)
+	b := make([]byte, st.Size()-off)
+	k, _ := f.ReadAt(b, off)
+	return b[:k]
 }
