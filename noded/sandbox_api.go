@@ -154,8 +154,11 @@ func egressProto(sb driver.Sandbox) *warrenv1.EgressPolicy {
 	return nil
 }
 
+// fileProto is a guest's file as the API gives it. A name that is not
+// UTF-8 gets U+FFFD for its bad bytes: a proto3 string must be UTF-8, and
+// one such name made the whole listing fail to marshal.
 func fileProto(f guest.FileInfo) *warrenv1.FileInfo {
-	return &warrenv1.FileInfo{Name: f.Name, Size: f.Size, Mode: f.Mode, ModifiedAt: timestamppb.New(time.Unix(0, f.ModNano)), Dir: f.Dir}
+	return &warrenv1.FileInfo{Name: strings.ToValidUTF8(f.Name, "\uFFFD"), Size: f.Size, Mode: f.Mode, ModifiedAt: timestamppb.New(time.Unix(0, f.ModNano)), Dir: f.Dir}
 }
 
 // CreateSandbox claims a sandbox from the driver.
