@@ -26,9 +26,15 @@ type Client struct {
 }
 
 // NewClient starts a session on conn (a virtio-serial chardev socket, a
-// pipe in tests). The Client owns conn.
+// pipe in tests). The Client owns conn. The session ends if the guest
+// sends a yamux ping or opens a stream (guardConn).
+//
+// The host keeps YamuxConfig's accept backlog although it accepts no
+// streams: yamux also sizes by it how many streams an end may have opened
+// and not yet seen accepted, and the agent accepts no call behind a claim
+// until the claim is done.
 func NewClient(conn io.ReadWriteCloser) (*Client, error) {
-	sess, err := yamux.Client(conn, YamuxConfig())
+	sess, err := yamux.Client(&guardConn{ReadWriteCloser: conn}, YamuxConfig())
 	if err != nil {
 		return nil, err
 	}
@@ -286,6 +292,10 @@ type ExecResult struct {
 	Duration time.Duration
 }
 
+// execGrace is how long the host waits past an exec's timeout for the
+// guest's answer before it gives up on the call (a variable for tests).
+var execGrace = 30 * time.Second
+
 // Exec runs a command, writing its output to stdout and stderr (either may
 // be nil) as it arrives.
 func (c *Client) Exec(ctx context.Context, req ExecRequest, stdout, stderr io.Writer) (ExecResult, error) {
@@ -295,6 +305,16 @@ func (c *Client) Exec(ctx context.Context, req ExecRequest, stdout, stderr io.Wr
 	ms, err := timeoutMS(req.Timeout)
 	if err != nil {
 		return ExecResult{}, err
+	}
+	if req.Timeout > 0 {
+		// The agent kills the command at its timeout, but the guest is not
+		// trusted: the host gives up too, a grace later (the agent's kill
+		// and its answer take a moment).
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeoutCause(ctx, req.Timeout+execGrace,
+			fmt.Errorf("guest: exec: the guest did not answer within %v of the command's %v timeout: %w",
+				execGrace, req.Timeout, context.DeadlineExceeded))
+		defer cancel()
 	}
 	cl, err := c.open(ctx, &Request{Op: OpExec, Argv: req.Argv, Env: req.Env, Dir: req.Dir,
 		TimeoutMS: ms, Stdin: req.Stdin != nil})
@@ -329,13 +349,17 @@ func (c *Client) Exec(ctx context.Context, req ExecRequest, stdout, stderr io.Wr
 		}
 	}
 	if err != nil {
+		if cause := context.Cause(ctx); cause != nil && errors.Is(err, context.DeadlineExceeded) {
+			return ExecResult{}, cause // the caller's own deadline, or the timeout's grace
+		}
 		return ExecResult{}, err
 	}
 	return ExecResult{ExitCode: res.ExitCode, Signal: res.Signal, TimedOut: res.TimedOut,
 		Duration: time.Duration(res.DurationUS) * time.Microsecond}, nil
 }
 
-// ReadFile copies a guest file to w. limit > 0 refuses larger files.
+// ReadFile copies a guest file to w. limit > 0 refuses larger files; w
+// then gets at most limit bytes, whatever the guest sends.
 func (c *Client) ReadFile(ctx context.Context, path string, limit int64, w io.Writer) (FileInfo, error) {
 	if err := CheckPath(path); err != nil {
 		return FileInfo{}, err
@@ -344,9 +368,15 @@ func (c *Client) ReadFile(ctx context.Context, path string, limit int64, w io.Wr
 	if err != nil {
 		return FileInfo{}, err
 	}
+	var got int64
 	res, err := c.finish(cl, func(kind byte, p []byte) error {
 		if kind != frameData {
 			return fmt.Errorf("guest: unexpected frame %q in read", kind)
+		}
+		// The agent refuses a file over the limit, but the guest is not
+		// trusted: the host counts too.
+		if got += int64(len(p)); limit > 0 && got > limit {
+			return fmt.Errorf("guest: read %s: the guest sent more than the %d bytes asked for", path, limit)
 		}
 		_, err := w.Write(p)
 		return err
@@ -399,12 +429,43 @@ func (c *Client) List(ctx context.Context, path string) ([]FileInfo, error) {
 	if err := CheckPath(path); err != nil {
 		return nil, err
 	}
-	res, err := c.simple(ctx, &Request{Op: OpList, Path: path})
+	cl, err := c.open(ctx, &Request{Op: OpList, Path: path})
 	if err != nil {
 		return nil, err
 	}
-	return res.Files, nil
+	var files []FileInfo
+	var got int
+	res, err := c.finish(cl, func(kind byte, p []byte) error {
+		// A large listing comes in parts (see answer in server.go),
+		// bounded here: the host holds it whole.
+		if got += len(p); got > maxListBytes {
+			return fmt.Errorf("guest: list %s: the guest sent over %d bytes of entries", path, maxListBytes)
+		}
+		var part Result
+		var err error
+		switch kind {
+		case frameFiles:
+			err = json.Unmarshal(p, &part)
+		case frameFilesWire:
+			err = part.decodeWire(p)
+		default:
+			return fmt.Errorf("guest: unexpected frame %q in list", kind)
+		}
+		if err != nil {
+			return fmt.Errorf("guest: list: %w", err)
+		}
+		files = append(files, part.Files...)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return append(files, res.Files...), nil
 }
+
+// maxListBytes bounds the encoded entries of one listing (a few hundred
+// thousand names).
+const maxListBytes = 64 << 20
 
 // Stat describes one guest path (without following a final symlink).
 func (c *Client) Stat(ctx context.Context, path string) (FileInfo, error) {

@@ -3,12 +3,15 @@ package guest
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -309,6 +312,227 @@ func TestCeilMS(t *testing.T) {
 	} {
 		if got := CeilMS(tc.d); got != tc.want {
 			t.Errorf("CeilMS(%v) = %d, want %d", tc.d, got, tc.want)
+		}
+	}
+}
+
+// hostileGuest runs a yamux server on the guest's end of a pipe and calls
+// serve for each stream the host opens. It returns the host's Client.
+func hostileGuest(t *testing.T, serve func(st *yamux.Stream)) *Client {
+	t.Helper()
+	a, b := net.Pipe()
+	c, err := NewClient(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sess, err := yamux.Server(b, YamuxConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			st, err := sess.AcceptStream()
+			if err != nil {
+				return
+			}
+			go serve(st)
+		}
+	}()
+	t.Cleanup(func() { c.Close(); sess.Close(); <-done })
+	return c
+}
+
+// yamuxFrame is one yamux frame header (guard.go) and its payload.
+func yamuxFrame(typ byte, flags uint16, id, length uint32, payload []byte) []byte {
+	h := make([]byte, yamuxHeaderSize, yamuxHeaderSize+len(payload))
+	h[0], h[1] = yamuxVersion, typ
+	binary.BigEndian.PutUint16(h[2:], flags)
+	binary.BigEndian.PutUint32(h[4:], id)
+	binary.BigEndian.PutUint32(h[8:], length)
+	return append(h, payload...)
+}
+
+// The guard passes what an agent sends (data, window updates, a go-away),
+// however the reads split it, a data payload that looks like a ping
+// included; it fails at a ping or a stream the guest opens, before the
+// frame's header is whole.
+func TestGuardRefusesPingsAndStreamsFromTheGuest(t *testing.T) {
+	ping := yamuxFrame(yamuxTypePing, yamuxFlagSYN, 0, 7, nil)
+	agent := slices.Concat(
+		yamuxFrame(1, 2, 1, 0, nil), // ACK of the host's stream 1
+		yamuxFrame(yamuxTypeData, 0, 1, uint32(len(ping)), ping),
+		yamuxFrame(1, 4, 1, 0, nil), // FIN
+		yamuxFrame(yamuxTypeGoAway, 0, 0, 0, nil),
+	)
+	for _, tc := range []struct {
+		name string
+		bad  []byte // a frame to refuse after the agent's, or none
+		want string
+	}{
+		{"agent", nil, ""},
+		{"ping", ping, "yamux ping"},
+		{"pong", yamuxFrame(yamuxTypePing, 2, 0, 7, nil), "yamux ping"},
+		{"open", yamuxFrame(1, yamuxFlagSYN, 2, 0, nil), "opened stream 2"},
+		{"open with data", yamuxFrame(yamuxTypeData, yamuxFlagSYN, 4, 3, []byte("abc")), "opened stream 4"},
+		{"version", []byte{1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, "version 1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			in := slices.Concat(agent, tc.bad)
+			for _, r := range []io.Reader{bytes.NewReader(in), iotest.OneByteReader(bytes.NewReader(in))} {
+				g := &guardConn{ReadWriteCloser: struct {
+					io.Reader
+					io.WriteCloser
+				}{Reader: r}}
+				got, err := io.ReadAll(g)
+				switch {
+				case tc.want == "" && (err != nil || !bytes.Equal(got, in)):
+					t.Fatalf("read %d of %d bytes: %v", len(got), len(in), err)
+				case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+					t.Fatalf("err %v, want %q", err, tc.want)
+				case tc.want != "" && len(got) >= len(agent)+yamuxHeaderSize:
+					t.Fatalf("passed %d bytes: the refused frame's header went through", len(got))
+				}
+			}
+		})
+	}
+}
+
+// yamux answers each ping from a goroutine of its own, which waits up to
+// ConnectionWriteTimeout to write: a guest that sends pings and reads
+// nothing would grow the host's goroutines without bound. The host ends
+// the session at the first ping instead.
+func TestGuestPingFloodEndsTheSession(t *testing.T) {
+	a, b := net.Pipe()
+	c, err := NewClient(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	defer b.Close()
+	before := runtime.NumGoroutine()
+	const pings = 20000
+	var flood []byte
+	for i := range pings {
+		flood = append(flood, yamuxFrame(yamuxTypePing, yamuxFlagSYN, 0, uint32(i), nil)...)
+	}
+	wrote := make(chan error, 1)
+	go func() { _, err := b.Write(flood); wrote <- err }() // and never read
+	select {
+	case <-c.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the session still runs 10s into a ping flood")
+	}
+	grown := runtime.NumGoroutine() - before
+	if err := <-wrote; err == nil {
+		t.Error("the host read the whole flood")
+	}
+	if grown > 10 {
+		t.Errorf("%d more goroutines on the host", grown)
+	}
+}
+
+// The host never accepts a stream, and one the guest opens would sit in
+// yamux's accept backlog with a receive window of data: the host ends the
+// session instead, holding none.
+func TestGuestOpeningAStreamEndsTheSession(t *testing.T) {
+	a, b := net.Pipe()
+	c, err := NewClient(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	guest, err := yamux.Server(b, YamuxConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer guest.Close()
+	if st, err := guest.OpenStream(); err == nil {
+		go func() { _, _ = st.Write(make([]byte, 256<<10)) }() // the whole initial window
+	}
+	select {
+	case <-c.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the session still runs 10s after the guest opened a stream")
+	}
+	if n := c.sess.NumStreams(); n > 0 {
+		t.Fatalf("the host's session holds %d streams the guest opened", n)
+	}
+}
+
+// The agent refuses a file over a read's limit, but a guest that sends
+// more anyway gets no more than the limit into the host's writer.
+func TestReadFileStopsAtTheLimitWhateverTheGuestSends(t *testing.T) {
+	const limit = 1024
+	c := hostileGuest(t, func(st *yamux.Stream) {
+		defer st.Close()
+		if _, _, err := readFrame(st); err != nil {
+			return
+		}
+		for range 16 {
+			if writeFrame(st, frameData, bytes.Repeat([]byte("x"), limit)) != nil {
+				return
+			}
+		}
+		_ = writeJSON(st, frameResult, &Result{File: &FileInfo{Name: "/f", Size: 1}})
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var buf bytes.Buffer
+	_, err := c.ReadFile(ctx, "/f", limit, &buf)
+	if err == nil || !strings.Contains(err.Error(), "sent more than the 1024 bytes asked for") || buf.Len() > limit {
+		t.Fatalf("a guest that sent %d bytes: err %v, %d bytes written; want an error and at most %d", 16*limit, err, buf.Len(), limit)
+	}
+}
+
+// The agent kills a command at its timeout, but a guest that never
+// answers does not hold the host's call past the timeout and its grace.
+func TestExecGivesUpOnASilentGuestAfterItsTimeout(t *testing.T) {
+	defer func(g time.Duration) { execGrace = g }(execGrace)
+	execGrace = 100 * time.Millisecond
+	c := hostileGuest(t, func(st *yamux.Stream) {
+		_, _, _ = readFrame(st) // and say nothing
+	})
+	ret := make(chan error, 1)
+	go func() {
+		_, err := c.Exec(context.Background(), ExecRequest{Argv: []string{"true"}, Timeout: 100 * time.Millisecond}, nil, nil)
+		ret <- err
+	}()
+	select {
+	case err := <-ret:
+		if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "did not answer") {
+			t.Fatalf("err %v, want the guest did not answer in time", err)
+		}
+	case <-time.After(10 * time.Second):
+		c.Close()
+		<-ret
+		t.Fatal("exec with a 100ms timeout still waited for a silent guest after 10s")
+	}
+}
+
+// A listing larger than a frame (5,000 long names) comes whole, in either
+// codec, in order.
+func TestListOfADirectoryLargerThanAFrame(t *testing.T) {
+	dir := t.TempDir()
+	const n = 5000
+	name := func(i int) string { return fmt.Sprintf("%05d-%s", i, strings.Repeat("n", 190)) }
+	for i := range n {
+		if err := os.WriteFile(filepath.Join(dir, name(i)), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for codec, c := range map[string]*Client{"wire": pair(t, &fakeSys{}), "json": pairJSON(t, &fakeSys{})} {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		fs, err := c.List(ctx, dir)
+		cancel()
+		if err != nil || len(fs) != n {
+			t.Fatalf("%s: %d entries, %v; want %d", codec, len(fs), err, n)
+		}
+		for i, f := range fs {
+			if f.Name != name(i) {
+				t.Fatalf("%s: entry %d is %q, want %q", codec, i, f.Name, name(i))
+			}
 		}
 	}
 }

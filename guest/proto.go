@@ -19,9 +19,12 @@ import (
 // Request), then, for calls that carry data (write, exec with stdin),
 // frameData frames and a frameEOF. The guest answers with frameStdout,
 // frameStderr or frameData frames and ends with exactly one frameResult
-// (JSON Result) or frameError (a UTF-8 message). A request may instead be
-// a frameRequestWire (the wire codec, wire.go), answered by a
-// frameResultWire in place of the frameResult.
+// (JSON Result) or frameError (a UTF-8 message). A list whose Result does
+// not fit one frame comes first in frameFiles frames, each a Result holding
+// some of the entries; the host appends them in order, then the Result's
+// own. A request may instead be a frameRequestWire (the wire codec,
+// wire.go), answered by a frameResultWire in place of the frameResult and
+// frameFilesWire in place of frameFiles.
 const (
 	frameRequest byte = 'q'
 	frameData    byte = 'd'
@@ -29,6 +32,7 @@ const (
 	frameStdout  byte = 'o'
 	frameStderr  byte = 'e'
 	frameResult  byte = 'r'
+	frameFiles   byte = 'l'
 	frameError   byte = 'x'
 )
 

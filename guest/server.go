@@ -207,15 +207,64 @@ func (s *Server) request(st *yamux.Stream) (*Request, bool, bool) {
 func (s *Server) handle(ctx context.Context, st *yamux.Stream, req *Request, wire bool) {
 	defer st.Close()
 	res, err := s.call(ctx, st, req)
+	if err == nil {
+		err = answer(st, res, wire)
+	}
 	if err != nil {
 		_ = writeFrame(st, frameError, []byte(err.Error()))
-		return
 	}
+}
+
+// answer writes a call's result in its request's codec. A list too large
+// for one frame (thousands of long names) goes first in parts; any other
+// result that large is an error naming its size, not a stream that ends
+// with no answer.
+func answer(w io.Writer, res *Result, wire bool) error {
+	enc, kind, partKind := encodeJSON, frameResult, frameFiles
 	if wire {
-		_ = writeFrame(st, frameResultWire, res.appendWire(nil))
-		return
+		enc, kind, partKind = encodeWire, frameResultWire, frameFilesWire
 	}
-	_ = writeJSON(st, frameResult, res)
+	p, err := enc(res)
+	if err != nil {
+		return err
+	}
+	if len(p) > MaxFrame && len(res.Files) > 0 {
+		if err := sendFiles(w, res.Files, enc, partKind); err != nil {
+			return err
+		}
+		rest := *res
+		rest.Files = nil
+		if p, err = enc(&rest); err != nil {
+			return err
+		}
+	}
+	if len(p) > MaxFrame {
+		return fmt.Errorf("result: %d bytes, over the frame limit of %d", len(p), MaxFrame)
+	}
+	return writeFrame(w, kind, p)
+}
+
+func encodeJSON(res *Result) ([]byte, error) { return json.Marshal(res) }
+func encodeWire(res *Result) ([]byte, error) { return res.appendWire(nil), nil }
+
+// sendFiles sends files as Results in frames of kind, halving a part until
+// it fits.
+func sendFiles(w io.Writer, files []FileInfo, enc func(*Result) ([]byte, error), kind byte) error {
+	p, err := enc(&Result{Files: files})
+	if err != nil {
+		return err
+	}
+	if len(p) <= MaxFrame {
+		return writeFrame(w, kind, p)
+	}
+	if len(files) == 1 {
+		return fmt.Errorf("list: entry of %d bytes, over the frame limit of %d", len(p), MaxFrame)
+	}
+	h := len(files) / 2
+	if err := sendFiles(w, files[:h], enc, kind); err != nil {
+		return err
+	}
+	return sendFiles(w, files[h:], enc, kind)
 }
 
 func (s *Server) call(ctx context.Context, st *yamux.Stream, req *Request) (*Result, error) {

@@ -40,6 +40,7 @@ import (
 const (
 	frameRequestWire byte = 'Q'
 	frameResultWire  byte = 'R'
+	frameFilesWire   byte = 'L'
 )
 
 func appendString(b []byte, num protowire.Number, s string) []byte {
