@@ -68,6 +68,17 @@ func (b *Box) client() (*guest.Client, error) {
 	return b.agent, nil
 }
 
+// callErr says so when a call failed because the box was destroyed while
+// it ran (not the channel's "guest: EOF").
+func (b *Box) callErr(err error) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.state == "destroyed" {
+		return driver.Errorf(driver.ErrNotFound, "sandbox %s was destroyed while the call ran", b.id)
+	}
+	return err
+}
+
 // Pause freezes every process of the container (in memory: containers
 // have no snapshot to disk here).
 func (b *Box) Pause(ctx context.Context) error {

@@ -403,7 +403,7 @@ func (d *Driver) start(ctx context.Context, t *guest.Template, req driver.ClaimR
 	}
 	dir := filepath.Join(d.cfg.StateDir, "boxes", req.ID)
 	b := &Box{d: d, id: req.ID, dir: dir, template: t.Name + "@" + t.Version, limits: lim, created: time.Now(), state: "running"}
-	b.Agent = b.client
+	b.Agent, b.CallErr = b.client, b.callErr
 	defer func() {
 		if err != nil {
 			b.destroy()

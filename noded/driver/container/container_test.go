@@ -276,3 +276,50 @@ func TestCloseDuringClaimLeavesNoContainer(t *testing.T) {
 		}
 	}
 }
+
+// A command that a destroy cuts off ends with ErrNotFound saying the
+// sandbox was destroyed while it ran (it was the channel's "guest: EOF",
+// which the API answered as internal).
+func TestCallCutOffByADestroySaysSo(t *testing.T) {
+	d := newDriver(t)
+	defer d.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	sb, err := d.Claim(ctx, driver.ClaimRequest{ID: "sb-cutoff"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	started := make(chan struct{}, 1)
+	go func() {
+		_, err := sb.(driver.Interactive).Run(ctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", "echo started; sleep 60"}}, signalWriter(started), io.Discard)
+		done <- err
+	}()
+	select {
+	case <-started:
+	case err := <-done:
+		t.Fatalf("the command ended: %v", err)
+	}
+	if err := sb.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, driver.ErrNotFound) || !strings.Contains(err.Error(), "destroyed while the call ran") {
+			t.Fatalf("the cut-off call: %v", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("the call did not end")
+	}
+}
+
+// signalWriter signals c (without blocking) at each write.
+type signalWriter chan struct{}
+
+func (w signalWriter) Write(p []byte) (int, error) {
+	select {
+	case w <- struct{}{}:
+	default:
+	}
+	return len(p), nil
+}

@@ -2,10 +2,13 @@ package microvm
 
 import (
 	"context"
+	"errors"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -151,4 +154,54 @@ func TestInfoDuringPause(t *testing.T) {
 	if st := vm.Info().State; st != "running" {
 		t.Errorf("Info after: %q", st)
 	}
+}
+
+// A command that a pause or a destroy cuts off says so: the sandbox was
+// paused (unavailable: resume it) or destroyed (not found) while it ran,
+// not the channel's "guest: EOF".
+func TestCallsCutOffByAPauseOrADestroySaySo(t *testing.T) {
+	d := newDriver(t, "")
+	defer d.Close()
+	ctx := ctxT(t, 5*time.Minute)
+	sb, err := d.Claim(ctx, driver.ClaimRequest{ID: "sb-cutoff"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ia := sb.(driver.Interactive)
+	cutOff := func(what string, cut func() error, want error, says string) {
+		t.Helper()
+		done := make(chan error, 1)
+		started := make(chan struct{}, 1)
+		go func() {
+			_, err := ia.Run(ctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", "echo started; sleep 600"}}, signalWriter(started), io.Discard)
+			done <- err
+		}()
+		select {
+		case <-started:
+		case err := <-done:
+			t.Fatalf("%s: the command ended: %v", what, err)
+		}
+		if err := cut(); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if err := <-done; !errors.Is(err, want) || !strings.Contains(err.Error(), says) {
+			t.Fatalf("%s: the cut-off call: %v", what, err)
+		}
+	}
+	cutOff("pause", func() error { return ia.Pause(ctx) }, driver.ErrUnavailable, "paused while the call ran")
+	if err := ia.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cutOff("destroy", sb.Destroy, driver.ErrNotFound, "destroyed while the call ran")
+}
+
+// signalWriter signals c (without blocking) at each write.
+type signalWriter chan struct{}
+
+func (w signalWriter) Write(p []byte) (int, error) {
+	select {
+	case w <- struct{}{}:
+	default:
+	}
+	return len(p), nil
 }

@@ -492,10 +492,18 @@ func (vm *VM) infoLocked() driver.Info {
 // callErr names a failed bind as the reason a call failed: the guest
 // refuses calls behind it, and the sandbox is destroyed.
 func (vm *VM) callErr(err error) error {
-	vm.mu.Lock()
+	vm.mu.Lock() // after a pause or destroy that cut the call off, if one did
 	defer vm.mu.Unlock()
 	if e := vm.unbound(); e != nil {
 		return e
+	}
+	// A call the sandbox's end or pause cut off says so, not the channel's
+	// "guest: EOF".
+	switch vm.state {
+	case "destroyed", "destroying":
+		return driver.Errorf(driver.ErrNotFound, "sandbox %s was destroyed while the call ran", vm.sandboxID)
+	case "paused":
+		return driver.Errorf(driver.ErrUnavailable, "sandbox %s was paused while the call ran; resume it and call again", vm.sandboxID)
 	}
 	return err
 }
