@@ -536,3 +536,20 @@ func TestListOfADirectoryLargerThanAFrame(t *testing.T) {
 		}
 	}
 }
+
+// A write onto a directory (`cp FILE ID:/work/`) says the path is a
+// directory, and leaves nothing behind (the rename failed, naming the
+// agent's temporary file).
+func TestWriteFileOntoADirectory(t *testing.T) {
+	c := pair(t, &fakeSys{})
+	dir := t.TempDir()
+	for _, p := range []string{dir, dir + "/"} {
+		_, err := c.WriteFile(context.Background(), p, 0, strings.NewReader("notes"))
+		if err == nil || !strings.Contains(err.Error(), "is a directory") || strings.Contains(err.Error(), ".warren-write") {
+			t.Errorf("write onto %q: %v", p, err)
+		}
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Errorf("left behind: %v", ents)
+	}
+}

@@ -653,6 +653,12 @@ func (s *Server) write(st *yamux.Stream, req *Request) (*Result, error) {
 	if mode == 0 {
 		mode = 0o644
 	}
+	// A directory is not replaced by a file (the rename would fail with a
+	// message naming the temporary file): `cp FILE ID:/work/` is a
+	// mistake the caller should hear of plainly.
+	if fi, err := os.Stat(req.Path); strings.HasSuffix(req.Path, "/") || (err == nil && fi.IsDir()) {
+		return nil, fmt.Errorf("write %s: is a directory: give the file's own path", req.Path)
+	}
 	dir := filepath.Dir(req.Path)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
