@@ -128,6 +128,38 @@ func (leaderInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc)
 // URL returns the current server's URL.
 func (c *Client) URL() string { return c.urls[int(c.next.Load())%len(c.urls)] }
 
+// Do runs call, which makes one call through c.Tasks(), c.Cluster() or
+// c.Sandboxes() (the current server's), and, given several servers, runs
+// it again on the next while it fails with unavailable: the server is
+// down or restarting, or the cluster has no leader yet. Any server serves
+// any call, and a write retried with its request id is applied once. Each
+// round of all the servers is followed by a wait (250 ms, doubling to
+// 2 s), for at most doRetryFor in all or until ctx ends; then the last
+// error is returned. With one server, call runs once.
+func (c *Client) Do(ctx context.Context, call func() error) error {
+	deadline := time.Now().Add(doRetryFor)
+	wait := 250 * time.Millisecond
+	for i := 1; ; i++ {
+		err := call()
+		if connect.CodeOf(err) != connect.CodeUnavailable || len(c.urls) == 1 || ctx.Err() != nil || time.Now().After(deadline) {
+			return err
+		}
+		c.failover()
+		if i%len(c.urls) != 0 {
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 2*time.Second)
+	}
+}
+
+// doRetryFor bounds Do's retries (a variable for tests).
+var doRetryFor = 15 * time.Second
+
 // failover moves to the next server, and forgets the leader: it may be
 // the server that failed.
 func (c *Client) failover() {

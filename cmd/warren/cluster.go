@@ -6,9 +6,8 @@ import (
 	"io"
 	"text/tabwriter"
 
-	"connectrpc.com/connect"
-
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
 )
 
 func cmdCluster(args []string, stdout, stderr io.Writer) error {
@@ -27,7 +26,7 @@ func cmdCluster(args []string, stdout, stderr io.Writer) error {
 	defer cancel()
 	switch verb {
 	case "status":
-		resp, err := c.Cluster().Status(ctx, connect.NewRequest(&warrenv1.StatusRequest{}))
+		resp, err := callCluster(ctx, c, warrenv1connect.ClusterServiceClient.Status, &warrenv1.StatusRequest{})
 		if err != nil {
 			return err
 		}
@@ -54,7 +53,7 @@ func cmdCluster(args []string, stdout, stderr io.Writer) error {
 		}
 		return tw.Flush()
 	case "snapshot":
-		resp, err := c.Cluster().Snapshot(ctx, connect.NewRequest(&warrenv1.SnapshotRequest{}))
+		resp, err := callCluster(ctx, c, warrenv1connect.ClusterServiceClient.Snapshot, &warrenv1.SnapshotRequest{})
 		if err != nil {
 			return err
 		}

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
 	"github.com/warrenhq/warren/client"
 	"github.com/warrenhq/warren/scheduler"
 )
@@ -41,6 +43,24 @@ func (c *clientFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.server, "server", def, "server URL(s), comma-separated (env WARREN_SERVER)")
 	fs.StringVar(&c.output, "o", "text", "output format: text or json")
 	fs.DurationVar(&c.timeout, "timeout", 30*time.Second, "deadline for one request")
+}
+
+// callTasks makes one TaskService call with the client's failover: on a
+// server that is down, restarting or without a leader, the same request
+// (its request id too) goes to the next server (client.Do).
+func callTasks[Req, Res any](ctx context.Context, c *client.Client,
+	m func(warrenv1connect.TaskServiceClient, context.Context, *connect.Request[Req]) (*connect.Response[Res], error), msg *Req) (*connect.Response[Res], error) {
+	var resp *connect.Response[Res]
+	err := c.Do(ctx, func() (err error) { resp, err = m(c.Tasks(), ctx, connect.NewRequest(msg)); return err })
+	return resp, err
+}
+
+// callCluster is callTasks for the ClusterService.
+func callCluster[Req, Res any](ctx context.Context, c *client.Client,
+	m func(warrenv1connect.ClusterServiceClient, context.Context, *connect.Request[Req]) (*connect.Response[Res], error), msg *Req) (*connect.Response[Res], error) {
+	var resp *connect.Response[Res]
+	err := c.Do(ctx, func() (err error) { resp, err = m(c.Cluster(), ctx, connect.NewRequest(msg)); return err })
+	return resp, err
 }
 
 func (c *clientFlags) dial() (*client.Client, error) {
@@ -137,12 +157,13 @@ func taskCreate(args []string, stdout io.Writer) error {
 	fs.StringVar(&spec.EgressProfile, "egress-profile", "", "egress profile of the task's sandbox: registries (default), custom (--egress only) or none")
 	fs.StringVar(&spec.Driver, "driver", "", "sandbox driver: microvm (default), container or sim (simulated)")
 	script := &warrenv1.Script{}
+	scripted := false
 	fs.Func("script-steps", "run N scripted steps instead of the agent loop (no model is called)", func(v string) error {
 		n, err := strconv.ParseUint(v, 10, 32)
 		if err != nil {
 			return fmt.Errorf("not a number of steps: %q", v)
 		}
-		script.Steps = uint32(n)
+		script.Steps, scripted = uint32(n), true
 		return nil
 	})
 	stepMillis := fs.Uint("script-step-millis", 200, "how long each scripted step's command runs (ms)")
@@ -177,9 +198,14 @@ func taskCreate(args []string, stdout io.Writer) error {
 	if err := fitUint32(map[string]uint{"script-step-millis": *stepMillis, "script-output-bytes": *scriptOutput}); err != nil {
 		return err
 	}
-	if script.Steps > 0 {
+	// --script-steps given at all makes a scripted task, which the server
+	// checks (0 steps is refused, naming spec.script.steps); it used to be
+	// dropped, and the task ran the agent loop instead.
+	if scripted {
 		script.StepMillis, script.OutputBytes = uint32(*stepMillis), uint32(*scriptOutput)
 		spec.Script = script
+	} else if set := flagsSet(fs, "script-step-millis", "script-output-bytes"); len(set) > 0 {
+		return fmt.Errorf("%s: only with --script-steps", strings.Join(set, ", "))
 	}
 	if *egress != "" {
 		spec.EgressAllow = strings.Split(*egress, ",")
@@ -214,7 +240,7 @@ func taskCreate(args []string, stdout io.Writer) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cf.timeout)
 	defer cancel()
-	resp, err := c.Tasks().CreateTask(ctx, connect.NewRequest(&warrenv1.CreateTaskRequest{RequestId: *reqID, Tenant: *tenant, Spec: spec}))
+	resp, err := callTasks(ctx, c, warrenv1connect.TaskServiceClient.CreateTask, &warrenv1.CreateTaskRequest{RequestId: *reqID, Tenant: *tenant, Spec: spec})
 	if err != nil {
 		return err
 	}
@@ -263,7 +289,7 @@ func taskGet(args []string, stdout io.Writer) error {
 		return err
 	}
 	defer cancel()
-	resp, err := c.Tasks().GetTask(ctx, connect.NewRequest(&warrenv1.GetTaskRequest{Id: pos[0]}))
+	resp, err := callTasks(ctx, c, warrenv1connect.TaskServiceClient.GetTask, &warrenv1.GetTaskRequest{Id: pos[0]})
 	if err != nil {
 		return err
 	}
@@ -301,7 +327,7 @@ func taskList(args []string, stdout io.Writer) error {
 	token, n := "", 0
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), cf.timeout)
-		resp, err := c.Tasks().ListTasks(ctx, connect.NewRequest(&warrenv1.ListTasksRequest{State: state, PageSize: 500, PageToken: token}))
+		resp, err := callTasks(ctx, c, warrenv1connect.TaskServiceClient.ListTasks, &warrenv1.ListTasksRequest{State: state, PageSize: 500, PageToken: token})
 		cancel()
 		if err != nil {
 			return err
@@ -487,7 +513,7 @@ func taskSteer(args []string, stdout io.Writer) error {
 		return err
 	}
 	defer cancel()
-	resp, err := c.Tasks().SendMessage(ctx, connect.NewRequest(&warrenv1.SendMessageRequest{TaskId: pos[0], Text: pos[1], RequestId: newRequestID()}))
+	resp, err := callTasks(ctx, c, warrenv1connect.TaskServiceClient.SendMessage, &warrenv1.SendMessageRequest{TaskId: pos[0], Text: pos[1], RequestId: newRequestID()})
 	if err != nil {
 		return err
 	}
@@ -508,13 +534,12 @@ func taskDecide(verb string, args []string, stdout io.Writer) error {
 		return err
 	}
 	defer cancel()
-	req := connect.NewRequest(&warrenv1.DecideRequest{TaskId: pos[0], ToolCallId: pos[1], Comment: *comment, RequestId: newRequestID()})
-	var resp *connect.Response[warrenv1.DecideResponse]
-	if verb == "approve" {
-		resp, err = c.Tasks().Approve(ctx, req)
-	} else {
-		resp, err = c.Tasks().Reject(ctx, req)
+	req := &warrenv1.DecideRequest{TaskId: pos[0], ToolCallId: pos[1], Comment: *comment, RequestId: newRequestID()}
+	decide := warrenv1connect.TaskServiceClient.Approve
+	if verb != "approve" {
+		decide = warrenv1connect.TaskServiceClient.Reject
 	}
+	resp, err := callTasks(ctx, c, decide, req)
 	if err != nil {
 		return err
 	}
@@ -535,7 +560,7 @@ func taskCancel(args []string, stdout io.Writer) error {
 		return err
 	}
 	defer cancel()
-	resp, err := c.Tasks().CancelTask(ctx, connect.NewRequest(&warrenv1.CancelTaskRequest{TaskId: pos[0], Reason: *reason, RequestId: newRequestID()}))
+	resp, err := callTasks(ctx, c, warrenv1connect.TaskServiceClient.CancelTask, &warrenv1.CancelTaskRequest{TaskId: pos[0], Reason: *reason, RequestId: newRequestID()})
 	if err != nil {
 		return err
 	}
@@ -577,4 +602,15 @@ func readPolicy(path string) ([]*warrenv1.PolicyRule, error) {
 		rules = append(rules, rule)
 	}
 	return rules, nil
+}
+
+// flagsSet returns which of names were given on the command line.
+func flagsSet(fs *flag.FlagSet, names ...string) []string {
+	var set []string
+	fs.Visit(func(f *flag.Flag) {
+		if slices.Contains(names, f.Name) {
+			set = append(set, "--"+f.Name)
+		}
+	})
+	return set
 }

@@ -1,0 +1,87 @@
+package main
+
+import (
+	"bytes"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/warrenhq/warren/internal/freeaddr"
+	"github.com/warrenhq/warren/scheduler"
+)
+
+// inProcessServer starts a single-voter scheduler in the test process and
+// returns its API URL.
+func inProcessServer(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "http://" + ln.Addr().String()
+	srv, err := scheduler.Open(scheduler.Config{ID: "s1", DataDir: filepath.Join(t.TempDir(), "s1"),
+		RaftAddr: freeaddr.Loopback(t), APIURL: url, Bootstrap: true, RaftLevel: "error"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{Handler: srv.Handler()}
+	go hs.Serve(ln)
+	t.Cleanup(func() { srv.Close(); hs.Close() })
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		var out, errb bytes.Buffer
+		if run([]string{"cluster", "status", "--server", url}, &out, &errb) == nil {
+			return url
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("server did not come up")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Client commands take --server URL[,URL...] (or $WARREN_SERVER), and
+// the README's tour kills the leader of the three: a command whose server
+// is down tries the next (only `task watch` did; the others failed with
+// the first URL down).
+func TestClientCommandsTryTheNextServer(t *testing.T) {
+	live := inProcessServer(t)
+	dead := "http://" + freeaddr.Loopback(t) // nothing listens there
+	servers := dead + "," + live
+	for _, args := range [][]string{
+		{"cluster", "status"},
+		{"nodes", "list"},
+		{"task", "list"},
+		{"task", "create", "--repo", "https://git.example.com/a/b.git", "--base", "main", "--title", "t", "-q"},
+	} {
+		var out, errb bytes.Buffer
+		err := run(append(args, "--server", servers, "--timeout", "5s"), &out, &errb)
+		if err != nil {
+			t.Errorf("warren %s --server %s: %v (the second server is up)", strings.Join(args, " "), servers, err)
+		}
+	}
+}
+
+// `--script-steps 0` goes to the server, which refuses it naming
+// spec.script.steps (it was dropped, and the task ran the agent loop);
+// the other script flags without it are refused.
+func TestScriptStepsZeroIsRefused(t *testing.T) {
+	live := inProcessServer(t)
+	for _, c := range []struct {
+		flags []string
+		want  string
+	}{
+		{[]string{"--script-steps", "0"}, "spec.script.steps"},
+		{[]string{"--script-step-millis", "5"}, "--script-step-millis: only with --script-steps"},
+	} {
+		var out, errb bytes.Buffer
+		err := run(append([]string{"task", "create", "--repo", "https://git.example.com/a/b.git", "--base", "main", "--title", "t",
+			"--driver", "sim", "-o", "json", "--server", live}, c.flags...), &out, &errb)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: %v (created %s), want an error naming %s", c.flags, err, out.String(), c.want)
+		}
+	}
+}
