@@ -127,6 +127,17 @@ func checkEvent(i int, ev *warrenv1.EventInput, scanJSON bool) error {
 		if p.ToolCallID == "" {
 			return fmt.Errorf("%s.payload.tool_call_id: required", field())
 		}
+		// A new append (not one being applied: committed entries keep
+		// the rule they were made under) asks only for a decision that
+		// Approve and Reject can name: one they refuse could never be
+		// decided, and its task would wait until cancelled.
+		if scanJSON {
+			var pr problems
+			pr.text(field()+".payload.tool_call_id", p.ToolCallID, true, maxRequestID, true)
+			if err := pr.err(); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }

@@ -88,12 +88,18 @@ func (c clusterAPI) ListNodes(ctx context.Context, _ *connect.Request[warrenv1.L
 	return connect.NewResponse(&warrenv1.ListNodesResponse{Nodes: nodes}), nil
 }
 
-func (c clusterAPI) nodeOp(ctx context.Context, id string, op fsmv1.NodeOp_Op, deadline time.Duration) (*connect.Response[warrenv1.NodeResponse], error) {
+// maxDrainDeadline bounds a drain's deadline_seconds (a year): a larger
+// one would overflow a time.Duration, and 584 years wrapped to 0.29 s, a
+// drain that forces the node's tasks off at once.
+const maxDrainDeadline = 365 * 24 * time.Hour
+
+func (c clusterAPI) nodeOp(ctx context.Context, id string, op fsmv1.NodeOp_Op, deadlineSeconds int64) (*connect.Response[warrenv1.NodeResponse], error) {
 	var p problems
 	p.nodeID("id", id)
-	if deadline < 0 {
-		p.add("deadline_seconds", "must not be negative")
+	if deadlineSeconds < 0 || deadlineSeconds > int64(maxDrainDeadline/time.Second) {
+		p.add("deadline_seconds", "must be 0 (an hour) to %d (a year), got %d", int64(maxDrainDeadline/time.Second), deadlineSeconds)
 	}
+	deadline := time.Duration(max(deadlineSeconds, 0)) * time.Second
 	if err := p.err(); err != nil {
 		return nil, invalid(err)
 	}
@@ -121,5 +127,5 @@ func (c clusterAPI) UncordonNode(ctx context.Context, req *connect.Request[warre
 }
 
 func (c clusterAPI) DrainNode(ctx context.Context, req *connect.Request[warrenv1.DrainNodeRequest]) (*connect.Response[warrenv1.NodeResponse], error) {
-	return c.nodeOp(ctx, req.Msg.GetId(), fsmv1.NodeOp_OP_DRAIN, time.Duration(req.Msg.GetDeadlineSeconds())*time.Second)
+	return c.nodeOp(ctx, req.Msg.GetId(), fsmv1.NodeOp_OP_DRAIN, int64(req.Msg.GetDeadlineSeconds()))
 }

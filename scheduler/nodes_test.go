@@ -1,14 +1,18 @@
 package scheduler
 
 import (
+	"context"
+	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
 )
 
 // registerNode registers a node with room for `slots` default-sized tasks.
@@ -380,5 +384,33 @@ func TestCancelledTaskLetGoEndsCancelled(t *testing.T) {
 	}
 	if len(bad) > 0 {
 		t.Fatalf("cancelled tasks requeued instead of ending cancelled: %v", bad)
+	}
+}
+
+// DrainNode's deadline_seconds is bounded (a year): 18446744074 s (about
+// 584 years) wrapped to 0.29 s in a time.Duration, a drain that forced
+// the node's tasks off at once. It is refused, naming the field.
+func TestDrainDeadlineBeyondAYearIsRefused(t *testing.T) {
+	n := startSingle(t)
+	cc := warrenv1connect.NewClusterServiceClient(http.DefaultClient, n.url)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := cc.RegisterNode(ctx, connect.NewRequest(&warrenv1.RegisterNodeRequest{Node: &warrenv1.Node{
+		Id: "node-a", Drivers: []string{"sim"}, Capacity: &warrenv1.Resources{MilliCpu: 4000, MemoryBytes: 8 << 30},
+	}})); err != nil {
+		t.Fatal(err)
+	}
+	for _, secs := range []int64{18446744074, -1} {
+		_, err := cc.DrainNode(ctx, connect.NewRequest(&warrenv1.DrainNodeRequest{Id: "node-a", DeadlineSeconds: secs}))
+		if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "deadline_seconds") {
+			t.Fatalf("deadline_seconds %d: %v, want invalid_argument naming it", secs, err)
+		}
+	}
+	resp, err := cc.DrainNode(ctx, connect.NewRequest(&warrenv1.DrainNodeRequest{Id: "node-a", DeadlineSeconds: 7200}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Until(resp.Msg.GetNode().GetDrainDeadline().AsTime()); d < 119*time.Minute || d > 2*time.Hour {
+		t.Fatalf("a 2 h drain's deadline is %v from now", d)
 	}
 }

@@ -97,6 +97,11 @@ func TestValidateAppend(t *testing.T) {
 		{"too big", &warrenv1.AppendEventsRequest{TaskId: id, Events: []*warrenv1.EventInput{{Kind: KindLog, Payload: []byte(`{"x":"` + strings.Repeat("a", MaxPayloadBytes) + `"}`)}}}, "events[0].payload:"},
 		{"bad state", &warrenv1.AppendEventsRequest{TaskId: id, Events: []*warrenv1.EventInput{{Kind: KindStateChanged, Payload: []byte(`{"to":"done"}`)}}}, "events[0].payload.to:"},
 		{"no tool call", &warrenv1.AppendEventsRequest{TaskId: id, Events: []*warrenv1.EventInput{{Kind: KindApprovalRequested, Payload: []byte(`{}`)}}}, "events[0].payload.tool_call_id: required"},
+		// One Approve and Reject refuse could never be decided.
+		{"undecidable tool call", &warrenv1.AppendEventsRequest{TaskId: id, Events: []*warrenv1.EventInput{{Kind: KindApprovalRequested,
+			Payload: []byte(`{"tool_call_id":"` + strings.Repeat("x", 200) + `"}`)}}}, "events[0].payload.tool_call_id: 200 bytes is over"},
+		{"tool call on two lines", &warrenv1.AppendEventsRequest{TaskId: id, Events: []*warrenv1.EventInput{{Kind: KindApprovalRequested,
+			Payload: []byte(`{"tool_call_id":"a\nb"}`)}}}, "events[0].payload.tool_call_id:"},
 	}
 	for _, tc := range cases {
 		err := validateAppend(tc.req)
