@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -442,4 +443,52 @@ func TestPoolTargetReachesLaterNodes(t *testing.T) {
 	}
 	defer d.Close()
 	waitFor(t, "the node to get the pool target", 10*time.Second, func() bool { return drv.Target("default") == 3 })
+}
+
+// `warren pool set default 0` while a node is away removes the cluster's
+// record; the node, back, restores its old target from its pools.json,
+// and the new session's complete set of targets (which does not name
+// default) sets it to 0.
+func TestPoolTargetRemovedWhileANodeWasAwayReachesIt(t *testing.T) {
+	c := startCluster(t, 1, 2*time.Second)
+	sc := warrenv1connect.NewSandboxServiceClient(http.DefaultClient, c.servers[0].url)
+	set := func(tpl string, n uint32) {
+		t.Helper()
+		// Unreachable nodes are reported, not an error.
+		if _, err := sc.SetPoolTarget(context.Background(), connect.NewRequest(&warrenv1.SetPoolTargetRequest{Template: tpl, Target: n})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dataDir := filepath.Join(c.dir, "node-away")
+	start := func(drv *sim.Driver) *noded.Daemon {
+		d, err := noded.Start(noded.Config{ID: "away", DataDir: dataDir, Servers: c.urls(), GossipAddr: freeaddr.Loopback(t),
+			JoinGossip: c.gossip, Driver: drv, SandboxListen: "127.0.0.1:0",
+			Capacity: &warrenv1.Resources{MilliCpu: 1000, MemoryBytes: 1 << 30}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	drv1 := sim.New(sim.Config{})
+	d1 := start(drv1)
+	set("default", 3)
+	waitFor(t, "the node to get the target", 10*time.Second, func() bool { return drv1.Target("default") == 3 })
+	d1.Close()
+	waitFor(t, "the node to be down", 15*time.Second, func() bool {
+		n, err := c.node("away")
+		return err == nil && n.GetStatus() == warrenv1.NodeStatus_NODE_STATUS_DOWN
+	})
+
+	set("default", 0) // the operator drops the pool while the node is away
+	set("marker", 1)  // to know when the new session delivered the targets
+
+	// What the node restores at start, before its session is up.
+	if b, err := os.ReadFile(filepath.Join(dataDir, "pools.json")); err != nil || !strings.Contains(string(b), `"default":3`) {
+		t.Fatalf("pools.json: %s %v; want default's 3 saved", b, err)
+	}
+	drv2 := sim.New(sim.Config{})
+	d2 := start(drv2)
+	defer d2.Close()
+	waitFor(t, "the new session's targets", 10*time.Second, func() bool { return drv2.Target("marker") == 1 })
+	waitFor(t, "the removed target to reach the node", 10*time.Second, func() bool { return drv2.Target("default") == 0 })
 }

@@ -89,6 +89,11 @@ func codeOf(err error) *connect.Error {
 		return connect.NewError(connect.CodeUnavailable, err)
 	case errors.As(err, &re):
 		switch {
+		case strings.HasPrefix(re.Msg, "start "):
+			// The command could not start ("start \"prog\": fork/exec
+			// prog: no such file or directory"): the sandbox is there, so
+			// not not_found, which says the sandbox is not.
+			return connect.NewError(connect.CodeFailedPrecondition, err)
 		case strings.Contains(re.Msg, "no such file or directory"):
 			return connect.NewError(connect.CodeNotFound, err)
 		case strings.Contains(re.Msg, "is a directory"), strings.Contains(re.Msg, "not a directory"),
@@ -241,17 +246,33 @@ func (a *SandboxAPI) GetSandbox(ctx context.Context, req *connect.Request[warren
 	return connect.NewResponse(&warrenv1.GetSandboxResponse{Sandbox: a.toProto(ia)}), nil
 }
 
-// ListSandboxes lists this node's sandboxes.
+// ListSandboxes lists this node's sandboxes, its task actors' too: those
+// name their task (task_id), as the other calls refuse their ids.
 func (a *SandboxAPI) ListSandboxes(ctx context.Context, req *connect.Request[warrenv1.ListSandboxesRequest]) (*connect.Response[warrenv1.ListSandboxesResponse], error) {
 	res := &warrenv1.ListSandboxesResponse{}
 	if l, ok := a.drv.(driver.Lister); ok {
 		for _, sb := range l.Sandboxes() {
 			if ia, ok := sb.(driver.Interactive); ok {
-				res.Sandboxes = append(res.Sandboxes, a.toProto(ia))
+				p := a.toProto(ia)
+				p.TaskId = sandboxTask(p.GetId())
+				res.Sandboxes = append(res.Sandboxes, p)
 			}
 		}
 	}
 	return connect.NewResponse(res), nil
+}
+
+// sandboxTask returns the task whose actor owns a sandbox, from its id
+// (TASK-eEPOCH, as taskactor.go names it), or "" for an API sandbox.
+func sandboxTask(id string) string {
+	if strings.HasPrefix(id, "sb-") {
+		return ""
+	}
+	i := strings.LastIndex(id, "-e")
+	if i <= 0 || i+2 == len(id) || strings.Trim(id[i+2:], "0123456789") != "" {
+		return ""
+	}
+	return id[:i]
 }
 
 // DeleteSandbox destroys a sandbox.
@@ -442,7 +463,16 @@ func (a *SandboxAPI) SetPoolTarget(ctx context.Context, req *connect.Request[war
 		return nil, invalidArg("target %d: over the limit of 1000 per node", n)
 	}
 	if _, ok := a.drv.(driver.Pooler); !ok {
-		return nil, a.noSandboxes()
+		// Accepted, and a no-op: the driver has no warm pool to fill (a
+		// container starts in a few hundred milliseconds). It is saved
+		// and passed on as the session's targets are; the answer says
+		// so rather than refusing, so that a cluster-wide `warren pool
+		// set` does not report this node as failing.
+		if err := a.setTarget(t, int(n)); err != nil {
+			return nil, connect.NewError(connect.CodeInternal, err)
+		}
+		return connect.NewResponse(&warrenv1.SetPoolTargetResponse{Pools: []*warrenv1.PoolStatus{{NodeId: a.nodeID, Template: t,
+			Note: fmt.Sprintf("the %s driver keeps no warm pool", a.drv.Name())}}}), nil
 	}
 	if l, ok := a.drv.(interface{ HasTemplate(string) error }); ok {
 		if err := l.HasTemplate(t); err != nil {
@@ -477,6 +507,55 @@ func (a *SandboxAPI) setTarget(t string, n int) error {
 		return fmt.Errorf("save pool targets: %w", err)
 	}
 	return nil
+}
+
+// setTargets applies the cluster's complete set of pool targets, which a
+// new session sends: a template this node has a target for that the set
+// does not name goes to 0. Its record was removed while the node was away
+// (pools.json brought the old target back at start), or it was a per-node
+// target (`warren pool set T N --node ID`), which is not replicated and so
+// lasts until the node's next session.
+func (a *SandboxAPI) setTargets(set []*warrenv1.SetPoolTarget) {
+	want := map[string]int{}
+	for _, t := range set {
+		want[t.GetTemplate()] = int(t.GetTarget())
+	}
+	a.mu.Lock()
+	for t, n := range a.pools {
+		if _, ok := want[t]; !ok {
+			want[t] = 0
+		} else if want[t] == n {
+			delete(want, t) // set already, by the session's SetPoolTarget
+		}
+	}
+	a.mu.Unlock()
+	for t, n := range want {
+		if err := a.setTarget(t, n); err != nil {
+			a.log.Warn("pool target not saved", "template", t, "target", n, "err", err)
+		}
+	}
+}
+
+// setPoolTargets applies the cluster's complete set of pool targets (see
+// SandboxAPI.setTargets). A node without a sandbox API saves no targets:
+// it zeroes those its driver's pools still have.
+func (d *Daemon) setPoolTargets(set []*warrenv1.SetPoolTarget) {
+	if d.Sandboxes != nil {
+		d.Sandboxes.setTargets(set)
+		return
+	}
+	want := map[string]bool{}
+	for _, t := range set {
+		d.cfg.Driver.SetPoolTarget(t.GetTemplate(), int(t.GetTarget()))
+		want[t.GetTemplate()] = true
+	}
+	if p, ok := d.cfg.Driver.(driver.Pooler); ok {
+		for _, st := range p.Pools() {
+			if st.Target > 0 && !want[st.Template] {
+				d.cfg.Driver.SetPoolTarget(st.Template, 0)
+			}
+		}
+	}
 }
 
 // ListPools reports this node's pools.

@@ -1,11 +1,29 @@
 package noded
 
 import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
 	"testing"
+	"time"
 
+	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/warrenhq/warren/api"
+	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
 	"github.com/warrenhq/warren/guest"
+	"github.com/warrenhq/warren/noded/driver"
 )
 
 // A file whose name is not UTF-8 (any byte string is a Linux name) is
@@ -18,5 +36,354 @@ func TestFileNamesThatAreNotUTF8AreListed(t *testing.T) {
 	}
 	if _, err := proto.Marshal(p); err != nil {
 		t.Errorf("marshal: %v", err)
+	}
+}
+
+// The tests below serve SandboxAPI over loopback HTTP with a fake driver
+// whose sandboxes run a real guest agent (guest.Server) in this process,
+// so exec, read, write and list go through the same guest client and
+// agent code a VM uses.
+
+// agentBox is a sandbox whose guest agent runs in this process.
+type agentBox struct {
+	driver.AgentCalls
+	id string
+
+	mu        sync.Mutex
+	c         *guest.Client
+	destroyed bool
+}
+
+func (b *agentBox) ID() string { return b.id }
+func (b *agentBox) Warm() bool { return false }
+func (b *agentBox) Destroy() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.destroyed {
+		b.destroyed = true
+		b.c.Close()
+	}
+	return nil
+}
+func (b *agentBox) Info() driver.Info {
+	return driver.Info{ID: b.id, Template: "default@v1", State: "running", Start: driver.StartBoot}
+}
+func (b *agentBox) Pause(ctx context.Context) error  { return nil }
+func (b *agentBox) Resume(ctx context.Context) error { return nil }
+
+// agent mirrors the drivers' client(): a destroyed sandbox says so.
+func (b *agentBox) agent() (*guest.Client, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.destroyed {
+		return nil, driver.Errorf(driver.ErrNotFound, "sandbox %s is destroyed", b.id)
+	}
+	return b.c, nil
+}
+
+// callErr mirrors the drivers' too: a call that a destroy cut off says
+// so, not the channel's "guest: EOF".
+func (b *agentBox) callErr(err error) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.destroyed {
+		return driver.Errorf(driver.ErrNotFound, "sandbox %s was destroyed while the call ran", b.id)
+	}
+	return err
+}
+
+func newAgentBox(t *testing.T, id string) *agentBox {
+	t.Helper()
+	a, b := net.Pipe()
+	srv := &guest.Server{}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(b) }()
+	c, err := guest.NewClient(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	box := &agentBox{id: id, c: c}
+	box.Agent, box.CallErr = box.agent, box.callErr
+	t.Cleanup(func() { _ = box.Destroy(); <-done })
+	return box
+}
+
+// listDriver is a driver.Lister. It keeps no pools (not a driver.Pooler),
+// as the container driver.
+type listDriver struct {
+	name string
+	mu   sync.Mutex
+	live map[string]driver.Sandbox
+}
+
+func (d *listDriver) Name() string              { return d.name }
+func (d *listDriver) Accelerator() string       { return "" }
+func (d *listDriver) SetPoolTarget(string, int) {}
+func (d *listDriver) Close() error              { return nil }
+func (d *listDriver) Claim(context.Context, driver.ClaimRequest) (driver.Sandbox, error) {
+	return nil, errors.New("not in this fake")
+}
+func (d *listDriver) Sandboxes() []driver.Sandbox {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []driver.Sandbox
+	for _, s := range d.live {
+		out = append(out, s)
+	}
+	return out
+}
+func (d *listDriver) Get(id string) (driver.Sandbox, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s, ok := d.live[id]
+	return s, ok
+}
+
+const testNode = "n1"
+
+func serveSandboxAPI(t *testing.T, drv driver.Driver) warrenv1connect.SandboxServiceClient {
+	t.Helper()
+	a := NewSandboxAPI(testNode, t.TempDir(), drv, nil)
+	mux := http.NewServeMux()
+	mux.Handle(warrenv1connect.NewSandboxServiceHandler(a, connect.WithReadMaxBytes(2*MaxFileBytes)))
+	hs := httptest.NewServer(mux)
+	t.Cleanup(hs.Close)
+	return warrenv1connect.NewSandboxServiceClient(hs.Client(), hs.URL)
+}
+
+// oneSandbox serves a node with one sandbox whose agent runs here.
+func oneSandbox(t *testing.T) (warrenv1connect.SandboxServiceClient, *agentBox) {
+	id := api.NewSandboxID(testNode)
+	box := newAgentBox(t, id)
+	drv := &listDriver{name: "microvm", live: map[string]driver.Sandbox{id: box}}
+	return serveSandboxAPI(t, drv), box
+}
+
+// `warren sandbox cp ./notes.txt ID:/work/` (a directory, as with cp or
+// docker cp) is refused as invalid_argument saying the path is a
+// directory, without naming the agent's temporary file.
+func TestWriteFileOntoADirectoryIsInvalid(t *testing.T) {
+	c, box := oneSandbox(t)
+	dir := t.TempDir()
+	for _, p := range []string{dir, dir + "/"} {
+		_, err := c.WriteFile(context.Background(), connect.NewRequest(&warrenv1.WriteFileRequest{SandboxId: box.id, Path: p, Data: []byte("hi")}))
+		if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "is a directory") {
+			t.Errorf("WriteFile %q: got %v; want invalid_argument saying the path is a directory", p, err)
+		}
+		if err != nil && strings.Contains(err.Error(), ".warren-write-") {
+			t.Errorf("WriteFile %q: the error names the agent's temporary file: %v", p, err)
+		}
+	}
+}
+
+// A sandbox destroyed (warren sandbox rm, or its TTL) while a command
+// runs: the caller learns that the sandbox is gone (not_found), not a
+// bare internal error with the guest transport's text.
+func TestExecEndedByADestroySaysSo(t *testing.T) {
+	c, box := oneSandbox(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st, err := c.Exec(ctx, connect.NewRequest(&warrenv1.ExecRequest{SandboxId: box.id, Command: []string{"sh", "-c", "echo started; sleep 30"}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if !st.Receive() {
+		t.Fatalf("no first message: %v", st.Err())
+	}
+	if _, err := c.DeleteSandbox(ctx, connect.NewRequest(&warrenv1.DeleteSandboxRequest{SandboxId: box.id})); err != nil {
+		t.Fatal(err)
+	}
+	for st.Receive() {
+	}
+	if err := st.Err(); connect.CodeOf(err) != connect.CodeNotFound || !strings.Contains(err.Error(), "destroyed") {
+		t.Errorf("exec of a sandbox destroyed meanwhile: %v; want not_found saying it was destroyed", err)
+	}
+}
+
+// A program that cannot start is failed_precondition with the agent's
+// reason: not_found is what a missing sandbox gets, and a client must
+// tell the two apart by the code.
+func TestExecOfAMissingProgramIsNotNotFound(t *testing.T) {
+	c, box := oneSandbox(t)
+	st, err := c.Exec(context.Background(), connect.NewRequest(&warrenv1.ExecRequest{SandboxId: box.id, Command: []string{"/nonexistent/prog"}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	for st.Receive() {
+	}
+	if err := st.Err(); connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), `start "/nonexistent/prog"`) ||
+		!strings.Contains(err.Error(), "no such file or directory") {
+		t.Errorf("exec of a missing program: %v; want failed_precondition with the agent's message", err)
+	}
+}
+
+// Every sandbox ListSandboxes shows is addressable by the other calls, or
+// names the task whose actor owns it (id TASK-eEPOCH, on the driver the
+// task actors share), which the sandbox calls refuse.
+func TestListedSandboxesAreAddressableOrNameTheirTask(t *testing.T) {
+	const task = "01JABCDEFGHJKMNPQRSTVWXYZ0"
+	taskSB := newAgentBox(t, task+"-e1")
+	apiSB := newAgentBox(t, api.NewSandboxID(testNode))
+	drv := &listDriver{name: "microvm", live: map[string]driver.Sandbox{taskSB.id: taskSB, apiSB.id: apiSB}}
+	c := serveSandboxAPI(t, drv)
+	res, err := c.ListSandboxes(context.Background(), connect.NewRequest(&warrenv1.ListSandboxesRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(res.Msg.GetSandboxes()); n != 2 {
+		t.Fatalf("listed %d sandboxes, want 2", n)
+	}
+	for _, sb := range res.Msg.GetSandboxes() {
+		_, err := c.GetSandbox(context.Background(), connect.NewRequest(&warrenv1.GetSandboxRequest{SandboxId: sb.GetId()}))
+		switch sb.GetId() {
+		case taskSB.id:
+			if sb.GetTaskId() != task {
+				t.Errorf("task sandbox %s listed with task %q, want %q", sb.GetId(), sb.GetTaskId(), task)
+			}
+		case apiSB.id:
+			if err != nil || sb.GetTaskId() != "" {
+				t.Errorf("sandbox %s (task %q) cannot be got: %v", sb.GetId(), sb.GetTaskId(), err)
+			}
+		}
+	}
+}
+
+func TestSandboxTask(t *testing.T) {
+	for id, want := range map[string]string{
+		"01JABCDEFGHJKMNPQRSTVWXYZ0-e1":  "01JABCDEFGHJKMNPQRSTVWXYZ0",
+		"01JABCDEFGHJKMNPQRSTVWXYZ0-e12": "01JABCDEFGHJKMNPQRSTVWXYZ0",
+		"sb-abcdefghij-n1":               "",
+		"sb-abcdefghij-node-e1":          "",
+		"01JABCDEFGHJKMNPQRSTVWXYZ0-ex":  "",
+		"01JABCDEFGHJKMNPQRSTVWXYZ0-e":   "",
+		"-e1":                            "",
+	} {
+		if got := sandboxTask(id); got != want {
+			t.Errorf("sandboxTask(%q) = %q, want %q", id, got, want)
+		}
+	}
+}
+
+// On a node whose driver keeps no warm pool (the container driver), a
+// pool target is accepted as a no-op, and the answer says why: a
+// cluster-wide `warren pool set` must not report the node as failing, nor
+// say it "has no sandbox API".
+func TestPoolSetOnADriverWithoutPoolsIsANoOp(t *testing.T) {
+	c := serveSandboxAPI(t, &listDriver{name: "container", live: map[string]driver.Sandbox{}})
+	res, err := c.SetPoolTarget(context.Background(), connect.NewRequest(&warrenv1.SetPoolTargetRequest{Template: "default", Target: 4}))
+	if err != nil {
+		t.Fatalf("pool set on a container node: %v", err)
+	}
+	ps := res.Msg.GetPools()
+	if len(ps) != 1 || ps[0].GetNodeId() != testNode || ps[0].GetTemplate() != "default" || ps[0].GetTarget() != 0 ||
+		ps[0].GetNote() != "the container driver keeps no warm pool" {
+		t.Fatalf("pool set on a container node answered %v", ps)
+	}
+}
+
+// poolDriver records the targets it is given (a driver.Pooler).
+type poolDriver struct {
+	listDriver
+	targets map[string]int
+}
+
+func (d *poolDriver) SetPoolTarget(t string, n int) { d.targets[t] = n }
+func (d *poolDriver) Pools() []driver.PoolStatus    { return nil }
+
+// A session's complete set of pool targets zeroes the templates the node
+// has a target for and the set does not name (removed while the node was
+// away; pools.json brought them back at start), and leaves the rest.
+func TestCompletePoolTargetsZeroTheOthers(t *testing.T) {
+	dir := t.TempDir()
+	drv := &poolDriver{listDriver: listDriver{name: "microvm"}, targets: map[string]int{}}
+	a := NewSandboxAPI(testNode, dir, drv, nil)
+	for tpl, n := range map[string]int{"default": 4, "go": 2, "py": 1} {
+		if err := a.setTarget(tpl, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A restart restores them from pools.json.
+	drv.targets = map[string]int{}
+	a = NewSandboxAPI(testNode, dir, drv, nil)
+	if drv.targets["default"] != 4 || drv.targets["go"] != 2 || drv.targets["py"] != 1 {
+		t.Fatalf("restored targets %v", drv.targets)
+	}
+	a.setTargets([]*warrenv1.SetPoolTarget{{Template: "go", Target: 2}, {Template: "py", Target: 3}, {Template: "rust", Target: 1}})
+	want := map[string]int{"default": 0, "go": 2, "py": 3, "rust": 1}
+	for tpl, n := range want {
+		if drv.targets[tpl] != n {
+			t.Errorf("template %s: target %d, want %d (all: %v)", tpl, drv.targets[tpl], n, drv.targets)
+		}
+	}
+	drv.targets = map[string]int{}
+	NewSandboxAPI(testNode, dir, drv, nil)
+	if _, ok := drv.targets["default"]; ok || drv.targets["py"] != 3 || drv.targets["rust"] != 1 {
+		t.Errorf("saved targets after the complete set: %v", drv.targets)
+	}
+}
+
+// A client that goes away mid-exec ends the command's process group
+// (with a real agent behind the HTTP handler).
+func TestExecClientGoneKillsCommand(t *testing.T) {
+	c, box := oneSandbox(t)
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	ctx, cancel := context.WithCancel(context.Background())
+	st, err := c.Exec(ctx, connect.NewRequest(&warrenv1.ExecRequest{SandboxId: box.id,
+		Command: []string{"sh", "-c", "echo $$ > " + pidFile + "; echo up; exec sleep 60"}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.Receive() {
+		t.Fatal(st.Err())
+	}
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	cancel()
+	st.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for syscall.Kill(pid, 0) == nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("command %d still runs 10s after its client went away", pid)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Large output streams in order and whole; stdin arrives whole.
+func TestExecLargeOutputAndStdin(t *testing.T) {
+	c, box := oneSandbox(t)
+	in := bytes.Repeat([]byte("0123456789abcdef"), 256<<10) // 4 MiB
+	st, err := c.Exec(context.Background(), connect.NewRequest(&warrenv1.ExecRequest{SandboxId: box.id,
+		Command: []string{"sh", "-c", "cat; seq 1 200000 >&2; exit 7"}, Stdin: in}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	var out, errb bytes.Buffer
+	var code int32 = -1
+	for st.Receive() {
+		switch ev := st.Msg().GetEvent().(type) {
+		case *warrenv1.ExecResponse_Stdout:
+			out.Write(ev.Stdout)
+		case *warrenv1.ExecResponse_Stderr:
+			errb.Write(ev.Stderr)
+		case *warrenv1.ExecResponse_Exit:
+			code = ev.Exit.GetCode()
+		}
+	}
+	if err := st.Err(); err != nil {
+		t.Fatal(err)
+	}
+	var want bytes.Buffer
+	for i := 1; i <= 200000; i++ {
+		want.WriteString(strconv.Itoa(i) + "\n")
+	}
+	if !bytes.Equal(out.Bytes(), in) || !bytes.Equal(errb.Bytes(), want.Bytes()) || code != 7 {
+		t.Fatalf("stdout %d bytes (want %d), stderr %d (want %d), exit %d", out.Len(), len(in), errb.Len(), want.Len(), code)
 	}
 }

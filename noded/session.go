@@ -137,6 +137,8 @@ func (d *Daemon) runSession(nc warrenv1connect.NodeServiceClient, url string) er
 			} else {
 				d.cfg.Driver.SetPoolTarget(c.SetPoolTarget.GetTemplate(), int(c.SetPoolTarget.GetTarget()))
 			}
+		case *warrenv1.SessionResponse_PoolTargets:
+			d.setPoolTargets(c.PoolTargets.GetTargets())
 		}
 	}
 }

@@ -893,7 +893,8 @@ func (a *applier) grantLease(m *fsmv1.GrantLease) *fsmv1.Result {
 	return &fsmv1.Result{Task: snapshotTask(t), FirstSeq: seq, LastSeq: seq}
 }
 
-// setPool records a template's warm-pool target (0 removes it).
+// setPool records a template's warm-pool target (0 removes it: a node's
+// next session gets the complete set, in which an absent template is 0).
 func (a *applier) setPool(m *fsmv1.SetPool) *fsmv1.Result {
 	if !reTemplate.MatchString(m.GetTemplate()) {
 		return fail(connect.CodeInvalidArgument, "template: %q is not a template name", truncate(m.GetTemplate(), 80))

@@ -241,21 +241,22 @@ func (a *sandboxAPI) Resume(ctx context.Context, req *connect.Request[warrenv1.R
 }
 
 // fanOut calls f on every sandbox node (or the one named), concurrently,
-// and reports the nodes that failed.
-func (a *sandboxAPI) fanOut(ctx context.Context, only string, f func(ctx context.Context, n *warrenv1.Node) error) ([]string, error) {
+// and reports the nodes that failed ("NODE: error"), apart: those that did
+// not answer (unreachable), and those that answered with an error of
+// their own (refused, with their reason).
+func (a *sandboxAPI) fanOut(ctx context.Context, only string, f func(ctx context.Context, n *warrenv1.Node) error) (unreachable, refused []string, err error) {
 	if only != "" {
 		n, err := a.node(only)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		return nil, forwardErr(n, f(ctx, n))
+		return nil, nil, forwardErr(n, f(ctx, n))
 	}
 	nodes, err := a.s.fsm.Nodes()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var mu sync.Mutex
-	var failed []string
 	var wg sync.WaitGroup
 	for _, n := range nodes {
 		if n.GetSandboxUrl() == "" || n.GetStatus() == warrenv1.NodeStatus_NODE_STATUS_DOWN {
@@ -268,21 +269,28 @@ func (a *sandboxAPI) fanOut(ctx context.Context, only string, f func(ctx context
 			defer cancel()
 			if err := f(cctx, n); err != nil {
 				mu.Lock()
-				failed = append(failed, n.GetId()+": "+err.Error())
+				// A wire error is the node's own answer; any other
+				// (refused connection, timeout) the client made up.
+				if connect.IsWireError(err) {
+					refused = append(refused, n.GetId()+": "+err.Error())
+				} else {
+					unreachable = append(unreachable, n.GetId()+": "+err.Error())
+				}
 				mu.Unlock()
 			}
 		}()
 	}
 	wg.Wait()
-	sort.Strings(failed)
-	return failed, nil
+	sort.Strings(unreachable)
+	sort.Strings(refused)
+	return unreachable, refused, nil
 }
 
 // ListSandboxes asks every sandbox node (or the one named).
 func (a *sandboxAPI) ListSandboxes(ctx context.Context, req *connect.Request[warrenv1.ListSandboxesRequest]) (*connect.Response[warrenv1.ListSandboxesResponse], error) {
 	var mu sync.Mutex
 	out := &warrenv1.ListSandboxesResponse{}
-	failed, err := a.fanOut(ctx, req.Msg.GetNodeId(), func(ctx context.Context, n *warrenv1.Node) error {
+	unreachable, refused, err := a.fanOut(ctx, req.Msg.GetNodeId(), func(ctx context.Context, n *warrenv1.Node) error {
 		res, err := a.client(n.GetSandboxUrl()).ListSandboxes(ctx, connect.NewRequest(&warrenv1.ListSandboxesRequest{}))
 		if err != nil {
 			return err
@@ -296,7 +304,7 @@ func (a *sandboxAPI) ListSandboxes(ctx context.Context, req *connect.Request[war
 		return nil, err
 	}
 	sort.Slice(out.Sandboxes, func(i, j int) bool { return out.Sandboxes[i].GetId() < out.Sandboxes[j].GetId() })
-	out.UnreachableNodes = failed
+	out.UnreachableNodes, out.RefusedNodes = unreachable, refused
 	return connect.NewResponse(out), nil
 }
 
@@ -326,7 +334,7 @@ func (a *sandboxAPI) SetPoolTarget(ctx context.Context, req *connect.Request[war
 	}
 	var mu sync.Mutex
 	out := &warrenv1.SetPoolTargetResponse{}
-	failed, err := a.fanOut(ctx, req.Msg.GetNodeId(), func(ctx context.Context, n *warrenv1.Node) error {
+	unreachable, refused, err := a.fanOut(ctx, req.Msg.GetNodeId(), func(ctx context.Context, n *warrenv1.Node) error {
 		res, err := a.client(n.GetSandboxUrl()).SetPoolTarget(ctx, connect.NewRequest(req.Msg))
 		if err != nil {
 			return err
@@ -340,7 +348,7 @@ func (a *sandboxAPI) SetPoolTarget(ctx context.Context, req *connect.Request[war
 		return nil, err
 	}
 	sortPools(out.Pools)
-	out.UnreachableNodes = failed
+	out.UnreachableNodes, out.RefusedNodes = unreachable, refused
 	return connect.NewResponse(out), nil
 }
 
@@ -348,7 +356,7 @@ func (a *sandboxAPI) SetPoolTarget(ctx context.Context, req *connect.Request[war
 func (a *sandboxAPI) ListPools(ctx context.Context, req *connect.Request[warrenv1.ListPoolsRequest]) (*connect.Response[warrenv1.ListPoolsResponse], error) {
 	var mu sync.Mutex
 	out := &warrenv1.ListPoolsResponse{}
-	failed, err := a.fanOut(ctx, req.Msg.GetNodeId(), func(ctx context.Context, n *warrenv1.Node) error {
+	unreachable, refused, err := a.fanOut(ctx, req.Msg.GetNodeId(), func(ctx context.Context, n *warrenv1.Node) error {
 		res, err := a.client(n.GetSandboxUrl()).ListPools(ctx, connect.NewRequest(&warrenv1.ListPoolsRequest{}))
 		if err != nil {
 			return err
@@ -362,7 +370,7 @@ func (a *sandboxAPI) ListPools(ctx context.Context, req *connect.Request[warrenv
 		return nil, err
 	}
 	sortPools(out.Pools)
-	out.UnreachableNodes = failed
+	out.UnreachableNodes, out.RefusedNodes = unreachable, refused
 	return connect.NewResponse(out), nil
 }
 

@@ -250,12 +250,18 @@ func (n nodeAPI) Session(ctx context.Context, stream *connect.BidiStream[warrenv
 	defer s.sess.detach(c)
 	s.log.Info("node session opened", "node", id, "incarnation", c.incarnation, "running", len(hello.GetRunning()))
 	// The cluster's warm-pool targets, so a node that joins or restarts
-	// keeps the pools the operators set.
+	// keeps the pools the operators set: each one (nodes that predate
+	// PoolTargets read only these), then the complete set, with which the
+	// node zeroes the targets it still keeps from records removed while it
+	// was away (a target of 0 removes the record, so nothing names it).
 	if pools, err := s.fsm.Pools(); err == nil {
+		all := &warrenv1.PoolTargets{}
 		for _, p := range pools {
-			c.send(&warrenv1.SessionResponse{Msg: &warrenv1.SessionResponse_SetPoolTarget{SetPoolTarget: &warrenv1.SetPoolTarget{
-				Template: p.GetTemplate(), Target: p.GetTarget()}}})
+			t := &warrenv1.SetPoolTarget{Template: p.GetTemplate(), Target: p.GetTarget()}
+			all.Targets = append(all.Targets, t)
+			c.send(&warrenv1.SessionResponse{Msg: &warrenv1.SessionResponse_SetPoolTarget{SetPoolTarget: t}})
 		}
+		c.send(&warrenv1.SessionResponse{Msg: &warrenv1.SessionResponse_PoolTargets{PoolTargets: all}})
 	}
 	if err := s.reconcile(c, hello.GetRunning()); err != nil {
 		return toConnect(err)

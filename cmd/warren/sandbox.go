@@ -36,9 +36,9 @@ const sandboxUsage = `usage: warren sandbox <command>
   get ID                     show one sandbox
   pause ID | resume ID       save a sandbox to disk and stop it | bring it back
   rm ID...                   destroy sandboxes
-  ls [--node ID]             list sandboxes
+  ls [--node ID]             list sandboxes (a task's sandboxes too, with its TASK: warren task cancel ends those)
 
-warren pool set TEMPLATE N [--node ID]   keep N warm sandboxes of TEMPLATE on each node
+warren pool set TEMPLATE N [--node ID]   keep N warm sandboxes of TEMPLATE on each node (--node: until its next session)
 warren pool list [--node ID]             show the warm pools
 `
 
@@ -143,8 +143,9 @@ func cmdSandbox(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		for _, u := range res.Msg.GetUnreachableNodes() {
-			fmt.Fprintf(stderr, "warning: node %s did not answer; its sandboxes are missing\n", u)
+		warnNodes(stderr, res.Msg.GetUnreachableNodes(), res.Msg.GetRefusedNodes(), "; its sandboxes are missing")
+		if cf.output != "json" && slices.ContainsFunc(res.Msg.GetSandboxes(), func(sb *warrenv1.Sandbox) bool { return sb.GetTaskId() != "" }) {
+			fmt.Fprintln(stderr, "note: a sandbox with a TASK is its task's: the sandbox commands refuse it; `warren task cancel TASK` ends it")
 		}
 		return printSandboxes(stdout, cf.output, res.Msg.GetSandboxes()...)
 	case "rm", "delete":
@@ -332,7 +333,7 @@ func cmdPool(args []string, stdout, stderr io.Writer) error {
 	cf.register(fs)
 	node := fs.String("node", "", "only this node")
 	var pools []*warrenv1.PoolStatus
-	var unreachable []string
+	var unreachable, refused []string
 	switch verb {
 	case "set":
 		pos, c, ctx, cancel, err := cf.start(fs, args, "TEMPLATE", "N")
@@ -348,7 +349,7 @@ func cmdPool(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		pools, unreachable = res.Msg.GetPools(), res.Msg.GetUnreachableNodes()
+		pools, unreachable, refused = res.Msg.GetPools(), res.Msg.GetUnreachableNodes(), res.Msg.GetRefusedNodes()
 	case "list", "ls":
 		_, c, ctx, cancel, err := cf.start(fs, args)
 		if err != nil {
@@ -359,14 +360,12 @@ func cmdPool(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		pools, unreachable = res.Msg.GetPools(), res.Msg.GetUnreachableNodes()
+		pools, unreachable, refused = res.Msg.GetPools(), res.Msg.GetUnreachableNodes(), res.Msg.GetRefusedNodes()
 	default:
 		fmt.Fprint(stderr, sandboxUsage)
 		return fmt.Errorf("pool: unknown command %q", verb)
 	}
-	for _, u := range unreachable {
-		fmt.Fprintf(stderr, "warning: node %s did not answer\n", u)
-	}
+	warnNodes(stderr, unreachable, refused, "")
 	if cf.output == "json" {
 		for _, p := range pools {
 			if err := printJSON(stdout, p); err != nil {
@@ -378,9 +377,28 @@ func cmdPool(args []string, stdout, stderr io.Writer) error {
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NODE\tTEMPLATE\tTARGET\tREADY\tFILLING\tSTANDBY\tSNAPSHOT")
 	for _, p := range pools {
+		if p.GetNote() != "" {
+			// A node that keeps no pool on purpose (the container driver).
+			fmt.Fprintf(stderr, "note: node %s: %s (template %s)\n", p.GetNodeId(), p.GetNote(), p.GetTemplate())
+			continue
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\n", p.GetNodeId(), p.GetTemplate(), p.GetTarget(), p.GetReady(), p.GetFilling(), p.GetStandby(), p.GetSnapshot())
 	}
 	return tw.Flush()
+}
+
+// warnNodes reports the nodes a call to every node missed, each given as
+// "NODE: error": those that did not answer, and those that answered with
+// an error of their own (refused). more follows a node that did not answer.
+func warnNodes(w io.Writer, unreachable, refused []string, more string) {
+	for _, u := range unreachable {
+		node, err, _ := strings.Cut(u, ": ")
+		fmt.Fprintf(w, "warning: node %s did not answer (%s)%s\n", node, err, more)
+	}
+	for _, r := range refused {
+		node, err, _ := strings.Cut(r, ": ")
+		fmt.Fprintf(w, "warning: node %s refused: %s\n", node, err)
+	}
 }
 
 func setDefault(fs *flag.FlagSet, name, v string) {
@@ -424,11 +442,15 @@ func printSandboxes(w io.Writer, output string, sbs ...*warrenv1.Sandbox) error 
 	}
 	var b bytes.Buffer
 	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tNODE\tTEMPLATE\tSTATE\tSTART\tCLAIM\tVCPUS\tMEM\tEGRESS\tEXPIRES")
+	fmt.Fprintln(tw, "ID\tNODE\tTEMPLATE\tSTATE\tSTART\tCLAIM\tVCPUS\tMEM\tEGRESS\tEXPIRES\tTASK")
 	for _, sb := range sbs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.0fms\t%d\t%dMiB\t%s\t%s\n", sb.GetId(), sb.GetNodeId(), sb.GetTemplate(), sb.GetState(),
+		task := sb.GetTaskId()
+		if task == "" {
+			task = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.0fms\t%d\t%dMiB\t%s\t%s\t%s\n", sb.GetId(), sb.GetNodeId(), sb.GetTemplate(), sb.GetState(),
 			sb.GetStart(), sb.GetClaimMs(), sb.GetLimits().GetVcpus(), sb.GetLimits().GetMemoryMb(), describeEgress(sb.GetEgress()),
-			sb.GetExpiresAt().AsTime().Local().Format(time.RFC3339))
+			sb.GetExpiresAt().AsTime().Local().Format(time.RFC3339), task)
 	}
 	tw.Flush()
 	_, err := w.Write(b.Bytes())

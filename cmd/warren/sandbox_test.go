@@ -2,11 +2,18 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"connectrpc.com/connect"
+
+	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
 	"github.com/warrenhq/warren/noded"
 )
 
@@ -49,5 +56,70 @@ func TestReadAtMost(t *testing.T) {
 	}
 	if _, err := readAtMost(strings.NewReader("123456"), 5, "stdin"); err == nil || !strings.Contains(err.Error(), "stdin: over the limit of 5 bytes") {
 		t.Errorf("over the limit: %v", err)
+	}
+}
+
+// fakeSandboxes answers pool set and sandbox ls as a cluster with a
+// microvm node (n1), a container node (n2, which keeps no pool), a node
+// that did not answer (n3) and one that refused (n4).
+type fakeSandboxes struct {
+	warrenv1connect.UnimplementedSandboxServiceHandler
+}
+
+func (fakeSandboxes) SetPoolTarget(context.Context, *connect.Request[warrenv1.SetPoolTargetRequest]) (*connect.Response[warrenv1.SetPoolTargetResponse], error) {
+	return connect.NewResponse(&warrenv1.SetPoolTargetResponse{
+		Pools: []*warrenv1.PoolStatus{{NodeId: "n1", Template: "default", Target: 4, Snapshot: "ready"},
+			{NodeId: "n2", Template: "default", Note: "the container driver keeps no warm pool"}},
+		UnreachableNodes: []string{"n3: unavailable: dial tcp 10.0.0.3:7000: connect: connection refused"},
+		RefusedNodes:     []string{`n4: not_found: template "default": not on this node`},
+	}), nil
+}
+
+func (fakeSandboxes) ListSandboxes(context.Context, *connect.Request[warrenv1.ListSandboxesRequest]) (*connect.Response[warrenv1.ListSandboxesResponse], error) {
+	return connect.NewResponse(&warrenv1.ListSandboxesResponse{Sandboxes: []*warrenv1.Sandbox{
+		{Id: "sb-0000000000-n1", NodeId: "n1"},
+		{Id: "01JABCDEFGHJKMNPQRSTVWXYZ0-e1", NodeId: "n1", TaskId: "01JABCDEFGHJKMNPQRSTVWXYZ0"},
+	}}), nil
+}
+
+// `warren pool set` says which nodes did not answer and which refused
+// (with their reason), apart; a node that keeps no pool on purpose gets
+// a note, not a warning. `warren sandbox ls` shows a task's sandboxes
+// with their task, and says how they are managed.
+func TestPoolAndSandboxListingsNameEachNodesOutcome(t *testing.T) {
+	mux := http.NewServeMux()
+	mux.Handle(warrenv1connect.NewSandboxServiceHandler(fakeSandboxes{}))
+	hs := httptest.NewServer(mux)
+	defer hs.Close()
+
+	var out, errOut bytes.Buffer
+	if err := run([]string{"pool", "set", "--server", hs.URL, "default", "4"}, &out, &errOut); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"warning: node n3 did not answer (unavailable: dial tcp",
+		`warning: node n4 refused: not_found: template "default": not on this node`,
+		"note: node n2: the container driver keeps no warm pool (template default)",
+	} {
+		if !strings.Contains(errOut.String(), want) {
+			t.Errorf("pool set: stderr %q, want %q", errOut.String(), want)
+		}
+	}
+	if strings.Contains(errOut.String(), "n2 did not answer") || strings.Contains(errOut.String(), "n4 did not answer") || strings.Contains(out.String(), "n2") {
+		t.Errorf("pool set: stdout %q stderr %q", out.String(), errOut.String())
+	}
+
+	out.Reset()
+	errOut.Reset()
+	if err := run([]string{"sandbox", "ls", "--server", hs.URL}, &out, &errOut); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 3 || !strings.HasSuffix(strings.TrimSpace(lines[0]), "TASK") ||
+		!strings.HasSuffix(lines[1], " -") || !strings.HasSuffix(lines[2], " 01JABCDEFGHJKMNPQRSTVWXYZ0") {
+		t.Errorf("sandbox ls:\n%s", out.String())
+	}
+	if !strings.Contains(errOut.String(), "warren task cancel") {
+		t.Errorf("sandbox ls: stderr %q, want a note on task sandboxes", errOut.String())
 	}
 }

@@ -507,6 +507,7 @@ type SessionResponse struct {
 	//	*SessionResponse_Stop
 	//	*SessionResponse_SetPoolTarget
 	//	*SessionResponse_Keep
+	//	*SessionResponse_PoolTargets
 	Msg           isSessionResponse_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -594,6 +595,15 @@ func (x *SessionResponse) GetKeep() *KeepTask {
 	return nil
 }
 
+func (x *SessionResponse) GetPoolTargets() *PoolTargets {
+	if x != nil {
+		if x, ok := x.Msg.(*SessionResponse_PoolTargets); ok {
+			return x.PoolTargets
+		}
+	}
+	return nil
+}
+
 type isSessionResponse_Msg interface {
 	isSessionResponse_Msg()
 }
@@ -618,6 +628,10 @@ type SessionResponse_Keep struct {
 	Keep *KeepTask `protobuf:"bytes,5,opt,name=keep,proto3,oneof"`
 }
 
+type SessionResponse_PoolTargets struct {
+	PoolTargets *PoolTargets `protobuf:"bytes,6,opt,name=pool_targets,json=poolTargets,proto3,oneof"`
+}
+
 func (*SessionResponse_Welcome) isSessionResponse_Msg() {}
 
 func (*SessionResponse_Start) isSessionResponse_Msg() {}
@@ -627,6 +641,8 @@ func (*SessionResponse_Stop) isSessionResponse_Msg() {}
 func (*SessionResponse_SetPoolTarget) isSessionResponse_Msg() {}
 
 func (*SessionResponse_Keep) isSessionResponse_Msg() {}
+
+func (*SessionResponse_PoolTargets) isSessionResponse_Msg() {}
 
 type Welcome struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
@@ -944,6 +960,55 @@ func (x *SetPoolTarget) GetTarget() uint32 {
 	return 0
 }
 
+// PoolTargets is the cluster's complete set of warm-pool targets, sent
+// when a session opens, after each of them as a SetPoolTarget (which
+// nodes that predate this message read). A template the node keeps a
+// target for that the set does not name goes to 0: its record was removed
+// (`warren pool set T 0`) while the node was away.
+type PoolTargets struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Targets       []*SetPoolTarget       `protobuf:"bytes,1,rep,name=targets,proto3" json:"targets,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PoolTargets) Reset() {
+	*x = PoolTargets{}
+	mi := &file_warren_v1_node_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PoolTargets) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PoolTargets) ProtoMessage() {}
+
+func (x *PoolTargets) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_node_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PoolTargets.ProtoReflect.Descriptor instead.
+func (*PoolTargets) Descriptor() ([]byte, []int) {
+	return file_warren_v1_node_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *PoolTargets) GetTargets() []*SetPoolTarget {
+	if x != nil {
+		return x.Targets
+	}
+	return nil
+}
+
 var File_warren_v1_node_proto protoreflect.FileDescriptor
 
 const file_warren_v1_node_proto_rawDesc = "" +
@@ -985,13 +1050,14 @@ const file_warren_v1_node_proto_rawDesc = "" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"7\n" +
 	"\tHeartbeat\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x18\n" +
-	"\arunning\x18\x02 \x01(\rR\arunning\"\x90\x02\n" +
+	"\arunning\x18\x02 \x01(\rR\arunning\"\xcd\x02\n" +
 	"\x0fSessionResponse\x12.\n" +
 	"\awelcome\x18\x01 \x01(\v2\x12.warren.v1.WelcomeH\x00R\awelcome\x12,\n" +
 	"\x05start\x18\x02 \x01(\v2\x14.warren.v1.StartTaskH\x00R\x05start\x12)\n" +
 	"\x04stop\x18\x03 \x01(\v2\x13.warren.v1.StopTaskH\x00R\x04stop\x12B\n" +
 	"\x0fset_pool_target\x18\x04 \x01(\v2\x18.warren.v1.SetPoolTargetH\x00R\rsetPoolTarget\x12)\n" +
-	"\x04keep\x18\x05 \x01(\v2\x13.warren.v1.KeepTaskH\x00R\x04keepB\x05\n" +
+	"\x04keep\x18\x05 \x01(\v2\x13.warren.v1.KeepTaskH\x00R\x04keep\x12;\n" +
+	"\fpool_targets\x18\x06 \x01(\v2\x16.warren.v1.PoolTargetsH\x00R\vpoolTargetsB\x05\n" +
 	"\x03msg\"q\n" +
 	"\aWelcome\x12\x1b\n" +
 	"\tleader_id\x18\x01 \x01(\tR\bleaderId\x122\n" +
@@ -1012,7 +1078,9 @@ const file_warren_v1_node_proto_rawDesc = "" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"C\n" +
 	"\rSetPoolTarget\x12\x1a\n" +
 	"\btemplate\x18\x01 \x01(\tR\btemplate\x12\x16\n" +
-	"\x06target\x18\x02 \x01(\rR\x06target*p\n" +
+	"\x06target\x18\x02 \x01(\rR\x06target\"A\n" +
+	"\vPoolTargets\x122\n" +
+	"\atargets\x18\x01 \x03(\v2\x18.warren.v1.SetPoolTargetR\atargets*p\n" +
 	"\n" +
 	"NodeStatus\x12\x1b\n" +
 	"\x17NODE_STATUS_UNSPECIFIED\x10\x00\x12\x15\n" +
@@ -1035,7 +1103,7 @@ func file_warren_v1_node_proto_rawDescGZIP() []byte {
 }
 
 var file_warren_v1_node_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_warren_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_warren_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_warren_v1_node_proto_goTypes = []any{
 	(NodeStatus)(0),               // 0: warren.v1.NodeStatus
 	(*Node)(nil),                  // 1: warren.v1.Node
@@ -1049,19 +1117,20 @@ var file_warren_v1_node_proto_goTypes = []any{
 	(*StopTask)(nil),              // 9: warren.v1.StopTask
 	(*KeepTask)(nil),              // 10: warren.v1.KeepTask
 	(*SetPoolTarget)(nil),         // 11: warren.v1.SetPoolTarget
-	nil,                           // 12: warren.v1.Node.LabelsEntry
-	(*Resources)(nil),             // 13: warren.v1.Resources
-	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
-	(*Task)(nil),                  // 15: warren.v1.Task
+	(*PoolTargets)(nil),           // 12: warren.v1.PoolTargets
+	nil,                           // 13: warren.v1.Node.LabelsEntry
+	(*Resources)(nil),             // 14: warren.v1.Resources
+	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
+	(*Task)(nil),                  // 16: warren.v1.Task
 }
 var file_warren_v1_node_proto_depIdxs = []int32{
 	0,  // 0: warren.v1.Node.status:type_name -> warren.v1.NodeStatus
-	12, // 1: warren.v1.Node.labels:type_name -> warren.v1.Node.LabelsEntry
-	13, // 2: warren.v1.Node.capacity:type_name -> warren.v1.Resources
-	13, // 3: warren.v1.Node.allocated:type_name -> warren.v1.Resources
-	14, // 4: warren.v1.Node.registered_at:type_name -> google.protobuf.Timestamp
-	14, // 5: warren.v1.Node.status_changed_at:type_name -> google.protobuf.Timestamp
-	14, // 6: warren.v1.Node.drain_deadline:type_name -> google.protobuf.Timestamp
+	13, // 1: warren.v1.Node.labels:type_name -> warren.v1.Node.LabelsEntry
+	14, // 2: warren.v1.Node.capacity:type_name -> warren.v1.Resources
+	14, // 3: warren.v1.Node.allocated:type_name -> warren.v1.Resources
+	15, // 4: warren.v1.Node.registered_at:type_name -> google.protobuf.Timestamp
+	15, // 5: warren.v1.Node.status_changed_at:type_name -> google.protobuf.Timestamp
+	15, // 6: warren.v1.Node.drain_deadline:type_name -> google.protobuf.Timestamp
 	3,  // 7: warren.v1.SessionRequest.hello:type_name -> warren.v1.Hello
 	5,  // 8: warren.v1.SessionRequest.heartbeat:type_name -> warren.v1.Heartbeat
 	1,  // 9: warren.v1.Hello.node:type_name -> warren.v1.Node
@@ -1071,14 +1140,16 @@ var file_warren_v1_node_proto_depIdxs = []int32{
 	9,  // 13: warren.v1.SessionResponse.stop:type_name -> warren.v1.StopTask
 	11, // 14: warren.v1.SessionResponse.set_pool_target:type_name -> warren.v1.SetPoolTarget
 	10, // 15: warren.v1.SessionResponse.keep:type_name -> warren.v1.KeepTask
-	15, // 16: warren.v1.StartTask.task:type_name -> warren.v1.Task
-	2,  // 17: warren.v1.NodeService.Session:input_type -> warren.v1.SessionRequest
-	6,  // 18: warren.v1.NodeService.Session:output_type -> warren.v1.SessionResponse
-	18, // [18:19] is the sub-list for method output_type
-	17, // [17:18] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	12, // 16: warren.v1.SessionResponse.pool_targets:type_name -> warren.v1.PoolTargets
+	16, // 17: warren.v1.StartTask.task:type_name -> warren.v1.Task
+	11, // 18: warren.v1.PoolTargets.targets:type_name -> warren.v1.SetPoolTarget
+	2,  // 19: warren.v1.NodeService.Session:input_type -> warren.v1.SessionRequest
+	6,  // 20: warren.v1.NodeService.Session:output_type -> warren.v1.SessionResponse
+	20, // [20:21] is the sub-list for method output_type
+	19, // [19:20] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_warren_v1_node_proto_init() }
@@ -1098,6 +1169,7 @@ func file_warren_v1_node_proto_init() {
 		(*SessionResponse_Stop)(nil),
 		(*SessionResponse_SetPoolTarget)(nil),
 		(*SessionResponse_Keep)(nil),
+		(*SessionResponse_PoolTargets)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1105,7 +1177,7 @@ func file_warren_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warren_v1_node_proto_rawDesc), len(file_warren_v1_node_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   12,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

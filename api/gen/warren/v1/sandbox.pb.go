@@ -116,7 +116,10 @@ type Sandbox struct {
 	Accelerator string `protobuf:"bytes,11,opt,name=accelerator,proto3" json:"accelerator,omitempty"`
 	// The egress policy in force; unset when the node runs without egress
 	// policy (the sandbox then has no network at all).
-	Egress        *EgressPolicy `protobuf:"bytes,12,opt,name=egress,proto3" json:"egress,omitempty"`
+	Egress *EgressPolicy `protobuf:"bytes,12,opt,name=egress,proto3" json:"egress,omitempty"`
+	// Set for a task's sandbox (id TASK-eEPOCH): its task actor owns it, the
+	// sandbox calls refuse its id, and `warren task cancel` ends it.
+	TaskId        string `protobuf:"bytes,13,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -233,6 +236,13 @@ func (x *Sandbox) GetEgress() *EgressPolicy {
 		return x.Egress
 	}
 	return nil
+}
+
+func (x *Sandbox) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
 }
 
 // EgressPolicy is what a sandbox may reach. Everything else is refused:
@@ -679,8 +689,10 @@ type ListSandboxesResponse struct {
 	Sandboxes []*Sandbox             `protobuf:"bytes,1,rep,name=sandboxes,proto3" json:"sandboxes,omitempty"`
 	// Nodes that did not answer: their sandboxes are missing from the list.
 	UnreachableNodes []string `protobuf:"bytes,2,rep,name=unreachable_nodes,json=unreachableNodes,proto3" json:"unreachable_nodes,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Nodes that answered with an error ("NODE: reason").
+	RefusedNodes  []string `protobuf:"bytes,3,rep,name=refused_nodes,json=refusedNodes,proto3" json:"refused_nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListSandboxesResponse) Reset() {
@@ -723,6 +735,13 @@ func (x *ListSandboxesResponse) GetSandboxes() []*Sandbox {
 func (x *ListSandboxesResponse) GetUnreachableNodes() []string {
 	if x != nil {
 		return x.UnreachableNodes
+	}
+	return nil
+}
+
+func (x *ListSandboxesResponse) GetRefusedNodes() []string {
+	if x != nil {
+		return x.RefusedNodes
 	}
 	return nil
 }
@@ -1638,7 +1657,10 @@ type PoolStatus struct {
 	Snapshot string `protobuf:"bytes,6,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
 	// QEMUs launched ahead for cold claims, waiting to load the template's
 	// snapshot (microvm; `warren node --standby-qemus`).
-	Standby       uint32 `protobuf:"varint,7,opt,name=standby,proto3" json:"standby,omitempty"`
+	Standby uint32 `protobuf:"varint,7,opt,name=standby,proto3" json:"standby,omitempty"`
+	// Why the node keeps no pool of the template, if it keeps none on
+	// purpose: "the container driver keeps no warm pool".
+	Note          string `protobuf:"bytes,8,opt,name=note,proto3" json:"note,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1722,6 +1744,13 @@ func (x *PoolStatus) GetStandby() uint32 {
 	return 0
 }
 
+func (x *PoolStatus) GetNote() string {
+	if x != nil {
+		return x.Note
+	}
+	return ""
+}
+
 type SetPoolTargetRequest struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Template string                 `protobuf:"bytes,1,opt,name=template,proto3" json:"template,omitempty"`
@@ -1784,11 +1813,14 @@ func (x *SetPoolTargetRequest) GetNodeId() string {
 }
 
 type SetPoolTargetResponse struct {
-	state            protoimpl.MessageState `protogen:"open.v1"`
-	Pools            []*PoolStatus          `protobuf:"bytes,1,rep,name=pools,proto3" json:"pools,omitempty"`
-	UnreachableNodes []string               `protobuf:"bytes,2,rep,name=unreachable_nodes,json=unreachableNodes,proto3" json:"unreachable_nodes,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Pools []*PoolStatus          `protobuf:"bytes,1,rep,name=pools,proto3" json:"pools,omitempty"`
+	// Nodes that did not answer ("NODE: error").
+	UnreachableNodes []string `protobuf:"bytes,2,rep,name=unreachable_nodes,json=unreachableNodes,proto3" json:"unreachable_nodes,omitempty"`
+	// Nodes that answered with an error ("NODE: reason").
+	RefusedNodes  []string `protobuf:"bytes,3,rep,name=refused_nodes,json=refusedNodes,proto3" json:"refused_nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SetPoolTargetResponse) Reset() {
@@ -1831,6 +1863,13 @@ func (x *SetPoolTargetResponse) GetPools() []*PoolStatus {
 func (x *SetPoolTargetResponse) GetUnreachableNodes() []string {
 	if x != nil {
 		return x.UnreachableNodes
+	}
+	return nil
+}
+
+func (x *SetPoolTargetResponse) GetRefusedNodes() []string {
+	if x != nil {
+		return x.RefusedNodes
 	}
 	return nil
 }
@@ -1880,11 +1919,14 @@ func (x *ListPoolsRequest) GetNodeId() string {
 }
 
 type ListPoolsResponse struct {
-	state            protoimpl.MessageState `protogen:"open.v1"`
-	Pools            []*PoolStatus          `protobuf:"bytes,1,rep,name=pools,proto3" json:"pools,omitempty"`
-	UnreachableNodes []string               `protobuf:"bytes,2,rep,name=unreachable_nodes,json=unreachableNodes,proto3" json:"unreachable_nodes,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Pools []*PoolStatus          `protobuf:"bytes,1,rep,name=pools,proto3" json:"pools,omitempty"`
+	// Nodes that did not answer ("NODE: error").
+	UnreachableNodes []string `protobuf:"bytes,2,rep,name=unreachable_nodes,json=unreachableNodes,proto3" json:"unreachable_nodes,omitempty"`
+	// Nodes that answered with an error ("NODE: reason").
+	RefusedNodes  []string `protobuf:"bytes,3,rep,name=refused_nodes,json=refusedNodes,proto3" json:"refused_nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListPoolsResponse) Reset() {
@@ -1931,6 +1973,13 @@ func (x *ListPoolsResponse) GetUnreachableNodes() []string {
 	return nil
 }
 
+func (x *ListPoolsResponse) GetRefusedNodes() []string {
+	if x != nil {
+		return x.RefusedNodes
+	}
+	return nil
+}
+
 var File_warren_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_warren_v1_sandbox_proto_rawDesc = "" +
@@ -1940,7 +1989,7 @@ const file_warren_v1_sandbox_proto_rawDesc = "" +
 	"\x05vcpus\x18\x01 \x01(\rR\x05vcpus\x12\x1b\n" +
 	"\tmemory_mb\x18\x02 \x01(\rR\bmemoryMb\x12\x17\n" +
 	"\adisk_mb\x18\x03 \x01(\rR\x06diskMb\x12\x12\n" +
-	"\x04pids\x18\x04 \x01(\rR\x04pids\"\xa8\x03\n" +
+	"\x04pids\x18\x04 \x01(\rR\x04pids\"\xc1\x03\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x1a\n" +
@@ -1956,7 +2005,8 @@ const file_warren_v1_sandbox_proto_rawDesc = "" +
 	"\x06driver\x18\n" +
 	" \x01(\tR\x06driver\x12 \n" +
 	"\vaccelerator\x18\v \x01(\tR\vaccelerator\x12/\n" +
-	"\x06egress\x18\f \x01(\v2\x17.warren.v1.EgressPolicyR\x06egress\"e\n" +
+	"\x06egress\x18\f \x01(\v2\x17.warren.v1.EgressPolicyR\x06egress\x12\x17\n" +
+	"\atask_id\x18\r \x01(\tR\x06taskId\"e\n" +
 	"\fEgressPolicy\x12\x18\n" +
 	"\aprofile\x18\x01 \x01(\tR\aprofile\x12\x14\n" +
 	"\x05allow\x18\x02 \x03(\tR\x05allow\x12%\n" +
@@ -1987,10 +2037,11 @@ const file_warren_v1_sandbox_proto_rawDesc = "" +
 	"\x12GetSandboxResponse\x12,\n" +
 	"\asandbox\x18\x01 \x01(\v2\x12.warren.v1.SandboxR\asandbox\"/\n" +
 	"\x14ListSandboxesRequest\x12\x17\n" +
-	"\anode_id\x18\x01 \x01(\tR\x06nodeId\"v\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\"\x9b\x01\n" +
 	"\x15ListSandboxesResponse\x120\n" +
 	"\tsandboxes\x18\x01 \x03(\v2\x12.warren.v1.SandboxR\tsandboxes\x12+\n" +
-	"\x11unreachable_nodes\x18\x02 \x03(\tR\x10unreachableNodes\"5\n" +
+	"\x11unreachable_nodes\x18\x02 \x03(\tR\x10unreachableNodes\x12#\n" +
+	"\rrefused_nodes\x18\x03 \x03(\tR\frefusedNodes\"5\n" +
 	"\x14DeleteSandboxRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"\x17\n" +
@@ -2056,7 +2107,7 @@ const file_warren_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\">\n" +
 	"\x0eResumeResponse\x12,\n" +
-	"\asandbox\x18\x01 \x01(\v2\x12.warren.v1.SandboxR\asandbox\"\xbf\x01\n" +
+	"\asandbox\x18\x01 \x01(\v2\x12.warren.v1.SandboxR\asandbox\"\xd3\x01\n" +
 	"\n" +
 	"PoolStatus\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1a\n" +
@@ -2065,19 +2116,22 @@ const file_warren_v1_sandbox_proto_rawDesc = "" +
 	"\x05ready\x18\x04 \x01(\rR\x05ready\x12\x18\n" +
 	"\afilling\x18\x05 \x01(\rR\afilling\x12\x1a\n" +
 	"\bsnapshot\x18\x06 \x01(\tR\bsnapshot\x12\x18\n" +
-	"\astandby\x18\a \x01(\rR\astandby\"c\n" +
+	"\astandby\x18\a \x01(\rR\astandby\x12\x12\n" +
+	"\x04note\x18\b \x01(\tR\x04note\"c\n" +
 	"\x14SetPoolTargetRequest\x12\x1a\n" +
 	"\btemplate\x18\x01 \x01(\tR\btemplate\x12\x16\n" +
 	"\x06target\x18\x02 \x01(\rR\x06target\x12\x17\n" +
-	"\anode_id\x18\x03 \x01(\tR\x06nodeId\"q\n" +
+	"\anode_id\x18\x03 \x01(\tR\x06nodeId\"\x96\x01\n" +
 	"\x15SetPoolTargetResponse\x12+\n" +
 	"\x05pools\x18\x01 \x03(\v2\x15.warren.v1.PoolStatusR\x05pools\x12+\n" +
-	"\x11unreachable_nodes\x18\x02 \x03(\tR\x10unreachableNodes\"+\n" +
+	"\x11unreachable_nodes\x18\x02 \x03(\tR\x10unreachableNodes\x12#\n" +
+	"\rrefused_nodes\x18\x03 \x03(\tR\frefusedNodes\"+\n" +
 	"\x10ListPoolsRequest\x12\x17\n" +
-	"\anode_id\x18\x01 \x01(\tR\x06nodeId\"m\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\"\x92\x01\n" +
 	"\x11ListPoolsResponse\x12+\n" +
 	"\x05pools\x18\x01 \x03(\v2\x15.warren.v1.PoolStatusR\x05pools\x12+\n" +
-	"\x11unreachable_nodes\x18\x02 \x03(\tR\x10unreachableNodes2\xc6\a\n" +
+	"\x11unreachable_nodes\x18\x02 \x03(\tR\x10unreachableNodes\x12#\n" +
+	"\rrefused_nodes\x18\x03 \x03(\tR\frefusedNodes2\xc6\a\n" +
 	"\x0eSandboxService\x12R\n" +
 	"\rCreateSandbox\x12\x1f.warren.v1.CreateSandboxRequest\x1a .warren.v1.CreateSandboxResponse\x12I\n" +
 	"\n" +
