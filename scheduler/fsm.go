@@ -1,6 +1,8 @@
 package scheduler
 
 import (
+	"bytes"
+	"crypto/sha256"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -8,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"slices"
+	"strconv"
 	"sync/atomic"
 
 	"connectrpc.com/connect"
@@ -250,11 +253,12 @@ func (a *applier) apply(c Command) *fsmv1.Result {
 		}
 		return a.appendOnce(m)
 	case *fsmv1.SendMessage:
-		return a.idempotent("msg/"+m.GetTaskId(), m.GetRequestId(), func() *fsmv1.Result { return a.sendMessage(m) })
+		return a.idempotent("msg/"+m.GetTaskId(), m.GetRequestId(), requestDigest(m.GetText()), func() *fsmv1.Result { return a.sendMessage(m) })
 	case *fsmv1.Decide:
-		return a.idempotent("decide/"+m.GetTaskId(), m.GetRequestId(), func() *fsmv1.Result { return a.decide(m) })
+		return a.idempotent("decide/"+m.GetTaskId(), m.GetRequestId(), requestDigest(m.GetToolCallId(), strconv.FormatBool(m.GetApproved()), m.GetComment()),
+			func() *fsmv1.Result { return a.decide(m) })
 	case *fsmv1.CancelTask:
-		return a.idempotent("cancel/"+m.GetTaskId(), m.GetRequestId(), func() *fsmv1.Result { return a.cancel(m) })
+		return a.idempotent("cancel/"+m.GetTaskId(), m.GetRequestId(), requestDigest(m.GetReason()), func() *fsmv1.Result { return a.cancel(m) })
 	case *fsmv1.GrantLease:
 		return a.grantLease(m)
 	case *fsmv1.SetMember:
@@ -275,21 +279,39 @@ func (a *applier) apply(c Command) *fsmv1.Result {
 
 // idempotent runs fn once per (scope, requestID): a repeat returns the
 // recorded result. Failed results are not recorded, so a retry after a
-// refusal is tried again.
-func (a *applier) idempotent(scope, requestID string, fn func() *fsmv1.Result) *fsmv1.Result {
+// refusal is tried again. digest is what the request asks (requestDigest):
+// the request id reused for another request (another text, another tool
+// call or outcome) is refused with already_exists, as CreateTask does,
+// instead of answered as if it had been applied.
+func (a *applier) idempotent(scope, requestID string, digest []byte, fn func() *fsmv1.Result) *fsmv1.Result {
 	if requestID == "" {
 		return fn()
 	}
 	k := keyIdem(scope, requestID)
 	var prev fsmv1.Result
 	if a.getIdem(k, &prev) {
+		if d := prev.GetRequestDigest(); len(d) > 0 && !bytes.Equal(d, digest) {
+			return fail(connect.CodeAlreadyExists, "request_id %q was used for another request on this task", requestID)
+		}
+		prev.RequestDigest = nil
 		return &prev
 	}
 	r := fn()
 	if r.GetCode() == 0 {
-		a.putIdem(k, &fsmv1.Result{FirstSeq: r.GetFirstSeq(), LastSeq: r.GetLastSeq(), Task: r.GetTask()})
+		a.putIdem(k, &fsmv1.Result{FirstSeq: r.GetFirstSeq(), LastSeq: r.GetLastSeq(), Task: r.GetTask(), RequestDigest: digest})
 	}
 	return r
+}
+
+// requestDigest hashes a request's fields (16 bytes of SHA-256, each field
+// length-prefixed) for idempotent.
+func requestDigest(fields ...string) []byte {
+	h := sha256.New()
+	for _, f := range fields {
+		_ = binary.Write(h, binary.BigEndian, uint32(len(f)))
+		h.Write([]byte(f))
+	}
+	return h.Sum(nil)[:16]
 }
 
 // getIdem reads an idempotency record, skipping the read when the key was

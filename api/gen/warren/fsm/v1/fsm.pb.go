@@ -832,8 +832,14 @@ type Result struct {
 	PlacementErrors []string `protobuf:"bytes,8,rep,name=placement_errors,json=placementErrors,proto3" json:"placement_errors,omitempty"`
 	// AppendEvents: the task has a cancel request.
 	CancelRequested bool `protobuf:"varint,9,opt,name=cancel_requested,json=cancelRequested,proto3" json:"cancel_requested,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// In an idempotency record of SendMessage, Decide or CancelTask: a hash
+	// of what the request asked (text; tool call, outcome and comment;
+	// reason), so that its request id reused for another request is refused
+	// instead of answered with the first one's result. Empty in records
+	// written before it.
+	RequestDigest []byte `protobuf:"bytes,10,opt,name=request_digest,json=requestDigest,proto3" json:"request_digest,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Result) Reset() {
@@ -927,6 +933,13 @@ func (x *Result) GetCancelRequested() bool {
 		return x.CancelRequested
 	}
 	return false
+}
+
+func (x *Result) GetRequestDigest() []byte {
+	if x != nil {
+		return x.RequestDigest
+	}
+	return nil
 }
 
 // Member is the stored form of SetMember.
@@ -1182,7 +1195,7 @@ const file_warren_fsm_v1_fsm_proto_rawDesc = "" +
 	"\tSetMember\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\fraft_address\x18\x02 \x01(\tR\vraftAddress\x12\x17\n" +
-	"\aapi_url\x18\x03 \x01(\tR\x06apiUrl\"\xa8\x02\n" +
+	"\aapi_url\x18\x03 \x01(\tR\x06apiUrl\"\xcf\x02\n" +
 	"\x06Result\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12#\n" +
@@ -1192,7 +1205,9 @@ const file_warren_fsm_v1_fsm_proto_rawDesc = "" +
 	"\blast_seq\x18\x06 \x01(\x04R\alastSeq\x12#\n" +
 	"\x04node\x18\a \x01(\v2\x0f.warren.v1.NodeR\x04node\x12)\n" +
 	"\x10placement_errors\x18\b \x03(\tR\x0fplacementErrors\x12)\n" +
-	"\x10cancel_requested\x18\t \x01(\bR\x0fcancelRequested\"T\n" +
+	"\x10cancel_requested\x18\t \x01(\bR\x0fcancelRequested\x12%\n" +
+	"\x0erequest_digest\x18\n" +
+	" \x01(\fR\rrequestDigest\"T\n" +
 	"\x06Member\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\fraft_address\x18\x02 \x01(\tR\vraftAddress\x12\x17\n" +
