@@ -50,7 +50,9 @@ if [ "$DRIVER" = auto ]; then
 fi
 
 echo "== 1. the guest image ($IMAGE_DIR)"
-if ! $W image list --dir "$IMAGE_DIR" 2>/dev/null | grep -q '^default '; then
+# A line with a version, not `default  (broken: ...)`: a broken template
+# is rebuilt too.
+if ! $W image list --dir "$IMAGE_DIR" 2>/dev/null | grep -Eq '^default +[0-9a-f]{16} '; then
 	echo "   missing: building it (make image)"
 	WARREN_IMAGE_DIR=$IMAGE_DIR make image
 fi

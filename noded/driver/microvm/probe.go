@@ -31,14 +31,17 @@ type accelVerdict struct {
 // probeKVM boots t's kernel and initramfs under KVM in probe mode (no
 // root disk; the guest prints guest.ProbeMarker and powers off) and
 // reports whether the marker appeared in time. A KVM that exists but does
-// not run a stock kernel (such as a PVM backend) fails here.
-func probeKVM(ctx context.Context, qemu string, t *guest.Template, dir string) (bool, string) {
+// not run a stock kernel (such as a PVM backend) fails here. definite
+// says the answer is the host's and may be cached: not when the probe was
+// interrupted or could not run (/dev/kvm not opened, QEMU not started),
+// which the next probe may well get past.
+func probeKVM(ctx context.Context, qemu string, t *guest.Template, dir string) (ok bool, why string, definite bool) {
 	if _, err := os.Stat("/dev/kvm"); err != nil {
-		return false, "no /dev/kvm"
+		return false, "no /dev/kvm", true
 	}
 	f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0)
 	if err != nil {
-		return false, "/dev/kvm: " + err.Error()
+		return false, "/dev/kvm: " + err.Error(), false
 	}
 	f.Close()
 	s := vmSpec{ID: "probe-" + randID(), Dir: filepath.Join(dir, "probe-"+randID()), Kernel: kernelPath(t, 1),
@@ -46,28 +49,31 @@ func probeKVM(ctx context.Context, qemu string, t *guest.Template, dir string) (
 	defer os.RemoveAll(s.Dir)
 	p, err := start(qemu, s, nil, nil, "")
 	if err != nil {
-		return false, err.Error()
+		return false, err.Error(), false
 	}
 	defer p.kill()
 	deadline := time.After(8 * time.Second)
 	for {
 		if b, _ := os.ReadFile(filepath.Join(s.Dir, "console.log")); strings.Contains(string(b), guest.ProbeMarker) {
-			return true, "a probe boot under KVM printed its marker"
+			return true, "a probe boot under KVM printed its marker", true
 		}
 		select {
 		case <-p.exited:
 			if b, _ := os.ReadFile(filepath.Join(s.Dir, "console.log")); strings.Contains(string(b), guest.ProbeMarker) {
-				return true, "a probe boot under KVM printed its marker"
+				return true, "a probe boot under KVM printed its marker", true
 			}
-			return false, "a probe boot under KVM exited without its marker: " + tail(filepath.Join(s.Dir, "qemu.log"))
+			return false, "a probe boot under KVM exited without its marker: " + tail(filepath.Join(s.Dir, "qemu.log")), ctx.Err() == nil
 		case <-deadline:
-			return false, "a probe boot under KVM printed nothing in 8s (KVM here does not run a stock kernel)"
+			return false, "a probe boot under KVM printed nothing in 8s (KVM here does not run a stock kernel)", ctx.Err() == nil
 		case <-ctx.Done():
-			return false, ctx.Err().Error()
+			return false, "the probe boot under KVM was interrupted: " + ctx.Err().Error(), false
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
 }
+
+// probe is probeKVM; tests replace it.
+var probe = probeKVM
 
 // chooseAccel returns "kvm" or "tcg" and why, probing once per kernel and
 // QEMU version. The verdict is a property of the host, so it is cached in
@@ -87,10 +93,15 @@ func chooseAccel(ctx context.Context, want, qemu, qver string, t *guest.Template
 			return v.Accel, v.Reason + " (cached)"
 		}
 	}
-	ok, why := probeKVM(ctx, qemu, t, cacheDirs[len(cacheDirs)-1])
+	ok, why, definite := probe(ctx, qemu, t, cacheDirs[len(cacheDirs)-1])
 	v := accelVerdict{Kernel: kernelSHA256(t, 1), QEMU: qver, Accel: "tcg", Reason: why}
 	if ok {
 		v.Accel = "kvm"
+	}
+	// A probe that was interrupted or could not run says nothing about
+	// the host: cached, it would hold a KVM host on TCG for good.
+	if !definite || ctx.Err() != nil {
+		return v.Accel, v.Reason + " (not cached: the next start probes again)"
 	}
 	if b, err := json.Marshal(v); err == nil {
 		for _, dir := range cacheDirs {

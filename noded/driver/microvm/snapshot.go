@@ -7,8 +7,10 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -163,6 +165,14 @@ func (d *Driver) loadSnapshot(t *guest.Template) (*snapshot, error) {
 	dir := d.snapshotDir(t)
 	b, err := os.ReadFile(filepath.Join(dir, "meta.json"))
 	if err != nil {
+		// The directory's name hashes the settings: after a change (a
+		// QEMU upgrade, another command line) the last snapshot is in
+		// another one. Say what changed, from that one.
+		if prev, ok := d.lastSnapshotMeta(t); ok {
+			if diff := metaDiff(prev, d.wantMeta(t)); diff != "" {
+				return nil, fmt.Errorf("no snapshot of %s@%s for this node's settings yet: the last one was made with %s", t.Name, t.Version, diff)
+			}
+		}
 		return nil, fmt.Errorf("no snapshot of %s@%s yet", t.Name, t.Version)
 	}
 	s := &snapshot{Dir: dir}
@@ -173,7 +183,7 @@ func (d *Driver) loadSnapshot(t *guest.Template) (*snapshot, error) {
 	got := s.Meta
 	got.Created, got.TookMS, got.AgentWire = "", 0, false
 	if got != want {
-		return nil, fmt.Errorf("snapshot %s does not match: has %+v, want %+v", dir, got, want)
+		return nil, fmt.Errorf("snapshot %s does not match: it was made with %s", dir, metaDiff(got, want))
 	}
 	for _, f := range []string{s.mem(), s.state(), s.disk()} {
 		if _, err := os.Stat(f); err != nil {
@@ -181,6 +191,66 @@ func (d *Driver) loadSnapshot(t *guest.Template) (*snapshot, error) {
 		}
 	}
 	return s, nil
+}
+
+// lastSnapshotMeta returns the meta of the newest snapshot of t's
+// version in the state directory, whatever its settings.
+func (d *Driver) lastSnapshotMeta(t *guest.Template) (snapMeta, bool) {
+	dirs, _ := filepath.Glob(filepath.Join(d.cfg.StateDir, "snapshots", t.Name+"-"+t.Version+"-*"))
+	var last snapMeta
+	var lastMod time.Time
+	for _, dir := range dirs {
+		if strings.Contains(filepath.Base(dir), ".tmp-") {
+			continue
+		}
+		f := filepath.Join(dir, "meta.json")
+		fi, err := os.Stat(f)
+		if err != nil || !fi.ModTime().After(lastMod) {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		var m snapMeta
+		// Names may share a prefix (web-1@2 and web@1-2): the meta says.
+		if err != nil || json.Unmarshal(b, &m) != nil || m.Template != t.Name || m.TemplateVersion != t.Version {
+			continue
+		}
+		last, lastMod = m, fi.ModTime()
+	}
+	return last, !lastMod.IsZero()
+}
+
+// metaDiff names the settings (meta.json's fields, but what a snapshot
+// learns or records of its making) in which a snapshot made with has
+// differs from want, with both values.
+func metaDiff(has, want snapMeta) string {
+	fields := func(m snapMeta) map[string]string {
+		b, _ := json.Marshal(m)
+		var f map[string]any
+		_ = json.Unmarshal(b, &f)
+		s := map[string]string{}
+		for k, v := range f {
+			s[k] = fmt.Sprint(v)
+		}
+		return s
+	}
+	h, w := fields(has), fields(want)
+	keys := map[string]bool{}
+	for k := range h {
+		keys[k] = true
+	}
+	for k := range w {
+		keys[k] = true
+	}
+	var diffs []string
+	for _, k := range slices.Sorted(maps.Keys(keys)) {
+		if k == "created" || k == "took_ms" || k == "agent_wire" {
+			continue
+		}
+		if h[k] != w[k] { // a field left out (omitempty) is ""
+			diffs = append(diffs, fmt.Sprintf("%s %q, this node has %q", k, h[k], w[k]))
+		}
+	}
+	return strings.Join(diffs, "; ")
 }
 
 // makeSnapshot boots t with its memory in a shared file, warms it up,

@@ -2,6 +2,7 @@ package image
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -15,6 +16,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/warrenhq/warren/guest"
 	"github.com/warrenhq/warren/internal/atomicfile"
@@ -56,7 +59,8 @@ type Config struct {
 	QEMUVersion string
 	// Keep is how many versions of the template stay in the store, the new
 	// one included (older ones are removed; sandboxes restored from them
-	// keep their open files, but cannot be paused and resumed).
+	// keep their open files, but cannot be paused and resumed). The
+	// version current pointed to before the build always stays: see prune.
 	Keep     int
 	Progress io.Writer
 }
@@ -102,8 +106,7 @@ func Build(ctx context.Context, c Config) (*guest.Template, error) {
 		if len(ks) == 0 {
 			return nil, errors.New("kernel: no /boot/vmlinuz-* (apt-get install linux-image-amd64)")
 		}
-		sort.Strings(ks)
-		c.Kernel = ks[len(ks)-1]
+		c.Kernel = newestKernel(ks)
 	}
 	release, modDir, err := kernelModules(c.Kernel, c.Modules)
 	if err != nil {
@@ -120,12 +123,12 @@ func Build(ctx context.Context, c Config) (*guest.Template, error) {
 		}
 	}
 	root := filepath.Join(c.Out, c.Name)
-	work, err := os.MkdirTemp(root+"-build", "")
-	if errors.Is(err, os.ErrNotExist) {
-		if err = os.MkdirAll(root+"-build", 0o755); err == nil {
-			work, err = os.MkdirTemp(root+"-build", "")
-		}
+	unlock, err := lockBuild(c.Name, root+"-build")
+	if err != nil {
+		return nil, err
 	}
+	defer unlock()
+	work, err := os.MkdirTemp(root+"-build", "")
 	if err != nil {
 		return nil, err
 	}
@@ -186,19 +189,13 @@ func Build(ctx context.Context, c Config) (*guest.Template, error) {
 	if err := writeManifest(work, &m); err != nil {
 		return nil, err
 	}
-	if _, err := os.Stat(final); err == nil {
-		os.RemoveAll(final) // the same content: replace it whole
-	}
-	if err := os.MkdirAll(root, 0o755); err != nil {
-		return nil, err
-	}
 	if err := os.Chmod(work, 0o755); err != nil {
 		return nil, err
 	}
-	if err := os.Rename(work, final); err != nil {
-		return nil, err
-	}
-	t := &guest.Template{Dir: final, Manifest: m}
+	// The smoke boot runs in the work directory: a version enters the
+	// store only once it booted (or with --no-smoke), so one that failed
+	// or was interrupted is never among those --keep keeps.
+	t := &guest.Template{Dir: work, Manifest: m}
 	if c.Smoke != nil {
 		if m.KernelUP != nil {
 			c.step("[5/5] smoke boot: one vCPU on the uniprocessor kernel, then two on the SMP kernel")
@@ -207,14 +204,33 @@ func Build(ctx context.Context, c Config) (*guest.Template, error) {
 		}
 		accel, boot, err := c.Smoke(ctx, t)
 		if err != nil {
-			return nil, fmt.Errorf("smoke boot of %s: %w (the template is in %s)", m.Version, err, final)
+			// Kept to look into, until the next build starts.
+			failed := filepath.Join(root+"-build", "failed-"+m.Version)
+			if os.Rename(work, failed) != nil {
+				failed = work
+			}
+			return nil, fmt.Errorf("smoke boot of %s: %w (the template is in %s until the next build)", m.Version, err, failed)
 		}
 		t.Accelerator, t.BootMS = accel, boot.Milliseconds()
-		if err := writeManifest(final, &t.Manifest); err != nil {
+		if err := writeManifest(work, &t.Manifest); err != nil {
 			return nil, err
 		}
 		c.step("      booted on %s in %v", accel, boot.Round(time.Millisecond))
 	}
+	if _, err := os.Stat(final); err == nil {
+		os.RemoveAll(final) // the same content: replace it whole
+	}
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return nil, err
+	}
+	if err := os.Rename(work, final); err != nil {
+		return nil, err
+	}
+	t.Dir = final
+	// The version current names until the swap below: nodes running now
+	// may have loaded it (a node keeps the version it loaded until it
+	// restarts), so prune spares it.
+	previous, _ := os.Readlink(filepath.Join(root, "current"))
 	tmpLink := filepath.Join(root, ".current-"+m.Version)
 	_ = os.Remove(tmpLink)
 	if err := os.Symlink(m.Version, tmpLink); err != nil {
@@ -224,12 +240,88 @@ func Build(ctx context.Context, c Config) (*guest.Template, error) {
 		return nil, err
 	}
 	if c.Keep > 0 {
-		for _, old := range prune(root, m.Version, c.Keep) {
+		for _, old := range prune(root, m.Version, previous, c.Keep) {
 			c.step("      removed old version %s", old)
 		}
 	}
 	c.step("done: %s@%s in %s (%v)", c.Name, m.Version, final, time.Since(start).Round(time.Second))
 	return t, nil
+}
+
+// newestKernel returns the vmlinuz-RELEASE of paths with the highest
+// release, comparing the releases' numbers as numbers: 6.1.0-57 is newer
+// than 6.1.0-9.
+func newestKernel(paths []string) string {
+	best := paths[0]
+	for _, p := range paths[1:] {
+		if compareVersions(filepath.Base(p), filepath.Base(best)) > 0 {
+			best = p
+		}
+	}
+	return best
+}
+
+// compareVersions compares a and b run by run, a run being digits or
+// other characters: digit runs as numbers, others as strings.
+func compareVersions(a, b string) int {
+	for a != "" && b != "" {
+		ra, rb := versionRun(a), versionRun(b)
+		a, b = a[len(ra):], b[len(rb):]
+		if isDigit(ra[0]) && isDigit(rb[0]) {
+			na, nb := strings.TrimLeft(ra, "0"), strings.TrimLeft(rb, "0")
+			if c := cmp.Compare(len(na), len(nb)); c != 0 {
+				return c
+			}
+			ra, rb = na, nb
+		}
+		if c := strings.Compare(ra, rb); c != 0 {
+			return c
+		}
+	}
+	return cmp.Compare(len(a), len(b))
+}
+
+// versionRun is the run of digits or of other characters s starts with.
+func versionRun(s string) string {
+	i := 1
+	for i < len(s) && isDigit(s[i]) == isDigit(s[0]) {
+		i++
+	}
+	return s[:i]
+}
+
+func isDigit(c byte) bool { return '0' <= c && c <= '9' }
+
+// lockBuild takes the lock of a template's build directory, dir, so that
+// one build of the template runs at a time, and removes what earlier
+// builds left in it: the work directory of one that was killed (SIGKILL,
+// the OOM killer, CI's time limit: no deferred call ran) holds the whole
+// template, 2 GB for the default one; and the version of one whose smoke
+// boot failed was kept there to look into. The lock ends with the
+// process, however it ends. unlock releases it.
+func lockBuild(name, dir string) (unlock func(), err error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	path := filepath.Join(dir, ".lock")
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("another build of template %s is running (it holds %s)", name, path)
+		}
+		return nil, fmt.Errorf("lock %s: %w", path, err)
+	}
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if e.Name() != ".lock" {
+			_ = os.RemoveAll(filepath.Join(dir, e.Name()))
+		}
+	}
+	return func() { f.Close() }, nil
 }
 
 // kernelModules returns a vmlinuz-RELEASE's release and its modules
@@ -264,9 +356,11 @@ func allBuiltIn(modDirs ...string) error {
 	return nil
 }
 
-// prune removes all but the newest keep versions of a template (current
-// always stays).
-func prune(root, current string, keep int) []string {
+// prune removes all but the newest keep versions of a template, current
+// counted among them. It never removes current, nor previous (the version
+// current named before this build, "" if none): a node that loaded it
+// keeps running it, so with keep 1 both stay until the next build.
+func prune(root, current, previous string, keep int) []string {
 	ents, err := os.ReadDir(root)
 	if err != nil {
 		return nil
@@ -277,7 +371,7 @@ func prune(root, current string, keep int) []string {
 	}
 	var vs []ver
 	for _, e := range ents {
-		if !e.IsDir() || e.Name() == current {
+		if !e.IsDir() || e.Name() == current || strings.HasPrefix(e.Name(), ".") {
 			continue
 		}
 		fi, err := os.Stat(filepath.Join(root, e.Name(), guest.ManifestFile))
@@ -289,7 +383,7 @@ func prune(root, current string, keep int) []string {
 	sort.Slice(vs, func(i, j int) bool { return vs[i].mod.After(vs[j].mod) })
 	var removed []string
 	for i, v := range vs {
-		if i+1 < keep {
+		if i+1 < keep || v.name == previous {
 			continue
 		}
 		if os.RemoveAll(filepath.Join(root, v.name)) == nil {
@@ -329,22 +423,25 @@ func extractVmlinux(vmlinuz, out string) error {
 		return err
 	}
 	defer f.Close()
+	// --single-stream stops at the stream's end and ignores the bytes
+	// after it (the rest of the bzImage) without a word; a stream cut
+	// short is an error.
 	cmd := exec.Command("xz", "-dcq", "--single-stream")
 	cmd.Stdin = bytes.NewReader(b[i:])
 	cmd.Stdout = f
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
-	// xz warns about the bytes after the stream; the ELF check below is
-	// what tells success.
-	_ = cmd.Run()
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("kernel %s: uncompressing its xz payload: %w: %s", vmlinuz, err, strings.TrimSpace(stderr.String()))
+	}
 	if err := f.Sync(); err != nil {
 		return err
 	}
 	head := make([]byte, 4)
 	if _, err := f.ReadAt(head, 0); err != nil || string(head) != "\x7fELF" {
-		return fmt.Errorf("kernel %s: uncompressed payload is not an ELF file: %s", vmlinuz, strings.TrimSpace(stderr.String()))
+		return fmt.Errorf("kernel %s: uncompressed payload is not an ELF file", vmlinuz)
 	}
-	return nil
+	return f.Close()
 }
 
 func buildInitramfs(agent, modDir, out string) error {

@@ -3,6 +3,7 @@ package image
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/warrenhq/warren/guest"
 )
 
 func TestModuleOrderPutsDependenciesFirst(t *testing.T) {
@@ -123,13 +126,55 @@ func TestPruneKeepsTheNewest(t *testing.T) {
 		os.WriteFile(m, []byte("{}"), 0o644)
 		os.Chtimes(m, now.Add(time.Duration(i)*time.Minute), now.Add(time.Duration(i)*time.Minute))
 	}
-	removed := prune(root, "d", 2)
+	os.MkdirAll(filepath.Join(root, ".hidden"), 0o755)
+	os.WriteFile(filepath.Join(root, ".hidden", "manifest.json"), []byte("{}"), 0o644)
+	removed := prune(root, "d", "", 2)
 	if strings.Join(removed, ",") != "b,a" {
 		t.Fatalf("removed %v, want b,a", removed)
 	}
-	for _, v := range []string{"c", "d"} {
+	for _, v := range []string{"c", "d", ".hidden"} {
 		if _, err := os.Stat(filepath.Join(root, v)); err != nil {
 			t.Errorf("%s was removed", v)
+		}
+	}
+}
+
+// The version current named before the build may be running on a node
+// (which loads a template once): prune never removes it, even past keep.
+func TestPruneSparesThePreviousVersion(t *testing.T) {
+	root := t.TempDir()
+	now := time.Now()
+	for i, v := range []string{"a", "b", "c"} {
+		os.MkdirAll(filepath.Join(root, v), 0o755)
+		m := filepath.Join(root, v, "manifest.json")
+		os.WriteFile(m, []byte("{}"), 0o644)
+		os.Chtimes(m, now.Add(time.Duration(i)*time.Minute), now.Add(time.Duration(i)*time.Minute))
+	}
+	// c is new and current; a was current before it (b, newer than a,
+	// was made current by hand and rolled back, say).
+	if removed := prune(root, "c", "a", 1); strings.Join(removed, ",") != "b" {
+		t.Fatalf("removed %v, want b", removed)
+	}
+	if _, err := os.Stat(filepath.Join(root, "a")); err != nil {
+		t.Errorf("the previous version was removed: %v", err)
+	}
+}
+
+func TestNewestKernel(t *testing.T) {
+	for _, c := range []struct {
+		paths []string
+		want  string
+	}{
+		{[]string{"/boot/vmlinuz-6.1.0-57-amd64"}, "/boot/vmlinuz-6.1.0-57-amd64"},
+		{[]string{"/boot/vmlinuz-6.1.0-9-amd64", "/boot/vmlinuz-6.1.0-57-amd64"}, "/boot/vmlinuz-6.1.0-57-amd64"},
+		{[]string{"/boot/vmlinuz-6.1.0-57-amd64", "/boot/vmlinuz-6.1.0-9-amd64"}, "/boot/vmlinuz-6.1.0-57-amd64"},
+		{[]string{"/boot/vmlinuz-5.10.0-30-amd64", "/boot/vmlinuz-6.1.0-1-amd64", "/boot/vmlinuz-5.19.0-99-amd64"}, "/boot/vmlinuz-6.1.0-1-amd64"},
+		{[]string{"/boot/vmlinuz-6.10.0-1-amd64", "/boot/vmlinuz-6.9.0-1-amd64"}, "/boot/vmlinuz-6.10.0-1-amd64"},
+		{[]string{"/boot/vmlinuz-6.1.0-09-amd64", "/boot/vmlinuz-6.1.0-10-amd64"}, "/boot/vmlinuz-6.1.0-10-amd64"},
+		{[]string{"/boot/vmlinuz-6.1.0-57-amd64", "/boot/vmlinuz-6.1.0-57-amd64-dbg"}, "/boot/vmlinuz-6.1.0-57-amd64-dbg"},
+	} {
+		if got := newestKernel(c.paths); got != c.want {
+			t.Errorf("newestKernel(%v) = %s, want %s", c.paths, got, c.want)
 		}
 	}
 }
@@ -193,5 +238,200 @@ func TestBuildChecksKernelUP(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "store")); !os.IsNotExist(err) {
 		t.Errorf("a refused build left the store: %v", err)
+	}
+}
+
+// buildFixture makes a Config that Build runs without debootstrap or
+// QEMU: a vmlinuz whose xz payload is an ELF header, a modules directory
+// with every guest driver built in, and a debootstrap cache marked done.
+func buildFixture(t *testing.T) Config {
+	t.Helper()
+	for _, tool := range []string{"debootstrap", "mkfs.ext4", "xz", "du"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("needs %s (apt-get install debootstrap e2fsprogs xz-utils)", tool)
+		}
+	}
+	dir := t.TempDir()
+	elf := append([]byte("\x7fELF"), bytes.Repeat([]byte{0}, 60)...)
+	xzc := exec.Command("xz", "-c")
+	xzc.Stdin = bytes.NewReader(elf)
+	payload, err := xzc.Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kernel := filepath.Join(dir, "vmlinuz-6.1.0-test")
+	os.WriteFile(kernel, append([]byte("bzImage header"), payload...), 0o644)
+	mods := filepath.Join(dir, "mods")
+	os.MkdirAll(mods, 0o755)
+	var names []string
+	for _, m := range GuestModules {
+		names = append(names, "kernel/x/"+m+".ko")
+	}
+	os.WriteFile(filepath.Join(mods, "modules.dep"), nil, 0o644)
+	os.WriteFile(filepath.Join(mods, "modules.builtin"), []byte(strings.Join(names, "\n")+"\n"), 0o644)
+	c := Config{Name: "default", Out: filepath.Join(dir, "store"), Agent: filepath.Join(dir, "warren-guest"),
+		Kernel: kernel, Modules: mods, Suite: "bookworm", Mirror: "http://mirror.invalid/debian", FreeMB: 64, Keep: 2}
+	os.WriteFile(c.Agent, []byte("agent"), 0o755)
+	fakeRootfsCache(c)
+	return c
+}
+
+// fakeRootfsCache puts a finished debootstrap tree in c's store.
+func fakeRootfsCache(c Config) {
+	pkgs := append(append([]string(nil), DefaultPackages...), c.Packages...)
+	root := filepath.Join(c.Out, ".cache", c.Name+"-rootfs-"+shortHash(c.Suite+c.Mirror+strings.Join(pkgs, ",")))
+	os.MkdirAll(filepath.Join(root, "etc"), 0o755)
+	os.WriteFile(filepath.Join(root, "etc", "hostname"), []byte("test\n"), 0o644)
+	os.WriteFile(filepath.Join(root, ".warren-done"), nil, 0o644)
+}
+
+// A version whose smoke boot failed never enters the store: it is not
+// one of the versions --keep keeps (with --keep 2 the next good build
+// would otherwise remove the last version that booted), and the next
+// build removes it.
+func TestBuildKeepsTheLastGoodVersionOverAFailedSmokeBoot(t *testing.T) {
+	c := buildFixture(t)
+	build := func(agent string, smokeErr error) (*guest.Template, error) {
+		os.WriteFile(c.Agent, []byte(agent), 0o755)
+		cc := c
+		cc.Smoke = func(context.Context, *guest.Template) (string, time.Duration, error) {
+			if smokeErr != nil {
+				return "", 0, smokeErr
+			}
+			return "tcg", time.Second, nil
+		}
+		return Build(context.Background(), cc)
+	}
+	good, err := build("agent v1", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = build("agent v2", errors.New("agent did not answer"))
+	if err == nil || !strings.Contains(err.Error(), "agent did not answer") {
+		t.Fatalf("a failed smoke boot: %v", err)
+	}
+	failed, _ := filepath.Glob(filepath.Join(c.Out, "default-build", "failed-*"))
+	if len(failed) != 1 || !strings.Contains(err.Error(), failed[0]) {
+		t.Errorf("the failed version is not kept where the error says: %v, %v", failed, err)
+	}
+	if vs, _ := filepath.Glob(filepath.Join(c.Out, "default", "*", "manifest.json")); len(vs) != 2 { // good and current
+		t.Errorf("versions in the store after a failed smoke boot: %v", vs)
+	}
+	if _, err := build("agent v3", nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(good.Dir); err != nil {
+		t.Errorf("--keep 2 removed %s, the last version that passed its smoke boot: %v", good.Version, err)
+	}
+	if _, err := os.Stat(failed[0]); !os.IsNotExist(err) {
+		t.Errorf("the next build left the failed version: %v", err)
+	}
+}
+
+// exitAt is a progress writer that ends the process (as SIGKILL or a
+// power cut would: no deferred call runs) when Build reports a step.
+type exitAt struct{ step string }
+
+func (w exitAt) Write(p []byte) (int, error) {
+	if strings.Contains(string(p), w.step) {
+		os.Exit(3)
+	}
+	return len(p), nil
+}
+
+// A build killed before it renames its work directory leaves it (the
+// whole template); the next build removes it.
+func TestBuildRemovesAKilledBuildsWorkDir(t *testing.T) {
+	if store := os.Getenv("WARREN_TEST_CRASH_STORE"); store != "" {
+		c := buildFixture(t)
+		c.Out = store
+		fakeRootfsCache(c)
+		c.Progress = exitAt{"mkfs.ext4 with"}
+		Build(context.Background(), c)
+		return
+	}
+	store := t.TempDir()
+	cmd := exec.Command(os.Args[0], "-test.run", "^TestBuildRemovesAKilledBuildsWorkDir$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "WARREN_TEST_CRASH_STORE="+store)
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 3 {
+		t.Fatalf("the killed build: %v\n%s", err, out)
+	}
+	// The lock stays; the work directories are what matters.
+	workDirs := func() []string {
+		ds, _ := filepath.Glob(filepath.Join(store, "default-build", "[^.]*"))
+		return ds
+	}
+	if len(workDirs()) == 0 {
+		t.Fatal("the killed build left nothing (the crash came too early)")
+	}
+	c := buildFixture(t)
+	c.Out = store
+	fakeRootfsCache(c)
+	if _, err := Build(context.Background(), c); err != nil {
+		t.Fatal(err)
+	}
+	if still := workDirs(); len(still) != 0 {
+		t.Errorf("after a good build, a dead build's work directory is still in the store: %v", still)
+	}
+}
+
+// Builds of one template run one at a time: a second one is refused,
+// naming the lock, and leaves the first one's work alone.
+func TestBuildRefusesAConcurrentBuild(t *testing.T) {
+	c := buildFixture(t)
+	unlock, err := lockBuild(c.Name, filepath.Join(c.Out, "default-build"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unlock()
+	work := filepath.Join(c.Out, "default-build", "123")
+	os.MkdirAll(work, 0o755)
+	_, err = Build(context.Background(), c)
+	if err == nil || !strings.Contains(err.Error(), "another build of template default is running") {
+		t.Fatalf("a build while another runs: %v", err)
+	}
+	if _, err := os.Stat(work); err != nil {
+		t.Errorf("the refused build touched the running one's work: %v", err)
+	}
+}
+
+// A vmlinuz whose xz stream is cut short (a truncated copy) is refused,
+// not uncompressed into a partial kernel that starts like an ELF file.
+func TestExtractVmlinuxRefusesATruncatedKernel(t *testing.T) {
+	if _, err := exec.LookPath("xz"); err != nil {
+		t.Skip("needs xz (apt-get install xz-utils)")
+	}
+	dir := t.TempDir()
+	// An ELF header and 4 MiB that do not compress, so xz writes out
+	// what it decoded before it finds the end missing.
+	body := make([]byte, 4<<20)
+	x := uint32(1)
+	for i := range body {
+		x ^= x << 13
+		x ^= x >> 17
+		x ^= x << 5
+		body[i] = byte(x)
+	}
+	elf := append([]byte("\x7fELF"), body...)
+	xzc := exec.Command("xz", "-c", "-0")
+	xzc.Stdin = bytes.NewReader(elf)
+	payload, err := xzc.Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	whole, cut := filepath.Join(dir, "vmlinuz-6.1.0-whole"), filepath.Join(dir, "vmlinuz-6.1.0-cut")
+	os.WriteFile(whole, append(append([]byte("bzImage header"), payload...), "trailer"...), 0o644)
+	os.WriteFile(cut, append([]byte("bzImage header"), payload[:len(payload)/2]...), 0o644)
+	out := filepath.Join(dir, "vmlinux")
+	if err := extractVmlinux(whole, out); err != nil {
+		t.Fatalf("a whole kernel with bytes after its xz stream: %v", err)
+	}
+	if fi, _ := os.Stat(out); fi == nil || fi.Size() != int64(len(elf)) {
+		t.Fatalf("a whole kernel uncompressed to %v, want %d bytes", fi, len(elf))
+	}
+	if err := extractVmlinux(cut, out); err == nil || !strings.Contains(err.Error(), cut) {
+		t.Errorf("a vmlinuz with half its xz stream: %v", err)
 	}
 }

@@ -1,0 +1,67 @@
+package microvm
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/warrenhq/warren/guest"
+)
+
+// A snapshot made with other settings lives in another directory (its
+// name hashes them), so after a QEMU upgrade the node finds no snapshot
+// in the new one: the reason it logs for booting cold names what changed,
+// read from the last snapshot of the template's version.
+func TestSnapshotMismatchSaysWhy(t *testing.T) {
+	state := t.TempDir()
+	tpl := &guest.Template{Dir: t.TempDir(), Manifest: guest.Manifest{Name: "default", Version: "v1",
+		Kernel: guest.Artifact{File: "vmlinux", SHA256: "k"}}}
+	d := &Driver{cfg: Config{StateDir: state, SnapshotMemMB: 512}, accel: "tcg", qver: "7.2.0"}
+	if _, err := d.loadSnapshot(tpl); err == nil || err.Error() != "no snapshot of default@v1 yet" {
+		t.Fatalf("no snapshot at all: %v", err)
+	}
+	old := d.snapshotDir(tpl)
+	os.MkdirAll(old, 0o755)
+	m := d.wantMeta(tpl)
+	m.Created, m.TookMS = "2025-01-01T00:00:00Z", 1234
+	b, _ := json.Marshal(m)
+	os.WriteFile(filepath.Join(old, "meta.json"), b, 0o644)
+	for _, f := range []string{"mem", "state", "disk.qcow2"} {
+		os.WriteFile(filepath.Join(old, f), nil, 0o644)
+	}
+	// Another template whose directory names share the prefix.
+	other := filepath.Join(state, "snapshots", "default-v1-x-512m-tcg-0123456789ab")
+	os.MkdirAll(other, 0o755)
+	os.WriteFile(filepath.Join(other, "meta.json"), []byte(`{"template":"default-v1-x","template_version":"2","qemu_version":"6.0"}`), 0o644)
+	if _, err := d.loadSnapshot(tpl); err != nil {
+		t.Fatalf("the snapshot just made: %v", err)
+	}
+	d.qver = "8.0.0" // QEMU upgraded
+	_, err := d.loadSnapshot(tpl)
+	want := `no snapshot of default@v1 for this node's settings yet: the last one was made with qemu_version "7.2.0", this node has "8.0.0"`
+	if err == nil || err.Error() != want {
+		t.Errorf("after a QEMU upgrade: %v\nwant %s", err, want)
+	}
+}
+
+func TestMetaDiffNamesTheChangedSettings(t *testing.T) {
+	has := snapMeta{Template: "default", TemplateVersion: "v1", QEMUVersion: "7.2.0", MemMB: 256, CPU: "max", NIC: true,
+		Created: "then", TookMS: 9, AgentWire: true}
+	want := has
+	if d := metaDiff(has, want); d != "" {
+		t.Errorf("the same settings: %q", d)
+	}
+	want.Created, want.TookMS, want.AgentWire = "now", 1, false
+	if d := metaDiff(has, want); d != "" {
+		t.Errorf("only what a snapshot records of its making differs: %q", d)
+	}
+	want.MemMB, want.CPU = 512, ""
+	if d, w := metaDiff(has, want), `cpu "max", this node has ""; mem_mb "256", this node has "512"`; d != w {
+		t.Errorf("metaDiff = %q, want %q", d, w)
+	}
+	if strings.Contains(metaDiff(has, want), "created") {
+		t.Error("metaDiff names created")
+	}
+}
