@@ -2,6 +2,7 @@ package actor
 
 import (
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -43,7 +44,7 @@ func (b Backoff) Delay(attempt int) time.Duration {
 	}
 	d := b.Min
 	for i := 1; i < attempt; i++ {
-		if b.Max > 0 && d >= b.Max || d > time.Duration(1<<62) {
+		if b.Max > 0 && d >= b.Max || d > math.MaxInt64/2 { // doubling would overflow
 			break
 		}
 		d *= 2

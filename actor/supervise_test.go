@@ -329,3 +329,21 @@ type slowStopper struct{ g *gate }
 
 func (slowStopper) Receive(*Context, any) {}
 func (s slowStopper) Stopped(*Context)    { s.g.block() }
+
+// Without a Max, the delay doubles until it would overflow and stays
+// there: a Min that is a power of two reached exactly 1<<62, passed the
+// guard and doubled into a negative delay, which restarted at once, in a
+// hot loop.
+func TestBackoffDelayNeverOverflows(t *testing.T) {
+	for _, min := range []time.Duration{1 << 30, time.Second, 3} {
+		b := Backoff{Min: min}
+		prev := time.Duration(0)
+		for attempt := 1; attempt <= 80; attempt++ {
+			d := b.Delay(attempt)
+			if d <= 0 || d < prev {
+				t.Fatalf("Min %v: Delay(%d) = %v after %v", min, attempt, d, prev)
+			}
+			prev = d
+		}
+	}
+}
