@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 )
 
@@ -17,9 +18,10 @@ Usage:
   warren server --id NAME --data DIR --api HOST:PORT --raft HOST:PORT [--bootstrap | --join API_URL]
                 [--gossip HOST:PORT] [--join-gossip HOST:PORT,...]
   warren node --id NAME --data DIR --servers URL[,URL...] --gossip HOST:PORT [--join-gossip HOST:PORT,...]
-              --driver sim|microvm|container [--capacity cpu=N,mem=SIZE] [--labels k=v,...]
+              --driver auto|microvm|container|sim [--capacity cpu=N,mem=SIZE] [--labels k=v,...]
   warren dev [--data DIR] [--api HOST:PORT]
   warren task create --repo URL --base REV --title T [--body TEXT | --body-file F] [--model M]
+                     [--driver D] [--max-steps N] [--max-tokens N] [--max-cost USD] [--max-wall-clock S]
   warren task get ID
   warren task list [--state S]
   warren task watch ID [--after SEQ]
@@ -64,6 +66,13 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
 		return errUsage
+	}
+	// "warren task -h" and the like: the verbs' commands answer with the
+	// usage (the verb's own flags: "warren task create -h").
+	if len(args) > 1 && slices.Contains([]string{"task", "tasks", "cluster", "nodes", "bench", "pool", "pools"}, args[0]) &&
+		slices.Contains([]string{"-h", "-help", "--help", "help"}, args[1]) {
+		fmt.Fprint(stdout, usage)
+		return nil
 	}
 	switch args[0] {
 	case "server":

@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/signal"
 	"slices"
@@ -117,8 +118,11 @@ func cmdTask(args []string, stdout, stderr io.Writer) error {
 	}
 	verb, args := args[0], args[1:]
 	switch verb {
+	case "-h", "-help", "--help", "help":
+		fmt.Fprint(stdout, usage)
+		return nil
 	case "create":
-		return taskCreate(args, stdout)
+		return taskCreate(args, stdout, stderr)
 	case "get":
 		return taskGet(args, stdout)
 	case "list", "ls":
@@ -135,7 +139,7 @@ func cmdTask(args []string, stdout, stderr io.Writer) error {
 	return fmt.Errorf("task: unknown verb %q (create, get, list, watch, steer, approve, reject, cancel)", verb)
 }
 
-func taskCreate(args []string, stdout io.Writer) error {
+func taskCreate(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("task create", flag.ContinueOnError)
 	var cf clientFlags
 	cf.register(fs)
@@ -151,6 +155,14 @@ func taskCreate(args []string, stdout io.Writer) error {
 	fs.Int64Var(&spec.Budgets.MaxSteps, "max-steps", 0, "step budget (0: none)")
 	fs.Int64Var(&spec.Budgets.MaxTokens, "max-tokens", 0, "token budget (0: none)")
 	fs.Int64Var(&spec.Budgets.MaxWallClockSeconds, "max-wall-clock", 0, "wall-clock budget in seconds (0: none)")
+	fs.Func("max-cost", "cost budget in US dollars, e.g. 2.50 (0: none; the node's --model-prices price each call)", func(v string) error {
+		usd, err := strconv.ParseFloat(v, 64)
+		if err != nil || usd < 0 || usd > 1e6 || math.IsNaN(usd) {
+			return fmt.Errorf("%q is not an amount of dollars from 0 to 1000000", v)
+		}
+		spec.Budgets.MaxCostMicroUsd = int64(math.Round(usd * 1e6))
+		return nil
+	})
 	egress := fs.String("egress", "", "comma-separated egress allow-list (host or *.suffix); with the registries profile they add to the package registries")
 	policyFile := fs.String("policy", "", `a JSON file of policy rules for the agent's tool calls, checked before the defaults: [{"tool":"run_command","command":"\\bcurl\\b","tier":"deny","reason":"no downloads"}, ...]`)
 	modelScript := fs.String("model-script", "", "a JSONL file of assistant turns: run the agent loop on the scripted provider (no model is called)")
@@ -169,7 +181,7 @@ func taskCreate(args []string, stdout io.Writer) error {
 	stepMillis := fs.Uint("script-step-millis", 200, "how long each scripted step's command runs (ms)")
 	scriptOutput := fs.Uint("script-output-bytes", 0, "size of each scripted step's output")
 	labels := fs.String("labels", "", "comma-separated k=v labels")
-	selector := fs.String("node-selector", "", "comma-separated k=v labels the task's node must carry (see `warren node --labels`)")
+	selector := fs.String("node-selector", "", "comma-separated k=v labels the task's node must carry (see: warren node --labels)")
 	tenant := fs.String("tenant", "", "tenant (default: default)")
 	reqID := fs.String("request-id", "", "idempotency key (default: random)")
 	quiet := fs.Bool("q", false, "print only the new task's id")
@@ -244,6 +256,7 @@ func taskCreate(args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	warnNoNode(ctx, c, spec.GetDriver(), stderr)
 	if *quiet {
 		_, err = fmt.Fprintln(stdout, resp.Msg.GetTask().GetId())
 		return err
@@ -613,4 +626,24 @@ func flagsSet(fs *flag.FlagSet, names ...string) []string {
 		}
 	})
 	return set
+}
+
+// warnNoNode says so on stderr when no ready, eligible node runs the new
+// task's driver: it stays pending until one does. (A task without a driver
+// needs microvm, and warren dev's node runs sim unless told otherwise.) A
+// failed look is not the create's failure: nothing is said.
+func warnNoNode(ctx context.Context, c *client.Client, driver string, stderr io.Writer) {
+	if driver == "" {
+		driver = scheduler.DefaultDriver
+	}
+	resp, err := callCluster(ctx, c, warrenv1connect.ClusterServiceClient.ListNodes, &warrenv1.ListNodesRequest{})
+	if err != nil {
+		return
+	}
+	for _, n := range resp.Msg.GetNodes() {
+		if n.GetStatus() == warrenv1.NodeStatus_NODE_STATUS_READY && n.GetEligible() && slices.Contains(n.GetDrivers(), driver) {
+			return
+		}
+	}
+	fmt.Fprintf(stderr, "warning: no ready node runs the %s driver, so the task stays pending until one does (give --driver to pick another)\n", driver)
 }
