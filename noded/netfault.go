@@ -68,6 +68,13 @@ func (n *netFaults) client(h2c bool) *http.Client {
 	if h2c {
 		t.Protocols = new(http.Protocols)
 		t.Protocols.SetUnencryptedHTTP2(true)
+		// Ping a connection that has been quiet for a second and drop it
+		// if the ping is not answered within another: a leader whose host
+		// lost power or was partitioned away sends no FIN or RST, the
+		// session's writes keep filling buffers, and without pings its
+		// Receive waited for the kernel's retransmission timeout (~15
+		// min) while the new leader declared the node down.
+		t.HTTP2 = &http.HTTP2Config{SendPingTimeout: time.Second, PingTimeout: time.Second}
 	}
 	return &http.Client{Transport: faultRT{n: n, inner: t}}
 }

@@ -60,11 +60,16 @@ func (d *Daemon) findLeader() (string, error) {
 	return "", fmt.Errorf("no leader: %w", errors.Join(errs...))
 }
 
+// errLeaderSilent ends a session whose leader, which acknowledges
+// heartbeats, has said nothing for a TTL.
+var errLeaderSilent = errors.New("no word from the leader within its ttl")
+
 // runSession holds one session until it breaks: Hello, then heartbeats
 // every interval the leader asks for, while commands are applied as they
 // come.
 func (d *Daemon) runSession(nc warrenv1connect.NodeServiceClient, url string) error {
-	ctx, cancel := context.WithCancel(d.ctx)
+	ctx, cancelCause := context.WithCancelCause(d.ctx)
+	cancel := func() { cancelCause(nil) }
 	defer cancel()
 	defer d.dropYields()
 	d.net.whenCut(cancel)
@@ -93,6 +98,26 @@ func (d *Daemon) runSession(nc warrenv1connect.NodeServiceClient, url string) er
 	d.mu.Unlock()
 	every := orDuration(time.Duration(w.GetHeartbeatIntervalMs())*time.Millisecond, orDuration(d.cfg.Heartbeat, 500*time.Millisecond))
 	d.log.Info("session opened", "leader", w.GetLeaderId(), "url", url, "heartbeat", every)
+	// A leader that acknowledges heartbeats says something at least every
+	// ttl/3 while it hears them. Hearing nothing for a ttl, the node gives
+	// the session up and finds the leader again: the leader vanished
+	// without closing the connection (power loss, partition), or no longer
+	// hears the node, and a new leader declares down a node it does not
+	// hear from. A leader that predates acks may be quiet for long on a
+	// healthy session, so the watchdog waits for the Welcome to say so.
+	// Only time spent waiting on the leader counts, not time spent applying
+	// what it sent (a burst of starts on a starved CPU).
+	receive := stream.Receive
+	if ttl := time.Duration(w.GetTtlMs()) * time.Millisecond; w.GetAcksHeartbeats() && ttl > 0 {
+		watchdog := time.AfterFunc(ttl, func() { cancelCause(fmt.Errorf("%w (%s)", errLeaderSilent, ttl)) })
+		defer watchdog.Stop()
+		receive = func() (*warrenv1.SessionResponse, error) {
+			watchdog.Reset(ttl)
+			m, err := stream.Receive()
+			watchdog.Stop()
+			return m, err
+		}
+	}
 
 	sendErr := make(chan error, 1)
 	go func() {
@@ -117,12 +142,18 @@ func (d *Daemon) runSession(nc warrenv1connect.NodeServiceClient, url string) er
 		}
 	}()
 	for {
-		m, err := stream.Receive()
+		m, err := receive()
 		if err != nil {
+			if cause := context.Cause(ctx); errors.Is(cause, errLeaderSilent) {
+				d.log.Warn("leader silent; finding the leader again", "leader", w.GetLeaderId(), "url", url)
+				err = cause
+			}
 			cancel()
 			<-sendErr
 			return err
 		}
+		// Messages this node does not know (from a newer leader) have no
+		// case and are ignored.
 		switch c := m.GetMsg().(type) {
 		case *warrenv1.SessionResponse_Start:
 			d.startTask(c.Start)
@@ -139,6 +170,8 @@ func (d *Daemon) runSession(nc warrenv1connect.NodeServiceClient, url string) er
 			}
 		case *warrenv1.SessionResponse_PoolTargets:
 			d.setPoolTargets(c.PoolTargets.GetTargets())
+		case *warrenv1.SessionResponse_Ack:
+			// Only a sign of life, which receive has noted.
 		}
 	}
 }

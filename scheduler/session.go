@@ -157,7 +157,11 @@ func (h *sessions) verdict(node string, now time.Time, ttl time.Duration) (strin
 	} else if d, allowed := now.Sub(last), heartbeatTTL(now.Sub(h.leaderSince), ttl); d > allowed {
 		return fmt.Sprintf("no heartbeat for %s (ttl %s)", d.Round(time.Millisecond), allowed), true
 	}
-	if _, ok := h.gossipDead[node]; ok {
+	// A heartbeat after memberlist's verdict proves the node alive, as a
+	// hello does: it paused (a long GC, a starved CPU) long enough for
+	// memberlist's probes to time out, but not for its TTL, which still
+	// holds if it stopped for good.
+	if dead, ok := h.gossipDead[node]; ok && !h.lastSeen[node].After(dead) {
 		return "memberlist declared it dead", true
 	}
 	return "", false
@@ -229,9 +233,30 @@ func (n nodeAPI) Session(ctx context.Context, stream *connect.BidiStream[warrenv
 		return invalid(fmt.Errorf("hello: %w", err))
 	}
 	id := hello.GetNode().GetId()
-	// A hello is a sign of life; registering and reconciling can take
-	// seconds under load, and the node's heartbeats are read only after.
+	// A hello is a sign of life, and so is every heartbeat from here on:
+	// registering and reconciling can take seconds under load, and when
+	// heartbeats were read only after, a healthy node registering then
+	// was declared down.
 	s.sess.seen(id, s.clock.Now())
+	recv := make(chan error, 1)
+	heard := make(chan uint64, 1) // the last heartbeat's seq, not yet acknowledged
+	go func() {
+		for {
+			m, err := stream.Receive()
+			if err != nil {
+				recv <- err
+				return
+			}
+			if hb := m.GetHeartbeat(); hb != nil {
+				s.sess.seen(id, s.clock.Now())
+				select { // only the last one is acknowledged
+				case <-heard:
+				default:
+				}
+				heard <- hb.GetSeq()
+			}
+		}
+	}()
 	res, _, err := s.proposeLocal(ctx, &fsmv1.RegisterNode{Node: hello.GetNode(), Time: timestamppb.New(s.clock.Now())})
 	if err != nil {
 		return toConnect(err)
@@ -241,13 +266,25 @@ func (n nodeAPI) Session(ctx context.Context, stream *connect.BidiStream[warrenv
 	}
 	c := &session{node: id, incarnation: hello.GetIncarnation(), out: make(chan *warrenv1.SessionResponse, sessionQueue),
 		closed: make(chan struct{}), yielded: map[string]uint64{}}
-	// Welcome is queued before the session is attached: once attached,
-	// the placement and liveness loops send on it too, and a node refuses
-	// a session whose first message is not a welcome.
-	c.send(&warrenv1.SessionResponse{Msg: &warrenv1.SessionResponse_Welcome{Welcome: &warrenv1.Welcome{
-		LeaderId: s.cfg.ID, HeartbeatIntervalMs: s.heartbeat().Milliseconds(), TtlMs: s.ttl().Milliseconds()}}})
+	// Welcome is sent before the session is attached: once attached, the
+	// placement and liveness loops send on it too, and a node refuses a
+	// session whose first message is not a welcome (nor may an ack come
+	// first).
+	if err := stream.Send(&warrenv1.SessionResponse{Msg: &warrenv1.SessionResponse_Welcome{Welcome: &warrenv1.Welcome{
+		LeaderId: s.cfg.ID, HeartbeatIntervalMs: s.heartbeat().Milliseconds(), TtlMs: s.ttl().Milliseconds(),
+		AcksHeartbeats: true}}}); err != nil {
+		return err
+	}
 	s.sess.attach(c, s.clock.Now())
 	defer s.sess.detach(c)
+	// A down committed after this node registered cut no session if
+	// declareDown looked for one before this attach: without this check
+	// the session stayed attached to a DOWN node, which got no tasks and
+	// was never judged again. Its down is applied by then (declareDown
+	// looks after the commit), so this read sees it.
+	if n, err := s.fsm.Node(id); err == nil && n.GetStatus() == warrenv1.NodeStatus_NODE_STATUS_DOWN {
+		return connect.NewError(connect.CodeUnavailable, errors.New("node declared down while registering; reconnect"))
+	}
 	s.log.Info("node session opened", "node", id, "incarnation", c.incarnation, "running", len(hello.GetRunning()))
 	// The cluster's warm-pool targets, so a node that joins or restarts
 	// keeps the pools the operators set: each one (nodes that predate
@@ -268,24 +305,22 @@ func (n nodeAPI) Session(ctx context.Context, stream *connect.BidiStream[warrenv
 	}
 	s.sess.seen(id, s.clock.Now())
 
-	recv := make(chan error, 1)
-	go func() {
-		for {
-			m, err := stream.Receive()
-			if err != nil {
-				recv <- err
-				return
-			}
-			if m.GetHeartbeat() != nil {
-				s.sess.seen(id, s.clock.Now())
-			}
-		}
-	}()
+	// Heartbeats are acknowledged at most every ttl/3, so that a node
+	// hears from a quiet leader well within its ttl and can tell a leader
+	// that vanished without closing the connection from an idle one.
+	var acked time.Time
 	for {
 		select {
 		case m := <-c.out:
 			if err := stream.Send(m); err != nil {
 				return err
+			}
+		case seq := <-heard:
+			if now := s.clock.Now(); now.Sub(acked) >= s.ttl()/3 {
+				acked = now
+				if err := stream.Send(&warrenv1.SessionResponse{Msg: &warrenv1.SessionResponse_Ack{Ack: &warrenv1.HeartbeatAck{Seq: seq}}}); err != nil {
+					return err
+				}
 			}
 		case err := <-recv:
 			s.log.Info("node session ended", "node", id, "err", err)

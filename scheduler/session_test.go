@@ -81,3 +81,36 @@ func TestLivenessVerdict(t *testing.T) {
 		t.Fatal("a follower declared a node down")
 	}
 }
+
+// memberlist declares a node dead (its probes timed out while the node
+// was paused ~1 s: a long GC, CPU starvation on a loaded box), then the
+// node resumes and its heartbeats reach the leader again. A heartbeat
+// after memberlist's verdict proves the node alive, as a hello does: it
+// is not declared down (nor its tasks requeued) while its TTL holds, and
+// is once the TTL passes without another.
+func TestHeartbeatAfterGossipDeathKeepsNode(t *testing.T) {
+	ttl := 3 * time.Second
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	h := newSessions()
+	h.lead(t0)
+	h.attach(&session{node: "n1", closed: make(chan struct{})}, t0)
+	now := t0.Add(failoverWindow * ttl) // a steady leader
+	h.seen("n1", now)
+	// Paused from now to now+1s; memberlist's 750 ms suspicion ends.
+	dead := now.Add(900 * time.Millisecond)
+	h.gossip("n1", true, dead)
+	if r, down := h.verdict("n1", dead, ttl); !down {
+		t.Fatal("memberlist's verdict ignored before the node heartbeated again")
+	} else {
+		t.Logf("reason: %s", r)
+	}
+	// The node resumes: a heartbeat at +1.05 s, another at +1.5 s.
+	h.seen("n1", now.Add(1050*time.Millisecond))
+	h.seen("n1", now.Add(1500*time.Millisecond))
+	if r, down := h.verdict("n1", now.Add(1600*time.Millisecond), ttl); down {
+		t.Fatalf("node declared down (%q) although it heartbeated 100 ms ago, after memberlist's verdict; its TTL is %s", r, ttl)
+	}
+	if _, down := h.verdict("n1", now.Add(1500*time.Millisecond+ttl+time.Millisecond), ttl); !down {
+		t.Fatal("node not declared down a TTL after its last heartbeat")
+	}
+}

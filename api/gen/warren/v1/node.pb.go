@@ -508,6 +508,7 @@ type SessionResponse struct {
 	//	*SessionResponse_SetPoolTarget
 	//	*SessionResponse_Keep
 	//	*SessionResponse_PoolTargets
+	//	*SessionResponse_Ack
 	Msg           isSessionResponse_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -604,6 +605,15 @@ func (x *SessionResponse) GetPoolTargets() *PoolTargets {
 	return nil
 }
 
+func (x *SessionResponse) GetAck() *HeartbeatAck {
+	if x != nil {
+		if x, ok := x.Msg.(*SessionResponse_Ack); ok {
+			return x.Ack
+		}
+	}
+	return nil
+}
+
 type isSessionResponse_Msg interface {
 	isSessionResponse_Msg()
 }
@@ -632,6 +642,10 @@ type SessionResponse_PoolTargets struct {
 	PoolTargets *PoolTargets `protobuf:"bytes,6,opt,name=pool_targets,json=poolTargets,proto3,oneof"`
 }
 
+type SessionResponse_Ack struct {
+	Ack *HeartbeatAck `protobuf:"bytes,7,opt,name=ack,proto3,oneof"`
+}
+
 func (*SessionResponse_Welcome) isSessionResponse_Msg() {}
 
 func (*SessionResponse_Start) isSessionResponse_Msg() {}
@@ -644,6 +658,8 @@ func (*SessionResponse_Keep) isSessionResponse_Msg() {}
 
 func (*SessionResponse_PoolTargets) isSessionResponse_Msg() {}
 
+func (*SessionResponse_Ack) isSessionResponse_Msg() {}
+
 type Welcome struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	LeaderId string                 `protobuf:"bytes,1,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
@@ -651,8 +667,14 @@ type Welcome struct {
 	// leader declares it down.
 	HeartbeatIntervalMs int64 `protobuf:"varint,2,opt,name=heartbeat_interval_ms,json=heartbeatIntervalMs,proto3" json:"heartbeat_interval_ms,omitempty"`
 	TtlMs               int64 `protobuf:"varint,3,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// The leader acknowledges heartbeats (HeartbeatAck) at least once per
+	// ttl while it hears them, so a node that hears nothing from it for a
+	// ttl can give up the session: the leader vanished without closing the
+	// connection (power loss, partition). False from leaders that predate
+	// acks; a node then keeps the session however quiet the leader is.
+	AcksHeartbeats bool `protobuf:"varint,4,opt,name=acks_heartbeats,json=acksHeartbeats,proto3" json:"acks_heartbeats,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Welcome) Reset() {
@@ -706,6 +728,61 @@ func (x *Welcome) GetTtlMs() int64 {
 	return 0
 }
 
+func (x *Welcome) GetAcksHeartbeats() bool {
+	if x != nil {
+		return x.AcksHeartbeats
+	}
+	return false
+}
+
+// HeartbeatAck tells the node the leader still hears its heartbeats. It is
+// sent at most every ttl/3, not for each heartbeat; nodes that predate it
+// ignore it.
+type HeartbeatAck struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The last heartbeat the leader received.
+	Seq           uint64 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HeartbeatAck) Reset() {
+	*x = HeartbeatAck{}
+	mi := &file_warren_v1_node_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HeartbeatAck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HeartbeatAck) ProtoMessage() {}
+
+func (x *HeartbeatAck) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_node_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HeartbeatAck.ProtoReflect.Descriptor instead.
+func (*HeartbeatAck) Descriptor() ([]byte, []int) {
+	return file_warren_v1_node_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *HeartbeatAck) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
 // StartTask asks the node to run a task's actor under the lease epoch.
 type StartTask struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
@@ -724,7 +801,7 @@ type StartTask struct {
 
 func (x *StartTask) Reset() {
 	*x = StartTask{}
-	mi := &file_warren_v1_node_proto_msgTypes[7]
+	mi := &file_warren_v1_node_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -736,7 +813,7 @@ func (x *StartTask) String() string {
 func (*StartTask) ProtoMessage() {}
 
 func (x *StartTask) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_node_proto_msgTypes[7]
+	mi := &file_warren_v1_node_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -749,7 +826,7 @@ func (x *StartTask) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartTask.ProtoReflect.Descriptor instead.
 func (*StartTask) Descriptor() ([]byte, []int) {
-	return file_warren_v1_node_proto_rawDescGZIP(), []int{7}
+	return file_warren_v1_node_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *StartTask) GetTaskId() string {
@@ -795,7 +872,7 @@ type StopTask struct {
 
 func (x *StopTask) Reset() {
 	*x = StopTask{}
-	mi := &file_warren_v1_node_proto_msgTypes[8]
+	mi := &file_warren_v1_node_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -807,7 +884,7 @@ func (x *StopTask) String() string {
 func (*StopTask) ProtoMessage() {}
 
 func (x *StopTask) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_node_proto_msgTypes[8]
+	mi := &file_warren_v1_node_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -820,7 +897,7 @@ func (x *StopTask) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopTask.ProtoReflect.Descriptor instead.
 func (*StopTask) Descriptor() ([]byte, []int) {
-	return file_warren_v1_node_proto_rawDescGZIP(), []int{8}
+	return file_warren_v1_node_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *StopTask) GetTaskId() string {
@@ -865,7 +942,7 @@ type KeepTask struct {
 
 func (x *KeepTask) Reset() {
 	*x = KeepTask{}
-	mi := &file_warren_v1_node_proto_msgTypes[9]
+	mi := &file_warren_v1_node_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -877,7 +954,7 @@ func (x *KeepTask) String() string {
 func (*KeepTask) ProtoMessage() {}
 
 func (x *KeepTask) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_node_proto_msgTypes[9]
+	mi := &file_warren_v1_node_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -890,7 +967,7 @@ func (x *KeepTask) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepTask.ProtoReflect.Descriptor instead.
 func (*KeepTask) Descriptor() ([]byte, []int) {
-	return file_warren_v1_node_proto_rawDescGZIP(), []int{9}
+	return file_warren_v1_node_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *KeepTask) GetTaskId() string {
@@ -918,7 +995,7 @@ type SetPoolTarget struct {
 
 func (x *SetPoolTarget) Reset() {
 	*x = SetPoolTarget{}
-	mi := &file_warren_v1_node_proto_msgTypes[10]
+	mi := &file_warren_v1_node_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -930,7 +1007,7 @@ func (x *SetPoolTarget) String() string {
 func (*SetPoolTarget) ProtoMessage() {}
 
 func (x *SetPoolTarget) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_node_proto_msgTypes[10]
+	mi := &file_warren_v1_node_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -943,7 +1020,7 @@ func (x *SetPoolTarget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPoolTarget.ProtoReflect.Descriptor instead.
 func (*SetPoolTarget) Descriptor() ([]byte, []int) {
-	return file_warren_v1_node_proto_rawDescGZIP(), []int{10}
+	return file_warren_v1_node_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SetPoolTarget) GetTemplate() string {
@@ -974,7 +1051,7 @@ type PoolTargets struct {
 
 func (x *PoolTargets) Reset() {
 	*x = PoolTargets{}
-	mi := &file_warren_v1_node_proto_msgTypes[11]
+	mi := &file_warren_v1_node_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -986,7 +1063,7 @@ func (x *PoolTargets) String() string {
 func (*PoolTargets) ProtoMessage() {}
 
 func (x *PoolTargets) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_node_proto_msgTypes[11]
+	mi := &file_warren_v1_node_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -999,7 +1076,7 @@ func (x *PoolTargets) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolTargets.ProtoReflect.Descriptor instead.
 func (*PoolTargets) Descriptor() ([]byte, []int) {
-	return file_warren_v1_node_proto_rawDescGZIP(), []int{11}
+	return file_warren_v1_node_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PoolTargets) GetTargets() []*SetPoolTarget {
@@ -1050,19 +1127,23 @@ const file_warren_v1_node_proto_rawDesc = "" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"7\n" +
 	"\tHeartbeat\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x18\n" +
-	"\arunning\x18\x02 \x01(\rR\arunning\"\xcd\x02\n" +
+	"\arunning\x18\x02 \x01(\rR\arunning\"\xfa\x02\n" +
 	"\x0fSessionResponse\x12.\n" +
 	"\awelcome\x18\x01 \x01(\v2\x12.warren.v1.WelcomeH\x00R\awelcome\x12,\n" +
 	"\x05start\x18\x02 \x01(\v2\x14.warren.v1.StartTaskH\x00R\x05start\x12)\n" +
 	"\x04stop\x18\x03 \x01(\v2\x13.warren.v1.StopTaskH\x00R\x04stop\x12B\n" +
 	"\x0fset_pool_target\x18\x04 \x01(\v2\x18.warren.v1.SetPoolTargetH\x00R\rsetPoolTarget\x12)\n" +
 	"\x04keep\x18\x05 \x01(\v2\x13.warren.v1.KeepTaskH\x00R\x04keep\x12;\n" +
-	"\fpool_targets\x18\x06 \x01(\v2\x16.warren.v1.PoolTargetsH\x00R\vpoolTargetsB\x05\n" +
-	"\x03msg\"q\n" +
+	"\fpool_targets\x18\x06 \x01(\v2\x16.warren.v1.PoolTargetsH\x00R\vpoolTargets\x12+\n" +
+	"\x03ack\x18\a \x01(\v2\x17.warren.v1.HeartbeatAckH\x00R\x03ackB\x05\n" +
+	"\x03msg\"\x9a\x01\n" +
 	"\aWelcome\x12\x1b\n" +
 	"\tleader_id\x18\x01 \x01(\tR\bleaderId\x122\n" +
 	"\x15heartbeat_interval_ms\x18\x02 \x01(\x03R\x13heartbeatIntervalMs\x12\x15\n" +
-	"\x06ttl_ms\x18\x03 \x01(\x03R\x05ttlMs\"w\n" +
+	"\x06ttl_ms\x18\x03 \x01(\x03R\x05ttlMs\x12'\n" +
+	"\x0facks_heartbeats\x18\x04 \x01(\bR\x0eacksHeartbeats\" \n" +
+	"\fHeartbeatAck\x12\x10\n" +
+	"\x03seq\x18\x01 \x01(\x04R\x03seq\"w\n" +
 	"\tStartTask\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x16\n" +
@@ -1103,7 +1184,7 @@ func file_warren_v1_node_proto_rawDescGZIP() []byte {
 }
 
 var file_warren_v1_node_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_warren_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_warren_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_warren_v1_node_proto_goTypes = []any{
 	(NodeStatus)(0),               // 0: warren.v1.NodeStatus
 	(*Node)(nil),                  // 1: warren.v1.Node
@@ -1113,43 +1194,45 @@ var file_warren_v1_node_proto_goTypes = []any{
 	(*Heartbeat)(nil),             // 5: warren.v1.Heartbeat
 	(*SessionResponse)(nil),       // 6: warren.v1.SessionResponse
 	(*Welcome)(nil),               // 7: warren.v1.Welcome
-	(*StartTask)(nil),             // 8: warren.v1.StartTask
-	(*StopTask)(nil),              // 9: warren.v1.StopTask
-	(*KeepTask)(nil),              // 10: warren.v1.KeepTask
-	(*SetPoolTarget)(nil),         // 11: warren.v1.SetPoolTarget
-	(*PoolTargets)(nil),           // 12: warren.v1.PoolTargets
-	nil,                           // 13: warren.v1.Node.LabelsEntry
-	(*Resources)(nil),             // 14: warren.v1.Resources
-	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
-	(*Task)(nil),                  // 16: warren.v1.Task
+	(*HeartbeatAck)(nil),          // 8: warren.v1.HeartbeatAck
+	(*StartTask)(nil),             // 9: warren.v1.StartTask
+	(*StopTask)(nil),              // 10: warren.v1.StopTask
+	(*KeepTask)(nil),              // 11: warren.v1.KeepTask
+	(*SetPoolTarget)(nil),         // 12: warren.v1.SetPoolTarget
+	(*PoolTargets)(nil),           // 13: warren.v1.PoolTargets
+	nil,                           // 14: warren.v1.Node.LabelsEntry
+	(*Resources)(nil),             // 15: warren.v1.Resources
+	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
+	(*Task)(nil),                  // 17: warren.v1.Task
 }
 var file_warren_v1_node_proto_depIdxs = []int32{
 	0,  // 0: warren.v1.Node.status:type_name -> warren.v1.NodeStatus
-	13, // 1: warren.v1.Node.labels:type_name -> warren.v1.Node.LabelsEntry
-	14, // 2: warren.v1.Node.capacity:type_name -> warren.v1.Resources
-	14, // 3: warren.v1.Node.allocated:type_name -> warren.v1.Resources
-	15, // 4: warren.v1.Node.registered_at:type_name -> google.protobuf.Timestamp
-	15, // 5: warren.v1.Node.status_changed_at:type_name -> google.protobuf.Timestamp
-	15, // 6: warren.v1.Node.drain_deadline:type_name -> google.protobuf.Timestamp
+	14, // 1: warren.v1.Node.labels:type_name -> warren.v1.Node.LabelsEntry
+	15, // 2: warren.v1.Node.capacity:type_name -> warren.v1.Resources
+	15, // 3: warren.v1.Node.allocated:type_name -> warren.v1.Resources
+	16, // 4: warren.v1.Node.registered_at:type_name -> google.protobuf.Timestamp
+	16, // 5: warren.v1.Node.status_changed_at:type_name -> google.protobuf.Timestamp
+	16, // 6: warren.v1.Node.drain_deadline:type_name -> google.protobuf.Timestamp
 	3,  // 7: warren.v1.SessionRequest.hello:type_name -> warren.v1.Hello
 	5,  // 8: warren.v1.SessionRequest.heartbeat:type_name -> warren.v1.Heartbeat
 	1,  // 9: warren.v1.Hello.node:type_name -> warren.v1.Node
 	4,  // 10: warren.v1.Hello.running:type_name -> warren.v1.RunningTask
 	7,  // 11: warren.v1.SessionResponse.welcome:type_name -> warren.v1.Welcome
-	8,  // 12: warren.v1.SessionResponse.start:type_name -> warren.v1.StartTask
-	9,  // 13: warren.v1.SessionResponse.stop:type_name -> warren.v1.StopTask
-	11, // 14: warren.v1.SessionResponse.set_pool_target:type_name -> warren.v1.SetPoolTarget
-	10, // 15: warren.v1.SessionResponse.keep:type_name -> warren.v1.KeepTask
-	12, // 16: warren.v1.SessionResponse.pool_targets:type_name -> warren.v1.PoolTargets
-	16, // 17: warren.v1.StartTask.task:type_name -> warren.v1.Task
-	11, // 18: warren.v1.PoolTargets.targets:type_name -> warren.v1.SetPoolTarget
-	2,  // 19: warren.v1.NodeService.Session:input_type -> warren.v1.SessionRequest
-	6,  // 20: warren.v1.NodeService.Session:output_type -> warren.v1.SessionResponse
-	20, // [20:21] is the sub-list for method output_type
-	19, // [19:20] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	9,  // 12: warren.v1.SessionResponse.start:type_name -> warren.v1.StartTask
+	10, // 13: warren.v1.SessionResponse.stop:type_name -> warren.v1.StopTask
+	12, // 14: warren.v1.SessionResponse.set_pool_target:type_name -> warren.v1.SetPoolTarget
+	11, // 15: warren.v1.SessionResponse.keep:type_name -> warren.v1.KeepTask
+	13, // 16: warren.v1.SessionResponse.pool_targets:type_name -> warren.v1.PoolTargets
+	8,  // 17: warren.v1.SessionResponse.ack:type_name -> warren.v1.HeartbeatAck
+	17, // 18: warren.v1.StartTask.task:type_name -> warren.v1.Task
+	12, // 19: warren.v1.PoolTargets.targets:type_name -> warren.v1.SetPoolTarget
+	2,  // 20: warren.v1.NodeService.Session:input_type -> warren.v1.SessionRequest
+	6,  // 21: warren.v1.NodeService.Session:output_type -> warren.v1.SessionResponse
+	21, // [21:22] is the sub-list for method output_type
+	20, // [20:21] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_warren_v1_node_proto_init() }
@@ -1170,6 +1253,7 @@ func file_warren_v1_node_proto_init() {
 		(*SessionResponse_SetPoolTarget)(nil),
 		(*SessionResponse_Keep)(nil),
 		(*SessionResponse_PoolTargets)(nil),
+		(*SessionResponse_Ack)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1177,7 +1261,7 @@ func file_warren_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warren_v1_node_proto_rawDesc), len(file_warren_v1_node_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   13,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,0 +1,225 @@
+package noded_test
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
+	"github.com/warrenhq/warren/noded"
+	"github.com/warrenhq/warren/noded/driver/sim"
+)
+
+// fakeLeader answers Status with a fixed leader URL and holds sessions:
+// it welcomes each, then reads heartbeats until the stream ends,
+// acknowledging each one if ack is set.
+type fakeLeader struct {
+	warrenv1connect.UnimplementedClusterServiceHandler
+	warrenv1connect.UnimplementedNodeServiceHandler
+	ttl       time.Duration
+	advertise bool         // Welcome says the leader acknowledges heartbeats
+	ack       bool         // and it does
+	leaderURL atomic.Value // string
+	hellos    atomic.Int32
+}
+
+func (f *fakeLeader) Status(context.Context, *connect.Request[warrenv1.StatusRequest]) (*connect.Response[warrenv1.StatusResponse], error) {
+	return connect.NewResponse(&warrenv1.StatusResponse{LeaderApiUrl: f.leaderURL.Load().(string)}), nil
+}
+
+func (f *fakeLeader) Session(ctx context.Context, st *connect.BidiStream[warrenv1.SessionRequest, warrenv1.SessionResponse]) error {
+	if _, err := st.Receive(); err != nil {
+		return err
+	}
+	f.hellos.Add(1)
+	if err := st.Send(&warrenv1.SessionResponse{Msg: &warrenv1.SessionResponse_Welcome{Welcome: &warrenv1.Welcome{
+		LeaderId: "fake", HeartbeatIntervalMs: f.ttl.Milliseconds() / 10, TtlMs: f.ttl.Milliseconds(),
+		AcksHeartbeats: f.advertise}}}); err != nil {
+		return err
+	}
+	for {
+		m, err := st.Receive()
+		if err != nil {
+			return err
+		}
+		if f.ack {
+			if err := st.Send(&warrenv1.SessionResponse{Msg: &warrenv1.SessionResponse_Ack{Ack: &warrenv1.HeartbeatAck{
+				Seq: m.GetHeartbeat().GetSeq()}}}); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// serve starts f on a cleartext HTTP/1 and HTTP/2 listener and returns
+// its address.
+func (f *fakeLeader) serve(t *testing.T) string {
+	mux := http.NewServeMux()
+	mux.Handle(warrenv1connect.NewClusterServiceHandler(f))
+	mux.Handle(warrenv1connect.NewNodeServiceHandler(f))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{Handler: mux}
+	hs.Protocols = new(http.Protocols)
+	hs.Protocols.SetHTTP1(true)
+	hs.Protocols.SetUnencryptedHTTP2(true)
+	go hs.Serve(ln)
+	t.Cleanup(func() { hs.Close() })
+	return ln.Addr().String()
+}
+
+func startNodeOn(t *testing.T, server string) *noded.Daemon {
+	d, err := noded.Start(noded.Config{ID: "n1", DataDir: t.TempDir(), Servers: []string{server},
+		Driver: sim.New(sim.Config{}), Capacity: &warrenv1.Resources{MilliCpu: 1000, MemoryBytes: 1 << 30}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+// blackhole is a TCP proxy that, once cut, stops moving bytes in either
+// direction but keeps every connection open: what a node sees when the
+// leader's host loses power or is partitioned away (no FIN, no RST).
+type blackhole struct {
+	ln    net.Listener
+	cut   atomic.Bool
+	mu    sync.Mutex
+	conns []net.Conn
+	stop  chan struct{}
+}
+
+func newBlackhole(t *testing.T, to string) *blackhole {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &blackhole{ln: ln, stop: make(chan struct{})}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			if b.cut.Load() {
+				c.Close() // new connections are refused, as to a dead host (fast fail)
+				continue
+			}
+			u, err := net.Dial("tcp", to)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			b.mu.Lock()
+			b.conns = append(b.conns, c, u)
+			b.mu.Unlock()
+			go b.pipe(c, u)
+			go b.pipe(u, c)
+		}
+	}()
+	t.Cleanup(func() {
+		close(b.stop)
+		ln.Close()
+		b.mu.Lock()
+		for _, c := range b.conns {
+			c.Close()
+		}
+		b.mu.Unlock()
+	})
+	return b
+}
+
+func (b *blackhole) pipe(dst, src net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if b.cut.Load() {
+			<-b.stop // swallow: never forward, never close
+			return
+		}
+		if n > 0 {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// After the leader's host vanishes without closing its TCP connections,
+// the node gives up the session and looks for a leader again within a
+// few TTLs; otherwise the new leader, hearing nothing from it, declares
+// this healthy node down (2 × TTL) and requeues all its tasks, and the
+// node stays away until the kernel's TCP retransmission timeout (~15
+// min). The leader here predates heartbeat acks: the transport's HTTP/2
+// pings notice.
+func TestNodeNoticesABlackholedLeader(t *testing.T) {
+	f := &fakeLeader{ttl: time.Second}
+	direct := f.serve(t)
+	bh := newBlackhole(t, direct)
+	f.leaderURL.Store("http://" + bh.ln.Addr().String())
+	startNodeOn(t, "http://"+direct)
+	waitFor(t, "first session", 5*time.Second, func() bool { return f.hellos.Load() == 1 })
+
+	// The old leader's host disappears; a new leader is at direct.
+	f.leaderURL.Store("http://" + direct)
+	bh.cut.Store(true)
+	waitFor(t, "the node to find the new leader within 5 × ttl", 5*f.ttl, func() bool { return f.hellos.Load() >= 2 })
+}
+
+// A leader that acknowledges heartbeats but goes quiet on a connection
+// that still answers pings (it no longer hears the node, or its session
+// is stuck) loses the session within the TTL it gave, and the node finds
+// the leader again.
+func TestNodeLeavesALeaderThatStopsAcking(t *testing.T) {
+	f := &fakeLeader{ttl: 300 * time.Millisecond, advertise: true}
+	f.leaderURL.Store("http://" + f.serve(t))
+	startNodeOn(t, f.leaderURL.Load().(string))
+	waitFor(t, "the node to leave the silent leader and say hello again", 10*f.ttl, func() bool { return f.hellos.Load() >= 2 })
+}
+
+// A quiet session is kept when the leader acknowledges heartbeats, and
+// when it predates acks (it says nothing on a healthy session, so the
+// node must not take silence for a vanished leader).
+func TestNodeKeepsAQuietSession(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		f    *fakeLeader
+	}{
+		{"acking leader", &fakeLeader{ttl: 300 * time.Millisecond, advertise: true, ack: true}},
+		{"leader without acks", &fakeLeader{ttl: 300 * time.Millisecond}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := tc.f
+			f.leaderURL.Store("http://" + f.serve(t))
+			d := startNodeOn(t, f.leaderURL.Load().(string))
+			waitFor(t, "first session", 5*time.Second, func() bool { return f.hellos.Load() == 1 })
+			time.Sleep(10 * f.ttl) // nothing to wait for: the session must simply last
+			if n := f.hellos.Load(); n != 1 {
+				t.Fatalf("the node opened %d sessions in 10 × ttl on a healthy leader (stats %+v)", n, d.Stats())
+			}
+		})
+	}
+}
+
+// A real leader acknowledges heartbeats often enough that an idle node
+// keeps its session: the watchdog fires on no healthy session.
+func TestIdleNodeKeepsItsSessionWithTheLeader(t *testing.T) {
+	c := startCluster(t, 1, time.Second)
+	d := c.startNode("n1", 0)
+	time.Sleep(5 * time.Second) // nothing to wait for: the session must simply last
+	if n := d.Stats().Sessions; n != 1 {
+		t.Fatalf("the node opened %d sessions in 5 × ttl with a healthy leader", n)
+	}
+}
