@@ -10,8 +10,10 @@ import (
 	"log"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -33,7 +35,9 @@ type Config struct {
 	Addr     string   // HOST:PORT to bind and advertise (UDP and TCP)
 	Join     []string // members to join through; may be empty for the first
 	// OnChange is told when a member appears (alive) or is declared dead or
-	// leaves (alive false). It runs on memberlist's goroutine: keep it short.
+	// leaves (alive false). It runs on the member's own goroutine, one call
+	// at a time, never under memberlist's locks; changes that arrive while
+	// it runs are coalesced to each member's latest state (see queue).
 	OnChange func(role, id string, alive bool)
 	Logger   *slog.Logger
 	// Wrap, if set, wraps memberlist's network transport (tests cut it to
@@ -54,8 +58,13 @@ type Member struct {
 	ml   *memberlist.Memberlist
 	log  *slog.Logger
 	stop chan struct{}
-	done chan struct{}
+	wg   sync.WaitGroup // joinLoop and deliver
+	once sync.Once      // Close or Kill, whichever comes first
 }
+
+// rejoinEvery is how often a joined member checks that its join peers
+// are still among the live members (a variable so tests can shorten it).
+var rejoinEvery = 5 * time.Second
 
 // LANConfig is memberlist tuned for one LAN or one machine: a probe every
 // 250 ms with a 100 ms timeout and a short suspicion (3 × log10(N) probe
@@ -117,7 +126,11 @@ func Start(cfg Config) (*Member, error) {
 	mc.BindAddr, mc.BindPort = host, p
 	mc.AdvertiseAddr, mc.AdvertisePort = host, p
 	mc.Logger = log.New(slogWriter{cfg.Logger}, "", 0)
-	mc.Events = events{cfg.OnChange}
+	var q *queue
+	if cfg.OnChange != nil {
+		q = newQueue()
+		mc.Events = events{q}
+	}
 	if cfg.Role == RoleFleet {
 		mc.Delegate = meta(strconv.Itoa(cfg.Count))
 	}
@@ -132,13 +145,25 @@ func Start(cfg Config) (*Member, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gossip: %w", err)
 	}
-	m := &Member{ml: ml, log: cfg.Logger, stop: make(chan struct{}), done: make(chan struct{})}
-	go m.joinLoop(cfg.Join)
+	m := &Member{ml: ml, log: cfg.Logger, stop: make(chan struct{})}
+	m.wg.Add(1)
+	go m.joinLoop(cfg.Join, rejoinEvery)
+	if q != nil {
+		m.wg.Add(1)
+		go m.deliver(q, cfg.OnChange)
+	}
 	return m, nil
 }
 
-func (m *Member) joinLoop(peers []string) {
-	defer close(m.done)
+// joinLoop joins through peers, retrying until one answers, and then,
+// every period until Close, joins again through the peers that are not
+// among the live members. memberlist probes and push-pulls only members
+// it believes alive and gossips to the dead for GossipToTheDeadTime only,
+// so after a partition longer than that both sides would see each other
+// dead until one restarts. This is Serf's reconnect loop, limited to the
+// peers we were told to join through.
+func (m *Member) joinLoop(peers []string, period time.Duration) {
+	defer m.wg.Done()
 	var others []string
 	for _, p := range peers {
 		if p = strings.TrimSpace(p); p != "" {
@@ -153,7 +178,7 @@ func (m *Member) joinLoop(peers []string) {
 		n, err := m.ml.Join(others)
 		if n > 0 {
 			m.log.Info("gossip joined", "contacted", n)
-			return
+			break
 		}
 		m.log.Debug("gossip join failed; retrying", "err", err)
 		select {
@@ -163,6 +188,54 @@ func (m *Member) joinLoop(peers []string) {
 		}
 		backoff = min(2*backoff, 2*time.Second)
 	}
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-t.C:
+		}
+		missing := m.missing(others)
+		if len(missing) == 0 {
+			continue
+		}
+		if n, err := m.ml.Join(missing); n > 0 {
+			m.log.Info("gossip rejoined", "peers", missing, "contacted", n)
+		} else {
+			m.log.Debug("gossip rejoin failed; retrying", "peers", missing, "err", err)
+		}
+	}
+}
+
+// missing returns the peers (HOST:PORT) that no live member has as its
+// address. A peer named by host name counts as live if any of its
+// addresses is; one that does not parse or resolve is missing, and Join
+// reports why.
+func (m *Member) missing(peers []string) []string {
+	live := map[string]bool{}
+	for _, n := range m.ml.Members() {
+		live[n.Address()] = true
+	}
+	var out []string
+	for _, p := range peers {
+		host, port, err := net.SplitHostPort(p)
+		if err != nil {
+			out = append(out, p)
+			continue
+		}
+		addrs := []string{host}
+		if ip := net.ParseIP(host); ip != nil {
+			addrs = []string{ip.String()}
+		} else if addrs, err = net.LookupHost(host); err != nil {
+			out = append(out, p)
+			continue
+		}
+		if !slices.ContainsFunc(addrs, func(a string) bool { return live[net.JoinHostPort(a, port)] }) {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // Members returns the names of the members memberlist thinks are alive.
@@ -175,41 +248,118 @@ func (m *Member) Members() []string {
 }
 
 // Close leaves the cluster (so others learn at once) and shuts down.
-func (m *Member) Close() error {
-	close(m.stop)
-	<-m.done
-	_ = m.ml.Leave(time.Second)
-	return m.ml.Shutdown()
+// Only the first call of Close or Kill does anything; later ones return nil.
+func (m *Member) Close() error { return m.shut(true) }
+
+// Kill shuts down without leaving, as a crash would (tests). Only the
+// first call of Close or Kill does anything; later ones return nil.
+func (m *Member) Kill() error { return m.shut(false) }
+
+func (m *Member) shut(leave bool) error {
+	var err error
+	m.once.Do(func() {
+		close(m.stop)
+		m.wg.Wait()
+		if leave {
+			_ = m.ml.Leave(time.Second)
+		}
+		err = m.ml.Shutdown()
+	})
+	return err
 }
 
-// Kill shuts down without leaving, as a crash would (tests).
-func (m *Member) Kill() error {
-	close(m.stop)
-	<-m.done
-	return m.ml.Shutdown()
-}
-
-type events struct {
-	fn func(role, id string, alive bool)
-}
-
-func (e events) tell(n *memberlist.Node, alive bool) {
-	if e.fn == nil {
-		return
+// deliver calls fn for the queued changes until Close.
+func (m *Member) deliver(q *queue, fn func(role, id string, alive bool)) {
+	defer m.wg.Done()
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-q.wake:
+		}
+		for _, c := range q.take() {
+			select {
+			case <-m.stop:
+				return
+			default:
+			}
+			c.tell(fn)
+		}
 	}
-	role, id, ok := Split(n.Name)
+}
+
+// change is a member seen alive, or dead or gone.
+type change struct {
+	name, meta string
+	alive      bool
+}
+
+func (c change) tell(fn func(role, id string, alive bool)) {
+	role, id, ok := Split(c.name)
 	if !ok {
 		return
 	}
 	if role == RoleFleet {
-		count, _ := strconv.Atoi(string(n.Meta))
+		count, _ := strconv.Atoi(c.meta)
 		for i := 1; i <= count; i++ {
-			e.fn(RoleNode, FleetNodeID(id, i), alive)
+			fn(RoleNode, FleetNodeID(id, i), c.alive)
 		}
 		return
 	}
-	e.fn(role, id, alive)
+	fn(role, id, c.alive)
 }
+
+// queue hands membership changes from memberlist to deliver. memberlist
+// calls its event delegate holding its node lock, so OnChange must not
+// run there: the scheduler's callback logs a line per simulated node, about a
+// hundred per fleet member, and probes and gossip would wait for it.
+// put never blocks (it takes only q.mu, which take holds for a moment),
+// and the queue is bounded by the number of members: a member already
+// queued has its entry replaced by its latest state rather than queued
+// again, so a member that flaps between two deliveries is reported once,
+// in its latest state. Nothing is dropped but such intermediate states.
+type queue struct {
+	mu      sync.Mutex
+	pending []change       // oldest first, one per member
+	index   map[string]int // member name -> its index in pending
+	wake    chan struct{}  // capacity 1: something is pending
+}
+
+func newQueue() *queue {
+	return &queue{index: map[string]int{}, wake: make(chan struct{}, 1)}
+}
+
+func (q *queue) put(c change) {
+	q.mu.Lock()
+	if i, ok := q.index[c.name]; ok {
+		q.pending[i] = c
+	} else {
+		q.index[c.name] = len(q.pending)
+		q.pending = append(q.pending, c)
+	}
+	q.mu.Unlock()
+	select {
+	case q.wake <- struct{}{}:
+	default: // a wake-up is already pending
+	}
+}
+
+// take returns the pending changes and empties the queue.
+func (q *queue) take() []change {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	out := q.pending
+	q.pending = nil
+	clear(q.index)
+	return out
+}
+
+// events is memberlist's event delegate: it only queues.
+type events struct{ q *queue }
+
+func (e events) NotifyJoin(n *memberlist.Node)   { e.q.put(change{n.Name, string(n.Meta), true}) }
+func (e events) NotifyLeave(n *memberlist.Node)  { e.q.put(change{n.Name, string(n.Meta), false}) }
+func (e events) NotifyUpdate(n *memberlist.Node) {}
 
 // meta is a memberlist delegate that only publishes node metadata.
 type meta string
@@ -224,10 +374,6 @@ func (meta) NotifyMsg([]byte)                {}
 func (meta) GetBroadcasts(int, int) [][]byte { return nil }
 func (meta) LocalState(bool) []byte          { return nil }
 func (meta) MergeRemoteState([]byte, bool)   {}
-
-func (e events) NotifyJoin(n *memberlist.Node)   { e.tell(n, true) }
-func (e events) NotifyLeave(n *memberlist.Node)  { e.tell(n, false) }
-func (e events) NotifyUpdate(n *memberlist.Node) {}
 
 // slogWriter feeds memberlist's log lines ("[DEBUG] memberlist: ...") to
 // slog at a matching level.
