@@ -834,3 +834,41 @@ func TestPlainAppendsLeaveTheRecordButReadsCatchUp(t *testing.T) {
 		t.Fatal("restored replica's events differ")
 	}
 }
+
+// A page of tasks filtered by state holds only tasks in that state, even
+// while tasks change state as it is read: the index and the records are
+// read from one snapshot (each record was read afresh, so a task cancelled
+// meanwhile was listed as cancelled under the pending filter).
+func TestListTasksByStateWhileTasksChange(t *testing.T) {
+	tf := newTestFSM(t)
+	var ids []string
+	for i := 0; i < 300; i++ {
+		ids = append(ids, tf.create(fmt.Sprintf("r%d", i)).GetId())
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for _, id := range ids {
+			tf.apply(&fsmv1.CancelTask{TaskId: id, Time: timestamppb.New(t0)})
+		}
+	}()
+	defer func() { <-done }() // the store stays open until the cancels end
+	for running := true; running; {
+		select {
+		case <-done:
+			running = false
+		default:
+		}
+		tasks, _, err := tf.fsm.ListTasks(warrenv1.TaskState_TASK_STATE_PENDING, "", 1000, 0)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		for _, task := range tasks {
+			if task.GetState() != warrenv1.TaskState_TASK_STATE_PENDING {
+				t.Errorf("task %s listed under pending is %v", task.GetId(), task.GetState())
+				return
+			}
+		}
+	}
+}

@@ -36,6 +36,11 @@ func readProto(r pebble.Reader, k []byte, m proto.Message) error {
 func (f *FSM) Task(id string) (*warrenv1.Task, error) {
 	snap := f.db.NewSnapshot()
 	defer snap.Close()
+	return taskAt(snap, id)
+}
+
+// taskAt reads task id as snap has it.
+func taskAt(snap *pebble.Snapshot, id string) (*warrenv1.Task, error) {
 	t := &warrenv1.Task{}
 	if err := readProto(snap, keyTask(id), t); err != nil {
 		return nil, fmt.Errorf("task %q: %w", id, err)
@@ -101,7 +106,12 @@ func (f *FSM) ListTasks(state warrenv1.TaskState, after string, limit, maxBytes 
 	if after != "" {
 		lower = append(append(append([]byte(nil), lower[:len(lower)]...), after...), 0)
 	}
-	it, err := f.db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
+	// One snapshot for the index and the records: a task that changes
+	// state meanwhile is listed as it was under the filter it matched (a
+	// record read afresh could be in another state than the filter's).
+	snap := f.db.NewSnapshot()
+	defer snap.Close()
+	it, err := snap.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
 	if err != nil {
 		return nil, "", err
 	}
@@ -111,7 +121,7 @@ func (f *FSM) ListTasks(state warrenv1.TaskState, after string, limit, maxBytes 
 		if len(tasks) == limit {
 			return tasks, tasks[len(tasks)-1].GetId(), nil
 		}
-		t, err := f.Task(idOf(it.Key()))
+		t, err := taskAt(snap, idOf(it.Key()))
 		if err != nil {
 			return nil, "", err
 		}
