@@ -369,9 +369,12 @@ func (a taskAPI) CancelTask(ctx context.Context, req *connect.Request[warrenv1.C
 	if err != nil {
 		return nil, err
 	}
-	t, err := a.s.fsm.Task(req.Msg.GetTaskId())
-	if err != nil {
-		t = res.GetTask()
+	// The local replica's copy when it has caught up with the cancel (it
+	// may be newer still), else the one the write answered with: a follower
+	// a moment behind showed the task as before its cancel.
+	t := res.GetTask()
+	if local, err := a.s.fsm.Task(req.Msg.GetTaskId()); err == nil && local.GetNextSeq() >= t.GetNextSeq() {
+		t = local
 	}
 	return connect.NewResponse(&warrenv1.CancelTaskResponse{Task: t}), nil
 }
