@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -287,5 +288,33 @@ func TestRestartDoesNotReportAgain(t *testing.T) {
 	}
 	if n := count(bs, 4243); n != 1 {
 		t.Errorf("after the restart the attempt to %v:4243, not reported before, is reported %d times; want 1", Other, n)
+	}
+}
+
+// A sandbox's record whose namespace is gone (a reboot empties /run/netns)
+// is removed when the manager starts: a new sandbox in its slot would
+// otherwise be taken back, after a crash, under the old one's id and
+// policy.
+func TestStateWithoutANamespaceIsRemoved(t *testing.T) {
+	tp := New(t)
+	cfg := tp.Config(0, nil)
+	cfg.StateDir = t.TempDir()
+	stale := filepath.Join(cfg.StateDir, "warren-"+tp.Tag+"-3.json")
+	other := filepath.Join(cfg.StateDir, "unrelated.json")
+	for _, f := range []string{stale, other} {
+		if err := os.WriteFile(f, []byte(`{"id":"sb-old"}`), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m, err := netpolicy.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if _, err := os.Stat(stale); !os.IsNotExist(err) {
+		t.Errorf("the record of a namespace that is gone is still there: %v", err)
+	}
+	if _, err := os.Stat(other); err != nil {
+		t.Errorf("a file that is not a sandbox's record was removed: %v", err)
 	}
 }

@@ -179,6 +179,18 @@ func (m *Manager) reconcile() error {
 	if err != nil {
 		return fmt.Errorf("netpolicy: list namespaces: %w", err)
 	}
+	// A sandbox's record whose namespace is gone (a reboot empties
+	// /run/netns) is of no use, and a new sandbox in its slot would be
+	// taken back under its id and policy after a crash: it goes.
+	if m.cfg.StateDir != "" {
+		ents, _ := os.ReadDir(m.cfg.StateDir)
+		for _, e := range ents {
+			name, ok := strings.CutSuffix(e.Name(), ".json")
+			if ok && strings.HasPrefix(name, m.cfg.nsPrefix()) && !slices.Contains(names, name) {
+				m.removeState(name)
+			}
+		}
+	}
 	// Namespaces of bound sandboxes wait for their drivers (Reattach);
 	// the rest go now.
 	m.orphans = map[int]string{}
