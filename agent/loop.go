@@ -224,6 +224,16 @@ func (l *Loop) Steer(text string) {
 	l.appendUser(model.Block{Type: model.BlockText, Text: "Message from the user: " + text})
 }
 
+// steerHeld gives the model the messages held while a turn was open,
+// after its results.
+func (l *Loop) steerHeld() {
+	held := l.heldSteers
+	l.heldSteers = nil
+	for _, text := range held {
+		l.Steer(text)
+	}
+}
+
 // appendUser adds blocks to the conversation's trailing user turn, or
 // starts one.
 func (l *Loop) appendUser(b ...model.Block) {
@@ -441,17 +451,16 @@ func (l *Loop) runTurn(ctx context.Context, t *openTurn) (*Outcome, error) {
 		l.open = t
 		return nil, err
 	}
-	held := l.heldSteers
-	l.heldSteers = nil
 	switch {
 	case out == nil:
-		for _, text := range held {
-			l.Steer(text)
-		}
+		l.steerHeld()
 	case out.Reason == "finished":
 		// The finish turn's results stay out until its refusal, and the
 		// messages follow them, as a replay of the log places them.
-		l.deferredSteers = append(held, l.deferredSteers...)
+		l.deferredSteers = append(l.heldSteers, l.deferredSteers...)
+		l.heldSteers = nil
+	default:
+		l.heldSteers = nil
 	}
 	// waiting_approval: the messages are on the log, and the replay after
 	// the decision puts them after the turn's results.
@@ -602,10 +611,7 @@ func (l *Loop) Replay(events []Event) ([]model.Block, error) {
 		}
 		pending = still
 		if len(pending) == 0 {
-			for _, text := range l.heldSteers {
-				l.Steer(text)
-			}
-			l.heldSteers = nil
+			l.steerHeld()
 		}
 	}
 	for i, e := range events {
