@@ -26,7 +26,7 @@ func cmdCluster(args []string, stdout, stderr io.Writer) error {
 	defer cancel()
 	switch verb {
 	case "status":
-		resp, err := callCluster(ctx, c, warrenv1connect.ClusterServiceClient.Status, &warrenv1.StatusRequest{})
+		resp, err := call(ctx, c, c.Cluster, warrenv1connect.ClusterServiceClient.Status, &warrenv1.StatusRequest{})
 		if err != nil {
 			return err
 		}
@@ -53,7 +53,7 @@ func cmdCluster(args []string, stdout, stderr io.Writer) error {
 		}
 		return tw.Flush()
 	case "snapshot":
-		resp, err := callCluster(ctx, c, warrenv1connect.ClusterServiceClient.Snapshot, &warrenv1.SnapshotRequest{})
+		resp, err := call(ctx, c, c.Cluster, warrenv1connect.ClusterServiceClient.Snapshot, &warrenv1.SnapshotRequest{})
 		if err != nil {
 			return err
 		}

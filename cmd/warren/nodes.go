@@ -31,7 +31,7 @@ func cmdNodes(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		defer cancel()
-		resp, err := callCluster(ctx, c, warrenv1connect.ClusterServiceClient.ListNodes, &warrenv1.ListNodesRequest{})
+		resp, err := call(ctx, c, c.Cluster, warrenv1connect.ClusterServiceClient.ListNodes, &warrenv1.ListNodesRequest{})
 		if err != nil {
 			return err
 		}
@@ -62,15 +62,15 @@ func cmdNodes(args []string, stdout, stderr io.Writer) error {
 		var resp *connect.Response[warrenv1.NodeResponse]
 		switch verb {
 		case "cordon":
-			resp, err = callCluster(ctx, c, warrenv1connect.ClusterServiceClient.CordonNode, &warrenv1.NodeRequest{Id: pos[0]})
+			resp, err = call(ctx, c, c.Cluster, warrenv1connect.ClusterServiceClient.CordonNode, &warrenv1.NodeRequest{Id: pos[0]})
 		case "uncordon":
-			resp, err = callCluster(ctx, c, warrenv1connect.ClusterServiceClient.UncordonNode, &warrenv1.NodeRequest{Id: pos[0]})
+			resp, err = call(ctx, c, c.Cluster, warrenv1connect.ClusterServiceClient.UncordonNode, &warrenv1.NodeRequest{Id: pos[0]})
 		default:
 			if *deadline <= 0 {
 				return fmt.Errorf("deadline: must be positive, got %v", *deadline)
 			}
 			// Under 1s must not become 0, the server's default (an hour).
-			resp, err = callCluster(ctx, c, warrenv1connect.ClusterServiceClient.DrainNode, &warrenv1.DrainNodeRequest{Id: pos[0], DeadlineSeconds: ceilSeconds(*deadline)})
+			resp, err = call(ctx, c, c.Cluster, warrenv1connect.ClusterServiceClient.DrainNode, &warrenv1.DrainNodeRequest{Id: pos[0], DeadlineSeconds: ceilSeconds(*deadline)})
 		}
 		if err != nil {
 			return err

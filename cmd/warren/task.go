@@ -46,21 +46,14 @@ func (c *clientFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.timeout, "timeout", 30*time.Second, "deadline for one request")
 }
 
-// callTasks makes one TaskService call with the client's failover: on a
-// server that is down, restarting or without a leader, the same request
-// (its request id too) goes to the next server (client.Do).
-func callTasks[Req, Res any](ctx context.Context, c *client.Client,
-	m func(warrenv1connect.TaskServiceClient, context.Context, *connect.Request[Req]) (*connect.Response[Res], error), msg *Req) (*connect.Response[Res], error) {
+// call makes one call of a service (svc: c.Tasks, c.Cluster) with the
+// client's failover: on a server that is down, restarting or without a
+// leader, the same request (its request id too) goes to the next server
+// (client.Do).
+func call[S, Req, Res any](ctx context.Context, c *client.Client, svc func() S,
+	m func(S, context.Context, *connect.Request[Req]) (*connect.Response[Res], error), msg *Req) (*connect.Response[Res], error) {
 	var resp *connect.Response[Res]
-	err := c.Do(ctx, func() (err error) { resp, err = m(c.Tasks(), ctx, connect.NewRequest(msg)); return err })
-	return resp, err
-}
-
-// callCluster is callTasks for the ClusterService.
-func callCluster[Req, Res any](ctx context.Context, c *client.Client,
-	m func(warrenv1connect.ClusterServiceClient, context.Context, *connect.Request[Req]) (*connect.Response[Res], error), msg *Req) (*connect.Response[Res], error) {
-	var resp *connect.Response[Res]
-	err := c.Do(ctx, func() (err error) { resp, err = m(c.Cluster(), ctx, connect.NewRequest(msg)); return err })
+	err := c.Do(ctx, func() (err error) { resp, err = m(svc(), ctx, connect.NewRequest(msg)); return err })
 	return resp, err
 }
 
@@ -252,7 +245,7 @@ func taskCreate(args []string, stdout, stderr io.Writer) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cf.timeout)
 	defer cancel()
-	resp, err := callTasks(ctx, c, warrenv1connect.TaskServiceClient.CreateTask, &warrenv1.CreateTaskRequest{RequestId: *reqID, Tenant: *tenant, Spec: spec})
+	resp, err := call(ctx, c, c.Tasks, warrenv1connect.TaskServiceClient.CreateTask, &warrenv1.CreateTaskRequest{RequestId: *reqID, Tenant: *tenant, Spec: spec})
 	if err != nil {
 		return err
 	}
@@ -302,7 +295,7 @@ func taskGet(args []string, stdout io.Writer) error {
 		return err
 	}
 	defer cancel()
-	resp, err := callTasks(ctx, c, warrenv1connect.TaskServiceClient.GetTask, &warrenv1.GetTaskRequest{Id: pos[0]})
+	resp, err := call(ctx, c, c.Tasks, warrenv1connect.TaskServiceClient.GetTask, &warrenv1.GetTaskRequest{Id: pos[0]})
 	if err != nil {
 		return err
 	}
@@ -340,7 +333,7 @@ func taskList(args []string, stdout io.Writer) error {
 	token, n := "", 0
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), cf.timeout)
-		resp, err := callTasks(ctx, c, warrenv1connect.TaskServiceClient.ListTasks, &warrenv1.ListTasksRequest{State: state, PageSize: 500, PageToken: token})
+		resp, err := call(ctx, c, c.Tasks, warrenv1connect.TaskServiceClient.ListTasks, &warrenv1.ListTasksRequest{State: state, PageSize: 500, PageToken: token})
 		cancel()
 		if err != nil {
 			return err
@@ -526,7 +519,7 @@ func taskSteer(args []string, stdout io.Writer) error {
 		return err
 	}
 	defer cancel()
-	resp, err := callTasks(ctx, c, warrenv1connect.TaskServiceClient.SendMessage, &warrenv1.SendMessageRequest{TaskId: pos[0], Text: pos[1], RequestId: newRequestID()})
+	resp, err := call(ctx, c, c.Tasks, warrenv1connect.TaskServiceClient.SendMessage, &warrenv1.SendMessageRequest{TaskId: pos[0], Text: pos[1], RequestId: newRequestID()})
 	if err != nil {
 		return err
 	}
@@ -552,7 +545,7 @@ func taskDecide(verb string, args []string, stdout io.Writer) error {
 	if verb != "approve" {
 		decide = warrenv1connect.TaskServiceClient.Reject
 	}
-	resp, err := callTasks(ctx, c, decide, req)
+	resp, err := call(ctx, c, c.Tasks, decide, req)
 	if err != nil {
 		return err
 	}
@@ -573,7 +566,7 @@ func taskCancel(args []string, stdout io.Writer) error {
 		return err
 	}
 	defer cancel()
-	resp, err := callTasks(ctx, c, warrenv1connect.TaskServiceClient.CancelTask, &warrenv1.CancelTaskRequest{TaskId: pos[0], Reason: *reason, RequestId: newRequestID()})
+	resp, err := call(ctx, c, c.Tasks, warrenv1connect.TaskServiceClient.CancelTask, &warrenv1.CancelTaskRequest{TaskId: pos[0], Reason: *reason, RequestId: newRequestID()})
 	if err != nil {
 		return err
 	}
@@ -636,7 +629,7 @@ func warnNoNode(ctx context.Context, c *client.Client, driver string, stderr io.
 	if driver == "" {
 		driver = scheduler.DefaultDriver
 	}
-	resp, err := callCluster(ctx, c, warrenv1connect.ClusterServiceClient.ListNodes, &warrenv1.ListNodesRequest{})
+	resp, err := call(ctx, c, c.Cluster, warrenv1connect.ClusterServiceClient.ListNodes, &warrenv1.ListNodesRequest{})
 	if err != nil {
 		return
 	}
