@@ -26,6 +26,7 @@ type fakeSys struct {
 	netCalls  int
 	pids      int
 	pidsCalls int
+	strays    int // KillStrays calls
 	// setTimeDelay slows SetTime (a claim's first step); hostnameErr fails
 	// SetHostname; netErr fails SetNetwork.
 	setTimeDelay time.Duration
@@ -74,6 +75,12 @@ func (f *fakeSys) SetPids(n int) error {
 }
 func (f *fakeSys) Stats() (Stats, error)          { return Stats{Procs: 7}, nil }
 func (f *fakeSys) ExecAttr() *syscall.SysProcAttr { return &syscall.SysProcAttr{Setpgid: true} }
+func (f *fakeSys) KillStrays() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.strays++
+	return nil
+}
 
 // pair runs a Server on one end of a pipe and returns a Client on the
 // other, speaking the wire codec from its first call, as a clone's host

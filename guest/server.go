@@ -36,6 +36,11 @@ type System interface {
 	// ExecAttr returns the process attributes of one exec'd command: its
 	// own process group, and the cgroup that bounds what it may use.
 	ExecAttr() *syscall.SysProcAttr
+	// KillStrays kills every process the commands left behind. The
+	// agent calls it only when no command runs, so each process it finds
+	// escaped its command's process group (setsid, a daemon's double
+	// fork) and outlived its call.
+	KillStrays() error
 }
 
 // Server answers calls on one connection at a time.
@@ -57,6 +62,32 @@ type Server struct {
 	// pids is the process limit the last claim set, 0 before one did; a
 	// claim with the same leaves it as it is, like net.
 	pids int
+
+	// running counts the commands started and not yet waited for, over
+	// every session; when it falls to 0 the strays are killed (under
+	// execMu, so no command starts meanwhile).
+	execMu  sync.Mutex
+	running int
+}
+
+// execStarting counts a command about to start; execEnded undoes it and,
+// when it was the last, kills what the commands left behind.
+func (s *Server) execStarting() {
+	s.execMu.Lock()
+	s.running++
+	s.execMu.Unlock()
+}
+
+func (s *Server) execEnded() {
+	s.execMu.Lock()
+	defer s.execMu.Unlock()
+	s.running--
+	if s.running > 0 || s.Sys == nil {
+		return
+	}
+	if err := s.Sys.KillStrays(); err != nil {
+		s.log().Warn("kill the processes left by commands", "err", err)
+	}
 }
 
 // execTable is one session's running execs, by stream id, for OpCancel.
@@ -454,7 +485,9 @@ func (s *Server) exec(abandoned context.Context, st *yamux.Stream, req *Request)
 		}
 	}
 	start := time.Now()
+	s.execStarting()
 	if err := cmd.Start(); err != nil {
+		s.execEnded()
 		return nil, fmt.Errorf("start %q: %w", req.Argv[0], err)
 	}
 	pgid := cmd.Process.Pid
@@ -515,8 +548,10 @@ func (s *Server) exec(abandoned context.Context, st *yamux.Stream, req *Request)
 	}
 	err := cmd.Wait()
 	// The whole group goes with its leader: nothing the command started
-	// outlives the call.
+	// outlives the call. One that left the group goes too, once no
+	// command runs.
 	kill()
+	s.execEnded()
 	cancel()
 	res := &Result{DurationUS: time.Since(start).Microseconds()}
 	wmu.Lock()

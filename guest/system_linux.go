@@ -21,6 +21,10 @@ type LinuxSystem struct {
 	// sandbox's workload, not the agent.
 	cgroupFD int
 	cgroup   string
+	// killFD is the cgroup's cgroup.kill, opened with it (-1 on a kernel
+	// without one), so that killing the strays after a command is one
+	// write.
+	killFD int
 	// urandom is /dev/urandom, opened once (-1 until it could be): a
 	// claim's reseed then makes no open and close, which a clone's claim
 	// would run for the first time (under TCG, translated afresh) before
@@ -31,11 +35,14 @@ type LinuxSystem struct {
 	// host's kernel, so the clock, entropy pool and hostname are the
 	// host's (or the runtime's) and are left alone.
 	Container bool
+	// UnderInit is set when the agent's parent is its container's init
+	// (Supervise), in a pid namespace of the container's own.
+	UnderInit bool
 }
 
 // NewLinuxSystem opens execCgroup ("" for none) once for all commands.
 func NewLinuxSystem(execCgroup string) (*LinuxSystem, error) {
-	s := &LinuxSystem{cgroupFD: -1, cgroup: execCgroup, urandom: -1}
+	s := &LinuxSystem{cgroupFD: -1, killFD: -1, cgroup: execCgroup, urandom: -1}
 	if fd, err := unix.Open("/dev/urandom", unix.O_WRONLY|unix.O_CLOEXEC, 0); err == nil {
 		s.urandom = fd // else AddEntropy tries again
 	}
@@ -45,6 +52,9 @@ func NewLinuxSystem(execCgroup string) (*LinuxSystem, error) {
 			return nil, fmt.Errorf("exec cgroup %s: %w", execCgroup, err)
 		}
 		s.cgroupFD = fd
+		if fd, err := unix.Openat(fd, "cgroup.kill", unix.O_WRONLY|unix.O_CLOEXEC, 0); err == nil {
+			s.killFD = fd
+		}
 	}
 	return s, nil
 }
@@ -118,6 +128,42 @@ func (s *LinuxSystem) ExecAttr() *syscall.SysProcAttr {
 		attr.CgroupFD = s.cgroupFD
 	}
 	return attr
+}
+
+// KillStrays kills every process in the commands' cgroup at once
+// (cgroup.kill, which also catches one forking meanwhile; on a kernel
+// before 5.14, each pid in cgroup.procs). In a container without that
+// cgroup, where the agent is the child of its pid namespace's init (this
+// program's Supervise, which says so: UnderInit), every other process
+// there is a command's, and kill(-1) reaches all of them but not the agent
+// or init. Otherwise (an agent run on a host, as in tests) it cannot tell
+// a command's stray from anything else, and does nothing.
+func (s *LinuxSystem) KillStrays() error {
+	if s.cgroupFD < 0 {
+		if !s.Container || !s.UnderInit || os.Getppid() != 1 {
+			return nil
+		}
+		if err := unix.Kill(-1, unix.SIGKILL); err != nil && err != unix.ESRCH {
+			return fmt.Errorf("kill(-1): %w", err)
+		}
+		return nil
+	}
+	if s.killFD >= 0 {
+		if _, err := unix.Write(s.killFD, []byte("1")); err != nil {
+			return fmt.Errorf("%s/cgroup.kill: %w", s.cgroup, err)
+		}
+		return nil
+	}
+	b, err := os.ReadFile(filepath.Join(s.cgroup, "cgroup.procs"))
+	if err != nil {
+		return err
+	}
+	for _, f := range strings.Fields(string(b)) {
+		if pid, err := strconv.Atoi(f); err == nil && pid > 0 {
+			_ = unix.Kill(pid, unix.SIGKILL)
+		}
+	}
+	return nil
 }
 
 // Stats reads /proc and statfs.

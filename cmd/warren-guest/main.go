@@ -20,7 +20,7 @@ func main() {
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	if os.Getpid() == 1 && len(os.Args) > 1 && os.Args[1] == "serve" {
 		// A container's init: serve as a child, reap orphans here.
-		guest.Supervise(os.Args[1:])
+		guest.Supervise(append(os.Args[1:], "--under-init"))
 		return
 	}
 	if os.Getpid() == 1 {
@@ -46,6 +46,7 @@ func main() {
 		listen := fs.String("listen", "", "unix socket path to serve on (required)")
 		cgroup := fs.String("cgroup", "", "cgroup v2 directory for commands (optional)")
 		container := fs.Bool("container", false, "running in a container: leave the clock, entropy and hostname alone")
+		underInit := fs.Bool("under-init", false, "set by a container's init for its agent: every other process in the pid namespace is a command's")
 		_ = fs.Parse(os.Args[2:])
 		if *listen == "" {
 			fmt.Fprintln(os.Stderr, "warren-guest serve: --listen: required")
@@ -57,6 +58,7 @@ func main() {
 			os.Exit(1)
 		}
 		sys.Container = *container
+		sys.UnderInit = *underInit
 		_ = os.Remove(*listen)
 		ln, err := net.Listen("unix", *listen)
 		if err != nil {

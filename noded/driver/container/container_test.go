@@ -137,6 +137,18 @@ func testLifecycle(t *testing.T, runtime, id string, pids int) {
 	if _, err := os.Stat(filepath.Join(d.lowers[mustTemplateDir(t)], "work")); err == nil {
 		t.Error("the write reached the template's root file system")
 	}
+	// A child that left its command's process group does not outlive the
+	// call.
+	out, code = run(t, sb, "setsid sh -c 'echo $$ > /tmp/stray; exec sleep 300' </dev/null >/dev/null 2>&1 & "+
+		"for i in $(seq 100); do [ -s /tmp/stray ] && break; sleep 0.05; done; cat /tmp/stray")
+	if code != 0 {
+		t.Fatalf("setsid: exit %d %q", code, out)
+	}
+	// (A killed one may be a zombie for a moment, until init reaps it.)
+	stat := "/proc/" + strings.TrimSpace(out) + "/stat"
+	if out, _ := run(t, sb, "[ -e "+stat+" ] && [ \"$(cut -d' ' -f3 "+stat+")\" != Z ] && echo alive || echo gone"); out != "gone\n" {
+		t.Errorf("a setsid child after its call: %q, want gone", out)
+	}
 	// The fork bomb meets the pids limit; the sandbox still answers.
 	out, _ = run(t, sb, "bomb() { bomb | bomb & }; bomb; sleep 3; echo done")
 	if !strings.Contains(out, "Resource temporarily unavailable") && !strings.Contains(out, "Cannot fork") {

@@ -1,0 +1,119 @@
+package guest
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The strays are killed once the last running command ends, never while
+// one runs.
+func TestKillStraysWhenNoCommandRuns(t *testing.T) {
+	sys := &fakeSys{}
+	c := pair(t, sys)
+	ctx := context.Background()
+	strays := func() int {
+		sys.mu.Lock()
+		defer sys.mu.Unlock()
+		return sys.strays
+	}
+	gate := filepath.Join(t.TempDir(), "gate")
+	long := make(chan error, 1)
+	go func() {
+		_, err := c.Exec(ctx, ExecRequest{Argv: []string{"sh", "-c", "while [ ! -e " + gate + " ]; do sleep 0.01; done"}}, nil, nil)
+		long <- err
+	}()
+	// Another command ends while the first still runs: no kill yet.
+	for range 3 {
+		if res, err := c.Exec(ctx, ExecRequest{Argv: []string{"true"}}, nil, nil); err != nil || res.ExitCode != 0 {
+			t.Fatal(res, err)
+		}
+	}
+	if n := strays(); n != 0 {
+		t.Fatalf("KillStrays called %d times while a command ran", n)
+	}
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-long; err != nil {
+		t.Fatal(err)
+	}
+	if n := strays(); n != 1 {
+		t.Fatalf("KillStrays called %d times after the last command ended, want 1", n)
+	}
+	// A command that does not start leaves the count as it was.
+	if _, err := c.Exec(ctx, ExecRequest{Argv: []string{"/nonexistent/x"}}, nil, nil); err == nil {
+		t.Fatal("exec of a missing program succeeded")
+	}
+	if _, err := c.Exec(ctx, ExecRequest{Argv: []string{"true"}}, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if n := strays(); n < 2 {
+		t.Fatalf("KillStrays called %d times, want a call after the last command", n)
+	}
+}
+
+// A command's child that left its process group (setsid) does not
+// outlive the call: the commands' cgroup is killed once no command runs.
+// The test makes a cgroup v2 of its own, as the guest's init does.
+func TestExecSetsidChildKilledWithCgroup(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to make a cgroup")
+	}
+	var root string
+	for _, p := range []string{"/sys/fs/cgroup", "/sys/fs/cgroup/unified"} {
+		var st unix.Statfs_t
+		if unix.Statfs(p, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC {
+			root = p
+			break
+		}
+	}
+	if root == "" {
+		t.Skip("no cgroup v2 hierarchy mounted")
+	}
+	if _, err := exec.LookPath("setsid"); err != nil {
+		t.Skip("no setsid program:", err)
+	}
+	cg, err := os.MkdirTemp(root, "warren-test-")
+	if err != nil {
+		t.Skip("cannot make a cgroup:", err)
+	}
+	t.Cleanup(func() {
+		_ = os.WriteFile(filepath.Join(cg, "cgroup.kill"), []byte("1"), 0o644)
+		for range 100 {
+			if os.Remove(cg) == nil {
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	})
+	sys, err := NewLinuxSystem(cg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := pair(t, sys)
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	res, err := c.Exec(context.Background(), ExecRequest{Argv: []string{"sh", "-c",
+		"setsid sleep 30 </dev/null >/dev/null 2>&1 & echo $! > " + pidFile}}, nil, nil)
+	if err != nil || res.ExitCode != 0 {
+		t.Fatal(res, err)
+	}
+	assertGone(t, pidFile)
+	b, err := os.ReadFile(filepath.Join(cg, "cgroup.procs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := strings.TrimSpace(string(b)); s != "" {
+		// Killed processes leave the cgroup once reaped; give them a moment.
+		time.Sleep(200 * time.Millisecond)
+		if b, _ = os.ReadFile(filepath.Join(cg, "cgroup.procs")); strings.TrimSpace(string(b)) != "" {
+			t.Fatalf("processes left in the commands' cgroup: %q", b)
+		}
+	}
+}
