@@ -16,6 +16,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/warrenhq/warren/internal/repourl"
 )
 
 // Auth is a forge credential for git over HTTP(S). It travels to one git
@@ -119,16 +121,8 @@ func CheckRepo(repo string) error {
 	// Checked on the text, before any parse, so that no later error (nor
 	// a caller's, which quotes the repository) repeats a token: the URL
 	// ends up in events and logs.
-	if scheme, rest, ok := strings.Cut(repo, "://"); ok {
-		authority, path := rest, ""
-		if i := strings.IndexAny(rest, "/?#"); i >= 0 {
-			authority, path = rest[:i], rest[i:]
-		}
-		if i := strings.LastIndex(authority, "@"); i >= 0 &&
-			(!strings.EqualFold(scheme, "ssh") || strings.Contains(authority[:i], ":")) {
-			return fmt.Errorf("%q: the URL's user info (before @) must be empty: credentials go in the node's forge token (WARREN_FORGE_TOKEN), not in the repository URL",
-				scheme+"://"+authority[i+1:]+path)
-		}
+	if shown, bad := repourl.Credential(repo); bad {
+		return fmt.Errorf("%q: the URL's user info (before @) must be empty: credentials go in the node's forge token (WARREN_FORGE_TOKEN), not in the repository URL", shown)
 	}
 	if u, err := url.Parse(repo); err == nil && u.Scheme != "" {
 		switch u.Scheme {

@@ -15,6 +15,7 @@ import (
 	"github.com/warrenhq/warren/api"
 	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/internal/repourl"
 )
 
 // Limits on request fields. Every bad field is reported by name.
@@ -225,6 +226,11 @@ func (p *problems) repo(v string) {
 	case reScpLike.MatchString(v):
 		return // git@host:owner/repo
 	}
+	// Checked on the text first, so that no error below quotes a token.
+	if shown, bad := repourl.Credential(v); bad {
+		p.add(field, "%q: the URL's user info (before @) must be empty: give the forge credential to the node instead (its token is never part of a task's spec, which every client reads and events record)", truncate(shown, 80))
+		return
+	}
 	u, err := url.Parse(v)
 	if err != nil {
 		p.add(field, "%q is neither an absolute path nor a URL: %v", truncate(v, 80), err)
@@ -241,11 +247,6 @@ func (p *problems) repo(v string) {
 		}
 	default:
 		p.add(field, "%q: scheme must be https, http, ssh, git or file, or give an absolute path", truncate(v, 80))
-	}
-	if u.User != nil {
-		if _, hasPassword := u.User.Password(); hasPassword {
-			p.add(field, "must not embed a password; give the forge credential to the node instead")
-		}
 	}
 }
 

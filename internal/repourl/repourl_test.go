@@ -1,0 +1,29 @@
+package repourl
+
+import "testing"
+
+func TestCredential(t *testing.T) {
+	for _, c := range []struct {
+		in, shown string
+		bad       bool
+	}{
+		{"https://github.com/a/b.git", "https://github.com/a/b.git", false},
+		{"https://TOKEN@github.com/a/b.git", "https://github.com/a/b.git", true},
+		{"https://u:TOKEN@github.com/a/b.git", "https://github.com/a/b.git", true},
+		{"https://u:p@x@host/a?q=1", "https://host/a?q=1", true},
+		{"http://TOKEN@host", "http://host", true},
+		{"git://TOKEN@host/r", "git://host/r", true},
+		{"ssh://git@host/r", "ssh://git@host/r", false},
+		{"SSH://git@host/r", "SSH://git@host/r", false},
+		{"ssh://git:TOKEN@host/r", "ssh://host/r", true},
+		{"https://host/a@b", "https://host/a@b", false},
+		{"https://host?x=a@b", "https://host?x=a@b", false},
+		{"git@host:a/b.git", "git@host:a/b.git", false},
+		{"/srv/repo", "/srv/repo", false},
+	} {
+		shown, bad := Credential(c.in)
+		if shown != c.shown || bad != c.bad {
+			t.Errorf("Credential(%q) = %q, %v; want %q, %v", c.in, shown, bad, c.shown, c.bad)
+		}
+	}
+}
