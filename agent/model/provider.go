@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	neturl "net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -92,11 +93,24 @@ func post(ctx context.Context, hc *http.Client, provider, url string, header htt
 	if hc == nil {
 		hc = http.DefaultClient
 	}
-	resp, err := hc.Do(hr)
+	// A redirect is not followed: the APIs have no reason to redirect a
+	// POST, and Go would send the key on to another host in a header it
+	// does not know to drop (x-api-key).
+	noRedirect := *hc
+	noRedirect.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	resp, err := noRedirect.Do(hr)
 	if err != nil {
+		var ue *neturl.Error
+		if errors.As(err, &ue) {
+			ue.URL = withoutUserInfo(ue.URL) // Go hides a password, not a user
+		}
 		return nil, &HTTPError{Provider: provider, Type: "transport", Message: shorten(redact(err.Error(), secret), 200)}
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode >= 300 && resp.StatusCode < 400 {
+		return nil, &HTTPError{Provider: provider, Status: resp.StatusCode, Type: "redirect",
+			Message: shorten(redact("redirected to "+withoutUserInfo(resp.Header.Get("Location"))+"; not followed (set the base URL to where the API is)", secret), 300)}
+	}
 	raw, err := readBody(provider, resp.Body)
 	if err != nil {
 		return nil, err
@@ -110,6 +124,16 @@ func post(ctx context.Context, hc *http.Client, provider, url string, header htt
 		return nil, he.redact(secret)
 	}
 	return raw, nil
+}
+
+// withoutUserInfo is u without the user info of its authority, if it is a
+// URL that has one.
+func withoutUserInfo(u string) string {
+	if p, err := neturl.Parse(u); err == nil && p.User != nil {
+		p.User = nil
+		return p.String()
+	}
+	return u
 }
 
 // apiError is the error body both APIs send.
