@@ -77,17 +77,49 @@ type Forge interface {
 // New makes the adapter of a kind: github (REST, go-github; apiURL "" is
 // api.github.com), gitea (Gitea and Forgejo) or gitlab.
 func New(kind, apiURL, token string) (Forge, error) {
-	hc := &http.Client{Timeout: time.Minute, CheckRedirect: func(r *http.Request, via []*http.Request) error {
-		// A token header must not follow a redirect to another host
-		// (Go drops only Authorization there, not GitLab's PRIVATE-TOKEN).
-		if len(via) > 0 && r.URL.Host != via[0].URL.Host {
-			return fmt.Errorf("refusing a redirect from %s to another host, %s", via[0].URL.Host, r.URL.Host)
-		}
-		if len(via) >= 5 {
-			return errors.New("too many redirects")
-		}
-		return nil
-	}}
+	hc := &http.Client{Timeout: time.Minute, CheckRedirect: checkRedirect}
+	f, err := newAdapter(kind, apiURL, token, hc)
+	if err != nil || token == "" {
+		return f, err
+	}
+	return redacting{f, token}, nil
+}
+
+// checkRedirect lets a forge API call follow a redirect only on the same
+// host and scheme: a token header must not go to another host (Go drops
+// only Authorization there, not GitLab's PRIVATE-TOKEN), nor from https
+// to http, in clear.
+func checkRedirect(r *http.Request, via []*http.Request) error {
+	if len(via) > 0 && r.URL.Host != via[0].URL.Host {
+		return fmt.Errorf("refusing a redirect from %s to another host, %s", via[0].URL.Host, r.URL.Host)
+	}
+	if len(via) > 0 && r.URL.Scheme != via[0].URL.Scheme {
+		return fmt.Errorf("refusing a redirect from %s to %s", via[0].URL.Scheme, r.URL.Scheme)
+	}
+	if len(via) >= 5 {
+		return errors.New("too many redirects")
+	}
+	return nil
+}
+
+// redacting is an adapter whose errors never hold its token: a forge, or
+// a proxy in front of it, may echo the credential it was given in an
+// error body, which the adapters quote, and the finish step logs the
+// error and records it in the task's last event.
+type redacting struct {
+	Forge
+	token string
+}
+
+func (r redacting) EnsurePR(ctx context.Context, req PRRequest) (*PullRequest, error) {
+	pr, err := r.Forge.EnsurePR(ctx, req)
+	if err != nil && strings.Contains(err.Error(), r.token) {
+		err = errors.New(strings.ReplaceAll(err.Error(), r.token, "[redacted]"))
+	}
+	return pr, err
+}
+
+func newAdapter(kind, apiURL, token string, hc *http.Client) (Forge, error) {
 	switch kind {
 	case "github":
 		c := github.NewClient(hc)

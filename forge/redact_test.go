@@ -1,0 +1,60 @@
+package forge
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+// A forge (or the proxy in front of it) that echoes the credential it was
+// given in an error body: the adapters' errors quote up to 300 bytes of
+// that body (doJSON; go-github's ErrorResponse its message), and
+// the finish step puts the error in a log line ("publish failed;
+// retrying") and, after the last try, in the task's state_changed event.
+// Every adapter's errors have the token redacted.
+func TestAdapterErrorsDoNotEchoTheToken(t *testing.T) {
+	const token = "sk-zzreview-SECRET"
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("content-type", "application/json")
+		w.WriteHeader(http.StatusUnauthorized)
+		got := r.Header.Get("Authorization") + r.Header.Get("PRIVATE-TOKEN")
+		_, _ = w.Write([]byte(`{"message":"bad credentials: ` + got + `"}`))
+	}))
+	defer srv.Close()
+	for _, kind := range []string{"github", "gitea", "gitlab"} {
+		f, err := New(kind, srv.URL, token)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = f.EnsurePR(context.Background(), PRRequest{Repo: RepoRef{Owner: "acme", Name: "calc", Path: "acme/calc"}, Head: "agent/t1", Base: "main", Title: "x"})
+		if err == nil {
+			t.Fatalf("%s: no error", kind)
+		}
+		if strings.Contains(err.Error(), token) {
+			t.Errorf("%s: the forge's error repeats the token: %v", kind, err)
+		}
+	}
+}
+
+// An API call follows a redirect only on the same host and scheme.
+func TestAPIRedirectsStayOnHostAndScheme(t *testing.T) {
+	req := func(u string) *http.Request {
+		r, err := http.NewRequest("GET", u, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	from := []*http.Request{req("https://forge.example/api/v1/x")}
+	for u, ok := range map[string]bool{
+		"https://forge.example/api/v1/y": true,
+		"http://forge.example/api/v1/y":  false,
+		"https://other.example/api/v1/y": false,
+	} {
+		if err := checkRedirect(req(u), from); (err == nil) != ok {
+			t.Errorf("redirect to %s: err %v, want allowed %v", u, err, ok)
+		}
+	}
+}
