@@ -63,7 +63,7 @@ func TestRepoTokenAsUserInfoIsRefused(t *testing.T) {
 func TestRepoRefusalDoesNotEchoPassword(t *testing.T) {
 	const secret = "sk-test-SECRET"
 	for _, repo := range []string{
-		"https://u:" + secret + "@/x.git",         // no host
+		"https://u:" + secret + "@/x.git",          // no host
 		"https://u:" + secret + "@host:port/x.git", // url.Parse: invalid port
 	} {
 		r := &warrenv1.CreateTaskRequest{RequestId: "r1", Spec: testSpec()}

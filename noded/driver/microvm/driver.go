@@ -203,7 +203,11 @@ func New(cfg Config) (*Driver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("microvm: %w (run `make image`)", err)
 	}
-	if err := os.MkdirAll(filepath.Join(cfg.StateDir, "vms"), 0o755); err != nil {
+	// 0700: a sandbox's files hold its environment and its disk.
+	if err := os.MkdirAll(filepath.Join(cfg.StateDir, "vms"), 0o700); err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(filepath.Join(cfg.StateDir, "vms"), 0o700); err != nil { // made by an older node
 		return nil, err
 	}
 	abs, _ := filepath.Abs(cfg.StateDir)

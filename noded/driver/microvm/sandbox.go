@@ -451,7 +451,8 @@ func (vm *VM) metaLocked() vmMeta {
 
 func (vm *VM) writeMeta(m vmMeta) {
 	b, _ := json.MarshalIndent(m, "", "  ")
-	_ = atomicfile.WriteFile(filepath.Join(vm.spec.Dir, "meta.json"), b, 0o644)
+	// 0600: it holds the sandbox's environment, where its secrets are.
+	_ = atomicfile.WriteFile(filepath.Join(vm.spec.Dir, "meta.json"), b, 0o600)
 }
 
 // armTTL destroys the sandbox at its deadline, servers or not.
