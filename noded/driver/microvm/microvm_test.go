@@ -191,6 +191,17 @@ func TestSandboxLifecycle(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	step(t, "exec given up", &t0)
+	// A child that left its command's process group does not outlive the
+	// call: the agent kills the commands' cgroup once no command runs.
+	out, code = run(t, sb, "setsid sh -c 'echo $$ > /tmp/stray; exec sleep 300' </dev/null >/dev/null 2>&1 & "+
+		"for i in $(seq 100); do [ -s /tmp/stray ] && break; sleep 0.05; done; cat /tmp/stray")
+	if code != 0 {
+		t.Fatalf("setsid: exit %d %q", code, out)
+	}
+	stat := "/proc/" + strings.TrimSpace(out) + "/stat"
+	if out, _ := run(t, sb, "[ -e "+stat+" ] && [ \"$(cut -d' ' -f3 "+stat+")\" != Z ] && echo alive || echo gone"); out != "gone\n" {
+		t.Errorf("a setsid child after its call: %q, want gone", out)
+	}
 	if _, err := ia.WriteFile(ctx, "/work/note.txt", 0o644, strings.NewReader("kept across pause\n")); err != nil {
 		t.Fatal(err)
 	}
