@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -169,8 +171,12 @@ func (c *Client) failover() {
 
 // Watch calls fn for every event of task id with seq > after, in order and
 // exactly once, reconnecting (to the next server if there are several)
-// whenever a stream breaks. It returns nil once the task has ended and its
-// last event was delivered, fn's error if fn fails, or ctx's error.
+// whenever a stream breaks or a server is unavailable (see watchRetries).
+// It returns nil once the task has ended and its last event was delivered,
+// fn's error if fn fails, ctx's error, or an error that reconnecting would
+// not cure (unimplemented: the URL is not a warren API; invalid_argument;
+// internal from the server; not_found, after a few seconds of asking when
+// after > 0, as a lagging server may not have the task yet).
 // onRetry, if not nil, is told about each reconnect, with c.URL() already
 // the server it reconnects to.
 func (c *Client) Watch(ctx context.Context, id string, after uint64, fn func(*warrenv1.Event) error, onRetry func(error)) error {
@@ -205,10 +211,8 @@ func (c *Client) Watch(ctx context.Context, id string, after uint64, fn func(*wa
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		switch connect.CodeOf(err) {
-		case connect.CodeInvalidArgument, connect.CodePermissionDenied, connect.CodeUnauthenticated:
-			return err
-		case connect.CodeNotFound:
+		switch {
+		case connect.CodeOf(err) == connect.CodeNotFound:
 			if after == 0 {
 				return err
 			}
@@ -220,8 +224,10 @@ func (c *Client) Watch(ctx context.Context, id string, after uint64, fn func(*wa
 			} else if time.Since(notFoundSince) >= watchNotFoundFor {
 				return err
 			}
-		default:
+		case watchRetries(err):
 			notFoundSince = time.Time{}
+		default:
+			return err
 		}
 		c.failover()
 		if onRetry != nil {
@@ -234,6 +240,26 @@ func (c *Client) Watch(ctx context.Context, id string, after uint64, fn func(*wa
 		}
 		backoff = min(2*backoff, 2*time.Second)
 	}
+}
+
+// watchRetries reports whether Watch reconnects after err, which did not
+// come from the caller's ctx: the server is down, restarting, overloaded
+// or without a leader (unavailable, resource_exhausted, aborted), or the
+// stream broke (unknown; canceled or deadline_exceeded not the caller's;
+// internal from a stream cut short or a network error). Any other code
+// (unimplemented from a server that is not warren's API, internal from the
+// server, invalid_argument, permission_denied, …) would come back on
+// every reconnect.
+func watchRetries(err error) bool {
+	switch connect.CodeOf(err) {
+	case connect.CodeUnavailable, connect.CodeResourceExhausted, connect.CodeAborted,
+		connect.CodeUnknown, connect.CodeCanceled, connect.CodeDeadlineExceeded:
+		return true
+	case connect.CodeInternal:
+		var ne net.Error
+		return !connect.IsWireError(err) && (errors.Is(err, io.ErrUnexpectedEOF) || errors.As(err, &ne))
+	}
+	return false
 }
 
 // watchNotFoundFor is how long Watch, after some events, keeps asking for

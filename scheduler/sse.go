@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"connectrpc.com/connect"
+
 	"github.com/warrenhq/warren/api"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 )
@@ -17,6 +19,9 @@ import (
 // event's `id:` is its seq, so a client resumes with Last-Event-ID (or
 // ?after=SEQ). After the event that made the task terminal it sends
 // `event: end` and closes. A comment line every 15 s keeps proxies open.
+// HEAD (which the mux routes here too) gets the status and headers a GET
+// would, and no stream. Errors are plain text, "code: message", with the
+// HTTP status Connect gives the code (see sseError).
 type sseHandler struct{ s *Server }
 
 const sseKeepAlive = 15 * time.Second
@@ -30,15 +35,12 @@ func (h sseHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p = append(p, err)
 	}
 	if err := p.err(); err != nil {
-		http.Error(w, "invalid_argument: "+err.Error(), http.StatusBadRequest)
+		sseError(w, invalid(err))
 		return
 	}
 	t, err := h.s.readTask(r.Context(), id)
-	if errors.Is(err, ErrNotFound) {
-		http.Error(w, "not_found: "+err.Error(), http.StatusNotFound)
-		return
-	} else if err != nil { // the replica cannot read it: not the client's fault
-		http.Error(w, "internal: "+err.Error(), http.StatusInternalServerError)
+	if err != nil {
+		sseError(w, err)
 		return
 	}
 	// A task that has ended, with nothing after the resume point: 204 tells
@@ -57,6 +59,11 @@ func (h sseHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Cache-Control", "no-cache")
 	w.Header().Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
+	if r.Method == http.MethodHead {
+		// net/http drops a HEAD's body: tailing the task would hold the
+		// connection and a watch of the task until it ended, for nothing.
+		return
+	}
 	fmt.Fprint(w, "retry: 1000\n\n")
 	fl.Flush()
 
@@ -103,6 +110,50 @@ func (h sseHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case !errors.Is(err, context.Canceled):
 		h.s.log.Debug("sse stream ended", "task", id, "err", err)
 	}
+}
+
+// sseError answers a request the stream cannot start for: err mapped by
+// toConnect, as the Connect API would answer it, with the HTTP status the
+// Connect protocol gives its code and a body naming the code. Unavailable
+// (a restore overlapped the read, no leader yet) adds Retry-After: 1.
+func sseError(w http.ResponseWriter, err error) {
+	var ce *connect.Error
+	if !errors.As(toConnect(err), &ce) {
+		ce = connect.NewError(connect.CodeInternal, err)
+	}
+	if ce.Code() == connect.CodeUnavailable {
+		w.Header().Set("Retry-After", "1")
+	}
+	http.Error(w, ce.Error(), httpStatus(ce.Code()))
+}
+
+// httpStatus is the HTTP status the Connect protocol gives code (its
+// spec's table; connect-go keeps its own unexported). Canceled's 499 is
+// nginx's "client closed request".
+func httpStatus(code connect.Code) int {
+	switch code {
+	case connect.CodeCanceled:
+		return 499
+	case connect.CodeInvalidArgument, connect.CodeFailedPrecondition, connect.CodeOutOfRange:
+		return http.StatusBadRequest
+	case connect.CodeDeadlineExceeded:
+		return http.StatusGatewayTimeout
+	case connect.CodeNotFound:
+		return http.StatusNotFound
+	case connect.CodeAlreadyExists, connect.CodeAborted:
+		return http.StatusConflict
+	case connect.CodePermissionDenied:
+		return http.StatusForbidden
+	case connect.CodeResourceExhausted:
+		return http.StatusTooManyRequests
+	case connect.CodeUnimplemented:
+		return http.StatusNotImplemented
+	case connect.CodeUnavailable:
+		return http.StatusServiceUnavailable
+	case connect.CodeUnauthenticated:
+		return http.StatusUnauthorized
+	}
+	return http.StatusInternalServerError // internal, unknown, data_loss
 }
 
 // sseAfter reads the resume point: Last-Event-ID wins over ?after=.

@@ -1,0 +1,127 @@
+package scheduler
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+)
+
+// Checks that HEAD of a task's SSE stream (curl -I, a health probe)
+// answers at once with the status and headers a GET would get, without
+// tailing the task: the connection is reusable afterwards and no watch of
+// the task is left behind. Before, the handler streamed into net/http's
+// discarded HEAD body until the task ended.
+func TestSSEHeadAnswersWithoutStreaming(t *testing.T) {
+	n := startSingle(t)
+	live := createVia(t, n, 1).GetId()
+	ended := createVia(t, n, 2).GetId()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := n.tasks.CancelTask(ctx, connect.NewRequest(&warrenv1.CancelTaskRequest{TaskId: ended})); err != nil {
+		t.Fatal(err)
+	}
+	c := &http.Client{Timeout: 3 * time.Second}
+	for _, tc := range []struct {
+		name, path string
+		status     int
+		ctype      string
+	}{
+		{"live task", "/v1/tasks/" + live + "/events", http.StatusOK, "text/event-stream"},
+		{"ended task, resumed at its end", "/v1/tasks/" + ended + "/events?after=1000", http.StatusNoContent, ""},
+		{"missing task", "/v1/tasks/01J00000000000000000000000/events", http.StatusNotFound, "text/plain; charset=utf-8"},
+		{"bad resume point", "/v1/tasks/" + live + "/events?after=x", http.StatusBadRequest, "text/plain; charset=utf-8"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, err := c.Head(n.url + tc.path)
+			if err != nil {
+				t.Fatalf("HEAD: %v", err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != tc.status || resp.Header.Get("Content-Type") != tc.ctype {
+				t.Errorf("HEAD: %d %q; want %d %q", resp.StatusCode, resp.Header.Get("Content-Type"), tc.status, tc.ctype)
+			}
+			// The same client reuses the connection the HEAD went over.
+			hr, err := c.Get(n.url + "/healthz")
+			if err != nil {
+				t.Fatalf("GET /healthz after the HEAD, same client: %v", err)
+			}
+			_, _ = io.Copy(io.Discard, hr.Body)
+			hr.Body.Close()
+		})
+	}
+	c.CloseIdleConnections() // goleak: no keep-alive readers left
+	waitFor(t, "the HEADs to hold no watch", 3*time.Second, func() bool { return n.srv.FSM().watch.watched() == 0 })
+}
+
+// Checks that methods other than GET and HEAD on the SSE route get 405
+// with an Allow header, not the stream.
+func TestSSEOtherMethodsAreNotAllowed(t *testing.T) {
+	n := startSingle(t)
+	id := createVia(t, n, 1).GetId()
+	for _, m := range []string{http.MethodPost, http.MethodPut, http.MethodDelete} {
+		req, _ := http.NewRequest(m, n.url+"/v1/tasks/"+id+"/events", nil)
+		resp, err := (&http.Client{Timeout: 3 * time.Second}).Do(req)
+		if err != nil {
+			t.Fatalf("%s: %v", m, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusMethodNotAllowed || resp.Header.Get("Allow") != "GET, HEAD" {
+			t.Errorf("%s: %d, Allow %q; want 405, Allow \"GET, HEAD\"", m, resp.StatusCode, resp.Header.Get("Allow"))
+		}
+	}
+}
+
+// Checks that a read a snapshot restore overlapped (errRestoring, which
+// the Connect API reports as unavailable) is 503 with Retry-After over
+// SSE, with a body naming the code, as every error goes through toConnect;
+// it was 500 "internal: unavailable: …".
+func TestSSEDuringARestoreIsUnavailable(t *testing.T) {
+	n := startSingle(t)
+	task := createVia(t, n, 1)
+	f := n.srv.FSM()
+	f.restores.Add(1) // as Restore does while it runs
+	defer f.restores.Add(1)
+	resp, err := http.Get(n.url + "/v1/tasks/" + task.GetId() + "/events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") != "1" || !strings.HasPrefix(string(body), "unavailable: ") {
+		t.Errorf("SSE during a restore: %d, Retry-After %q, body %q; want 503, 1, \"unavailable: …\"",
+			resp.StatusCode, resp.Header.Get("Retry-After"), strings.TrimSpace(string(body)))
+	}
+}
+
+// Checks httpStatus against the Connect protocol's code-to-status table.
+func TestHTTPStatusOfConnectCodes(t *testing.T) {
+	for code, want := range map[connect.Code]int{
+		connect.CodeCanceled:           499,
+		connect.CodeUnknown:            500,
+		connect.CodeInvalidArgument:    400,
+		connect.CodeDeadlineExceeded:   504,
+		connect.CodeNotFound:           404,
+		connect.CodeAlreadyExists:      409,
+		connect.CodePermissionDenied:   403,
+		connect.CodeResourceExhausted:  429,
+		connect.CodeFailedPrecondition: 400,
+		connect.CodeAborted:            409,
+		connect.CodeOutOfRange:         400,
+		connect.CodeUnimplemented:      501,
+		connect.CodeInternal:           500,
+		connect.CodeUnavailable:        503,
+		connect.CodeDataLoss:           500,
+		connect.CodeUnauthenticated:    401,
+	} {
+		if got := httpStatus(code); got != want {
+			t.Errorf("httpStatus(%s) = %d, want %d", code, got, want)
+		}
+	}
+}
