@@ -10,6 +10,7 @@ import (
 	"github.com/hashicorp/raft"
 	"google.golang.org/protobuf/proto"
 
+	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
 )
@@ -129,34 +130,69 @@ func (c clusterAPI) Snapshot(ctx context.Context, _ *connect.Request[warrenv1.Sn
 
 // Propose applies commands forwarded by a follower. Only the leader
 // accepts them; it never forwards again, so there are no loops.
+//
+// A follower's group commit joins the commands of unrelated callers into
+// one call, so a command refused here (one that does not decode, or that
+// validateForwarded refuses) gets its own failed result, with code
+// invalid_argument, and the others are proposed without it: one bad
+// command never fails the writes that happened to share its batch. The
+// results come back in the order of the commands, one each.
 func (c clusterAPI) Propose(ctx context.Context, req *connect.Request[warrenv1.ProposeRequest]) (*connect.Response[warrenv1.ProposeResponse], error) {
 	cmds := req.Msg.GetCommands()
 	if len(cmds) == 0 {
 		return nil, invalid(errors.New("commands: required"))
 	}
+	res := make([]*fsmv1.Result, len(cmds))
+	good := make([][]byte, 0, len(cmds))
 	for i, b := range cmds {
-		cmd, err := DecodeCommand(b)
-		if err != nil {
-			return nil, invalid(fmt.Errorf("commands[%d]: %w", i, err))
+		if err := checkForwarded(b); err != nil {
+			res[i] = &fsmv1.Result{Code: uint32(connect.CodeInvalidArgument), Message: "the leader refused this forwarded command: " + err.Error()}
+			continue
 		}
-		// The FSM trusts what it applies (it does not scan an append's
-		// payloads again, for one): check what a follower forwards here.
-		if err := validateForwarded(cmd); err != nil {
-			return nil, invalid(fmt.Errorf("commands[%d]: %w", i, err))
-		}
+		good = append(good, b)
 	}
 	if c.s.raft.State() != raft.Leader {
 		return nil, connect.NewError(connect.CodeUnavailable, raft.ErrNotLeader)
 	}
-	res, idx, err := c.s.gc.propose(ctx, cmds)
-	if err != nil {
-		return nil, err
+	var idx uint64
+	if len(good) > 0 {
+		applied, i, err := c.s.gc.propose(ctx, good)
+		if err != nil {
+			return nil, err
+		}
+		if len(applied) != len(good) {
+			return nil, fmt.Errorf("group commit returned %d results for %d commands", len(applied), len(good))
+		}
+		idx = i
+		k := 0
+		for j := range res {
+			if res[j] == nil {
+				res[j] = applied[k]
+				k++
+			}
+		}
+	} else {
+		// Nothing to apply: the index the caller waits for before it reads
+		// is one this server has applied already.
+		idx = c.s.fsm.Applied()
 	}
 	out := &warrenv1.ProposeResponse{Index: idx, Results: make([][]byte, len(res))}
 	for i, r := range res {
+		var err error
 		if out.Results[i], err = proto.Marshal(r); err != nil {
 			return nil, err
 		}
 	}
 	return connect.NewResponse(out), nil
+}
+
+// checkForwarded decodes one command a follower forwarded and checks it.
+// The FSM trusts what it applies (it does not scan an append's payloads
+// again, for one): what a follower forwards is checked here.
+func checkForwarded(b []byte) error {
+	cmd, err := DecodeCommand(b)
+	if err != nil {
+		return err
+	}
+	return validateForwarded(cmd)
 }

@@ -446,11 +446,10 @@ func TestProposeChecksForwardedAppends(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, err = cl.Propose(context.Background(), connect.NewRequest(&warrenv1.ProposeRequest{Commands: [][]byte{b}}))
-		return err
+		return forwardOne(t, cl, b)
 	}
 	err := propose(`{"msg": "unterminated`)
-	if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "commands[0]: events[0].payload: not a JSON object") {
+	if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "events[0].payload: not a JSON object") {
 		t.Fatalf("a forwarded append with a broken payload: %v", err)
 	}
 	if err := propose(`{"msg":"ok"}`); err != nil {
@@ -482,8 +481,8 @@ func TestProposeChecksEveryForwardedCommand(t *testing.T) {
 		cmd  proto.Message
 		want string
 	}{
-		{&fsmv1.CreateTask{Id: "", Tenant: "default", RequestId: "a", Spec: testSpec(), Time: ts}, "commands[0]: id"},
-		{&fsmv1.CreateTask{Id: id + "\x00\x00\x00\x00\x00\x00\x00\x07", Tenant: "default", RequestId: "b", Spec: testSpec(), Time: ts}, "commands[0]: id"},
+		{&fsmv1.CreateTask{Id: "", Tenant: "default", RequestId: "a", Spec: testSpec(), Time: ts}, "id: "},
+		{&fsmv1.CreateTask{Id: id + "\x00\x00\x00\x00\x00\x00\x00\x07", Tenant: "default", RequestId: "b", Spec: testSpec(), Time: ts}, "id: "},
 		{&fsmv1.CreateTask{Id: strings.ToLower(ulid.Make().String()), Tenant: "default", RequestId: "c", Spec: testSpec(), Time: ts}, "canonical form"},
 		{&fsmv1.CreateTask{Id: ulid.Make().String(), Tenant: "default", RequestId: "d", Time: ts}, "spec: required"},
 		{&fsmv1.CreateTask{Id: ulid.Make().String(), RequestId: "e", Spec: testSpec(), Time: ts}, "tenant: required"},
@@ -493,7 +492,7 @@ func TestProposeChecksEveryForwardedCommand(t *testing.T) {
 		{&fsmv1.CancelTask{TaskId: id + "x", Time: ts}, "task_id"},
 		{&fsmv1.RegisterNode{Time: ts}, "node: required"},
 		{&fsmv1.NodeOp{Id: "n1", Op: fsmv1.NodeOp_OP_DOWN, Time: ts}, "op: OP_DOWN is not an operator's op"},
-		{&fsmv1.NodeOp{Id: "-", Op: fsmv1.NodeOp_OP_CORDON, Time: ts}, "commands[0]: id: \"-\" must be"},
+		{&fsmv1.NodeOp{Id: "-", Op: fsmv1.NodeOp_OP_CORDON, Time: ts}, "id: \"-\" must be"},
 		{&fsmv1.SetPool{Template: "default", Target: 5000}, "target"},
 		{&fsmv1.GrantLease{TaskId: id, Node: "n1", Time: ts}, "not accepted from other servers"},
 	} {
@@ -501,7 +500,7 @@ func TestProposeChecksEveryForwardedCommand(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, err = cl.Propose(context.Background(), connect.NewRequest(&warrenv1.ProposeRequest{Commands: [][]byte{b}}))
+		err = forwardOne(t, cl, b)
 		if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("forwarded %T %v: %v, want invalid_argument mentioning %q", tc.cmd, tc.cmd, err, tc.want)
 		}
@@ -518,9 +517,28 @@ func TestProposeChecksEveryForwardedCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cl.Propose(ctx, connect.NewRequest(&warrenv1.ProposeRequest{Commands: [][]byte{b}})); err != nil {
+	if err := forwardOne(t, cl, b); err != nil {
 		t.Fatalf("a good forwarded message: %v", err)
 	}
+}
+
+// forwardOne sends one encoded command to a leader's Propose, as a
+// follower forwards it, and returns the call's error or else the
+// command's own (a refused command fails in its result, not the call).
+func forwardOne(t *testing.T, cl warrenv1connect.ClusterServiceClient, cmd []byte) error {
+	t.Helper()
+	resp, err := cl.Propose(context.Background(), connect.NewRequest(&warrenv1.ProposeRequest{Commands: [][]byte{cmd}}))
+	if err != nil {
+		return err
+	}
+	if n := len(resp.Msg.GetResults()); n != 1 {
+		t.Fatalf("Propose returned %d results for 1 command", n)
+	}
+	var r fsmv1.Result
+	if err := proto.Unmarshal(resp.Msg.GetResults()[0], &r); err != nil {
+		t.Fatal(err)
+	}
+	return resultErr(&r)
 }
 
 // startSingle starts a one-server cluster and waits until it leads.
@@ -611,8 +629,9 @@ func TestFinishedStreamsLeaveNoWatch(t *testing.T) {
 // under the client's limit, so a request within ~50 KB of it was refused
 // (resource_exhausted) through a follower only. Here: the largest batch
 // the API takes, forwarded as the follower would, fits the ClusterService's
-// limit, and the leader reads a request of that size (its first command
-// is made invalid, so it is refused as such, without a 33 MiB apply).
+// limit, and the leader reads a request of that size (every command names
+// a task id in the wrong form, of the right length, so each is refused as
+// such, in its own result, without a 33 MiB apply).
 func TestForwardedRequestNearTheLimit(t *testing.T) {
 	req := &warrenv1.AppendEventsBatchRequest{}
 	for range MaxAppendsPerBatch {
@@ -632,11 +651,12 @@ func TestForwardedRequestNearTheLimit(t *testing.T) {
 	if size := proto.Size(req); size > maxRequestBytes || size < maxRequestBytes-4096 {
 		t.Fatalf("built a %d-byte request, want just under %d", size, maxRequestBytes)
 	}
-	// What the follower sends: the handler's commands, encoded.
+	// What the follower sends: the handler's commands, encoded (with the
+	// task ids spelt in lower case: as long, but refused).
 	fwd := &warrenv1.ProposeRequest{}
 	now := timestamppb.Now()
 	for _, it := range req.Appends {
-		b, err := EncodeCommand(&fsmv1.AppendEvents{TaskId: it.GetTaskId(), LeaseEpoch: it.GetLeaseEpoch(), Events: it.GetEvents(),
+		b, err := EncodeCommand(&fsmv1.AppendEvents{TaskId: strings.ToLower(it.GetTaskId()), LeaseEpoch: it.GetLeaseEpoch(), Events: it.GetEvents(),
 			RequestId: requestID(it.GetRequestId()), Time: now, ExpectedSeq: it.GetExpectedSeq()})
 		if err != nil {
 			t.Fatal(err)
@@ -647,16 +667,21 @@ func TestForwardedRequestNearTheLimit(t *testing.T) {
 	if size <= maxRequestBytes || size > maxForwardBytes {
 		t.Fatalf("forwarded: %d bytes, want over the client's %d (else this test shows nothing) and at most %d", size, maxRequestBytes, maxForwardBytes)
 	}
-	bad, err := EncodeCommand(&fsmv1.AppendEvents{TaskId: "not-a-task", Events: []*warrenv1.EventInput{{Kind: KindLog, Payload: payload}}, Time: now})
-	if err != nil {
-		t.Fatal(err)
-	}
-	fwd.Commands[0] = bad
 	n := startSingle(t)
 	cl := warrenv1connect.NewClusterServiceClient(http.DefaultClient, n.url)
-	_, err = cl.Propose(context.Background(), connect.NewRequest(fwd))
-	if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "commands[0]: task_id") {
-		t.Fatalf("a %d-byte forwarded request: %v, want it read and refused for its first command", size, err)
+	resp, err := cl.Propose(context.Background(), connect.NewRequest(fwd))
+	if err != nil {
+		t.Fatalf("a %d-byte forwarded request: %v, want it read", size, err)
+	}
+	if got := len(resp.Msg.GetResults()); got != len(fwd.Commands) {
+		t.Fatalf("%d results for %d commands", got, len(fwd.Commands))
+	}
+	var r fsmv1.Result
+	if err := proto.Unmarshal(resp.Msg.GetResults()[0], &r); err != nil {
+		t.Fatal(err)
+	}
+	if err := resultErr(&r); connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "task_id") {
+		t.Fatalf("a %d-byte forwarded request: its first command got %v, want it refused for its task_id", size, err)
 	}
 }
 

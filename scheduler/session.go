@@ -10,7 +10,6 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/hashicorp/raft"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
@@ -436,17 +435,27 @@ func (s *Server) livenessLoop() {
 // declareDown proposes the downs of one liveness round together, in raft
 // entries of up to 64 (many nodes die at once when a host running many
 // simulated nodes dies, or a rack does), and cuts their sessions.
+//
+// A down is this leader's own verdict, so it is proposed on this server
+// only, never forwarded nor retried elsewhere: a server that stopped
+// leading during the round drops its downs (the new leader judges the
+// nodes itself), and a leader refuses a forwarded down anyway.
 func (s *Server) declareDown(downs []*fsmv1.NodeOp) {
 	for len(downs) > 0 {
 		n := min(len(downs), 64)
 		chunk := downs[:n]
 		downs = downs[n:]
-		cmds := make([]proto.Message, len(chunk))
+		cmds := make([][]byte, len(chunk))
 		for i, d := range chunk {
-			cmds[i] = d
+			b, err := EncodeCommand(d)
+			if err != nil {
+				s.log.Warn("declare node down", "node", d.GetId(), "err", err)
+				return
+			}
+			cmds[i] = b
 		}
 		ctx, cancel := s.bgContext(10 * time.Second)
-		res, err := s.propose(ctx, cmds...)
+		res, _, err := s.gc.propose(ctx, cmds)
 		cancel()
 		if err != nil {
 			s.log.Warn("declare nodes down", "nodes", len(chunk), "err", err)

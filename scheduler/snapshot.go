@@ -141,21 +141,39 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 		f.log.Info("snapshot restore skipped: local state is newer", "snapshot_index", snapIndex, "applied", f.Applied())
 		return nil
 	}
-	f.restores.Add(1) // odd: restoring
-	restored := false
+	// Odd while restoring. A restore that failed after it began to
+	// replace the state leaves the counter odd (see below), so this one
+	// may find it odd already.
+	wasBroken := f.restores.Load()%2 == 1
+	if !wasBroken {
+		f.restores.Add(1)
+	}
+	restored, replacing := false, false
 	defer func() {
-		if !restored {
-			f.restores.Add(1)
+		switch {
+		case restored:
+		case replacing:
+			// The state may be anything between the old one and the
+			// snapshot's. Forget the applied index, so that whatever
+			// snapshot raft restores next (an older one, at start, or
+			// the leader's again) is restored in full rather than
+			// skipped as older than the local state; and keep the
+			// counter odd, so that reads (readGuard) fail until one is.
+			f.applied.Store(0)
+			f.log.Error("snapshot restore failed midway: local state unusable until a snapshot is restored", "snapshot_index", snapIndex)
+		case !wasBroken:
+			f.restores.Add(1) // nothing replaced: reads go on as before
 		}
 	}()
 	clear(f.live) // before the copy: a failed copy must not leave stale entries
 	clear(f.lastReq)
 	f.reqs.reset()
+	replacing = true
 	if err := f.replaceFrom(src); err != nil {
 		return fmt.Errorf("restore snapshot: %w", err)
 	}
 	if err := f.idem.load(f.db); err != nil {
-		return err
+		return fmt.Errorf("restore snapshot: load idempotency records: %w", err)
 	}
 	f.applied.Store(snapIndex)
 	f.replanGen.Add(1)
@@ -166,6 +184,11 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	return nil
 }
 
+// restoreCopyHook, when set (tests only), runs in replaceFrom after the
+// FSM span was cleared and before the copy; an error it returns fails the
+// restore there, as a failed write midway would.
+var restoreCopyHook func() error
+
 // replaceFrom clears the FSM span and copies src's FSM span in, in
 // chunks. The applied index is removed first and written last, so a crash
 // midway leaves applied=0 and raft restores the snapshot again on start.
@@ -175,6 +198,11 @@ func (f *FSM) replaceFrom(src *pebble.DB) error {
 	}
 	if err := f.db.DeleteRange(fsmSpan.Start, fsmSpan.End, pebble.Sync); err != nil {
 		return err
+	}
+	if restoreCopyHook != nil {
+		if err := restoreCopyHook(); err != nil {
+			return err
+		}
 	}
 	it, err := src.NewIter(&pebble.IterOptions{LowerBound: fsmSpan.Start, UpperBound: fsmSpan.End})
 	if err != nil {
