@@ -289,7 +289,37 @@ func validateAppend(r *warrenv1.AppendEventsRequest) error {
 			p = append(p, err)
 		}
 	}
+	p.appendShape(r.GetEvents())
 	return p.err()
+}
+
+// appendShape refuses, before anything is proposed, what the FSM would
+// refuse whatever the task's state: a state change to placed (a lease
+// grant's), a state change after parked, and any event after one that
+// ends the task.
+func (p *problems) appendShape(evs []*warrenv1.EventInput) {
+	ended, parked := -1, false
+	for i, ev := range evs {
+		field := fmt.Sprintf("events[%d]", i)
+		if ended >= 0 {
+			p.add(field, "follows events[%d], which ends the task: nothing may follow it", ended)
+			return
+		}
+		switch ev.GetKind() {
+		case KindParked:
+			parked = true
+		case KindStateChanged:
+			to := payloadState(ev.GetPayload())
+			switch {
+			case to == warrenv1.TaskState_TASK_STATE_PLACED:
+				p.add(field+".payload.to", "placed is set by a lease grant, not appended")
+			case parked:
+				p.add(field, "a state change may not follow parked in the same append")
+			case Terminal(to):
+				ended = i
+			}
+		}
+	}
 }
 
 // validateAppendCommand checks an append command as validateAppend checks
