@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -90,6 +91,13 @@ func (c *Config) Validate() error {
 	}
 	if c.APIURL == "" {
 		errs = append(errs, errors.New("api: required"))
+	}
+	if c.GossipAddr != "" {
+		if _, port, err := net.SplitHostPort(c.GossipAddr); err != nil {
+			errs = append(errs, fmt.Errorf("gossip: %q is not HOST:PORT: %v", c.GossipAddr, err))
+		} else if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+			errs = append(errs, fmt.Errorf("gossip: %q: port %q is not 0-65535", c.GossipAddr, port))
+		}
 	}
 	if c.Bootstrap && c.JoinURL != "" {
 		errs = append(errs, errors.New("bootstrap and join: choose one"))

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"net"
 	"net/http"
 	"os/exec"
@@ -72,9 +73,11 @@ func TestCLIContract(t *testing.T) {
 	if _, stderr, err := run("task", "cancel", task.ID); err != nil {
 		t.Fatalf("cancel: %v %s", err, stderr)
 	}
+	// The task was cancelled: watch prints its events and exits 2.
 	out, stderr, err = run("task", "watch", task.ID, "-o", "json")
-	if err != nil {
-		t.Fatalf("watch: %v %s", err, stderr)
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 2 || !strings.Contains(stderr, "ended cancelled") {
+		t.Fatalf("watch of a cancelled task: %v %s, want exit status 2", err, stderr)
 	}
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	var kinds []string

@@ -52,36 +52,23 @@ func (e *egressFlags) enabled() (bool, error) {
 	return false, fmt.Errorf("egress: %q is not on, off or auto", e.mode)
 }
 
+// check checks the egress flags, whichever the driver: a typo is
+// refused also where the driver runs no egress policy.
+func (e *egressFlags) check(f *nodeFlags) error {
+	switch e.mode {
+	case "", "auto", "on", "off":
+	default:
+		return fmt.Errorf("egress: %q is not on, off or auto", e.mode)
+	}
+	_, err := e.netConfig(f)
+	return err
+}
+
 // start makes the node's egress policy. ports are the cluster's (API,
 // raft, gossip, sandbox API), denied to every sandbox.
 func (e *egressFlags) start(f *nodeFlags) (*noded.Egress, error) {
-	cfg := netpolicy.Config{Tag: egressTag(f.id, f.data), Upstream: e.upstream, Pool: e.pool, Logger: f.logger,
-		StateDir: filepath.Join(f.data, "egress")}
-	var err error
-	if cfg.Prefix4, err = netip.ParsePrefix(e.prefix4); err != nil {
-		return nil, fmt.Errorf("egress-prefix4: %q is not a CIDR prefix", e.prefix4)
-	}
-	if cfg.Prefix6, err = netip.ParsePrefix(e.prefix6); err != nil {
-		return nil, fmt.Errorf("egress-prefix6: %q is not a CIDR prefix", e.prefix6)
-	}
-	if e.registries != "" {
-		cfg.Registries = splitComma(e.registries)
-		if _, err := (netpolicy.Policy{Profile: netpolicy.ProfileCustom, Allow: cfg.Registries}).Normalize(); err != nil {
-			return nil, fmt.Errorf("egress-registries: %w", err) // "allow[i]" is the i-th name
-		}
-	}
-	if e.pool < 0 || e.pool > 1024 {
-		return nil, fmt.Errorf("egress-pool: %d must be between 0 and 1024", e.pool)
-	}
-	cfg.ClusterPorts = clusterPorts(f)
-	for _, p := range splitComma(e.ports) {
-		n, err := strconv.ParseUint(p, 10, 16)
-		if err != nil || n == 0 {
-			return nil, fmt.Errorf("egress-cluster-ports: %q is not a port (1-65535)", p)
-		}
-		cfg.ClusterPorts = append(cfg.ClusterPorts, uint16(n))
-	}
-	if cfg.NodeAddrs, err = parseNodeAddrs(e.nodeAddrs); err != nil {
+	cfg, err := e.netConfig(f)
+	if err != nil {
 		return nil, err
 	}
 	eg, err := noded.NewEgress(cfg)
@@ -89,6 +76,41 @@ func (e *egressFlags) start(f *nodeFlags) (*noded.Egress, error) {
 		return nil, fmt.Errorf("egress: %w", err)
 	}
 	return eg, nil
+}
+
+// netConfig is the egress policy's config from the flags; it makes
+// nothing.
+func (e *egressFlags) netConfig(f *nodeFlags) (netpolicy.Config, error) {
+	cfg := netpolicy.Config{Tag: egressTag(f.id, f.data), Upstream: e.upstream, Pool: e.pool, Logger: f.logger,
+		StateDir: filepath.Join(f.data, "egress")}
+	var err error
+	if cfg.Prefix4, err = netip.ParsePrefix(e.prefix4); err != nil {
+		return netpolicy.Config{}, fmt.Errorf("egress-prefix4: %q is not a CIDR prefix", e.prefix4)
+	}
+	if cfg.Prefix6, err = netip.ParsePrefix(e.prefix6); err != nil {
+		return netpolicy.Config{}, fmt.Errorf("egress-prefix6: %q is not a CIDR prefix", e.prefix6)
+	}
+	if e.registries != "" {
+		cfg.Registries = splitComma(e.registries)
+		if _, err := (netpolicy.Policy{Profile: netpolicy.ProfileCustom, Allow: cfg.Registries}).Normalize(); err != nil {
+			return netpolicy.Config{}, fmt.Errorf("egress-registries: %w", err) // "allow[i]" is the i-th name
+		}
+	}
+	if e.pool < 0 || e.pool > 1024 {
+		return netpolicy.Config{}, fmt.Errorf("egress-pool: %d must be between 0 and 1024", e.pool)
+	}
+	cfg.ClusterPorts = clusterPorts(f)
+	for _, p := range splitComma(e.ports) {
+		n, err := strconv.ParseUint(p, 10, 16)
+		if err != nil || n == 0 {
+			return netpolicy.Config{}, fmt.Errorf("egress-cluster-ports: %q is not a port (1-65535)", p)
+		}
+		cfg.ClusterPorts = append(cfg.ClusterPorts, uint16(n))
+	}
+	if cfg.NodeAddrs, err = parseNodeAddrs(e.nodeAddrs); err != nil {
+		return netpolicy.Config{}, err
+	}
+	return cfg, nil
 }
 
 // parseNodeAddrs reads --egress-node-addrs: comma-separated IP addresses.

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"flag"
 	"fmt"
@@ -116,10 +117,21 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 			break
 		}
 	}
+	// The flag package prints the error and the whole usage on a bad
+	// flag; keep the usage for -h only, and say the error once (main
+	// prints it) with where to find the flags.
+	out := fs.Output()
+	var buf bytes.Buffer
+	fs.SetOutput(&buf)
+	defer fs.SetOutput(out)
 	var pos []string
 	for {
 		if err := fs.Parse(args); err != nil {
-			return nil, err
+			if errors.Is(err, flag.ErrHelp) {
+				_, _ = buf.WriteTo(out)
+				return nil, err
+			}
+			return nil, fmt.Errorf("%w\nrun `warren %s -h` for its flags", err, fs.Name())
 		}
 		args = fs.Args()
 		if len(args) == 0 {

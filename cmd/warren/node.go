@@ -135,35 +135,32 @@ func cmdNode(args []string, stderr io.Writer) error {
 	if f.why != "" {
 		log.Info("driver chosen", "driver", cfg.Driver.Name(), "why", f.why)
 	}
-	if f.count < 1 || f.count > 10000 {
-		return fmt.Errorf("count: must be 1..10000, got %d", f.count)
-	}
-	if f.count > 1 && f.driver != "sim" {
-		return errors.New("count: more than one node per process is only for --driver sim (simulated fleets)")
-	}
-	switch f.gossipProfile {
-	case "":
-		cfg.GossipFleet = f.count > 1
-	case "lan":
-	case "fleet":
-		cfg.GossipFleet = true
-	default:
-		return fmt.Errorf("gossip-profile: %q is not lan or fleet", f.gossipProfile)
-	}
 	cfg.Logger = log
 	cfg.Metrics = &noded.Metrics{}
 	cfgs := []noded.Config{cfg}
 	if f.count > 1 {
 		if cfgs, err = f.fleet(cfg); err != nil {
+			cfg.Driver.Close()
+			cfg.Egress.Close()
 			return err
 		}
 	}
 	var daemons []*noded.Daemon
 	var member *gossip.Member
+	// closeAll closes the daemons started and what config and fleet made
+	// that no daemon took over: the drivers of the configs not started
+	// and, with no daemon started, the egress policy (its namespaces and
+	// links would stay on the host).
 	closeAll := func() error {
 		var errs []error
 		for _, d := range daemons {
 			errs = append(errs, d.Close())
+		}
+		for _, c := range cfgs[len(daemons):] {
+			errs = append(errs, c.Driver.Close())
+		}
+		if len(daemons) == 0 {
+			errs = append(errs, cfg.Egress.Close())
 		}
 		if member != nil {
 			errs = append(errs, member.Close())
@@ -176,6 +173,7 @@ func cmdNode(args []string, stderr io.Writer) error {
 		member, err = gossip.Start(gossip.Config{Role: gossip.RoleFleet, ID: f.id, Count: f.count, Addr: cfg.GossipAddr,
 			Join: cfg.JoinGossip, Logger: log, Fleet: cfg.GossipFleet})
 		if err != nil {
+			closeAll()
 			return err
 		}
 	}
@@ -228,8 +226,13 @@ func (f *nodeFlags) fleet(base noded.Config) ([]noded.Config, error) {
 		c.DataDir = filepath.Join(base.DataDir, c.ID)
 		c.GossipAddr = ""
 		c.Address = base.GossipAddr
-		if c.Driver, err = newDriver(f); err != nil { // one simulated driver per node
-			return nil, err
+		if i > 0 { // the first takes base's; one simulated driver per node
+			if c.Driver, err = newDriver(f); err != nil {
+				for _, o := range out[1:i] {
+					o.Driver.Close()
+				}
+				return nil, err
+			}
 		}
 		c.Shared = shared
 		c.Logger = base.Logger.With("node", c.ID)
@@ -252,8 +255,27 @@ func (f *nodeFlags) config() (noded.Config, error) {
 	if f.gossip == "" {
 		errs = append(errs, errors.New("gossip: required (HOST:PORT)"))
 	}
-	drv, err := newDriver(f)
-	if err != nil {
+	if f.count < 1 || f.count > 10000 {
+		errs = append(errs, fmt.Errorf("count: must be 1..10000, got %d", f.count))
+	} else if f.count > 1 && f.driver != "sim" {
+		errs = append(errs, errors.New("count: more than one node per process is only for --driver sim (simulated fleets)"))
+	}
+	switch f.gossipProfile {
+	case "":
+		cfg.GossipFleet = f.count > 1
+	case "lan":
+	case "fleet":
+		cfg.GossipFleet = true
+	default:
+		errs = append(errs, fmt.Errorf("gossip-profile: %q is not lan or fleet", f.gossipProfile))
+	}
+	// The flags only some drivers use are checked for every driver; when
+	// one is wrong, no driver (nor egress policy) is made.
+	var drv driver.Driver
+	var err error
+	if ferrs := f.checkDriverFlags(); len(ferrs) > 0 {
+		errs = append(errs, ferrs...)
+	} else if drv, err = newDriver(f); err != nil {
 		errs = append(errs, err)
 	}
 	if cfg.Capacity, err = parseCapacity(f.capacity); err != nil {
@@ -304,6 +326,32 @@ func (f *nodeFlags) config() (noded.Config, error) {
 		cfg.Driver = noDriver{} // reported above; keep Validate from repeating it
 	}
 	return cfg, errors.Join(append(errs, cfg.Validate())...)
+}
+
+// checkDriverFlags checks the flags that only some drivers use (or none:
+// a bad --driver), whichever driver is chosen, so that a typo is refused
+// before it matters.
+func (f *nodeFlags) checkDriverFlags() []error {
+	var errs []error
+	switch f.driver {
+	case "", "auto", "microvm", "container", "sim":
+	default:
+		errs = append(errs, fmt.Errorf("driver: %q is not auto, microvm, container or sim", f.driver))
+	}
+	switch f.accel {
+	case "auto", "kvm", "tcg":
+	default:
+		errs = append(errs, fmt.Errorf("accel: %q is not auto, kvm or tcg", f.accel))
+	}
+	switch f.runtime {
+	case "runc", "runsc":
+	default:
+		errs = append(errs, fmt.Errorf("runtime: %q is not runc or runsc", f.runtime))
+	}
+	if err := f.egress.check(f); err != nil {
+		errs = append(errs, err)
+	}
+	return errs
 }
 
 func newDriver(f *nodeFlags) (driver.Driver, error) {

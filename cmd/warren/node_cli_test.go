@@ -21,7 +21,7 @@ func TestNodeAndBenchFlagErrors(t *testing.T) {
 		{[]string{"node", "--id", "n1", "--data", "/tmp/x", "--servers", "http://a", "--gossip", "127.0.0.1:1", "--driver", "microvm", "--image-dir", "/nonexistent", "--accel", "tcg"},
 			[]string{`template "default" in /nonexistent: template not found (run ` + "`make image`" + `)`}},
 		{[]string{"node", "--id", "n1", "--data", "/tmp/x", "--servers", "http://a", "--gossip", "127.0.0.1:1", "--driver", "microvm", "--accel", "hvf"},
-			[]string{`accel "hvf": want auto, kvm or tcg`}},
+			[]string{`accel: "hvf" is not auto, kvm or tcg`}},
 		{[]string{"node", "--id", "n1", "--data", "/tmp/x", "--servers", "http://a", "--gossip", "127.0.0.1:1", "--driver", "container", "--containerd", "/nonexistent.sock"},
 			[]string{`containerd socket /nonexistent.sock`}},
 		{[]string{"node", "--id", "n1", "--data", "/tmp/x", "--servers", "http://a", "--gossip", "127.0.0.1:1", "--driver", "sim", "--sandbox-listen", "127.0.0.1:0"},

@@ -53,7 +53,10 @@ func cmdNodes(args []string, stdout, stderr io.Writer) error {
 		}
 		return tw.Flush()
 	case "cordon", "uncordon", "drain":
-		deadline := fs.Duration("deadline", time.Hour, "drain: how long tasks may take to move off")
+		deadline := new(time.Duration)
+		if verb == "drain" { // cordon and uncordon refuse it
+			fs.DurationVar(deadline, "deadline", time.Hour, "how long tasks may take to move off")
+		}
 		pos, c, ctx, cancel, err := cf.start(fs, args, "ID")
 		if err != nil {
 			return err

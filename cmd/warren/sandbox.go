@@ -255,6 +255,7 @@ func cmdSandbox(args []string, stdout, stderr io.Writer) error {
 		return errors.New("sandbox cp: one side must be ID:/PATH and the other a local file (or -)")
 	case "exec":
 		setDefault(fs, "timeout", "0")
+		cf.noLimit = true
 		env := fs.String("env", "", "extra environment, K=V,...")
 		dir := fs.String("dir", "", "working directory (absolute)")
 		cmdTimeout := fs.Duration("cmd-timeout", 0, "kill the command's process group after this long (0: no limit)")
@@ -366,6 +367,9 @@ func cmdPool(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("pool: unknown command %q", verb)
 	}
 	warnNodes(stderr, unreachable, refused, "")
+	if verb == "set" && len(pools) == 0 {
+		return fmt.Errorf("pool set: no node took the target (%d refused, %d unreachable)", len(refused), len(unreachable))
+	}
 	if cf.output == "json" {
 		for _, p := range pools {
 			if err := printJSON(stdout, p); err != nil {

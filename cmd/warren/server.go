@@ -73,7 +73,11 @@ func cmdServer(args []string, stderr io.Writer) error {
 	if err := wantArgs(fs, pos); err != nil {
 		return err
 	}
-	return serve(f, stderr, nil)
+	log, err := f.prepare(stderr)
+	if err != nil {
+		return err
+	}
+	return serve(f, log, nil)
 }
 
 func cmdDev(args []string, stdout, stderr io.Writer) error {
@@ -119,19 +123,30 @@ func cmdDev(args []string, stdout, stderr io.Writer) error {
 	f.cfg.DataDir = *data
 	f.cfg.RaftAddr = *raftAddr
 	f.cfg.Bootstrap = true
+	// The server's flags first: the node's config below makes its driver
+	// and egress policy (network namespaces, links), which a flag error
+	// found later would have to undo.
+	log, err := f.prepare(stderr)
+	if err != nil {
+		return err
+	}
 	var startNode func(*slog.Logger) (io.Closer, error)
 	if *nodeDriver != "none" {
-		log, err := newLogger(stderr, *logLevel)
-		if err != nil {
-			return err
-		}
 		nf := nodeFlags{id: "dev", data: filepath.Join(*data, "node"), servers: "http://" + *api, driver: *nodeDriver, capacity: *capacity,
-			imageDir: *imageDir, accel: *accel, runtime: *runtime, logger: log, gossip: "127.0.0.1:0", forge: ff, model: mf,
+			imageDir: *imageDir, accel: *accel, runtime: *runtime, logger: log, gossip: "127.0.0.1:0", count: 1, forge: ff, model: mf,
 			egress: egressFlags{mode: *egress, upstream: *egressUpstream, prefix4: netpolicy.DefaultPrefix4.String(), prefix6: netpolicy.DefaultPrefix6.String(), pool: 2}}
 		cfg, err := nf.config()
+		// Until the node daemon has started and owns them, the driver and
+		// the egress policy are this function's to close, on every
+		// failure: a bad flag, a busy port, a locked data directory.
+		started := false
+		defer func() {
+			if !started {
+				cfg.Driver.Close()
+				cfg.Egress.Close()
+			}
+		}()
 		if err != nil {
-			cfg.Driver.Close() // one config made before it failed
-			cfg.Egress.Close()
 			return err
 		}
 		if nf.why != "" {
@@ -144,26 +159,31 @@ func cmdDev(args []string, stdout, stderr io.Writer) error {
 		}
 		startNode = func(log *slog.Logger) (io.Closer, error) {
 			cfg.Logger = log
-			return noded.Start(cfg)
+			d, err := noded.Start(cfg)
+			if err != nil {
+				return nil, err
+			}
+			started = true
+			return d, nil
 		}
 	}
 	fmt.Fprintf(stdout, "warren dev: single-voter cluster and node daemon (driver %s), data in %s, API at http://%s\n", *nodeDriver, *data, *api)
-	return serve(f, stderr, startNode)
+	return serve(f, log, startNode)
 }
 
-// serve runs one scheduler peer until SIGINT or SIGTERM, and with it the
-// node daemon that startNode starts, if any.
-func serve(f serverFlags, stderr io.Writer, startNode func(*slog.Logger) (io.Closer, error)) error {
+// prepare checks the server's flags, every problem at once, and completes
+// f.cfg from them; it takes no port and makes nothing on the host.
+func (f *serverFlags) prepare(stderr io.Writer) (*slog.Logger, error) {
 	log, err := newLogger(stderr, f.logLevel)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	host, _, err := net.SplitHostPort(f.api)
 	if err != nil {
-		return fmt.Errorf("api: %q is not HOST:PORT: %v", f.api, err)
+		return nil, fmt.Errorf("api: %q is not HOST:PORT: %v", f.api, err)
 	}
 	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
-		return fmt.Errorf("api: give the address other servers reach this one at, not %q", host)
+		return nil, fmt.Errorf("api: give the address other servers reach this one at, not %q", host)
 	}
 	f.cfg.APIURL = "http://" + f.api
 	f.cfg.Logger = log
@@ -176,8 +196,15 @@ func serve(f serverFlags, stderr io.Writer, startNode func(*slog.Logger) (io.Clo
 	// Every flag error at once, before a port is taken (a busy port would
 	// hide them).
 	if err := f.cfg.Validate(); err != nil {
-		return err
+		return nil, err
 	}
+	return log, nil
+}
+
+// serve runs one scheduler peer, whose flags prepare has checked, until
+// SIGINT or SIGTERM, and with it the node daemon that startNode starts, if
+// any.
+func serve(f serverFlags, log *slog.Logger, startNode func(*slog.Logger) (io.Closer, error)) error {
 	ln, err := net.Listen("tcp", f.api)
 	if err != nil {
 		return fmt.Errorf("api: %w", err)

@@ -1,14 +1,17 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"math"
+	"net/url"
 	"os"
 	"os/signal"
 	"slices"
@@ -17,6 +20,8 @@ import (
 	"syscall"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -34,6 +39,9 @@ type clientFlags struct {
 	server  string
 	output  string
 	timeout time.Duration
+	// noLimit makes --timeout 0 mean no deadline (sandbox exec) instead
+	// of an error.
+	noLimit bool
 }
 
 func (c *clientFlags) register(fs *flag.FlagSet) {
@@ -58,10 +66,58 @@ func call[S, Req, Res any](ctx context.Context, c *client.Client, svc func() S,
 }
 
 func (c *clientFlags) dial() (*client.Client, error) {
-	if c.output != "text" && c.output != "json" {
-		return nil, fmt.Errorf("-o: %q is not text or json", c.output)
+	if err := c.check(); err != nil {
+		return nil, err
 	}
 	return client.New(c.server)
+}
+
+// check refuses, naming the flag, values that would make every call fail
+// with a message that does not say why (a bare deadline_exceeded, an
+// unavailable server).
+func (c *clientFlags) check() error {
+	var errs []error
+	if c.output != "text" && c.output != "json" {
+		errs = append(errs, fmt.Errorf("-o: %q is not text or json", c.output))
+	}
+	switch {
+	case c.timeout < 0 && c.noLimit:
+		errs = append(errs, fmt.Errorf("--timeout %v: must not be negative (0: no limit)", c.timeout))
+	case c.timeout <= 0 && !c.noLimit:
+		errs = append(errs, fmt.Errorf("--timeout %v: must be positive", c.timeout))
+	}
+	for _, s := range strings.Split(c.server, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		if err := checkServerURL(s); err != nil {
+			errs = append(errs, fmt.Errorf("--server %q: %w", s, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// checkServerURL checks one --server URL: http or https, a host, and a
+// port from 1 to 65535 if one is given.
+func checkServerURL(s string) error {
+	u, err := url.Parse(s)
+	if err != nil {
+		return errors.New("not a URL")
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return errors.New("must start with http:// or https://")
+	}
+	if u.Hostname() == "" {
+		return errors.New("no host")
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("port %s is not 1-65535", p)
+		}
+	} else if strings.HasSuffix(u.Host, ":") {
+		return errors.New("empty port")
+	}
+	return nil
 }
 
 // start parses a client command's flags and positional arguments (named
@@ -82,7 +138,10 @@ func (c *clientFlags) start(fs *flag.FlagSet, args []string, names ...string) ([
 	return pos, cl, ctx, cancel, nil
 }
 
-var pj = protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: false}
+// pj prints every scalar field, false and 0 too, and empty lists and maps
+// (scripts read `.eligible`, `.task_count`); an unset message field is
+// left out rather than printed as null.
+var pj = protojson.MarshalOptions{UseProtoNames: true, EmitDefaultValues: true}
 
 func printJSON(w io.Writer, m proto.Message) error {
 	b, err := pj.Marshal(m)
@@ -380,11 +439,51 @@ func taskWatch(args []string, stdout, stderr io.Writer) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	return c.Watch(ctx, pos[0], *after, func(ev *warrenv1.Event) error {
+	state := "" // the task's state after the last state_changed watched
+	err = c.Watch(ctx, pos[0], *after, func(ev *warrenv1.Event) error {
+		if ev.GetKind() == "state_changed" {
+			var p struct {
+				To string `json:"to"`
+			}
+			if json.Unmarshal(ev.GetPayload(), &p) == nil && p.To != "" {
+				state = p.To
+			}
+		}
 		return printEvent(stdout, cf.output, ev)
 	}, func(err error) {
 		fmt.Fprintf(stderr, "warren: stream interrupted (%v); reconnecting to %s\n", err, c.URL())
 	})
+	if err != nil {
+		return err
+	}
+	if state == "" { // --after was past the last state change: ask
+		ctx, cancel := context.WithTimeout(context.Background(), cf.timeout)
+		defer cancel()
+		resp, err := call(ctx, c, c.Tasks, warrenv1connect.TaskServiceClient.GetTask, &warrenv1.GetTaskRequest{Id: pos[0]})
+		if err != nil {
+			return err
+		}
+		state = scheduler.StateName(resp.Msg.GetTask().GetState())
+	}
+	return watchEnded(stderr, pos[0], state)
+}
+
+// watchEnded is how `warren task watch` ends for a task that ended in
+// state: nil (exit status 0) for succeeded, exit status 1 for failed and
+// 2 for cancelled, with a line on stderr, so that scripts can run
+// `warren task watch "$ID" && next-step`.
+func watchEnded(stderr io.Writer, id, state string) error {
+	var code exitCode
+	switch state {
+	case "failed":
+		code = 1
+	case "cancelled":
+		code = 2
+	default:
+		return nil
+	}
+	fmt.Fprintf(stderr, "warren: task %s ended %s\n", id, state)
+	return code
 }
 
 func printEvent(w io.Writer, output string, ev *warrenv1.Event) error {
@@ -396,12 +495,41 @@ func printEvent(w io.Writer, output string, ev *warrenv1.Event) error {
 		_, err = fmt.Fprintf(w, "%s\n", b)
 		return err
 	}
-	p := eventSummary(ev.GetKind(), ev.GetPayload())
+	// Every part of the summary comes from the task (the model, tools,
+	// the repository): one line, with no control characters that would
+	// reach the terminal raw.
+	p := oneLine(eventSummary(ev.GetKind(), ev.GetPayload()))
 	if len(p) > 200 {
-		p = p[:200] + "…"
+		n := 200
+		for n > 0 && !utf8.RuneStart(p[n]) {
+			n-- // cut before a character, not inside it
+		}
+		p = p[:n] + "…"
 	}
-	_, err := fmt.Fprintf(w, "%5d  %s  %-18s %s\n", ev.GetSeq(), ev.GetTime().AsTime().Format("15:04:05.000"), ev.GetKind(), p)
+	_, err := fmt.Fprintf(w, "%5d  %s  %-18s %s\n", ev.GetSeq(), ev.GetTime().AsTime().Format("15:04:05.000"), oneLine(ev.GetKind()), p)
 	return err
+}
+
+// oneLine makes s one line of text for a terminal: each run of white
+// space and control characters (newlines, ESC, BEL, ...) becomes one
+// space, invalid UTF-8 becomes U+FFFD, and the ends are trimmed.
+func oneLine(s string) string {
+	s = strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, strings.ToValidUTF8(s, "\uFFFD"))
+	return strings.Join(strings.Fields(s), " ")
+}
+
+// rawPayload is a payload shown as it is: JSON compacted onto one line.
+func rawPayload(payload []byte) string {
+	var b bytes.Buffer
+	if json.Compact(&b, payload) == nil {
+		return b.String()
+	}
+	return string(payload)
 }
 
 // eventSummary is one line about an event for people: the agent's events
@@ -441,9 +569,8 @@ func eventSummary(kind string, payload []byte) string {
 		CacheHit     float64 `json:"cache_hit_rate"`
 	}
 	if json.Unmarshal(payload, &p) != nil {
-		return string(payload)
+		return rawPayload(payload)
 	}
-	oneLine := func(s string) string { return strings.Join(strings.Fields(s), " ") }
 	switch kind {
 	case "model_call":
 		var parts []string
@@ -475,7 +602,7 @@ func eventSummary(kind string, payload []byte) string {
 			s = p.From + " → " + p.To
 		}
 		if p.Reason != "" {
-			s += ": " + p.Reason
+			s += ": " + oneLine(p.Reason)
 		}
 		return s
 	case "test_run":
@@ -483,7 +610,7 @@ func eventSummary(kind string, payload []byte) string {
 		if p.Passed != nil && *p.Passed {
 			verdict = "passed"
 		}
-		return fmt.Sprintf("%s %s (exit %d)", p.Command, verdict, p.ExitCode)
+		return fmt.Sprintf("%s %s (exit %d)", oneLine(p.Command), verdict, p.ExitCode)
 	case "diff_checked":
 		var fs []string
 		for _, f := range p.Findings {
@@ -507,7 +634,7 @@ func eventSummary(kind string, payload []byte) string {
 		}
 		return s
 	}
-	return string(payload)
+	return rawPayload(payload)
 }
 
 func taskSteer(args []string, stdout io.Writer) error {

@@ -1,0 +1,47 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"strings"
+	"testing"
+)
+
+// A bad flag is reported once, by the error main prints, with where to
+// find the flags, and not followed by the whole usage; -h still prints
+// the flags.
+func TestFlagErrorIsOneLineNotTheUsage(t *testing.T) {
+	var out, errb bytes.Buffer
+	err := run([]string{"task", "list", "--nosuch", "--server", "http://127.0.0.1:1"}, &out, &errb)
+	if err == nil || !strings.Contains(err.Error(), "flag provided but not defined: -nosuch") ||
+		!strings.Contains(err.Error(), "run `warren task list -h` for its flags") {
+		t.Errorf("task list --nosuch: %v", err)
+	}
+	if out.Len() > 0 || errb.Len() > 0 {
+		t.Errorf("task list --nosuch printed more than its error: %q %q", out.String(), errb.String())
+	}
+	// -h: the flags, on the FlagSet's output, and flag.ErrHelp.
+	fs := flag.NewFlagSet("x", flag.ContinueOnError)
+	var help bytes.Buffer
+	fs.SetOutput(&help)
+	fs.Int("limit", 0, "stop after this many")
+	if _, err := parse(fs, []string{"-h"}); !errors.Is(err, flag.ErrHelp) || !strings.Contains(help.String(), "-limit") {
+		t.Errorf("-h: %v, printed %q; want the flags", err, help.String())
+	}
+	if fs.Output() != &help {
+		t.Error("parse did not give the FlagSet its output back")
+	}
+}
+
+// --deadline is drain's: cordon and uncordon refuse it rather than
+// ignore it.
+func TestCordonRefusesDeadline(t *testing.T) {
+	for _, verb := range []string{"cordon", "uncordon"} {
+		var out, errb bytes.Buffer
+		err := run([]string{"nodes", verb, "n1", "--deadline", "1m", "--server", "http://127.0.0.1:1"}, &out, &errb)
+		if err == nil || !strings.Contains(err.Error(), "-deadline") {
+			t.Errorf("nodes %s --deadline: %v, want the flag refused", verb, err)
+		}
+	}
+}
