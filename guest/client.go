@@ -454,18 +454,42 @@ func (c *Client) List(ctx context.Context, path string) ([]FileInfo, error) {
 		if err != nil {
 			return fmt.Errorf("guest: list: %w", err)
 		}
+		if err := checkListed(path, len(files), part.Files); err != nil {
+			return err
+		}
 		files = append(files, part.Files...)
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
+	if err := checkListed(path, len(files), res.Files); err != nil {
+		return nil, err
+	}
 	return append(files, res.Files...), nil
 }
 
 // maxListBytes bounds the encoded entries of one listing (a few hundred
-// thousand names).
-const maxListBytes = 64 << 20
+// thousand names), and maxListEntries their number: an entry is 2 bytes
+// on the wire at the least but a FileInfo of about 50 on the host.
+const (
+	maxListBytes   = 64 << 20
+	maxListEntries = 1 << 20
+)
+
+// checkListed refuses a part of a listing of path that would take it past
+// maxListEntries after had entries, or has an entry without a name.
+func checkListed(path string, had int, part []FileInfo) error {
+	if had+len(part) > maxListEntries {
+		return fmt.Errorf("guest: list %s: the guest sent over %d entries", path, maxListEntries)
+	}
+	for _, f := range part {
+		if f.Name == "" {
+			return fmt.Errorf("guest: list %s: the guest sent an entry without a name", path)
+		}
+	}
+	return nil
+}
 
 // Stat describes one guest path (without following a final symlink).
 func (c *Client) Stat(ctx context.Context, path string) (FileInfo, error) {

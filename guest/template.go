@@ -159,7 +159,7 @@ func (t *Template) Verify() error {
 			return err
 		}
 		if sum != a.SHA256 {
-			return fmt.Errorf("template %s: %s checksum %s, manifest says %s", t.Name, a.File, sum[:12], a.SHA256[:12])
+			return fmt.Errorf("template %s: %s checksum %s, manifest says %q", t.Name, a.File, sum[:12], a.SHA256[:min(12, len(a.SHA256))])
 		}
 	}
 	return nil

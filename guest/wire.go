@@ -380,6 +380,11 @@ func (r *Result) decodeWire(msg []byte) error {
 			if err := fi.decodeWire(f.bytes); err != nil {
 				return fmt.Errorf("files[%d]: %w", len(r.Files), err)
 			}
+			if fi.Name == "" {
+				// Refused here, not after the frame: an empty entry is 2
+				// bytes on the wire and a whole FileInfo on the host.
+				return fmt.Errorf("files[%d]: an entry without a name", len(r.Files))
+			}
 			r.Files = append(r.Files, fi)
 			return nil
 		case 7:

@@ -61,7 +61,11 @@ func genResult(t *rapid.T) Result {
 		r.File = &fi
 	}
 	for range rapid.IntRange(0, 3).Draw(t, "nfiles") {
-		r.Files = append(r.Files, genFileInfo(t))
+		fi := genFileInfo(t)
+		if fi.Name == "" {
+			fi.Name = "a" // a listing's entries have names (the decoder refuses one without)
+		}
+		r.Files = append(r.Files, fi)
 	}
 	if rapid.Bool().Draw(t, "hasstats") {
 		r.Stats = &Stats{MemTotalKB: rapid.Int64().Draw(t, "mt"), MemAvailableKB: rapid.Int64().Draw(t, "ma"),

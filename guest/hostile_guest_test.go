@@ -1,0 +1,209 @@
+package guest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/yamux"
+)
+
+// chunkReader returns r's bytes in reads of the given sizes (cycled).
+type chunkReader struct {
+	b     []byte
+	sizes []byte
+	i     int
+}
+
+func (c *chunkReader) Read(p []byte) (int, error) {
+	if len(c.b) == 0 {
+		return 0, io.EOF
+	}
+	n := 1
+	if len(c.sizes) > 0 {
+		n = int(c.sizes[c.i%len(c.sizes)])%32 + 1
+		c.i++
+	}
+	n = min(n, len(p), len(c.b))
+	copy(p, c.b[:n])
+	c.b = c.b[n:]
+	return n, nil
+}
+func (c *chunkReader) Write(p []byte) (int, error) { return len(p), nil }
+func (c *chunkReader) Close() error                { return nil }
+
+func guardAll(r io.ReadWriteCloser) (int, error) {
+	g := &guardConn{ReadWriteCloser: r}
+	buf := make([]byte, 64)
+	total := 0
+	for {
+		n, err := g.Read(buf)
+		total += n
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return total, nil
+			}
+			return total, err
+		}
+	}
+}
+
+// FuzzGuardConn: the guard refuses the same streams however the reads
+// split them.
+func FuzzGuardConn(f *testing.F) {
+	f.Add([]byte("\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00\x03abc\x00\x02\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00"), []byte{3, 7})
+	f.Add([]byte("\x00\x01\x00\x01\x00\x00\x00\x02\x00\x00\x00\x00"), []byte{0})
+	f.Fuzz(func(t *testing.T, in, sizes []byte) {
+		_, err1 := guardAll(&chunkReader{b: in})
+		_, err2 := guardAll(&chunkReader{b: in, sizes: sizes})
+		_, err3 := guardAll(&chunkReader{b: in, sizes: []byte{31}})
+		if (err1 == nil) != (err2 == nil) || (err1 == nil) != (err3 == nil) {
+			t.Fatalf("one byte at a time: %v; in chunks %v: %v; 32 at a time: %v", err1, sizes, err2, err3)
+		}
+	})
+}
+
+// FuzzHostileGuest: a guest answering a call with arbitrary bytes makes
+// the host's call return (an error or a result), never panic or hang.
+func FuzzHostileGuest(f *testing.F) {
+	res := (&Result{File: &FileInfo{Name: "x", Size: 3}, Stats: &Stats{}, Files: []FileInfo{{Name: "a"}}}).appendWire(nil)
+	fr := func(kind byte, p []byte) []byte {
+		var b bytes.Buffer
+		_ = writeFrame(&b, kind, p)
+		return b.Bytes()
+	}
+	for op := byte(0); op < 6; op++ {
+		f.Add(op, append(fr(frameData, []byte("hello world")), fr(frameResultWire, res)...))
+		f.Add(op, append(fr(frameStdout, []byte("out")), fr(frameResult, []byte(`{"exit_code":1,"file":{"name":"x"},"stats":{},"files":[{"name":"b"}]}`))...))
+		f.Add(op, append(fr(frameFilesWire, res), fr(frameError, []byte("no"))...))
+		f.Add(op, fr(frameResult, []byte(`{"files":null,"file":null,"stats":null}`)))
+	}
+	f.Fuzz(func(t *testing.T, op byte, answer []byte) {
+		a, b := net.Pipe()
+		sess, err := yamux.Server(b, YamuxConfig())
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for {
+				st, err := sess.Accept()
+				if err != nil {
+					return
+				}
+				_, _, _ = readFrame(st)
+				_, _ = st.Write(answer)
+				st.Close()
+			}
+		}()
+		c, err := NewClient(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.UseWire()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		start := time.Now()
+		var limitedOut bytes.Buffer
+		switch op % 6 {
+		case 0:
+			_, _ = c.Ping(ctx)
+		case 1:
+			_, _ = c.Stat(ctx, "/x")
+		case 2:
+			_, _ = c.Stats(ctx)
+		case 3:
+			_, _ = c.List(ctx, "/x")
+		case 4:
+			_, _ = c.ReadFile(ctx, "/x", 5, &limitedOut)
+			if limitedOut.Len() > 5 {
+				t.Fatalf("ReadFile with limit 5 wrote %d bytes", limitedOut.Len())
+			}
+		case 5:
+			_, _ = c.Exec(ctx, ExecRequest{Argv: []string{"true"}, Timeout: time.Second}, io.Discard, io.Discard)
+		}
+		if time.Since(start) > 4*time.Second {
+			t.Fatalf("call took %v on answer %q", time.Since(start), answer)
+		}
+		c.Close()
+		sess.Close()
+		<-done
+	})
+}
+
+// A manifest whose checksum is shorter than 12 characters (empty, cut
+// short) gives Verify's error, not a panic.
+func TestVerifyShortChecksum(t *testing.T) {
+	root := writeTemplate(t, false)
+	tpl, err := LoadTemplate(root, "default")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tpl.Kernel.SHA256 = "abc"
+	defer func() {
+		if r := recover(); r != nil {
+			t.Fatalf("Verify panicked on a 3-character checksum: %v", r)
+		}
+	}()
+	if err := tpl.Verify(); err == nil {
+		t.Fatal("Verify accepted a wrong checksum")
+	}
+}
+
+// What the host holds of a listing stays near what the guest sent: empty
+// entries (2 bytes each in the wire codec, a 48-byte FileInfo each on the
+// host) are refused as they are decoded. Before, 8 MiB from the guest
+// became hundreds of MiB on the host, and the 64 MiB maxListBytes allows,
+// gigabytes (noded holds the listings of every sandbox it runs).
+func TestListAmplificationBounded(t *testing.T) {
+	const frames = 8
+	part := bytes.Repeat([]byte{0x32, 0x00}, MaxFrame/2) // field 6 (files), empty
+	a, b := net.Pipe()
+	sess, err := yamux.Server(b, YamuxConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		st, err := sess.Accept()
+		if err != nil {
+			return
+		}
+		_, _, _ = readFrame(st)
+		for i := 0; i < frames; i++ {
+			if writeFrame(st, frameFilesWire, part) != nil {
+				break
+			}
+		}
+		_ = writeFrame(st, frameResultWire, nil)
+		st.Close()
+	}()
+	c, err := NewClient(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { c.Close(); sess.Close(); <-done }()
+	c.UseWire()
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	files, err := c.List(context.Background(), "/x")
+	runtime.ReadMemStats(&after)
+	sent := frames * len(part)
+	alloc := after.TotalAlloc - before.TotalAlloc
+	t.Logf("guest sent %d MiB; host decoded %d entries, allocated %d MiB (err %v)", sent>>20, len(files), alloc>>20, err)
+	if err == nil {
+		t.Error("a listing of entries without names was accepted")
+	}
+	if alloc > 4*uint64(sent) {
+		t.Errorf("the host allocated %d MiB for %d MiB of listing (%dx): maxListBytes (%d MiB) does not bound the host's memory",
+			alloc>>20, sent>>20, alloc/uint64(sent), maxListBytes>>20)
+	}
+}
