@@ -170,6 +170,9 @@ func decodeAnthropic(raw []byte) (*Response, error) {
 	out := &Response{ID: r.ID, Model: r.Model, StopReason: *r.StopReason, Raw: raw,
 		Usage: Usage{InputTokens: r.Usage.InputTokens, CacheWriteTokens: r.Usage.CacheCreationInputTokens,
 			CacheReadTokens: r.Usage.CacheReadInputTokens, OutputTokens: r.Usage.OutputTokens}}
+	if err := out.Usage.check(); err != nil {
+		return nil, fmt.Errorf("anthropic: %w", err)
+	}
 	for i, c := range r.Content {
 		switch c.Type {
 		case BlockText:

@@ -167,6 +167,9 @@ func decodeOpenAI(raw []byte) (*Response, error) {
 		cached = d.CachedTokens
 	}
 	out.Usage = Usage{InputTokens: r.Usage.PromptTokens - cached, CacheReadTokens: cached, OutputTokens: r.Usage.CompletionTokens}
+	if err := out.Usage.check(); err != nil { // cached_tokens over prompt_tokens, too
+		return nil, fmt.Errorf("openai: %w", err)
+	}
 	if ch.Message.Content != nil && *ch.Message.Content != "" {
 		out.Content = append(out.Content, Block{Type: BlockText, Text: *ch.Message.Content})
 	}

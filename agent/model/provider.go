@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	neturl "net/url"
 	"strconv"
@@ -61,7 +62,7 @@ var ErrMalformed = errors.New("malformed response")
 func retryAfter(h http.Header, now time.Time) time.Duration {
 	if ms := h.Get("retry-after-ms"); ms != "" {
 		if v, err := strconv.ParseFloat(ms, 64); err == nil && v >= 0 {
-			return time.Duration(v * float64(time.Millisecond))
+			return waitOf(v, time.Millisecond)
 		}
 	}
 	v := strings.TrimSpace(h.Get("Retry-After"))
@@ -69,12 +70,21 @@ func retryAfter(h http.Header, now time.Time) time.Duration {
 		return 0
 	}
 	if s, err := strconv.ParseFloat(v, 64); err == nil && s >= 0 {
-		return time.Duration(s * float64(time.Second))
+		return waitOf(s, time.Second)
 	}
 	if t, err := http.ParseTime(v); err == nil && t.After(now) {
 		return t.Sub(now)
 	}
 	return 0
+}
+
+// waitOf is n units as a Duration; one too long for a Duration (1e300,
+// +Inf) is the longest, not a negative one, which would read as none.
+func waitOf(n float64, unit time.Duration) time.Duration {
+	if d := n * float64(unit); d < float64(math.MaxInt64) {
+		return time.Duration(d)
+	}
+	return math.MaxInt64
 }
 
 // post sends one JSON request body to url and returns the body of a 200.

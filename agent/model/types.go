@@ -84,6 +84,15 @@ type Usage struct {
 	OutputTokens     int64 `json:"output_tokens"`
 }
 
+// check refuses usage a budget cannot count: a negative count would lower
+// what the task has spent.
+func (u Usage) check() error {
+	if u.InputTokens < 0 || u.CacheWriteTokens < 0 || u.CacheReadTokens < 0 || u.OutputTokens < 0 {
+		return fmt.Errorf("%w: negative token counts in usage %+v", ErrMalformed, u)
+	}
+	return nil
+}
+
 // Add sums usage.
 func (u Usage) Add(v Usage) Usage {
 	return Usage{u.InputTokens + v.InputTokens, u.CacheWriteTokens + v.CacheWriteTokens, u.CacheReadTokens + v.CacheReadTokens, u.OutputTokens + v.OutputTokens}
