@@ -132,6 +132,10 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	defer src.Close()
 	var snapIndex uint64
 	if v, closer, err := src.Get(keyApplied); err == nil {
+		if len(v) != 8 {
+			closer.Close()
+			return fmt.Errorf("snapshot: its applied index is %d bytes, want 8", len(v))
+		}
 		snapIndex = binary.BigEndian.Uint64(v)
 		closer.Close()
 	} else if !errors.Is(err, pebble.ErrNotFound) {
@@ -243,6 +247,18 @@ var errSnapshotOld = errors.New("snapshot not newer than the local state")
 // readTar unpacks a snapshot archive into dir. An archive that starts
 // with its applied index (appliedEntry; older ones do not) is not
 // unpacked when skip says so.
+// sparse reports whether h is a sparse file (PAX GNU.sparse.* records):
+// archive/tar would expand it to its declared size, so a few KiB of
+// archive could fill the disk. A snapshot never has one.
+func sparse(h *tar.Header) bool {
+	for k := range h.PAXRecords {
+		if strings.HasPrefix(k, "GNU.sparse.") {
+			return true
+		}
+	}
+	return false
+}
+
 func readTar(r io.Reader, dir string, skip func(index uint64) bool) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
@@ -270,7 +286,7 @@ func readTar(r io.Reader, dir string, skip func(index uint64) bool) error {
 			continue
 		}
 		name := filepath.Base(h.Name)
-		if h.Typeflag != tar.TypeReg || name != h.Name || strings.HasPrefix(name, ".") {
+		if h.Typeflag != tar.TypeReg || name != h.Name || strings.HasPrefix(name, ".") || sparse(h) {
 			return fmt.Errorf("unexpected entry %q in snapshot", h.Name)
 		}
 		out, err := os.OpenFile(filepath.Join(dir, name), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)

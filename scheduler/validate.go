@@ -133,6 +133,11 @@ func validateCreate(r *warrenv1.CreateTaskRequest) error {
 				p.add("spec.budgets."+name, "must not be negative, got %d", v)
 			}
 		}
+		// In seconds, as a Duration on the node: past about 292 years it
+		// would wrap to almost nothing. A year is as good as none.
+		if v := b.GetMaxWallClockSeconds(); v > MaxWallClockSeconds {
+			p.add("spec.budgets.max_wall_clock_seconds", "%d is over the limit of %d (a year; 0 is none)", v, MaxWallClockSeconds)
+		}
 	}
 	if n := len(s.GetEgressAllow()); n > maxEgress {
 		p.add("spec.egress_allow", "%d entries is over the limit of %d", n, maxEgress)
@@ -206,6 +211,9 @@ func validateCreate(r *warrenv1.CreateTaskRequest) error {
 	}
 	return p.err()
 }
+
+// MaxWallClockSeconds bounds a task's wall-clock budget: a year.
+const MaxWallClockSeconds = 365 * 24 * 60 * 60
 
 // Limits of a scripted task (TaskSpec.script).
 const (
