@@ -185,7 +185,9 @@ func NewLoop(cfg Config, caller Caller, tools *Tools, rec Recorder) *Loop {
 func (l *Loop) Spent() Spent { return l.spent }
 
 // Start builds the first user message (the issue, the repository's
-// AGENTS.md if it has one, its map) and records it.
+// AGENTS.md if it has one, its map) and records it. The user's messages
+// already on the task's log (sent before the task started) are then
+// Steered: Replay puts them after this message too.
 func (l *Loop) Start(ctx context.Context, t Task) error {
 	issue := fmt.Sprintf("Issue: %s\n\n%s\n", t.IssueTitle, strings.TrimSpace(t.IssueBody))
 	if t.TestCommand != "" {
@@ -602,6 +604,13 @@ func (l *Loop) Replay(events []Event) ([]model.Block, error) {
 	l.finishResults, l.finishID, l.rejections, l.deferredSteers = nil, "", 0, nil
 	var pending []model.Block
 	results := map[string]model.Block{}
+	// The user's messages before the first model call: one may come
+	// before the task's context (sent while the task waited for a node),
+	// and the model saw each after the context (see Start); a second
+	// context (a start that ran again before any model call) starts the
+	// conversation over with all of them.
+	var early []string
+	called := false
 	// flush ends the previous turn: its results, then the messages that
 	// came while it ran, in the order the loop gave them to the model.
 	flush := func() {
@@ -627,6 +636,14 @@ func (l *Loop) Replay(events []Event) ([]model.Block, error) {
 			switch {
 			case p.Initial:
 				l.msgs = []model.Message{{Role: model.RoleUser, Content: []model.Block{{Type: model.BlockText, Text: p.Text}}}}
+				for _, text := range early {
+					l.Steer(text)
+				}
+			case p.From == "user" && !called:
+				early = append(early, p.Text)
+				if len(l.msgs) > 0 { // after the context: the model sees it there
+					l.Steer(p.Text)
+				}
 			case p.From == "user" && l.replayFinish != nil:
 				// The finish turn's results stay out until its refusal:
 				// the message follows them, as it did live.
@@ -639,6 +656,7 @@ func (l *Loop) Replay(events []Event) ([]model.Block, error) {
 				l.Steer(p.Text)
 			}
 		case "model_call":
+			called = true
 			flush()
 			var p struct {
 				Step       int64 `json:"step"`

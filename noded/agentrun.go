@@ -214,6 +214,12 @@ func (a *taskActor) newLoop(t *warrenv1.Task) (*agent.Loop, error) {
 func (a *taskActor) startAgent(c *actor.Context, t *warrenv1.Task) (done bool) {
 	ctx := a.ctx
 	fail := func(why string, err error) bool {
+		if a.cancelRequested() {
+			// Cancelled meanwhile (a checkout of a repository that cannot
+			// be cloned fails after it): the task ends cancelled.
+			a.loop = nil
+			return a.stopAtBoundary(c)
+		}
 		reason := fmt.Sprintf("%s: %v", why, err)
 		c.Logger().Warn("agent task cannot start", "task", a.id, "err", reason)
 		if _, aerr := a.append(ctx, "agent/failed-start", ev("state_changed", map[string]any{"to": "failed", "reason": reason})); aerr != nil {
@@ -289,8 +295,28 @@ func (a *taskActor) startAgent(c *actor.Context, t *warrenv1.Task) (done bool) {
 		a.failed(c, "record the task's context", err, startMsg{})
 		return true
 	}
+	// The user's messages sent before the task started are on the log,
+	// behind the mark: the model sees them after its context, where a
+	// replay puts them.
+	for _, e := range evs {
+		if text, ok := userMessage(&warrenv1.Event{Kind: e.Kind, Payload: e.Payload}); ok {
+			l.Steer(text)
+		}
+	}
 	a.loop = l
 	return false
+}
+
+// cancelRequested reports whether the task has a cancel request: one the
+// actor has seen, or, asked again, one on the task.
+func (a *taskActor) cancelRequested() bool {
+	if !a.cancel {
+		resp, err := a.d.cl.Tasks().GetTask(a.ctx, connect.NewRequest(&warrenv1.GetTaskRequest{Id: a.id}))
+		if err == nil && resp.Msg.GetTask().GetCancelRequested() {
+			a.cancel = true
+		}
+	}
+	return a.cancel
 }
 
 // steer hands the loop the user messages that reached the task's log since
@@ -471,9 +497,13 @@ func (a *taskActor) cancelled(c *actor.Context, stepCtx context.Context) bool {
 // retry is what a failed append sends.
 func (a *taskActor) awaitDecision(c *actor.Context, prefix string, poll approvalPollMsg, retry any) {
 	id := poll.toolCallID
-	if _, err := a.append(a.ctx, prefix+id, ev("state_changed", map[string]any{"to": "waiting_approval", "tool_call_id": id})); err != nil {
-		a.failed(c, "record waiting", err, retry)
-		return
+	// The actor before this one (the node restarted within its TTL)
+	// recorded this wait: a second waiting_approval would be refused.
+	if !slices.Contains(a.waitingOn, id) {
+		if _, err := a.append(a.ctx, prefix+id, ev("state_changed", map[string]any{"to": "waiting_approval", "tool_call_id": id})); err != nil {
+			a.failed(c, "record waiting", err, retry)
+			return
+		}
 	}
 	if a.waitSince.IsZero() {
 		a.waitSince = time.Now()
@@ -534,6 +564,7 @@ func (a *taskActor) pollApproval(c *actor.Context, m approvalPollMsg) {
 		a.failed(c, "record running", err, m)
 		return
 	}
+	a.waitingOn = nil
 	if m.finish { // the push's approval: the finish phase reads the decision
 		a.finishTask(c)
 		return

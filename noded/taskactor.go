@@ -3,6 +3,7 @@ package noded
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -99,6 +100,11 @@ type taskActor struct {
 	done    bool
 	bound   bool   // the sandbox's network has the task's policy
 	egressN uint64 // egress batches numbered so far
+	// egressGen names this actor among those that ran the task under the
+	// epoch (set with its first batch): its batches' idempotency keys
+	// must not be taken for a former actor's (a restart after a panic, or
+	// the node restarted within its TTL) and dropped as retries.
+	egressGen string
 	// egressQ is filled by the node's auditor (another goroutine);
 	// egressPending holds numbered batches until their append lands.
 	egressMu      sync.Mutex
@@ -121,6 +127,13 @@ type taskActor struct {
 	publishN  int              // failed publish attempts
 	fin       *finishRound     // the finish phase's round so far
 	created   time.Time        // the task's creation
+	// waitingOn: the calls the task waited for a decision on when this
+	// actor started (recorded by the one before it): not recorded again.
+	waitingOn []string
+
+	claimRefused int         // claims refused for good in a row (see permanentClaimError)
+	sandboxLost  int         // sandboxes that went away under the task (see sandboxGone)
+	streak       retryStreak // the failure retried last, to give up on one that never clears
 
 	spec *warrenv1.TaskSpec
 }
@@ -245,11 +258,18 @@ func (a *taskActor) start(c *actor.Context) {
 				}
 			}
 		}
-		sb, err := a.d.cfg.Driver.Claim(ctx, driver.ClaimRequest{ID: id, Template: t.GetSpec().GetTemplate()})
+		sb, err := a.claim(c, t, id)
 		if err != nil {
+			if a.permanentClaimError(err, id) {
+				if a.claimRefused++; a.claimRefused >= maxClaimRefusals {
+					a.failStart(c, failedReason("claim sandbox: "+err.Error()))
+					return
+				}
+			}
 			a.failed(c, "claim sandbox", err, startMsg{})
 			return
 		}
+		a.claimRefused = 0
 		a.sb = sb
 		a.d.cfg.Metrics.claimed(sb)
 	}
@@ -288,6 +308,27 @@ func (a *taskActor) start(c *actor.Context) {
 		}
 		a.d.cfg.Metrics.recordedRunning.Add(1)
 	}
+	if t.GetState() == warrenv1.TaskState_TASK_STATE_WAITING_APPROVAL {
+		if len(t.GetPendingApprovals()) == 0 {
+			// Decided while no actor ran the task here (the node
+			// restarted within its TTL: same lease, same epoch): the
+			// waiting actor would have recorded that it runs again, and
+			// the replay goes on from the decision. Keyed by the log's
+			// end, so a later wait's resume records its own.
+			if _, err := a.append(ctx, fmt.Sprintf("agent/running-resumed-%d", t.GetNextSeq()),
+				ev("state_changed", map[string]any{"to": "running", "resumed": true, "node": a.d.cfg.ID})); err != nil {
+				a.failed(c, "record running", err, startMsg{})
+				return
+			}
+		} else {
+			a.waitingOn = t.GetPendingApprovals() // recorded already: awaitDecision does not again
+		}
+	}
+	// A cancel the running append reported (asked during the claim) ends
+	// the task before anything else runs in the sandbox.
+	if a.stopAtBoundary(c) {
+		return
+	}
 	if a.agentMode && a.loop == nil {
 		if done := a.startAgent(c, t); done {
 			return
@@ -295,6 +336,75 @@ func (a *taskActor) start(c *actor.Context) {
 	}
 	a.started = true
 	_ = c.Self().Send(stepMsg{})
+}
+
+// Sandbox lifetimes asked of the driver (ClaimRequest.TTL): the sandbox
+// must outlive its task, or every call to it fails.
+const (
+	// maxSandboxTTL is the container and microvm drivers' default MaxTTL:
+	// a task without a wall-clock budget asks for all of it.
+	maxSandboxTTL = 24 * time.Hour
+	// sandboxTTLMargin is what a task with a wall-clock budget gets past
+	// it: the budget stops model calls, and the finish phase (the tests,
+	// up to testTimeout, then the push) runs after.
+	sandboxTTLMargin = testTimeout + 10*time.Minute
+)
+
+// sandboxTTL is the TTL a task's sandbox is claimed with: an agent task's
+// remaining wall-clock budget (from its creation) and the margin, at most
+// maxSandboxTTL; maxSandboxTTL for any other.
+func sandboxTTL(spec *warrenv1.TaskSpec, agentMode bool, created, now time.Time) time.Duration {
+	wall := time.Duration(spec.GetBudgets().GetMaxWallClockSeconds()) * time.Second
+	if !agentMode || wall <= 0 || created.IsZero() {
+		return maxSandboxTTL
+	}
+	left := max(created.Add(wall).Sub(now), 0)
+	return min(left+sandboxTTLMargin, maxSandboxTTL)
+}
+
+// maxClaimRefusals is how many claims in a row may be refused for good
+// (permanentClaimError) before the task fails.
+const maxClaimRefusals = 3
+
+// claim claims the task's sandbox under id, with the task's TTL. A driver
+// whose MaxTTL is below it refuses the TTL (driver.ErrInvalid); the claim
+// is then made again with the driver's default, and a sandbox that goes
+// away before the task ends is replaced (sandboxGone).
+func (a *taskActor) claim(c *actor.Context, t *warrenv1.Task, id string) (driver.Sandbox, error) {
+	req := driver.ClaimRequest{ID: id, Template: t.GetSpec().GetTemplate(), TTL: sandboxTTL(t.GetSpec(), a.agentMode, a.created, time.Now())}
+	sb, err := a.d.cfg.Driver.Claim(a.ctx, req)
+	if err != nil && errors.Is(err, driver.ErrInvalid) && !a.idTaken(id) {
+		c.Logger().Info("claim refused; claiming again with the driver's default TTL", "task", a.id, "ttl", req.TTL, "err", err)
+		req.TTL = 0
+		sb, err = a.d.cfg.Driver.Claim(a.ctx, req)
+	}
+	return sb, err
+}
+
+// permanentClaimError reports whether a claim failed for a reason that
+// another claim would fail for too: the template is missing
+// (driver.ErrNotFound), or the request is invalid (driver.ErrInvalid) but
+// for a sandbox of the same id still there (a destroy under way).
+func (a *taskActor) permanentClaimError(err error, id string) bool {
+	return errors.Is(err, driver.ErrNotFound) || (errors.Is(err, driver.ErrInvalid) && !a.idTaken(id))
+}
+
+// idTaken reports whether the driver has a sandbox under id.
+func (a *taskActor) idTaken(id string) bool {
+	l, ok := a.d.cfg.Driver.(interface {
+		Get(string) (driver.Sandbox, bool)
+	})
+	if !ok {
+		return false
+	}
+	_, taken := l.Get(id)
+	return taken
+}
+
+// failStart ends a task that cannot start here, saying why.
+func (a *taskActor) failStart(c *actor.Context, reason string) {
+	c.Logger().Warn("task cannot start; it fails", "task", a.id, "reason", reason)
+	a.end(c, endMsg{key: "start-failed", payload: map[string]any{"to": "failed", "reason": reason}, why: reason})
 }
 
 // takeYield returns the request to give the task back, if there is one,
@@ -429,6 +539,9 @@ func (a *taskActor) recordEgress() error {
 	q := a.egressQ
 	a.egressQ = nil
 	a.egressMu.Unlock()
+	if a.egressGen == "" && len(q) > 0 {
+		a.egressGen = fmt.Sprintf("%s.%d", a.d.incarnation, actorGen.Add(1))
+	}
 	for _, b := range q {
 		a.egressN++
 		a.egressPending = append(a.egressPending, egressBatch{n: a.egressN, b: b})
@@ -484,9 +597,14 @@ func (a *taskActor) appendEgress(m egressBatch) error {
 	if m.b.Omitted > 0 {
 		payload["omitted"], payload["omitted_count"] = m.b.Omitted, m.b.OmittedCount
 	}
-	_, err := a.append(a.ctx, fmt.Sprintf("egress-%d", m.n), ev("egress", payload))
+	_, err := a.append(a.ctx, fmt.Sprintf("egress-%s-%d", a.egressGen, m.n), ev("egress", payload))
 	return err
 }
+
+// actorGen numbers the task actors of the process, for egressGen: with
+// the daemon's incarnation, it tells the actors of one task and epoch
+// apart across a node's restarts and an actor's.
+var actorGen atomic.Uint64
 
 // append appends one event under the actor's epoch with an idempotency key
 // scoped to the epoch, so a retry by this owner lands once.
@@ -539,10 +657,85 @@ func (a *taskActor) failed(c *actor.Context, what string, err error, retry any) 
 		c.Logger().Warn("an event was refused; the task fails", "task", a.id, "during", what, "err", err)
 		_, _ = a.append(a.ctx, "refused", ev("state_changed", map[string]any{"to": "failed", "reason": reason}))
 		a.finish(c, reason, &a.d.stats.Finished)
+	case errors.Is(err, driver.ErrNotFound) && a.sb != nil:
+		// The sandbox is gone (its TTL ended, something destroyed it):
+		// every call to it would fail the same way.
+		a.sandboxGone(c, what, err)
 	default:
+		if n, span := a.streak.note(what, err, time.Now()); n > 1 && span >= giveUpAfter {
+			reason := failedReason(fmt.Sprintf("%s kept failing for %s (%d tries): %v", what, span.Round(time.Second), n, err))
+			c.Logger().Warn("a failure does not clear; the task fails", "task", a.id, "during", what, "err", err, "tries", n)
+			a.end(c, endMsg{key: "gave-up", payload: map[string]any{"to": "failed", "reason": reason}, why: reason})
+			return
+		}
 		c.Logger().Warn("step failed; retrying", "task", a.id, "during", what, "err", err)
 		c.After(retryAfter, retry)
 	}
+}
+
+// giveUpAfter is how long the same failure (same step, same error) may be
+// retried before the task fails: a sandbox or a driver that fails every
+// call would have the actor retry for good, the task leased to a live node
+// with nothing running it. Failures of the servers (a connect error) are
+// not bounded here: those leave the lease to run out.
+const giveUpAfter = 10 * time.Minute
+
+// retryStreak follows the failure an actor retries: the same step failing
+// with the same error, each retry within streakGap of the last.
+type retryStreak struct {
+	key         string
+	n           int
+	since, last time.Time
+}
+
+// streakGap: a failure later than this after the last is a new streak.
+const streakGap = time.Minute
+
+// note counts a failure at now; it returns how many times in a row this
+// failure has come, and since when (0 for a failure it does not follow:
+// a server's error, a context's end).
+func (s *retryStreak) note(what string, err error, now time.Time) (n int, span time.Duration) {
+	var ce *connect.Error
+	if errors.As(err, &ce) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		*s = retryStreak{}
+		return 0, 0
+	}
+	key := what + ": " + err.Error()
+	if key != s.key || now.Sub(s.last) > streakGap {
+		*s = retryStreak{key: key, since: now}
+	}
+	s.n++
+	s.last = now
+	return s.n, now.Sub(s.since)
+}
+
+// maxSandboxLosses is how many times a task's sandbox may go away under
+// it on one node before the task fails.
+const maxSandboxLosses = 3
+
+// sandboxGone replaces a sandbox that is gone: the actor lets it go and
+// starts over, claiming a new one and resuming from the task's log (the
+// scripted steps with a result; the agent's conversation, replayed, and
+// its workspace's last checkpoint), as a restarted node does. Past
+// maxSandboxLosses, the task fails: "sandbox gone: ...".
+func (a *taskActor) sandboxGone(c *actor.Context, what string, err error) {
+	if a.sandboxLost++; a.sandboxLost > maxSandboxLosses {
+		reason := failedReason(fmt.Sprintf("sandbox gone: %s: %v (lost %d times)", what, err, a.sandboxLost))
+		c.Logger().Warn("the task's sandbox keeps going away; the task fails", "task", a.id, "err", err)
+		a.end(c, endMsg{key: "sandbox-gone", payload: map[string]any{"to": "failed", "reason": reason}, why: reason})
+		return
+	}
+	c.Logger().Warn("the task's sandbox is gone; claiming a new one", "task", a.id, "sandbox", a.sb.ID(), "during", what, "err", err)
+	if ferr := a.flushEgress(); ferr != nil { // what it holds stays queued for the next sandbox's
+		c.Logger().Debug("egress: flush before the sandbox goes", "task", a.id, "err", ferr)
+	}
+	a.Stopped(c)
+	a.bound, a.started, a.loop, a.finished, a.fin = false, false, nil, nil, nil
+	a.heldMsgs, a.waitSince, a.waitingOn = nil, time.Time{}, nil
+	// Messages sent before now (retries of what failed) are dropped until
+	// the start has run again, as after a restart.
+	a.began = false
+	_ = c.Self().Send(startMsg{})
 }
 
 func (a *taskActor) finish(c *actor.Context, why string, counter *int) {

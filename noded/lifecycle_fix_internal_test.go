@@ -1,0 +1,176 @@
+package noded
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/internal/freeaddr"
+	"github.com/warrenhq/warren/netpolicy"
+	"github.com/warrenhq/warren/noded/driver"
+	"github.com/warrenhq/warren/noded/driver/sim"
+	"github.com/warrenhq/warren/scheduler"
+)
+
+// Tests of the task actor's parts of its lifecycle: its egress batches'
+// keys, its sandbox's TTL, the failures it gives up on.
+
+// Two actors of one task under one epoch (a restart after a panic, or the
+// node restarted within its TTL) each record their egress audit batches:
+// the second's are not taken for retries of the first's. (Both numbered
+// theirs from 1 under the request id e<epoch>/egress-<n>, and the servers
+// dropped the second's as retries.)
+func TestEgressOfAnotherActorIncarnationIsRecorded(t *testing.T) {
+	dir := t.TempDir()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "http://" + ln.Addr().String()
+	srv, err := scheduler.Open(scheduler.Config{ID: "s1", DataDir: filepath.Join(dir, "s1"), RaftAddr: freeaddr.Loopback(t), APIURL: url,
+		Bootstrap: true, SnapshotInterval: time.Hour, RaftLevel: "error", RaftLogTo: io.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{Handler: srv.Handler()}
+	hs.Protocols = new(http.Protocols)
+	hs.Protocols.SetHTTP1(true)
+	hs.Protocols.SetUnencryptedHTTP2(true)
+	go hs.Serve(ln)
+	t.Cleanup(func() { srv.Close(); hs.Close() })
+	deadline := time.Now().Add(10 * time.Second)
+	for srv.Raft().State().String() != "Leader" {
+		if time.Now().After(deadline) {
+			t.Fatal("no leader")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	drv := sim.New(sim.Config{})
+	d, err := Start(Config{ID: "n1", DataDir: filepath.Join(dir, "n1"), Servers: []string{url}, Driver: drv,
+		Capacity: &warrenv1.Resources{MilliCpu: 1000, MemoryBytes: 1 << 30}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	ctx := context.Background()
+	// The task stays pending (no node has its driver), under epoch 0:
+	// appends under that epoch take the same path as a leased task's.
+	var id string
+	for {
+		resp, err := d.cl.Tasks().CreateTask(ctx, connect.NewRequest(&warrenv1.CreateTaskRequest{RequestId: "egress-twice",
+			Spec: &warrenv1.TaskSpec{Repo: "https://example.com/r.git", Base: "main", IssueTitle: "egress", Driver: "microvm",
+				Script: &warrenv1.Script{Steps: 1}}}))
+		if err == nil {
+			id = resp.Msg.GetTask().GetId()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	sb, err := drv.Claim(ctx, driver.ClaimRequest{ID: id + "-e0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	record := func(addr string) {
+		a := &taskActor{d: d, id: id, epoch: 0, ctx: ctx, sb: sb}
+		a.egressQ = []netpolicy.AuditBatch{{Events: []netpolicy.AuditEvent{{Verdict: "deny", Kind: "connect", Addr: addr, Proto: "tcp", Port: 443, Count: 1}}}}
+		if err := a.recordEgress(); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.recordEgress(); err != nil { // nothing new: nothing recorded
+			t.Fatal(err)
+		}
+	}
+	record("198.51.100.1") // the actor before its restart
+	record("198.51.100.2") // the actor after it, same epoch
+	resp, err := d.cl.Tasks().ListEvents(ctx, connect.NewRequest(&warrenv1.ListEventsRequest{TaskId: id, Limit: 100}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var egress []string
+	for _, e := range resp.Msg.GetEvents() {
+		if e.GetKind() == "egress" {
+			egress = append(egress, string(e.GetPayload()))
+		}
+	}
+	if len(egress) != 2 {
+		t.Fatalf("two audit batches from two actors of the task, %d egress events on the log: %v", len(egress), egress)
+	}
+}
+
+// The TTL a task's sandbox is claimed with covers the task: an agent
+// task's remaining wall-clock budget and the finish phase's margin, at
+// most the drivers' maximum; the maximum for any other task.
+func TestSandboxTTL(t *testing.T) {
+	created := time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC)
+	budget := func(s int64) *warrenv1.TaskSpec {
+		return &warrenv1.TaskSpec{Budgets: &warrenv1.Budgets{MaxWallClockSeconds: s}}
+	}
+	for _, tc := range []struct {
+		name  string
+		spec  *warrenv1.TaskSpec
+		agent bool
+		now   time.Time
+		want  time.Duration
+	}{
+		{"scripted", &warrenv1.TaskSpec{}, false, created, maxSandboxTTL},
+		{"scripted with a budget", budget(600), false, created, maxSandboxTTL},
+		{"agent without a budget", &warrenv1.TaskSpec{}, true, created, maxSandboxTTL},
+		{"agent at its start", budget(3600), true, created, time.Hour + sandboxTTLMargin},
+		{"agent resumed later", budget(3600), true, created.Add(45 * time.Minute), 15*time.Minute + sandboxTTLMargin},
+		{"agent past its budget", budget(60), true, created.Add(time.Hour), sandboxTTLMargin},
+		{"agent with a budget past the maximum", budget(48 * 3600), true, created, maxSandboxTTL},
+	} {
+		if got := sandboxTTL(tc.spec, tc.agent, created, tc.now); got != tc.want {
+			t.Errorf("%s: TTL %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	if got := sandboxTTL(budget(60), true, time.Time{}, created); got != maxSandboxTTL {
+		t.Errorf("agent without a creation time: TTL %v, want %v", got, maxSandboxTTL)
+	}
+}
+
+// The actor gives up on a failure that repeats, the same step with the
+// same error, retry after retry for giveUpAfter; a different failure, a
+// pause in the retries, or a failure of the servers (a connect error)
+// starts the count over.
+func TestRetryStreak(t *testing.T) {
+	t0 := time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC)
+	boom := errors.New("boom")
+	type note struct {
+		what  string
+		err   error
+		at    time.Duration
+		wantN int
+		wantS time.Duration
+	}
+	for _, tc := range []struct {
+		name  string
+		notes []note
+	}{
+		{"the same failure", []note{{"exec", boom, 0, 1, 0}, {"exec", boom, 30 * time.Second, 2, 30 * time.Second}, {"exec", boom, time.Minute, 3, time.Minute}}},
+		{"another step", []note{{"exec", boom, 0, 1, 0}, {"agent step", boom, time.Second, 1, 0}}},
+		{"another error", []note{{"exec", boom, 0, 1, 0}, {"exec", errors.New("bang"), time.Second, 1, 0}}},
+		{"a pause", []note{{"exec", boom, 0, 1, 0}, {"exec", boom, streakGap + time.Second, 1, 0}}},
+		{"a server's failure", []note{{"exec", boom, 0, 1, 0},
+			{"record", connect.NewError(connect.CodeUnavailable, boom), time.Second, 0, 0}, {"exec", boom, 2 * time.Second, 1, 0}}},
+		{"a context's end", []note{{"exec", context.Canceled, 0, 0, 0}}},
+	} {
+		var s retryStreak
+		for i, n := range tc.notes {
+			if gotN, gotS := s.note(n.what, n.err, t0.Add(n.at)); gotN != n.wantN || gotS != n.wantS {
+				t.Errorf("%s: note %d: (%d, %v), want (%d, %v)", tc.name, i, gotN, gotS, n.wantN, n.wantS)
+			}
+		}
+	}
+}
