@@ -56,7 +56,7 @@ func parsePrices(s string) (map[string]model.Price, error) {
 		var f [4]float64
 		for i, p := range parts {
 			x, err := strconv.ParseFloat(p, 64)
-			if err != nil || x < 0 || x > 1e6 {
+			if err != nil || !(x >= 0 && x <= 1e6) { // NaN too
 				return nil, fmt.Errorf("model-prices: %s: %q is not a price in dollars per million tokens", name, p)
 			}
 			f[i] = x

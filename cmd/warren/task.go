@@ -257,6 +257,9 @@ func taskCreate(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return fmt.Errorf("body-file: %w", err)
 		}
+		if !utf8.Valid(b) {
+			return fmt.Errorf("body-file %s: not UTF-8 text", *bodyFile)
+		}
 		spec.IssueBody = string(b)
 	}
 	if err := fitUint32(map[string]uint{"script-step-millis": *stepMillis, "script-output-bytes": *scriptOutput}); err != nil {
