@@ -64,27 +64,47 @@ type Server struct {
 	pids int
 
 	// running counts the commands started and not yet waited for, over
-	// every session; when it falls to 0 the strays are killed (under
-	// execMu, so no command starts meanwhile).
-	execMu  sync.Mutex
-	running int
+	// every session; when it falls to 0 the strays are due to be killed
+	// (straysDue), which is done under execMu, so no command starts
+	// meanwhile.
+	execMu    sync.Mutex
+	running   int
+	straysDue bool
 }
 
-// execStarting counts a command about to start; execEnded undoes it and,
-// when it was the last, kills what the commands left behind.
+// execStarting counts a command about to start, first killing the strays
+// if they are due (the last command's answer went, but not yet its kill).
 func (s *Server) execStarting() {
 	s.execMu.Lock()
+	defer s.execMu.Unlock()
+	s.killStraysLocked()
 	s.running++
-	s.execMu.Unlock()
 }
 
-func (s *Server) execEnded() {
+// execEnded counts a command out; if it started and was the last, what
+// the commands left behind is due to be killed (killStrays, after the
+// call's answer, or the next command's start, whichever comes first).
+func (s *Server) execEnded(started bool) {
 	s.execMu.Lock()
 	defer s.execMu.Unlock()
 	s.running--
-	if s.running > 0 || s.Sys == nil {
+	if started && s.running == 0 {
+		s.straysDue = true
+	}
+}
+
+// killStrays kills what the commands left behind, if that is due.
+func (s *Server) killStrays() {
+	s.execMu.Lock()
+	defer s.execMu.Unlock()
+	s.killStraysLocked()
+}
+
+func (s *Server) killStraysLocked() {
+	if !s.straysDue || s.running > 0 || s.Sys == nil {
 		return
 	}
+	s.straysDue = false
 	if err := s.Sys.KillStrays(); err != nil {
 		s.log().Warn("kill the processes left by commands", "err", err)
 	}
@@ -237,12 +257,18 @@ func (s *Server) request(st *yamux.Stream) (*Request, bool, bool) {
 // ctx ends when the host abandons the call (only execs have one that does).
 func (s *Server) handle(ctx context.Context, st *yamux.Stream, req *Request, wire bool) {
 	defer st.Close()
-	res, err := s.call(ctx, st, req)
+	var ended func()
+	res, err := s.call(ctx, st, req, &ended)
 	if err == nil {
 		err = answer(st, res, wire)
 	}
 	if err != nil {
 		_ = writeFrame(st, frameError, []byte(err.Error()))
+	}
+	if ended != nil {
+		// After the answer: killing what an exec left behind is off the
+		// host's wait (the next call, if it is an exec, waits for it).
+		ended()
 	}
 }
 
@@ -298,7 +324,9 @@ func sendFiles(w io.Writer, files []FileInfo, enc func(*Result) ([]byte, error),
 	return sendFiles(w, files[h:], enc, kind)
 }
 
-func (s *Server) call(ctx context.Context, st *yamux.Stream, req *Request) (*Result, error) {
+// call runs one call; an exec that started sets *ended, which the caller
+// runs once it has answered.
+func (s *Server) call(ctx context.Context, st *yamux.Stream, req *Request, ended *func()) (*Result, error) {
 	switch req.Op {
 	case OpExec, OpRead, OpWrite, OpList, OpStat:
 		s.mu.Lock()
@@ -312,7 +340,7 @@ func (s *Server) call(ctx context.Context, st *yamux.Stream, req *Request) (*Res
 	case OpPing:
 		return &Result{GuestUnixNano: time.Now().UnixNano(), Ordered: true, Wire: true}, nil
 	case OpExec:
-		return s.exec(ctx, st, req)
+		return s.exec(ctx, st, req, ended)
 	case OpCancel: // done by Serve, which knows the session's execs
 		return &Result{}, nil
 	case OpRead:
@@ -424,7 +452,7 @@ func (w streamWriter) Write(p []byte) (int, error) {
 // exec runs a command until it ends, times out, or the host abandons it:
 // it closes the stream, or, as its stdin may hold the frame loop below,
 // cancels ctx (OpCancel).
-func (s *Server) exec(abandoned context.Context, st *yamux.Stream, req *Request) (*Result, error) {
+func (s *Server) exec(abandoned context.Context, st *yamux.Stream, req *Request, ended *func()) (*Result, error) {
 	if err := CheckExec(req.Argv, req.Env); err != nil {
 		return nil, err
 	}
@@ -487,7 +515,7 @@ func (s *Server) exec(abandoned context.Context, st *yamux.Stream, req *Request)
 	start := time.Now()
 	s.execStarting()
 	if err := cmd.Start(); err != nil {
-		s.execEnded()
+		s.execEnded(false)
 		return nil, fmt.Errorf("start %q: %w", req.Argv[0], err)
 	}
 	pgid := cmd.Process.Pid
@@ -548,10 +576,11 @@ func (s *Server) exec(abandoned context.Context, st *yamux.Stream, req *Request)
 	}
 	err := cmd.Wait()
 	// The whole group goes with its leader: nothing the command started
-	// outlives the call. One that left the group goes too, once no
-	// command runs.
+	// outlives the call. One that left the group goes too, right after
+	// the answer, once no command runs.
 	kill()
-	s.execEnded()
+	s.execEnded(true)
+	*ended = s.killStrays
 	cancel()
 	res := &Result{DurationUS: time.Since(start).Microseconds()}
 	wmu.Lock()

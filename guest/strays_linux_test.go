@@ -12,8 +12,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The strays are killed once the last running command ends, never while
-// one runs.
+// The strays are killed once the last running command ends (right after
+// its answer), never while one runs.
 func TestKillStraysWhenNoCommandRuns(t *testing.T) {
 	sys := &fakeSys{}
 	c := pair(t, sys)
@@ -23,18 +23,40 @@ func TestKillStraysWhenNoCommandRuns(t *testing.T) {
 		defer sys.mu.Unlock()
 		return sys.strays
 	}
-	gate := filepath.Join(t.TempDir(), "gate")
+	waitStrays := func(want int) {
+		t.Helper()
+		for range 200 {
+			if strays() == want {
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		t.Fatalf("KillStrays called %d times, want %d", strays(), want)
+	}
+	dir := t.TempDir()
+	running, gate := filepath.Join(dir, "running"), filepath.Join(dir, "gate")
 	long := make(chan error, 1)
 	go func() {
-		_, err := c.Exec(ctx, ExecRequest{Argv: []string{"sh", "-c", "while [ ! -e " + gate + " ]; do sleep 0.01; done"}}, nil, nil)
+		_, err := c.Exec(ctx, ExecRequest{Argv: []string{"sh", "-c",
+			"touch " + running + "; while [ ! -e " + gate + " ]; do sleep 0.01; done"}}, nil, nil)
 		long <- err
 	}()
-	// Another command ends while the first still runs: no kill yet.
+	for i := 0; ; i++ {
+		if _, err := os.Stat(running); err == nil {
+			break
+		}
+		if i == 500 {
+			t.Fatal("the long command did not start")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Other commands end while the first still runs: no kill.
 	for range 3 {
 		if res, err := c.Exec(ctx, ExecRequest{Argv: []string{"true"}}, nil, nil); err != nil || res.ExitCode != 0 {
 			t.Fatal(res, err)
 		}
 	}
+	time.Sleep(50 * time.Millisecond)
 	if n := strays(); n != 0 {
 		t.Fatalf("KillStrays called %d times while a command ran", n)
 	}
@@ -44,19 +66,19 @@ func TestKillStraysWhenNoCommandRuns(t *testing.T) {
 	if err := <-long; err != nil {
 		t.Fatal(err)
 	}
-	if n := strays(); n != 1 {
-		t.Fatalf("KillStrays called %d times after the last command ended, want 1", n)
-	}
-	// A command that does not start leaves the count as it was.
+	waitStrays(1)
+	// A command that does not start leaves nothing to kill.
 	if _, err := c.Exec(ctx, ExecRequest{Argv: []string{"/nonexistent/x"}}, nil, nil); err == nil {
 		t.Fatal("exec of a missing program succeeded")
+	}
+	time.Sleep(50 * time.Millisecond)
+	if n := strays(); n != 1 {
+		t.Fatalf("KillStrays called %d times after a command that did not start, want 1", n)
 	}
 	if _, err := c.Exec(ctx, ExecRequest{Argv: []string{"true"}}, nil, nil); err != nil {
 		t.Fatal(err)
 	}
-	if n := strays(); n < 2 {
-		t.Fatalf("KillStrays called %d times, want a call after the last command", n)
-	}
+	waitStrays(2)
 }
 
 // A command's child that left its process group (setsid) does not
