@@ -194,8 +194,14 @@ func (l *Loop) Start(ctx context.Context, t Task) error {
 		issue += fmt.Sprintf("\nThe repository's tests run with: %s\n", t.TestCommand)
 	}
 	agents, repoMap := "", ""
-	if b, err := l.tools.SB.ReadFile(ctx, path.Join(l.tools.Root, "AGENTS.md"), 64<<10); err == nil && len(b) > 0 {
-		agents = fmt.Sprintf("\nThe repository's AGENTS.md:\n%s\n", b)
+	// The sandbox refuses a file over the limit (it does not cut it), so
+	// AGENTS.md is read whole, up to the tools' limit, and cut here: its
+	// head, which is all the message has room for, then fitJSON below.
+	if b, err := l.tools.SB.ReadFile(ctx, path.Join(l.tools.Root, "AGENTS.md"), MaxFileBytes); err == nil && len(b) > 0 {
+		if len(b) > MaxResultJSON {
+			b = append(b[:MaxResultJSON:MaxResultJSON], fmt.Sprintf("\n[... %d bytes of AGENTS.md left out ...]", len(b)-MaxResultJSON)...)
+		}
+		agents = fmt.Sprintf("\nThe repository's AGENTS.md:\n%s\n", strings.ToValidUTF8(string(b), "\uFFFD"))
 	}
 	if m, err := l.tools.RepoMap(ctx); err == nil && m != "" {
 		repoMap = "\nThe repository's files and top-level symbols:\n" + m

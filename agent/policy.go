@@ -131,13 +131,32 @@ func (p *Policy) Decide(tool string, input json.RawMessage, root string) (Tier, 
 	}
 	_ = json.Unmarshal(input, &in)
 	relPath, inRoot := repoPath(in.Path, root)
+	// search and list_files act on every file under their folder (the
+	// root when they name none): a deny or approve path rule holds for
+	// them when its glob could match a file under that folder.
+	folderTool := tool == ToolSearch || tool == ToolListFiles
 	for i := range p.compiled {
 		c := &p.compiled[i]
 		if c.Tool != "" && c.Tool != "*" && c.Tool != tool {
 			continue
 		}
-		if c.path != nil && (in.Path == "" || !inRoot || !c.path.MatchString(relPath)) {
-			continue
+		if c.path != nil {
+			switch {
+			case !inRoot:
+				continue
+			case folderTool && c.Tier != Allow:
+				if !globReaches(c.Path, relPath) {
+					continue
+				}
+				if in.Path == "" || !c.path.MatchString(relPath) {
+					r := c.Rule
+					r.Reason = fmt.Sprintf("%s (the rule's path %s lies under the folder %s; %s a folder it does not reach)",
+						orDefault(r.Reason, "a rule of the task's policy"), r.Path, orDefault(relPath, "."), strings.TrimSuffix(tool, "_files"))
+					return c.Tier, &r
+				}
+			case in.Path == "" || !c.path.MatchString(relPath):
+				continue
+			}
 		}
 		if c.cmd != nil && (tool != ToolRunCommand || !c.cmd.MatchString(in.Command)) {
 			continue
@@ -145,6 +164,30 @@ func (p *Policy) Decide(tool string, input json.RawMessage, root string) (Tier, 
 		return c.Tier, &c.Rule
 	}
 	return Allow, nil
+}
+
+// globReaches reports whether the glob g (GlobRegexp's syntax) could
+// match dir or a path under it ("" is the repository root). It errs
+// towards yes: a glob with ** after the folder's depth reaches anything
+// under it.
+func globReaches(g, dir string) bool {
+	if dir == "" {
+		return true
+	}
+	gs, ds := strings.Split(g, "/"), strings.Split(dir, "/")
+	for i, gc := range gs {
+		if strings.Contains(gc, "**") {
+			return true // crosses any number of folders from here
+		}
+		if i == len(ds) {
+			return true // the glob goes on below dir
+		}
+		re, err := globRegexp(gc)
+		if err != nil || !re.MatchString(ds[i]) {
+			return false
+		}
+	}
+	return len(gs) == len(ds) // the glob names dir itself (a file searched)
 }
 
 // repoPath is the path p of a call relative to root, resolved as

@@ -135,6 +135,42 @@ func (t *Tools) resolve(p string) (string, error) {
 	return full, nil
 }
 
+// symlinkScript prints, NUL-separated, the first prefix of the relative
+// path $1 (run in the repository root) that is a symbolic link, and
+// where it points; nothing when there is none. POSIX sh only: it must run
+// in any sandbox image.
+const symlinkScript = `set -f; IFS=/; p=.
+for c in $1; do
+	[ -n "$c" ] || continue
+	p="$p/$c"
+	if [ -L "$p" ]; then printf '%s\0' "${p#./}"; readlink -- "$p"; exit 0; fi
+done`
+
+// checkNoSymlink refuses a path under Root that goes through a symbolic
+// link (a folder of it, or the file itself). Policy matches the path as
+// the model gave it, so the tool must act on that path and not on where
+// a link points: with ci -> .github/workflows, write_file ci/x.yml would
+// be an edit of CI configuration that no rule sees. The model is told
+// the real path to use instead. An error is returned only when the
+// sandbox failed.
+func (t *Tools) checkNoSymlink(ctx context.Context, tool, p, full string) (*Result, error) {
+	rel := strings.TrimPrefix(strings.TrimPrefix(full, t.Root), "/")
+	if rel == "" {
+		return nil, nil
+	}
+	res, err := t.SB.Exec(ctx, []string{"/bin/sh", "-c", symlinkScript, "sh", rel}, t.Root, 30*time.Second)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", tool, err)
+	}
+	link, target, found := strings.Cut(string(res.Stdout), "\x00")
+	if res.ExitCode != 0 || !found || link == "" {
+		return nil, nil
+	}
+	r := toolError("%s: %s goes through the symbolic link %s (to %s); name the file by its real path, which is what the task's policy is checked against",
+		tool, p, link, strings.TrimSpace(target))
+	return &r, nil
+}
+
 // Run runs one tool call. Bad input, a missing file or a failing command
 // are results the model sees (IsError); an error is returned only when the
 // sandbox itself failed.
@@ -198,6 +234,9 @@ func (t *Tools) RunWithin(ctx context.Context, name string, input json.RawMessag
 		if len(in.Content) > MaxFileBytes {
 			return toolError("write_file: %d bytes is over the limit of %d", len(in.Content), MaxFileBytes), nil
 		}
+		if r, err := t.checkNoSymlink(ctx, "write_file", in.Path, p); r != nil || err != nil {
+			return deref(r), err
+		}
 		if err := t.SB.WriteFile(ctx, p, []byte(in.Content)); err != nil {
 			return Result{}, fmt.Errorf("write_file: %w", err)
 		}
@@ -232,6 +271,9 @@ func (t *Tools) readFile(ctx context.Context, p string, start, end int) (Result,
 	full, err := t.resolve(p)
 	if err != nil {
 		return toolError("read_file: %v", err), nil
+	}
+	if r, err := t.checkNoSymlink(ctx, "read_file", p, full); r != nil || err != nil {
+		return deref(r), err
 	}
 	b, err := t.SB.ReadFile(ctx, full, MaxFileBytes+1)
 	if err != nil {
@@ -273,6 +315,9 @@ func (t *Tools) listFiles(ctx context.Context, p string, depth int) (Result, err
 	if err != nil {
 		return toolError("list_files: %v", err), nil
 	}
+	if r, err := t.checkNoSymlink(ctx, "list_files", p, full); r != nil || err != nil {
+		return deref(r), err
+	}
 	if depth <= 0 {
 		depth = 2
 	}
@@ -306,6 +351,9 @@ func (t *Tools) search(ctx context.Context, pattern, p, glob string) (Result, er
 	if err != nil {
 		return toolError("search: %v", err), nil
 	}
+	if r, err := t.checkNoSymlink(ctx, "search", p, full); r != nil || err != nil {
+		return deref(r), err
+	}
 	argv := []string{"rg", "--line-number", "--no-heading", "--color", "never", "--max-columns", "300", "--max-count", "50"}
 	if glob != "" {
 		argv = append(argv, "--glob", glob)
@@ -331,6 +379,9 @@ func (t *Tools) editFile(ctx context.Context, p, old, new string) (Result, error
 	full, err := t.resolve(p)
 	if err != nil {
 		return toolError("edit_file: %v", err), nil
+	}
+	if r, err := t.checkNoSymlink(ctx, "edit_file", p, full); r != nil || err != nil {
+		return deref(r), err
 	}
 	if old == "" {
 		return toolError("edit_file: old_string is empty; use write_file to create a file"), nil
@@ -388,6 +439,13 @@ func (t *Tools) runCommand(ctx context.Context, cmd string, timeout, limit time.
 		v += "stderr:\n" + view(res.Stderr) + "\n"
 	}
 	return Result{View: v, Full: full, Changed: true, IsError: res.ExitCode != 0 || res.TimedOut}, nil
+}
+
+func deref(r *Result) Result {
+	if r == nil {
+		return Result{}
+	}
+	return *r
 }
 
 // view truncates output for the model: its head and its tail, with how
