@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"time"
 
@@ -236,11 +237,15 @@ func (g *GitService) Publish(ctx context.Context, ws *forge.Workspace, c PRConte
 }
 
 // TestsRequested tells from an issue's text whether it asks for test
-// edits (then the checks do not flag them): it mentions tests.
+// edits (then the checks do not flag them): it mentions tests, as a word
+// ("test", "tests", "unit-test", "unittest", "pytest", "testing",
+// "calc_test.go", "test_calc.py"), not as a part of one ("latest",
+// "fastest", "attestation").
 func TestsRequested(issue string) bool {
-	s := strings.ToLower(issue)
-	return strings.Contains(s, "test")
+	return testsWord.MatchString(issue)
 }
+
+var testsWord = regexp.MustCompile(`(?i)\b(unit[- ]?|py)?tests?\b|\btesting\b|_test\b|\btest_`)
 
 func (f *Finish) summary() string { // nil-safe
 	if f == nil {
@@ -261,29 +266,14 @@ func prTitle(c PRContent) string {
 	return "Fix: " + t
 }
 
-// prBody is the pull request's description: the summary, the cause and
-// the fix from the model's finish, an excerpt of the test log, and every
-// finding of the checks.
+// prBody is the pull request's description: every finding of the checks
+// first, then the summary, the cause and the fix from the model's finish
+// and an excerpt of the test log. The model writes the finish and the
+// test log, so they come after the findings, their "<" is escaped (no
+// HTML, no comment that hides what follows) and the log is fenced with
+// more backticks than it holds in a row.
 func prBody(c PRContent) string {
 	var b strings.Builder
-	f := c.Finish
-	if f == nil {
-		f = &Finish{}
-	}
-	fmt.Fprintf(&b, "## Summary\n\n%s\n\n", orDefault(strings.TrimSpace(f.Summary), "(none given)"))
-	if f.Cause != "" {
-		fmt.Fprintf(&b, "## Cause\n\n%s\n\n", strings.TrimSpace(f.Cause))
-	}
-	if f.Fix != "" {
-		fmt.Fprintf(&b, "## Fix\n\n%s\n\n", strings.TrimSpace(f.Fix))
-	}
-	if c.TestCommand != "" {
-		out := c.TestOutput
-		if len(out) > 3000 {
-			out = "…" + out[len(out)-3000:]
-		}
-		fmt.Fprintf(&b, "## Tests\n\n`%s` passed:\n\n```\n%s\n```\n\n", c.TestCommand, strings.TrimRight(out, "\n"))
-	}
 	if r := c.Report; r != nil {
 		fmt.Fprintf(&b, "## Checks\n\n%d files, +%d −%d lines; diff SHA-256 `%s`.\n\n", r.Files, r.Added, r.Deleted, r.SHA256)
 		if len(r.Findings) == 0 {
@@ -295,14 +285,79 @@ func prBody(c PRContent) string {
 				loc += fmt.Sprintf(":%d", fd.Line)
 			}
 			if loc != "" {
-				loc = " `" + loc + "`"
+				loc = " " + codeSpan(loc)
 			}
-			fmt.Fprintf(&b, "- **%s** (%s)%s: %s\n", fd.Kind, fd.Action, loc, fd.Message)
+			fmt.Fprintf(&b, "- **%s** (%s)%s: %s\n", fd.Kind, fd.Action, loc, mdText(fd.Message))
 		}
 		if len(r.Findings) > 0 {
 			b.WriteString("\n")
 		}
 	}
+	f := c.Finish
+	if f == nil {
+		f = &Finish{}
+	}
+	fmt.Fprintf(&b, "## Summary\n\n%s\n\n", orDefault(mdText(f.Summary), "(none given)"))
+	if f.Cause != "" {
+		fmt.Fprintf(&b, "## Cause\n\n%s\n\n", mdText(f.Cause))
+	}
+	if f.Fix != "" {
+		fmt.Fprintf(&b, "## Fix\n\n%s\n\n", mdText(f.Fix))
+	}
+	if c.TestCommand != "" {
+		out := c.TestOutput
+		if len(out) > 3000 {
+			out = "…" + strings.ToValidUTF8(out[len(out)-3000:], "")
+		}
+		b.WriteString("## Tests\n\n")
+		// The finish step runs the tests in the model's own sandbox, after
+		// its last step: the PR says where they passed.
+		if strings.ContainsAny(c.TestCommand, "\r\n") {
+			fmt.Fprintf(&b, "The test command passed in the agent's sandbox:\n\n%s\n", fenced(c.TestCommand))
+		} else {
+			fmt.Fprintf(&b, "%s passed in the agent's sandbox:\n\n", codeSpan(c.TestCommand))
+		}
+		fmt.Fprintf(&b, "%s\n", fenced(out))
+	}
 	fmt.Fprintf(&b, "---\nOpened by warren for task `%s`.\n", c.TaskID)
 	return b.String()
+}
+
+// mdText is untrusted text for a Markdown body: trimmed, with "<"
+// escaped, so it holds no HTML (an unclosed "<!--" would hide the rest
+// of the body).
+func mdText(s string) string {
+	return strings.ReplaceAll(strings.TrimSpace(s), "<", "&lt;")
+}
+
+// longestRun is the length of the longest run of c in s.
+func longestRun(s string, c byte) int {
+	n, run := 0, 0
+	for i := 0; i < len(s); i++ {
+		if s[i] == c {
+			run++
+			n = max(n, run)
+		} else {
+			run = 0
+		}
+	}
+	return n
+}
+
+// fenced is s in a fenced code block whose fence is longer than any run
+// of backticks in s, so nothing in s closes it; it ends with a newline.
+func fenced(s string) string {
+	fence := strings.Repeat("`", max(3, longestRun(s, '`')+1))
+	return fence + "\n" + strings.TrimRight(s, "\r\n") + "\n" + fence + "\n"
+}
+
+// codeSpan is s (one line) as inline code, delimited by more backticks
+// than it holds in a row.
+func codeSpan(s string) string {
+	s = strings.NewReplacer("\r", " ", "\n", " ").Replace(s)
+	tick := strings.Repeat("`", longestRun(s, '`')+1)
+	if strings.HasPrefix(s, "`") || strings.HasSuffix(s, "`") {
+		s = " " + s + " "
+	}
+	return tick + s + tick
 }

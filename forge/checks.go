@@ -228,6 +228,12 @@ func secrets() (*detect.Detector, error) {
 		log.SetOutput(io.Discard)
 		detector, detectorErr = detect.NewDetectorDefaultConfig()
 		log.SetOutput(prev)
+		if detector != nil {
+			// A "gitleaks:allow" comment is text the model (or the
+			// repository it copies from) writes: it must not switch the
+			// check off for its own line.
+			detector.IgnoreGitleaksAllow = true
+		}
 	})
 	return detector, detectorErr
 }

@@ -1,0 +1,102 @@
+package agent
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/warrenhq/warren/forge"
+)
+
+// TestPRBodyShowsTheFindingsFirst checks that the model's text (its
+// finish) and the sandbox's test log, both untrusted, cannot hide the
+// checks' findings in the rendered pull request: the findings come
+// first, "<" in the model's text is escaped (no HTML comment, no HTML),
+// the test log is fenced with more backticks than it holds in a row, and
+// the body says the tests passed in the agent's sandbox.
+func TestPRBodyShowsTheFindingsFirst(t *testing.T) {
+	rep := &forge.Report{Files: 1, Added: 1, SHA256: strings.Repeat("a", 64),
+		Findings: []forge.Finding{{Kind: forge.FindTests, Action: forge.Flag, Path: "calc/calc_test.go", Message: "edits tests, which the task did not ask for"}}}
+	body := prBody(PRContent{TaskID: "t1", IssueTitle: "x", Report: rep,
+		Finish:      &Finish{Summary: "Fixed Add. <!--", Cause: "<details><summary>x", Fix: "a < b"},
+		TestCommand: "go test ./...", TestOutput: "ok\n````\n<!--\n"})
+	checks, summary, tests := strings.Index(body, "## Checks"), strings.Index(body, "## Summary"), strings.Index(body, "## Tests")
+	if checks < 0 || summary < checks || tests < summary {
+		t.Errorf("want Checks, Summary, Tests in that order:\n%s", body)
+	}
+	if !strings.Contains(body, "edits tests") {
+		t.Errorf("no finding:\n%s", body)
+	}
+	model := body[summary:tests]
+	if strings.Contains(model, "<") {
+		t.Errorf("the model's text keeps a raw <:\n%s", model)
+	}
+	for _, want := range []string{"Fixed Add. &lt;!--", "&lt;details>", "a &lt; b"} {
+		if !strings.Contains(model, want) {
+			t.Errorf("want %q in:\n%s", want, model)
+		}
+	}
+	if !strings.Contains(body, "`go test ./...` passed in the agent's sandbox") {
+		t.Errorf("the body does not say where the tests ran:\n%s", body)
+	}
+	// The log's fence is longer than its own run of 4 backticks, and
+	// closes after it.
+	if !strings.Contains(body, "\n`````\nok\n````\n<!--\n`````\n") {
+		t.Errorf("the test log is not fenced with 5 backticks:\n%s", body)
+	}
+}
+
+func TestPRBodyFencesAndSpans(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{"go test ./...", "`go test ./...`"},
+		{"echo `x`", "`` echo `x` ``"},
+		{"a `b` c", "``a `b` c``"},
+		{"`x`", "`` `x` ``"},
+		{"a\nb", "`a b`"},
+	} {
+		if got := codeSpan(c.in); got != c.want {
+			t.Errorf("codeSpan(%q) = %q, want %q", c.in, got, c.want)
+		}
+	}
+	for _, c := range []struct{ in, want string }{
+		{"ok\n", "```\nok\n```\n"},
+		{"a ``` b", "````\na ``` b\n````\n"},
+		{"", "```\n\n```\n"},
+	} {
+		if got := fenced(c.in); got != c.want {
+			t.Errorf("fenced(%q) = %q, want %q", c.in, got, c.want)
+		}
+	}
+	// A multi-line test command goes in a fence of its own.
+	body := prBody(PRContent{TaskID: "t1", Finish: &Finish{Summary: "s"}, TestCommand: "set -e\nmake test", TestOutput: "ok"})
+	if !strings.Contains(body, "The test command passed in the agent's sandbox:\n\n```\nset -e\nmake test\n```\n") {
+		t.Errorf("multi-line command:\n%s", body)
+	}
+}
+
+// TestTestsRequestedIsAWordMatch checks that an issue asks for test
+// edits only when it mentions tests as a word, not when "test" is part
+// of another word ("latest", "fastest", "attestation", "contest").
+func TestTestsRequestedIsAWordMatch(t *testing.T) {
+	for issue, want := range map[string]bool{
+		"Crash on the latest release":                  false,
+		"Fastest path is wrong":                        false,
+		"Attestation upload fails":                     false,
+		"The contest page is blank; protest loudly":    false,
+		"Detests empty input":                          false,
+		"Add a test for Add":                           true,
+		"Tests are missing for Sub":                    true,
+		"Please add unit tests":                        true,
+		"Add a unit-test":                              true,
+		"The unittest suite fails":                     true,
+		"Run pytest on it":                             true,
+		"Improve testing of the parser":                true,
+		"calc_test.go is wrong":                        true,
+		"Fix test_parser.py":                           true,
+		"TEST: Add(2, 2)":                              true,
+		"Add is wrong\nSee the failing test in calc/.": true,
+	} {
+		if got := TestsRequested(issue); got != want {
+			t.Errorf("TestsRequested(%q) = %v, want %v", issue, got, want)
+		}
+	}
+}
