@@ -859,12 +859,9 @@ func (r *run) killLeader(ctx context.Context) error {
 		return err
 	}
 	probe := resp.Msg.GetTask().GetId()
-	downBefore := map[string]bool{}
-	ns, _ := r.nodes(ctx)
-	for _, n := range ns {
-		if n.GetStatus() == warrenv1.NodeStatus_NODE_STATUS_DOWN {
-			downBefore[n.GetId()] = true
-		}
+	before, err := r.nodes(ctx)
+	if err != nil {
+		return fmt.Errorf("list nodes before the leader kill: %w", err)
 	}
 	if _, err := r.leaderStatus(ctx); err != nil {
 		return err
@@ -925,15 +922,52 @@ probe:
 	if err := sleep(ctx, 8*time.Second); err != nil {
 		return err
 	}
-	ns, _ = r.nodes(ctx)
-	for _, n := range ns {
-		if n.GetStatus() == warrenv1.NodeStatus_NODE_STATUS_DOWN && !downBefore[n.GetId()] {
-			r.rep.FalseDownNodes++
+	// A survivor may not answer at once while the new leader settles.
+	var after []*warrenv1.Node
+	for try := 0; ; try++ {
+		if after, err = r.nodes(ctx); err == nil {
+			break
+		}
+		if try == 4 {
+			return fmt.Errorf("list nodes after the leader kill: %w", err)
+		}
+		if err := sleep(ctx, time.Second); err != nil {
+			return err
 		}
 	}
+	r.rep.FalseDownNodes = falseDowns(before, after, killed)
 	_, _ = tasks.CancelTask(ctx, connect.NewRequest(&warrenv1.CancelTaskRequest{TaskId: probe, Reason: "probe done"}))
 	r.logf("fault 2: %d healthy nodes declared down", r.rep.FalseDownNodes)
 	return nil
+}
+
+// falseDowns counts the nodes declared down since killed: each node listed
+// in before that was not down then and whose status has changed since, after
+// killed, for a reason other than an operator's. A node declared down
+// registers again within a second or so, so its status alone, read seconds
+// later, no longer shows it; its StatusChangedAt ("registered again", or
+// the down's own reason) does.
+func falseDowns(before, after []*warrenv1.Node, killed time.Time) int {
+	changedAt := make(map[string]time.Time, len(before))
+	for _, n := range before {
+		if n.GetStatus() != warrenv1.NodeStatus_NODE_STATUS_DOWN {
+			changedAt[n.GetId()] = n.GetStatusChangedAt().AsTime()
+		}
+	}
+	count := 0
+	for _, n := range after {
+		prev, ok := changedAt[n.GetId()]
+		at := n.GetStatusChangedAt().AsTime()
+		if !ok || at.Equal(prev) || !at.After(killed) {
+			continue
+		}
+		switch n.GetStatusReason() {
+		case "operator", "drain deadline passed": // an operator's cordon or drain
+			continue
+		}
+		count++
+	}
+	return count
 }
 
 // waitFinished waits until every task has ended; no progress for two
@@ -1183,9 +1217,12 @@ func (r *run) finish() {
 	}
 	g("placement", fmt.Sprintf("%d tasks placed and running within 20 s", r.o.Tasks),
 		fmt.Sprintf("%.1f s (%.0f/s)", r.rep.AllRunningSeconds, r.rep.PlacementsPerSec), r.rep.AllRunningSeconds > 0 && r.rep.AllRunningSeconds <= 20)
-	g("appends", "≥ 20,000 event appends/s sustained, p99 ≤ 100 ms",
-		fmt.Sprintf("%.0f events/s, p99 %.1f ms", r.rep.Steady.EventsPerSec, r.rep.Steady.P99Ms),
-		r.rep.Steady.EventsPerSec >= 20000 && r.rep.Steady.P99Ms <= 100)
+	// The latency histogram holds only the appends that succeeded: an
+	// append that failed or gave up after its retries is counted in Errors
+	// alone, so the goal also needs none of them in the window.
+	g("appends", "≥ 20,000 event appends/s sustained, p99 ≤ 100 ms, no append failed",
+		fmt.Sprintf("%.0f events/s, p99 %.1f ms, %d failed appends", r.rep.Steady.EventsPerSec, r.rep.Steady.P99Ms, r.rep.Steady.Errors),
+		r.rep.Steady.EventsPerSec >= 20000 && r.rep.Steady.P99Ms <= 100 && r.rep.Steady.Errors == 0)
 	g("recovery", "p99 ≤ 3 s after killing 10% of the nodes, no healthy node declared down",
 		fmt.Sprintf("p99 %.2f s over %d tasks, %d healthy nodes declared down", r.rep.RecoveryP99, r.rep.RecoveredTasks, r.rep.Fault1FalseDowns),
 		r.rep.RecoveryP99 <= 3 && r.rep.RecoveredTasks > 0 && r.rep.Fault1FalseDowns == 0)

@@ -59,7 +59,7 @@ type Report struct {
 
 	// Fault phase 2: SIGKILL of the leader.
 	FailoverSeconds float64 `json:"failover_seconds"` // kill -> first acknowledged append on the new leader
-	FalseDownNodes  int     `json:"false_down_nodes"` // healthy nodes declared down afterwards
+	FalseDownNodes  int     `json:"false_down_nodes"` // healthy nodes declared down afterwards, even if registered again since
 	OldLeader       string  `json:"old_leader"`
 	NewLeader       string  `json:"new_leader"`
 
