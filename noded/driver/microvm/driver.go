@@ -141,6 +141,12 @@ type tplState struct {
 	// (Config.StandbyQEMUs); standbyFilling counts those being launched.
 	standby        []*VM
 	standbyFilling int
+	// refillFails counts pool refills that failed in a row (reset when a
+	// member joins the pool); refillRetrying is set while a retry of a
+	// failed refill waits, so that refills started meanwhile by claims or
+	// targets that fail too do not start more retries.
+	refillFails    int
+	refillRetrying bool
 }
 
 // DefaultStandbyQEMUs is Config.StandbyQEMUs's default.
@@ -594,6 +600,14 @@ var (
 	snapshotRetryMax = 5 * time.Minute
 )
 
+// After a failed refill (a restore whose QEMU did not start under load, a
+// disk full for a moment), a pool short of its target tries again after
+// refillRetry, doubling up to refillRetryMax. (Variables for tests.)
+var (
+	refillRetry    = 2 * time.Second
+	refillRetryMax = time.Minute
+)
+
 func (d *Driver) claim(ctx context.Context, ts *tplState, req driver.ClaimRequest, lim driver.Limits) (*VM, error) {
 	snapShape := lim.VCPUs == 1 && lim.MemMB == d.cfg.SnapshotMemMB && req.Force != driver.StartBoot
 	if snapShape {
@@ -664,6 +678,23 @@ func (d *Driver) SetPoolTarget(template string, n int) {
 // when the driver closes: a QEMU still starting when the process exits
 // would outlive it).
 func (d *Driver) goRefill(ts *tplState, delay time.Duration) {
+	d.goAfter(delay, func() { d.refill(ts) })
+}
+
+// goRetryRefill is goRefill for the retry of a failed refill: it clears
+// ts.refillRetrying when the wait is over.
+func (d *Driver) goRetryRefill(ts *tplState, delay time.Duration) {
+	d.goAfter(delay, func() {
+		d.mu.Lock()
+		ts.refillRetrying = false
+		d.mu.Unlock()
+		d.refill(ts)
+	})
+}
+
+// goAfter calls fn from a goroutine after delay, unless the driver closes
+// first; Close waits for fn.
+func (d *Driver) goAfter(delay time.Duration, fn func()) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
@@ -679,7 +710,7 @@ func (d *Driver) goRefill(ts *tplState, delay time.Duration) {
 		case <-d.stop: // Close does not wait out a long delay
 			return
 		}
-		d.refill(ts)
+		fn()
 	}()
 }
 
@@ -851,8 +882,26 @@ func (d *Driver) refillPool(ts *tplState) {
 		}
 		if snap == nil || err != nil || d.closed {
 			closed := d.closed
-			d.mu.Unlock()
+			// A failed refill is tried again while the pool is short,
+			// backing off up to refillRetryMax; one retry waits at a time.
+			var delay time.Duration
+			retry, pending := false, ts.refillRetrying
 			if err != nil && !closed {
+				ts.refillFails++
+				delay = min(refillRetry<<min(ts.refillFails-1, 8), refillRetryMax)
+				retry = !pending && len(ts.pool) < ts.target
+				if retry {
+					ts.refillRetrying = true
+				}
+			}
+			d.mu.Unlock()
+			switch {
+			case retry:
+				d.log.Warn("warm pool refill failed; trying again", "template", ts.t.Name, "err", err, "in", delay)
+				d.goRetryRefill(ts, delay)
+			case err != nil && !closed && pending:
+				d.log.Warn("warm pool refill failed; a retry is already waiting", "template", ts.t.Name, "err", err)
+			case err != nil && !closed:
 				d.log.Warn("warm pool refill failed", "template", ts.t.Name, "err", err)
 			}
 			if vm != nil && closed {
@@ -862,6 +911,7 @@ func (d *Driver) refillPool(ts *tplState) {
 		}
 		vm.state = "pool"
 		ts.pool = append(ts.pool, vm)
+		ts.refillFails = 0
 		d.mu.Unlock()
 		vm.save()
 	}
