@@ -42,8 +42,14 @@ type SandboxAPI struct {
 	log     *slog.Logger
 	poolsAt string // where pool targets survive a restart
 
+	// mu guards pools and applying, and is held while pools.json is
+	// written, so the file always holds every target set so far.
 	mu    sync.Mutex
 	pools map[string]int
+	// applying serialises the driver's calls per template (a call may be
+	// slow: the microvm driver loads the template and destroys the VMs a
+	// smaller target drops), so the last one applies the latest target.
+	applying map[string]*sync.Mutex
 }
 
 var _ warrenv1connect.SandboxServiceHandler = (*SandboxAPI)(nil)
@@ -54,7 +60,8 @@ func NewSandboxAPI(nodeID, dataDir string, drv driver.Driver, log *slog.Logger) 
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	a := &SandboxAPI{nodeID: nodeID, drv: drv, log: log, poolsAt: filepath.Join(dataDir, "pools.json"), pools: map[string]int{}}
+	a := &SandboxAPI{nodeID: nodeID, drv: drv, log: log, poolsAt: filepath.Join(dataDir, "pools.json"),
+		pools: map[string]int{}, applying: map[string]*sync.Mutex{}}
 	if b, err := os.ReadFile(a.poolsAt); err == nil {
 		if err := json.Unmarshal(b, &a.pools); err != nil {
 			log.Warn("pool targets unreadable; starting without", "err", err)
@@ -488,7 +495,10 @@ func (a *SandboxAPI) SetPoolTarget(ctx context.Context, req *connect.Request[war
 
 // setTarget saves a pool target in the node's data dir (so it holds from
 // the next start, before the leader's session sends the cluster's) and
-// applies it.
+// applies it. Targets set at once are all saved (the file is written under
+// a.mu), and the driver ends with each template's latest target (its calls
+// for one template are serialised and apply the target current then),
+// while a slow call for one template does not hold up another's.
 func (a *SandboxAPI) setTarget(t string, n int) error {
 	a.mu.Lock()
 	if n == 0 {
@@ -496,10 +506,27 @@ func (a *SandboxAPI) setTarget(t string, n int) error {
 	} else {
 		a.pools[t] = n
 	}
-	b, _ := json.Marshal(a.pools)
+	err := a.savePools()
+	apply := a.applying[t]
+	if apply == nil {
+		apply = &sync.Mutex{}
+		a.applying[t] = apply
+	}
 	a.mu.Unlock()
-	a.drv.SetPoolTarget(t, n)
+
+	apply.Lock()
+	a.mu.Lock()
+	cur := a.pools[t]
+	a.mu.Unlock()
+	a.drv.SetPoolTarget(t, cur)
+	apply.Unlock()
 	a.log.Info("pool target set", "template", t, "target", n)
+	return err
+}
+
+// savePools writes the pool targets to pools.json; a.mu is held.
+func (a *SandboxAPI) savePools() error {
+	b, _ := json.Marshal(a.pools)
 	if err := os.MkdirAll(filepath.Dir(a.poolsAt), 0o755); err != nil {
 		return fmt.Errorf("save pool targets: %w", err)
 	}

@@ -325,14 +325,21 @@ func (a *sandboxAPI) SetPoolTarget(ctx context.Context, req *connect.Request[war
 	if err := validatePool(req.Msg.GetTemplate(), req.Msg.GetTarget()); err != nil {
 		return nil, invalid(err)
 	}
-	if req.Msg.GetNodeId() == "" {
-		// The cluster's target: kept in the replicated state, sent to
-		// every node when its session opens (nodes that join later too).
-		if _, err := (taskAPI{a.s}).write(ctx, &fsmv1.SetPool{Template: req.Msg.GetTemplate(), Target: req.Msg.GetTarget()}); err != nil {
+	// The cluster's target (no node named) is kept in the replicated state
+	// and sent to every node when its session opens (nodes that join later
+	// too). A target of 0 is recorded first. Any other is recorded after
+	// the nodes answer, and only if one took it or none refused it: a
+	// template every answering node refuses (a typo) would otherwise stay
+	// in the record, unseen, sent to every node at each session open.
+	pool := &fsmv1.SetPool{Template: req.Msg.GetTemplate(), Target: req.Msg.GetTarget()}
+	cluster := req.Msg.GetNodeId() == ""
+	if cluster && pool.GetTarget() == 0 {
+		if _, err := (taskAPI{a.s}).write(ctx, pool); err != nil {
 			return nil, err
 		}
 	}
 	var mu sync.Mutex
+	took := 0
 	out := &warrenv1.SetPoolTargetResponse{}
 	unreachable, refused, err := a.fanOut(ctx, req.Msg.GetNodeId(), func(ctx context.Context, n *warrenv1.Node) error {
 		res, err := a.client(n.GetSandboxUrl()).SetPoolTarget(ctx, connect.NewRequest(req.Msg))
@@ -340,12 +347,23 @@ func (a *sandboxAPI) SetPoolTarget(ctx context.Context, req *connect.Request[war
 			return err
 		}
 		mu.Lock()
+		took++
 		out.Pools = append(out.Pools, res.Msg.GetPools()...)
 		mu.Unlock()
 		return nil
 	})
 	if err != nil {
 		return nil, err
+	}
+	if cluster && pool.GetTarget() > 0 {
+		if took == 0 && len(refused) > 0 {
+			return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf(
+				"template %q: every node that answered refused the pool target (%s); the cluster's target is not set",
+				pool.GetTemplate(), strings.Join(refused, "; ")))
+		}
+		if _, err := (taskAPI{a.s}).write(ctx, pool); err != nil {
+			return nil, err
+		}
 	}
 	sortPools(out.Pools)
 	out.UnreachableNodes, out.RefusedNodes = unreachable, refused
