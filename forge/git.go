@@ -17,7 +17,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/warrenhq/warren/internal/repourl"
+	"github.com/warrenhq/warren/api"
 )
 
 // Auth is a forge credential for git over HTTP(S). It travels to one git
@@ -121,7 +121,7 @@ func CheckRepo(repo string) error {
 	// Checked on the text, before any parse, so that no later error (nor
 	// a caller's, which quotes the repository) repeats a token: the URL
 	// ends up in events and logs.
-	if shown, bad := repourl.Credential(repo); bad {
+	if shown, bad := api.RepoCredential(repo); bad {
 		return fmt.Errorf("%q: the URL's user info (before @) must be empty: credentials go in the node's forge token (WARREN_FORGE_TOKEN), not in the repository URL", shown)
 	}
 	if u, err := url.Parse(repo); err == nil && u.Scheme != "" {

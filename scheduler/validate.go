@@ -15,7 +15,6 @@ import (
 	"github.com/warrenhq/warren/api"
 	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
-	"github.com/warrenhq/warren/internal/repourl"
 )
 
 // Limits on request fields. Every bad field is reported by name.
@@ -235,7 +234,7 @@ func (p *problems) repo(v string) {
 		return // git@host:owner/repo
 	}
 	// Checked on the text first, so that no error below quotes a token.
-	if shown, bad := repourl.Credential(v); bad {
+	if shown, bad := api.RepoCredential(v); bad {
 		p.add(field, "%q: the URL's user info (before @) must be empty: give the forge credential to the node instead (its token is never part of a task's spec, which every client reads and events record)", truncate(shown, 80))
 		return
 	}

@@ -1,8 +1,8 @@
-package repourl
+package api
 
 import "testing"
 
-func TestCredential(t *testing.T) {
+func TestRepoCredential(t *testing.T) {
 	for _, c := range []struct {
 		in, shown string
 		bad       bool
@@ -21,9 +21,9 @@ func TestCredential(t *testing.T) {
 		{"git@host:a/b.git", "git@host:a/b.git", false},
 		{"/srv/repo", "/srv/repo", false},
 	} {
-		shown, bad := Credential(c.in)
+		shown, bad := RepoCredential(c.in)
 		if shown != c.shown || bad != c.bad {
-			t.Errorf("Credential(%q) = %q, %v; want %q, %v", c.in, shown, bad, c.shown, c.bad)
+			t.Errorf("RepoCredential(%q) = %q, %v; want %q, %v", c.in, shown, bad, c.shown, c.bad)
 		}
 	}
 }
