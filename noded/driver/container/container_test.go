@@ -144,9 +144,10 @@ func testLifecycle(t *testing.T, runtime, id string, pids int) {
 	if code != 0 {
 		t.Fatalf("setsid: exit %d %q", code, out)
 	}
-	// (A killed one may be a zombie for a moment, until init reaps it.)
+	// (A killed one may be a zombie for a moment, until init reaps it;
+	// its stat is read once, as it may go between two reads.)
 	stat := "/proc/" + strings.TrimSpace(out) + "/stat"
-	if out, _ := run(t, sb, "[ -e "+stat+" ] && [ \"$(cut -d' ' -f3 "+stat+")\" != Z ] && echo alive || echo gone"); out != "gone\n" {
+	if out, _ := run(t, sb, "s=$(cat "+stat+" 2>/dev/null); case \"$s\" in ''|*') Z '*) echo gone;; *) echo alive;; esac"); out != "gone\n" {
 		t.Errorf("a setsid child after its call: %q, want gone", out)
 	}
 	// The fork bomb meets the pids limit; the sandbox still answers.
