@@ -392,6 +392,7 @@ func (a *taskActor) agentStep(c *actor.Context) {
 		a.failed(c, "agent step", err, stepMsg{})
 		return
 	}
+	a.streak = retryStreak{} // a step went through: what failed before cleared
 	if out != nil {
 		a.agentOutcome(c, out)
 		return
@@ -589,6 +590,7 @@ func (a *taskActor) pollApproval(c *actor.Context, m approvalPollMsg) {
 		a.failed(c, "run the approved call", err, stepMsg{})
 		return
 	}
+	a.streak = retryStreak{} // a step went through: what failed before cleared
 	if out != nil {
 		a.agentOutcome(c, out)
 		return

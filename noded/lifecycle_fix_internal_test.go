@@ -3,6 +3,7 @@ package noded
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -12,6 +13,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/warrenhq/warren/agent/model"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/internal/freeaddr"
 	"github.com/warrenhq/warren/netpolicy"
@@ -165,6 +167,11 @@ func TestRetryStreak(t *testing.T) {
 		{"a server's failure", []note{{"exec", boom, 0, 1, 0},
 			{"record", connect.NewError(connect.CodeUnavailable, boom), time.Second, 0, 0}, {"exec", boom, 2 * time.Second, 1, 0}}},
 		{"a context's end", []note{{"exec", context.Canceled, 0, 0, 0}}},
+		// A model provider's outage is waited out, however long: each
+		// step's gateway retries end with the same error well within a
+		// minute of the last.
+		{"a model provider's failure", []note{{"agent step", fmt.Errorf("model call (attempt 6 of 6): %w",
+			&model.HTTPError{Provider: "anthropic", Status: 529, Type: "overloaded_error"}), 0, 0, 0}}},
 	} {
 		var s retryStreak
 		for i, n := range tc.notes {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/warrenhq/warren/actor"
 	"github.com/warrenhq/warren/agent"
+	"github.com/warrenhq/warren/agent/model"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/client"
 	"github.com/warrenhq/warren/netpolicy"
@@ -526,6 +527,7 @@ func (a *taskActor) runStep(c *actor.Context) {
 		return
 	}
 	a.next++
+	a.streak = retryStreak{} // a step went through: what failed before cleared
 	_ = c.Self().Send(stepMsg{})
 }
 
@@ -665,6 +667,9 @@ func (a *taskActor) failed(c *actor.Context, what string, err error, retry any) 
 		if n, span := a.streak.note(what, err, time.Now()); n > 1 && span >= giveUpAfter {
 			reason := failedReason(fmt.Sprintf("%s kept failing for %s (%d tries): %v", what, span.Round(time.Second), n, err))
 			c.Logger().Warn("a failure does not clear; the task fails", "task", a.id, "during", what, "err", err, "tries", n)
+			// A new streak for the end's own appends: one that fails as
+			// this did is retried, not given up on again from within.
+			a.streak = retryStreak{}
 			a.end(c, endMsg{key: "gave-up", payload: map[string]any{"to": "failed", "reason": reason}, why: reason})
 			return
 		}
@@ -693,10 +698,12 @@ const streakGap = time.Minute
 
 // note counts a failure at now; it returns how many times in a row this
 // failure has come, and since when (0 for a failure it does not follow:
-// a server's error, a context's end).
+// a server's error, a model provider's retryable one, a context's end;
+// those are waited out, however long an outage lasts).
 func (s *retryStreak) note(what string, err error, now time.Time) (n int, span time.Duration) {
 	var ce *connect.Error
-	if errors.As(err, &ce) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+	var he *model.HTTPError
+	if errors.As(err, &ce) || errors.As(err, &he) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		*s = retryStreak{}
 		return 0, 0
 	}
