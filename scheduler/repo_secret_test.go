@@ -65,6 +65,7 @@ func TestRepoRefusalDoesNotEchoPassword(t *testing.T) {
 	for _, repo := range []string{
 		"https://u:" + secret + "@/x.git",          // no host
 		"https://u:" + secret + "@host:port/x.git", // url.Parse: invalid port
+		"https://u:pa/" + secret + "@host/x.git",   // a '/' in the password ends the authority early
 	} {
 		r := &warrenv1.CreateTaskRequest{RequestId: "r1", Spec: testSpec()}
 		r.Spec.Repo = repo

@@ -240,6 +240,10 @@ func (p *problems) repo(v string) {
 	}
 	u, err := url.Parse(v)
 	if err != nil {
+		if strings.Contains(v, "@") { // a password with a '/' in it may be cut where the check above looked
+			p.add(field, "is neither an absolute path nor a URL (not quoted: it has an '@', and may hold a credential)")
+			return
+		}
 		p.add(field, "%q is neither an absolute path nor a URL: %v", truncate(v, 80), err)
 		return
 	}
