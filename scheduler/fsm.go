@@ -624,38 +624,24 @@ func (a *applier) appendEvents(m *fsmv1.AppendEvents) *fsmv1.Result {
 	state := t.GetState()
 	pending := append([]string(nil), t.GetPendingApprovals()...)
 	park := false
+	// What no task's state allows (appendShape) is refused at its event,
+	// as the checks of the loop are. It is checked at apply time too: no
+	// writer the servers and nodes run appends such a shape (a node never
+	// writes placed, and parks with a lone parked event), so only a buggy
+	// or hostile client's entry, which left a task stuck (placed on no
+	// node, parked in another state) or an event after the end, which
+	// streams end on, is applied differently than before.
+	shape := appendShape(m.GetEvents())
 	for i, ev := range m.GetEvents() {
 		if err := checkEventApplied(i, ev); err != nil {
 			return fail(connect.CodeInvalidArgument, "%v", err)
 		}
-		if Terminal(state) {
-			// The event before ended the task: streams end on it, so
-			// nothing may follow it (apply-time, like the checks below).
-			return fail(connect.CodeFailedPrecondition, "events[%d]: task %s ended at the event before; nothing may follow it", i, t.GetId())
+		if len(shape) > 0 && shape[0].i == i {
+			return fail(connect.CodeFailedPrecondition, "%s: task %s: %s", shape[0].field(), t.GetId(), shape[0].issue)
 		}
 		switch ev.GetKind() {
 		case KindStateChanged:
 			to := payloadState(ev.GetPayload())
-			// The two checks below are made at apply time, as the
-			// transition check is: they depend on the task's state then.
-			// No writer the servers and nodes run appends either shape
-			// (a node never writes placed, and parks with a lone parked
-			// event), so only a buggy or hostile client's entry, which
-			// left a task stuck, is applied differently than before.
-			if to == warrenv1.TaskState_TASK_STATE_PLACED {
-				// Placed means a node holds the lease: only the lease
-				// grant and a plan put a task there. A writer's placed
-				// would leave a task placed on no node, which placement
-				// skips (not pending) and no node's loss requeues.
-				return fail(connect.CodeFailedPrecondition, "events[%d]: task %s: a writer may not set state placed (only a lease grant does)", i, t.GetId())
-			}
-			if park {
-				// Parking lets the lease go and leaves the task
-				// waiting_approval until a decision: a state change after
-				// it in the same append would leave a parked task in
-				// another state, held by no node.
-				return fail(connect.CodeFailedPrecondition, "events[%d]: task %s: no state change may follow parked in the same append", i, t.GetId())
-			}
 			if !CanTransition(state, to) {
 				return fail(connect.CodeFailedPrecondition, "events[%d]: task %s cannot go from %s to %s",
 					i, t.GetId(), StateName(state), StateName(to))

@@ -300,21 +300,23 @@ func validateAppend(r *warrenv1.AppendEventsRequest) error {
 			p = append(p, err)
 		}
 	}
-	p.appendShape(r.GetEvents())
+	for _, sp := range appendShape(r.GetEvents()) {
+		p.add(sp.field(), "%s", sp.issue)
+	}
 	return p.err()
 }
 
-// appendShape refuses, before anything is proposed, what the FSM would
-// refuse whatever the task's state: a state change to placed (a lease
-// grant's), a state change after parked, and any event after one that
-// ends the task.
-func (p *problems) appendShape(evs []*warrenv1.EventInput) {
+// appendShape lists what the FSM refuses in an append whatever the task's
+// state, at most one problem an event, in order: a state change to placed
+// (a lease grant's), a state change after parked, and any event after one
+// that ends the task (the last problem listed). The API refuses them
+// before anything is proposed; the FSM, when it reaches the event.
+func appendShape(evs []*warrenv1.EventInput) []shapeProblem {
+	var out []shapeProblem
 	ended, parked := -1, false
 	for i, ev := range evs {
-		field := fmt.Sprintf("events[%d]", i)
 		if ended >= 0 {
-			p.add(field, "follows events[%d], which ends the task: nothing may follow it", ended)
-			return
+			return append(out, shapeProblem{i, "", fmt.Sprintf("follows events[%d], which ends the task: nothing may follow it", ended)})
 		}
 		switch ev.GetKind() {
 		case KindParked:
@@ -323,15 +325,26 @@ func (p *problems) appendShape(evs []*warrenv1.EventInput) {
 			to := payloadState(ev.GetPayload())
 			switch {
 			case to == warrenv1.TaskState_TASK_STATE_PLACED:
-				p.add(field+".payload.to", "placed is set by a lease grant, not appended")
+				out = append(out, shapeProblem{i, ".payload.to", "placed is set by a lease grant, not appended"})
 			case parked:
-				p.add(field, "a state change may not follow parked in the same append")
+				out = append(out, shapeProblem{i, "", "a state change may not follow parked in the same append"})
 			case Terminal(to):
 				ended = i
 			}
 		}
 	}
+	return out
 }
+
+// shapeProblem is one of appendShape's: the event's index, the field
+// within it ("" for the event) and what is wrong.
+type shapeProblem struct {
+	i          int
+	sub, issue string
+}
+
+// field names the problem's field in the request.
+func (sp shapeProblem) field() string { return fmt.Sprintf("events[%d]%s", sp.i, sp.sub) }
 
 // validateAppendCommand checks an append command as validateAppend checks
 // the request it is made from.
