@@ -342,9 +342,9 @@ func (a *taskActor) start(c *actor.Context) {
 // Sandbox lifetimes asked of the driver (ClaimRequest.TTL): the sandbox
 // must outlive its task, or every call to it fails.
 const (
-	// maxSandboxTTL is the container and microvm drivers' default MaxTTL:
-	// a task without a wall-clock budget asks for all of it.
-	maxSandboxTTL = 24 * time.Hour
+	// maxSandboxTTL is the drivers' default MaxTTL: a task without a
+	// wall-clock budget asks for all of it.
+	maxSandboxTTL = driver.MaxTTL
 	// sandboxTTLMargin is what a task with a wall-clock budget gets past
 	// it: the budget stops model calls, and the finish phase (the tests,
 	// up to testTimeout, then the push) runs after.

@@ -27,6 +27,13 @@ type Driver interface {
 	Close() error
 }
 
+// The sandbox lifetimes a driver gives by default: DefaultTTL to a claim
+// that asks for none, and MaxTTL as the most one may ask for.
+const (
+	DefaultTTL = time.Hour
+	MaxTTL     = 24 * time.Hour
+)
+
 // ClaimRequest binds a sandbox's identity at claim time.
 type ClaimRequest struct {
 	ID       string // sandbox id, unique on the node

@@ -108,10 +108,10 @@ func New(cfg Config) (*Driver, error) {
 		cfg.DefaultMemMB = 512
 	}
 	if cfg.DefaultTTL == 0 {
-		cfg.DefaultTTL = time.Hour
+		cfg.DefaultTTL = driver.DefaultTTL
 	}
 	if cfg.MaxTTL == 0 {
-		cfg.MaxTTL = 24 * time.Hour
+		cfg.MaxTTL = driver.MaxTTL
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)

@@ -175,10 +175,10 @@ func New(cfg Config) (*Driver, error) {
 		cfg.SnapshotMemMB = 256
 	}
 	if cfg.DefaultTTL == 0 {
-		cfg.DefaultTTL = time.Hour
+		cfg.DefaultTTL = driver.DefaultTTL
 	}
 	if cfg.MaxTTL == 0 {
-		cfg.MaxTTL = 24 * time.Hour
+		cfg.MaxTTL = driver.MaxTTL
 	}
 	switch {
 	case cfg.StandbyQEMUs == 0:
