@@ -263,7 +263,9 @@ func (a *taskActor) start(c *actor.Context) {
 		if err != nil {
 			if a.permanentClaimError(err, id) {
 				if a.claimRefused++; a.claimRefused >= maxClaimRefusals {
-					a.failStart(c, failedReason("claim sandbox: "+err.Error()))
+					reason := failedReason("claim sandbox: " + err.Error())
+					c.Logger().Warn("task cannot start; it fails", "task", a.id, "reason", reason)
+					a.failTask(c, "start-failed", reason)
 					return
 				}
 			}
@@ -402,10 +404,9 @@ func (a *taskActor) idTaken(id string) bool {
 	return taken
 }
 
-// failStart ends a task that cannot start here, saying why.
-func (a *taskActor) failStart(c *actor.Context, reason string) {
-	c.Logger().Warn("task cannot start; it fails", "task", a.id, "reason", reason)
-	a.end(c, endMsg{key: "start-failed", payload: map[string]any{"to": "failed", "reason": reason}, why: reason})
+// failTask ends the task failed, saying why, its end recorded under key.
+func (a *taskActor) failTask(c *actor.Context, key, reason string) {
+	a.end(c, endMsg{key: key, payload: map[string]any{"to": "failed", "reason": reason}, why: reason})
 }
 
 // takeYield returns the request to give the task back, if there is one,
@@ -670,7 +671,7 @@ func (a *taskActor) failed(c *actor.Context, what string, err error, retry any) 
 			// A new streak for the end's own appends: one that fails as
 			// this did is retried, not given up on again from within.
 			a.streak = retryStreak{}
-			a.end(c, endMsg{key: "gave-up", payload: map[string]any{"to": "failed", "reason": reason}, why: reason})
+			a.failTask(c, "gave-up", reason)
 			return
 		}
 		c.Logger().Warn("step failed; retrying", "task", a.id, "during", what, "err", err)
@@ -729,7 +730,7 @@ func (a *taskActor) sandboxGone(c *actor.Context, what string, err error) {
 	if a.sandboxLost++; a.sandboxLost > maxSandboxLosses {
 		reason := failedReason(fmt.Sprintf("sandbox gone: %s: %v (lost %d times)", what, err, a.sandboxLost))
 		c.Logger().Warn("the task's sandbox keeps going away; the task fails", "task", a.id, "err", err)
-		a.end(c, endMsg{key: "sandbox-gone", payload: map[string]any{"to": "failed", "reason": reason}, why: reason})
+		a.failTask(c, "sandbox-gone", reason)
 		return
 	}
 	c.Logger().Warn("the task's sandbox is gone; claiming a new one", "task", a.id, "sandbox", a.sb.ID(), "during", what, "err", err)
