@@ -535,8 +535,8 @@ func rawPayload(payload []byte) string {
 	return string(payload)
 }
 
-// eventSummary is one line about an event for people: the agent's events
-// say what happened; others show their payload.
+// eventSummary is about an event for people: the agent's events say what
+// happened; others show their payload. printEvent makes it one line.
 func eventSummary(kind string, payload []byte) string {
 	var p struct {
 		Step     int64           `json:"step"`
@@ -580,32 +580,32 @@ func eventSummary(kind string, payload []byte) string {
 		for _, b := range p.Response.Content {
 			switch b.Type {
 			case "text":
-				parts = append(parts, oneLine(b.Text))
+				parts = append(parts, b.Text)
 			case "tool_use":
-				parts = append(parts, "→ "+b.Name+" "+oneLine(string(b.Input)))
+				parts = append(parts, "→ "+b.Name+" "+string(b.Input))
 			}
 		}
 		return fmt.Sprintf("step %d: %s (cache hit %.0f%%, $%.4f)", p.Step, strings.Join(parts, " "), 100*p.CacheHit, float64(p.CostMicroUSD)/1e6)
 	case "tool_call":
-		return p.Tool + " " + oneLine(string(p.Input))
+		return p.Tool + " " + string(p.Input)
 	case "tool_result":
-		s := oneLine(p.Output)
+		s := p.Output
 		if p.IsError {
 			s = "error: " + s
 		}
 		return s
 	case "message":
 		if p.From == "user" {
-			return "user: " + oneLine(p.Text)
+			return "user: " + p.Text
 		}
-		return oneLine(p.Text)
+		return p.Text
 	case "state_changed":
 		s := p.To
 		if p.From != "" {
 			s = p.From + " → " + p.To
 		}
 		if p.Reason != "" {
-			s += ": " + oneLine(p.Reason)
+			s += ": " + p.Reason
 		}
 		return s
 	case "test_run":
@@ -613,7 +613,7 @@ func eventSummary(kind string, payload []byte) string {
 		if p.Passed != nil && *p.Passed {
 			verdict = "passed"
 		}
-		return fmt.Sprintf("%s %s (exit %d)", oneLine(p.Command), verdict, p.ExitCode)
+		return fmt.Sprintf("%s %s (exit %d)", p.Command, verdict, p.ExitCode)
 	case "diff_checked":
 		var fs []string
 		for _, f := range p.Findings {
