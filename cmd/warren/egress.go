@@ -38,9 +38,10 @@ func (e *egressFlags) register(fs *flag.FlagSet) {
 func (e *egressFlags) enabled() (bool, error) {
 	_, tunErr := os.Stat("/dev/net/tun")
 	can := os.Geteuid() == 0 && tunErr == nil
+	if err := e.checkMode(); err != nil {
+		return false, err
+	}
 	switch e.mode {
-	case "", "auto":
-		return can, nil
 	case "on":
 		if !can {
 			return false, errors.New("egress: on needs root and /dev/net/tun")
@@ -49,16 +50,23 @@ func (e *egressFlags) enabled() (bool, error) {
 	case "off":
 		return false, nil
 	}
-	return false, fmt.Errorf("egress: %q is not on, off or auto", e.mode)
+	return can, nil // auto
+}
+
+// checkMode refuses an --egress that is not on, off or auto.
+func (e *egressFlags) checkMode() error {
+	switch e.mode {
+	case "", "auto", "on", "off":
+		return nil
+	}
+	return fmt.Errorf("egress: %q is not on, off or auto", e.mode)
 }
 
 // check checks the egress flags, whichever the driver: a typo is
 // refused also where the driver runs no egress policy.
 func (e *egressFlags) check(f *nodeFlags) error {
-	switch e.mode {
-	case "", "auto", "on", "off":
-	default:
-		return fmt.Errorf("egress: %q is not on, off or auto", e.mode)
+	if err := e.checkMode(); err != nil {
+		return err
 	}
 	_, err := e.netConfig(f)
 	return err

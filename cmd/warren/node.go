@@ -338,15 +338,11 @@ func (f *nodeFlags) checkDriverFlags() []error {
 	default:
 		errs = append(errs, fmt.Errorf("driver: %q is not auto, microvm, container or sim", f.driver))
 	}
-	switch f.accel {
-	case "auto", "kvm", "tcg":
-	default:
-		errs = append(errs, fmt.Errorf("accel: %q is not auto, kvm or tcg", f.accel))
+	if err := microvm.CheckAccel(f.accel); err != nil {
+		errs = append(errs, fmt.Errorf("accel: %w", err))
 	}
-	switch f.runtime {
-	case "runc", "runsc":
-	default:
-		errs = append(errs, fmt.Errorf("runtime: %q is not runc or runsc", f.runtime))
+	if err := container.CheckRuntime(f.runtime); err != nil {
+		errs = append(errs, fmt.Errorf("runtime: %w", err))
 	}
 	if err := f.egress.check(f); err != nil {
 		errs = append(errs, err)

@@ -77,6 +77,15 @@ type Driver struct {
 	claims sync.WaitGroup // claims under way; Close waits for them
 }
 
+// CheckRuntime refuses a runtime that is not Config.Runtime's: runc or
+// runsc.
+func CheckRuntime(r string) error {
+	if r != "runc" && r != "runsc" {
+		return fmt.Errorf("%q is not runc or runsc", r)
+	}
+	return nil
+}
+
 // New connects to containerd and destroys every container a previous run
 // of this node left (containers are not re-adopted: see Detach).
 func New(cfg Config) (*Driver, error) {
@@ -92,8 +101,8 @@ func New(cfg Config) (*Driver, error) {
 	if cfg.Runtime == "" {
 		cfg.Runtime = "runc"
 	}
-	if cfg.Runtime != "runc" && cfg.Runtime != "runsc" {
-		return nil, fmt.Errorf("container: runtime %q: want runc or runsc", cfg.Runtime)
+	if err := CheckRuntime(cfg.Runtime); err != nil {
+		return nil, fmt.Errorf("container: runtime: %w", err)
 	}
 	if cfg.Runtime == "runsc" && cfg.Networks != nil {
 		// runsc's own network stack sends the sandbox's frames through a

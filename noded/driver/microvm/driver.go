@@ -149,6 +149,16 @@ type tplState struct {
 	refillRetrying bool
 }
 
+// CheckAccel refuses an accelerator that is not Config.Accel's: auto, kvm
+// or tcg.
+func CheckAccel(a string) error {
+	switch a {
+	case "auto", "kvm", "tcg":
+		return nil
+	}
+	return fmt.Errorf("%q is not auto, kvm or tcg", a)
+}
+
 // DefaultStandbyQEMUs is Config.StandbyQEMUs's default.
 const DefaultStandbyQEMUs = 1
 
@@ -192,10 +202,8 @@ func New(cfg Config) (*Driver, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	switch cfg.Accel {
-	case "auto", "kvm", "tcg":
-	default:
-		return nil, fmt.Errorf("microvm: accel %q: want auto, kvm or tcg", cfg.Accel)
+	if err := CheckAccel(cfg.Accel); err != nil {
+		return nil, fmt.Errorf("microvm: accel: %w", err)
 	}
 	qemu, err := exec.LookPath(cfg.QEMU)
 	if err != nil {
