@@ -109,8 +109,8 @@ func cmdImageBuild(args []string, stdout, stderr io.Writer) error {
 	if c.Keep < 0 {
 		return fmt.Errorf("image build: --keep %d: must not be negative", c.Keep)
 	}
-	if *accel != "auto" && *accel != "kvm" && *accel != "tcg" {
-		return fmt.Errorf("image build: --accel %q: want auto, kvm or tcg", *accel)
+	if err := microvm.CheckAccel(*accel); err != nil {
+		return fmt.Errorf("image build: --accel: %w", err)
 	}
 	if !*noSmoke {
 		if _, err := exec.LookPath(*qemu); err != nil {
