@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"net"
 	"runtime"
 	"testing"
 	"time"
@@ -84,28 +83,11 @@ func FuzzHostileGuest(f *testing.F) {
 		f.Add(op, fr(frameResult, []byte(`{"files":null,"file":null,"stats":null}`)))
 	}
 	f.Fuzz(func(t *testing.T, op byte, answer []byte) {
-		a, b := net.Pipe()
-		sess, err := yamux.Server(b, YamuxConfig())
-		if err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			for {
-				st, err := sess.Accept()
-				if err != nil {
-					return
-				}
-				_, _, _ = readFrame(st)
-				_, _ = st.Write(answer)
-				st.Close()
-			}
-		}()
-		c, err := NewClient(a)
-		if err != nil {
-			t.Fatal(err)
-		}
+		c := hostileGuest(t, func(st *yamux.Stream) {
+			_, _, _ = readFrame(st)
+			_, _ = st.Write(answer)
+			st.Close()
+		})
 		c.UseWire()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -131,9 +113,6 @@ func FuzzHostileGuest(f *testing.F) {
 		if time.Since(start) > 4*time.Second {
 			t.Fatalf("call took %v on answer %q", time.Since(start), answer)
 		}
-		c.Close()
-		sess.Close()
-		<-done
 	})
 }
 
@@ -164,18 +143,7 @@ func TestVerifyShortChecksum(t *testing.T) {
 func TestListAmplificationBounded(t *testing.T) {
 	const frames = 8
 	part := bytes.Repeat([]byte{0x32, 0x00}, MaxFrame/2) // field 6 (files), empty
-	a, b := net.Pipe()
-	sess, err := yamux.Server(b, YamuxConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		st, err := sess.Accept()
-		if err != nil {
-			return
-		}
+	c := hostileGuest(t, func(st *yamux.Stream) {
 		_, _, _ = readFrame(st)
 		for i := 0; i < frames; i++ {
 			if writeFrame(st, frameFilesWire, part) != nil {
@@ -184,12 +152,7 @@ func TestListAmplificationBounded(t *testing.T) {
 		}
 		_ = writeFrame(st, frameResultWire, nil)
 		st.Close()
-	}()
-	c, err := NewClient(a)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { c.Close(); sess.Close(); <-done }()
+	})
 	c.UseWire()
 	var before, after runtime.MemStats
 	runtime.GC()
