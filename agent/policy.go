@@ -24,7 +24,10 @@ const (
 // Rule puts matching tool calls in a tier. A rule matches a call of Tool
 // ("" or "*": any tool) whose path matches the glob Path (file tools) and
 // whose command matches the regular expression Command (run_command); an
-// empty Path or Command matches anything.
+// empty Path or Command matches anything. A deny or approve rule of
+// read_file holds for search too: search prints the lines of the files it
+// reads, so a rule that keeps the model from reading a file keeps search
+// from printing it (see Decide).
 type Rule struct {
 	Tool    string `json:"tool,omitempty"`
 	Path    string `json:"path,omitempty"`    // glob, relative to the repository root; ** crosses directories
@@ -137,8 +140,18 @@ func (p *Policy) Decide(tool string, input json.RawMessage, root string) (Tier, 
 	folderTool := tool == ToolSearch || tool == ToolListFiles
 	for i := range p.compiled {
 		c := &p.compiled[i]
-		if c.Tool != "" && c.Tool != "*" && c.Tool != tool {
+		// search reads the files under its folder and prints their lines:
+		// what keeps read_file from a file (deny, approve) keeps search
+		// from it too. An allow rule of read_file grants search nothing.
+		// (list_files prints names, not content: a read_file rule does
+		// not hold for it.)
+		asRead := tool == ToolSearch && c.Tool == ToolReadFile && c.Tier != Allow
+		if c.Tool != "" && c.Tool != "*" && c.Tool != tool && !asRead {
 			continue
+		}
+		var notes []string
+		if asRead {
+			notes = append(notes, "a rule of read_file, which holds for search: search prints the lines of the files it reads")
 		}
 		if c.path != nil {
 			switch {
@@ -149,10 +162,8 @@ func (p *Policy) Decide(tool string, input json.RawMessage, root string) (Tier, 
 					continue
 				}
 				if in.Path == "" || !c.path.MatchString(relPath) {
-					r := c.Rule
-					r.Reason = fmt.Sprintf("%s (the rule's path %s lies under the folder %s; %s a folder it does not reach)",
-						orDefault(r.Reason, "a rule of the task's policy"), r.Path, orDefault(relPath, "."), strings.TrimSuffix(tool, "_files"))
-					return c.Tier, &r
+					notes = append(notes, fmt.Sprintf("the rule's path %s lies under the folder %s; %s a folder it does not reach",
+						c.Path, orDefault(relPath, "."), strings.TrimSuffix(tool, "_files")))
 				}
 			case in.Path == "" || !c.path.MatchString(relPath):
 				continue
@@ -160,6 +171,11 @@ func (p *Policy) Decide(tool string, input json.RawMessage, root string) (Tier, 
 		}
 		if c.cmd != nil && (tool != ToolRunCommand || !c.cmd.MatchString(in.Command)) {
 			continue
+		}
+		if len(notes) > 0 {
+			r := c.Rule
+			r.Reason = fmt.Sprintf("%s (%s)", orDefault(r.Reason, "a rule of the task's policy"), strings.Join(notes, "; "))
+			return c.Tier, &r
 		}
 		return c.Tier, &c.Rule
 	}
