@@ -148,6 +148,10 @@ type Loop struct {
 	hasCheckpoint      bool
 	checkpointTooLarge bool // the last one's patch is not on the log
 	failedCalls        int  // model calls that failed in a row
+	// every tool call id of the task's model calls (recorded, or found
+	// by Replay), compacted ones included: approvals and results are
+	// matched by id, so a new call gets none of them (see call)
+	toolIDs map[string]bool
 }
 
 // MaxFailedCalls is how many model calls in a row may fail (each after
@@ -363,6 +367,7 @@ func (l *Loop) call(ctx context.Context, req model.Request, compaction bool) (re
 		return nil, 0, &Outcome{Reason: reason, Spent: l.spent}, nil
 	}
 	req.MaxTokens = maxTok
+	req.TakenToolIDs = l.toolIDs
 	l.step++
 	n = l.step
 	req.Turn = int(n)
@@ -401,7 +406,21 @@ func (l *Loop) call(ctx context.Context, req model.Request, compaction bool) (re
 	if err := l.rec.Record(ctx, fmt.Sprintf("step-%d/model", n), "model_call", ev); err != nil {
 		return nil, n, nil, err
 	}
+	l.noteToolIDs(content)
 	return resp, n, nil, nil
+}
+
+// noteToolIDs adds the tool call ids of a model turn to those the task
+// has used.
+func (l *Loop) noteToolIDs(content []model.Block) {
+	for _, b := range content {
+		if b.Type == model.BlockToolUse {
+			if l.toolIDs == nil {
+				l.toolIDs = map[string]bool{}
+			}
+			l.toolIDs[b.ID] = true
+		}
+	}
 }
 
 // summaryOf is a compaction's summary.
@@ -527,6 +546,10 @@ func (l *Loop) afterResponse(ctx context.Context, t *openTurn) (*Outcome, error)
 						"tool_call_id": tu.ID, "tool": tu.Name, "input": tu.Input, "reason": reason, "step": n}); err != nil {
 						return nil, err
 					}
+					if l.asked == nil {
+						l.asked = map[string]bool{}
+					}
+					l.asked[tu.ID] = true // on the log: not asked again, whatever the key
 				}
 				// The call runs only after its approval: the loop ends here
 				// and resumes from the log once the decision is on it.
@@ -606,7 +629,7 @@ type Event struct {
 func (l *Loop) Replay(events []Event) ([]model.Block, error) {
 	l.msgs, l.spent, l.step, l.replayFinish, l.open, l.heldSteers = nil, Spent{}, 0, nil, nil, nil
 	l.checkpoint, l.hasCheckpoint, l.checkpointTooLarge = "", false, false
-	l.asked, l.decisions = map[string]bool{}, map[string]decision{}
+	l.asked, l.decisions, l.toolIDs = map[string]bool{}, map[string]decision{}, nil
 	l.finishResults, l.finishID, l.rejections, l.deferredSteers = nil, "", 0, nil
 	var pending []model.Block
 	results := map[string]model.Block{}
@@ -697,6 +720,7 @@ func (l *Loop) Replay(events []Event) ([]model.Block, error) {
 				content = []model.Block{{Type: model.BlockText, Text: "(no answer)"}}
 			}
 			l.msgs = append(l.msgs, model.Message{Role: model.RoleAssistant, Content: content})
+			l.noteToolIDs(content)
 			hasTools := false
 			for _, b := range content {
 				if b.Type == model.BlockToolUse {

@@ -145,7 +145,7 @@ func (g *Gateway) Call(ctx context.Context, req Request) (*Result, error) {
 }
 
 // uniqueToolIDs gives each tool_use of content an id that no other call
-// of the response or of req's conversation has. The loop matches
+// of the response, of req's conversation or of req.TakenToolIDs has. The loop matches
 // approvals and results by id, and some OpenAI-compatible servers give
 // every call the same id, or none. An empty or taken id becomes the old
 // one (or "call") + "-" + the turn + "-" + the call's index, with "-n"
@@ -153,6 +153,9 @@ func (g *Gateway) Call(ctx context.Context, req Request) (*Result, error) {
 // always gets the same ids, and the model_call event records them.
 func uniqueToolIDs(content []Block, req Request) {
 	taken := map[string]bool{}
+	for id := range req.TakenToolIDs {
+		taken[id] = true
+	}
 	for _, m := range req.Messages {
 		for _, b := range m.Content {
 			if b.Type == BlockToolUse {

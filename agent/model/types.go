@@ -73,6 +73,12 @@ type Request struct {
 	// included); never sent to a provider. The scripted provider answers
 	// with line Turn; 0 makes it count the assistant turns instead.
 	Turn int `json:"-"`
+	// TakenToolIDs are tool call ids the task used before, besides those
+	// of Messages (a compaction took their calls out of the conversation,
+	// but not out of its log); never sent to a provider. The gateway gives
+	// none of them to a new call. The caller may not change it during the
+	// call.
+	TakenToolIDs map[string]bool `json:"-"`
 }
 
 // Usage is what a call used, in tokens. InputTokens excludes the cached

@@ -1,0 +1,217 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/warrenhq/warren/agent/model"
+)
+
+// epochLog is a TEST DOUBLE of the task's log as a node writes it: a key
+// is applied once per lease epoch only (the node's request id is
+// "e<epoch>/<key>"), so a replay under a new epoch that recorded an event
+// under the same key again would add it again. failAfter makes the
+// Record of a kind commit and then fail (an answer lost on the way).
+type epochLog struct {
+	mu        sync.Mutex
+	epoch     int
+	keys      map[string]bool
+	events    []Event
+	failAfter map[string]int // kind: how many more commits to answer with an error
+}
+
+var errLostAnswer = errors.New("the append's answer was lost")
+
+func (m *epochLog) Record(ctx context.Context, key, kind string, payload any) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.keys == nil {
+		m.keys = map[string]bool{}
+	}
+	k := fmt.Sprintf("e%d/%s", m.epoch, key)
+	if !m.keys[k] {
+		b, err := json.Marshal(payload)
+		if err != nil {
+			return err
+		}
+		m.keys[k] = true
+		m.events = append(m.events, Event{Kind: kind, Payload: b})
+	}
+	if m.failAfter[kind] > 0 {
+		m.failAfter[kind]--
+		return errLostAnswer
+	}
+	return nil
+}
+
+// approvalsAsked counts the approval_requested events by tool call id.
+func (m *epochLog) approvalsAsked() map[string]int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := map[string]int{}
+	for _, e := range m.events {
+		var p struct {
+			ID string `json:"tool_call_id"`
+		}
+		if e.Kind == "approval_requested" && json.Unmarshal(e.Payload, &p) == nil {
+			n[p.ID]++
+		}
+	}
+	return n
+}
+
+// A tool call gets one approval_requested, however its task is retried,
+// restarted or resumed: the live step retried after a record whose answer
+// was lost (same epoch: the same key), and a loop that replays the log
+// under a new epoch (the node died, or the task parked and resumed on
+// another node), before and after the decision, with a second call of the
+// same turn that needs its own approval. The key is the same on every run
+// (the step and the call's index, from the recorded model_call), and a
+// replay finds the request on the log (asked), so it records none again.
+func TestApprovalIsAskedOncePerToolCall(t *testing.T) {
+	script := `{"content":[{"type":"tool_use","id":"call_a","name":"edit_file","input":{"path":"go.mod","old_string":"module demo","new_string":"module demo\n\ngo 1.22"}},{"type":"tool_use","id":"call_b","name":"write_file","input":{"path":".github/workflows/ci.yml","content":"on: push\n"}}]}
+{"content":[{"type":"tool_use","name":"finish","input":{"summary":"done"}}]}
+`
+	ctx := context.Background()
+	tl := newRepo(t)
+	if err := tl.InitBase(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pol, err := NewPolicy(DefaultPolicy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := scriptedFrom(t, script)
+	log := &epochLog{epoch: 1, failAfter: map[string]int{"approval_requested": 1}}
+	newL := func() *Loop {
+		return NewLoop(Config{Model: "scripted", Policy: pol, Checkpoints: true}, &model.Gateway{Provider: p}, tl, log)
+	}
+	waitsOn := func(tool string) func(*Outcome, error) string {
+		return func(out *Outcome, err error) string {
+			t.Helper()
+			if err != nil || out == nil || out.Reason != "waiting_approval" || out.Approval.Tool != tool {
+				t.Fatalf("want a wait for %s: %+v %v", tool, out, err)
+			}
+			return out.Approval.ToolCallID
+		}
+	}
+	// A new epoch: a new loop replays the log, restores the workspace and
+	// resumes, as startAgent and pollApproval do.
+	resume := func() (*Outcome, error) {
+		t.Helper()
+		log.mu.Lock()
+		log.epoch++
+		evs := append([]Event(nil), log.events...)
+		log.mu.Unlock()
+		l := newL()
+		if _, err := l.Replay(evs); err != nil {
+			t.Fatal(err)
+		}
+		if patch, ok := l.LastCheckpoint(); ok {
+			if err := tl.Restore(ctx, patch); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return l.Resume(ctx)
+	}
+	decide := func(id string) {
+		log.mu.Lock()
+		defer log.mu.Unlock()
+		b, _ := json.Marshal(map[string]any{"tool_call_id": id, "approved": true})
+		log.events = append(log.events, Event{Kind: "approval_decided", Payload: b})
+	}
+
+	l := newL()
+	if err := l.Start(ctx, Task{IssueTitle: "x"}); err != nil {
+		t.Fatal(err)
+	}
+	// The request lands, its answer is lost: the step fails and is retried.
+	if _, err := l.Step(ctx); !errors.Is(err, errLostAnswer) {
+		t.Fatalf("want the lost answer, got %v", err)
+	}
+	a := waitsOn(ToolEditFile)(l.Step(ctx))
+	a2 := waitsOn(ToolEditFile)(resume()) // the node died while it waited
+	if a2 != a {
+		t.Fatalf("waits on %s, then on %s", a, a2)
+	}
+	decide(a)
+	b := waitsOn(ToolWriteFile)(resume()) // resumed elsewhere after the decision
+	waitsOn(ToolWriteFile)(resume())      // and again, before the second decision
+	decide(b)
+	if out, err := resume(); err != nil || out.Reason != "finished" {
+		t.Fatalf("%+v %v", out, err)
+	}
+	asked := log.approvalsAsked()
+	if len(asked) != 2 || asked[a] != 1 || asked[b] != 1 {
+		t.Errorf("approval_requested by tool call: %v; want one each for %s and %s", asked, a, b)
+	}
+	for _, f := range []string{"go.mod", ".github/workflows/ci.yml"} {
+		if _, err := os.Stat(filepath.Join(tl.Root, f)); err != nil {
+			t.Errorf("%s: %v", f, err)
+		}
+	}
+}
+
+// A model that gives a call the id of one from before a compaction (some
+// OpenAI-compatible servers number their ids per response: call_0 again
+// and again) gets an id of its own: the compaction took the old call out
+// of the conversation, but its approval is on the log, and a call with
+// its id would be taken as approved (or its result as this one's).
+func TestToolCallIDsStayUniqueAcrossCompaction(t *testing.T) {
+	script := `{"content":[{"type":"tool_use","id":"call_0","name":"edit_file","input":{"path":"go.mod","old_string":"module demo","new_string":"module demo\n\ngo 1.22"}}]}
+{"content":[{"type":"tool_use","id":"call_1","name":"run_command","input":{"command":"seq 1 3000"}}]}
+{"content":[{"type":"text","text":"Summary: go.mod has its go line; seq printed numbers."}]}
+{"content":[{"type":"tool_use","id":"call_0","name":"write_file","input":{"path":".github/workflows/ci.yml","content":"on: push\n"}}]}
+{"content":[{"type":"tool_use","name":"finish","input":{"summary":"done"}}]}
+`
+	ctx := context.Background()
+	tl := newRepo(t)
+	pol, err := NewPolicy(DefaultPolicy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := scriptedFrom(t, script)
+	log := &memLog{}
+	newL := func() *Loop {
+		return NewLoop(Config{Model: "scripted", Policy: pol, ContextWindow: 4000}, &model.Gateway{Provider: p}, tl, log)
+	}
+	l := newL()
+	if err := l.Start(ctx, Task{IssueTitle: "x"}); err != nil {
+		t.Fatal(err)
+	}
+	out, err := l.Run(ctx)
+	if err != nil || out.Reason != "waiting_approval" || out.Approval.ToolCallID != "call_0" {
+		t.Fatalf("%+v %v", out, err)
+	}
+	log.Record(ctx, "decision-1", "approval_decided", map[string]any{"tool_call_id": "call_0", "approved": true})
+	l = newL()
+	if _, err := l.Replay(log.events); err != nil {
+		t.Fatal(err)
+	}
+	out, err = l.Resume(ctx)
+	if !strings.Contains(log.kinds(), "model_call") || p.n < 3 {
+		t.Fatalf("the script did not get to its compaction (%d calls)", p.n)
+	}
+	if err != nil || out.Reason != "waiting_approval" || out.Approval.Tool != ToolWriteFile || out.Approval.ToolCallID == "call_0" {
+		t.Fatalf("the CI edit after the compaction: %+v %v; want its own approval", out, err)
+	}
+	if _, err := os.Stat(filepath.Join(tl.Root, ".github/workflows/ci.yml")); err == nil {
+		t.Error("the CI file was written with the approval of an earlier call")
+	}
+	// A replay sees the same ids, and waits on the same call.
+	l = newL()
+	if _, err := l.Replay(log.events); err != nil {
+		t.Fatal(err)
+	}
+	again, err := l.Resume(ctx)
+	if err != nil || again.Reason != "waiting_approval" || again.Approval.ToolCallID != out.Approval.ToolCallID {
+		t.Fatalf("replayed: %+v %v; want the wait on %s", again, err, out.Approval.ToolCallID)
+	}
+}
