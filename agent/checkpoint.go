@@ -2,7 +2,9 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -22,6 +24,15 @@ const DefaultExcludes = "__pycache__/\n*.pyc\n.pytest_cache/\n.mypy_cache/\n.ruf
 // patch is recorded as too large, and its task cannot park (it would
 // resume without its work).
 const MaxCheckpointBytes = 60 << 10
+
+// MaxPatchBytes bounds the workspace's patch Checkpoint returns (the
+// diff the finish step reviews and publishes). A larger one is an error
+// (ErrPatchTooLarge): it is never cut.
+const MaxPatchBytes = 64 << 20
+
+// ErrPatchTooLarge is a workspace patch over the limit asked for; the
+// error wrapping it names the patch's size and the limit.
+var ErrPatchTooLarge = errors.New("the workspace's patch is too large")
 
 var gitIdentity = []string{"-c", "user.name=warren", "-c", "user.email=warren@localhost", "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null"}
 
@@ -54,16 +65,61 @@ func (t *Tools) InitBase(ctx context.Context) error {
 }
 
 // Checkpoint returns the work tree's patch against the base, binary files
-// and new files included.
+// and new files included: all of it, or an error wrapping
+// ErrPatchTooLarge that names its size when it is over MaxPatchBytes.
 func (t *Tools) Checkpoint(ctx context.Context) (string, error) {
+	patch, _, err := t.patch(ctx, MaxPatchBytes)
+	return patch, err
+}
+
+// patchFile is where patch has git write the diff, in the sandbox: in
+// the repository's .git, which is no part of the work tree.
+const patchFile = ".git/warren-checkpoint.diff"
+
+// patchScript runs the command after $1 with its output into the file
+// $1, and prints the file's size. POSIX sh only.
+const patchScript = `f=$1; shift; "$@" > "$f" || exit; wc -c < "$f"`
+
+// patch returns the work tree's patch against the base and its size in
+// bytes. A patch over limit bytes is not read: the error wraps
+// ErrPatchTooLarge, and size is still its size.
+//
+// The diff goes through a file in the sandbox, not a command's output: a
+// sandbox keeps only the head and tail of a long output (the node's cap
+// on tool output), and a patch cut in the middle may still apply, without
+// the files that were left out.
+func (t *Tools) patch(ctx context.Context, limit int64) (patch string, size int64, err error) {
 	if _, err := t.git(ctx, "add", "-A"); err != nil {
-		return "", err
+		return "", 0, err
 	}
-	res, err := t.git(ctx, "diff", "--cached", "--binary", "--no-color", "--no-ext-diff", "--no-textconv", "--no-renames", "warren-base")
+	file := t.Root + "/" + patchFile
+	argv := append([]string{"/bin/sh", "-c", patchScript, "sh", file, "git"}, gitIdentity...)
+	argv = append(argv, "diff", "--cached", "--binary", "--no-color", "--no-ext-diff", "--no-textconv", "--no-renames", "warren-base")
+	res, err := t.SB.Exec(ctx, argv, t.Root, 5*time.Minute)
 	if err != nil {
-		return "", err
+		return "", 0, fmt.Errorf("checkpoint: %w", err)
 	}
-	return string(res.Stdout), nil
+	if res.ExitCode != 0 {
+		return "", 0, fmt.Errorf("git diff: exit %d: %s", res.ExitCode, strings.TrimSpace(string(res.Stderr)))
+	}
+	size, err = strconv.ParseInt(strings.TrimSpace(string(res.Stdout)), 10, 64)
+	if err != nil || size < 0 {
+		return "", 0, fmt.Errorf("checkpoint: the patch's size: %q", res.Stdout)
+	}
+	if size > limit {
+		return "", size, fmt.Errorf("checkpoint: %w: %d bytes, over the limit of %d", ErrPatchTooLarge, size, limit)
+	}
+	if size == 0 {
+		return "", 0, nil
+	}
+	b, err := t.SB.ReadFile(ctx, file, limit)
+	if err != nil {
+		return "", size, fmt.Errorf("checkpoint: read the patch: %w", err)
+	}
+	if int64(len(b)) != size {
+		return "", size, fmt.Errorf("checkpoint: read %d bytes of a %d-byte patch", len(b), size)
+	}
+	return string(b), size, nil
 }
 
 // Restore puts the work tree back at the base plus patch.

@@ -905,21 +905,30 @@ func (l *Loop) timeLeft() time.Duration {
 // that is not UTF-8 (a Latin-1 source file's lines) goes in as base64: a
 // JSON string would turn its bytes into U+FFFD, and it would no longer
 // apply.
+//
+// A patch too large for the event is recorded as too_large with its size
+// (a resumed task would start from the base, so the task cannot park); it
+// is not even read from the sandbox when its size alone says so.
 func (l *Loop) saveCheckpoint(ctx context.Context, key string, n int64) error {
-	patch, err := l.tools.Checkpoint(ctx)
-	if err != nil {
-		return fmt.Errorf("step %d: checkpoint: %w", n, err)
+	// The patch's JSON is at least as long as the patch.
+	patch, size, err := l.tools.patch(ctx, MaxCheckpointBytes)
+	if err != nil && !errors.Is(err, ErrPatchTooLarge) {
+		return fmt.Errorf("step %d: %w", n, err)
 	}
-	payload := map[string]any{"step": n, "bytes": len(patch)}
-	if utf8.ValidString(patch) {
+	payload := map[string]any{"step": n, "bytes": size}
+	switch {
+	case err != nil:
+	case utf8.ValidString(patch):
 		payload["patch"] = patch
-	} else {
+	default:
 		payload["patch_base64"] = base64.StdEncoding.EncodeToString([]byte(patch))
 	}
-	if b, err := json.Marshal(payload); err != nil || len(b) > MaxCheckpointBytes {
+	if b, jerr := json.Marshal(payload); err != nil || jerr != nil || len(b) > MaxCheckpointBytes {
 		delete(payload, "patch")
 		delete(payload, "patch_base64")
 		payload["too_large"] = true // a resumed task starts from the base
+		payload["limit"] = MaxCheckpointBytes
+		patch = ""
 	}
 	tooLarge := payload["too_large"] == true
 	l.checkpoint, l.hasCheckpoint, l.checkpointTooLarge = patch, !tooLarge, tooLarge

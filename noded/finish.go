@@ -94,6 +94,10 @@ func (a *taskActor) finishTask(c *actor.Context) {
 		if a.cancelled(c, sctx) {
 			return
 		}
+		if errors.Is(err, agent.ErrPatchTooLarge) { // never cut: the model may make it smaller
+			reject(err.Error() + "; leave large or generated files out of the change")
+			return
+		}
 		if err != nil {
 			a.failed(c, "take the diff", err, finishMsg{})
 			return
