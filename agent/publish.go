@@ -310,18 +310,22 @@ func prBody(c PRContent) string {
 			out = "…" + strings.ToValidUTF8(out[len(out)-3000:], "")
 		}
 		b.WriteString("## Tests\n\n")
-		// The finish step runs the tests in the model's own sandbox, after
-		// its last step: the PR says where they passed.
+		// The finish step runs the tests in a fresh sandbox holding the
+		// repository at the base commit with only this diff applied, not
+		// in the model's own: the PR says where they passed.
 		if strings.ContainsAny(c.TestCommand, "\r\n") {
-			fmt.Fprintf(&b, "The test command passed in the agent's sandbox:\n\n%s\n", fenced(c.TestCommand))
+			fmt.Fprintf(&b, "The test command passed in %s:\n\n%s\n", cleanSandbox, fenced(c.TestCommand))
 		} else {
-			fmt.Fprintf(&b, "%s passed in the agent's sandbox:\n\n", codeSpan(c.TestCommand))
+			fmt.Fprintf(&b, "%s passed in %s:\n\n", codeSpan(c.TestCommand), cleanSandbox)
 		}
 		fmt.Fprintf(&b, "%s\n", fenced(out))
 	}
 	fmt.Fprintf(&b, "---\nOpened by warren for task `%s`.\n", c.TaskID)
 	return b.String()
 }
+
+// cleanSandbox is where the PR body says the tests passed.
+const cleanSandbox = "a clean sandbox (the base commit with only this diff applied)"
 
 // mdText is untrusted text for a Markdown body: trimmed, with "<"
 // escaped, so it holds no HTML (an unclosed "<!--" would hide the rest

@@ -12,7 +12,7 @@ import (
 // checks' findings in the rendered pull request: the findings come
 // first, "<" in the model's text is escaped (no HTML comment, no HTML),
 // the test log is fenced with more backticks than it holds in a row, and
-// the body says the tests passed in the agent's sandbox.
+// the body says the tests passed in a clean sandbox with only the diff.
 func TestPRBodyShowsTheFindingsFirst(t *testing.T) {
 	rep := &forge.Report{Files: 1, Added: 1, SHA256: strings.Repeat("a", 64),
 		Findings: []forge.Finding{{Kind: forge.FindTests, Action: forge.Flag, Path: "calc/calc_test.go", Message: "edits tests, which the task did not ask for"}}}
@@ -35,7 +35,7 @@ func TestPRBodyShowsTheFindingsFirst(t *testing.T) {
 			t.Errorf("want %q in:\n%s", want, model)
 		}
 	}
-	if !strings.Contains(body, "`go test ./...` passed in the agent's sandbox") {
+	if !strings.Contains(body, "`go test ./...` passed in a clean sandbox (the base commit with only this diff applied):\n\n") {
 		t.Errorf("the body does not say where the tests ran:\n%s", body)
 	}
 	// The log's fence is longer than its own run of 4 backticks, and
@@ -68,7 +68,7 @@ func TestPRBodyFencesAndSpans(t *testing.T) {
 	}
 	// A multi-line test command goes in a fence of its own.
 	body := prBody(PRContent{TaskID: "t1", Finish: &Finish{Summary: "s"}, TestCommand: "set -e\nmake test", TestOutput: "ok"})
-	if !strings.Contains(body, "The test command passed in the agent's sandbox:\n\n```\nset -e\nmake test\n```\n") {
+	if !strings.Contains(body, "The test command passed in a clean sandbox (the base commit with only this diff applied):\n\n```\nset -e\nmake test\n```\n") {
 		t.Errorf("multi-line command:\n%s", body)
 	}
 }

@@ -150,20 +150,29 @@ func (a *taskActor) checkoutInto(ctx context.Context, ia driver.Interactive, pin
 	if err != nil {
 		return nil, err
 	}
+	if err := unpackInto(ctx, ia, ws); err != nil {
+		return nil, err
+	}
+	return ws, nil
+}
+
+// unpackInto copies the workspace's tree at its pinned commit (Tar: what
+// the commit holds, not the work tree) into the sandbox at WorkRoot.
+func unpackInto(ctx context.Context, ia driver.Interactive, ws *agent.Workspace) error {
 	tar, err := ws.Tar(ctx)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	var errb bytes.Buffer
 	res, err := ia.Run(ctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", "mkdir -p " + WorkRoot + " && tar -x -C " + WorkRoot},
 		Stdin: bytes.NewReader(tar)}, nil, &errb)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if res.ExitCode != 0 {
-		return nil, fmt.Errorf("unpack in the sandbox: exit %d: %s", res.ExitCode, strings.TrimSpace(errb.String()))
+		return fmt.Errorf("unpack in the sandbox: exit %d: %s", res.ExitCode, strings.TrimSpace(errb.String()))
 	}
-	return ws, nil
+	return nil
 }
 
 // newLoop makes the agent loop of a task whose sandbox is claimed.

@@ -286,7 +286,9 @@ func waitEnded(t *testing.T, c *cluster, id string) {
 // The finish phase runs the tests once per finish: when it runs again
 // after the push's approval (or a failed push), it keeps the first run's
 // result instead of running the tests again (up to 20 minutes each, and a
-// flaky test could then refuse a finish whose branch was pushed).
+// flaky test could then refuse a finish whose branch was pushed). Each run
+// has a verification sandbox of its own (claimed once here), which is
+// gone when the task ends.
 func TestFinishRunsTheTestsOnceAcrossThePushApproval(t *testing.T) {
 	imageDir := needContainers(t)
 	repo := buggyRepo(t)
@@ -295,10 +297,10 @@ func TestFinishRunsTheTestsOnceAcrossThePushApproval(t *testing.T) {
 		`{"content":[{"type":"tool_use","name":"run_command","input":{"command":"mkdir -p .github/workflows && printf 'on: push\\n' > .github/workflows/t.yml"}}]}`,
 		`{"content":[{"type":"tool_use","name":"finish","input":{"summary":"fixed, with CI"}}]}`,
 	}, "\n")
-	c := startAgentNode(t, imageDir, nil, nil)
+	c, drv := startClaimLogNode(t, imageDir, 0)
 	resp, err := c.cl.Tasks().CreateTask(context.Background(), connect.NewRequest(&warrenv1.CreateTaskRequest{
 		RequestId: "agent-tests-once", Spec: &warrenv1.TaskSpec{Repo: repo, Base: "HEAD", IssueTitle: "Add is wrong",
-			TestCommand: `n=$(( $(cat /tmp/warren-test-runs 2>/dev/null || echo 0) + 1 )); echo $n > /tmp/warren-test-runs; echo "test run $n"; go test ./...`,
+			TestCommand: `echo "test run"; go test ./...`,
 			Driver:      "container", Model: "scripted", ModelScript: script}}))
 	if err != nil {
 		t.Fatal(err)
@@ -327,7 +329,15 @@ func TestFinishRunsTheTestsOnceAcrossThePushApproval(t *testing.T) {
 	if c.task(id).GetState() != warrenv1.TaskState_TASK_STATE_SUCCEEDED {
 		t.Fatalf("the task ended %v", c.task(id).GetState())
 	}
-	if !strings.Contains(body, "test run 1") || strings.Contains(body, "test run 2") {
-		t.Errorf("the pull request's test output (the tests ran again after the approval?):\n%s", body)
+	if !strings.Contains(body, "test run") {
+		t.Errorf("the pull request's test output:\n%s", body)
 	}
+	// The tests (each run claims its verification sandbox) ran once.
+	if got := drv.verifyClaims(); len(got) != 1 {
+		t.Errorf("verification claims (the tests ran again after the approval?): %v", got)
+	}
+	if runs := testRuns(t, c, id); len(runs) != 1 || runs[0]["clean_sandbox"] != true {
+		t.Errorf("test runs: %v", runs)
+	}
+	waitNoSandboxes(t, drv)
 }

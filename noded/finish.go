@@ -14,7 +14,7 @@ import (
 	"github.com/warrenhq/warren/agent"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/guest"
-	"github.com/warrenhq/warren/noded/driver"
+	"github.com/warrenhq/warren/netpolicy"
 )
 
 const (
@@ -33,13 +33,17 @@ const (
 )
 
 // finishTask is what follows the model's finish, outside its control:
-//  1. the repository's test command runs in the sandbox; a failure goes
-//     back to the model as the finish call's error, and the loop goes on;
-//  2. the sandbox's diff is put on the node's workspace at the pinned
-//     commit and checked; a blocking finding ends the task, an approval
-//     is asked for the diff's SHA-256 (a rejection goes back to the
-//     model);
-//  3. the branch agent/<task-id> is pushed and the pull request opened
+//  1. the sandbox's diff is put on the node's workspace at the pinned
+//     commit (a diff that does not apply ends the task) and checked;
+//  2. the repository's test command runs in a verification sandbox: a
+//     fresh one holding the repository at the pinned commit with only
+//     the diff applied, never the model's own (runTestsClean); a failure
+//     goes back to the model as the finish call's error, and the loop
+//     goes on;
+//  3. the checks are recorded; a blocking finding (then the tests do not
+//     run) or an empty diff ends the task, an approval is asked for the
+//     diff's SHA-256 (a rejection goes back to the model);
+//  4. the branch agent/<task-id> is pushed and the pull request opened
 //     (or found: a retry opens no second one), and its record is the
 //     pull_request event.
 //
@@ -82,13 +86,13 @@ func (a *taskActor) finishTask(c *actor.Context) {
 	// What this round has done already, when it runs again (a failed
 	// append, a push retried, after the push's approval): the sandbox has
 	// not changed since the finish, so neither its diff nor its tests' run
-	// is made again.
+	// (nor their verification sandbox) is made again.
 	if a.fin == nil || a.fin.round != round {
 		a.fin = &finishRound{round: round}
 	}
 	fin := a.fin
 
-	// The model's diff, before anything else runs in the sandbox.
+	// The model's diff: all that goes on from its sandbox.
 	if !fin.havePatch {
 		patch, err := a.loop.Tools().Checkpoint(sctx)
 		if a.cancelled(c, sctx) {
@@ -106,43 +110,8 @@ func (a *taskActor) finishTask(c *actor.Context) {
 	}
 	patch := fin.patch
 
-	// 1. The tests.
-	var testOut string
-	if cmd := a.spec.GetTestCommand(); cmd != "" {
-		if fin.test == nil {
-			ia := a.sb.(driver.Interactive)
-			start := time.Now()
-			outb := driver.NewCappedOutput(1 << 20) // its tail is what is shown
-			res, err := ia.Run(sctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", cmd}, Dir: WorkRoot, Timeout: testTimeout}, outb, outb)
-			if a.cancelled(c, sctx) {
-				return
-			}
-			if err != nil {
-				a.failed(c, "run the test command", err, finishMsg{})
-				return
-			}
-			fin.test = &testRun{res: res, out: tail(string(outb.Bytes()), 8<<10), took: time.Since(start)}
-		}
-		res := fin.test.res
-		testOut = fin.test.out
-		passed := res.ExitCode == 0 && !res.TimedOut
-		if _, err := a.append(ctx, fmt.Sprintf("finish/test-%d", round), ev("test_run", map[string]any{"command": cmd, "exit_code": res.ExitCode,
-			"timed_out": res.TimedOut, "passed": passed, "output": tail(testOut, 4<<10), "duration_ms": fin.test.took.Milliseconds()})); err != nil {
-			a.failed(c, "record the test run", err, finishMsg{})
-			return
-		}
-		if !passed {
-			why := fmt.Sprintf("exit %d", res.ExitCode)
-			if res.TimedOut {
-				why = "timed out after " + testTimeout.String()
-			}
-			reject(fmt.Sprintf("the repository's test command `%s` failed (%s). Its output ends:\n%s", cmd, why, tail(testOut, 3000)))
-			return
-		}
-	}
-
-	// 2. The diff (taken before the tests ran: what they leave behind is
-	// not part of the change) and its checks.
+	// 1. The diff, put on the node's workspace at the pinned commit, and
+	// its checks (recorded after the tests' run, as they always were).
 	issue := a.spec.GetIssueTitle() + "\n" + a.spec.GetIssueBody()
 	_, rep, err := a.d.git.Review(sctx, a.ws, patch, agent.TestsRequested(issue))
 	if a.cancelled(c, sctx) {
@@ -157,6 +126,47 @@ func (a *taskActor) finishTask(c *actor.Context) {
 		c.After(time.Duration(a.publishN)*2*time.Second, finishMsg{})
 		return
 	}
+
+	// 2. The tests, in a clean sandbox with only the diff (runTestsClean),
+	// not in the model's; not for a diff the checks block anyway.
+	var testOut string
+	if cmd := a.spec.GetTestCommand(); cmd != "" && !rep.Blocked {
+		if fin.test == nil {
+			run, err := a.runTestsClean(sctx, round, patch, cmd)
+			if a.cancelled(c, sctx) {
+				return
+			}
+			if err != nil {
+				a.failed(c, "run the test command in a clean sandbox", err, finishMsg{})
+				return
+			}
+			fin.test = run
+		}
+		if err := a.recordTestEgress(ctx, fin.test); err != nil {
+			a.failed(c, "record the test run's egress", err, finishMsg{})
+			return
+		}
+		res := fin.test.res
+		testOut = fin.test.out
+		passed := res.ExitCode == 0 && !res.TimedOut
+		if _, err := a.append(ctx, fmt.Sprintf("finish/test-%d", round), ev("test_run", map[string]any{"command": cmd, "exit_code": res.ExitCode,
+			"timed_out": res.TimedOut, "passed": passed, "output": tail(testOut, 4<<10), "duration_ms": fin.test.took.Milliseconds(),
+			"clean_sandbox": true, "sandbox": fin.test.sandbox})); err != nil {
+			a.failed(c, "record the test run", err, finishMsg{})
+			return
+		}
+		if !passed {
+			why := fmt.Sprintf("exit %d", res.ExitCode)
+			if res.TimedOut {
+				why = "timed out after " + testTimeout.String()
+			}
+			reject(fmt.Sprintf("the repository's test command `%s` failed (%s). It ran in a fresh sandbox with only your diff applied to the base commit: "+
+				"nothing else you did in yours (files outside the repository, what you installed or configured) is there. Its output ends:\n%s", cmd, why, tail(testOut, 3000)))
+			return
+		}
+	}
+
+	// 3. The checks' verdict.
 	shown, omitted := rep.Capped(maxFindingsShown)
 	checked := map[string]any{"diff_sha256": rep.SHA256, "files": rep.Files, "added": rep.Added, "deleted": rep.Deleted,
 		"findings": shown.Findings, "blocked": rep.Blocked, "needs_approval": rep.NeedsApproval}
@@ -218,7 +228,7 @@ func (a *taskActor) finishTask(c *actor.Context) {
 		}
 	}
 
-	// 3. Push and pull request.
+	// 4. Push and pull request.
 	when := time.Now()
 	if t := a.created; !t.IsZero() {
 		when = t // the same commit from every node and retry
@@ -316,8 +326,16 @@ type finishRound struct {
 	test      *testRun // nil: the tests have not run
 }
 
+// testRun is a round's run of the test command in its verification
+// sandbox (gone by now), with that sandbox's egress audit.
 type testRun struct {
-	res  guest.ExecResult
-	out  string
-	took time.Duration
+	res     guest.ExecResult
+	out     string
+	took    time.Duration
+	sandbox string // the verification sandbox's id
+	// egress holds the audit batches not yet on the log; egressGen and
+	// egressN make their keys (see recordTestEgress).
+	egress    []netpolicy.AuditBatch
+	egressGen string
+	egressN   int
 }

@@ -1,0 +1,171 @@
+package noded
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/warrenhq/warren/agent"
+	"github.com/warrenhq/warren/guest"
+	"github.com/warrenhq/warren/netpolicy"
+	"github.com/warrenhq/warren/noded/driver"
+)
+
+// The finish step's tests run in a sandbox of their own, the verification
+// sandbox: claimed from the node's driver with the task's template, it
+// holds the repository at the pinned commit with the model's diff applied,
+// and nothing else the model did in its own sandbox. There the model ran
+// any command as root for the whole task: a file written outside the
+// repository, a tool's settings (`go env -w GOFLAGS=-run=^$`), a binary
+// replaced or an alias would make its tests pass there whatever the diff.
+
+// verifyTTL is the TTL of a verification sandbox: the test run and a
+// margin to claim it, unpack the repository and destroy it. It is
+// destroyed as soon as the tests end; the TTL bounds what a node that
+// dies meanwhile leaves behind.
+const verifyTTL = testTimeout + 5*time.Minute
+
+// verifySandboxID names a round's verification sandbox: the task's own
+// sandbox id (TASK-eEPOCH) with -verify-ROUND.
+func verifySandboxID(task string, epoch uint64, round int) string {
+	return fmt.Sprintf("%s-e%d-verify-%d", task, epoch, round)
+}
+
+// runTestsClean runs cmd in a verification sandbox holding the
+// repository at the workspace's pinned commit with patch (the model's
+// diff against it) applied, as the model's sandbox got it: unpacked, made
+// the base commit of a local git repository (Tools.InitBase), the patch
+// restored on it (Tools.Restore). The sandbox has the task's egress
+// policy, its egress audit is in the returned run, and it is destroyed
+// before runTestsClean returns, whatever happens.
+//
+// A driver.ErrNotFound of the verification sandbox comes back without its
+// chain: a.failed would take it for the task's own sandbox being gone.
+func (a *taskActor) runTestsClean(ctx context.Context, round int, patch, cmd string) (*testRun, error) {
+	run, err := a.testInSandbox(ctx, verifySandboxID(a.id, a.epoch, round), patch, cmd)
+	if errors.Is(err, driver.ErrNotFound) {
+		err = fmt.Errorf("the verification sandbox: %v", err)
+	}
+	return run, err
+}
+
+func (a *taskActor) testInSandbox(ctx context.Context, id, patch, cmd string) (run *testRun, err error) {
+	drv := a.d.cfg.Driver
+	if l, ok := drv.(interface {
+		Get(string) (driver.Sandbox, bool)
+	}); ok {
+		if old, ok := l.Get(id); ok {
+			// Left by this round's run on this node before a restart (the
+			// driver re-adopted it): it may hold anything; claim anew.
+			a.d.log.Info("destroying the verification sandbox this node's last run left", "task", a.id, "sandbox", id)
+			if err := old.Destroy(); err != nil {
+				return nil, fmt.Errorf("destroy the last run's verification sandbox %s: %w", id, err)
+			}
+		}
+	}
+	req := driver.ClaimRequest{ID: id, Template: a.spec.GetTemplate(), TTL: verifyTTL}
+	sb, err := drv.Claim(ctx, req)
+	if err != nil && errors.Is(err, driver.ErrInvalid) && !a.idTaken(id) {
+		req.TTL = 0 // a driver whose MaxTTL is below verifyTTL: its default (an hour)
+		sb, err = drv.Claim(ctx, req)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("claim the verification sandbox %s: %w", id, err)
+	}
+	a.d.cfg.Metrics.claimed(sb)
+	audit := &auditBuffer{}
+	defer func() {
+		// The audit's last attempts, then no more reports, then the
+		// sandbox goes: on every path.
+		if n, ok := netOf(sb); ok {
+			bs, cerr := n.Collect()
+			if cerr != nil {
+				a.d.log.Debug("egress: collect before the verification sandbox goes", "task", a.id, "sandbox", id, "err", cerr)
+			}
+			for _, b := range bs {
+				audit.add(b)
+			}
+		}
+		a.d.cfg.Egress.unbind(id) // a report being delivered lands first
+		if derr := sb.Destroy(); derr != nil {
+			// Its TTL reaps it; a rerun of the round destroys it first.
+			a.d.log.Warn("destroy the verification sandbox", "task", a.id, "sandbox", id, "err", derr)
+		}
+		if run != nil {
+			run.egress = audit.take()
+		}
+	}()
+	// The task's own policy, never more network than the model had.
+	policy, perr := taskPolicy(a.spec)
+	if perr != nil { // as start does: the servers validate specs
+		policy = netpolicy.Policy{Profile: netpolicy.ProfileNone}
+	}
+	if err := a.d.cfg.Egress.bind(sb, policy, audit.add); err != nil {
+		return nil, fmt.Errorf("set the verification sandbox's egress policy: %w", err)
+	}
+	ia, ok := sb.(driver.Interactive)
+	if !ok {
+		return nil, fmt.Errorf("the %s driver's sandboxes have no guest to run the tests in", drv.Name())
+	}
+	if err := unpackInto(ctx, ia, a.ws); err != nil {
+		return nil, fmt.Errorf("the verification sandbox: %w", err)
+	}
+	tools := &agent.Tools{SB: agentSandbox{ia}, Root: WorkRoot}
+	if err := tools.InitBase(ctx); err != nil {
+		return nil, fmt.Errorf("the verification sandbox: %w", err)
+	}
+	if err := tools.Restore(ctx, patch); err != nil {
+		return nil, fmt.Errorf("apply the diff in the verification sandbox: %w", err)
+	}
+	start := time.Now()
+	outb := driver.NewCappedOutput(1 << 20) // its tail is what is shown
+	res, err := ia.Run(ctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", cmd}, Dir: WorkRoot, Timeout: testTimeout}, outb, outb)
+	if err != nil {
+		return nil, err
+	}
+	return &testRun{res: res, out: tail(string(outb.Bytes()), 8<<10), took: time.Since(start), sandbox: id,
+		egressGen: fmt.Sprintf("%s.%d", a.d.incarnation, actorGen.Add(1))}, nil
+}
+
+// recordTestEgress appends the verification sandbox's egress audit as
+// egress events of the task, before its test_run; a batch whose append
+// fails stays for the retry. Each run has its own generation in the keys
+// (as an actor has): a run made again (a restarted actor) does not have
+// its batches taken for the first run's.
+func (a *taskActor) recordTestEgress(ctx context.Context, run *testRun) error {
+	for len(run.egress) > 0 {
+		b := run.egress[0]
+		payload := map[string]any{"sandbox": run.sandbox, "events": b.Events}
+		if b.Omitted > 0 {
+			payload["omitted"], payload["omitted_count"] = b.Omitted, b.OmittedCount
+		}
+		if _, err := a.append(ctx, fmt.Sprintf("egress-%s-%d", run.egressGen, run.egressN+1), ev("egress", payload)); err != nil {
+			return err
+		}
+		run.egress, run.egressN = run.egress[1:], run.egressN+1
+	}
+	return nil
+}
+
+// auditBuffer keeps a verification sandbox's egress audit batches; add is
+// its Egress sink (called on the auditor's goroutine, it must not block).
+type auditBuffer struct {
+	mu sync.Mutex
+	bs []netpolicy.AuditBatch
+}
+
+func (b *auditBuffer) add(batch netpolicy.AuditBatch) {
+	b.mu.Lock()
+	b.bs = append(b.bs, batch)
+	b.mu.Unlock()
+}
+
+func (b *auditBuffer) take() []netpolicy.AuditBatch {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	bs := b.bs
+	b.bs = nil
+	return bs
+}
