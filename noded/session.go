@@ -10,6 +10,7 @@ import (
 
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
+	"github.com/warrenhq/warren/noded/driver"
 )
 
 // sessionLoop keeps one session with the leader, finding the leader again
@@ -133,7 +134,7 @@ func (d *Daemon) runSession(nc warrenv1connect.NodeServiceClient, url string) er
 			}
 			seq++
 			hb := &warrenv1.SessionRequest{Msg: &warrenv1.SessionRequest_Heartbeat{Heartbeat: &warrenv1.Heartbeat{
-				Seq: seq, Running: uint32(d.Running())}}}
+				Seq: seq, Running: uint32(d.Running()), Warm: d.warmSandboxes()}}}
 			if err := stream.Send(hb); err != nil {
 				sendErr <- err
 				cancel()
@@ -174,6 +175,30 @@ func (d *Daemon) runSession(nc warrenv1connect.NodeServiceClient, url string) er
 			// Only a sign of life, which receive has noted.
 		}
 	}
+}
+
+// warmSandboxes is what the heartbeat reports of the driver's warm pools:
+// the ready sandboxes per template, templates with none left out; nil when
+// the driver keeps no pools (it is no driver.Pooler) or all are empty. The
+// leader places tasks of a template preferably where one waits, and looks
+// a task without a template up under the name the drivers resolve "" to
+// ("default"), which is the name a pool of it reports.
+func (d *Daemon) warmSandboxes() map[string]uint32 {
+	p, ok := d.cfg.Driver.(driver.Pooler)
+	if !ok {
+		return nil
+	}
+	var warm map[string]uint32
+	for _, st := range p.Pools() {
+		if st.Ready <= 0 {
+			continue
+		}
+		if warm == nil {
+			warm = map[string]uint32{}
+		}
+		warm[st.Template] = uint32(st.Ready)
+	}
+	return warm
 }
 
 func orDuration(d, def time.Duration) time.Duration {

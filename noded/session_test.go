@@ -2,6 +2,7 @@ package noded_test
 
 import (
 	"context"
+	"maps"
 	"net"
 	"net/http"
 	"sync"
@@ -14,6 +15,7 @@ import (
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
 	"github.com/warrenhq/warren/noded"
+	"github.com/warrenhq/warren/noded/driver"
 	"github.com/warrenhq/warren/noded/driver/sim"
 )
 
@@ -28,6 +30,7 @@ type fakeLeader struct {
 	ack       bool         // and it does
 	leaderURL atomic.Value // string
 	hellos    atomic.Int32
+	warm      atomic.Pointer[map[string]uint32] // the last heartbeat's warm counts
 }
 
 func (f *fakeLeader) Status(context.Context, *connect.Request[warrenv1.StatusRequest]) (*connect.Response[warrenv1.StatusResponse], error) {
@@ -48,6 +51,10 @@ func (f *fakeLeader) Session(ctx context.Context, st *connect.BidiStream[warrenv
 		m, err := st.Receive()
 		if err != nil {
 			return err
+		}
+		if hb := m.GetHeartbeat(); hb != nil {
+			w := hb.GetWarm()
+			f.warm.Store(&w)
 		}
 		if f.ack {
 			if err := st.Send(&warrenv1.SessionResponse{Msg: &warrenv1.SessionResponse_Ack{Ack: &warrenv1.HeartbeatAck{
@@ -78,8 +85,12 @@ func (f *fakeLeader) serve(t *testing.T) string {
 }
 
 func startNodeOn(t *testing.T, server string) *noded.Daemon {
+	return startNodeWithDriver(t, server, sim.New(sim.Config{}))
+}
+
+func startNodeWithDriver(t *testing.T, server string, drv driver.Driver) *noded.Daemon {
 	d, err := noded.Start(noded.Config{ID: "n1", DataDir: t.TempDir(), Servers: []string{server},
-		Driver: sim.New(sim.Config{}), Capacity: &warrenv1.Resources{MilliCpu: 1000, MemoryBytes: 1 << 30}})
+		Driver: drv, Capacity: &warrenv1.Resources{MilliCpu: 1000, MemoryBytes: 1 << 30}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,4 +233,49 @@ func TestIdleNodeKeepsItsSessionWithTheLeader(t *testing.T) {
 	if n := d.Stats().Sessions; n != 1 {
 		t.Fatalf("the node opened %d sessions in 5 × ttl with a healthy leader", n)
 	}
+}
+
+// pooledSim is the simulated driver with warm pools to report.
+type pooledSim struct {
+	*sim.Driver
+	mu    sync.Mutex
+	pools []driver.PoolStatus
+}
+
+func (p *pooledSim) Pools() []driver.PoolStatus {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]driver.PoolStatus(nil), p.pools...)
+}
+
+func (p *pooledSim) set(pools ...driver.PoolStatus) {
+	p.mu.Lock()
+	p.pools = pools
+	p.mu.Unlock()
+}
+
+// Every heartbeat carries the ready sandboxes of the driver's warm pools
+// per template, as they are when it is sent (templates with none left
+// out), so the leader can place a task where a warm sandbox of its
+// template waits.
+func TestHeartbeatReportsReadyWarmSandboxes(t *testing.T) {
+	f := &fakeLeader{ttl: 300 * time.Millisecond, advertise: true, ack: true}
+	f.leaderURL.Store("http://" + f.serve(t))
+	drv := &pooledSim{Driver: sim.New(sim.Config{})}
+	drv.set(driver.PoolStatus{Template: "default", Target: 2, Ready: 2},
+		driver.PoolStatus{Template: "py", Target: 1, Filling: 1})
+	startNodeWithDriver(t, f.leaderURL.Load().(string), drv)
+	reports := func(want map[string]uint32) func() bool {
+		return func() bool {
+			w := f.warm.Load()
+			return w != nil && maps.Equal(*w, want)
+		}
+	}
+	waitFor(t, "a heartbeat reporting 2 warm default sandboxes", 5*time.Second, reports(map[string]uint32{"default": 2}))
+	// A claim takes one default sandbox; py's fills.
+	drv.set(driver.PoolStatus{Template: "default", Target: 2, Ready: 1, Filling: 1},
+		driver.PoolStatus{Template: "py", Target: 1, Ready: 1})
+	waitFor(t, "a heartbeat reporting the pools' new ready counts", 5*time.Second, reports(map[string]uint32{"default": 1, "py": 1}))
+	drv.set(driver.PoolStatus{Template: "default", Target: 2, Filling: 2})
+	waitFor(t, "a heartbeat reporting no warm sandbox", 5*time.Second, reports(map[string]uint32{}))
 }

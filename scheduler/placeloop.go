@@ -97,8 +97,10 @@ func (s *Server) placeOnce(rng *rand.Rand) (time.Duration, error) {
 		return time.Since(start), err
 	}
 	startingOn := map[string]int{}
+	startingWarm := map[nodeTemplate]int{} // the warm sandboxes their claims may take
 	for _, t := range starting {
 		startingOn[t.GetLease().GetNode()]++
+		startingWarm[nodeTemplate{t.GetLease().GetNode(), specWarmTemplate(t.GetSpec().GetTemplate())}]++
 	}
 	room := min(maxPendingPerRound, limit-len(starting))
 	if room <= 0 {
@@ -121,6 +123,8 @@ func (s *Server) placeOnce(rng *rand.Rand) (time.Duration, error) {
 		for i := range pn {
 			pn[i].Starting = startingOn[pn[i].ID]
 		}
+		s.sess.fillWarm(pn)
+		discountStarting(pn, startingWarm)
 		plan = Place(pn, pendingTasks(pending), PlacementConfig{SpreadLabel: spreadLabel, MaxStartingPerNode: maxStartingPerNode}, rng)
 		blocked := plan.Unfit > 0 && len(plan.Placements)+plan.Unfit == len(pending) && anyReady(pn)
 		if !blocked || len(plan.Placements) >= room || len(pending) < window || window >= maxPendingPerRound {

@@ -44,7 +44,7 @@ type PlacementNode struct {
 	// Templates the node can run (has the image for).
 	Templates []string
 	// WarmTemplates is the number of warm sandboxes per template that the
-	// node can hand out now.
+	// node can hand out now (its last heartbeat's report; see warm.go).
 	WarmTemplates map[string]int
 	Capacity      Resources
 	// Allocated is what tasks already on the node hold. It may exceed
@@ -172,9 +172,10 @@ const sampleTries = 4
 // (Capacity - Allocated - what this plan already put there) covers Needs.
 // Among feasible nodes (or a sample of them, see PlacementConfig) the best
 // score wins (see the weights above); each warm placement uses up one warm
-// slot. The plan never puts more on a node than its free capacity. A task
-// no node takes is in Plan.Unplaced with the count of nodes each filter
-// excluded. A repeated task ID is ignored after its first occurrence.
+// slot. A task without a template uses warm slots of DefaultTemplate,
+// which its node claims for it. The plan never puts more on a node than
+// its free capacity. A task no node takes is in Plan.Unplaced with the
+// count of nodes each filter excluded. A repeated task ID is ignored after its first occurrence.
 //
 // rng drives sampling only; the same inputs and seed give the same plan. A
 // nil rng means a fixed seed.
@@ -341,10 +342,7 @@ func (p *placer) place(t *PendingTask) (node int, warm bool, reason string) {
 	if t.AvoidNode != "" {
 		avoid = p.nodeIndex(t.AvoidNode)
 	}
-	var wl []int32
-	if t.Template != "" {
-		wl = p.warmLeft[t.Template]
-	}
+	wl := p.warmLeft[warmTemplate(t)] // set by classFor
 	if len(c.warm) > 0 {
 		if i := p.best(&c.warm, t, avoid, wl, c.last); i >= 0 {
 			p.commit(i, t, wl)
@@ -530,7 +528,7 @@ func (p *placer) commit(i int, t *PendingTask, wl []int32) {
 			panic(fmt.Sprintf("invariant: task %s overcommits node %s (free cpu %d mem %d)", t.ID, p.nodes[i].ID, p.freeCPU[i], p.freeMem[i]))
 		}
 		if wl != nil && wl[i] < 0 {
-			panic(fmt.Sprintf("invariant: task %s takes a warm %s slot node %s does not have", t.ID, t.Template, p.nodes[i].ID))
+			panic(fmt.Sprintf("invariant: task %s takes a warm %s slot node %s does not have", t.ID, warmTemplate(t), p.nodes[i].ID))
 		}
 	}
 }

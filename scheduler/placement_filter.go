@@ -16,10 +16,7 @@ func (p *placer) classFor(t *PendingTask) *nodeClass {
 		return c
 	}
 	c := &nodeClass{key: key, last: -1}
-	var wl []int32
-	if key.template != "" {
-		wl = p.warmSlots(key.template)
-	}
+	wl := p.warmSlots(warmTemplate(t))
 	for i := range p.nodes {
 		f := p.check(i, t)
 		if f < numExclusions {
@@ -27,7 +24,7 @@ func (p *placer) classFor(t *PendingTask) *nodeClass {
 			continue
 		}
 		c.static = append(c.static, i)
-		if wl != nil && wl[i] > 0 {
+		if wl[i] > 0 {
 			c.warm = append(c.warm, i)
 		}
 	}

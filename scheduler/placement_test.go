@@ -427,7 +427,8 @@ func needsByID(tasks []PendingTask) map[string]Resources {
 //   - a placement's node passes every filter (capacity counted with the
 //     placements before it), so no node ends over capacity;
 //   - Warm is set exactly when the node had a free warm slot of the
-//     template, and warm slots are never used twice;
+//     template ("default" for a task without one), and warm slots are
+//     never used twice;
 //   - a cold placement happens only when no node but AvoidNode had a warm
 //     slot and room; AvoidNode is used only when no other node fits;
 //   - an unplaced task (with sane inputs) had no feasible node.
@@ -441,11 +442,14 @@ func checkPlan(nodes []PlacementNode, tasks []PendingTask, plan Plan) error {
 		free[i] = Resources{n.Capacity.MilliCPU - n.Allocated.MilliCPU, n.Capacity.MemoryBytes - n.Allocated.MemoryBytes}
 	}
 	warmUsed := map[string]int{} // node/template
-	warmLeft := func(i int, tmpl string) int {
-		if tmpl == "" {
-			return 0
+	warmTmpl := func(tk *PendingTask) string {
+		if tk.Template == "" {
+			return "default" // what the node claims for it
 		}
-		return nodes[i].WarmTemplates[tmpl] - warmUsed[nodes[i].ID+"/"+tmpl]
+		return tk.Template
+	}
+	warmLeft := func(i int, tk *PendingTask) int {
+		return nodes[i].WarmTemplates[warmTmpl(tk)] - warmUsed[nodes[i].ID+"/"+warmTmpl(tk)]
 	}
 	feasible := func(i int, tk *PendingTask) bool {
 		n := &nodes[i]
@@ -475,7 +479,7 @@ func checkPlan(nodes []PlacementNode, tasks []PendingTask, plan Plan) error {
 		for i := range nodes {
 			if nodes[i].ID != tk.AvoidNode && feasible(i, tk) {
 				otherFits = true
-				otherWarm = otherWarm || warmLeft(i, tk.Template) > 0
+				otherWarm = otherWarm || warmLeft(i, tk) > 0
 			}
 		}
 		reason, unplaced := plan.Unplaced[tk.ID]
@@ -511,7 +515,7 @@ func checkPlan(nodes []PlacementNode, tasks []PendingTask, plan Plan) error {
 		if !feasible(i, tk) {
 			return fmt.Errorf("task %s placed on %s, which fails a filter (free %+v, needs %+v)", tk.ID, p.NodeID, free[i], tk.Needs)
 		}
-		if had := warmLeft(i, tk.Template) > 0; p.Warm != had {
+		if had := warmLeft(i, tk) > 0; p.Warm != had {
 			return fmt.Errorf("task %s on %s: warm=%v but node had a free warm slot: %v", tk.ID, p.NodeID, p.Warm, had)
 		}
 		if p.NodeID == tk.AvoidNode && otherFits {
@@ -523,7 +527,7 @@ func checkPlan(nodes []PlacementNode, tasks []PendingTask, plan Plan) error {
 		free[i].MilliCPU -= tk.Needs.MilliCPU
 		free[i].MemoryBytes -= tk.Needs.MemoryBytes
 		if p.Warm {
-			warmUsed[p.NodeID+"/"+tk.Template]++
+			warmUsed[p.NodeID+"/"+warmTmpl(tk)]++
 		}
 	}
 	if next != len(plan.Placements) {
@@ -556,7 +560,7 @@ func TestPlacementProperties(t *testing.T) {
 			n.Drivers = subset(rt, "drivers", drivers)
 			n.Templates = subset(rt, "templates", templates)
 			n.WarmTemplates = map[string]int{}
-			for _, tm := range templates {
+			for _, tm := range append([]string{"default"}, templates...) {
 				n.WarmTemplates[tm] = rapid.IntRange(0, 2).Draw(rt, "warm")
 			}
 			n.Capacity = Resources{int64(rapid.IntRange(0, 8).Draw(rt, "cpu")) * 1000, int64(rapid.IntRange(0, 8).Draw(rt, "mem")) << 30}

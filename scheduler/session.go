@@ -32,6 +32,10 @@ type session struct {
 	closed      chan struct{}
 	closeOnce   sync.Once
 	yielded     map[string]uint64 // task -> epoch asked to yield (drain); monitor goroutine only
+	// warm is the node's ready warm sandboxes per template from its last
+	// heartbeat (nil: none). Guarded by sessions.mu; the map itself is
+	// never modified once set, so placement may read it after unlocking.
+	warm map[string]int
 }
 
 func (c *session) close() { c.closeOnce.Do(func() { close(c.closed) }) }
@@ -112,6 +116,16 @@ func (h *sessions) detach(c *session) {
 func (h *sessions) seen(node string, now time.Time) {
 	h.mu.Lock()
 	h.lastSeen[node] = now
+	h.mu.Unlock()
+}
+
+// heard records a heartbeat on c: a sign of life from its node, and the
+// warm sandboxes it holds now (warm is c's from then on, not to be
+// modified).
+func (h *sessions) heard(c *session, now time.Time, warm map[string]int) {
+	h.mu.Lock()
+	h.lastSeen[c.node] = now
+	c.warm = warm
 	h.mu.Unlock()
 }
 
@@ -237,9 +251,12 @@ func (n nodeAPI) Session(ctx context.Context, stream *connect.BidiStream[warrenv
 	// heartbeats were read only after, a healthy node registering then
 	// was declared down.
 	s.sess.seen(id, s.clock.Now())
+	c := &session{node: id, incarnation: hello.GetIncarnation(), out: make(chan *warrenv1.SessionResponse, sessionQueue),
+		closed: make(chan struct{}), yielded: map[string]uint64{}}
 	recv := make(chan error, 1)
 	heard := make(chan uint64, 1) // the last heartbeat's seq, not yet acknowledged
 	go func() {
+		var warm map[string]int // as last reported
 		for {
 			m, err := stream.Receive()
 			if err != nil {
@@ -247,7 +264,13 @@ func (n nodeAPI) Session(ctx context.Context, stream *connect.BidiStream[warrenv
 				return
 			}
 			if hb := m.GetHeartbeat(); hb != nil {
-				s.sess.seen(id, s.clock.Now())
+				// Warm counts land on c, which placement reads only
+				// while c is attached and open: those heard before the
+				// attach count from it, none outlive the session.
+				if !sameWarm(warm, hb.GetWarm()) {
+					warm = warmCounts(hb.GetWarm())
+				}
+				s.sess.heard(c, s.clock.Now(), warm)
 				select { // only the last one is acknowledged
 				case <-heard:
 				default:
@@ -263,8 +286,6 @@ func (n nodeAPI) Session(ctx context.Context, stream *connect.BidiStream[warrenv
 	if err := resultErr(res); err != nil {
 		return err
 	}
-	c := &session{node: id, incarnation: hello.GetIncarnation(), out: make(chan *warrenv1.SessionResponse, sessionQueue),
-		closed: make(chan struct{}), yielded: map[string]uint64{}}
 	// Welcome is sent before the session is attached: once attached, the
 	// placement and liveness loops send on it too, and a node refuses a
 	// session whose first message is not a welcome (nor may an ack come

@@ -449,7 +449,12 @@ type Heartbeat struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Seq   uint64                 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
 	// Task actors the node runs now.
-	Running       uint32 `protobuf:"varint,2,opt,name=running,proto3" json:"running,omitempty"`
+	Running uint32 `protobuf:"varint,2,opt,name=running,proto3" json:"running,omitempty"`
+	// Ready warm sandboxes per template, as the node's pools hold them now
+	// (templates with none are left out). The leader keeps the latest in
+	// memory only, to place a task where a warm sandbox of its template
+	// waits. Nodes that predate it send none: no warm sandboxes.
+	Warm          map[string]uint32 `protobuf:"bytes,3,rep,name=warm,proto3" json:"warm,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -496,6 +501,13 @@ func (x *Heartbeat) GetRunning() uint32 {
 		return x.Running
 	}
 	return 0
+}
+
+func (x *Heartbeat) GetWarm() map[string]uint32 {
+	if x != nil {
+		return x.Warm
+	}
+	return nil
 }
 
 type SessionResponse struct {
@@ -1124,10 +1136,14 @@ const file_warren_v1_node_proto_rawDesc = "" +
 	"\arunning\x18\x03 \x03(\v2\x16.warren.v1.RunningTaskR\arunning\"<\n" +
 	"\vRunningTask\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
-	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"7\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"\xa4\x01\n" +
 	"\tHeartbeat\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x18\n" +
-	"\arunning\x18\x02 \x01(\rR\arunning\"\xfa\x02\n" +
+	"\arunning\x18\x02 \x01(\rR\arunning\x122\n" +
+	"\x04warm\x18\x03 \x03(\v2\x1e.warren.v1.Heartbeat.WarmEntryR\x04warm\x1a7\n" +
+	"\tWarmEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\xfa\x02\n" +
 	"\x0fSessionResponse\x12.\n" +
 	"\awelcome\x18\x01 \x01(\v2\x12.warren.v1.WelcomeH\x00R\awelcome\x12,\n" +
 	"\x05start\x18\x02 \x01(\v2\x14.warren.v1.StartTaskH\x00R\x05start\x12)\n" +
@@ -1184,7 +1200,7 @@ func file_warren_v1_node_proto_rawDescGZIP() []byte {
 }
 
 var file_warren_v1_node_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_warren_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_warren_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_warren_v1_node_proto_goTypes = []any{
 	(NodeStatus)(0),               // 0: warren.v1.NodeStatus
 	(*Node)(nil),                  // 1: warren.v1.Node
@@ -1201,38 +1217,40 @@ var file_warren_v1_node_proto_goTypes = []any{
 	(*SetPoolTarget)(nil),         // 12: warren.v1.SetPoolTarget
 	(*PoolTargets)(nil),           // 13: warren.v1.PoolTargets
 	nil,                           // 14: warren.v1.Node.LabelsEntry
-	(*Resources)(nil),             // 15: warren.v1.Resources
-	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
-	(*Task)(nil),                  // 17: warren.v1.Task
+	nil,                           // 15: warren.v1.Heartbeat.WarmEntry
+	(*Resources)(nil),             // 16: warren.v1.Resources
+	(*timestamppb.Timestamp)(nil), // 17: google.protobuf.Timestamp
+	(*Task)(nil),                  // 18: warren.v1.Task
 }
 var file_warren_v1_node_proto_depIdxs = []int32{
 	0,  // 0: warren.v1.Node.status:type_name -> warren.v1.NodeStatus
 	14, // 1: warren.v1.Node.labels:type_name -> warren.v1.Node.LabelsEntry
-	15, // 2: warren.v1.Node.capacity:type_name -> warren.v1.Resources
-	15, // 3: warren.v1.Node.allocated:type_name -> warren.v1.Resources
-	16, // 4: warren.v1.Node.registered_at:type_name -> google.protobuf.Timestamp
-	16, // 5: warren.v1.Node.status_changed_at:type_name -> google.protobuf.Timestamp
-	16, // 6: warren.v1.Node.drain_deadline:type_name -> google.protobuf.Timestamp
+	16, // 2: warren.v1.Node.capacity:type_name -> warren.v1.Resources
+	16, // 3: warren.v1.Node.allocated:type_name -> warren.v1.Resources
+	17, // 4: warren.v1.Node.registered_at:type_name -> google.protobuf.Timestamp
+	17, // 5: warren.v1.Node.status_changed_at:type_name -> google.protobuf.Timestamp
+	17, // 6: warren.v1.Node.drain_deadline:type_name -> google.protobuf.Timestamp
 	3,  // 7: warren.v1.SessionRequest.hello:type_name -> warren.v1.Hello
 	5,  // 8: warren.v1.SessionRequest.heartbeat:type_name -> warren.v1.Heartbeat
 	1,  // 9: warren.v1.Hello.node:type_name -> warren.v1.Node
 	4,  // 10: warren.v1.Hello.running:type_name -> warren.v1.RunningTask
-	7,  // 11: warren.v1.SessionResponse.welcome:type_name -> warren.v1.Welcome
-	9,  // 12: warren.v1.SessionResponse.start:type_name -> warren.v1.StartTask
-	10, // 13: warren.v1.SessionResponse.stop:type_name -> warren.v1.StopTask
-	12, // 14: warren.v1.SessionResponse.set_pool_target:type_name -> warren.v1.SetPoolTarget
-	11, // 15: warren.v1.SessionResponse.keep:type_name -> warren.v1.KeepTask
-	13, // 16: warren.v1.SessionResponse.pool_targets:type_name -> warren.v1.PoolTargets
-	8,  // 17: warren.v1.SessionResponse.ack:type_name -> warren.v1.HeartbeatAck
-	17, // 18: warren.v1.StartTask.task:type_name -> warren.v1.Task
-	12, // 19: warren.v1.PoolTargets.targets:type_name -> warren.v1.SetPoolTarget
-	2,  // 20: warren.v1.NodeService.Session:input_type -> warren.v1.SessionRequest
-	6,  // 21: warren.v1.NodeService.Session:output_type -> warren.v1.SessionResponse
-	21, // [21:22] is the sub-list for method output_type
-	20, // [20:21] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	15, // 11: warren.v1.Heartbeat.warm:type_name -> warren.v1.Heartbeat.WarmEntry
+	7,  // 12: warren.v1.SessionResponse.welcome:type_name -> warren.v1.Welcome
+	9,  // 13: warren.v1.SessionResponse.start:type_name -> warren.v1.StartTask
+	10, // 14: warren.v1.SessionResponse.stop:type_name -> warren.v1.StopTask
+	12, // 15: warren.v1.SessionResponse.set_pool_target:type_name -> warren.v1.SetPoolTarget
+	11, // 16: warren.v1.SessionResponse.keep:type_name -> warren.v1.KeepTask
+	13, // 17: warren.v1.SessionResponse.pool_targets:type_name -> warren.v1.PoolTargets
+	8,  // 18: warren.v1.SessionResponse.ack:type_name -> warren.v1.HeartbeatAck
+	18, // 19: warren.v1.StartTask.task:type_name -> warren.v1.Task
+	12, // 20: warren.v1.PoolTargets.targets:type_name -> warren.v1.SetPoolTarget
+	2,  // 21: warren.v1.NodeService.Session:input_type -> warren.v1.SessionRequest
+	6,  // 22: warren.v1.NodeService.Session:output_type -> warren.v1.SessionResponse
+	22, // [22:23] is the sub-list for method output_type
+	21, // [21:22] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_warren_v1_node_proto_init() }
@@ -1261,7 +1279,7 @@ func file_warren_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warren_v1_node_proto_rawDesc), len(file_warren_v1_node_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   14,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
