@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -80,36 +81,105 @@ func truncate(s string, n int) string {
 	return s
 }
 
-// codeOf maps driver and guest errors to Connect codes, once.
-func codeOf(err error) *connect.Error {
+// codeOf maps driver and guest errors to Connect codes, once. The error's
+// message, which the client gets, leaves out the node's own file paths (see
+// clientMessage); guestPaths are paths in the sandbox that the call named,
+// which are the client's own and kept. errors.Is and errors.As still see the
+// driver's error.
+func codeOf(err error, guestPaths ...string) *connect.Error {
+	if msg := clientMessage(err, guestPaths); msg != err.Error() {
+		err = &clientError{msg: msg, err: err}
+	}
+	return connect.NewError(codeFor(err), err)
+}
+
+// codeOf is the package's codeOf, and logs the whole error when the
+// client's message left something out.
+func (a *SandboxAPI) codeOf(err error, guestPaths ...string) *connect.Error {
+	ce := codeOf(err, guestPaths...)
+	var c *clientError
+	if errors.As(ce.Unwrap(), &c) {
+		a.log.Info("sandbox call failed (the client's message leaves out the node's paths)", "code", ce.Code(), "err", err)
+	}
+	return ce
+}
+
+func codeFor(err error) connect.Code {
 	var re *guest.RemoteError
 	switch {
 	case errors.Is(err, context.Canceled):
-		return connect.NewError(connect.CodeCanceled, err)
+		return connect.CodeCanceled
 	case errors.Is(err, context.DeadlineExceeded):
-		return connect.NewError(connect.CodeDeadlineExceeded, err)
+		return connect.CodeDeadlineExceeded
 	case errors.Is(err, driver.ErrInvalid):
-		return connect.NewError(connect.CodeInvalidArgument, err)
+		return connect.CodeInvalidArgument
 	case errors.Is(err, driver.ErrNotFound):
-		return connect.NewError(connect.CodeNotFound, err)
+		return connect.CodeNotFound
 	case errors.Is(err, driver.ErrUnavailable):
-		return connect.NewError(connect.CodeUnavailable, err)
+		return connect.CodeUnavailable
 	case errors.As(err, &re):
 		switch {
 		case strings.HasPrefix(re.Msg, "start "):
 			// The command could not start ("start \"prog\": fork/exec
 			// prog: no such file or directory"): the sandbox is there, so
 			// not not_found, which says the sandbox is not.
-			return connect.NewError(connect.CodeFailedPrecondition, err)
+			return connect.CodeFailedPrecondition
 		case strings.Contains(re.Msg, "no such file or directory"):
-			return connect.NewError(connect.CodeNotFound, err)
+			return connect.CodeNotFound
 		case strings.Contains(re.Msg, "is a directory"), strings.Contains(re.Msg, "not a directory"),
 			strings.Contains(re.Msg, "over the limit"), strings.HasPrefix(re.Msg, "path"), strings.HasPrefix(re.Msg, "command"):
-			return connect.NewError(connect.CodeInvalidArgument, err)
+			return connect.CodeInvalidArgument
 		}
-		return connect.NewError(connect.CodeFailedPrecondition, err)
+		return connect.CodeFailedPrecondition
 	}
-	return connect.NewError(connect.CodeInternal, err)
+	return connect.CodeInternal
+}
+
+// clientError is an error with the message a client gets in place of its
+// own (which the node logs).
+type clientError struct {
+	msg string
+	err error
+}
+
+func (e *clientError) Error() string { return e.msg }
+func (e *clientError) Unwrap() error { return e.err }
+
+// hostPath matches an absolute path in an error's text: a '/' at the start
+// or after a space, quote, bracket, '=' or ',', up to the next such
+// character or ':' (open /var/lib/warren/vms/vm-3/x: no such file).
+var hostPath = regexp.MustCompile(`(^|[\s"'(\[=,])(/[^\s"'()\[\],:;]+)`)
+
+// clientMessage is err's message with the node's file paths (its state and
+// template directories, QEMU's and the agents' sockets) cut to their last
+// element: "open …/x: no such file or directory". They say how the host is
+// laid out, which is no client's business. What the guest agent said (a
+// *guest.RemoteError) is about the sandbox, the client's own, and is kept
+// whole, as are guestPaths.
+func clientMessage(err error, guestPaths []string) string {
+	msg := err.Error()
+	var re *guest.RemoteError
+	if errors.As(err, &re) {
+		if g := re.Error(); g != "" {
+			if i := strings.Index(msg, g); i >= 0 {
+				return scrubPaths(msg[:i], guestPaths) + g + scrubPaths(msg[i+len(g):], guestPaths)
+			}
+		}
+	}
+	return scrubPaths(msg, guestPaths)
+}
+
+func scrubPaths(s string, keep []string) string {
+	return hostPath.ReplaceAllStringFunc(s, func(m string) string {
+		i := strings.IndexByte(m, '/')
+		pre, p := m[:i], m[i:]
+		for _, k := range keep {
+			if p == k {
+				return m
+			}
+		}
+		return pre + "…/" + filepath.Base(p)
+	})
 }
 
 func invalidArg(format string, args ...any) error {
@@ -205,7 +275,7 @@ func (a *SandboxAPI) CreateSandbox(ctx context.Context, req *connect.Request[war
 	sb, err := a.drv.Claim(ctx, driver.ClaimRequest{ID: id, Template: m.GetTemplate(), TTL: time.Duration(m.GetTtlSeconds()) * time.Second,
 		Env: m.GetEnv(), Limits: driver.Limits{VCPUs: int(l.GetVcpus()), MemMB: int(l.GetMemoryMb()), DiskMB: int(l.GetDiskMb()), Pids: int(l.GetPids())}})
 	if err != nil {
-		return nil, codeOf(err)
+		return nil, a.codeOf(err)
 	}
 	ia, ok := sb.(driver.Interactive)
 	if !ok {
@@ -214,7 +284,7 @@ func (a *SandboxAPI) CreateSandbox(ctx context.Context, req *connect.Request[war
 	}
 	if err := a.egress.bind(sb, policy, nil); err != nil {
 		_ = sb.Destroy()
-		return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("egress: %w", err))
+		return nil, a.codeOf(fmt.Errorf("egress: %w", err))
 	}
 	a.metrics.claimed(sb)
 	return connect.NewResponse(&warrenv1.CreateSandboxResponse{Sandbox: a.toProto(ia)}), nil
@@ -238,7 +308,7 @@ func (a *SandboxAPI) SetEgress(ctx context.Context, req *connect.Request[warrenv
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("sandbox %s has no network (node %s runs without egress policy)", ia.ID(), a.nodeID))
 	}
 	if err := n.SetPolicy(policy); err != nil {
-		return nil, codeOf(err)
+		return nil, a.codeOf(err)
 	}
 	a.log.Info("egress policy changed", "sandbox", ia.ID(), "profile", policy.Profile, "allow", len(policy.Allow), "prefixes", len(policy.AllowPrefixes))
 	return connect.NewResponse(&warrenv1.SetEgressResponse{Sandbox: a.toProto(ia)}), nil
@@ -289,7 +359,7 @@ func (a *SandboxAPI) DeleteSandbox(ctx context.Context, req *connect.Request[war
 		return nil, err
 	}
 	if err := ia.Destroy(); err != nil {
-		return nil, codeOf(err)
+		return nil, a.codeOf(err)
 	}
 	a.egress.unbind(ia.ID())
 	return connect.NewResponse(&warrenv1.DeleteSandboxResponse{}), nil
@@ -349,7 +419,7 @@ func (a *SandboxAPI) Exec(ctx context.Context, req *connect.Request[warrenv1.Exe
 	var mu sync.Mutex
 	res, err := ia.Run(ctx, gr, streamWriter{&mu, stream, false}, streamWriter{&mu, stream, true})
 	if err != nil {
-		return codeOf(err)
+		return a.codeOf(err, append([]string{m.GetDir()}, m.GetCommand()...)...)
 	}
 	mu.Lock()
 	defer mu.Unlock()
@@ -389,7 +459,7 @@ func (a *SandboxAPI) ReadFile(ctx context.Context, req *connect.Request[warrenv1
 	buf := &limitedBuffer{max: MaxFileBytes}
 	fi, err := ia.ReadFile(ctx, req.Msg.GetPath(), MaxFileBytes, buf)
 	if err != nil {
-		return nil, codeOf(err)
+		return nil, a.codeOf(err, req.Msg.GetPath())
 	}
 	return connect.NewResponse(&warrenv1.ReadFileResponse{Data: buf.b, File: fileProto(fi)}), nil
 }
@@ -411,7 +481,7 @@ func (a *SandboxAPI) WriteFile(ctx context.Context, req *connect.Request[warrenv
 	}
 	fi, err := ia.WriteFile(ctx, req.Msg.GetPath(), req.Msg.GetMode(), strings.NewReader(string(req.Msg.GetData())))
 	if err != nil {
-		return nil, codeOf(err)
+		return nil, a.codeOf(err, req.Msg.GetPath())
 	}
 	return connect.NewResponse(&warrenv1.WriteFileResponse{File: fileProto(fi)}), nil
 }
@@ -427,7 +497,7 @@ func (a *SandboxAPI) ListFiles(ctx context.Context, req *connect.Request[warrenv
 	}
 	fs, err := ia.ListFiles(ctx, req.Msg.GetPath())
 	if err != nil {
-		return nil, codeOf(err)
+		return nil, a.codeOf(err, req.Msg.GetPath())
 	}
 	res := &warrenv1.ListFilesResponse{}
 	for _, f := range fs {
@@ -443,7 +513,7 @@ func (a *SandboxAPI) Pause(ctx context.Context, req *connect.Request[warrenv1.Pa
 		return nil, err
 	}
 	if err := ia.Pause(ctx); err != nil {
-		return nil, codeOf(err)
+		return nil, a.codeOf(err)
 	}
 	return connect.NewResponse(&warrenv1.PauseResponse{Sandbox: a.toProto(ia)}), nil
 }
@@ -455,7 +525,7 @@ func (a *SandboxAPI) Resume(ctx context.Context, req *connect.Request[warrenv1.R
 		return nil, err
 	}
 	if err := ia.Resume(ctx); err != nil {
-		return nil, codeOf(err)
+		return nil, a.codeOf(err)
 	}
 	return connect.NewResponse(&warrenv1.ResumeResponse{Sandbox: a.toProto(ia)}), nil
 }
@@ -476,18 +546,18 @@ func (a *SandboxAPI) SetPoolTarget(ctx context.Context, req *connect.Request[war
 		// so rather than refusing, so that a cluster-wide `warren pool
 		// set` does not report this node as failing.
 		if err := a.setTarget(t, int(n)); err != nil {
-			return nil, connect.NewError(connect.CodeInternal, err)
+			return nil, a.codeOf(err)
 		}
 		return connect.NewResponse(&warrenv1.SetPoolTargetResponse{Pools: []*warrenv1.PoolStatus{{NodeId: a.nodeID, Template: t,
 			Note: fmt.Sprintf("the %s driver keeps no warm pool", a.drv.Name())}}}), nil
 	}
 	if l, ok := a.drv.(interface{ HasTemplate(string) error }); ok {
 		if err := l.HasTemplate(t); err != nil {
-			return nil, codeOf(err)
+			return nil, a.codeOf(err)
 		}
 	}
 	if err := a.setTarget(t, int(n)); err != nil {
-		return nil, connect.NewError(connect.CodeInternal, err)
+		return nil, a.codeOf(err)
 	}
 	pools, _ := a.ListPools(ctx, connect.NewRequest(&warrenv1.ListPoolsRequest{}))
 	return connect.NewResponse(&warrenv1.SetPoolTargetResponse{Pools: pools.Msg.GetPools()}), nil
