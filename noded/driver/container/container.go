@@ -69,6 +69,9 @@ type Driver struct {
 	client *containerd.Client
 	scope  string // label value marking this driver's containers
 	ver    string
+	// logWriter is the script the shim runs to keep each agent's output
+	// (see agentlog.go).
+	logWriter string
 
 	mu     sync.Mutex
 	live   map[string]*Box
@@ -158,6 +161,10 @@ func New(cfg Config) (*Driver, error) {
 	d := &Driver{cfg: cfg, log: cfg.Logger, client: client, scope: hex.EncodeToString(h[:])[:12], ver: v.Version,
 		live: map[string]*Box{}, lowers: map[string]string{}}
 	if err := os.MkdirAll(filepath.Join(cfg.StateDir, "boxes"), 0o755); err != nil {
+		client.Close()
+		return nil, err
+	}
+	if d.logWriter, err = writeAgentLogWriter(cfg.StateDir); err != nil {
 		client.Close()
 		return nil, err
 	}
@@ -472,7 +479,8 @@ func (d *Driver) start(ctx context.Context, t *guest.Template, req driver.ClaimR
 		return nil, fmt.Errorf("container: %w", err)
 	}
 	b.c = c
-	task, err := c.NewTask(ctx, cio.LogFile(filepath.Join(dir, "agent.log")))
+	logPath := filepath.Join(dir, agentLogName)
+	task, err := c.NewTask(ctx, cio.BinaryIO(d.logWriter, map[string]string{"log": logPath}))
 	if err != nil {
 		return nil, fmt.Errorf("container task: %w", err)
 	}
@@ -493,7 +501,9 @@ func (d *Driver) start(ctx context.Context, t *guest.Template, req driver.ClaimR
 		}
 		select {
 		case <-actx.Done():
-			log, _ := os.ReadFile(filepath.Join(dir, "agent.log"))
+			// The agent's own words on why it did not start, if any: the
+			// log is short then, and only its end is quoted regardless.
+			log := readTail(logPath, 4<<10)
 			return nil, fmt.Errorf("agent: %w: %s", actx.Err(), strings.TrimSpace(string(log)))
 		case <-time.After(2 * time.Millisecond):
 		}

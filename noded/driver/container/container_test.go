@@ -55,6 +55,12 @@ func newDriver(t *testing.T) *Driver { return newDriverWith(t, "runc") }
 // newDriverWith makes a driver on the given runtime, runc or runsc.
 func newDriverWith(t *testing.T, runtime string) *Driver {
 	t.Helper()
+	return newDriverAgent(t, runtime, agentBin)
+}
+
+// newDriverAgent makes a driver whose containers run agent as their init.
+func newDriverAgent(t *testing.T, runtime, agent string) *Driver {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("runs containers; skipped in -short")
 	}
@@ -74,7 +80,7 @@ func newDriverWith(t *testing.T, runtime string) *Driver {
 	if _, err := guest.LoadTemplate(imageDir(), "default"); err != nil {
 		t.Skipf("needs the default template: %v (run `make image`)", err)
 	}
-	d, err := New(Config{Socket: sock, ImageDir: imageDir(), StateDir: t.TempDir(), Namespace: "warren-test", Agent: agentBin, Runtime: runtime})
+	d, err := New(Config{Socket: sock, ImageDir: imageDir(), StateDir: t.TempDir(), Namespace: "warren-test", Agent: agent, Runtime: runtime})
 	if err != nil {
 		t.Fatal(err)
 	}
