@@ -157,6 +157,9 @@ type Daemon struct {
 	sandboxURL string
 	// Sandboxes serves the node's SandboxService (nil without SandboxListen).
 	Sandboxes *SandboxAPI
+	// poolFit checks the pool targets of a node without a sandbox API
+	// (Sandboxes has its own).
+	poolFit poolFit
 }
 
 // Stats counts what the daemon did (tests and benchmarks read them).
@@ -191,7 +194,7 @@ func Start(cfg Config) (*Daemon, error) {
 	b := make([]byte, 8)
 	_, _ = rand.Read(b)
 	d := &Daemon{cfg: cfg, log: cfg.Logger.With("node", cfg.ID), incarnation: hex.EncodeToString(b),
-		actors: map[string]*taskRef{}, net: newNetFaults(), git: cfg.Git}
+		actors: map[string]*taskRef{}, net: newNetFaults(), git: cfg.Git, poolFit: poolFit{mem: nodeMemBytes(cfg.Capacity.GetMemoryBytes())}}
 	if d.git == nil {
 		d.git = agent.NewGitService(filepath.Join(cfg.DataDir, "git"), nil, nil, agent.CheckConfig{}, false)
 		d.git.AllowLocal = true // no forge: a test's or a demo's node

@@ -7,11 +7,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -51,6 +53,7 @@ type SandboxAPI struct {
 	// slow: the microvm driver loads the template and destroys the VMs a
 	// smaller target drops), so the last one applies the latest target.
 	applying map[string]*sync.Mutex
+	fit      poolFit // refuses targets the node's memory cannot hold
 }
 
 var _ warrenv1connect.SandboxServiceHandler = (*SandboxAPI)(nil)
@@ -68,10 +71,117 @@ func NewSandboxAPI(nodeID, dataDir string, drv driver.Driver, log *slog.Logger) 
 			log.Warn("pool targets unreadable; starting without", "err", err)
 		}
 		for t, n := range a.pools {
+			if err := a.fit.check(drv, nodeID, t, n); err != nil { // saved before targets were checked
+				a.fit.refused(log, t, n, err)
+				delete(a.pools, t)
+				continue
+			}
 			drv.SetPoolTarget(t, n)
 		}
 	}
 	return a
+}
+
+// poolFit refuses a pool target whose warm sandboxes cannot all fit in the
+// node's memory: the node would try to start them all, and each refill that
+// fails for want of memory is tried again. A refusal is logged once per
+// template and target, since the leader's session sends the cluster's
+// targets again each time it opens.
+type poolFit struct {
+	// mem is the node's memory in bytes: the host's, or the capacity the
+	// node declares when that is less (nodeMemBytes). 0 is the host's.
+	mem int64
+
+	mu   sync.Mutex
+	said map[string]int // template -> the target whose refusal was logged
+}
+
+// check returns an error of kind driver.ErrInvalid naming the target and
+// the figures if n warm sandboxes of template t do not fit. A driver that
+// is no driver.PoolSizer, or does not know the size (0), is not checked.
+func (p *poolFit) check(drv driver.Driver, node, t string, n int) error {
+	s, ok := drv.(driver.PoolSizer)
+	if !ok || n <= 0 {
+		return nil
+	}
+	each := s.PoolMemberBytes(t)
+	if each <= 0 {
+		return nil
+	}
+	mem := p.mem
+	if mem <= 0 {
+		mem = hostMemBytes()
+	}
+	if mem <= 0 || int64(n) <= mem/each {
+		return nil
+	}
+	need := "more than " + iecBytes(mem)
+	if int64(n) <= math.MaxInt64/each {
+		need = iecBytes(int64(n) * each)
+	}
+	return driver.Errorf(driver.ErrInvalid, "target %d: needs %s for %d warm sandboxes of %s; node %s has %s of memory (room for %d)",
+		n, need, n, iecBytes(each), node, iecBytes(mem), mem/each)
+}
+
+// refused logs a refusal, once for each template and target.
+func (p *poolFit) refused(log *slog.Logger, t string, n int, err error) {
+	p.mu.Lock()
+	first := p.said[t] != n
+	if first {
+		if p.said == nil {
+			p.said = map[string]int{}
+		}
+		p.said[t] = n
+	}
+	p.mu.Unlock()
+	if first {
+		log.Warn("pool target refused", "template", t, "target", n, "err", err)
+	}
+}
+
+// accepted forgets a template's logged refusal: the same target refused
+// again later is logged again.
+func (p *poolFit) accepted(t string) {
+	p.mu.Lock()
+	delete(p.said, t)
+	p.mu.Unlock()
+}
+
+// iecBytes writes a size in GiB or MiB (24 GiB, 1.5 GiB, 256 MiB).
+func iecBytes(b int64) string {
+	switch {
+	case b >= 1<<30:
+		return strings.TrimSuffix(strconv.FormatFloat(float64(b)/(1<<30), 'f', 1, 64), ".0") + " GiB"
+	case b >= 1<<20:
+		return strings.TrimSuffix(strconv.FormatFloat(float64(b)/(1<<20), 'f', 1, 64), ".0") + " MiB"
+	}
+	return strconv.FormatInt(b, 10) + " B"
+}
+
+// hostMemBytes is the host's memory (MemTotal), or 0 if unknown.
+func hostMemBytes() int64 {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "MemTotal:" {
+			if kb, err := strconv.ParseInt(f[1], 10, 64); err == nil {
+				return kb << 10
+			}
+		}
+	}
+	return 0
+}
+
+// nodeMemBytes is the memory pool targets are checked against: the host's,
+// or the node's declared capacity when that is less.
+func nodeMemBytes(capacity int64) int64 {
+	m := hostMemBytes()
+	if capacity > 0 && (m == 0 || capacity < m) {
+		m = capacity
+	}
+	return m
 }
 
 func truncate(s string, n int) string {
@@ -569,7 +679,15 @@ func (a *SandboxAPI) SetPoolTarget(ctx context.Context, req *connect.Request[war
 // a.mu), and the driver ends with each template's latest target (its calls
 // for one template are serialised and apply the target current then),
 // while a slow call for one template does not hold up another's.
+//
+// A target whose warm sandboxes cannot fit in the node's memory is refused
+// (see poolFit) and changes nothing: the template keeps its target.
 func (a *SandboxAPI) setTarget(t string, n int) error {
+	if err := a.fit.check(a.drv, a.nodeID, t, n); err != nil {
+		a.fit.refused(a.log, t, n, err)
+		return err
+	}
+	a.fit.accepted(t)
 	a.mu.Lock()
 	if n == 0 {
 		delete(a.pools, t)
@@ -627,7 +745,9 @@ func (a *SandboxAPI) setTargets(set []*warrenv1.SetPoolTarget) {
 	}
 	a.mu.Unlock()
 	for t, n := range want {
-		if err := a.setTarget(t, n); err != nil {
+		if err := a.setTarget(t, n); errors.Is(err, driver.ErrInvalid) {
+			continue // refused, and logged once by setTarget
+		} else if err != nil {
 			a.log.Warn("pool target not saved", "template", t, "target", n, "err", err)
 		}
 	}
@@ -643,8 +763,8 @@ func (d *Daemon) setPoolTargets(set []*warrenv1.SetPoolTarget) {
 	}
 	want := map[string]bool{}
 	for _, t := range set {
-		d.cfg.Driver.SetPoolTarget(t.GetTemplate(), int(t.GetTarget()))
 		want[t.GetTemplate()] = true
+		d.setPoolTarget(t.GetTemplate(), int(t.GetTarget()))
 	}
 	if p, ok := d.cfg.Driver.(driver.Pooler); ok {
 		for _, st := range p.Pools() {
@@ -653,6 +773,25 @@ func (d *Daemon) setPoolTargets(set []*warrenv1.SetPoolTarget) {
 			}
 		}
 	}
+}
+
+// setPoolTarget applies one pool target the leader's session sent: through
+// the sandbox API, which saves it, or straight to the driver on a node
+// without one. A target the node's memory cannot hold is refused (and
+// logged once) either way.
+func (d *Daemon) setPoolTarget(t string, n int) {
+	if d.Sandboxes != nil {
+		if err := d.Sandboxes.setTarget(t, n); err != nil && !errors.Is(err, driver.ErrInvalid) { // a refusal is logged
+			d.log.Warn("pool target not saved", "template", t, "target", n, "err", err)
+		}
+		return
+	}
+	if err := d.poolFit.check(d.cfg.Driver, d.cfg.ID, t, n); err != nil {
+		d.poolFit.refused(d.log, t, n, err)
+		return
+	}
+	d.poolFit.accepted(t)
+	d.cfg.Driver.SetPoolTarget(t, n)
 }
 
 // ListPools reports this node's pools.
@@ -685,6 +824,7 @@ func (d *Daemon) serveSandboxes() error {
 	d.Sandboxes = NewSandboxAPI(d.cfg.ID, d.cfg.DataDir, d.cfg.Driver, d.log)
 	d.Sandboxes.metrics = d.cfg.Metrics
 	d.Sandboxes.egress = d.cfg.Egress
+	d.Sandboxes.fit.mem = nodeMemBytes(d.cfg.Capacity.GetMemoryBytes())
 	mux := http.NewServeMux()
 	mux.Handle(warrenv1connect.NewSandboxServiceHandler(d.Sandboxes, connect.WithReadMaxBytes(2*MaxFileBytes)))
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}

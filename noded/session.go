@@ -164,11 +164,7 @@ func (d *Daemon) runSession(nc warrenv1connect.NodeServiceClient, url string) er
 			d.keepTask(c.Keep)
 		case *warrenv1.SessionResponse_SetPoolTarget:
 			d.log.Info("pool target", "template", c.SetPoolTarget.GetTemplate(), "target", c.SetPoolTarget.GetTarget())
-			if d.Sandboxes != nil {
-				d.Sandboxes.setTarget(c.SetPoolTarget.GetTemplate(), int(c.SetPoolTarget.GetTarget()))
-			} else {
-				d.cfg.Driver.SetPoolTarget(c.SetPoolTarget.GetTemplate(), int(c.SetPoolTarget.GetTarget()))
-			}
+			d.setPoolTarget(c.SetPoolTarget.GetTemplate(), int(c.SetPoolTarget.GetTarget()))
 		case *warrenv1.SessionResponse_PoolTargets:
 			d.setPoolTargets(c.PoolTargets.GetTargets())
 		case *warrenv1.SessionResponse_Ack:

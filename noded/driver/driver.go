@@ -138,6 +138,17 @@ type PoolStatus struct {
 	Standby int
 }
 
+// PoolSizer is a driver that knows how much memory one warm sandbox of a
+// template holds, so that a node can refuse a pool target its memory
+// cannot hold.
+type PoolSizer interface {
+	// PoolMemberBytes is the memory of one warm pool member of template:
+	// at most what it can take while it waits and once claimed. 0 means
+	// unknown (or none), and no target is refused for it. Safe to call
+	// concurrently.
+	PoolMemberBytes(template string) int64
+}
+
 // Pooler is a driver with real warm pools.
 type Pooler interface {
 	Pools() []PoolStatus

@@ -198,6 +198,12 @@ func (d *Driver) SetPoolTarget(template string, n int) {
 	}
 }
 
+// PoolMemberBytes is 0: the driver keeps no warm pool, so a target holds
+// no memory.
+func (d *Driver) PoolMemberBytes(string) int64 { return 0 }
+
+var _ driver.PoolSizer = (*Driver)(nil)
+
 const label = "warren.scope"
 
 // cleanLeftovers destroys this driver's containers and box directories

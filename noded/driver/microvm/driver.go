@@ -1021,6 +1021,20 @@ func (d *Driver) Detach() {
 	d.wg.Wait()
 }
 
+// PoolMemberBytes is the guest memory of one warm pool member of template
+// (the snapshot's, Config.SnapshotMemMB), which it can fill once claimed;
+// 0 for a template the driver does not have. An idle member is much less
+// (its untouched pages are the snapshot file's), and QEMU's own memory and
+// TCG's cache come on top of it.
+func (d *Driver) PoolMemberBytes(template string) int64 {
+	if d.HasTemplate(template) != nil {
+		return 0
+	}
+	return int64(d.cfg.SnapshotMemMB) << 20
+}
+
+var _ driver.PoolSizer = (*Driver)(nil)
+
 // HasTemplate reports whether the template exists (a pool for it can be set).
 func (d *Driver) HasTemplate(name string) error {
 	_, err := d.template(name)

@@ -52,6 +52,12 @@ func (d *Driver) SetPoolTarget(template string, n int) {
 	d.warm[template] = n
 }
 
+// PoolMemberBytes is 0: a simulated warm sandbox is a counter and holds no
+// memory, so no target is too large for a node's memory.
+func (d *Driver) PoolMemberBytes(string) int64 { return 0 }
+
+var _ driver.PoolSizer = (*Driver)(nil)
+
 // Live returns the number of sandboxes not yet destroyed.
 func (d *Driver) Live() int {
 	d.mu.Lock()

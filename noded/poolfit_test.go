@@ -1,0 +1,126 @@
+package noded
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"connectrpc.com/connect"
+
+	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
+)
+
+// sizedPoolDriver is a poolDriver that says how much memory one warm
+// sandbox of each template holds (a driver.PoolSizer).
+type sizedPoolDriver struct {
+	poolDriver
+	each map[string]int64
+}
+
+func (d *sizedPoolDriver) PoolMemberBytes(t string) int64 { return d.each[t] }
+
+func newSizedPoolDriver(t *testing.T) *sizedPoolDriver {
+	mem := memTotal()
+	if mem <= 0 {
+		t.Skip("needs /proc/meminfo's MemTotal")
+	}
+	// "big": three fit in this host's memory, four do not; "huge": not one.
+	return &sizedPoolDriver{poolDriver: poolDriver{listDriver: listDriver{name: "microvm"}, targets: map[string]int{}},
+		each: map[string]int64{"big": mem/4 + 1, "huge": mem + 1, "small": 1 << 20}}
+}
+
+// memTotal is the host's memory (MemTotal), which a node's targets are
+// checked against when it declares no smaller capacity.
+func memTotal() int64 {
+	b, _ := os.ReadFile("/proc/meminfo")
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "MemTotal:" {
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+// `warren pool set T N` with more warm sandboxes than the node's memory
+// holds is refused as invalid_argument naming the target and the figures,
+// and the template keeps the target it had; the driver is not asked to
+// start them. It was accepted, and the node tried to start them all.
+func TestPoolTargetOverTheNodesMemoryIsRefused(t *testing.T) {
+	drv := newSizedPoolDriver(t)
+	dir := t.TempDir()
+	a := NewSandboxAPI(testNode, dir, drv, nil)
+	mux := http.NewServeMux()
+	mux.Handle(warrenv1connect.NewSandboxServiceHandler(a))
+	hs := httptest.NewServer(mux)
+	defer hs.Close()
+	c := warrenv1connect.NewSandboxServiceClient(hs.Client(), hs.URL)
+	set := func(tpl string, n uint32) error {
+		_, err := c.SetPoolTarget(context.Background(), connect.NewRequest(&warrenv1.SetPoolTargetRequest{Template: tpl, Target: n}))
+		return err
+	}
+	if err := set("big", 3); err != nil {
+		t.Fatalf("a target that fits: %v", err)
+	}
+	if err := set("small", 1000); err != nil {
+		t.Fatalf("a target that fits: %v", err)
+	}
+	err := set("big", 4)
+	if connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Fatalf("a target over the node's memory: %v; want invalid_argument", err)
+	}
+	for _, want := range []string{"target 4:", "needs ", "4 warm sandboxes of ", "node " + testNode + " has ", "room for 3"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the refusal %q does not say %q", err, want)
+		}
+	}
+	if err := set("huge", 1); connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Errorf("one warm sandbox larger than the node: %v; want invalid_argument", err)
+	}
+	if drv.targets["big"] != 3 || drv.targets["small"] != 1000 {
+		t.Errorf("driver's targets %v: want big=3 (kept) and small=1000", drv.targets)
+	}
+	if _, ok := drv.targets["huge"]; ok {
+		t.Errorf("the driver was given the refused target huge=%d", drv.targets["huge"])
+	}
+	b, _ := os.ReadFile(filepath.Join(dir, "pools.json"))
+	if strings.Contains(string(b), "huge") || !strings.Contains(string(b), `"big":3`) {
+		t.Errorf("pools.json %s: want big at 3 and no huge", b)
+	}
+}
+
+// The leader's session sends the cluster's targets at each open: one this
+// node refuses is not applied, and its refusal is logged once, not at
+// every session (nor does it stop the others). Both with a sandbox API and
+// without one (the driver's targets set directly).
+func TestRefusedSessionTargetsAreLoggedOnce(t *testing.T) {
+	set := []*warrenv1.SetPoolTarget{{Template: "huge", Target: 2}, {Template: "small", Target: 2}}
+	for _, withAPI := range []bool{true, false} {
+		drv := newSizedPoolDriver(t)
+		var logw syncBuffer
+		log := slog.New(slog.NewTextHandler(&logw, nil))
+		d := &Daemon{cfg: Config{ID: testNode, Driver: drv}, log: log}
+		if withAPI {
+			d.Sandboxes = NewSandboxAPI(testNode, t.TempDir(), drv, log)
+		}
+		for i := 0; i < 3; i++ {
+			d.setPoolTargets(set)
+		}
+		if n, ok := drv.targets["huge"]; ok {
+			t.Errorf("sandbox API %v: the driver was given the refused target huge=%d", withAPI, n)
+		}
+		if drv.targets["small"] != 2 {
+			t.Errorf("sandbox API %v: small's target %d, want 2", withAPI, drv.targets["small"])
+		}
+		if n := strings.Count(logw.String(), "pool target refused"); n != 1 {
+			t.Errorf("sandbox API %v: the refusal was logged %d times over 3 sessions, want once:\n%s", withAPI, n, logw.String())
+		}
+	}
+}
