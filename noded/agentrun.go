@@ -199,12 +199,8 @@ func (a *taskActor) newLoop(t *warrenv1.Task) (*agent.Loop, error) {
 	if err != nil {
 		return nil, fmt.Errorf("spec.policy: %w", err)
 	}
-	blobDir := m.BlobDir
-	if blobDir == "" {
-		blobDir = filepath.Join(a.d.cfg.DataDir, "blobs")
-	}
 	b := spec.GetBudgets()
-	cfg := agent.Config{Model: name, Price: price, Policy: pol, Blobs: agent.DirBlobs{Dir: blobDir}, Clock: actor.RealClock(), Checkpoints: true,
+	cfg := agent.Config{Model: name, Price: price, Policy: pol, Blobs: agent.DirBlobs{Dir: blobDir(a.d.cfg)}, Clock: actor.RealClock(), Checkpoints: true,
 
 		Budgets: agent.Budgets{MaxSteps: b.GetMaxSteps(), MaxTokens: b.GetMaxTokens(), MaxCostMicroUSD: b.GetMaxCostMicroUsd(),
 			MaxWallClock: time.Duration(b.GetMaxWallClockSeconds()) * time.Second}}

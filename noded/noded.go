@@ -238,6 +238,11 @@ func Start(cfg Config) (*Daemon, error) {
 	}
 	d.wg.Add(1)
 	go d.sessionLoop()
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		sweepBlobs(d.ctx, blobDir(cfg), blobSweepEvery, blobRetain, d.log.With("component", "blobgc"))
+	}()
 	d.log.Info("node daemon started", "driver", cfg.Driver.Name(), "servers", cfg.Servers, "gossip", cfg.GossipAddr)
 	return d, nil
 }
