@@ -14,7 +14,6 @@ import (
 	"github.com/warrenhq/warren/agent"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/guest"
-	"github.com/warrenhq/warren/netpolicy"
 )
 
 const (
@@ -142,7 +141,7 @@ func (a *taskActor) finishTask(c *actor.Context) {
 			}
 			fin.test = run
 		}
-		if err := a.recordTestEgress(ctx, fin.test); err != nil {
+		if err := a.recordEgress(); err != nil { // the verification sandbox's attempts (queueEgress) before its test_run
 			a.failed(c, "record the test run's egress", err, finishMsg{})
 			return
 		}
@@ -327,15 +326,10 @@ type finishRound struct {
 }
 
 // testRun is a round's run of the test command in its verification
-// sandbox (gone by now), with that sandbox's egress audit.
+// sandbox (gone by now; its egress audit went to the actor, queueEgress).
 type testRun struct {
 	res     guest.ExecResult
 	out     string
 	took    time.Duration
 	sandbox string // the verification sandbox's id
-	// egress holds the audit batches not yet on the log; egressGen and
-	// egressN make their keys (see recordTestEgress).
-	egress    []netpolicy.AuditBatch
-	egressGen string
-	egressN   int
 }

@@ -58,6 +58,9 @@ type (
 	egressBatch struct {
 		n uint64
 		b netpolicy.AuditBatch
+		// sandbox is the sandbox whose attempts b holds, when not the
+		// task's own (a verification sandbox of the finish step).
+		sandbox string
 	}
 )
 
@@ -595,8 +598,31 @@ func (a *taskActor) flushEgress() error {
 	return a.recordEgress()
 }
 
+// queueEgress numbers the audit batches of sandbox (not the task's own:
+// a verification sandbox, gone by now) for their appends, after those
+// queued before, under the actor's generation; recordEgress appends them,
+// so they land before the task's last event whatever ended the run
+// (flushBeforeLast), and a failed append is retried under the same key.
+// Called on the actor's goroutine.
+func (a *taskActor) queueEgress(sandbox string, bs []netpolicy.AuditBatch) {
+	if len(bs) == 0 {
+		return
+	}
+	if a.egressGen == "" {
+		a.egressGen = fmt.Sprintf("%s.%d", a.d.incarnation, actorGen.Add(1))
+	}
+	for _, b := range bs {
+		a.egressN++
+		a.egressPending = append(a.egressPending, egressBatch{n: a.egressN, b: b, sandbox: sandbox})
+	}
+}
+
 func (a *taskActor) appendEgress(m egressBatch) error {
-	payload := map[string]any{"sandbox": a.sb.ID(), "events": m.b.Events}
+	sb := m.sandbox
+	if sb == "" {
+		sb = a.sb.ID()
+	}
+	payload := map[string]any{"sandbox": sb, "events": m.b.Events}
 	if m.b.Omitted > 0 {
 		payload["omitted"], payload["omitted_count"] = m.b.Omitted, m.b.OmittedCount
 	}

@@ -93,9 +93,9 @@ func (a *taskActor) testInSandbox(ctx context.Context, id, patch, cmd string) (r
 			// Its TTL reaps it; a rerun of the round destroys it first.
 			a.d.log.Warn("destroy the verification sandbox", "task", a.id, "sandbox", id, "err", derr)
 		}
-		if run != nil {
-			run.egress = audit.take()
-		}
+		// On the log before the task's last event, whatever ended the
+		// run: a cancel, an error, the tests' end.
+		a.queueEgress(id, audit.take())
 	}()
 	// The task's own policy, never more network than the model had.
 	policy, perr := taskPolicy(a.spec)
@@ -125,28 +125,7 @@ func (a *taskActor) testInSandbox(ctx context.Context, id, patch, cmd string) (r
 	if err != nil {
 		return nil, err
 	}
-	return &testRun{res: res, out: tail(string(outb.Bytes()), 8<<10), took: time.Since(start), sandbox: id,
-		egressGen: fmt.Sprintf("%s.%d", a.d.incarnation, actorGen.Add(1))}, nil
-}
-
-// recordTestEgress appends the verification sandbox's egress audit as
-// egress events of the task, before its test_run; a batch whose append
-// fails stays for the retry. Each run has its own generation in the keys
-// (as an actor has): a run made again (a restarted actor) does not have
-// its batches taken for the first run's.
-func (a *taskActor) recordTestEgress(ctx context.Context, run *testRun) error {
-	for len(run.egress) > 0 {
-		b := run.egress[0]
-		payload := map[string]any{"sandbox": run.sandbox, "events": b.Events}
-		if b.Omitted > 0 {
-			payload["omitted"], payload["omitted_count"] = b.Omitted, b.OmittedCount
-		}
-		if _, err := a.append(ctx, fmt.Sprintf("egress-%s-%d", run.egressGen, run.egressN+1), ev("egress", payload)); err != nil {
-			return err
-		}
-		run.egress, run.egressN = run.egress[1:], run.egressN+1
-	}
-	return nil
+	return &testRun{res: res, out: tail(string(outb.Bytes()), 8<<10), took: time.Since(start), sandbox: id}, nil
 }
 
 // auditBuffer keeps a verification sandbox's egress audit batches; add is
