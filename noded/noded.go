@@ -160,6 +160,10 @@ type Daemon struct {
 	// poolFit checks the pool targets of a node without a sandbox API
 	// (Sandboxes has its own).
 	poolFit poolFit
+	// poolQ holds the session's pool targets not yet applied, and
+	// poolBusy says a goroutine applies them (applyPoolsLater); under mu.
+	poolQ    []func()
+	poolBusy bool
 }
 
 // Stats counts what the daemon did (tests and benchmarks read them).

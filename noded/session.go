@@ -164,13 +164,53 @@ func (d *Daemon) runSession(nc warrenv1connect.NodeServiceClient, url string) er
 			d.keepTask(c.Keep)
 		case *warrenv1.SessionResponse_SetPoolTarget:
 			d.log.Info("pool target", "template", c.SetPoolTarget.GetTemplate(), "target", c.SetPoolTarget.GetTarget())
-			d.setPoolTarget(c.SetPoolTarget.GetTemplate(), int(c.SetPoolTarget.GetTarget()))
+			t, n := c.SetPoolTarget.GetTemplate(), int(c.SetPoolTarget.GetTarget())
+			d.applyPoolsLater(func() { d.setPoolTarget(t, n) })
 		case *warrenv1.SessionResponse_PoolTargets:
-			d.setPoolTargets(c.PoolTargets.GetTargets())
+			set := c.PoolTargets.GetTargets()
+			d.applyPoolsLater(func() { d.setPoolTargets(set) })
 		case *warrenv1.SessionResponse_Ack:
 			// Only a sign of life, which receive has noted.
 		}
 	}
+}
+
+// applyPoolsLater applies pool targets from the leader's session (f) on a
+// goroutine of their own, in the order they came: the driver's call may
+// take seconds (the microVM driver loads the template, and destroys the
+// VMs a smaller target drops), and meanwhile the session must go on
+// reading, for its StartTasks and for the acks without which the node
+// takes the leader for gone. Targets queued when the daemon closes are
+// dropped; the next session sends the cluster's again.
+func (d *Daemon) applyPoolsLater(f func()) {
+	d.mu.Lock()
+	if d.closing { // Close is waiting on d.wg: it must not grow now
+		d.mu.Unlock()
+		return
+	}
+	d.poolQ = append(d.poolQ, f)
+	if d.poolBusy {
+		d.mu.Unlock()
+		return
+	}
+	d.poolBusy = true
+	d.wg.Add(1)
+	d.mu.Unlock()
+	go func() {
+		defer d.wg.Done()
+		for {
+			d.mu.Lock()
+			if len(d.poolQ) == 0 || d.closing {
+				d.poolQ, d.poolBusy = nil, false
+				d.mu.Unlock()
+				return
+			}
+			f := d.poolQ[0]
+			d.poolQ = d.poolQ[1:]
+			d.mu.Unlock()
+			f()
+		}
+	}()
 }
 
 // warmSandboxes is what the heartbeat reports of the driver's warm pools:

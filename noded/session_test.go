@@ -31,6 +31,8 @@ type fakeLeader struct {
 	leaderURL atomic.Value // string
 	hellos    atomic.Int32
 	warm      atomic.Pointer[map[string]uint32] // the last heartbeat's warm counts
+	// push is sent after the Welcome.
+	push []*warrenv1.SessionResponse
 }
 
 func (f *fakeLeader) Status(context.Context, *connect.Request[warrenv1.StatusRequest]) (*connect.Response[warrenv1.StatusResponse], error) {
@@ -46,6 +48,11 @@ func (f *fakeLeader) Session(ctx context.Context, st *connect.BidiStream[warrenv
 		LeaderId: "fake", HeartbeatIntervalMs: f.ttl.Milliseconds() / 10, TtlMs: f.ttl.Milliseconds(),
 		AcksHeartbeats: f.advertise}}}); err != nil {
 		return err
+	}
+	for _, m := range f.push {
+		if err := st.Send(m); err != nil {
+			return err
+		}
 	}
 	for {
 		m, err := st.Receive()
@@ -278,4 +285,44 @@ func TestHeartbeatReportsReadyWarmSandboxes(t *testing.T) {
 	waitFor(t, "a heartbeat reporting the pools' new ready counts", 5*time.Second, reports(map[string]uint32{"default": 1, "py": 1}))
 	drv.set(driver.PoolStatus{Template: "default", Target: 2, Filling: 2})
 	waitFor(t, "a heartbeat reporting no warm sandbox", 5*time.Second, reports(map[string]uint32{}))
+}
+
+// slowPoolSim is the simulated driver whose SetPoolTarget waits for
+// release, as the microVM driver's may take seconds (it loads the
+// template, and destroys the VMs a smaller target drops).
+type slowPoolSim struct {
+	*sim.Driver
+	called  chan struct{} // closed when SetPoolTarget began
+	once    sync.Once
+	release chan struct{}
+}
+
+func (s *slowPoolSim) SetPoolTarget(t string, n int) {
+	s.once.Do(func() { close(s.called) })
+	<-s.release
+	s.Driver.SetPoolTarget(t, n)
+}
+
+// A pool target from the leader is applied off the session's receive
+// loop: while the driver's call is slow, the node goes on with what the
+// leader sends next (a StartTask here; and the leader cuts a session
+// whose queue it cannot empty), and keeps its session.
+func TestSlowPoolTargetHoldsUpNoStart(t *testing.T) {
+	f := &fakeLeader{ttl: 300 * time.Millisecond, advertise: true, ack: true, push: []*warrenv1.SessionResponse{
+		{Msg: &warrenv1.SessionResponse_SetPoolTarget{SetPoolTarget: &warrenv1.SetPoolTarget{Template: "default", Target: 2}}},
+		{Msg: &warrenv1.SessionResponse_Start{Start: &warrenv1.StartTask{TaskId: "t1", Epoch: 1}}},
+	}}
+	f.leaderURL.Store("http://" + f.serve(t))
+	drv := &slowPoolSim{Driver: sim.New(sim.Config{}), called: make(chan struct{}), release: make(chan struct{})}
+	d := startNodeWithDriver(t, f.leaderURL.Load().(string), drv)
+	t.Cleanup(func() { close(drv.release) }) // before the node's Close, which waits for the call
+	select {
+	case <-drv.called:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the pool target never reached the driver")
+	}
+	waitFor(t, "the StartTask sent after the pool target to start an actor", 5*time.Second, func() bool { return d.Stats().Started >= 1 })
+	if n := f.hellos.Load(); n != 1 {
+		t.Fatalf("the node opened %d sessions while a pool target was applied (stats %+v)", n, d.Stats())
+	}
 }
