@@ -131,6 +131,17 @@ func (a *taskActor) finishTask(c *actor.Context) {
 	var testOut string
 	if cmd := a.spec.GetTestCommand(); cmd != "" && !rep.Blocked {
 		if fin.test == nil {
+			// Recorded under this lease by the actor before this one (it
+			// restarted after a panic, or the node within its TTL): what
+			// the log says is what the finish goes by, not a second run.
+			run, err := a.recordedTestRun(ctx, round)
+			if err != nil {
+				a.failed(c, "read the log", err, finishMsg{})
+				return
+			}
+			fin.test = run
+		}
+		if fin.test == nil {
 			run, err := a.runTestsClean(sctx, round, patch, cmd)
 			if a.cancelled(c, sctx) {
 				return
@@ -150,9 +161,12 @@ func (a *taskActor) finishTask(c *actor.Context) {
 		passed := res.ExitCode == 0 && !res.TimedOut
 		if _, err := a.append(ctx, fmt.Sprintf("finish/test-%d", round), ev("test_run", map[string]any{"command": cmd, "exit_code": res.ExitCode,
 			"timed_out": res.TimedOut, "passed": passed, "output": tail(testOut, 4<<10), "duration_ms": fin.test.took.Milliseconds(),
-			"clean_sandbox": true, "sandbox": fin.test.sandbox})); err != nil {
+			"clean_sandbox": true, "sandbox": fin.test.sandbox, "round": round, "epoch": a.epoch})); err != nil {
 			a.failed(c, "record the test run", err, finishMsg{})
 			return
+		}
+		if f := a.d.cfg.AfterRecord; f != nil {
+			f(fmt.Sprintf("finish/test-%d", round))
 		}
 		if !passed {
 			why := fmt.Sprintf("exit %d", res.ExitCode)
@@ -268,6 +282,46 @@ func (a *taskActor) finishTask(c *actor.Context) {
 	}
 	a.end(c, endMsg{key: "agent/done", why: "finished",
 		payload: map[string]any{"to": "succeeded", "finish": out.Finish, "spent": a.loop.Spent(), "pull_request": pr}})
+}
+
+// recordedTestRun returns the test run of the finish's round recorded
+// under this actor's lease epoch, or nil if there is none. A run recorded
+// under another epoch (the task resumed on another node) is not taken:
+// that node's tests ran in its own verification sandbox, and the round
+// runs them again, as it always did.
+func (a *taskActor) recordedTestRun(ctx context.Context, round int) (*testRun, error) {
+	var after uint64
+	var found *testRun
+	for {
+		resp, err := a.d.cl.Tasks().ListEvents(ctx, connect.NewRequest(&warrenv1.ListEventsRequest{TaskId: a.id, AfterSeq: after, Limit: 1000}))
+		if err != nil {
+			return nil, err
+		}
+		evs := resp.Msg.GetEvents()
+		if len(evs) == 0 { // the log's end (a page may be short before it)
+			return found, nil
+		}
+		for _, e := range evs {
+			after = e.GetSeq()
+			if e.GetKind() != "test_run" {
+				continue
+			}
+			var p struct {
+				Round      *int   `json:"round"`
+				Epoch      uint64 `json:"epoch"`
+				ExitCode   int    `json:"exit_code"`
+				TimedOut   bool   `json:"timed_out"`
+				Output     string `json:"output"`
+				DurationMS int64  `json:"duration_ms"`
+				Sandbox    string `json:"sandbox"`
+			}
+			if json.Unmarshal(e.GetPayload(), &p) != nil || p.Round == nil || *p.Round != round || p.Epoch != a.epoch {
+				continue
+			}
+			found = &testRun{res: guest.ExecResult{ExitCode: p.ExitCode, TimedOut: p.TimedOut}, out: p.Output,
+				took: time.Duration(p.DurationMS) * time.Millisecond, sandbox: p.Sandbox}
+		}
+	}
 }
 
 // decision looks for the approval of id on the task's log.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -278,4 +279,44 @@ for target in (("allowed.test", 80), ("198.51.100.20", 80)):
 	if !beforeRun {
 		t.Fatalf("the verification sandbox's egress events before its test_run: allowed %v, denied %v; want both", allowed, denied)
 	}
+}
+
+// An actor that restarts under the same lease after its round's test_run
+// landed (here a panic right after it; a node restarted within its TTL
+// is the same) goes by the run on the log: it does not run the tests a
+// second time, whose result (a flaky test) could differ from the one the
+// log shows.
+func TestFinishTestsRunOnceAcrossAnActorRestart(t *testing.T) {
+	imageDir := needContainers(t)
+	repo := buggyRepo(t)
+	script := strings.Join([]string{
+		`{"content":[{"type":"tool_use","name":"edit_file","input":{"path":"calc/calc.go","old_string":"return a - b","new_string":"return a + b"}}]}`,
+		`{"content":[{"type":"tool_use","name":"finish","input":{"summary":"Add adds now."}}]}`,
+	}, "\n")
+	var drv *claimLog
+	var panicked atomic.Bool
+	c, _ := startAgentNodeWith(t, imageDir, nil, nil, func(cfg *noded.Config) {
+		drv = &claimLog{Driver: cfg.Driver.(*container.Driver)}
+		cfg.Driver = drv
+		cfg.AfterRecord = func(key string) {
+			if key == "finish/test-0" && panicked.CompareAndSwap(false, true) {
+				panic("test: the task's actor restarts after its test_run landed")
+			}
+		}
+	})
+	id := createScripted(t, c, "agent-tests-restart", repo, "", script)
+	waitEnded(t, c, id)
+	if !panicked.Load() {
+		t.Fatal("the actor never reached its test_run: the test proves nothing")
+	}
+	if s := c.task(id).GetState(); s != warrenv1.TaskState_TASK_STATE_SUCCEEDED {
+		t.Fatalf("the task ended %v", s)
+	}
+	if runs := testRuns(t, c, id); len(runs) != 1 || runs[0]["passed"] != true {
+		t.Errorf("test runs: %v", runs)
+	}
+	if got := drv.verifyClaims(); len(got) != 1 {
+		t.Errorf("verification claims (the tests ran again after the restart?): %v", got)
+	}
+	waitNoSandboxes(t, drv)
 }
