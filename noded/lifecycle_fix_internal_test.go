@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -83,9 +84,9 @@ func TestEgressOfAnotherActorIncarnationIsRecorded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	record := func(addr string) {
+	record := func(addr, from string) {
 		a := &taskActor{d: d, id: id, epoch: 0, ctx: ctx, sb: sb}
-		a.egressQ = []netpolicy.AuditBatch{{Events: []netpolicy.AuditEvent{{Verdict: "deny", Kind: "connect", Addr: addr, Proto: "tcp", Port: 443, Count: 1}}}}
+		a.egressQ = []egressBatch{{b: netpolicy.AuditBatch{Events: []netpolicy.AuditEvent{{Verdict: "deny", Kind: "connect", Addr: addr, Proto: "tcp", Port: 443, Count: 1}}}, sandbox: from}}
 		if err := a.recordEgress(); err != nil {
 			t.Fatal(err)
 		}
@@ -93,8 +94,10 @@ func TestEgressOfAnotherActorIncarnationIsRecorded(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	record("198.51.100.1") // the actor before its restart
-	record("198.51.100.2") // the actor after it, same epoch
+	record("198.51.100.1", sb.ID()) // the actor before its restart
+	// The actor after it, same epoch, with a batch of a sandbox that went
+	// away (sandboxGone) queued before its replacement: it names that one.
+	record("198.51.100.2", id+"-gone")
 	resp, err := d.cl.Tasks().ListEvents(ctx, connect.NewRequest(&warrenv1.ListEventsRequest{TaskId: id, Limit: 100}))
 	if err != nil {
 		t.Fatal(err)
@@ -107,6 +110,9 @@ func TestEgressOfAnotherActorIncarnationIsRecorded(t *testing.T) {
 	}
 	if len(egress) != 2 {
 		t.Fatalf("two audit batches from two actors of the task, %d egress events on the log: %v", len(egress), egress)
+	}
+	if !strings.Contains(egress[0], `"sandbox":"`+sb.ID()+`"`) || !strings.Contains(egress[1], `"sandbox":"`+id+`-gone"`) {
+		t.Errorf("each batch names the sandbox it came from: %v", egress)
 	}
 }
 

@@ -58,8 +58,10 @@ type (
 	egressBatch struct {
 		n uint64
 		b netpolicy.AuditBatch
-		// sandbox is the sandbox whose attempts b holds, when not the
-		// task's own (a verification sandbox of the finish step).
+		// sandbox is the sandbox whose attempts b holds: the task's own
+		// when it was queued (a sandbox that went away has been replaced
+		// since), or a verification sandbox of the finish step; "" is the
+		// task's current one.
 		sandbox string
 	}
 )
@@ -112,7 +114,7 @@ type taskActor struct {
 	// egressQ is filled by the node's auditor (another goroutine);
 	// egressPending holds numbered batches until their append lands.
 	egressMu      sync.Mutex
-	egressQ       []netpolicy.AuditBatch
+	egressQ       []egressBatch // numbered when they move to egressPending
 	egressPending []egressBatch
 	// lastFlushed: the flush before the task's last event (success,
 	// cancellation, or giving it back) landed. A retry of that event, whose
@@ -286,9 +288,10 @@ func (a *taskActor) start(c *actor.Context) {
 			policy = netpolicy.Policy{Profile: netpolicy.ProfileNone}
 		}
 		self := c.Self()
+		sbID := a.sb.ID() // a batch names its sandbox, not the one it is appended under (sandboxGone)
 		sink := func(b netpolicy.AuditBatch) {
 			a.egressMu.Lock()
-			a.egressQ = append(a.egressQ, b)
+			a.egressQ = append(a.egressQ, egressBatch{b: b, sandbox: sbID})
 			a.egressMu.Unlock()
 			_ = self.Send(egressMsg{}) // a full mailbox only delays it: the queue stays
 		}
@@ -550,7 +553,8 @@ func (a *taskActor) recordEgress() error {
 	}
 	for _, b := range q {
 		a.egressN++
-		a.egressPending = append(a.egressPending, egressBatch{n: a.egressN, b: b})
+		b.n = a.egressN
+		a.egressPending = append(a.egressPending, b)
 	}
 	for len(a.egressPending) > 0 {
 		if err := a.appendEgress(a.egressPending[0]); err != nil {
@@ -590,7 +594,9 @@ func (a *taskActor) flushEgress() error {
 		}
 		if len(bs) > 0 {
 			a.egressMu.Lock()
-			a.egressQ = append(a.egressQ, bs...)
+			for _, b := range bs {
+				a.egressQ = append(a.egressQ, egressBatch{b: b, sandbox: a.sb.ID()})
+			}
 			a.egressMu.Unlock()
 		}
 	}
