@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -256,9 +257,11 @@ func (e *clientError) Error() string { return e.msg }
 func (e *clientError) Unwrap() error { return e.err }
 
 // hostPath matches an absolute path in an error's text: a '/' at the start
-// or after a space, quote, bracket, '=' or ',', up to the next such
-// character or ':' (open /var/lib/warren/vms/vm-3/x: no such file).
-var hostPath = regexp.MustCompile(`(^|[\s"'(\[=,])(/[^\s"'()\[\],:;]+)`)
+// or after a space, quote, bracket, '=', ',' or ':' (QEMU's "-qmp
+// unix:/var/…/qmp.sock,server=on: Failed to bind"), not followed by
+// another (a URL's "//host"), up to the next such character (open
+// /var/lib/warren/vms/vm-3/x: no such file).
+var hostPath = regexp.MustCompile(`(^|[\s"'(\[=,:])(/[^/\s"'()\[\],:;][^\s"'()\[\],:;]*)`)
 
 // clientMessage is err's message with the node's file paths (its state and
 // template directories, QEMU's and the agents' sockets) cut to their last
@@ -280,17 +283,55 @@ func clientMessage(err error, guestPaths []string) string {
 }
 
 func scrubPaths(s string, keep []string) string {
-	return hostPath.ReplaceAllStringFunc(s, func(m string) string {
-		i := strings.IndexByte(m, '/')
-		pre, p := m[:i], m[i:]
-		for _, k := range keep {
-			if p == k {
-				return m
+	// The paths the call named are kept whole, whatever they hold (a
+	// space, a ':' or a ',' ends a match): each occurrence that stands
+	// alone (not the end of a longer path) is set aside first, longest
+	// first, as a NUL-delimited index no error holds.
+	var kept []string
+	for _, k := range slices.SortedFunc(slices.Values(keep), func(a, b string) int { return len(b) - len(a) }) {
+		if k == "" {
+			continue
+		}
+		var b strings.Builder
+		last := 0
+		for from := 0; ; {
+			i := strings.Index(s[from:], k)
+			if i < 0 {
+				break
+			}
+			i += from
+			end := i + len(k)
+			if (i == 0 || strings.IndexByte(pathBefore, s[i-1]) >= 0) && (end == len(s) || strings.IndexByte(pathAfter, s[end]) >= 0) {
+				b.WriteString(s[last:i])
+				b.WriteString("\x00" + strconv.Itoa(len(kept)) + "\x00")
+				last, from = end, end
+			} else {
+				from = i + 1
 			}
 		}
-		return pre + "…/" + filepath.Base(p)
+		found := last > 0
+		b.WriteString(s[last:])
+		if found {
+			s = b.String()
+			kept = append(kept, k)
+		}
+	}
+	s = hostPath.ReplaceAllStringFunc(s, func(m string) string {
+		i := strings.IndexByte(m, '/')
+		return m[:i] + "…/" + filepath.Base(m[i:])
 	})
+	for i, k := range kept {
+		s = strings.ReplaceAll(s, "\x00"+strconv.Itoa(i)+"\x00", k)
+	}
+	return s
 }
+
+// pathBefore and pathAfter are the characters that may come before and
+// after a path in an error's text (see hostPath).
+const (
+	pathBefore = " \t\n\"'([=,:\x00"
+	pathAfter  = " \t\n\"'()[],:;\x00"
+)
 
 func invalidArg(format string, args ...any) error {
 	return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf(format, args...))

@@ -25,3 +25,18 @@ func TestIECBytes(t *testing.T) {
 		}
 	}
 }
+
+// A path the call named is kept only where it stands alone: as the end of
+// a longer host path it is no path of the client's, and a URL is no path.
+func TestScrubPathsKeepsOnlyWholeNamedPaths(t *testing.T) {
+	for _, tc := range []struct{ in, keep, want string }{
+		{"open /var/lib/warren/sb/upper/x: no such file", "/x", "open …/x: no such file"},
+		{"read /x: gone; open /var/y/x: gone", "/x", "read /x: gone; open …/x: gone"},
+		{"dial http://host/path failed", "", "dial http://host/path failed"},
+		{"-chardev socket,path=/var/run/a.sock,server=on", "", "-chardev socket,path=…/a.sock,server=on"},
+	} {
+		if got := scrubPaths(tc.in, []string{tc.keep}); got != tc.want {
+			t.Errorf("scrubPaths(%q, %q) = %q, want %q", tc.in, tc.keep, got, tc.want)
+		}
+	}
+}
