@@ -124,3 +124,31 @@ func TestRefusedSessionTargetsAreLoggedOnce(t *testing.T) {
 		}
 	}
 }
+
+// A target saved in pools.json is checked at start against the node's
+// memory as the node declares it (--capacity mem=, when less than the
+// host's), not the host's alone: one over it is dropped, not applied, and
+// the session's complete set naming it again is refused too.
+func TestRestoredPoolTargetIsCheckedAgainstTheDeclaredCapacity(t *testing.T) {
+	drv := newSizedPoolDriver(t) // "big": 3 fit in the host's memory
+	each := drv.each["big"]
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "pools.json"), []byte(`{"big":3}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d := &Daemon{cfg: Config{ID: testNode, DataDir: dir, Driver: drv, SandboxListen: "127.0.0.1:0",
+		Capacity: &warrenv1.Resources{MemoryBytes: 2 * each}}, // room for 2
+		log: slog.New(slog.DiscardHandler)}
+	if err := d.serveSandboxes(); err != nil {
+		t.Fatal(err)
+	}
+	defer d.sandboxSrv.Close()
+	if n, ok := drv.targets["big"]; ok {
+		t.Errorf("the node declares room for 2 warm sandboxes of big, and pools.json's target 3 was applied at start (driver target %d)", n)
+	}
+	// The leader's complete set, naming the same target, does not refuse it either.
+	d.setPoolTargets([]*warrenv1.SetPoolTarget{{Template: "big", Target: 3}})
+	if n := drv.targets["big"]; n == 3 {
+		t.Errorf("after the session's set: driver target %d for big, over the declared capacity (room for 2)", n)
+	}
+}

@@ -62,11 +62,17 @@ var _ warrenv1connect.SandboxServiceHandler = (*SandboxAPI)(nil)
 // NewSandboxAPI serves drv's sandboxes and restores the pool targets saved
 // in dataDir.
 func NewSandboxAPI(nodeID, dataDir string, drv driver.Driver, log *slog.Logger) *SandboxAPI {
+	return newSandboxAPI(nodeID, dataDir, drv, log, 0)
+}
+
+// newSandboxAPI is NewSandboxAPI checking pool targets against mem bytes
+// of memory (poolFit; 0: the host's), the saved ones at once.
+func newSandboxAPI(nodeID, dataDir string, drv driver.Driver, log *slog.Logger, mem int64) *SandboxAPI {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	a := &SandboxAPI{nodeID: nodeID, drv: drv, log: log, poolsAt: filepath.Join(dataDir, "pools.json"),
-		pools: map[string]int{}, applying: map[string]*sync.Mutex{}}
+		pools: map[string]int{}, applying: map[string]*sync.Mutex{}, fit: poolFit{mem: mem}}
 	if b, err := os.ReadFile(a.poolsAt); err == nil {
 		if err := json.Unmarshal(b, &a.pools); err != nil {
 			log.Warn("pool targets unreadable; starting without", "err", err)
@@ -862,10 +868,9 @@ func (d *Daemon) serveSandboxes() error {
 	if err != nil {
 		return fmt.Errorf("sandbox-listen: %w", err)
 	}
-	d.Sandboxes = NewSandboxAPI(d.cfg.ID, d.cfg.DataDir, d.cfg.Driver, d.log)
+	d.Sandboxes = newSandboxAPI(d.cfg.ID, d.cfg.DataDir, d.cfg.Driver, d.log, nodeMemBytes(d.cfg.Capacity.GetMemoryBytes()))
 	d.Sandboxes.metrics = d.cfg.Metrics
 	d.Sandboxes.egress = d.cfg.Egress
-	d.Sandboxes.fit.mem = nodeMemBytes(d.cfg.Capacity.GetMemoryBytes())
 	mux := http.NewServeMux()
 	mux.Handle(warrenv1connect.NewSandboxServiceHandler(d.Sandboxes, connect.WithReadMaxBytes(2*MaxFileBytes)))
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
