@@ -541,9 +541,8 @@ func (a *taskActor) runStep(c *actor.Context) {
 // recordEgress appends the queued egress audit batches as "egress"
 // events, in order; a batch whose append fails stays for the retry.
 func (a *taskActor) recordEgress() error {
-	if a.sb == nil {
-		return nil
-	}
+	// Also without a sandbox (it went away, and the task ends before the
+	// next claim): every queued batch names its own.
 	a.egressMu.Lock()
 	q := a.egressQ
 	a.egressQ = nil
@@ -584,8 +583,8 @@ func (a *taskActor) flushBeforeLast() error {
 // cannot come after the task's last event), and appends the queue. A
 // report read between the two still reaches the queue: unbind waits for it.
 func (a *taskActor) flushEgress() error {
-	if a.sb == nil {
-		return nil
+	if a.sb == nil { // what a sandbox that went away left queued
+		return a.recordEgress()
 	}
 	if n, ok := netOf(a.sb); ok {
 		bs, err := n.Collect()
@@ -625,7 +624,7 @@ func (a *taskActor) queueEgress(sandbox string, bs []netpolicy.AuditBatch) {
 
 func (a *taskActor) appendEgress(m egressBatch) error {
 	sb := m.sandbox
-	if sb == "" {
+	if sb == "" && a.sb != nil { // (every batch is stamped when queued)
 		sb = a.sb.ID()
 	}
 	payload := map[string]any{"sandbox": sb, "events": m.b.Events}
