@@ -497,10 +497,15 @@ func (a *SandboxAPI) ListSandboxes(ctx context.Context, req *connect.Request[war
 }
 
 // sandboxTask returns the task whose actor owns a sandbox, from its id
-// (TASK-eEPOCH, as taskactor.go names it), or "" for an API sandbox.
+// (TASK-eEPOCH, as taskactor.go names it, or TASK-eEPOCH-verify-ROUND for
+// its finish step's verification sandbox), or "" for an API sandbox.
 func sandboxTask(id string) string {
 	if strings.HasPrefix(id, "sb-") {
 		return ""
+	}
+	// A verification sandbox of the finish step: TASK-eEPOCH-verify-ROUND.
+	if j := strings.LastIndex(id, "-verify-"); j > 0 && id[j+len("-verify-"):] != "" && strings.Trim(id[j+len("-verify-"):], "0123456789") == "" {
+		id = id[:j]
 	}
 	i := strings.LastIndex(id, "-e")
 	if i <= 0 || i+2 == len(id) || strings.Trim(id[i+2:], "0123456789") != "" {

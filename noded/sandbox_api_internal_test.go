@@ -252,13 +252,17 @@ func TestListedSandboxesAreAddressableOrNameTheirTask(t *testing.T) {
 
 func TestSandboxTask(t *testing.T) {
 	for id, want := range map[string]string{
-		"01JABCDEFGHJKMNPQRSTVWXYZ0-e1":  "01JABCDEFGHJKMNPQRSTVWXYZ0",
-		"01JABCDEFGHJKMNPQRSTVWXYZ0-e12": "01JABCDEFGHJKMNPQRSTVWXYZ0",
-		"sb-abcdefghij-n1":               "",
-		"sb-abcdefghij-node-e1":          "",
-		"01JABCDEFGHJKMNPQRSTVWXYZ0-ex":  "",
-		"01JABCDEFGHJKMNPQRSTVWXYZ0-e":   "",
-		"-e1":                            "",
+		"01JABCDEFGHJKMNPQRSTVWXYZ0-e1":           "01JABCDEFGHJKMNPQRSTVWXYZ0",
+		"01JABCDEFGHJKMNPQRSTVWXYZ0-e12":          "01JABCDEFGHJKMNPQRSTVWXYZ0",
+		"sb-abcdefghij-n1":                        "",
+		"sb-abcdefghij-node-e1":                   "",
+		"01JABCDEFGHJKMNPQRSTVWXYZ0-ex":           "",
+		"01JABCDEFGHJKMNPQRSTVWXYZ0-e":            "",
+		"-e1":                                     "",
+		"01JABCDEFGHJKMNPQRSTVWXYZ0-e3-verify-0":  "01JABCDEFGHJKMNPQRSTVWXYZ0",
+		"01JABCDEFGHJKMNPQRSTVWXYZ0-e3-verify-12": "01JABCDEFGHJKMNPQRSTVWXYZ0",
+		"01JABCDEFGHJKMNPQRSTVWXYZ0-e3-verify-":   "",
+		"01JABCDEFGHJKMNPQRSTVWXYZ0-e3-verify-x":  "",
 	} {
 		if got := sandboxTask(id); got != want {
 			t.Errorf("sandboxTask(%q) = %q, want %q", id, got, want)
