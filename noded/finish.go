@@ -1,6 +1,7 @@
 package noded
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -171,7 +172,7 @@ func (a *taskActor) finishTask(c *actor.Context) {
 		if !passed {
 			why := fmt.Sprintf("exit %d", res.ExitCode)
 			if res.TimedOut {
-				why = "timed out after " + testTimeout.String()
+				why = "timed out after " + cmp.Or(fin.test.timeout, testTimeout).String()
 			}
 			reject(fmt.Sprintf("the repository's test command `%s` failed (%s). It ran in a fresh sandbox with only your diff applied to the base commit: "+
 				"nothing else you did in yours (files outside the repository, what you installed or configured) is there. Its output ends:\n%s", cmd, why, tail(testOut, 3000)))
@@ -386,4 +387,7 @@ type testRun struct {
 	out     string
 	took    time.Duration
 	sandbox string // the verification sandbox's id
+	// timeout is the run's: testTimeout, or less when the sandbox's TTL
+	// left less (0 for a run read back from the log)
+	timeout time.Duration
 }

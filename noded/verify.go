@@ -121,11 +121,18 @@ func (a *taskActor) testInSandbox(ctx context.Context, id, patch, cmd string) (r
 	}
 	start := time.Now()
 	outb := driver.NewCappedOutput(1 << 20) // its tail is what is shown
-	res, err := ia.Run(ctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", cmd}, Dir: WorkRoot, Timeout: testTimeout}, outb, outb)
+	// Within the sandbox's lifetime, whatever its setup took: a sandbox
+	// whose TTL ended mid-run would fail the run, and the round would run
+	// again, as long again.
+	timeout := testTimeout
+	if exp := ia.Info().Expires; !exp.IsZero() {
+		timeout = max(min(timeout, time.Until(exp)-time.Minute), time.Second)
+	}
+	res, err := ia.Run(ctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", cmd}, Dir: WorkRoot, Timeout: timeout}, outb, outb)
 	if err != nil {
 		return nil, err
 	}
-	return &testRun{res: res, out: tail(string(outb.Bytes()), 8<<10), took: time.Since(start), sandbox: id}, nil
+	return &testRun{res: res, out: tail(string(outb.Bytes()), 8<<10), took: time.Since(start), sandbox: id, timeout: timeout}, nil
 }
 
 // auditBuffer keeps a verification sandbox's egress audit batches; add is
