@@ -308,7 +308,7 @@ func (s *slowPoolSim) SetPoolTarget(t string, n int) {
 // leader sends next (a StartTask here; and the leader cuts a session
 // whose queue it cannot empty), and keeps its session.
 func TestSlowPoolTargetHoldsUpNoStart(t *testing.T) {
-	f := &fakeLeader{ttl: 300 * time.Millisecond, advertise: true, ack: true, push: []*warrenv1.SessionResponse{
+	f := &fakeLeader{ttl: 2 * time.Second, advertise: true, ack: true, push: []*warrenv1.SessionResponse{
 		{Msg: &warrenv1.SessionResponse_SetPoolTarget{SetPoolTarget: &warrenv1.SetPoolTarget{Template: "default", Target: 2}}},
 		{Msg: &warrenv1.SessionResponse_Start{Start: &warrenv1.StartTask{TaskId: "t1", Epoch: 1}}},
 	}}

@@ -188,7 +188,7 @@ func createTask(t *testing.T, n *node, title, template string) string {
 // node's report. When the session of a node ends, or the node is declared
 // down, its counts are gone.
 func TestPlacementFollowsHeartbeatWarmCounts(t *testing.T) {
-	const ttl = 500 * time.Millisecond
+	const ttl = 2 * time.Second // long enough that a loaded host's stall downs no node
 	n := startNode(t, t.TempDir(), "s1", true, "", 0, func(c *Config) { c.NodeTTL = ttl })
 	waitFor(t, "s1 to lead", 10*time.Second, func() bool { return n.srv.Raft().State() == raft.Leader })
 	url, hc := serveH2C(t, n)

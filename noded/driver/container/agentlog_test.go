@@ -85,9 +85,11 @@ func TestAgentStartFailureIsQuoted(t *testing.T) {
 			}
 			d := newDriverAgent(t, "runc", bad)
 			defer d.Close()
-			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			// The claim waits for the agent until its context ends: long
+			// enough for the container's start on a loaded host.
+			ctx, cancel := context.WithTimeout(context.Background(), 8*time.Second)
 			defer cancel()
-			_, err := d.Claim(ctx, driver.ClaimRequest{ID: "sb-badagent"})
+			_, err := d.Claim(ctx, driver.ClaimRequest{ID: "sb-badagent-" + c.name})
 			if err == nil {
 				t.Fatal("the claim of an agent that exits succeeded")
 			}
