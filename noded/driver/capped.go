@@ -2,6 +2,7 @@ package driver
 
 import (
 	"fmt"
+	"os"
 )
 
 // CappedOutput is an io.Writer that keeps at most about max bytes of what
@@ -69,4 +70,21 @@ func (c *CappedOutput) Bytes() []byte {
 		out = fmt.Appendf(out, "\n[... %d bytes of output left out ...]\n", d)
 	}
 	return append(out, tail...)
+}
+
+// ReadEnd returns the last n bytes of a file (nil if it cannot be read).
+func ReadEnd(name string, n int64) []byte {
+	f, err := os.Open(name)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil
+	}
+	off := max(st.Size()-n, 0)
+	b := make([]byte, st.Size()-off)
+	k, _ := f.ReadAt(b, off)
+	return b[:k]
 }

@@ -2,7 +2,6 @@ package container
 
 import (
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 )
@@ -68,20 +67,4 @@ func writeAgentLogWriter(stateDir string) (string, error) {
 		return "", fmt.Errorf("container: %s: %w", agentLogWriter, err)
 	}
 	return p, os.Rename(tmp, p)
-}
-
-// readTail returns at most the last n bytes of the file at path.
-func readTail(path string, n int64) []byte {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil
-	}
-	defer f.Close()
-	if fi, err := f.Stat(); err == nil && fi.Size() > n {
-		if _, err := f.Seek(-n, io.SeekEnd); err != nil {
-			return nil
-		}
-	}
-	b, _ := io.ReadAll(io.LimitReader(f, n))
-	return b
 }

@@ -509,7 +509,7 @@ func (d *Driver) start(ctx context.Context, t *guest.Template, req driver.ClaimR
 		case <-actx.Done():
 			// The agent's own words on why it did not start, if any: the
 			// log is short then, and only its end is quoted regardless.
-			log := readTail(logPath, 4<<10)
+			log := driver.ReadEnd(logPath, 4<<10)
 			return nil, fmt.Errorf("agent: %w: %s", actx.Err(), strings.TrimSpace(string(log)))
 		case <-time.After(2 * time.Millisecond):
 		}

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/warrenhq/warren/guest"
+	"github.com/warrenhq/warren/noded/driver"
 )
 
 // vmSpec is one QEMU process. It is pure data; args renders the command
@@ -420,7 +421,7 @@ func whileRunning(ctx context.Context, exited <-chan struct{}) (context.Context,
 func tail(files ...string) string {
 	var parts []string
 	for _, f := range files {
-		b := readEnd(f, 4<<10)
+		b := driver.ReadEnd(f, 4<<10)
 		s := strings.TrimSpace(string(b))
 		if len(s) > 600 {
 			s = "…" + s[len(s)-600:]
@@ -451,21 +452,4 @@ func qemuEnv(environ []string) []string {
 		}
 	}
 	return env
-}
-
-// readEnd returns the last n bytes of a file (nil if it cannot be read).
-func readEnd(name string, n int64) []byte {
-	f, err := os.Open(name)
-	if err != nil {
-		return nil
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil
-	}
-	off := max(st.Size()-n, 0)
-	b := make([]byte, st.Size()-off)
-	k, _ := f.ReadAt(b, off)
-	return b[:k]
 }
