@@ -78,8 +78,7 @@ func newSandboxAPI(nodeID, dataDir string, drv driver.Driver, log *slog.Logger, 
 			log.Warn("pool targets unreadable; starting without", "err", err)
 		}
 		for t, n := range a.pools {
-			if err := a.fit.check(drv, nodeID, t, n); err != nil { // saved before targets were checked
-				a.fit.refused(log, t, n, err)
+			if a.fit.admit(drv, nodeID, log, t, n) != nil { // saved before targets were checked
 				delete(a.pools, t)
 				continue
 			}
@@ -152,6 +151,16 @@ func (p *poolFit) accepted(t string) {
 	p.mu.Lock()
 	delete(p.said, t)
 	p.mu.Unlock()
+}
+
+// admit is check, then refused (logged once) or accepted.
+func (p *poolFit) admit(drv driver.Driver, node string, log *slog.Logger, t string, n int) error {
+	if err := p.check(drv, node, t, n); err != nil {
+		p.refused(log, t, n, err)
+		return err
+	}
+	p.accepted(t)
+	return nil
 }
 
 // iecBytes writes a size in GiB or MiB (24 GiB, 1.5 GiB, 256 MiB).
@@ -735,11 +744,9 @@ func (a *SandboxAPI) SetPoolTarget(ctx context.Context, req *connect.Request[war
 // A target whose warm sandboxes cannot fit in the node's memory is refused
 // (see poolFit) and changes nothing: the template keeps its target.
 func (a *SandboxAPI) setTarget(t string, n int) error {
-	if err := a.fit.check(a.drv, a.nodeID, t, n); err != nil {
-		a.fit.refused(a.log, t, n, err)
+	if err := a.fit.admit(a.drv, a.nodeID, a.log, t, n); err != nil {
 		return err
 	}
-	a.fit.accepted(t)
 	a.mu.Lock()
 	if n == 0 {
 		delete(a.pools, t)
@@ -838,11 +845,9 @@ func (d *Daemon) setPoolTarget(t string, n int) {
 		}
 		return
 	}
-	if err := d.poolFit.check(d.cfg.Driver, d.cfg.ID, t, n); err != nil {
-		d.poolFit.refused(d.log, t, n, err)
+	if d.poolFit.admit(d.cfg.Driver, d.cfg.ID, d.log, t, n) != nil {
 		return
 	}
-	d.poolFit.accepted(t)
 	d.cfg.Driver.SetPoolTarget(t, n)
 }
 
