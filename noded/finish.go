@@ -291,68 +291,69 @@ func (a *taskActor) finishTask(c *actor.Context) {
 // that node's tests ran in its own verification sandbox, and the round
 // runs them again, as it always did.
 func (a *taskActor) recordedTestRun(ctx context.Context, round int) (*testRun, error) {
-	var after uint64
 	var found *testRun
-	for {
-		resp, err := a.d.cl.Tasks().ListEvents(ctx, connect.NewRequest(&warrenv1.ListEventsRequest{TaskId: a.id, AfterSeq: after, Limit: 1000}))
-		if err != nil {
-			return nil, err
+	err := a.scanLog(ctx, func(e *warrenv1.Event) {
+		if e.GetKind() != "test_run" {
+			return
 		}
-		evs := resp.Msg.GetEvents()
-		if len(evs) == 0 { // the log's end (a page may be short before it)
-			return found, nil
+		var p struct {
+			Round      *int   `json:"round"`
+			Epoch      uint64 `json:"epoch"`
+			ExitCode   int    `json:"exit_code"`
+			TimedOut   bool   `json:"timed_out"`
+			Output     string `json:"output"`
+			DurationMS int64  `json:"duration_ms"`
+			Sandbox    string `json:"sandbox"`
 		}
-		for _, e := range evs {
-			after = e.GetSeq()
-			if e.GetKind() != "test_run" {
-				continue
-			}
-			var p struct {
-				Round      *int   `json:"round"`
-				Epoch      uint64 `json:"epoch"`
-				ExitCode   int    `json:"exit_code"`
-				TimedOut   bool   `json:"timed_out"`
-				Output     string `json:"output"`
-				DurationMS int64  `json:"duration_ms"`
-				Sandbox    string `json:"sandbox"`
-			}
-			if json.Unmarshal(e.GetPayload(), &p) != nil || p.Round == nil || *p.Round != round || p.Epoch != a.epoch {
-				continue
-			}
-			found = &testRun{res: guest.ExecResult{ExitCode: p.ExitCode, TimedOut: p.TimedOut}, out: p.Output,
-				took: time.Duration(p.DurationMS) * time.Millisecond, sandbox: p.Sandbox}
+		if json.Unmarshal(e.GetPayload(), &p) != nil || p.Round == nil || *p.Round != round || p.Epoch != a.epoch {
+			return
 		}
-	}
+		found = &testRun{res: guest.ExecResult{ExitCode: p.ExitCode, TimedOut: p.TimedOut}, out: p.Output,
+			took: time.Duration(p.DurationMS) * time.Millisecond, sandbox: p.Sandbox}
+	})
+	return found, err
 }
 
 // decision looks for the approval of id on the task's log.
 func (a *taskActor) decision(ctx context.Context, id string) (asked, decided, approved bool, comment string, err error) {
+	err = a.scanLog(ctx, func(e *warrenv1.Event) {
+		var p struct {
+			ID       string `json:"tool_call_id"`
+			Approved bool   `json:"approved"`
+			Comment  string `json:"comment"`
+		}
+		if json.Unmarshal(e.GetPayload(), &p) != nil || p.ID != id {
+			return
+		}
+		switch e.GetKind() {
+		case "approval_requested":
+			asked = true
+		case "approval_decided":
+			decided, approved, comment = true, p.Approved, p.Comment
+		}
+	})
+	if err != nil {
+		return false, false, false, "", err
+	}
+	return asked, decided, approved, comment, nil
+}
+
+// scanLog hands each event of the task's log, as the server that answers
+// has it, to f in order, with ListEvents pages.
+func (a *taskActor) scanLog(ctx context.Context, f func(*warrenv1.Event)) error {
 	var after uint64
 	for {
 		resp, err := a.d.cl.Tasks().ListEvents(ctx, connect.NewRequest(&warrenv1.ListEventsRequest{TaskId: a.id, AfterSeq: after, Limit: 1000}))
 		if err != nil {
-			return false, false, false, "", err
+			return err
 		}
 		evs := resp.Msg.GetEvents()
 		if len(evs) == 0 { // the log's end (a page may be short before it)
-			return asked, decided, approved, comment, nil
+			return nil
 		}
 		for _, e := range evs {
 			after = e.GetSeq()
-			var p struct {
-				ID       string `json:"tool_call_id"`
-				Approved bool   `json:"approved"`
-				Comment  string `json:"comment"`
-			}
-			if json.Unmarshal(e.GetPayload(), &p) != nil || p.ID != id {
-				continue
-			}
-			switch e.GetKind() {
-			case "approval_requested":
-				asked = true
-			case "approval_decided":
-				decided, approved, comment = true, p.Approved, p.Comment
-			}
+			f(e)
 		}
 	}
 }
