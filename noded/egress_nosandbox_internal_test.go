@@ -77,8 +77,7 @@ func TestQueuedEgressIsRecordedWhenTheSandboxIsGone(t *testing.T) {
 	// After sandboxGone: Stopped set a.sb to nil; the gone sandbox's
 	// batch and a verification sandbox's are still queued.
 	a := &taskActor{d: d, id: id, epoch: 0, ctx: ctx, sb: nil}
-	a.egressQ = []egressBatch{{b: batch("198.51.100.1"), sandbox: id + "-e0"}}
-	a.queueEgress(id+"-e0-verify-0", []netpolicy.AuditBatch{batch("198.51.100.2")})
+	a.egressQ = []egressBatch{{b: batch("198.51.100.1"), sandbox: id + "-e0"}, {b: batch("198.51.100.2"), sandbox: id + "-e0-verify-0"}}
 	if err := a.flushBeforeLast(); err != nil {
 		t.Fatal(err)
 	}

@@ -143,7 +143,7 @@ func (a *taskActor) finishTask(c *actor.Context) {
 			fin.test = run
 		}
 		if fin.test == nil {
-			run, err := a.runTestsClean(sctx, round, patch, cmd)
+			run, err := a.runTestsClean(sctx, c.Self(), round, patch, cmd)
 			if a.cancelled(c, sctx) {
 				return
 			}
@@ -153,7 +153,7 @@ func (a *taskActor) finishTask(c *actor.Context) {
 			}
 			fin.test = run
 		}
-		if err := a.recordEgress(); err != nil { // the verification sandbox's attempts (queueEgress) before its test_run
+		if err := a.recordEgress(); err != nil { // the verification sandbox's attempts (egressSink) before its test_run
 			a.failed(c, "record the test run's egress", err, finishMsg{})
 			return
 		}
@@ -382,7 +382,7 @@ type finishRound struct {
 }
 
 // testRun is a round's run of the test command in its verification
-// sandbox (gone by now; its egress audit went to the actor, queueEgress).
+// sandbox (gone by now; its egress audit went to the actor's, egressSink).
 type testRun struct {
 	res     guest.ExecResult
 	out     string

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"strconv"
 	"strings"
@@ -60,8 +61,8 @@ type (
 		b netpolicy.AuditBatch
 		// sandbox is the sandbox whose attempts b holds: the task's own
 		// when it was queued (a sandbox that went away has been replaced
-		// since), or a verification sandbox of the finish step; "" is the
-		// task's current one.
+		// since), or a verification sandbox of the finish step (see
+		// egressSink); "" is the task's current one.
 		sandbox string
 	}
 )
@@ -248,21 +249,14 @@ func (a *taskActor) start(c *actor.Context) {
 	}
 	if a.sb == nil {
 		id := fmt.Sprintf("%s-e%d", a.id, a.epoch)
-		if l, ok := a.d.cfg.Driver.(interface {
-			Get(string) (driver.Sandbox, bool)
-		}); ok {
-			if old, ok := l.Get(id); ok {
-				// Left by this node's last run (a driver re-adopts its
-				// sandboxes after a restart; no actor here holds it: a
-				// restarted one destroyed its own). Its claim would be
-				// refused for good; the task resumes from its log into a
-				// fresh sandbox, as on any other node.
-				c.Logger().Info("destroying the sandbox this node's last run left", "task", a.id, "sandbox", id)
-				if err := old.Destroy(); err != nil {
-					a.failed(c, "destroy the last run's sandbox", err, startMsg{})
-					return
-				}
-			}
+		// Left by this node's last run (a driver re-adopts its sandboxes
+		// after a restart; no actor here holds it: a restarted one
+		// destroyed its own). Its claim would be refused for good; the
+		// task resumes from its log into a fresh sandbox, as on any other
+		// node.
+		if err := a.destroyLeft(c.Logger(), id, "sandbox"); err != nil {
+			a.failed(c, "destroy the last run's sandbox", err, startMsg{})
+			return
 		}
 		sb, err := a.claim(c, t, id)
 		if err != nil {
@@ -287,15 +281,7 @@ func (a *taskActor) start(c *actor.Context) {
 			c.Logger().Warn("task egress policy invalid; allowing nothing", "task", a.id, "err", err)
 			policy = netpolicy.Policy{Profile: netpolicy.ProfileNone}
 		}
-		self := c.Self()
-		sbID := a.sb.ID() // a batch names its sandbox, not the one it is appended under (sandboxGone)
-		sink := func(b netpolicy.AuditBatch) {
-			a.egressMu.Lock()
-			a.egressQ = append(a.egressQ, egressBatch{b: b, sandbox: sbID})
-			a.egressMu.Unlock()
-			_ = self.Send(egressMsg{}) // a full mailbox only delays it: the queue stays
-		}
-		if err := a.d.cfg.Egress.bind(a.sb, policy, sink); err != nil {
+		if err := a.d.cfg.Egress.bind(a.sb, policy, a.egressSink(c.Self(), a.sb.ID())); err != nil {
 			a.failed(c, "set egress policy", err, startMsg{})
 			return
 		}
@@ -381,13 +367,31 @@ const maxClaimRefusals = 3
 // away before the task ends is replaced (sandboxGone).
 func (a *taskActor) claim(c *actor.Context, t *warrenv1.Task, id string) (driver.Sandbox, error) {
 	req := driver.ClaimRequest{ID: id, Template: t.GetSpec().GetTemplate(), TTL: sandboxTTL(t.GetSpec(), a.agentMode, a.created, time.Now())}
-	sb, err := a.d.cfg.Driver.Claim(a.ctx, req)
-	if err != nil && errors.Is(err, driver.ErrInvalid) && !a.idTaken(id) {
-		c.Logger().Info("claim refused; claiming again with the driver's default TTL", "task", a.id, "ttl", req.TTL, "err", err)
+	return a.claimTTL(a.ctx, c.Logger(), req)
+}
+
+// claimTTL claims req's sandbox; a driver whose MaxTTL is below req.TTL
+// refuses it (driver.ErrInvalid), and the claim is made again with the
+// driver's default TTL, unless the refusal was of a sandbox id still taken.
+func (a *taskActor) claimTTL(ctx context.Context, log *slog.Logger, req driver.ClaimRequest) (driver.Sandbox, error) {
+	sb, err := a.d.cfg.Driver.Claim(ctx, req)
+	if err != nil && errors.Is(err, driver.ErrInvalid) && !a.idTaken(req.ID) {
+		log.Info("claim refused; claiming again with the driver's default TTL", "task", a.id, "sandbox", req.ID, "ttl", req.TTL, "err", err)
 		req.TTL = 0
-		sb, err = a.d.cfg.Driver.Claim(a.ctx, req)
+		sb, err = a.d.cfg.Driver.Claim(ctx, req)
 	}
 	return sb, err
+}
+
+// destroyLeft destroys the sandbox (what: the kind, for the log) that
+// this node's last run left under id, if the driver holds one.
+func (a *taskActor) destroyLeft(log *slog.Logger, id, what string) error {
+	old, ok := a.held(id)
+	if !ok {
+		return nil
+	}
+	log.Info("destroying the "+what+" this node's last run left", "task", a.id, "sandbox", id)
+	return old.Destroy()
 }
 
 // permanentClaimError reports whether a claim failed for a reason that
@@ -400,14 +404,20 @@ func (a *taskActor) permanentClaimError(err error, id string) bool {
 
 // idTaken reports whether the driver has a sandbox under id.
 func (a *taskActor) idTaken(id string) bool {
+	_, taken := a.held(id)
+	return taken
+}
+
+// held returns the driver's sandbox under id, if the driver lists its
+// sandboxes and holds one.
+func (a *taskActor) held(id string) (driver.Sandbox, bool) {
 	l, ok := a.d.cfg.Driver.(interface {
 		Get(string) (driver.Sandbox, bool)
 	})
 	if !ok {
-		return false
+		return nil, false
 	}
-	_, taken := l.Get(id)
-	return taken
+	return l.Get(id)
 }
 
 // failTask ends the task failed, saying why, its end recorded under key.
@@ -586,40 +596,44 @@ func (a *taskActor) flushEgress() error {
 	if a.sb == nil { // what a sandbox that went away left queued
 		return a.recordEgress()
 	}
-	if n, ok := netOf(a.sb); ok {
-		bs, err := n.Collect()
-		if err != nil {
-			a.d.log.Debug("egress: collect before the last event", "task", a.id, "err", err)
-		}
-		if len(bs) > 0 {
-			a.egressMu.Lock()
-			for _, b := range bs {
-				a.egressQ = append(a.egressQ, egressBatch{b: b, sandbox: a.sb.ID()})
-			}
-			a.egressMu.Unlock()
-		}
-	}
+	a.collectEgress(a.sb, "before the last event")
 	a.d.cfg.Egress.unbind(a.sb.ID())
 	return a.recordEgress()
 }
 
-// queueEgress numbers the audit batches of sandbox (not the task's own:
-// a verification sandbox, gone by now) for their appends, after those
-// queued before, under the actor's generation; recordEgress appends them,
-// so they land before the task's last event whatever ended the run
-// (flushBeforeLast), and a failed append is retried under the same key.
-// Called on the actor's goroutine.
-func (a *taskActor) queueEgress(sandbox string, bs []netpolicy.AuditBatch) {
+// egressSink is the Egress sink of a sandbox of the task (the task's own,
+// or a verification sandbox): its batches, each naming the sandbox (not
+// the one the actor holds when they are appended: sandboxGone), join the
+// queue recordEgress appends, and self is told. Called on the auditor's
+// goroutine, it does not block.
+func (a *taskActor) egressSink(self *actor.Ref, sandbox string) func(netpolicy.AuditBatch) {
+	return func(b netpolicy.AuditBatch) {
+		a.egressMu.Lock()
+		a.egressQ = append(a.egressQ, egressBatch{b: b, sandbox: sandbox})
+		a.egressMu.Unlock()
+		_ = self.Send(egressMsg{}) // a full mailbox only delays it: the queue stays
+	}
+}
+
+// collectEgress queues what sb's audit has not reported yet (when, for the
+// log): every report read before has reached the queue when it returns.
+func (a *taskActor) collectEgress(sb driver.Sandbox, when string) {
+	n, ok := netOf(sb)
+	if !ok {
+		return
+	}
+	bs, err := n.Collect()
+	if err != nil {
+		a.d.log.Debug("egress: collect "+when, "task", a.id, "sandbox", sb.ID(), "err", err)
+	}
 	if len(bs) == 0 {
 		return
 	}
-	if a.egressGen == "" {
-		a.egressGen = fmt.Sprintf("%s.%d", a.d.incarnation, actorGen.Add(1))
-	}
+	a.egressMu.Lock()
 	for _, b := range bs {
-		a.egressN++
-		a.egressPending = append(a.egressPending, egressBatch{n: a.egressN, b: b, sandbox: sandbox})
+		a.egressQ = append(a.egressQ, egressBatch{b: b, sandbox: sb.ID()})
 	}
+	a.egressMu.Unlock()
 }
 
 func (a *taskActor) appendEgress(m egressBatch) error {

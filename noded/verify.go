@@ -4,9 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
+	"github.com/warrenhq/warren/actor"
 	"github.com/warrenhq/warren/agent"
 	"github.com/warrenhq/warren/guest"
 	"github.com/warrenhq/warren/netpolicy"
@@ -38,76 +38,54 @@ func verifySandboxID(task string, epoch uint64, round int) string {
 // diff against it) applied, as the model's sandbox got it: unpacked, made
 // the base commit of a local git repository (Tools.InitBase), the patch
 // restored on it (Tools.Restore). The sandbox has the task's egress
-// policy, its egress audit is in the returned run, and it is destroyed
-// before runTestsClean returns, whatever happens.
+// policy, its audit joins the task's (egressSink, told to self), and it is
+// destroyed before runTestsClean returns, whatever happens.
 //
 // A driver.ErrNotFound of the verification sandbox comes back without its
 // chain: a.failed would take it for the task's own sandbox being gone.
-func (a *taskActor) runTestsClean(ctx context.Context, round int, patch, cmd string) (*testRun, error) {
-	run, err := a.testInSandbox(ctx, verifySandboxID(a.id, a.epoch, round), patch, cmd)
+func (a *taskActor) runTestsClean(ctx context.Context, self *actor.Ref, round int, patch, cmd string) (*testRun, error) {
+	run, err := a.testInSandbox(ctx, self, verifySandboxID(a.id, a.epoch, round), patch, cmd)
 	if errors.Is(err, driver.ErrNotFound) {
 		err = fmt.Errorf("the verification sandbox: %v", err)
 	}
 	return run, err
 }
 
-func (a *taskActor) testInSandbox(ctx context.Context, id, patch, cmd string) (run *testRun, err error) {
-	drv := a.d.cfg.Driver
-	if l, ok := drv.(interface {
-		Get(string) (driver.Sandbox, bool)
-	}); ok {
-		if old, ok := l.Get(id); ok {
-			// Left by this round's run on this node before a restart (the
-			// driver re-adopted it): it may hold anything; claim anew.
-			a.d.log.Info("destroying the verification sandbox this node's last run left", "task", a.id, "sandbox", id)
-			if err := old.Destroy(); err != nil {
-				return nil, fmt.Errorf("destroy the last run's verification sandbox %s: %w", id, err)
-			}
-		}
+func (a *taskActor) testInSandbox(ctx context.Context, self *actor.Ref, id, patch, cmd string) (run *testRun, err error) {
+	// Left by this round's run on this node before a restart (the driver
+	// re-adopted it): it may hold anything; claim anew.
+	if err := a.destroyLeft(a.d.log, id, "verification sandbox"); err != nil {
+		return nil, fmt.Errorf("destroy the last run's verification sandbox %s: %w", id, err)
 	}
-	req := driver.ClaimRequest{ID: id, Template: a.spec.GetTemplate(), TTL: verifyTTL}
-	sb, err := drv.Claim(ctx, req)
-	if err != nil && errors.Is(err, driver.ErrInvalid) && !a.idTaken(id) {
-		req.TTL = 0 // a driver whose MaxTTL is below verifyTTL: its default (an hour)
-		sb, err = drv.Claim(ctx, req)
-	}
+	// A driver whose MaxTTL is below verifyTTL gives its default (an hour).
+	sb, err := a.claimTTL(ctx, a.d.log, driver.ClaimRequest{ID: id, Template: a.spec.GetTemplate(), TTL: verifyTTL})
 	if err != nil {
 		return nil, fmt.Errorf("claim the verification sandbox %s: %w", id, err)
 	}
 	a.d.cfg.Metrics.claimed(sb)
-	audit := &auditBuffer{}
 	defer func() {
 		// The audit's last attempts, then no more reports, then the
-		// sandbox goes: on every path.
-		if n, ok := netOf(sb); ok {
-			bs, cerr := n.Collect()
-			if cerr != nil {
-				a.d.log.Debug("egress: collect before the verification sandbox goes", "task", a.id, "sandbox", id, "err", cerr)
-			}
-			for _, b := range bs {
-				audit.add(b)
-			}
-		}
+		// sandbox goes: on every path. The attempts are on the log before
+		// the task's last event, whatever ended the run: a cancel, an
+		// error, the tests' end (egressSink).
+		a.collectEgress(sb, "before the verification sandbox goes")
 		a.d.cfg.Egress.unbind(id) // a report being delivered lands first
 		if derr := sb.Destroy(); derr != nil {
 			// Its TTL reaps it; a rerun of the round destroys it first.
 			a.d.log.Warn("destroy the verification sandbox", "task", a.id, "sandbox", id, "err", derr)
 		}
-		// On the log before the task's last event, whatever ended the
-		// run: a cancel, an error, the tests' end.
-		a.queueEgress(id, audit.take())
 	}()
 	// The task's own policy, never more network than the model had.
 	policy, perr := taskPolicy(a.spec)
 	if perr != nil { // as start does: the servers validate specs
 		policy = netpolicy.Policy{Profile: netpolicy.ProfileNone}
 	}
-	if err := a.d.cfg.Egress.bind(sb, policy, audit.add); err != nil {
+	if err := a.d.cfg.Egress.bind(sb, policy, a.egressSink(self, id)); err != nil {
 		return nil, fmt.Errorf("set the verification sandbox's egress policy: %w", err)
 	}
 	ia, ok := sb.(driver.Interactive)
 	if !ok {
-		return nil, fmt.Errorf("the %s driver's sandboxes have no guest to run the tests in", drv.Name())
+		return nil, fmt.Errorf("the %s driver's sandboxes have no guest to run the tests in", a.d.cfg.Driver.Name())
 	}
 	if err := unpackInto(ctx, ia, a.ws); err != nil {
 		return nil, fmt.Errorf("the verification sandbox: %w", err)
@@ -133,25 +111,4 @@ func (a *taskActor) testInSandbox(ctx context.Context, id, patch, cmd string) (r
 		return nil, err
 	}
 	return &testRun{res: res, out: tail(string(outb.Bytes()), 8<<10), took: time.Since(start), sandbox: id, timeout: timeout}, nil
-}
-
-// auditBuffer keeps a verification sandbox's egress audit batches; add is
-// its Egress sink (called on the auditor's goroutine, it must not block).
-type auditBuffer struct {
-	mu sync.Mutex
-	bs []netpolicy.AuditBatch
-}
-
-func (b *auditBuffer) add(batch netpolicy.AuditBatch) {
-	b.mu.Lock()
-	b.bs = append(b.bs, batch)
-	b.mu.Unlock()
-}
-
-func (b *auditBuffer) take() []netpolicy.AuditBatch {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	bs := b.bs
-	b.bs = nil
-	return bs
 }
