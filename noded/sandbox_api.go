@@ -116,7 +116,7 @@ func (p *poolFit) check(drv driver.Driver, node, t string, n int) error {
 	}
 	mem := p.mem
 	if mem <= 0 {
-		mem = hostMemBytes()
+		mem = HostMemoryBytes()
 	}
 	if mem <= 0 || int64(n) <= mem/each {
 		return nil
@@ -174,8 +174,9 @@ func iecBytes(b int64) string {
 	return strconv.FormatInt(b, 10) + " B"
 }
 
-// hostMemBytes is the host's memory (MemTotal), or 0 if unknown.
-func hostMemBytes() int64 {
+// HostMemoryBytes is the host's memory (MemTotal in /proc/meminfo), or 0
+// if unknown.
+func HostMemoryBytes() int64 {
 	b, err := os.ReadFile("/proc/meminfo")
 	if err != nil {
 		return 0
@@ -193,7 +194,7 @@ func hostMemBytes() int64 {
 // nodeMemBytes is the memory pool targets are checked against: the host's,
 // or the node's declared capacity when that is less.
 func nodeMemBytes(capacity int64) int64 {
-	m := hostMemBytes()
+	m := HostMemoryBytes()
 	if capacity > 0 && (m == 0 || capacity < m) {
 		m = capacity
 	}

@@ -1238,14 +1238,7 @@ func machine() Machine {
 	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
 		m.Kernel = strings.TrimSpace(string(b))
 	}
-	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
-		for _, line := range strings.Split(string(b), "\n") {
-			if f := strings.Fields(line); len(f) >= 2 && f[0] == "MemTotal:" {
-				kb, _ := strconv.ParseInt(f[1], 10, 64)
-				m.MemBytes = kb << 10
-			}
-		}
-	}
+	m.MemBytes = noded.HostMemoryBytes()
 	return m
 }
 

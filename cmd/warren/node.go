@@ -545,16 +545,8 @@ func hostCPUs() int {
 }
 
 func hostMemory() int64 {
-	b, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
-		return 1 << 30
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "MemTotal:" {
-			if kb, err := strconv.ParseInt(f[1], 10, 64); err == nil {
-				return kb << 10
-			}
-		}
+	if m := noded.HostMemoryBytes(); m > 0 {
+		return m
 	}
 	return 1 << 30
 }
