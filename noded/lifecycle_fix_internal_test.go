@@ -32,6 +32,42 @@ import (
 // theirs from 1 under the request id e<epoch>/egress-<n>, and the servers
 // dropped the second's as retries.)
 func TestEgressOfAnotherActorIncarnationIsRecorded(t *testing.T) {
+	drv := sim.New(sim.Config{})
+	d, id := pendingTaskOnNode(t, drv, "egress-twice")
+	ctx := context.Background()
+	sb, err := drv.Claim(ctx, driver.ClaimRequest{ID: id + "-e0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	record := func(addr, from string) {
+		a := &taskActor{d: d, id: id, epoch: 0, ctx: ctx, sb: sb}
+		a.egressQ = []egressBatch{{b: netpolicy.AuditBatch{Events: []netpolicy.AuditEvent{{Verdict: "deny", Kind: "connect", Addr: addr, Proto: "tcp", Port: 443, Count: 1}}}, sandbox: from}}
+		if err := a.recordEgress(); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.recordEgress(); err != nil { // nothing new: nothing recorded
+			t.Fatal(err)
+		}
+	}
+	record("198.51.100.1", sb.ID()) // the actor before its restart
+	// The actor after it, same epoch, with a batch of a sandbox that went
+	// away (sandboxGone) queued before its replacement: it names that one.
+	record("198.51.100.2", id+"-gone")
+	egress := egressPayloads(t, d, id)
+	if len(egress) != 2 {
+		t.Fatalf("two audit batches from two actors of the task, %d egress events on the log: %v", len(egress), egress)
+	}
+	if !strings.Contains(egress[0], `"sandbox":"`+sb.ID()+`"`) || !strings.Contains(egress[1], `"sandbox":"`+id+`-gone"`) {
+		t.Errorf("each batch names the sandbox it came from: %v", egress)
+	}
+}
+
+// pendingTaskOnNode starts a single server and a node daemon on drv, and
+// creates a task no node takes (its driver is microvm, the node's is
+// not): it stays pending, under epoch 0, and appends under that epoch
+// take the same path as a leased task's.
+func pendingTaskOnNode(t *testing.T, drv driver.Driver, requestID string) (*Daemon, string) {
+	t.Helper()
 	dir := t.TempDir()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -56,49 +92,30 @@ func TestEgressOfAnotherActorIncarnationIsRecorded(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	drv := sim.New(sim.Config{})
 	d, err := Start(Config{ID: "n1", DataDir: filepath.Join(dir, "n1"), Servers: []string{url}, Driver: drv,
 		Capacity: &warrenv1.Resources{MilliCpu: 1000, MemoryBytes: 1 << 30}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { d.Close() })
-	ctx := context.Background()
-	// The task stays pending (no node has its driver), under epoch 0:
-	// appends under that epoch take the same path as a leased task's.
-	var id string
 	for {
-		resp, err := d.cl.Tasks().CreateTask(ctx, connect.NewRequest(&warrenv1.CreateTaskRequest{RequestId: "egress-twice",
+		resp, err := d.cl.Tasks().CreateTask(context.Background(), connect.NewRequest(&warrenv1.CreateTaskRequest{RequestId: requestID,
 			Spec: &warrenv1.TaskSpec{Repo: "https://example.com/r.git", Base: "main", IssueTitle: "egress", Driver: "microvm",
 				Script: &warrenv1.Script{Steps: 1}}}))
 		if err == nil {
-			id = resp.Msg.GetTask().GetId()
-			break
+			return d, resp.Msg.GetTask().GetId()
 		}
 		if time.Now().After(deadline) {
 			t.Fatal(err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	sb, err := drv.Claim(ctx, driver.ClaimRequest{ID: id + "-e0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	record := func(addr, from string) {
-		a := &taskActor{d: d, id: id, epoch: 0, ctx: ctx, sb: sb}
-		a.egressQ = []egressBatch{{b: netpolicy.AuditBatch{Events: []netpolicy.AuditEvent{{Verdict: "deny", Kind: "connect", Addr: addr, Proto: "tcp", Port: 443, Count: 1}}}, sandbox: from}}
-		if err := a.recordEgress(); err != nil {
-			t.Fatal(err)
-		}
-		if err := a.recordEgress(); err != nil { // nothing new: nothing recorded
-			t.Fatal(err)
-		}
-	}
-	record("198.51.100.1", sb.ID()) // the actor before its restart
-	// The actor after it, same epoch, with a batch of a sandbox that went
-	// away (sandboxGone) queued before its replacement: it names that one.
-	record("198.51.100.2", id+"-gone")
-	resp, err := d.cl.Tasks().ListEvents(ctx, connect.NewRequest(&warrenv1.ListEventsRequest{TaskId: id, Limit: 100}))
+}
+
+// egressPayloads returns the payloads of the task's egress events.
+func egressPayloads(t *testing.T, d *Daemon, id string) []string {
+	t.Helper()
+	resp, err := d.cl.Tasks().ListEvents(context.Background(), connect.NewRequest(&warrenv1.ListEventsRequest{TaskId: id, Limit: 100}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,12 +125,7 @@ func TestEgressOfAnotherActorIncarnationIsRecorded(t *testing.T) {
 			egress = append(egress, string(e.GetPayload()))
 		}
 	}
-	if len(egress) != 2 {
-		t.Fatalf("two audit batches from two actors of the task, %d egress events on the log: %v", len(egress), egress)
-	}
-	if !strings.Contains(egress[0], `"sandbox":"`+sb.ID()+`"`) || !strings.Contains(egress[1], `"sandbox":"`+id+`-gone"`) {
-		t.Errorf("each batch names the sandbox it came from: %v", egress)
-	}
+	return egress
 }
 
 // The TTL a task's sandbox is claimed with covers the task: an agent
