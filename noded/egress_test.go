@@ -13,6 +13,7 @@ import (
 	"github.com/warrenhq/warren/netpolicy"
 	"github.com/warrenhq/warren/netpolicy/netpolicytest"
 	"github.com/warrenhq/warren/noded"
+	"github.com/warrenhq/warren/noded/driver"
 	"github.com/warrenhq/warren/noded/driver/container"
 )
 
@@ -21,6 +22,13 @@ import (
 // test's own network world (netpolicytest); tweak changes the policy's
 // config.
 func startEgressNode(t *testing.T, ns string, tweak func(*netpolicy.Config)) (*cluster, *noded.Daemon) {
+	t.Helper()
+	return startEgressNodeWith(t, ns, tweak, nil)
+}
+
+// startEgressNodeWith is startEgressNode with the node's driver wrap(the
+// container driver) when wrap is set.
+func startEgressNodeWith(t *testing.T, ns string, tweak func(*netpolicy.Config), wrap func(*container.Driver) driver.Driver) (*cluster, *noded.Daemon) {
 	t.Helper()
 	imageDir := needContainers(t)
 	netpolicytest.NeedRoot(t)
@@ -40,8 +48,12 @@ func startEgressNode(t *testing.T, ns string, tweak func(*netpolicy.Config)) (*c
 		eg.Close()
 		t.Fatal(err)
 	}
+	var nd driver.Driver = drv
+	if wrap != nil {
+		nd = wrap(drv)
+	}
 	c := startCluster(t, 1, 0)
-	d, err := noded.Start(noded.Config{ID: "n1", DataDir: filepath.Join(c.dir, "node-n1"), Servers: c.urls(), Driver: drv, Egress: eg,
+	d, err := noded.Start(noded.Config{ID: "n1", DataDir: filepath.Join(c.dir, "node-n1"), Servers: c.urls(), Driver: nd, Egress: eg,
 		Capacity: &warrenv1.Resources{MilliCpu: 100 * 1000, MemoryBytes: 1 << 40}})
 	if err != nil {
 		drv.Close()
@@ -91,22 +103,8 @@ for target in (("allowed.test", 80), ("198.51.100.20", 80)):
 			json.Unmarshal(e.GetPayload(), &p)
 			results = append(results, p.Output)
 		case "egress":
-			var p struct {
-				Sandbox string
-				Events  []struct {
-					Verdict, Kind, Addr, Proto string
-					Port                       int
-				}
-			}
-			if err := json.Unmarshal(e.GetPayload(), &p); err != nil {
-				t.Fatal(err)
-			}
-			for _, ev := range p.Events {
-				if ev.Kind == "connect" && ev.Proto == "tcp" && ev.Port == 80 {
-					allowed = allowed || ev.Verdict == "allow" && ev.Addr == netpolicytest.Web.String()
-					denied = denied || ev.Verdict == "deny" && ev.Addr == netpolicytest.Other.String()
-				}
-			}
+			_, a, d := webAttempts(t, e)
+			allowed, denied = allowed || a, denied || d
 		}
 	}
 	t.Logf("step outputs: %q", results)
@@ -211,4 +209,28 @@ except Exception:
 	if !denied(yielded, "pending") {
 		t.Error("task given back: its denied attempts are not on its log")
 	}
+}
+
+// webAttempts reads an egress event: the sandbox it names, and whether it
+// holds an allowed connection to the test's web host and a denied one to
+// its other host (netpolicytest), both TCP port 80.
+func webAttempts(t *testing.T, e *warrenv1.Event) (sandbox string, allowed, denied bool) {
+	t.Helper()
+	var p struct {
+		Sandbox string
+		Events  []struct {
+			Verdict, Kind, Addr, Proto string
+			Port                       int
+		}
+	}
+	if err := json.Unmarshal(e.GetPayload(), &p); err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range p.Events {
+		if ev.Kind == "connect" && ev.Proto == "tcp" && ev.Port == 80 {
+			allowed = allowed || ev.Verdict == "allow" && ev.Addr == netpolicytest.Web.String()
+			denied = denied || ev.Verdict == "deny" && ev.Addr == netpolicytest.Other.String()
+		}
+	}
+	return p.Sandbox, allowed, denied
 }

@@ -14,7 +14,6 @@ import (
 	"connectrpc.com/connect"
 
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
-	"github.com/warrenhq/warren/netpolicy/netpolicytest"
 	"github.com/warrenhq/warren/noded"
 	"github.com/warrenhq/warren/noded/driver"
 	"github.com/warrenhq/warren/noded/driver/container"
@@ -249,24 +248,8 @@ for target in (("allowed.test", 80), ("198.51.100.20", 80)):
 			verifySB = p.Sandbox
 			beforeRun = allowed && denied
 		case "egress":
-			var p struct {
-				Sandbox string
-				Events  []struct {
-					Verdict, Kind, Addr, Proto string
-					Port                       int
-				}
-			}
-			if err := json.Unmarshal(e.GetPayload(), &p); err != nil {
-				t.Fatal(err)
-			}
-			if !strings.Contains(p.Sandbox, "-verify-") {
-				continue
-			}
-			for _, ev := range p.Events {
-				if ev.Kind == "connect" && ev.Proto == "tcp" && ev.Port == 80 {
-					allowed = allowed || ev.Verdict == "allow" && ev.Addr == netpolicytest.Web.String()
-					denied = denied || ev.Verdict == "deny" && ev.Addr == netpolicytest.Other.String()
-				}
+			if sb, a, d := webAttempts(t, e); strings.Contains(sb, "-verify-") {
+				allowed, denied = allowed || a, denied || d
 			}
 		}
 	}

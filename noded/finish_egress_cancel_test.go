@@ -2,8 +2,6 @@ package noded_test
 
 import (
 	"context"
-	"encoding/json"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -11,8 +9,6 @@ import (
 	"connectrpc.com/connect"
 
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
-	"github.com/warrenhq/warren/netpolicy/netpolicytest"
-	"github.com/warrenhq/warren/noded"
 	"github.com/warrenhq/warren/noded/driver"
 	"github.com/warrenhq/warren/noded/driver/container"
 )
@@ -24,32 +20,10 @@ import (
 // ends. Here the test command connects to an allowed and a denied host,
 // then hangs; the task is cancelled.
 func TestFinishCancelKeepsTheVerificationSandboxsEgress(t *testing.T) {
-	imageDir := needContainers(t)
-	netpolicytest.NeedRoot(t)
-	agentBin := buildGuest(t)
-	tp := netpolicytest.New(t)
-	eg, err := noded.NewEgress(tp.Config(1, nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cdrv, err := container.New(container.Config{ImageDir: imageDir, StateDir: t.TempDir(), Namespace: "warren-test-verify-egress-cancel", Agent: agentBin, Networks: eg})
-	if err != nil {
-		eg.Close()
-		t.Fatal(err)
-	}
-	drv := &claimLog{Driver: cdrv}
-	c := startCluster(t, 1, 0)
-	d, err := noded.Start(noded.Config{ID: "n1", DataDir: filepath.Join(c.dir, "node-n1"), Servers: c.urls(), Driver: drv, Egress: eg,
-		Capacity: &warrenv1.Resources{MilliCpu: 100 * 1000, MemoryBytes: 1 << 40}})
-	if err != nil {
-		cdrv.Close()
-		eg.Close()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Close() })
-	waitFor(t, "node ready", 10*time.Second, func() bool {
-		n, err := c.node("n1")
-		return err == nil && n.GetStatus() == warrenv1.NodeStatus_NODE_STATUS_READY
+	var drv *claimLog
+	c, _ := startEgressNodeWith(t, "warren-test-verify-egress-cancel", nil, func(cd *container.Driver) driver.Driver {
+		drv = &claimLog{Driver: cd}
+		return drv
 	})
 
 	repo := buggyRepo(t)
@@ -97,24 +71,8 @@ for target in (("allowed.test", 80), ("198.51.100.20", 80)):
 		if e.GetKind() != "egress" {
 			continue
 		}
-		var p struct {
-			Sandbox string
-			Events  []struct {
-				Verdict, Kind, Addr, Proto string
-				Port                       int
-			}
-		}
-		if err := json.Unmarshal(e.GetPayload(), &p); err != nil {
-			t.Fatal(err)
-		}
-		if !strings.Contains(p.Sandbox, "-verify-") {
-			continue
-		}
-		for _, ev := range p.Events {
-			if ev.Kind == "connect" && ev.Proto == "tcp" && ev.Port == 80 {
-				allowed = allowed || ev.Verdict == "allow" && ev.Addr == netpolicytest.Web.String()
-				denied = denied || ev.Verdict == "deny" && ev.Addr == netpolicytest.Other.String()
-			}
+		if sb, a, d := webAttempts(t, e); strings.Contains(sb, "-verify-") {
+			allowed, denied = allowed || a, denied || d
 		}
 	}
 	if !allowed || !denied {
