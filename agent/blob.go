@@ -72,7 +72,7 @@ func (d DirBlobs) Put(data []byte) (string, error) {
 // Get reads a blob back, checking its hash.
 func (d DirBlobs) Get(ref string) ([]byte, error) {
 	h, ok := strings.CutPrefix(ref, "sha256:")
-	if !ok || len(h) != 64 || strings.Trim(h, "0123456789abcdef") != "" {
+	if !ok || !isHex(h, 64) {
 		return nil, fmt.Errorf("blob: %q is not a sha256: reference", ref)
 	}
 	b, err := os.ReadFile(filepath.Join(d.Dir, h[:2], h[2:]))
