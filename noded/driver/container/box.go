@@ -4,12 +4,10 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
 	"github.com/containerd/containerd"
-	"golang.org/x/sys/unix"
 
 	"github.com/warrenhq/warren/guest"
 	"github.com/warrenhq/warren/noded/driver"
@@ -142,8 +140,8 @@ func (b *Box) destroy() {
 		b.d.destroyContainer(ctx, c)
 	}
 	if b.mounted {
-		if err := unix.Unmount(filepath.Join(b.dir, "rootfs"), unix.MNT_DETACH); err != nil {
-			b.d.log.Warn("unmount overlay", "sandbox", b.id, "err", err)
+		if err := unmountBox(b.dir); err != nil {
+			b.d.log.Warn("unmount", "sandbox", b.id, "err", err)
 		}
 	}
 	if b.net != nil {

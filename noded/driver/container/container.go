@@ -78,6 +78,9 @@ type Driver struct {
 	lowers map[string]string // template dir -> its read-only mount
 	closed bool
 	claims sync.WaitGroup // claims under way; Close waits for them
+
+	blankMu sync.Mutex
+	blanks  map[string]bool // blank disk images made this run (disk.go)
 }
 
 // CheckRuntime refuses a runtime that is not Config.Runtime's: runc or
@@ -159,7 +162,7 @@ func New(cfg Config) (*Driver, error) {
 	abs, _ := filepath.Abs(cfg.StateDir)
 	h := sha256.Sum256([]byte(abs))
 	d := &Driver{cfg: cfg, log: cfg.Logger, client: client, scope: hex.EncodeToString(h[:])[:12], ver: v.Version,
-		live: map[string]*Box{}, lowers: map[string]string{}}
+		live: map[string]*Box{}, lowers: map[string]string{}, blanks: map[string]bool{}}
 	if err := os.MkdirAll(filepath.Join(cfg.StateDir, "boxes"), 0o755); err != nil {
 		client.Close()
 		return nil, err
@@ -220,9 +223,13 @@ func (d *Driver) cleanLeftovers(ctx context.Context) {
 	ents, _ := os.ReadDir(filepath.Join(d.cfg.StateDir, "boxes"))
 	for _, e := range ents {
 		dir := filepath.Join(d.cfg.StateDir, "boxes", e.Name())
-		_ = unix.Unmount(filepath.Join(dir, "rootfs"), unix.MNT_DETACH)
+		if err := unmountBox(dir); err != nil {
+			d.log.Warn("unmounting a leftover box", "dir", dir, "err", err)
+		}
 		_ = os.RemoveAll(dir)
 	}
+	// Blank disks are made again in each run (disk.go).
+	_ = os.RemoveAll(filepath.Join(d.cfg.StateDir, "blank"))
 	// The templates' read-only mounts of a run that did not close (the
 	// containers using them are gone): mounted again when needed.
 	ents, _ = os.ReadDir(filepath.Join(d.cfg.StateDir, "lower"))
@@ -335,7 +342,7 @@ func (d *Driver) Claim(ctx context.Context, req driver.ClaimRequest) (driver.San
 		}
 		return nil, driver.Errorf(driver.ErrInvalid, "%v", err)
 	}
-	lim, err := d.checkLimits(req.Limits)
+	lim, err := d.checkLimits(t, req.Limits)
 	if err != nil {
 		return nil, err
 	}
@@ -387,7 +394,11 @@ func (d *Driver) Claim(ctx context.Context, req driver.ClaimRequest) (driver.San
 	return b, nil
 }
 
-func (d *Driver) checkLimits(l driver.Limits) (driver.Limits, error) {
+// checkLimits fills defaults and rejects what this driver cannot give. A
+// disk of 0 is the template's (its root file system's size, as in a
+// microVM); any other size is given as asked, from the template's files
+// up (start checks that it leaves room above them).
+func (d *Driver) checkLimits(t *guest.Template, l driver.Limits) (driver.Limits, error) {
 	var errs []error
 	if l.VCPUs == 0 {
 		l.VCPUs = 1
@@ -404,8 +415,14 @@ func (d *Driver) checkLimits(l driver.Limits) (driver.Limits, error) {
 	if l.MemMB < 64 || l.MemMB > 64<<10 {
 		errs = append(errs, fmt.Errorf("limits.memory_mb %d: must be between 64 and 65536", l.MemMB))
 	}
-	if l.DiskMB != 0 {
-		errs = append(errs, fmt.Errorf("limits.disk_mb %d: the container driver cannot bound disk use (use microvm)", l.DiskMB))
+	if l.DiskMB == 0 {
+		l.DiskMB = int(t.DiskBytes >> 20)
+		if l.DiskMB == 0 { // a template whose manifest does not say
+			l.DiskMB = defaultDiskMB
+		}
+	}
+	if l.DiskMB < 64 || l.DiskMB > maxDiskMB {
+		errs = append(errs, fmt.Errorf("limits.disk_mb %d: must be between 64 and %d", l.DiskMB, maxDiskMB))
 	}
 	if l.Pids < 16 || l.Pids > 1<<20 {
 		errs = append(errs, fmt.Errorf("limits.pids %d: must be between 16 and 1048576", l.Pids))
@@ -431,18 +448,29 @@ func (d *Driver) start(ctx context.Context, t *guest.Template, req driver.ClaimR
 			b.destroy()
 		}
 	}()
-	for _, sub := range []string{"upper", "work", "rootfs", "run"} {
-		if err := os.MkdirAll(filepath.Join(dir, sub), 0o755); err != nil {
+	size, err := writable(lower, t.Name, lim.DiskMB)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "rootfs"), 0o755); err != nil {
+		return nil, err
+	}
+	b.mounted = true // from here on, destroy unmounts what is mounted
+	if err := d.makeDisk(ctx, dir, size); err != nil {
+		return nil, err
+	}
+	disk := filepath.Join(dir, diskMount)
+	for _, sub := range []string{"upper", "work", "run"} {
+		if err := os.Mkdir(filepath.Join(disk, sub), 0o755); err != nil {
 			return nil, err
 		}
 	}
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", lower, filepath.Join(dir, "upper"), filepath.Join(dir, "work"))
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", lower, filepath.Join(disk, "upper"), filepath.Join(disk, "work"))
 	if err := unix.Mount("overlay", filepath.Join(dir, "rootfs"), "overlay", 0, opts); err != nil {
 		return nil, fmt.Errorf("overlay: %w", err)
 	}
-	b.mounted = true
 	env := []string{"PATH=" + guest.BaseEnv["PATH"], "HOME=/root", "LANG=C.UTF-8"}
-	mounts := []specs.Mount{{Destination: "/run/warren", Type: "bind", Source: filepath.Join(dir, "run"), Options: []string{"rbind", "rw"}}}
+	mounts := []specs.Mount{{Destination: "/run/warren", Type: "bind", Source: filepath.Join(disk, "run"), Options: []string{"rbind", "rw"}}}
 	agent := "/usr/local/bin/warren-guest" // the template's copy
 	if d.cfg.Agent != "" {
 		agent = agentPath
@@ -496,7 +524,7 @@ func (d *Driver) start(ctx context.Context, t *guest.Template, req driver.ClaimR
 	}
 	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	sock := filepath.Join(dir, "run", "agent.sock")
+	sock := filepath.Join(disk, "run", "agent.sock")
 	for {
 		if cl, err := guest.Dial(actx, sock); err == nil {
 			if _, err = cl.Ping(actx); err == nil {

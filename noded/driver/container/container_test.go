@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -251,7 +252,8 @@ func TestContainerBadClaims(t *testing.T) {
 	}{
 		{driver.ClaimRequest{ID: "x", Template: "no-such"}, `template "no-such"`},
 		{driver.ClaimRequest{ID: "x", Limits: driver.Limits{VCPUs: 999}}, "limits.vcpus"},
-		{driver.ClaimRequest{ID: "x", Limits: driver.Limits{DiskMB: 100}}, "limits.disk_mb"},
+		{driver.ClaimRequest{ID: "x", Limits: driver.Limits{DiskMB: 10}}, "limits.disk_mb 10: must be between 64 and 1048576"},
+		{driver.ClaimRequest{ID: "x", Limits: driver.Limits{DiskMB: 100}}, "limits.disk_mb 100: template default's files take"},
 		{driver.ClaimRequest{ID: "x", TTL: 1000 * time.Hour}, "ttl_seconds 3600000: must be between 1 and 86400"},
 	} {
 		if _, err := d.Claim(ctx, tc.req); err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -341,4 +343,164 @@ func (w signalWriter) Write(p []byte) (int, error) {
 	default:
 	}
 	return len(p), nil
+}
+
+// A container's disk is bounded: a dd that fills it gets ENOSPC, in its
+// root and in /run/warren alike, the node's disk holds at most the quota
+// for it, the sandbox keeps answering, and destroying it leaves no mount
+// or loop device behind. Without a quota of its own the box gets its
+// template's disk, as a microVM does.
+func TestContainerDiskIsBounded(t *testing.T) { testDiskIsBounded(t, "runc") }
+
+// TestContainerGVisorDiskIsBounded: the same under gVisor, whose gofer
+// writes the box's files on the host.
+func TestContainerGVisorDiskIsBounded(t *testing.T) { testDiskIsBounded(t, "runsc") }
+
+func testDiskIsBounded(t *testing.T, runtime string) {
+	d := newDriverWith(t, runtime)
+	defer d.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	tpl, err := guest.LoadTemplate(imageDir(), "default")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	sb, err := d.Claim(ctx, driver.ClaimRequest{ID: "sb-disk-default"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := sb.(driver.Interactive).Info().Limits.DiskMB, int(tpl.DiskBytes>>20); got != want {
+		t.Errorf("default disk %d MiB, want the template's %d", got, want)
+	}
+	// The image is sparse: a new box takes ext4's metadata of the node's
+	// disk, not its quota.
+	var st syscall.Stat_t
+	if err := syscall.Stat(filepath.Join(sb.(*Box).dir, diskImage), &st); err != nil {
+		t.Fatal(err)
+	}
+	if on := st.Blocks * 512; on > 64<<20 {
+		t.Errorf("a new box's disk image takes %d MiB of the node's disk", on>>20)
+	}
+	lower := d.lowers[mustTemplateDir(t)]
+	u, err := used(lower)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// df in the sandbox sees the box's own file system: the template's
+	// disk less its files (ext4 keeps some of it for itself).
+	out, code := run(t, sb, "df -P -B1M / | tail -1")
+	var fs string
+	var size int64
+	if _, err := fmt.Sscan(out, &fs, &size); code != 0 || err != nil {
+		t.Fatalf("df: exit %d %q %v", code, out, err)
+	}
+	if free := tpl.DiskBytes>>20 - u>>20; size > free || size < free*9/10 {
+		t.Errorf("df / in the sandbox: %d MiB, want about %d (the template's disk less its files)", size, free)
+	}
+	if err := sb.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+
+	diskMB := int(u>>20) + 80
+	sb, err = d.Claim(ctx, driver.ClaimRequest{ID: "sb-disk", Limits: driver.Limits{DiskMB: diskMB}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := sb.(*Box).dir
+	for _, p := range []string{"/root/fill", "/run/warren/fill"} {
+		out, _ := run(t, sb, "dd if=/dev/zero of="+p+" bs=1M count=1000 2>&1; echo exit=$?")
+		if !strings.Contains(out, "No space left on device") || strings.Contains(out, "exit=0") {
+			t.Errorf("dd to %s: %q, want it stopped by the disk quota", p, out)
+		}
+		var st syscall.Stat_t
+		if err := syscall.Stat(filepath.Join(dir, diskImage), &st); err != nil {
+			t.Fatal(err)
+		}
+		if on := st.Blocks * 512; on > int64(diskMB-int(u>>20))<<20 {
+			t.Errorf("after dd to %s the box takes %d MiB of the node's disk, over its %d MiB", p, on>>20, diskMB-int(u>>20))
+		}
+		if out, _ := run(t, sb, "rm "+p+"; echo alive"); out != "alive\n" {
+			t.Fatalf("after the disk filled: %q", out)
+		}
+	}
+	if out, _ := run(t, sb, "echo kept > /root/after && cat /root/after"); out != "kept\n" {
+		t.Errorf("a write after the fill was removed: %q", out)
+	}
+	if err := sb.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("box directory left: %v", err)
+	}
+	// The loop device detaches itself when its file system is unmounted.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		left := loopsUnder(t, dir)
+		if len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("loop devices left on the box's disk: %v", left)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if isMounted(filepath.Join(dir, diskMount)) || isMounted(filepath.Join(dir, "rootfs")) {
+		t.Error("a mount of the box is left")
+	}
+}
+
+// loopsUnder lists the loop devices whose backing file is under dir.
+func loopsUnder(t *testing.T, dir string) []string {
+	t.Helper()
+	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	var out []string
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err == nil && strings.HasPrefix(strings.TrimSpace(string(b)), dir+"/") {
+			out = append(out, f+": "+strings.TrimSpace(string(b)))
+		}
+	}
+	return out
+}
+
+// A node that restarts after a crash destroys the boxes its previous run
+// left: their containers, mounts (root and disk), loop devices and
+// directories.
+func TestRestartCleansUpLeftBoxes(t *testing.T) {
+	d := newDriver(t)
+	defer d.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	sb, err := d.Claim(ctx, driver.ClaimRequest{ID: "sb-left"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := sb.(*Box).dir
+	if out, code := run(t, sb, "echo x > /root/x && echo ok"); code != 0 || out != "ok\n" {
+		t.Fatalf("write: exit %d %q", code, out)
+	}
+	// The "restarted" node: a second driver on the same state directory,
+	// while the first (the crashed run) is never closed.
+	d2, err := New(d.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d2.Close()
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("box directory left: %v", err)
+	}
+	if isMounted(filepath.Join(dir, diskMount)) || isMounted(filepath.Join(dir, "rootfs")) {
+		t.Error("a mount of the left box is left")
+	}
+	if cs, _ := d2.client.Containers(ctx); len(cs) != 0 {
+		t.Errorf("%d containers left", len(cs))
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for len(loopsUnder(t, dir)) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("loop devices left on the left box's disk: %v", loopsUnder(t, dir))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
