@@ -111,7 +111,7 @@ func TestRefusedSessionTargetsAreLoggedOnce(t *testing.T) {
 			d.Sandboxes = NewSandboxAPI(testNode, t.TempDir(), drv, log)
 		}
 		for i := 0; i < 3; i++ {
-			d.setPoolTargets(set)
+			d.setPoolTargets(set, 0)
 		}
 		if n, ok := drv.targets["huge"]; ok {
 			t.Errorf("sandbox API %v: the driver was given the refused target huge=%d", withAPI, n)
@@ -147,7 +147,7 @@ func TestRestoredPoolTargetIsCheckedAgainstTheDeclaredCapacity(t *testing.T) {
 		t.Errorf("the node declares room for 2 warm sandboxes of big, and pools.json's target 3 was applied at start (driver target %d)", n)
 	}
 	// The leader's complete set, naming the same target, does not refuse it either.
-	d.setPoolTargets([]*warrenv1.SetPoolTarget{{Template: "big", Target: 3}})
+	d.setPoolTargets([]*warrenv1.SetPoolTarget{{Template: "big", Target: 3}}, 0)
 	if n := drv.targets["big"]; n == 3 {
 		t.Errorf("after the session's set: driver target %d for big, over the declared capacity (room for 2)", n)
 	}

@@ -55,6 +55,12 @@ type SandboxAPI struct {
 	// smaller target drops), so the last one applies the latest target.
 	applying map[string]*sync.Mutex
 	fit      poolFit // refuses targets the node's memory cannot hold
+	// direct counts the targets set directly (SetPoolTarget calls), and
+	// directAt is, per template, the count at its latest: the leader's
+	// session sends targets that are applied later, in turn, and one read
+	// before a direct call must not undo it (see sessionMark).
+	direct   uint64
+	directAt map[string]uint64
 }
 
 var _ warrenv1connect.SandboxServiceHandler = (*SandboxAPI)(nil)
@@ -72,7 +78,7 @@ func newSandboxAPI(nodeID, dataDir string, drv driver.Driver, log *slog.Logger, 
 		log = slog.New(slog.DiscardHandler)
 	}
 	a := &SandboxAPI{nodeID: nodeID, drv: drv, log: log, poolsAt: filepath.Join(dataDir, "pools.json"),
-		pools: map[string]int{}, applying: map[string]*sync.Mutex{}, fit: poolFit{mem: mem}}
+		pools: map[string]int{}, applying: map[string]*sync.Mutex{}, fit: poolFit{mem: mem}, directAt: map[string]uint64{}}
 	if b, err := os.ReadFile(a.poolsAt); err == nil {
 		if err := json.Unmarshal(b, &a.pools); err != nil {
 			log.Warn("pool targets unreadable; starting without", "err", err)
@@ -711,6 +717,23 @@ func (a *SandboxAPI) SetPoolTarget(ctx context.Context, req *connect.Request[war
 	if n > 1000 {
 		return nil, invalidArg("target %d: over the limit of 1000 per node", n)
 	}
+	// Marked before it is applied, so that a session's older target
+	// applied meanwhile cannot come after it; unmarked if refused (the
+	// template keeps its target, and so the session's may still apply).
+	a.mu.Lock()
+	prev := a.directAt[t]
+	a.direct++
+	mine := a.direct
+	a.directAt[t] = mine
+	a.mu.Unlock()
+	refused := func(err error) error {
+		a.mu.Lock()
+		if a.directAt[t] == mine {
+			a.directAt[t] = prev
+		}
+		a.mu.Unlock()
+		return a.codeOf(err)
+	}
 	if _, ok := a.drv.(driver.Pooler); !ok {
 		// Accepted, and a no-op: the driver has no warm pool to fill (a
 		// container starts in a few hundred milliseconds). It is saved
@@ -718,18 +741,18 @@ func (a *SandboxAPI) SetPoolTarget(ctx context.Context, req *connect.Request[war
 		// so rather than refusing, so that a cluster-wide `warren pool
 		// set` does not report this node as failing.
 		if err := a.setTarget(t, int(n)); err != nil {
-			return nil, a.codeOf(err)
+			return nil, refused(err)
 		}
 		return connect.NewResponse(&warrenv1.SetPoolTargetResponse{Pools: []*warrenv1.PoolStatus{{NodeId: a.nodeID, Template: t,
 			Note: fmt.Sprintf("the %s driver keeps no warm pool", a.drv.Name())}}}), nil
 	}
 	if l, ok := a.drv.(interface{ HasTemplate(string) error }); ok {
 		if err := l.HasTemplate(t); err != nil {
-			return nil, a.codeOf(err)
+			return nil, refused(err)
 		}
 	}
 	if err := a.setTarget(t, int(n)); err != nil {
-		return nil, a.codeOf(err)
+		return nil, refused(err)
 	}
 	pools, _ := a.ListPools(ctx, connect.NewRequest(&warrenv1.ListPoolsRequest{}))
 	return connect.NewResponse(&warrenv1.SetPoolTargetResponse{Pools: pools.Msg.GetPools()}), nil
@@ -790,7 +813,10 @@ func (a *SandboxAPI) savePools() error {
 // (pools.json brought the old target back at start), or it was a per-node
 // target (`warren pool set T N --node ID`), which is not replicated and so
 // lasts until the node's next session.
-func (a *SandboxAPI) setTargets(set []*warrenv1.SetPoolTarget) {
+//
+// mark is sessionMark's when the set came: a template set directly since
+// keeps that target.
+func (a *SandboxAPI) setTargets(set []*warrenv1.SetPoolTarget, mark uint64) {
 	want := map[string]int{}
 	for _, t := range set {
 		want[t.GetTemplate()] = int(t.GetTarget())
@@ -801,6 +827,12 @@ func (a *SandboxAPI) setTargets(set []*warrenv1.SetPoolTarget) {
 			want[t] = 0
 		} else if want[t] == n {
 			delete(want, t) // set already, by the session's SetPoolTarget
+		}
+	}
+	for t := range want {
+		if a.directAt[t] > mark {
+			a.log.Info("pool target from the session skipped: set directly since", "template", t, "target", want[t], "kept", a.pools[t])
+			delete(want, t)
 		}
 	}
 	a.mu.Unlock()
@@ -816,15 +848,15 @@ func (a *SandboxAPI) setTargets(set []*warrenv1.SetPoolTarget) {
 // setPoolTargets applies the cluster's complete set of pool targets (see
 // SandboxAPI.setTargets). A node without a sandbox API saves no targets:
 // it zeroes those its driver's pools still have.
-func (d *Daemon) setPoolTargets(set []*warrenv1.SetPoolTarget) {
+func (d *Daemon) setPoolTargets(set []*warrenv1.SetPoolTarget, mark uint64) {
 	if d.Sandboxes != nil {
-		d.Sandboxes.setTargets(set)
+		d.Sandboxes.setTargets(set, mark)
 		return
 	}
 	want := map[string]bool{}
 	for _, t := range set {
 		want[t.GetTemplate()] = true
-		d.setPoolTarget(t.GetTemplate(), int(t.GetTarget()))
+		d.setPoolTarget(t.GetTemplate(), int(t.GetTarget()), mark)
 	}
 	if p, ok := d.cfg.Driver.(driver.Pooler); ok {
 		for _, st := range p.Pools() {
@@ -838,9 +870,17 @@ func (d *Daemon) setPoolTargets(set []*warrenv1.SetPoolTarget) {
 // setPoolTarget applies one pool target the leader's session sent: through
 // the sandbox API, which saves it, or straight to the driver on a node
 // without one. A target the node's memory cannot hold is refused (and
-// logged once) either way.
-func (d *Daemon) setPoolTarget(t string, n int) {
+// logged once) either way. mark is sessionMark's when the target came: a
+// target set directly since is kept.
+func (d *Daemon) setPoolTarget(t string, n int, mark uint64) {
 	if d.Sandboxes != nil {
+		d.Sandboxes.mu.Lock()
+		since := d.Sandboxes.directAt[t] > mark
+		d.Sandboxes.mu.Unlock()
+		if since {
+			d.log.Info("pool target from the session skipped: set directly since", "template", t, "target", n)
+			return
+		}
 		if err := d.Sandboxes.setTarget(t, n); err != nil && !errors.Is(err, driver.ErrInvalid) { // a refusal is logged
 			d.log.Warn("pool target not saved", "template", t, "target", n, "err", err)
 		}
@@ -850,6 +890,20 @@ func (d *Daemon) setPoolTarget(t string, n int) {
 		return
 	}
 	d.cfg.Driver.SetPoolTarget(t, n)
+}
+
+// sessionMark marks the moment a pool target from the leader's session
+// came, before it waits its turn (applyPoolsLater): a target set directly
+// after it (a SetPoolTarget call, as `warren pool set` makes) is newer, and
+// the session's, read from the cluster's state earlier, does not undo it.
+// Without a sandbox API nothing is set directly.
+func (d *Daemon) sessionMark() uint64 {
+	if d.Sandboxes == nil {
+		return 0
+	}
+	d.Sandboxes.mu.Lock()
+	defer d.Sandboxes.mu.Unlock()
+	return d.Sandboxes.direct
 }
 
 // ListPools reports this node's pools.

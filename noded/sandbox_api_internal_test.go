@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -314,7 +315,7 @@ func TestCompletePoolTargetsZeroTheOthers(t *testing.T) {
 	if drv.targets["default"] != 4 || drv.targets["go"] != 2 || drv.targets["py"] != 1 {
 		t.Fatalf("restored targets %v", drv.targets)
 	}
-	a.setTargets([]*warrenv1.SetPoolTarget{{Template: "go", Target: 2}, {Template: "py", Target: 3}, {Template: "rust", Target: 1}})
+	a.setTargets([]*warrenv1.SetPoolTarget{{Template: "go", Target: 2}, {Template: "py", Target: 3}, {Template: "rust", Target: 1}}, 0)
 	want := map[string]int{"default": 0, "go": 2, "py": 3, "rust": 1}
 	for tpl, n := range want {
 		if drv.targets[tpl] != n {
@@ -389,5 +390,46 @@ func TestExecLargeOutputAndStdin(t *testing.T) {
 	}
 	if !bytes.Equal(out.Bytes(), in) || !bytes.Equal(errb.Bytes(), want.Bytes()) || code != 7 {
 		t.Fatalf("stdout %d bytes (want %d), stderr %d (want %d), exit %d", out.Len(), len(in), errb.Len(), want.Len(), code)
+	}
+}
+
+// A pool target set directly (`warren pool set`, a SetPoolTarget call) is
+// not undone by the leader's session targets that came before it and
+// waited their turn (applyPoolsLater: a slow driver call ahead of them). They
+// were read from the cluster's state earlier, and used to overwrite the
+// newer target until the node's next session.
+func TestDirectPoolTargetIsNotUndoneByAnOlderSessionTarget(t *testing.T) {
+	drv := &poolDriver{listDriver: listDriver{name: "microvm", live: map[string]driver.Sandbox{}}, targets: map[string]int{}}
+	dir := t.TempDir()
+	a := NewSandboxAPI(testNode, dir, drv, nil)
+	d := &Daemon{cfg: Config{ID: testNode, Driver: drv}, log: slog.New(slog.DiscardHandler), Sandboxes: a}
+	gate := make(chan struct{})
+	d.applyPoolsLater(func() { <-gate }) // a slow call ahead (a template loading)
+	// The session opens: its targets, read from the cluster's state.
+	old := []*warrenv1.SetPoolTarget{{Template: "default", Target: 1}, {Template: "go", Target: 2}}
+	for _, p := range old {
+		tpl, n, mark := p.GetTemplate(), int(p.GetTarget()), d.sessionMark()
+		d.applyPoolsLater(func() { d.setPoolTarget(tpl, n, mark) })
+	}
+	mark := d.sessionMark()
+	d.applyPoolsLater(func() { d.setPoolTargets(old, mark) })
+	// Then an operator sets default to 5, directly.
+	if _, err := a.SetPoolTarget(context.Background(), connect.NewRequest(&warrenv1.SetPoolTargetRequest{Template: "default", Target: 5})); err != nil {
+		t.Fatal(err)
+	}
+	close(gate)
+	d.wg.Wait()
+	if drv.targets["default"] != 5 || drv.targets["go"] != 2 {
+		t.Errorf("driver targets %v: want default at 5 (set directly, after the session's 1) and go at 2", drv.targets)
+	}
+	b, _ := os.ReadFile(filepath.Join(dir, "pools.json"))
+	if !strings.Contains(string(b), `"default":5`) {
+		t.Errorf("pools.json %s: want default at 5", b)
+	}
+	// A later session's targets apply as before.
+	mark = d.sessionMark()
+	d.setPoolTargets([]*warrenv1.SetPoolTarget{{Template: "default", Target: 3}}, mark)
+	if drv.targets["default"] != 3 || drv.targets["go"] != 0 {
+		t.Errorf("after a later session's set: %v, want default 3 and go 0", drv.targets)
 	}
 }

@@ -165,10 +165,11 @@ func (d *Daemon) runSession(nc warrenv1connect.NodeServiceClient, url string) er
 		case *warrenv1.SessionResponse_SetPoolTarget:
 			d.log.Info("pool target", "template", c.SetPoolTarget.GetTemplate(), "target", c.SetPoolTarget.GetTarget())
 			t, n := c.SetPoolTarget.GetTemplate(), int(c.SetPoolTarget.GetTarget())
-			d.applyPoolsLater(func() { d.setPoolTarget(t, n) })
+			mark := d.sessionMark()
+			d.applyPoolsLater(func() { d.setPoolTarget(t, n, mark) })
 		case *warrenv1.SessionResponse_PoolTargets:
-			set := c.PoolTargets.GetTargets()
-			d.applyPoolsLater(func() { d.setPoolTargets(set) })
+			set, mark := c.PoolTargets.GetTargets(), d.sessionMark()
+			d.applyPoolsLater(func() { d.setPoolTargets(set, mark) })
 		case *warrenv1.SessionResponse_Ack:
 			// Only a sign of life, which receive has noted.
 		}
