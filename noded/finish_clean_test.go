@@ -58,12 +58,19 @@ func (d *claimLog) verifyClaims() []string {
 // startClaimLogNode is startAgentNode with the driver noting its claims.
 func startClaimLogNode(t *testing.T, imageDir string, failVerify int) (*cluster, *claimLog) {
 	t.Helper()
+	c, drv, _ := startClaimLogDaemon(t, imageDir, failVerify)
+	return c, drv
+}
+
+// startClaimLogDaemon is startClaimLogNode returning the daemon too.
+func startClaimLogDaemon(t *testing.T, imageDir string, failVerify int) (*cluster, *claimLog, *noded.Daemon) {
+	t.Helper()
 	var drv *claimLog
-	c, _ := startAgentNodeWith(t, imageDir, nil, nil, func(cfg *noded.Config) {
+	c, d := startAgentNodeWith(t, imageDir, nil, nil, func(cfg *noded.Config) {
 		drv = &claimLog{Driver: cfg.Driver.(*container.Driver), failVerify: failVerify}
 		cfg.Driver = drv
 	})
-	return c, drv
+	return c, drv, d
 }
 
 // waitNoSandboxes waits until the node's driver holds no sandbox: the
@@ -164,7 +171,10 @@ func TestFinishTestsRunInACleanSandbox(t *testing.T) {
 }
 
 // A cancel while the tests run in the verification sandbox ends the task
-// cancelled, and the verification sandbox does not outlive it.
+// cancelled, and the verification sandbox does not outlive it. While the
+// tests run, the node reports the task as holding a verification sandbox
+// (its heartbeats' verifying, which placement counts), and no longer once
+// the sandbox is gone.
 func TestFinishCancelDuringTheTestsDestroysTheVerificationSandbox(t *testing.T) {
 	imageDir := needContainers(t)
 	repo := buggyRepo(t)
@@ -172,7 +182,7 @@ func TestFinishCancelDuringTheTestsDestroysTheVerificationSandbox(t *testing.T) 
 		`{"content":[{"type":"tool_use","name":"edit_file","input":{"path":"calc/calc.go","old_string":"return a - b","new_string":"return a + b"}}]}`,
 		`{"content":[{"type":"tool_use","name":"finish","input":{"summary":"Add adds now."}}]}`,
 	}, "\n")
-	c, drv := startClaimLogNode(t, imageDir, 0)
+	c, drv, d := startClaimLogDaemon(t, imageDir, 0)
 	ctx := context.Background()
 	resp, err := c.cl.Tasks().CreateTask(ctx, connect.NewRequest(&warrenv1.CreateTaskRequest{
 		RequestId: "agent-cancel-tests", Spec: &warrenv1.TaskSpec{Repo: repo, Base: "HEAD", IssueTitle: "Add is wrong",
@@ -195,6 +205,9 @@ func TestFinishCancelDuringTheTestsDestroysTheVerificationSandbox(t *testing.T) 
 		_, err := ia.ReadFile(ctx, "/tmp/tests-started", 10, &b)
 		return err == nil
 	})
+	if v := d.Verifying(); len(v) != 1 || v[0] != id {
+		t.Errorf("while the tests run, the node reports %v verifying, want [%s]", v, id)
+	}
 	if _, err := c.cl.Tasks().CancelTask(ctx, connect.NewRequest(&warrenv1.CancelTaskRequest{TaskId: id, Reason: "test"})); err != nil {
 		t.Fatal(err)
 	}
@@ -205,6 +218,7 @@ func TestFinishCancelDuringTheTestsDestroysTheVerificationSandbox(t *testing.T) 
 		t.Errorf("a cancelled test run was recorded: %v", runs)
 	}
 	waitNoSandboxes(t, drv)
+	waitFor(t, "the node to stop reporting the task verifying", 10*time.Second, func() bool { return len(d.Verifying()) == 0 })
 }
 
 // The verification sandbox has the task's egress policy (no more network

@@ -164,6 +164,9 @@ type Daemon struct {
 	// poolBusy says a goroutine applies them (applyPoolsLater); under mu.
 	poolQ    []func()
 	poolBusy bool
+	// verifying counts, per task, the verification sandboxes its finish
+	// step holds now (verify.go); heartbeats report the tasks. Under mu.
+	verifying map[string]int
 }
 
 // Stats counts what the daemon did (tests and benchmarks read them).

@@ -134,7 +134,7 @@ func (d *Daemon) runSession(nc warrenv1connect.NodeServiceClient, url string) er
 			}
 			seq++
 			hb := &warrenv1.SessionRequest{Msg: &warrenv1.SessionRequest_Heartbeat{Heartbeat: &warrenv1.Heartbeat{
-				Seq: seq, Running: uint32(d.Running()), Warm: d.warmSandboxes()}}}
+				Seq: seq, Running: uint32(d.Running()), Warm: d.warmSandboxes(), Verifying: d.verifyingTasks()}}}
 			if err := stream.Send(hb); err != nil {
 				sendErr <- err
 				cancel()

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
+	"sync"
 	"time"
 
 	"github.com/warrenhq/warren/actor"
@@ -63,6 +65,7 @@ func (a *taskActor) testInSandbox(ctx context.Context, self *actor.Ref, id, patc
 		return nil, fmt.Errorf("claim the verification sandbox %s: %w", id, err)
 	}
 	a.d.cfg.Metrics.claimed(sb)
+	defer a.d.holdVerifying(a.id)() // after the destroy below
 	defer func() {
 		// The audit's last attempts, then no more reports, then the
 		// sandbox goes: on every path. The attempts are on the log before
@@ -111,4 +114,48 @@ func (a *taskActor) testInSandbox(ctx context.Context, self *actor.Ref, id, patc
 		return nil, err
 	}
 	return &testRun{res: res, out: tail(string(outb.Bytes()), 8<<10), took: time.Since(start), sandbox: id, timeout: timeout}, nil
+}
+
+// holdVerifying counts a verification sandbox of task as held, until the
+// returned func is called: heartbeats report the tasks that hold one
+// (verifyingTasks), and the leader counts each such task's needs again
+// while placing, as the sandbox takes about what the task's own does.
+func (d *Daemon) holdVerifying(task string) (release func()) {
+	d.mu.Lock()
+	if d.verifying == nil {
+		d.verifying = map[string]int{}
+	}
+	d.verifying[task]++
+	d.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			d.mu.Lock()
+			if d.verifying[task]--; d.verifying[task] <= 0 {
+				delete(d.verifying, task)
+			}
+			d.mu.Unlock()
+		})
+	}
+}
+
+// Verifying lists, sorted, the tasks whose finish step holds a
+// verification sandbox on this node now (nil: none), as heartbeats report
+// them.
+func (d *Daemon) Verifying() []string { return d.verifyingTasks() }
+
+// verifyingTasks lists, sorted, the tasks holding a verification sandbox
+// now (nil: none), for the heartbeat.
+func (d *Daemon) verifyingTasks() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.verifying) == 0 {
+		return nil
+	}
+	out := make([]string, 0, len(d.verifying))
+	for t := range d.verifying {
+		out = append(out, t)
+	}
+	sort.Strings(out)
+	return out
 }

@@ -110,6 +110,7 @@ func (s *Server) placeOnce(rng *rand.Rand) (time.Duration, error) {
 	// even empty (a selector, driver or template no node has) fill that
 	// window while nodes have room, look further, 4 times as far each
 	// time: else they would hold back every task created after them.
+	verifying := s.sess.verifyingOn() // read once: addVerifying reads the FSM
 	var plan Plan
 	for window := room; ; window = min(4*window, maxPendingPerRound) {
 		pending, _, err := s.fsm.ListTasks(warrenv1.TaskState_TASK_STATE_PENDING, "", window, 0)
@@ -125,6 +126,7 @@ func (s *Server) placeOnce(rng *rand.Rand) (time.Duration, error) {
 		}
 		s.sess.fillWarm(pn)
 		discountStarting(pn, startingWarm)
+		addVerifying(pn, verifying, s.verifyingTask)
 		plan = Place(pn, pendingTasks(pending), PlacementConfig{SpreadLabel: spreadLabel, MaxStartingPerNode: maxStartingPerNode}, rng)
 		blocked := plan.Unfit > 0 && len(plan.Placements)+plan.Unfit == len(pending) && anyReady(pn)
 		if !blocked || len(plan.Placements) >= room || len(pending) < window || window >= maxPendingPerRound {

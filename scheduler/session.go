@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -36,6 +37,10 @@ type session struct {
 	// heartbeat (nil: none). Guarded by sessions.mu; the map itself is
 	// never modified once set, so placement may read it after unlocking.
 	warm map[string]int
+	// verifying is the tasks whose finish step holds a verification
+	// sandbox on the node, from its last heartbeat (see verifying.go);
+	// guarded and never modified like warm.
+	verifying []string
 }
 
 func (c *session) close() { c.closeOnce.Do(func() { close(c.closed) }) }
@@ -122,10 +127,10 @@ func (h *sessions) seen(node string, now time.Time) {
 // heard records a heartbeat on c: a sign of life from its node, and the
 // warm sandboxes it holds now (warm is c's from then on, not to be
 // modified).
-func (h *sessions) heard(c *session, now time.Time, warm map[string]int) {
+func (h *sessions) heard(c *session, now time.Time, warm map[string]int, verifying []string) {
 	h.mu.Lock()
 	h.lastSeen[c.node] = now
-	c.warm = warm
+	c.warm, c.verifying = warm, verifying
 	h.mu.Unlock()
 }
 
@@ -257,6 +262,7 @@ func (n nodeAPI) Session(ctx context.Context, stream *connect.BidiStream[warrenv
 	heard := make(chan uint64, 1) // the last heartbeat's seq, not yet acknowledged
 	go func() {
 		var warm map[string]int // as last reported
+		var verifying []string  // as last reported
 		for {
 			m, err := stream.Receive()
 			if err != nil {
@@ -270,7 +276,10 @@ func (n nodeAPI) Session(ctx context.Context, stream *connect.BidiStream[warrenv
 				if !sameWarm(warm, hb.GetWarm()) {
 					warm = warmCounts(hb.GetWarm())
 				}
-				s.sess.heard(c, s.clock.Now(), warm)
+				if v := hb.GetVerifying(); !slices.Equal(verifying, v) {
+					verifying = verifyingReport(v)
+				}
+				s.sess.heard(c, s.clock.Now(), warm, verifying)
 				select { // only the last one is acknowledged
 				case <-heard:
 				default:

@@ -57,6 +57,7 @@ type fakeNode struct {
 	wg      sync.WaitGroup
 	mu      sync.Mutex
 	warm    map[string]uint32
+	verify  []string // the tasks reported verifying
 	beating bool
 	seq     uint64        // last heartbeat sent
 	acked   atomic.Uint64 // last heartbeat the leader acknowledged
@@ -64,13 +65,20 @@ type fakeNode struct {
 
 func openFakeNode(t *testing.T, url string, hc *http.Client, id string, templates ...string) *fakeNode {
 	t.Helper()
+	return openSizedFakeNode(t, url, hc, id, 8, templates...)
+}
+
+// openSizedFakeNode is openFakeNode for a node with room for tasks tasks
+// of the default needs.
+func openSizedFakeNode(t *testing.T, url string, hc *http.Client, id string, tasks int64, templates ...string) *fakeNode {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	f := &fakeNode{id: id, cancel: cancel, beating: true}
 	f.stream = warrenv1connect.NewNodeServiceClient(hc, url).Session(ctx)
 	t.Cleanup(f.end)
 	if err := f.stream.Send(&warrenv1.SessionRequest{Msg: &warrenv1.SessionRequest_Hello{Hello: &warrenv1.Hello{
 		Node: &warrenv1.Node{Id: id, Drivers: []string{"sim"}, Templates: templates,
-			Capacity: &warrenv1.Resources{MilliCpu: 8 * DefaultTaskMilliCPU, MemoryBytes: 8 * DefaultTaskMemoryBytes}},
+			Capacity: &warrenv1.Resources{MilliCpu: tasks * DefaultTaskMilliCPU, MemoryBytes: tasks * DefaultTaskMemoryBytes}},
 		Incarnation: "test"}}}); err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +115,7 @@ func openFakeNode(t *testing.T, url string, hc *http.Client, id string, template
 				continue
 			}
 			f.seq++
-			hb := &warrenv1.Heartbeat{Seq: f.seq, Warm: f.warm}
+			hb := &warrenv1.Heartbeat{Seq: f.seq, Warm: f.warm, Verifying: f.verify}
 			f.mu.Unlock()
 			if f.stream.Send(&warrenv1.SessionRequest{Msg: &warrenv1.SessionRequest_Heartbeat{Heartbeat: hb}}) != nil {
 				return
@@ -126,6 +134,19 @@ func (f *fakeNode) report(t *testing.T, warm map[string]uint32) {
 	from := f.seq + 1
 	f.mu.Unlock()
 	waitFor(t, fmt.Sprintf("the leader to acknowledge a heartbeat of %s reporting %v", f.id, warm), 10*time.Second,
+		func() bool { return f.acked.Load() >= from })
+}
+
+// reportVerifying makes the node's heartbeats name tasks as holding a
+// verification sandbox from now on, and waits until the leader
+// acknowledged one of them.
+func (f *fakeNode) reportVerifying(t *testing.T, tasks ...string) {
+	t.Helper()
+	f.mu.Lock()
+	f.verify = tasks
+	from := f.seq + 1
+	f.mu.Unlock()
+	waitFor(t, fmt.Sprintf("the leader to acknowledge a heartbeat of %s reporting %v verifying", f.id, tasks), 10*time.Second,
 		func() bool { return f.acked.Load() >= from })
 }
 
@@ -245,7 +266,7 @@ func TestSessionsWarmCounts(t *testing.T) {
 	newSession := func(node string) *session { return &session{node: node, closed: make(chan struct{})} }
 	a := newSession("n1")
 	// A heartbeat read while the node registers, before the attach.
-	h.heard(a, t0, warmCounts(map[string]uint32{"py": 2, "go": 0}))
+	h.heard(a, t0, warmCounts(map[string]uint32{"py": 2, "go": 0}), nil)
 	if w := h.warmOf("n1"); w != nil {
 		t.Fatalf("counts of a session not attached yet are used: %v", w)
 	}
@@ -253,17 +274,17 @@ func TestSessionsWarmCounts(t *testing.T) {
 	if w := h.warmOf("n1"); len(w) != 1 || w["py"] != 2 {
 		t.Fatalf("after the attach: %v, want map[py:2]", w)
 	}
-	h.heard(a, t0, warmCounts(nil))
+	h.heard(a, t0, warmCounts(nil), nil)
 	if w := h.warmOf("n1"); w != nil {
 		t.Fatalf("a heartbeat reporting no warm sandboxes left %v", w)
 	}
-	h.heard(a, t0, warmCounts(map[string]uint32{"py": 1}))
+	h.heard(a, t0, warmCounts(map[string]uint32{"py": 1}), nil)
 	a.close() // declareDown cuts the session; the handler detaches it later
 	if w := h.warmOf("n1"); w != nil {
 		t.Fatalf("a cut session's counts are used: %v", w)
 	}
 	h.detach(a)
-	h.heard(a, t0, warmCounts(map[string]uint32{"py": 3})) // read late
+	h.heard(a, t0, warmCounts(map[string]uint32{"py": 3}), nil) // read late
 	if w := h.warmOf("n1"); w != nil {
 		t.Fatalf("a detached session's counts are used: %v", w)
 	}
@@ -271,13 +292,13 @@ func TestSessionsWarmCounts(t *testing.T) {
 	// over.
 	b := newSession("n1")
 	h.attach(b, t0)
-	h.heard(b, t0, warmCounts(map[string]uint32{"go": 1}))
+	h.heard(b, t0, warmCounts(map[string]uint32{"go": 1}), nil)
 	c := newSession("n1")
 	h.attach(c, t0)
 	if w := h.warmOf("n1"); w != nil {
 		t.Fatalf("a new session starts with the old one's counts: %v", w)
 	}
-	h.heard(c, t0, warmCounts(map[string]uint32{"go": 4}))
+	h.heard(c, t0, warmCounts(map[string]uint32{"go": 4}), nil)
 	h.lead(time.Time{})
 	if w := h.warmOf("n1"); w != nil {
 		t.Fatalf("counts survive the loss of leadership: %v", w)

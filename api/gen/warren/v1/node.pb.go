@@ -454,7 +454,14 @@ type Heartbeat struct {
 	// (templates with none are left out). The leader keeps the latest in
 	// memory only, to place a task where a warm sandbox of its template
 	// waits. Nodes that predate it send none: no warm sandboxes.
-	Warm          map[string]uint32 `protobuf:"bytes,3,rep,name=warm,proto3" json:"warm,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	Warm map[string]uint32 `protobuf:"bytes,3,rep,name=warm,proto3" json:"warm,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// Tasks whose finish step holds a verification sandbox on the node now
+	// (a clean sandbox for the tests, beside the task's own), sorted. The
+	// leader keeps the latest in memory only and counts each such task's
+	// needs a second time while placing, so a node is not filled past its
+	// capacity by the sandboxes its finishing tasks add. Nodes that predate
+	// it send none.
+	Verifying     []string `protobuf:"bytes,4,rep,name=verifying,proto3" json:"verifying,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -506,6 +513,13 @@ func (x *Heartbeat) GetRunning() uint32 {
 func (x *Heartbeat) GetWarm() map[string]uint32 {
 	if x != nil {
 		return x.Warm
+	}
+	return nil
+}
+
+func (x *Heartbeat) GetVerifying() []string {
+	if x != nil {
+		return x.Verifying
 	}
 	return nil
 }
@@ -1136,11 +1150,12 @@ const file_warren_v1_node_proto_rawDesc = "" +
 	"\arunning\x18\x03 \x03(\v2\x16.warren.v1.RunningTaskR\arunning\"<\n" +
 	"\vRunningTask\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
-	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"\xa4\x01\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"\xc2\x01\n" +
 	"\tHeartbeat\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x18\n" +
 	"\arunning\x18\x02 \x01(\rR\arunning\x122\n" +
-	"\x04warm\x18\x03 \x03(\v2\x1e.warren.v1.Heartbeat.WarmEntryR\x04warm\x1a7\n" +
+	"\x04warm\x18\x03 \x03(\v2\x1e.warren.v1.Heartbeat.WarmEntryR\x04warm\x12\x1c\n" +
+	"\tverifying\x18\x04 \x03(\tR\tverifying\x1a7\n" +
 	"\tWarmEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\xfa\x02\n" +

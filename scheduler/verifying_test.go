@@ -1,0 +1,90 @@
+package scheduler
+
+import (
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// A node reports the tasks whose finish step holds a verification sandbox
+// beside the task's own, and placement counts each such task's needs a
+// second time on that node while the report lasts. Before, a node that
+// placement took for half full could be full: a task placed there then
+// had no room for its own sandbox. A report naming a task whose lease is
+// on another node does not count.
+func TestPlacementCountsVerificationSandboxes(t *testing.T) {
+	const ttl = 2 * time.Second
+	n := startNode(t, t.TempDir(), "s1", true, "", 0, func(c *Config) { c.NodeTTL = ttl })
+	waitFor(t, "s1 to lead", 10*time.Second, func() bool { return n.srv.Raft().State() == raft.Leader })
+	url, hc := serveH2C(t, n)
+	n1 := openSizedFakeNode(t, url, hc, "n1", 4)
+	a := createTask(t, n, "a", "")
+	if node, _ := placedOn(t, n, a); node != "n1" {
+		t.Fatalf("task a placed on %s with only n1 up", node)
+	}
+	openSizedFakeNode(t, url, hc, "n2", 8)
+	// Bin-packing prefers the fuller node: n1 (1 of 4) over n2 (0 of 8).
+	b := createTask(t, n, "b", "")
+	if node, _ := placedOn(t, n, b); node != "n1" {
+		t.Fatalf("task b placed on %s; n1 was the fuller node with room", node)
+	}
+	// a and b run their tests in verification sandboxes: n1 holds 4 of
+	// 4 tasks' needs.
+	n1.reportVerifying(t, a, b)
+	if node, _ := placedOn(t, n, createTask(t, n, "c", "")); node != "n2" {
+		t.Fatalf("task c placed on %s; n1 is full with a's and b's verification sandboxes", node)
+	}
+	// Their tests are over: n1 has room again, and is the fuller node.
+	n1.reportVerifying(t)
+	if node, _ := placedOn(t, n, createTask(t, n, "d", "")); node != "n1" {
+		t.Fatalf("task d placed on %s; n1 (3 of 4 once d is there) has room again", node)
+	}
+	// n1 names a task that is not its own (c runs on n2): not counted.
+	c := ""
+	tasks, _, err := n.srv.FSM().ListTasks(0, "", 100, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tk := range tasks {
+		if tk.GetSpec().GetIssueTitle() == "c" {
+			c = tk.GetId()
+		}
+	}
+	n1.reportVerifying(t, c, "01NOSUCHTASK00000000000000")
+	if node, _ := placedOn(t, n, createTask(t, n, "e", "")); node != "n1" {
+		t.Fatalf("task e placed on %s; n1's report named only tasks it does not run", node)
+	}
+}
+
+func TestAddVerifying(t *testing.T) {
+	pn := []PlacementNode{{ID: "n1", Allocated: Resources{MilliCPU: 100, MemoryBytes: 10}}, {ID: "n2"}}
+	tasks := map[string]struct {
+		node  string
+		needs Resources
+		live  bool
+	}{
+		"a":     {"n1", Resources{1000, 1 << 30}, true},
+		"b":     {"n1", Resources{500, 1 << 20}, true},
+		"ended": {"n1", Resources{1000, 1 << 30}, false},
+		"other": {"n2", Resources{1000, 1 << 30}, true},
+	}
+	lookup := func(id string) (string, Resources, bool) {
+		tk, ok := tasks[id]
+		return tk.node, tk.needs, ok && tk.live
+	}
+	addVerifying(pn, map[string][]string{"n1": {"a", "b", "ended", "other", "missing"}, "n3": {"a"}}, lookup)
+	if want := (Resources{100 + 1000 + 500, 10 + 1<<30 + 1<<20}); pn[0].Allocated != want {
+		t.Errorf("n1 allocated %+v, want %+v (a and b counted again; not the ended task, another node's or an unknown one)", pn[0].Allocated, want)
+	}
+	if pn[1].Allocated != (Resources{}) {
+		t.Errorf("n2 allocated %+v: it reported nothing", pn[1].Allocated)
+	}
+	if got := verifyingReport(nil); got != nil {
+		t.Errorf("an empty report kept as %v", got)
+	}
+	long := make([]string, maxVerifyingPerNode+5)
+	if got := verifyingReport(long); len(got) != maxVerifyingPerNode {
+		t.Errorf("a report of %d kept %d, want at most %d", len(long), len(got), maxVerifyingPerNode)
+	}
+}
