@@ -57,9 +57,9 @@ func TestConcurrentPoolTargetsAreBothSaved(t *testing.T) {
 	drv := newHoldingPoolDriver("a")
 	a := NewSandboxAPI(testNode, dir, drv, nil)
 	done := make(chan error, 1)
-	go func() { done <- a.setTarget("a", 5) }()
+	go func() { done <- a.setTarget("a", 5, direct) }()
 	<-drv.held
-	if err := a.setTarget("b", 3); err != nil { // while a's call is held
+	if err := a.setTarget("b", 3, direct); err != nil { // while a's call is held
 		t.Fatal(err)
 	}
 	if got := drv.target("b"); got != 3 {
@@ -83,9 +83,9 @@ func TestConcurrentPoolTargetsForOneTemplateEndWithTheLast(t *testing.T) {
 	drv := newHoldingPoolDriver("a")
 	a := NewSandboxAPI(testNode, dir, drv, nil)
 	done := make(chan error, 2)
-	go func() { done <- a.setTarget("a", 5) }()
+	go func() { done <- a.setTarget("a", 5, direct) }()
 	<-drv.held // the first call is applying its target
-	go func() { done <- a.setTarget("a", 2) }()
+	go func() { done <- a.setTarget("a", 2, direct) }()
 	// The second call has saved its target before it waits for the first
 	// call's to be applied; wait for that.
 	for {

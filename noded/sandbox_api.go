@@ -717,42 +717,25 @@ func (a *SandboxAPI) SetPoolTarget(ctx context.Context, req *connect.Request[war
 	if n > 1000 {
 		return nil, invalidArg("target %d: over the limit of 1000 per node", n)
 	}
-	// Marked before it is applied, so that a session's older target
-	// applied meanwhile cannot come after it; unmarked if refused (the
-	// template keeps its target, and so the session's may still apply).
-	a.mu.Lock()
-	prev := a.directAt[t]
-	a.direct++
-	mine := a.direct
-	a.directAt[t] = mine
-	a.mu.Unlock()
-	refused := func(err error) error {
-		a.mu.Lock()
-		if a.directAt[t] == mine {
-			a.directAt[t] = prev
-		}
-		a.mu.Unlock()
-		return a.codeOf(err)
-	}
 	if _, ok := a.drv.(driver.Pooler); !ok {
 		// Accepted, and a no-op: the driver has no warm pool to fill (a
 		// container starts in a few hundred milliseconds). It is saved
 		// and passed on as the session's targets are; the answer says
 		// so rather than refusing, so that a cluster-wide `warren pool
 		// set` does not report this node as failing.
-		if err := a.setTarget(t, int(n)); err != nil {
-			return nil, refused(err)
+		if err := a.setTarget(t, int(n), direct); err != nil {
+			return nil, a.codeOf(err)
 		}
 		return connect.NewResponse(&warrenv1.SetPoolTargetResponse{Pools: []*warrenv1.PoolStatus{{NodeId: a.nodeID, Template: t,
 			Note: fmt.Sprintf("the %s driver keeps no warm pool", a.drv.Name())}}}), nil
 	}
 	if l, ok := a.drv.(interface{ HasTemplate(string) error }); ok {
 		if err := l.HasTemplate(t); err != nil {
-			return nil, refused(err)
+			return nil, a.codeOf(err)
 		}
 	}
-	if err := a.setTarget(t, int(n)); err != nil {
-		return nil, refused(err)
+	if err := a.setTarget(t, int(n), direct); err != nil {
+		return nil, a.codeOf(err)
 	}
 	pools, _ := a.ListPools(ctx, connect.NewRequest(&warrenv1.ListPoolsRequest{}))
 	return connect.NewResponse(&warrenv1.SetPoolTargetResponse{Pools: pools.Msg.GetPools()}), nil
@@ -767,11 +750,26 @@ func (a *SandboxAPI) SetPoolTarget(ctx context.Context, req *connect.Request[war
 //
 // A target whose warm sandboxes cannot fit in the node's memory is refused
 // (see poolFit) and changes nothing: the template keeps its target.
-func (a *SandboxAPI) setTarget(t string, n int) error {
+//
+// mark says where the target comes from: direct for a SetPoolTarget call,
+// else sessionMark's when the leader's session sent it. A session's
+// target for a template set directly since is older than that one, and is
+// skipped (decided in the same critical section that records a target, so
+// no direct set can land between the check and the record).
+func (a *SandboxAPI) setTarget(t string, n int, mark uint64) error {
 	if err := a.fit.admit(a.drv, a.nodeID, a.log, t, n); err != nil {
 		return err
 	}
 	a.mu.Lock()
+	if mark == direct {
+		a.direct++
+		a.directAt[t] = a.direct
+	} else if a.directAt[t] > mark {
+		kept := a.pools[t]
+		a.mu.Unlock()
+		a.log.Info("pool target from the session skipped: set directly since", "template", t, "target", n, "kept", kept)
+		return nil
+	}
 	if n == 0 {
 		delete(a.pools, t)
 	} else {
@@ -829,15 +827,9 @@ func (a *SandboxAPI) setTargets(set []*warrenv1.SetPoolTarget, mark uint64) {
 			delete(want, t) // set already, by the session's SetPoolTarget
 		}
 	}
-	for t := range want {
-		if a.directAt[t] > mark {
-			a.log.Info("pool target from the session skipped: set directly since", "template", t, "target", want[t], "kept", a.pools[t])
-			delete(want, t)
-		}
-	}
 	a.mu.Unlock()
 	for t, n := range want {
-		if err := a.setTarget(t, n); errors.Is(err, driver.ErrInvalid) {
+		if err := a.setTarget(t, n, mark); errors.Is(err, driver.ErrInvalid) {
 			continue // refused, and logged once by setTarget
 		} else if err != nil {
 			a.log.Warn("pool target not saved", "template", t, "target", n, "err", err)
@@ -874,14 +866,7 @@ func (d *Daemon) setPoolTargets(set []*warrenv1.SetPoolTarget, mark uint64) {
 // target set directly since is kept.
 func (d *Daemon) setPoolTarget(t string, n int, mark uint64) {
 	if d.Sandboxes != nil {
-		d.Sandboxes.mu.Lock()
-		since := d.Sandboxes.directAt[t] > mark
-		d.Sandboxes.mu.Unlock()
-		if since {
-			d.log.Info("pool target from the session skipped: set directly since", "template", t, "target", n)
-			return
-		}
-		if err := d.Sandboxes.setTarget(t, n); err != nil && !errors.Is(err, driver.ErrInvalid) { // a refusal is logged
+		if err := d.Sandboxes.setTarget(t, n, mark); err != nil && !errors.Is(err, driver.ErrInvalid) { // a refusal is logged
 			d.log.Warn("pool target not saved", "template", t, "target", n, "err", err)
 		}
 		return
@@ -891,6 +876,9 @@ func (d *Daemon) setPoolTarget(t string, n int, mark uint64) {
 	}
 	d.cfg.Driver.SetPoolTarget(t, n)
 }
+
+// direct is setTarget's mark for a target set by a SetPoolTarget call.
+const direct = math.MaxUint64
 
 // sessionMark marks the moment a pool target from the leader's session
 // came, before it waits its turn (applyPoolsLater): a target set directly

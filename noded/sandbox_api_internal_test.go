@@ -305,7 +305,7 @@ func TestCompletePoolTargetsZeroTheOthers(t *testing.T) {
 	drv := &poolDriver{listDriver: listDriver{name: "microvm"}, targets: map[string]int{}}
 	a := NewSandboxAPI(testNode, dir, drv, nil)
 	for tpl, n := range map[string]int{"default": 4, "go": 2, "py": 1} {
-		if err := a.setTarget(tpl, n); err != nil {
+		if err := a.setTarget(tpl, n, direct); err != nil {
 			t.Fatal(err)
 		}
 	}
