@@ -11,6 +11,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"sync"
 	"sync/atomic"
 
 	"connectrpc.com/connect"
@@ -69,6 +70,32 @@ type FSM struct {
 	// or gained room. The leader's placement loop replans only then.
 	replanGen atomic.Uint64
 	stats     applyStats
+	// poolsCh is closed, and forgotten, when the warm-pool targets change
+	// (a SetPool applied, a snapshot restored); poolsChanged hands out the
+	// current one. Under poolsMu.
+	poolsMu sync.Mutex
+	poolsCh chan struct{}
+}
+
+// poolsChanged returns a channel closed at the next change of the
+// warm-pool targets. Take it before reading them, so no change is missed.
+func (f *FSM) poolsChanged() <-chan struct{} {
+	f.poolsMu.Lock()
+	defer f.poolsMu.Unlock()
+	if f.poolsCh == nil {
+		f.poolsCh = make(chan struct{})
+	}
+	return f.poolsCh
+}
+
+// notifyPools wakes poolsChanged's waiters.
+func (f *FSM) notifyPools() {
+	f.poolsMu.Lock()
+	defer f.poolsMu.Unlock()
+	if f.poolsCh != nil {
+		close(f.poolsCh)
+		f.poolsCh = nil
+	}
 }
 
 // applyStats counts what the FSM applied since the process started: raft
@@ -212,6 +239,9 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	if a.replan {
 		f.replanGen.Add(1)
 	}
+	if a.pools {
+		f.notifyPools()
+	}
 	f.watch.notify(a.touched)
 	return out
 }
@@ -228,6 +258,7 @@ type applier struct {
 	tasks    map[string]*cachedTask
 	nodes    map[string]*cachedNode
 	replan   bool   // see FSM.replanGen
+	pools    bool   // a pool target changed (FSM.poolsChanged)
 	key, val []byte // appendEvent's scratch buffers
 	// reqID is stamped on every event written while it is set: the request
 	// id of the append being applied (see appendAt and appendOnce).
@@ -932,6 +963,7 @@ func (a *applier) setPool(m *fsmv1.SetPool) *fsmv1.Result {
 	if !reTemplate.MatchString(m.GetTemplate()) {
 		return fail(connect.CodeInvalidArgument, "template: %q is not a template name", truncate(m.GetTemplate(), 80))
 	}
+	a.pools = true
 	if m.GetTarget() == 0 {
 		if err := a.b.Delete(keyPool(m.GetTemplate()), nil); err != nil {
 			panic(fmt.Sprintf("scheduler: batch delete: %v", err))

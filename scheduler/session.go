@@ -320,15 +320,7 @@ func (n nodeAPI) Session(ctx context.Context, stream *connect.BidiStream[warrenv
 	// PoolTargets read only these), then the complete set, with which the
 	// node zeroes the targets it still keeps from records removed while it
 	// was away (a target of 0 removes the record, so nothing names it).
-	if pools, err := s.fsm.Pools(); err == nil {
-		all := &warrenv1.PoolTargets{}
-		for _, p := range pools {
-			t := &warrenv1.SetPoolTarget{Template: p.GetTemplate(), Target: p.GetTarget()}
-			all.Targets = append(all.Targets, t)
-			c.send(&warrenv1.SessionResponse{Msg: &warrenv1.SessionResponse_SetPoolTarget{SetPoolTarget: t}})
-		}
-		c.send(&warrenv1.SessionResponse{Msg: &warrenv1.SessionResponse_PoolTargets{PoolTargets: all}})
-	}
+	poolsCh, poolsSent := s.sendPools(c, nil)
 	if err := s.reconcile(c, hello.GetRunning()); err != nil {
 		return toConnect(err)
 	}
@@ -351,6 +343,13 @@ func (n nodeAPI) Session(ctx context.Context, stream *connect.BidiStream[warrenv
 					return err
 				}
 			}
+		case <-poolsCh:
+			// The cluster's targets changed since they were sent (a
+			// `pool set` is recorded after its direct calls to the
+			// nodes, one of which may have reached this node before its
+			// session opened with the older target): send the changed
+			// ones.
+			poolsCh, poolsSent = s.sendPools(c, poolsSent)
 		case err := <-recv:
 			s.log.Info("node session ended", "node", id, "err", err)
 			return nil
@@ -362,6 +361,39 @@ func (n nodeAPI) Session(ctx context.Context, stream *connect.BidiStream[warrenv
 			return connect.NewError(connect.CodeUnavailable, errors.New("server shutting down"))
 		}
 	}
+}
+
+// sendPools queues the cluster's warm-pool targets on c. With sent nil (a
+// session opening): each one (nodes that predate PoolTargets read only
+// these), then the complete set, with which the node zeroes the targets it
+// still keeps from records removed while it was away. Otherwise only the
+// targets that differ from sent, the ones sent before: a removed record
+// needs no resend (a target of 0 is recorded before the nodes are told),
+// and the complete set would also zero the node's own targets
+// (`pool set --node`), which last until its next session. It returns the
+// channel closed at the next change and what the node has been sent.
+func (s *Server) sendPools(c *session, sent map[string]uint32) (<-chan struct{}, map[string]uint32) {
+	ch := s.fsm.poolsChanged() // before the read: no change is missed
+	pools, err := s.fsm.Pools()
+	if err != nil {
+		s.log.Warn("pool targets not sent", "node", c.node, "err", err)
+		return ch, sent
+	}
+	opening := sent == nil
+	now := make(map[string]uint32, len(pools))
+	all := &warrenv1.PoolTargets{}
+	for _, p := range pools {
+		now[p.GetTemplate()] = p.GetTarget()
+		t := &warrenv1.SetPoolTarget{Template: p.GetTemplate(), Target: p.GetTarget()}
+		all.Targets = append(all.Targets, t)
+		if n, ok := sent[p.GetTemplate()]; opening || !ok || n != p.GetTarget() {
+			c.send(&warrenv1.SessionResponse{Msg: &warrenv1.SessionResponse_SetPoolTarget{SetPoolTarget: t}})
+		}
+	}
+	if opening {
+		c.send(&warrenv1.SessionResponse{Msg: &warrenv1.SessionResponse_PoolTargets{PoolTargets: all}})
+	}
+	return ch, now
 }
 
 // reconcile tells a (re)connected node what it should run: a start for

@@ -184,6 +184,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	f.restores.Add(1) // even again, before the wake-up: streams read on
 	restored = true
 	f.watch.notifyAll()
+	f.notifyPools()
 	f.log.Info("snapshot restored", "index", snapIndex)
 	return nil
 }

@@ -58,6 +58,7 @@ type fakeNode struct {
 	mu      sync.Mutex
 	warm    map[string]uint32
 	verify  []string // the tasks reported verifying
+	pools   []string // the pool messages the leader sent: "T=N", or "set:T=N,..." for a complete set
 	beating bool
 	seq     uint64        // last heartbeat sent
 	acked   atomic.Uint64 // last heartbeat the leader acknowledged
@@ -96,6 +97,20 @@ func openSizedFakeNode(t *testing.T, url string, hc *http.Client, id string, tas
 			}
 			if a := m.GetAck(); a != nil {
 				f.acked.Store(a.GetSeq())
+			}
+			if p := m.GetSetPoolTarget(); p != nil {
+				f.mu.Lock()
+				f.pools = append(f.pools, fmt.Sprintf("%s=%d", p.GetTemplate(), p.GetTarget()))
+				f.mu.Unlock()
+			}
+			if all := m.GetPoolTargets(); all != nil {
+				var ts []string
+				for _, p := range all.GetTargets() {
+					ts = append(ts, fmt.Sprintf("%s=%d", p.GetTemplate(), p.GetTarget()))
+				}
+				f.mu.Lock()
+				f.pools = append(f.pools, "set:"+strings.Join(ts, ","))
+				f.mu.Unlock()
 			}
 		}
 	}()

@@ -1,0 +1,62 @@
+package scheduler
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
+)
+
+// poolMessages returns the pool messages the leader sent f so far.
+func (f *fakeNode) poolMessages() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.pools)
+}
+
+// A node's session carries the cluster's pool targets when it opens, and
+// then each target recorded while it is open: `warren pool set` records a
+// target after its direct calls to the nodes, so a node whose session
+// opened in between got the older target from the session, after the
+// direct call's newer one, and kept it until its next session. Only the
+// changed targets are sent again, never the complete set (which would
+// zero the node's own `--node` targets).
+func TestSessionsGetPoolTargetsRecordedWhileOpen(t *testing.T) {
+	n := startNode(t, t.TempDir(), "s1", true, "", 0, func(c *Config) { c.NodeTTL = 2 * time.Second })
+	waitFor(t, "s1 to lead", 10*time.Second, func() bool { return n.srv.Raft().State() == raft.Leader })
+	ctx := context.Background()
+	if _, err := (taskAPI{n.srv}).write(ctx, &fsmv1.SetPool{Template: "py", Target: 2}); err != nil {
+		t.Fatal(err)
+	}
+	url, hc := serveH2C(t, n)
+	f := openFakeNode(t, url, hc, "n1")
+	waitFor(t, "the session's targets", 5*time.Second, func() bool { return len(f.poolMessages()) == 2 })
+	for _, w := range []struct {
+		pool *fsmv1.SetPool
+		want []string
+	}{
+		{&fsmv1.SetPool{Template: "py", Target: 3}, []string{"py=2", "set:py=2", "py=3"}},
+		{&fsmv1.SetPool{Template: "go", Target: 1}, []string{"py=2", "set:py=2", "py=3", "go=1"}},
+		{&fsmv1.SetPool{Template: "go", Target: 0}, nil},                                                  // removed: nothing to send
+		{&fsmv1.SetPool{Template: "go", Target: 4}, []string{"py=2", "set:py=2", "py=3", "go=1", "go=4"}}, // again
+	} {
+		if _, err := (taskAPI{n.srv}).write(ctx, w.pool); err != nil {
+			t.Fatal(err)
+		}
+		if w.want == nil {
+			continue
+		}
+		waitFor(t, fmt.Sprintf("the session to carry %v", w.want), 5*time.Second, func() bool {
+			return slices.Equal(f.poolMessages(), w.want)
+		})
+	}
+	time.Sleep(200 * time.Millisecond) // nothing more comes
+	if got := f.poolMessages(); len(got) != 5 {
+		t.Errorf("pool messages %v: want only the 5 above", got)
+	}
+}
