@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -79,8 +80,12 @@ type Driver struct {
 	closed bool
 	claims sync.WaitGroup // claims under way; Close waits for them
 
-	blankMu sync.Mutex
-	blanks  map[string]bool // blank disk images made this run (disk.go)
+	// blankMu guards blanks, the blank disk images made this run by when
+	// each was last used (blankUse counts uses), and serialises copying
+	// them (disk.go).
+	blankMu  sync.Mutex
+	blanks   map[string]uint64
+	blankUse uint64
 }
 
 // CheckRuntime refuses a runtime that is not Config.Runtime's: runc or
@@ -145,6 +150,24 @@ func New(cfg Config) (*Driver, error) {
 	if _, err := os.Stat(cfg.Socket); err != nil {
 		return nil, fmt.Errorf("container: containerd socket %s: %w (apt-get install containerd runc, and start containerd)", cfg.Socket, err)
 	}
+	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
+		return nil, fmt.Errorf("container: mkfs.ext4, which makes each sandbox's disk: %w (apt-get install e2fsprogs)", err)
+	}
+	// The state directory as the kernel names it: mount points under it
+	// are found in /proc/self/mountinfo by that name (a relative or
+	// symlinked one matched nothing, and a box's mounts were left), and
+	// runc takes no relative root. The scope hashes the absolute path, as
+	// before, so containers of an earlier run are still found.
+	absState, err := filepath.Abs(cfg.StateDir)
+	if err != nil {
+		return nil, fmt.Errorf("container: state dir %s: %w", cfg.StateDir, err)
+	}
+	if err := os.MkdirAll(filepath.Join(absState, "boxes"), 0o755); err != nil {
+		return nil, err
+	}
+	if cfg.StateDir, err = filepath.EvalSymlinks(absState); err != nil {
+		return nil, fmt.Errorf("container: state dir %s: %w", absState, err)
+	}
 	if _, err := guest.LoadTemplate(cfg.ImageDir, cfg.DefaultTemplate); err != nil {
 		return nil, fmt.Errorf("container: %w (run `make image`)", err)
 	}
@@ -159,14 +182,9 @@ func New(cfg Config) (*Driver, error) {
 		client.Close()
 		return nil, fmt.Errorf("container: containerd at %s: %w", cfg.Socket, err)
 	}
-	abs, _ := filepath.Abs(cfg.StateDir)
-	h := sha256.Sum256([]byte(abs))
+	h := sha256.Sum256([]byte(absState))
 	d := &Driver{cfg: cfg, log: cfg.Logger, client: client, scope: hex.EncodeToString(h[:])[:12], ver: v.Version,
-		live: map[string]*Box{}, lowers: map[string]string{}, blanks: map[string]bool{}}
-	if err := os.MkdirAll(filepath.Join(cfg.StateDir, "boxes"), 0o755); err != nil {
-		client.Close()
-		return nil, err
-	}
+		live: map[string]*Box{}, lowers: map[string]string{}, blanks: map[string]uint64{}}
 	if d.logWriter, err = writeAgentLogWriter(cfg.StateDir); err != nil {
 		client.Close()
 		return nil, err
@@ -307,6 +325,26 @@ func fileExists(p string) bool {
 	return err == nil && !fi.IsDir()
 }
 
+// unescapeMountPath undoes mountinfo's escapes: a space, tab, newline or
+// backslash in a path is written as \ooo (octal).
+func unescapeMountPath(p string) string {
+	if !strings.Contains(p, `\`) {
+		return p
+	}
+	var b strings.Builder
+	for i := 0; i < len(p); i++ {
+		if p[i] == '\\' && i+4 <= len(p) {
+			if n, err := strconv.ParseUint(p[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(p[i])
+	}
+	return b.String()
+}
+
 // agentPath is where the agent is inside a container.
 const agentPath = "/usr/local/lib/warren/warren-guest"
 
@@ -318,7 +356,7 @@ func isMounted(dir string) bool {
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		if fs := strings.Fields(sc.Text()); len(fs) > 4 && fs[4] == dir {
+		if fs := strings.Fields(sc.Text()); len(fs) > 4 && unescapeMountPath(fs[4]) == dir {
 			return true
 		}
 	}

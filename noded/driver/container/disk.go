@@ -63,12 +63,8 @@ func writable(lower, template string, diskMB int) (int64, error) {
 // takes on the node's disk what the box writes and ext4's metadata (about
 // 1 MiB per GiB).
 func (d *Driver) makeDisk(ctx context.Context, dir string, size int64) error {
-	blank, err := d.blankDisk(ctx, size)
-	if err != nil {
-		return err
-	}
 	img := filepath.Join(dir, diskImage)
-	if err := copySparse(blank, img); err != nil {
+	if err := d.copyBlank(ctx, size, img); err != nil {
 		return fmt.Errorf("disk: %w", err)
 	}
 	mnt := filepath.Join(dir, diskMount)
@@ -84,43 +80,71 @@ func (d *Driver) makeDisk(ctx context.Context, dir string, size int64) error {
 	return nil
 }
 
-// blankDisk returns an empty ext4 image of size bytes, making it once per
-// run (one left by a crash may be torn).
-func (d *Driver) blankDisk(ctx context.Context, size int64) (string, error) {
+// maxBlanks is how many blank images (of distinct sizes) a driver keeps;
+// the least recently used goes first. Each takes ext4's metadata for its
+// size on the node's disk (about 1 MiB per GiB of the size).
+const maxBlanks = 4
+
+// copyBlank copies an empty ext4 image of size bytes to dst, making the
+// blank first unless this run made it and it is still there. The copy is
+// made under blankMu, so no blank is removed while it is read.
+func (d *Driver) copyBlank(ctx context.Context, size int64, dst string) error {
 	p := filepath.Join(d.cfg.StateDir, "blank", fmt.Sprintf("%d.ext4", size))
 	d.blankMu.Lock()
 	defer d.blankMu.Unlock()
-	if d.blanks[p] {
-		return p, nil
+	if _, ok := d.blanks[p]; !ok || !fileExists(p) {
+		delete(d.blanks, p)
+		if err := makeBlank(ctx, p, size); err != nil {
+			return err
+		}
+		for len(d.blanks) >= maxBlanks {
+			oldest, at := "", uint64(0)
+			for q, used := range d.blanks {
+				if oldest == "" || used < at {
+					oldest, at = q, used
+				}
+			}
+			_ = os.Remove(oldest)
+			delete(d.blanks, oldest)
+		}
 	}
+	d.blankUse++
+	d.blanks[p] = d.blankUse
+	return copySparse(p, dst)
+}
+
+// makeBlank makes p, an empty ext4 image of size bytes, through a
+// temporary file removed on failure (one left by a crash is made again).
+func makeBlank(ctx context.Context, p string, size int64) (err error) {
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-		return "", err
+		return err
 	}
 	tmp := p + ".tmp"
 	_ = os.Remove(tmp)
+	defer func() {
+		if err != nil {
+			_ = os.Remove(tmp)
+		}
+	}()
 	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 	if err != nil {
-		return "", fmt.Errorf("disk: %w", err)
+		return err
 	}
 	err = f.Truncate(size)
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
-		return "", fmt.Errorf("disk: %w", err)
+		return err
 	}
 	// No journal (a box does not outlive a crash of its node: its
 	// directory is removed at the next start), no reserved blocks (the
 	// quota is the box's), and the inode tables written lazily.
 	if out, err := exec.CommandContext(ctx, "mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal",
 		"-E", "lazy_itable_init=1,nodiscard", tmp).CombinedOutput(); err != nil {
-		return "", fmt.Errorf("disk: mkfs.ext4: %v: %s", err, strings.TrimSpace(string(out)))
+		return fmt.Errorf("mkfs.ext4: %v: %s", err, strings.TrimSpace(string(out)))
 	}
-	if err := os.Rename(tmp, p); err != nil {
-		return "", err
-	}
-	d.blanks[p] = true
-	return p, nil
+	return os.Rename(tmp, p)
 }
 
 // copySparse copies src to a new file dst, leaving src's holes holes.

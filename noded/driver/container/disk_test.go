@@ -1,0 +1,142 @@
+package container
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/warrenhq/warren/noded/driver"
+)
+
+// A relative state directory (`warren dev`'s default data dir is
+// .warren/dev) works: claims used to fail (runc takes no relative root),
+// and their cleanup left the box's overlay, disk mount and loop device,
+// since mountinfo names mount points by absolute path.
+func TestRelativeStateDirLeavesNothing(t *testing.T) {
+	d0 := newDriver(t) // skips without containerd, runc or the template
+	cfg := d0.cfg
+	d0.Close()
+	base := t.TempDir()
+	t.Chdir(base)
+	cfg.StateDir = "rel/container"
+	d, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	sb, err := d.Claim(ctx, driver.ClaimRequest{ID: "sb-rel"})
+	if err != nil {
+		t.Fatalf("claim with a relative state dir: %v", err)
+	}
+	if out, code := run(t, sb, "echo ok"); code != 0 || out != "ok\n" {
+		t.Fatalf("exit %d %q", code, out)
+	}
+	if err := sb.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	abs := filepath.Join(base, "rel/container/boxes/sb-rel")
+	for _, m := range []string{filepath.Join(abs, "rootfs"), filepath.Join(abs, diskMount)} {
+		if isMounted(m) {
+			t.Errorf("%s is still mounted", m)
+			_ = os.Remove(m) // fails while mounted; the unmount below frees it
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for len(loopsUnder(t, abs)) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("loop devices left: %v", loopsUnder(t, abs))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if _, err := os.Stat(abs); !os.IsNotExist(err) {
+		t.Errorf("box directory left: %v", err)
+	}
+}
+
+// Blank disk images are kept for at most maxBlanks sizes (each distinct
+// disk_mb made one, and all were kept until the next start), and one
+// removed from outside is made again rather than failing its size's claims.
+func TestBlankDisksAreBounded(t *testing.T) {
+	d := newDriver(t)
+	defer d.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	u, err := used(d.lowers[mustTemplateDirLoaded(t, d)])
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := int(u>>20) + 64
+	blanks := func() []string {
+		ents, _ := os.ReadDir(filepath.Join(d.cfg.StateDir, "blank"))
+		var out []string
+		for _, e := range ents {
+			out = append(out, e.Name())
+		}
+		return out
+	}
+	for i := 0; i < maxBlanks+2; i++ {
+		sb, err := d.Claim(ctx, driver.ClaimRequest{ID: "sb-blank", Limits: driver.Limits{DiskMB: base + i}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sb.Destroy()
+	}
+	if got := blanks(); len(got) != maxBlanks {
+		t.Errorf("blank images after %d sizes: %v, want %d", maxBlanks+2, got, maxBlanks)
+	}
+	for _, b := range blanks() {
+		if err := os.Remove(filepath.Join(d.cfg.StateDir, "blank", b)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sb, err := d.Claim(ctx, driver.ClaimRequest{ID: "sb-blank", Limits: driver.Limits{DiskMB: base + maxBlanks + 1}})
+	if err != nil {
+		t.Fatalf("a claim after its blank was removed: %v", err)
+	}
+	sb.Destroy()
+}
+
+// mustTemplateDirLoaded returns the default template's dir with its lower
+// mounted (a claim made first mounts it).
+func mustTemplateDirLoaded(t *testing.T, d *Driver) string {
+	t.Helper()
+	sb, err := d.Claim(context.Background(), driver.ClaimRequest{ID: "sb-lower"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb.Destroy()
+	return mustTemplateDir(t)
+}
+
+// Without mkfs.ext4 the driver does not start, and says what is missing,
+// rather than fail every claim.
+func TestNewNeedsMkfs(t *testing.T) {
+	d0 := newDriver(t)
+	cfg := d0.cfg
+	d0.Close()
+	t.Setenv("PATH", t.TempDir())
+	_, err := New(cfg)
+	if err == nil || !strings.Contains(err.Error(), "mkfs.ext4") || !strings.Contains(err.Error(), "e2fsprogs") {
+		t.Fatalf("New without mkfs.ext4: %v", err)
+	}
+}
+
+func TestUnescapeMountPath(t *testing.T) {
+	for in, want := range map[string]string{
+		`/var/lib/warren`:       "/var/lib/warren",
+		`/data/my\040dir/boxes`: "/data/my dir/boxes",
+		`/a\134b`:               `/a\b`,
+		`/tab\011x\012`:         "/tab\tx\n",
+		`/short\04`:             `/short\04`,
+		`/not\999octal`:         `/not\999octal`,
+	} {
+		if got := unescapeMountPath(in); got != want {
+			t.Errorf("unescapeMountPath(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
