@@ -97,6 +97,9 @@ func (d *Daemon) runSession(nc warrenv1connect.NodeServiceClient, url string) er
 	d.mu.Lock()
 	d.stats.Sessions++
 	d.mu.Unlock()
+	// A target the leader sends again while the session is open (resend)
+	// is older than any set directly on this node since it opened.
+	openMark := d.sessionMark()
 	every := orDuration(time.Duration(w.GetHeartbeatIntervalMs())*time.Millisecond, orDuration(d.cfg.Heartbeat, 500*time.Millisecond))
 	d.log.Info("session opened", "leader", w.GetLeaderId(), "url", url, "heartbeat", every)
 	// A leader that acknowledges heartbeats says something at least every
@@ -166,6 +169,13 @@ func (d *Daemon) runSession(nc warrenv1connect.NodeServiceClient, url string) er
 			d.log.Info("pool target", "template", c.SetPoolTarget.GetTemplate(), "target", c.SetPoolTarget.GetTarget())
 			t, n := c.SetPoolTarget.GetTemplate(), int(c.SetPoolTarget.GetTarget())
 			mark := d.sessionMark()
+			if c.SetPoolTarget.GetResend() {
+				// The record changed while the session was open. A
+				// direct set since the session opened is the record's
+				// own call, or a newer per-node target (`pool set
+				// --node`): either way the node has what it should.
+				mark = openMark
+			}
 			d.applyPoolsLater(func() { d.setPoolTarget(t, n, mark) })
 		case *warrenv1.SessionResponse_PoolTargets:
 			set, mark := c.PoolTargets.GetTargets(), d.sessionMark()

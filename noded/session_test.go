@@ -31,8 +31,9 @@ type fakeLeader struct {
 	leaderURL atomic.Value // string
 	hellos    atomic.Int32
 	warm      atomic.Pointer[map[string]uint32] // the last heartbeat's warm counts
-	// push is sent after the Welcome.
-	push []*warrenv1.SessionResponse
+	// push is sent after the Welcome; later, while the session lasts.
+	push  []*warrenv1.SessionResponse
+	later chan *warrenv1.SessionResponse
 }
 
 func (f *fakeLeader) Status(context.Context, *connect.Request[warrenv1.StatusRequest]) (*connect.Response[warrenv1.StatusResponse], error) {
@@ -54,6 +55,28 @@ func (f *fakeLeader) Session(ctx context.Context, st *connect.BidiStream[warrenv
 			return err
 		}
 	}
+	var smu sync.Mutex // the stream's sends, from here and from later
+	if f.later != nil {
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		defer func() { close(stop); wg.Wait() }() // no send after the handler returns
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-ctx.Done():
+					return
+				case m := <-f.later:
+					smu.Lock()
+					_ = st.Send(m)
+					smu.Unlock()
+				}
+			}
+		}()
+	}
 	for {
 		m, err := st.Receive()
 		if err != nil {
@@ -64,8 +87,11 @@ func (f *fakeLeader) Session(ctx context.Context, st *connect.BidiStream[warrenv
 			f.warm.Store(&w)
 		}
 		if f.ack {
-			if err := st.Send(&warrenv1.SessionResponse{Msg: &warrenv1.SessionResponse_Ack{Ack: &warrenv1.HeartbeatAck{
-				Seq: m.GetHeartbeat().GetSeq()}}}); err != nil {
+			smu.Lock()
+			err := st.Send(&warrenv1.SessionResponse{Msg: &warrenv1.SessionResponse_Ack{Ack: &warrenv1.HeartbeatAck{
+				Seq: m.GetHeartbeat().GetSeq()}}})
+			smu.Unlock()
+			if err != nil {
 				return err
 			}
 		}
@@ -324,5 +350,62 @@ func TestSlowPoolTargetHoldsUpNoStart(t *testing.T) {
 	waitFor(t, "the StartTask sent after the pool target to start an actor", 5*time.Second, func() bool { return d.Stats().Started >= 1 })
 	if n := f.hellos.Load(); n != 1 {
 		t.Fatalf("the node opened %d sessions while a pool target was applied (stats %+v)", n, d.Stats())
+	}
+}
+
+// targetSim is the simulated driver with warm-pool targets recorded (a
+// driver.Pooler).
+type targetSim struct {
+	*sim.Driver
+	mu      sync.Mutex
+	targets map[string]int
+}
+
+func (p *targetSim) SetPoolTarget(t string, n int) {
+	p.mu.Lock()
+	p.targets[t] = n
+	p.mu.Unlock()
+}
+
+func (p *targetSim) Pools() []driver.PoolStatus { return nil }
+
+func (p *targetSim) target(t string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.targets[t]
+}
+
+// A target the leader sends again while the session is open (resend: the
+// cluster's record changed) does not undo a target set directly on the
+// node since the session opened: `warren pool set` records its target
+// after its direct calls, so the resend comes after them, and a `pool set
+// --node` made meanwhile would otherwise be lost. A resend for a template
+// not set directly since is applied (a node the direct call missed gets
+// the target that way).
+func TestPoolResendKeepsADirectSetSinceTheSessionOpened(t *testing.T) {
+	f := &fakeLeader{ttl: 2 * time.Second, advertise: true, ack: true, later: make(chan *warrenv1.SessionResponse, 4),
+		push: []*warrenv1.SessionResponse{
+			{Msg: &warrenv1.SessionResponse_SetPoolTarget{SetPoolTarget: &warrenv1.SetPoolTarget{Template: "default", Target: 1}}},
+		}}
+	f.leaderURL.Store("http://" + f.serve(t))
+	drv := &targetSim{Driver: sim.New(sim.Config{}), targets: map[string]int{}}
+	d, err := noded.Start(noded.Config{ID: "n1", DataDir: t.TempDir(), Servers: []string{f.leaderURL.Load().(string)},
+		Driver: drv, SandboxListen: "127.0.0.1:0", Capacity: &warrenv1.Resources{MilliCpu: 1000, MemoryBytes: 1 << 30}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	waitFor(t, "the session's target", 5*time.Second, func() bool { return drv.target("default") == 1 })
+	// `warren pool set default 7 --node n1`: a direct call only.
+	if _, err := d.Sandboxes.SetPoolTarget(context.Background(), connect.NewRequest(&warrenv1.SetPoolTargetRequest{Template: "default", Target: 7})); err != nil {
+		t.Fatal(err)
+	}
+	// The leader resends the cluster's record of an earlier `pool set`,
+	// then one for a template set on no node directly.
+	f.later <- &warrenv1.SessionResponse{Msg: &warrenv1.SessionResponse_SetPoolTarget{SetPoolTarget: &warrenv1.SetPoolTarget{Template: "default", Target: 3, Resend: true}}}
+	f.later <- &warrenv1.SessionResponse{Msg: &warrenv1.SessionResponse_SetPoolTarget{SetPoolTarget: &warrenv1.SetPoolTarget{Template: "py", Target: 2, Resend: true}}}
+	waitFor(t, "the resent py target", 5*time.Second, func() bool { return drv.target("py") == 2 })
+	if got := drv.target("default"); got != 7 {
+		t.Errorf("default's target %d after the resend: want the direct set's 7", got)
 	}
 }

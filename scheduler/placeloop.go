@@ -43,7 +43,8 @@ func (s *Server) placementLoop() {
 		seed = uint64(time.Now().UnixNano())
 	}
 	rng := rand.New(rand.NewPCG(seed, seed>>1|1))
-	done := ^uint64(0) // generation last planned for; none yet
+	done := ^uint64(0)   // generation last planned for; none yet
+	var doneFreed uint64 // sessions' freed count last planned for
 	for {
 		select {
 		case <-s.stop:
@@ -54,11 +55,11 @@ func (s *Server) placementLoop() {
 			done = ^uint64(0)
 			continue
 		}
-		gen := s.fsm.replanGen.Load()
-		if gen == done {
+		gen, freed := s.fsm.replanGen.Load(), s.sess.freed.Load()
+		if gen == done && freed == doneFreed {
 			continue
 		}
-		done = gen
+		done, doneFreed = gen, freed
 		cost, err := s.placeOnce(rng)
 		if err != nil {
 			s.log.Warn("placement round failed", "err", err)
@@ -110,7 +111,9 @@ func (s *Server) placeOnce(rng *rand.Rand) (time.Duration, error) {
 	// even empty (a selector, driver or template no node has) fill that
 	// window while nodes have room, look further, 4 times as far each
 	// time: else they would hold back every task created after them.
-	verifying := s.sess.verifyingOn() // read once: addVerifying reads the FSM
+	// Read once per round, not per window: each reported task is an FSM
+	// read.
+	extra := verifyingExtra(s.sess.verifyingOn(), s.verifyingTask)
 	var plan Plan
 	for window := room; ; window = min(4*window, maxPendingPerRound) {
 		pending, _, err := s.fsm.ListTasks(warrenv1.TaskState_TASK_STATE_PENDING, "", window, 0)
@@ -126,7 +129,7 @@ func (s *Server) placeOnce(rng *rand.Rand) (time.Duration, error) {
 		}
 		s.sess.fillWarm(pn)
 		discountStarting(pn, startingWarm)
-		addVerifying(pn, verifying, s.verifyingTask)
+		addExtra(pn, extra)
 		plan = Place(pn, pendingTasks(pending), PlacementConfig{SpreadLabel: spreadLabel, MaxStartingPerNode: maxStartingPerNode}, rng)
 		blocked := plan.Unfit > 0 && len(plan.Placements)+plan.Unfit == len(pending) && anyReady(pn)
 		if !blocked || len(plan.Placements) >= room || len(pending) < window || window >= maxPendingPerRound {

@@ -40,10 +40,10 @@ func TestSessionsGetPoolTargetsRecordedWhileOpen(t *testing.T) {
 		pool *fsmv1.SetPool
 		want []string
 	}{
-		{&fsmv1.SetPool{Template: "py", Target: 3}, []string{"py=2", "set:py=2", "py=3"}},
-		{&fsmv1.SetPool{Template: "go", Target: 1}, []string{"py=2", "set:py=2", "py=3", "go=1"}},
-		{&fsmv1.SetPool{Template: "go", Target: 0}, nil},                                                  // removed: nothing to send
-		{&fsmv1.SetPool{Template: "go", Target: 4}, []string{"py=2", "set:py=2", "py=3", "go=1", "go=4"}}, // again
+		{&fsmv1.SetPool{Template: "py", Target: 3}, []string{"py=2", "set:py=2", "py=3 resend"}},
+		{&fsmv1.SetPool{Template: "go", Target: 1}, []string{"py=2", "set:py=2", "py=3 resend", "go=1 resend"}},
+		{&fsmv1.SetPool{Template: "go", Target: 0}, nil},                                                                       // removed: nothing to send
+		{&fsmv1.SetPool{Template: "go", Target: 4}, []string{"py=2", "set:py=2", "py=3 resend", "go=1 resend", "go=4 resend"}}, // again
 	} {
 		if _, err := (taskAPI{n.srv}).write(ctx, w.pool); err != nil {
 			t.Fatal(err)

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -61,6 +62,10 @@ func (c *session) send(m *warrenv1.SessionResponse) {
 // it goes through raft; a new leader starts it afresh and gives every node a
 // full TTL of grace.
 type sessions struct {
+	// freed counts the heartbeats that gave back room placement had
+	// counted (a verification sandbox gone: verifying.go); the placement
+	// loop plans again when it changes, as when the FSM's replanGen does.
+	freed       atomic.Uint64
 	mu          sync.Mutex
 	byNode      map[string]*session
 	lastSeen    map[string]time.Time
@@ -277,7 +282,13 @@ func (n nodeAPI) Session(ctx context.Context, stream *connect.BidiStream[warrenv
 					warm = warmCounts(hb.GetWarm())
 				}
 				if v := hb.GetVerifying(); !slices.Equal(verifying, v) {
-					verifying = verifyingReport(v)
+					next := verifyingReport(v)
+					if lostAny(verifying, next) {
+						// Room came back, which no FSM change says:
+						// placement must look again.
+						s.sess.freed.Add(1)
+					}
+					verifying = next
 				}
 				s.sess.heard(c, s.clock.Now(), warm, verifying)
 				select { // only the last one is acknowledged
@@ -386,8 +397,11 @@ func (s *Server) sendPools(c *session, sent map[string]uint32) (<-chan struct{},
 		now[p.GetTemplate()] = p.GetTarget()
 		t := &warrenv1.SetPoolTarget{Template: p.GetTemplate(), Target: p.GetTarget()}
 		all.Targets = append(all.Targets, t)
-		if n, ok := sent[p.GetTemplate()]; opening || !ok || n != p.GetTarget() {
+		if opening {
 			c.send(&warrenv1.SessionResponse{Msg: &warrenv1.SessionResponse_SetPoolTarget{SetPoolTarget: t}})
+		} else if n, ok := sent[p.GetTemplate()]; !ok || n != p.GetTarget() {
+			r := &warrenv1.SetPoolTarget{Template: t.GetTemplate(), Target: t.GetTarget(), Resend: true}
+			c.send(&warrenv1.SessionResponse{Msg: &warrenv1.SessionResponse_SetPoolTarget{SetPoolTarget: r}})
 		}
 	}
 	if opening {

@@ -1,7 +1,5 @@
 package scheduler
 
-import "slices"
-
 // A finishing task's tests run in a verification sandbox of their own,
 // beside the task's sandbox (noded/verify.go), so for that while the task
 // holds about twice its needs on its node. The node reports such tasks in
@@ -16,13 +14,40 @@ import "slices"
 // no more tasks than that, and a longer report is not trusted further.
 const maxVerifyingPerNode = 1024
 
-// verifyingReport keeps a heartbeat's report (at most maxVerifyingPerNode
-// tasks, nil when empty); the slice is the session's from then on.
+// verifyingReport keeps a heartbeat's report: the task ids in it, each
+// once, at most maxVerifyingPerNode (nil when none). The slice is the
+// session's from then on.
 func verifyingReport(v []string) []string {
-	if len(v) == 0 {
-		return nil
+	var out []string
+	seen := map[string]bool{}
+	for _, id := range v {
+		if len(out) == maxVerifyingPerNode {
+			break
+		}
+		if isTaskID(id) && !seen[id] {
+			seen[id] = true
+			out = append(out, id)
+		}
 	}
-	return slices.Clone(v[:min(len(v), maxVerifyingPerNode)])
+	return out
+}
+
+// lostAny reports whether a report names fewer tasks than the one before
+// it: some task's verification sandbox went, and its room came back.
+func lostAny(before, after []string) bool {
+	if len(before) == 0 {
+		return false
+	}
+	now := make(map[string]bool, len(after))
+	for _, id := range after {
+		now[id] = true
+	}
+	for _, id := range before {
+		if !now[id] {
+			return true
+		}
+	}
+	return false
 }
 
 // verifyingOn returns, per node with an open session, the tasks its last
@@ -44,26 +69,42 @@ func (h *sessions) verifyingOn() map[string][]string {
 	return out
 }
 
-// addVerifying adds to each node's allocation the needs of the tasks it
-// reported verifying, for those whose lease is on that node and that have
-// not ended (read through task).
-func addVerifying(pn []PlacementNode, on map[string][]string, task func(id string) (node string, needs Resources, live bool)) {
-	if len(on) == 0 {
+// verifyingExtra sums, per node, the needs of the tasks it reported
+// verifying, for those whose lease is on that node and that have not ended
+// (read through task, once each).
+func verifyingExtra(on map[string][]string, task func(id string) (node string, needs Resources, live bool)) map[string]Resources {
+	var out map[string]Resources
+	for node, ids := range on {
+		for _, id := range ids {
+			n, needs, live := task(id)
+			if !live || n != node {
+				continue
+			}
+			if out == nil {
+				out = map[string]Resources{}
+			}
+			r := out[node]
+			r.MilliCPU += needs.MilliCPU
+			r.MemoryBytes += needs.MemoryBytes
+			out[node] = r
+		}
+	}
+	return out
+}
+
+// addExtra adds extra (verifyingExtra's) to the nodes' allocations.
+func addExtra(pn []PlacementNode, extra map[string]Resources) {
+	if len(extra) == 0 {
 		return
 	}
 	for i := range pn {
-		for _, id := range on[pn[i].ID] {
-			node, needs, live := task(id)
-			if !live || node != pn[i].ID {
-				continue
-			}
-			pn[i].Allocated.MilliCPU += needs.MilliCPU
-			pn[i].Allocated.MemoryBytes += needs.MemoryBytes
-		}
+		r := extra[pn[i].ID]
+		pn[i].Allocated.MilliCPU += r.MilliCPU
+		pn[i].Allocated.MemoryBytes += r.MemoryBytes
 	}
 }
 
-// verifyingTask is addVerifying's view of a task in the FSM.
+// verifyingTask is verifyingExtra's view of a task in the FSM.
 func (s *Server) verifyingTask(id string) (string, Resources, bool) {
 	t, err := s.fsm.Task(id)
 	if err != nil || Terminal(t.GetState()) {

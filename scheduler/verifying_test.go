@@ -1,10 +1,13 @@
 package scheduler
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/raft"
+
+	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 )
 
 // A node reports the tasks whose finish step holds a verification sandbox
@@ -57,34 +60,83 @@ func TestPlacementCountsVerificationSandboxes(t *testing.T) {
 	}
 }
 
-func TestAddVerifying(t *testing.T) {
+func TestVerifyingExtra(t *testing.T) {
+	const a, b, ended, other, missing = "01AAAAAAAAAAAAAAAAAAAAAAAA", "01BBBBBBBBBBBBBBBBBBBBBBBB", "01CCCCCCCCCCCCCCCCCCCCCCCC", "01DDDDDDDDDDDDDDDDDDDDDDDD", "01EEEEEEEEEEEEEEEEEEEEEEEE"
 	pn := []PlacementNode{{ID: "n1", Allocated: Resources{MilliCPU: 100, MemoryBytes: 10}}, {ID: "n2"}}
 	tasks := map[string]struct {
 		node  string
 		needs Resources
 		live  bool
 	}{
-		"a":     {"n1", Resources{1000, 1 << 30}, true},
-		"b":     {"n1", Resources{500, 1 << 20}, true},
-		"ended": {"n1", Resources{1000, 1 << 30}, false},
-		"other": {"n2", Resources{1000, 1 << 30}, true},
+		a:     {"n1", Resources{1000, 1 << 30}, true},
+		b:     {"n1", Resources{500, 1 << 20}, true},
+		ended: {"n1", Resources{1000, 1 << 30}, false},
+		other: {"n2", Resources{1000, 1 << 30}, true},
 	}
+	reads := 0
 	lookup := func(id string) (string, Resources, bool) {
+		reads++
 		tk, ok := tasks[id]
 		return tk.node, tk.needs, ok && tk.live
 	}
-	addVerifying(pn, map[string][]string{"n1": {"a", "b", "ended", "other", "missing"}, "n3": {"a"}}, lookup)
+	// A report is deduplicated and checked as it arrives.
+	rep := verifyingReport([]string{a, b, a, ended, other, missing, "not-a-task-id", b})
+	if len(rep) != 5 {
+		t.Fatalf("report kept as %v: want a, b, ended, other, missing once each", rep)
+	}
+	extra := verifyingExtra(map[string][]string{"n1": rep, "n3": {a}}, lookup)
+	addExtra(pn, extra)
 	if want := (Resources{100 + 1000 + 500, 10 + 1<<30 + 1<<20}); pn[0].Allocated != want {
 		t.Errorf("n1 allocated %+v, want %+v (a and b counted again; not the ended task, another node's or an unknown one)", pn[0].Allocated, want)
 	}
 	if pn[1].Allocated != (Resources{}) {
 		t.Errorf("n2 allocated %+v: it reported nothing", pn[1].Allocated)
 	}
+	if reads != 6 {
+		t.Errorf("%d task reads for 6 reported ids", reads)
+	}
 	if got := verifyingReport(nil); got != nil {
 		t.Errorf("an empty report kept as %v", got)
 	}
-	long := make([]string, maxVerifyingPerNode+5)
+	long := make([]string, 0, maxVerifyingPerNode+5)
+	for i := range maxVerifyingPerNode + 5 {
+		long = append(long, fmt.Sprintf("01%024d", i))
+	}
 	if got := verifyingReport(long); len(got) != maxVerifyingPerNode {
 		t.Errorf("a report of %d kept %d, want at most %d", len(long), len(got), maxVerifyingPerNode)
 	}
+	if !lostAny([]string{a, b}, []string{b}) || lostAny([]string{a}, []string{a, b}) || lostAny(nil, []string{a}) {
+		t.Error("lostAny")
+	}
+}
+
+// A pending task that did not fit only because of a verification sandbox
+// is placed once its node stops reporting it. The end of a report changes
+// no FSM state, so the placement loop, which plans again only when the
+// FSM's replanGen moves, used to leave the task pending until some
+// unrelated change.
+func TestVerifyingEndStartsAPlacementRound(t *testing.T) {
+	n := startNode(t, t.TempDir(), "s1", true, "", 0, func(c *Config) { c.NodeTTL = 2 * time.Second })
+	waitFor(t, "s1 to lead", 10*time.Second, func() bool { return n.srv.Raft().State() == raft.Leader })
+	url, hc := serveH2C(t, n)
+	n1 := openSizedFakeNode(t, url, hc, "n1", 2)
+	a := createTask(t, n, "a", "")
+	if node, _ := placedOn(t, n, a); node != "n1" {
+		t.Fatalf("a on %s", node)
+	}
+	n1.reportVerifying(t, a) // n1: a + a's verification sandbox = 2 of 2
+	b := createTask(t, n, "b", "")
+	time.Sleep(time.Second) // rounds run every 20 ms: b had its chances
+	if tk, _ := n.srv.FSM().Task(b); tk.GetState() != warrenv1.TaskState_TASK_STATE_PENDING {
+		t.Fatalf("b %v while n1 is full", tk.GetState())
+	}
+	n1.reportVerifying(t) // the verification sandbox is gone: n1 has room for b
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		if tk, _ := n.srv.FSM().Task(b); tk.GetState() == warrenv1.TaskState_TASK_STATE_PLACED {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Errorf("b still pending 5s after n1 stopped reporting a verifying (n1 has room): no round ran")
 }

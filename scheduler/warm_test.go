@@ -58,7 +58,7 @@ type fakeNode struct {
 	mu      sync.Mutex
 	warm    map[string]uint32
 	verify  []string // the tasks reported verifying
-	pools   []string // the pool messages the leader sent: "T=N", or "set:T=N,..." for a complete set
+	pools   []string // the pool messages the leader sent: "T=N" ("T=N resend"), or "set:T=N,..." for a complete set
 	beating bool
 	seq     uint64        // last heartbeat sent
 	acked   atomic.Uint64 // last heartbeat the leader acknowledged
@@ -100,7 +100,11 @@ func openSizedFakeNode(t *testing.T, url string, hc *http.Client, id string, tas
 			}
 			if p := m.GetSetPoolTarget(); p != nil {
 				f.mu.Lock()
-				f.pools = append(f.pools, fmt.Sprintf("%s=%d", p.GetTemplate(), p.GetTarget()))
+				m := fmt.Sprintf("%s=%d", p.GetTemplate(), p.GetTarget())
+				if p.GetResend() {
+					m += " resend"
+				}
+				f.pools = append(f.pools, m)
 				f.mu.Unlock()
 			}
 			if all := m.GetPoolTargets(); all != nil {

@@ -1012,9 +1012,15 @@ func (x *KeepTask) GetEpoch() uint64 {
 
 // SetPoolTarget sets how many warm sandboxes of a template the node keeps.
 type SetPoolTarget struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Template      string                 `protobuf:"bytes,1,opt,name=template,proto3" json:"template,omitempty"`
-	Target        uint32                 `protobuf:"varint,2,opt,name=target,proto3" json:"target,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Template string                 `protobuf:"bytes,1,opt,name=template,proto3" json:"template,omitempty"`
+	Target   uint32                 `protobuf:"varint,2,opt,name=target,proto3" json:"target,omitempty"`
+	// Sent again while the session is open, because the cluster's record
+	// changed (not when the session opened). The node applies it unless the
+	// template's target was set directly on the node (a SetPoolTarget call)
+	// since its session opened: then it has the record's target from that
+	// call already, or a newer one of its own (`pool set --node`).
+	Resend        bool `protobuf:"varint,3,opt,name=resend,proto3" json:"resend,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1061,6 +1067,13 @@ func (x *SetPoolTarget) GetTarget() uint32 {
 		return x.Target
 	}
 	return 0
+}
+
+func (x *SetPoolTarget) GetResend() bool {
+	if x != nil {
+		return x.Resend
+	}
+	return false
 }
 
 // PoolTargets is the cluster's complete set of warm-pool targets, sent
@@ -1187,10 +1200,11 @@ const file_warren_v1_node_proto_rawDesc = "" +
 	"\x05yield\x18\x04 \x01(\bR\x05yield\"9\n" +
 	"\bKeepTask\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
-	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"C\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"[\n" +
 	"\rSetPoolTarget\x12\x1a\n" +
 	"\btemplate\x18\x01 \x01(\tR\btemplate\x12\x16\n" +
-	"\x06target\x18\x02 \x01(\rR\x06target\"A\n" +
+	"\x06target\x18\x02 \x01(\rR\x06target\x12\x16\n" +
+	"\x06resend\x18\x03 \x01(\bR\x06resend\"A\n" +
 	"\vPoolTargets\x122\n" +
 	"\atargets\x18\x01 \x03(\v2\x18.warren.v1.SetPoolTargetR\atargets*p\n" +
 	"\n" +
