@@ -82,7 +82,7 @@ func (d *Daemon) runSession(nc warrenv1connect.NodeServiceClient, url string) er
 	stopClose := context.AfterFunc(ctx, func() { _ = stream.CloseResponse() })
 	defer stopClose()
 	hello := &warrenv1.SessionRequest{Msg: &warrenv1.SessionRequest_Hello{Hello: &warrenv1.Hello{
-		Node: d.node(), Incarnation: d.incarnation, Running: d.running()}}}
+		Node: d.node(), Incarnation: d.incarnation, Running: d.running(), Verifying: d.verifyingTasks()}}}
 	if err := stream.Send(hello); err != nil {
 		return err
 	}

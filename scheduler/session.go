@@ -262,12 +262,13 @@ func (n nodeAPI) Session(ctx context.Context, stream *connect.BidiStream[warrenv
 	// was declared down.
 	s.sess.seen(id, s.clock.Now())
 	c := &session{node: id, incarnation: hello.GetIncarnation(), out: make(chan *warrenv1.SessionResponse, sessionQueue),
-		closed: make(chan struct{}), yielded: map[string]uint64{}}
+		closed: make(chan struct{}), yielded: map[string]uint64{}, verifying: verifyingReport(hello.GetVerifying())}
 	recv := make(chan error, 1)
 	heard := make(chan uint64, 1) // the last heartbeat's seq, not yet acknowledged
+	helloVerifying := c.verifying
 	go func() {
-		var warm map[string]int // as last reported
-		var verifying []string  // as last reported
+		var warm map[string]int     // as last reported
+		verifying := helloVerifying // as last reported (the hello's until a heartbeat)
 		for {
 			m, err := stream.Receive()
 			if err != nil {

@@ -54,7 +54,7 @@ func TestPlacementCountsVerificationSandboxes(t *testing.T) {
 			c = tk.GetId()
 		}
 	}
-	n1.reportVerifying(t, c, "01NOSUCHTASK00000000000000")
+	n1.reportVerifying(t, c, "01ZZZZZZZZZZZZZZZZZZZZZZZZ")
 	if node, _ := placedOn(t, n, createTask(t, n, "e", "")); node != "n1" {
 		t.Fatalf("task e placed on %s; n1's report named only tasks it does not run", node)
 	}
@@ -139,4 +139,18 @@ func TestVerifyingEndStartsAPlacementRound(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	t.Errorf("b still pending 5s after n1 stopped reporting a verifying (n1 has room): no round ran")
+}
+
+// A node names its verifying tasks in its hello too, so that placement
+// counts them from the session's start, not from its first heartbeat.
+func TestHelloReportsVerifyingTasks(t *testing.T) {
+	n := startNode(t, t.TempDir(), "s1", true, "", 0, func(c *Config) { c.NodeTTL = 10 * time.Second })
+	waitFor(t, "s1 to lead", 10*time.Second, func() bool { return n.srv.Raft().State() == raft.Leader })
+	url, hc := serveH2C(t, n)
+	const id = "01HZZZZZZZZZZZZZZZZZZZZZZZ"
+	openFakeNodeFrom(t, url, hc, fakeHello{id: "n1", tasks: 4, verifying: []string{id, id}}) // no heartbeat
+	waitFor(t, "the hello's report", 5*time.Second, func() bool {
+		v := n.srv.sess.verifyingOn()["n1"]
+		return len(v) == 1 && v[0] == id
+	})
 }

@@ -73,14 +73,29 @@ func openFakeNode(t *testing.T, url string, hc *http.Client, id string, template
 // of the default needs.
 func openSizedFakeNode(t *testing.T, url string, hc *http.Client, id string, tasks int64, templates ...string) *fakeNode {
 	t.Helper()
+	return openFakeNodeFrom(t, url, hc, fakeHello{id: id, tasks: tasks, templates: templates, beating: true})
+}
+
+// fakeHello is how a fake node opens its session.
+type fakeHello struct {
+	id        string
+	tasks     int64 // room for that many tasks of the default needs
+	templates []string
+	verifying []string // named in the hello
+	beating   bool     // heartbeats from the start
+}
+
+func openFakeNodeFrom(t *testing.T, url string, hc *http.Client, h fakeHello) *fakeNode {
+	t.Helper()
+	id, tasks, templates := h.id, h.tasks, h.templates
 	ctx, cancel := context.WithCancel(context.Background())
-	f := &fakeNode{id: id, cancel: cancel, beating: true}
+	f := &fakeNode{id: id, cancel: cancel, beating: h.beating}
 	f.stream = warrenv1connect.NewNodeServiceClient(hc, url).Session(ctx)
 	t.Cleanup(f.end)
 	if err := f.stream.Send(&warrenv1.SessionRequest{Msg: &warrenv1.SessionRequest_Hello{Hello: &warrenv1.Hello{
 		Node: &warrenv1.Node{Id: id, Drivers: []string{"sim"}, Templates: templates,
 			Capacity: &warrenv1.Resources{MilliCpu: tasks * DefaultTaskMilliCPU, MemoryBytes: tasks * DefaultTaskMemoryBytes}},
-		Incarnation: "test"}}}); err != nil {
+		Incarnation: "test", Verifying: h.verifying}}}); err != nil {
 		t.Fatal(err)
 	}
 	m, err := f.stream.Receive()

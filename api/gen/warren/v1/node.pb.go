@@ -336,8 +336,11 @@ type Hello struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Node  *Node                  `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
 	// Random per node process: a restarted daemon is a new incarnation.
-	Incarnation   string         `protobuf:"bytes,2,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
-	Running       []*RunningTask `protobuf:"bytes,3,rep,name=running,proto3" json:"running,omitempty"`
+	Incarnation string         `protobuf:"bytes,2,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	Running     []*RunningTask `protobuf:"bytes,3,rep,name=running,proto3" json:"running,omitempty"`
+	// As Heartbeat.verifying, so that placement counts them from the
+	// session's start rather than from its first heartbeat.
+	Verifying     []string `protobuf:"bytes,4,rep,name=verifying,proto3" json:"verifying,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -389,6 +392,13 @@ func (x *Hello) GetIncarnation() string {
 func (x *Hello) GetRunning() []*RunningTask {
 	if x != nil {
 		return x.Running
+	}
+	return nil
+}
+
+func (x *Hello) GetVerifying() []string {
+	if x != nil {
+		return x.Verifying
 	}
 	return nil
 }
@@ -1156,11 +1166,12 @@ const file_warren_v1_node_proto_rawDesc = "" +
 	"\x0eSessionRequest\x12(\n" +
 	"\x05hello\x18\x01 \x01(\v2\x10.warren.v1.HelloH\x00R\x05hello\x124\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x14.warren.v1.HeartbeatH\x00R\theartbeatB\x05\n" +
-	"\x03msg\"\x80\x01\n" +
+	"\x03msg\"\x9e\x01\n" +
 	"\x05Hello\x12#\n" +
 	"\x04node\x18\x01 \x01(\v2\x0f.warren.v1.NodeR\x04node\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\tR\vincarnation\x120\n" +
-	"\arunning\x18\x03 \x03(\v2\x16.warren.v1.RunningTaskR\arunning\"<\n" +
+	"\arunning\x18\x03 \x03(\v2\x16.warren.v1.RunningTaskR\arunning\x12\x1c\n" +
+	"\tverifying\x18\x04 \x03(\tR\tverifying\"<\n" +
 	"\vRunningTask\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"\xc2\x01\n" +
