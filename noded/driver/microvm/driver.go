@@ -387,21 +387,34 @@ func (d *Driver) template(name string) (*tplState, error) {
 // background when there is none (callers boot cold meanwhile).
 func (d *Driver) snapshotFor(ts *tplState) *snapshot {
 	d.mu.Lock()
-	defer d.mu.Unlock()
-	if ts.snap != nil || d.closed {
+	if ts.snap != nil || d.closed || ts.snapping {
+		defer d.mu.Unlock()
 		return ts.snap
 	}
-	if ts.snapping {
-		return nil
-	}
+	d.mu.Unlock()
+	// Read off the lock (files: heartbeats read the pools under it), then
+	// decide under it again: another caller may have got there first.
 	s, err := d.loadSnapshot(ts.t)
+	d.mu.Lock()
+	if ts.snap != nil || d.closed || ts.snapping {
+		defer d.mu.Unlock()
+		return ts.snap
+	}
 	if err == nil {
 		ts.snap = s
+		d.mu.Unlock()
 		return s
 	}
 	ts.snapWhy = err.Error()
 	ts.snapping = true
+	d.mu.Unlock()
 	d.log.Info("no usable snapshot; booting cold until one is made", "template", ts.t.Name, "reason", err)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed { // closed meanwhile: Close may be waiting on d.wg already
+		ts.snapping = false
+		return nil
+	}
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
@@ -807,18 +820,26 @@ func (d *Driver) takeStandby(ts *tplState, snap *snapshot) *VM {
 	for len(ts.standby) > 0 {
 		vm := ts.standby[len(ts.standby)-1]
 		ts.standby = ts.standby[:len(ts.standby)-1]
+		exited := false
 		select {
 		case <-vm.p.exited:
-			d.log.Warn("standby QEMU had exited; destroying it", "vm", vm.id, "qemu_log", tail(filepath.Join(vm.spec.Dir, "qemu.log")))
+			exited = true
 		default:
 			if vm.from == snap {
 				return vm
 			}
 		}
-		// Off the claim's path; Close waits for it. (The list was
-		// emptied by Close if the driver is closed.)
+		// Off the claim's path and off the lock (the log's tail is a
+		// file read); Close waits for it. (The list was emptied by Close
+		// if the driver is closed.)
 		d.wg.Add(1)
-		go func() { defer d.wg.Done(); vm.destroy() }()
+		go func() {
+			defer d.wg.Done()
+			if exited {
+				d.log.Warn("standby QEMU had exited; destroying it", "vm", vm.id, "qemu_log", tail(filepath.Join(vm.spec.Dir, "qemu.log")))
+			}
+			vm.destroy()
+		}()
 	}
 	return nil
 }
