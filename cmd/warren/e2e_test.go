@@ -19,6 +19,7 @@ import (
 	"connectrpc.com/connect"
 
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/internal/testenv"
 )
 
 // ack is one acknowledged event: where the log put it.
@@ -381,7 +382,7 @@ func TestSSEResumesAcrossLeaderKill(t *testing.T) {
 	}
 	curl, err := exec.LookPath("curl")
 	if err != nil {
-		t.Skip("curl is not installed (.ci/run installs it)")
+		testenv.Missing(t, "curl is not installed (.ci/run installs it)")
 	}
 	procs := startCluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)

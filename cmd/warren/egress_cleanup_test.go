@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/warrenhq/warren/guest"
+	"github.com/warrenhq/warren/internal/testenv"
 	"github.com/warrenhq/warren/netpolicy"
 	"github.com/warrenhq/warren/noded"
 )
@@ -20,16 +21,16 @@ import (
 func needEgressHost(t *testing.T) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root for egress")
+		testenv.Missing(t, "needs root for egress")
 	}
 	if _, err := os.Stat("/dev/net/tun"); err != nil {
-		t.Skip("needs /dev/net/tun")
+		testenv.Missing(t, "needs /dev/net/tun")
 	}
 	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
-		t.Skip("needs QEMU")
+		testenv.Missing(t, "needs QEMU")
 	}
 	if _, err := guest.LoadTemplate(defaultImageDir(), "default"); err != nil {
-		t.Skip("needs the default template (make image)")
+		testenv.Missing(t, "needs the default template (make image)")
 	}
 }
 

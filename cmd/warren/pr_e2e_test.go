@@ -18,6 +18,7 @@ import (
 	"connectrpc.com/connect"
 
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/internal/testenv"
 	"github.com/warrenhq/warren/noded/agenttest"
 )
 
@@ -34,7 +35,7 @@ type gitServer struct {
 func newGitServer(t *testing.T, root, token string) *gitServer {
 	const backend = "/usr/lib/git-core/git-http-backend"
 	if _, err := os.Stat(backend); err != nil {
-		t.Skipf("needs %s (Debian package git)", backend)
+		testenv.Missing(t, "needs %s (Debian package git)", backend)
 	}
 	g := &gitServer{}
 	h := &cgi.Handler{Path: backend, Root: "/git", Env: []string{"GIT_PROJECT_ROOT=" + root, "GIT_HTTP_EXPORT_ALL=1"}}

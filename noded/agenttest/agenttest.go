@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/warrenhq/warren/guest"
+	"github.com/warrenhq/warren/internal/testenv"
 	"github.com/warrenhq/warren/noded/driver/container"
 )
 
@@ -22,17 +23,17 @@ func NeedContainers(t testing.TB) string {
 		t.Skip("runs a container; skipped in -short")
 	}
 	if os.Geteuid() != 0 {
-		t.Skip("needs root")
+		testenv.Missing(t, "needs root")
 	}
 	if _, err := os.Stat(container.DefaultSocket); err != nil {
-		t.Skipf("needs a running containerd at %s (.ci/run starts it)", container.DefaultSocket)
+		testenv.Missing(t, "needs a running containerd at %s (.ci/run starts it)", container.DefaultSocket)
 	}
 	imageDir := os.Getenv("WARREN_IMAGE_DIR")
 	if imageDir == "" {
 		imageDir = "/var/lib/warren/templates"
 	}
 	if _, err := guest.LoadTemplate(imageDir, "default"); err != nil {
-		t.Skipf("needs the default template: %v (run `make image`)", err)
+		testenv.Missing(t, "needs the default template: %v (run `make image`)", err)
 	}
 	return imageDir
 }

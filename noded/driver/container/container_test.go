@@ -17,6 +17,7 @@ import (
 	"github.com/containerd/containerd"
 
 	"github.com/warrenhq/warren/guest"
+	"github.com/warrenhq/warren/internal/testenv"
 	"github.com/warrenhq/warren/noded/driver"
 )
 
@@ -66,20 +67,20 @@ func newDriverAgent(t *testing.T, runtime, agent string) *Driver {
 		t.Skip("runs containers; skipped in -short")
 	}
 	if os.Geteuid() != 0 {
-		t.Skip("needs root")
+		testenv.Missing(t, "needs root")
 	}
 	sock := os.Getenv("WARREN_CONTAINERD")
 	if sock == "" {
 		sock = DefaultSocket
 	}
 	if _, err := os.Stat(sock); err != nil {
-		t.Skipf("needs a running containerd at %s (apt-get install containerd runc; .ci/run starts it)", sock)
+		testenv.Missing(t, "needs a running containerd at %s (apt-get install containerd runc; .ci/run starts it)", sock)
 	}
 	if _, err := exec.LookPath(runtime); err != nil {
-		t.Skipf("needs %s (apt-get install %s)", runtime, runtime)
+		testenv.Missing(t, "needs %s (apt-get install %s)", runtime, runtime)
 	}
 	if _, err := guest.LoadTemplate(imageDir(), "default"); err != nil {
-		t.Skipf("needs the default template: %v (run `make image`)", err)
+		testenv.Missing(t, "needs the default template: %v (run `make image`)", err)
 	}
 	d, err := New(Config{Socket: sock, ImageDir: imageDir(), StateDir: t.TempDir(), Namespace: "warren-test", Agent: agent, Runtime: runtime})
 	if err != nil {

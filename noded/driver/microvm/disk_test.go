@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/warrenhq/warren/internal/testenv"
 )
 
 // TestBlankOverlays: a copied blank is what qemu-img makes for the same
@@ -15,7 +17,7 @@ import (
 // replaced at the same path gets a new blank.
 func TestBlankOverlays(t *testing.T) {
 	if _, err := exec.LookPath("qemu-img"); err != nil {
-		t.Skip("needs qemu-img (apt-get install qemu-utils)")
+		testenv.Missing(t, "needs qemu-img (apt-get install qemu-utils)")
 	}
 	ctx := context.Background()
 	dir := t.TempDir()

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/warrenhq/warren/guest"
+	"github.com/warrenhq/warren/internal/testenv"
 )
 
 // A warm sandbox of a template the driver has holds the snapshot's guest
@@ -11,7 +12,7 @@ import (
 // it does not have is 0, unknown.
 func TestPoolMemberBytesIsTheGuestMemory(t *testing.T) {
 	if _, err := guest.LoadTemplate(imageDir(), "default"); err != nil {
-		t.Skipf("needs the default template: %v (run `make image`)", err)
+		testenv.Missing(t, "needs the default template: %v (run `make image`)", err)
 	}
 	d := &Driver{cfg: Config{ImageDir: imageDir(), DefaultTemplate: "default", SnapshotMemMB: 384}, templates: map[string]*tplState{}}
 	if got := d.PoolMemberBytes("default"); got != 384<<20 {

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/warrenhq/warren/guest"
+	"github.com/warrenhq/warren/internal/testenv"
 )
 
 // A snapshot replaced by one for other settings stays while a clone's
@@ -18,7 +19,7 @@ import (
 // snapshot that is gone go too. The current snapshot always stays.
 func TestPruneReplacedSnapshots(t *testing.T) {
 	if _, err := exec.LookPath("qemu-img"); err != nil {
-		t.Skip("needs qemu-img (apt-get install qemu-utils)")
+		testenv.Missing(t, "needs qemu-img (apt-get install qemu-utils)")
 	}
 	ctx := context.Background()
 	state := t.TempDir()
