@@ -196,6 +196,14 @@ func TestLateFollowerGetsSnapshot(t *testing.T) {
 		ids = append(ids, createVia(t, nodes[i%3], i).GetId())
 	}
 	ctx := context.Background()
+	// Events beyond each task's first, written through every server.
+	for i, id := range ids {
+		for j := 0; j < 3; j++ {
+			if _, err := nodes[(i+j)%3].tasks.SendMessage(ctx, connect.NewRequest(&warrenv1.SendMessageRequest{TaskId: id, Text: fmt.Sprint("m", i, "-", j)})); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	for _, n := range nodes {
 		if err := n.srv.Raft().Snapshot().Error(); err != nil {
 			t.Fatalf("snapshot on %s: %v", n.srv.ID(), err)
@@ -219,10 +227,30 @@ func TestLateFollowerGetsSnapshot(t *testing.T) {
 		if err != nil || !proto.Equal(want, got.Msg.GetTask()) {
 			t.Fatalf("s4 serves a different task %s: %v", id, err)
 		}
+		// Its events too, each one as the leader has it.
+		wantEv, err1 := leader.srv.FSM().Events(id, 0, 1000)
+		gotEv, err2 := late.srv.FSM().Events(id, 0, 1000)
+		if err1 != nil || err2 != nil || len(wantEv) != 4 || len(gotEv) != len(wantEv) {
+			t.Fatalf("task %s: leader has %d events (%v), s4 %d (%v); want 4 each", id, len(wantEv), err1, len(gotEv), err2)
+		}
+		for i := range wantEv {
+			if !proto.Equal(wantEv[i], gotEv[i]) {
+				t.Fatalf("task %s event %d: s4 has %v, the leader %v", id, i+1, gotEv[i], wantEv[i])
+			}
+		}
+	}
+	want, err := leader.tasks.ListTasks(ctx, connect.NewRequest(&warrenv1.ListTasksRequest{PageSize: 1000}))
+	if err != nil {
+		t.Fatal(err)
 	}
 	resp, err := late.tasks.ListTasks(ctx, connect.NewRequest(&warrenv1.ListTasksRequest{PageSize: 1000}))
-	if err != nil || len(resp.Msg.GetTasks()) != len(ids) {
-		t.Fatalf("s4 lists %d tasks, want %d (%v)", len(resp.Msg.GetTasks()), len(ids), err)
+	if err != nil || len(resp.Msg.GetTasks()) != len(ids) || len(want.Msg.GetTasks()) != len(ids) {
+		t.Fatalf("s4 lists %d tasks, the leader %d, want %d (%v)", len(resp.Msg.GetTasks()), len(want.Msg.GetTasks()), len(ids), err)
+	}
+	for i := range ids {
+		if !proto.Equal(resp.Msg.GetTasks()[i], want.Msg.GetTasks()[i]) {
+			t.Fatalf("s4 lists task %d as %v, the leader as %v", i, resp.Msg.GetTasks()[i], want.Msg.GetTasks()[i])
+		}
 	}
 	// And it keeps up with new writes.
 	task := createVia(t, late, 1000)

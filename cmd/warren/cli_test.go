@@ -7,6 +7,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -133,5 +134,31 @@ func TestCLIContract(t *testing.T) {
 	out, _, err = run("cluster", "status", "-o", "json")
 	if err != nil || !strings.Contains(out, `"raft_state":"leader"`) {
 		t.Fatalf("cluster status -o json: %v %s", err, out)
+	}
+	// The text form names the peers, the leader, the term and indexes.
+	if out, _, err = run("cluster", "status"); err != nil || !strings.Contains(out, "leader") || !strings.Contains(out, "term") || !strings.Contains(out, "index") {
+		t.Fatalf("cluster status: %v\n%s", err, out)
+	}
+	// task get of a real task, by id.
+	if out, _, err = run("task", "get", task.ID, "-o", "json"); err != nil || !strings.Contains(out, `"id":"`+task.ID+`"`) || !strings.Contains(strings.ToLower(out), "cancelled") {
+		t.Fatalf("task get: %v\n%s", err, out)
+	}
+	// $WARREN_SERVER stands for --server.
+	env := exec.Command(warrenBin, "task", "get", task.ID, "-o", "json")
+	env.Env = append(os.Environ(), "WARREN_SERVER=http://"+net.JoinHostPort(host, port))
+	if b, err := env.Output(); err != nil || !strings.Contains(string(b), `"id":"`+task.ID+`"`) {
+		t.Fatalf("task get with WARREN_SERVER: %v\n%s", err, b)
+	}
+	// Without either, the default server, 127.0.0.1:7480: with nothing
+	// listening there, the error names it.
+	if c, err := net.DialTimeout("tcp", "127.0.0.1:7480", time.Second); err == nil {
+		c.Close()
+		t.Log("something listens on 127.0.0.1:7480: the default server is not checked")
+	} else {
+		def := exec.Command(warrenBin, "task", "get", task.ID, "--timeout", "2s")
+		def.Env = append(os.Environ(), "WARREN_SERVER=")
+		if b, err := def.CombinedOutput(); err == nil || !strings.Contains(string(b), "127.0.0.1:7480") {
+			t.Fatalf("task get with no server given: %v\n%s; want an error naming 127.0.0.1:7480", err, b)
+		}
 	}
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/warrenhq/warren/guest"
 	"github.com/warrenhq/warren/internal/freeaddr"
+	"github.com/warrenhq/warren/internal/testenv"
 	"github.com/warrenhq/warren/noded/driver/microvm"
 )
 
@@ -30,17 +31,17 @@ func TestSandboxCLI(t *testing.T) {
 		t.Skip("boots microVMs")
 	}
 	if os.Geteuid() != 0 {
-		t.Skip("needs root (cgroups)")
+		testenv.Missing(t, "needs root (cgroups)")
 	}
 	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
-		t.Skip("needs qemu-system-x86 (apt-get install qemu-system-x86 qemu-utils)")
+		testenv.Missing(t, "needs qemu-system-x86 (apt-get install qemu-system-x86 qemu-utils)")
 	}
 	imageDir := os.Getenv("WARREN_IMAGE_DIR")
 	if imageDir == "" {
 		imageDir = microvm.DefaultImageDir
 	}
 	if _, err := guest.LoadTemplate(imageDir, "default"); err != nil {
-		t.Skipf("needs the default template: %v (run `make image`)", err)
+		testenv.Missing(t, "needs the default template: %v (run `make image`)", err)
 	}
 	api := freeaddr.Loopback(t)
 	host, port, _ := net.SplitHostPort(api)
@@ -220,6 +221,8 @@ func TestSandboxCLI(t *testing.T) {
 		t.Fatalf("pool set 0: %s", stderr)
 	}
 
+	vms := filepath.Join(data, "node", "microvm", "vms")
+	vm := vmOf(t, vms, sb.ID)
 	if _, stderr, code = run("sandbox", "rm", sb.ID); code != 0 {
 		t.Fatalf("rm: %s", stderr)
 	}
@@ -229,7 +232,11 @@ func TestSandboxCLI(t *testing.T) {
 	// Nothing of it is left: no QEMU, no VM directory, no cgroup. The
 	// node keeps its standby QEMU (launched ahead for cold claims; no
 	// sandbox's), which says so in its meta.json.
-	vms := filepath.Join(data, "node", "microvm", "vms")
+	for _, cg := range []string{"/sys/fs/cgroup/warren/", "/sys/fs/cgroup/cpu/warren/", "/sys/fs/cgroup/memory/warren/", "/sys/fs/cgroup/pids/warren/"} {
+		if _, err := os.Stat(cg + vm); err == nil {
+			t.Errorf("the sandbox's cgroup %s is left after rm", cg+vm)
+		}
+	}
 	standbys := standbyVMs(t, vms)
 	t.Logf("standby QEMUs after rm: %d", len(standbys))
 	if len(standbys) > microvm.DefaultStandbyQEMUs {
@@ -265,6 +272,29 @@ func TestSandboxCLI(t *testing.T) {
 			t.Errorf("link %s of the node's egress policy left after it stopped", l.Name())
 		}
 	}
+}
+
+// vmOf returns the id of the VM (its directory in vms) that holds sandbox
+// id, failing the test if there is none.
+func vmOf(t *testing.T, vms, id string) string {
+	t.Helper()
+	ents, _ := os.ReadDir(vms)
+	for _, e := range ents {
+		b, _ := os.ReadFile(filepath.Join(vms, e.Name(), "meta.json"))
+		var m struct {
+			SandboxID string `json:"sandbox_id"`
+		}
+		if json.Unmarshal(b, &m) == nil && m.SandboxID == id {
+			if _, err := os.Stat("/sys/fs/cgroup/warren/" + e.Name()); err != nil {
+				if _, err1 := os.Stat("/sys/fs/cgroup/memory/warren/" + e.Name()); err1 != nil {
+					t.Fatalf("sandbox %s's VM %s has no cgroup to check: %v", id, e.Name(), err)
+				}
+			}
+			return e.Name()
+		}
+	}
+	t.Fatalf("no VM in %s holds sandbox %s", vms, id)
+	return ""
 }
 
 // standbyVMs returns the VM directories in vms that are standby QEMUs,
