@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -465,6 +466,18 @@ func TestSSEResumesAcrossLeaderKill(t *testing.T) {
 		_, _ = io.Copy(io.Discard, out)
 		_ = cmd.Wait()
 	}
+	// Beside curl, `warren task watch` with every server, the leader first:
+	// it reconnects on its own and exits when the task ends.
+	urls := []string{victim.url()}
+	for _, p := range rest {
+		urls = append(urls, p.url())
+	}
+	var watchOut, watchErr bytes.Buffer
+	watch := exec.CommandContext(ctx, warrenBin, "task", "watch", id, "-o", "json", "--server", strings.Join(urls, ","))
+	watch.Stdout, watch.Stderr = &watchOut, &watchErr
+	if err := watch.Start(); err != nil {
+		t.Fatal(err)
+	}
 	killedAt := make(chan uint64, 1)
 	runCurl(victim, 0, func(seq uint64) {
 		seqs = append(seqs, seq)
@@ -509,4 +522,25 @@ func TestSSEResumesAcrossLeaderKill(t *testing.T) {
 		t.Fatalf("curl saw %d events, the log has %d", len(seqs), want)
 	}
 	t.Logf("curl saw all %d events exactly once across the leader kill", len(seqs))
+
+	// The watch ended with the task (exit status 2: it was cancelled) and
+	// printed every event once, in order.
+	werr := watch.Wait()
+	var exit *exec.ExitError
+	if !errors.As(werr, &exit) || exit.ExitCode() != 2 {
+		t.Fatalf("task watch ended with %v, want exit status 2 (cancelled); stderr:\n%s", werr, watchErr.String())
+	}
+	lines := strings.Split(strings.TrimSpace(watchOut.String()), "\n")
+	for i, l := range lines {
+		var ev struct {
+			Seq uint64 `json:"seq"`
+		}
+		if err := json.Unmarshal([]byte(l), &ev); err != nil || ev.Seq != uint64(i+1) {
+			t.Fatalf("task watch line %d: %q (%v); want seq %d", i, l, err, i+1)
+		}
+	}
+	if uint64(len(lines)) != final.Msg.GetTask().GetNextSeq()-1 {
+		t.Fatalf("task watch printed %d events, the log has %d", len(lines), final.Msg.GetTask().GetNextSeq()-1)
+	}
+	t.Logf("task watch printed all %d events exactly once across the leader kill", len(lines))
 }
