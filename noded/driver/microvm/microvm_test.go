@@ -855,6 +855,20 @@ while True: a.append(bytearray(1 << 20))'`, func(res guest.ExecResult, out strin
 			if o, code := run(t, bad, "echo alive"); code != 0 || o != "alive\n" {
 				t.Fatalf("the abused sandbox's agent: %q", o)
 			}
+			if tc.name == "disk filler" {
+				// On the host, the sandbox's overlay grew at most by its
+				// disk (plus qcow2's tables, well under 5%).
+				var st unix.Stat_t
+				if err := unix.Stat(bad.(*VM).spec.Disk, &st); err != nil {
+					t.Fatal(err)
+				}
+				quota := int64(bad.(driver.Interactive).Info().Limits.DiskMB) << 20
+				if on := st.Blocks * 512; quota <= 0 || on > quota+quota/20 {
+					t.Errorf("the full sandbox's overlay takes %d MiB of the node's disk; its disk is %d MiB", on>>20, quota>>20)
+				} else {
+					t.Logf("the full sandbox's overlay takes %d MiB of the node's disk; its disk is %d MiB", on>>20, quota>>20)
+				}
+			}
 		})
 	}
 	if out, _ := run(t, bad, "rm -f /root/fill; echo ok"); out != "ok\n" {
