@@ -434,6 +434,8 @@ func TestSSEResumesAcrossLeaderKill(t *testing.T) {
 
 	var seqs []uint64
 	var ended bool
+	markers := map[string]int{} // the writer's markers, from the events' data
+	var curID uint64            // the id line the next data line belongs to
 	// First connection: to the leader, which dies under it.
 	runCurl := func(p *proc, lastID uint64, onEvent func(seq uint64)) {
 		args := []string{"-sN", "--max-time", "120", p.url() + "/v1/tasks/" + id + "/events"}
@@ -458,7 +460,24 @@ func TestSSEResumesAcrossLeaderKill(t *testing.T) {
 				if err != nil {
 					t.Errorf("bad id line %q", line)
 				}
+				curID = seq
 				onEvent(seq)
+			case strings.HasPrefix(line, "data: ") && curID > 0:
+				// The data is the event whose id precedes it.
+				var ev struct {
+					Seq     uint64 `json:"seq"`
+					Kind    string `json:"kind"`
+					Payload struct {
+						Marker string `json:"marker"`
+					} `json:"payload"`
+				}
+				if err := json.Unmarshal([]byte(strings.TrimPrefix(line, "data: ")), &ev); err != nil || ev.Seq != curID {
+					t.Errorf("data after id %d: seq %d, %v: %q", curID, ev.Seq, err, line)
+				}
+				if ev.Kind == "log" {
+					markers[ev.Payload.Marker]++
+				}
+				curID = 0
 			case line == "event: end":
 				ended = true
 			}
@@ -493,10 +512,12 @@ func TestSSEResumesAcrossLeaderKill(t *testing.T) {
 	}
 	// Resume on a survivor with Last-Event-ID while the writer goes on,
 	// then end the task so the stream finishes.
+	written := make(chan int, 1)
 	go func() {
 		time.Sleep(2 * time.Second)
 		close(stop)
 		n := <-writerDone
+		written <- n
 		t.Logf("writer appended %d events", n)
 		if _, err := writeWithRetry(ctx, rest, 0, func(p *proc) (uint64, error) {
 			_, err := p.tasks.CancelTask(ctx, connect.NewRequest(&warrenv1.CancelTaskRequest{TaskId: id, RequestId: "sse-end"}))
@@ -522,6 +543,17 @@ func TestSSEResumesAcrossLeaderKill(t *testing.T) {
 		t.Fatalf("curl saw %d events, the log has %d", len(seqs), want)
 	}
 	t.Logf("curl saw all %d events exactly once across the leader kill", len(seqs))
+	// And each acknowledged append's data, once: the events' contents, not
+	// only their ids.
+	n := <-written
+	for i := 1; i <= n; i++ {
+		if c := markers[fmt.Sprint("m", i)]; c != 1 {
+			t.Errorf("curl saw append m%d's data %d times, want once", i, c)
+		}
+	}
+	if len(markers) != n {
+		t.Errorf("curl saw %d distinct markers, the writer appended %d", len(markers), n)
+	}
 
 	// The watch ended with the task (exit status 2: it was cancelled) and
 	// printed every event once, in order.
