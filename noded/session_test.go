@@ -383,7 +383,7 @@ func (p *targetSim) target(t string) int {
 // not set directly since is applied (a node the direct call missed gets
 // the target that way).
 func TestPoolResendKeepsADirectSetSinceTheSessionOpened(t *testing.T) {
-	f := &fakeLeader{ttl: 2 * time.Second, advertise: true, ack: true, later: make(chan *warrenv1.SessionResponse, 4),
+	f := &fakeLeader{ttl: 10 * time.Second, advertise: true, ack: true, later: make(chan *warrenv1.SessionResponse, 4),
 		push: []*warrenv1.SessionResponse{
 			{Msg: &warrenv1.SessionResponse_SetPoolTarget{SetPoolTarget: &warrenv1.SetPoolTarget{Template: "default", Target: 1}}},
 		}}

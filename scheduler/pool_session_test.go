@@ -27,7 +27,7 @@ func (f *fakeNode) poolMessages() []string {
 // changed targets are sent again, never the complete set (which would
 // zero the node's own `--node` targets).
 func TestSessionsGetPoolTargetsRecordedWhileOpen(t *testing.T) {
-	n := startNode(t, t.TempDir(), "s1", true, "", 0, func(c *Config) { c.NodeTTL = 2 * time.Second })
+	n := startNode(t, t.TempDir(), "s1", true, "", 0, func(c *Config) { c.NodeTTL = 10 * time.Second })
 	waitFor(t, "s1 to lead", 10*time.Second, func() bool { return n.srv.Raft().State() == raft.Leader })
 	ctx := context.Background()
 	if _, err := (taskAPI{n.srv}).write(ctx, &fsmv1.SetPool{Template: "py", Target: 2}); err != nil {

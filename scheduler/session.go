@@ -108,6 +108,9 @@ func (h *sessions) attach(c *session, now time.Time) {
 	defer h.mu.Unlock()
 	if old := h.byNode[c.node]; old != nil {
 		old.close()
+		if len(old.verifying) > 0 {
+			h.freed.Add(1) // its report goes; the new one may name fewer
+		}
 	}
 	h.byNode[c.node] = c
 	h.lastSeen[c.node] = now
@@ -119,6 +122,9 @@ func (h *sessions) detach(c *session) {
 	defer h.mu.Unlock()
 	if h.byNode[c.node] == c {
 		delete(h.byNode, c.node)
+		if len(c.verifying) > 0 {
+			h.freed.Add(1) // its report goes with it
+		}
 	}
 	c.close()
 }
@@ -132,11 +138,21 @@ func (h *sessions) seen(node string, now time.Time) {
 // heard records a heartbeat on c: a sign of life from its node, and the
 // warm sandboxes it holds now (warm is c's from then on, not to be
 // modified).
+//
+// A report of verifying tasks that drops one gives room back without any
+// FSM change, so it counts in freed, after it is stored: a placement round
+// that sees the new count sees the new report too.
 func (h *sessions) heard(c *session, now time.Time, warm map[string]int, verifying []string) {
 	h.mu.Lock()
 	h.lastSeen[c.node] = now
+	// (An unchanged report is the same slice: the receive loop keeps it.)
+	same := len(c.verifying) == len(verifying) && (len(verifying) == 0 || &c.verifying[0] == &verifying[0])
+	lost := !same && lostAny(c.verifying, verifying)
 	c.warm, c.verifying = warm, verifying
 	h.mu.Unlock()
+	if lost {
+		h.freed.Add(1)
+	}
 }
 
 func (h *sessions) count() int {
@@ -283,13 +299,7 @@ func (n nodeAPI) Session(ctx context.Context, stream *connect.BidiStream[warrenv
 					warm = warmCounts(hb.GetWarm())
 				}
 				if v := hb.GetVerifying(); !slices.Equal(verifying, v) {
-					next := verifyingReport(v)
-					if lostAny(verifying, next) {
-						// Room came back, which no FSM change says:
-						// placement must look again.
-						s.sess.freed.Add(1)
-					}
-					verifying = next
+					verifying = verifyingReport(v)
 				}
 				s.sess.heard(c, s.clock.Now(), warm, verifying)
 				select { // only the last one is acknowledged

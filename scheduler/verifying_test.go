@@ -17,7 +17,7 @@ import (
 // had no room for its own sandbox. A report naming a task whose lease is
 // on another node does not count.
 func TestPlacementCountsVerificationSandboxes(t *testing.T) {
-	const ttl = 2 * time.Second
+	const ttl = 10 * time.Second // no stall of a loaded host downs a fake node
 	n := startNode(t, t.TempDir(), "s1", true, "", 0, func(c *Config) { c.NodeTTL = ttl })
 	waitFor(t, "s1 to lead", 10*time.Second, func() bool { return n.srv.Raft().State() == raft.Leader })
 	url, hc := serveH2C(t, n)
@@ -116,7 +116,7 @@ func TestVerifyingExtra(t *testing.T) {
 // FSM's replanGen moves, used to leave the task pending until some
 // unrelated change.
 func TestVerifyingEndStartsAPlacementRound(t *testing.T) {
-	n := startNode(t, t.TempDir(), "s1", true, "", 0, func(c *Config) { c.NodeTTL = 2 * time.Second })
+	n := startNode(t, t.TempDir(), "s1", true, "", 0, func(c *Config) { c.NodeTTL = 10 * time.Second })
 	waitFor(t, "s1 to lead", 10*time.Second, func() bool { return n.srv.Raft().State() == raft.Leader })
 	url, hc := serveH2C(t, n)
 	n1 := openSizedFakeNode(t, url, hc, "n1", 2)

@@ -156,8 +156,8 @@ func New(cfg Config) (*Driver, error) {
 	// The state directory as the kernel names it: mount points under it
 	// are found in /proc/self/mountinfo by that name (a relative or
 	// symlinked one matched nothing, and a box's mounts were left), and
-	// runc takes no relative root. The scope hashes the absolute path, as
-	// before, so containers of an earlier run are still found.
+	// runc takes no relative root. The scope hashes that name too, so the
+	// same directory has one scope however it is given.
 	absState, err := filepath.Abs(cfg.StateDir)
 	if err != nil {
 		return nil, fmt.Errorf("container: state dir %s: %w", cfg.StateDir, err)
@@ -182,7 +182,7 @@ func New(cfg Config) (*Driver, error) {
 		client.Close()
 		return nil, fmt.Errorf("container: containerd at %s: %w", cfg.Socket, err)
 	}
-	h := sha256.Sum256([]byte(absState))
+	h := sha256.Sum256([]byte(cfg.StateDir))
 	d := &Driver{cfg: cfg, log: cfg.Logger, client: client, scope: hex.EncodeToString(h[:])[:12], ver: v.Version,
 		live: map[string]*Box{}, lowers: map[string]string{}, blanks: map[string]uint64{}}
 	if d.logWriter, err = writeAgentLogWriter(cfg.StateDir); err != nil {

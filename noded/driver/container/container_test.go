@@ -494,8 +494,8 @@ func TestRestartCleansUpLeftBoxes(t *testing.T) {
 	if isMounted(filepath.Join(dir, diskMount)) || isMounted(filepath.Join(dir, "rootfs")) {
 		t.Error("a mount of the left box is left")
 	}
-	if cs, _ := d2.client.Containers(ctx); len(cs) != 0 {
-		t.Errorf("%d containers left", len(cs))
+	if cs, _ := d2.client.Containers(ctx, fmt.Sprintf("labels.%q==%s", label, d2.scope)); len(cs) != 0 {
+		t.Errorf("%d containers of this state dir left", len(cs))
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for len(loopsUnder(t, dir)) != 0 {
