@@ -407,14 +407,10 @@ func (d *Driver) snapshotFor(ts *tplState) *snapshot {
 	}
 	ts.snapWhy = err.Error()
 	ts.snapping = true
-	d.mu.Unlock()
-	d.log.Info("no usable snapshot; booting cold until one is made", "template", ts.t.Name, "reason", err)
-	d.mu.Lock()
+	// Logged off the lock, once the maker is under way (it takes the
+	// lock itself, after seconds).
+	defer d.log.Info("no usable snapshot; booting cold until one is made", "template", ts.t.Name, "reason", err)
 	defer d.mu.Unlock()
-	if d.closed { // closed meanwhile: Close may be waiting on d.wg already
-		ts.snapping = false
-		return nil
-	}
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
