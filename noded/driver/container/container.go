@@ -1,7 +1,6 @@
 package container
 
 import (
-	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -13,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -24,6 +22,7 @@ import (
 	"github.com/containerd/containerd/errdefs"
 	"github.com/containerd/containerd/oci"
 	"github.com/containerd/containerd/runtime/v2/runc/options"
+	"github.com/moby/sys/mountinfo"
 	"github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
@@ -325,42 +324,15 @@ func fileExists(p string) bool {
 	return err == nil && !fi.IsDir()
 }
 
-// unescapeMountPath undoes mountinfo's escapes: a space, tab, newline or
-// backslash in a path is written as \ooo (octal).
-func unescapeMountPath(p string) string {
-	if !strings.Contains(p, `\`) {
-		return p
-	}
-	var b strings.Builder
-	for i := 0; i < len(p); i++ {
-		if p[i] == '\\' && i+4 <= len(p) {
-			if n, err := strconv.ParseUint(p[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(p[i])
-	}
-	return b.String()
-}
-
 // agentPath is where the agent is inside a container.
 const agentPath = "/usr/local/lib/warren/warren-guest"
 
+// isMounted reports whether dir is a mount point (mountinfo handles the
+// escapes /proc/self/mountinfo writes paths with, and relative or
+// symlinked paths).
 func isMounted(dir string) bool {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if fs := strings.Fields(sc.Text()); len(fs) > 4 && unescapeMountPath(fs[4]) == dir {
-			return true
-		}
-	}
-	return false
+	m, err := mountinfo.Mounted(dir)
+	return err == nil && m
 }
 
 // Claim starts a container running the agent and binds its environment.

@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/warrenhq/warren/internal/testenv"
 	"github.com/warrenhq/warren/noded/driver"
 )
 
@@ -126,17 +129,41 @@ func TestNewNeedsMkfs(t *testing.T) {
 	}
 }
 
-func TestUnescapeMountPath(t *testing.T) {
-	for in, want := range map[string]string{
-		`/var/lib/warren`:       "/var/lib/warren",
-		`/data/my\040dir/boxes`: "/data/my dir/boxes",
-		`/a\134b`:               `/a\b`,
-		`/tab\011x\012`:         "/tab\tx\n",
-		`/short\04`:             `/short\04`,
-		`/not\999octal`:         `/not\999octal`,
-	} {
-		if got := unescapeMountPath(in); got != want {
-			t.Errorf("unescapeMountPath(%q) = %q, want %q", in, got, want)
+// isMounted finds a mount point whose path /proc/self/mountinfo escapes (a
+// space is written \040), and one given by a relative path.
+func TestIsMountedEscapedAndRelativePaths(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testenv.Missing(t, "needs root to mount")
+	}
+	base := t.TempDir()
+	dir := filepath.Join(base, "my dir")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if isMounted(dir) {
+		t.Fatalf("%s is mounted before the mount", dir)
+	}
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	mounted := true
+	defer func() {
+		if mounted {
+			_ = unix.Unmount(dir, unix.MNT_DETACH)
 		}
+	}()
+	if !isMounted(dir) {
+		t.Errorf("%s: not found mounted (mountinfo writes it escaped)", dir)
+	}
+	t.Chdir(base)
+	if !isMounted("my dir") {
+		t.Error(`"my dir" (relative): not found mounted`)
+	}
+	if err := unix.Unmount(dir, 0); err != nil {
+		t.Fatal(err)
+	}
+	mounted = false
+	if isMounted(dir) {
+		t.Errorf("%s is mounted after the unmount", dir)
 	}
 }
