@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/raft"
-
 	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
 )
 
@@ -27,13 +25,11 @@ func (f *fakeNode) poolMessages() []string {
 // changed targets are sent again, never the complete set (which would
 // zero the node's own `--node` targets).
 func TestSessionsGetPoolTargetsRecordedWhileOpen(t *testing.T) {
-	n := startNode(t, t.TempDir(), "s1", true, "", 0, func(c *Config) { c.NodeTTL = 10 * time.Second })
-	waitFor(t, "s1 to lead", 10*time.Second, func() bool { return n.srv.Raft().State() == raft.Leader })
+	n, url, hc := leadingServer(t, 10*time.Second)
 	ctx := context.Background()
 	if _, err := (taskAPI{n.srv}).write(ctx, &fsmv1.SetPool{Template: "py", Target: 2}); err != nil {
 		t.Fatal(err)
 	}
-	url, hc := serveH2C(t, n)
 	f := openFakeNode(t, url, hc, "n1")
 	waitFor(t, "the session's targets", 5*time.Second, func() bool { return len(f.poolMessages()) == 2 })
 	for _, w := range []struct {

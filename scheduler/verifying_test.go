@@ -5,8 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/raft"
-
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 )
 
@@ -18,9 +16,7 @@ import (
 // on another node does not count.
 func TestPlacementCountsVerificationSandboxes(t *testing.T) {
 	const ttl = 10 * time.Second // no stall of a loaded host downs a fake node
-	n := startNode(t, t.TempDir(), "s1", true, "", 0, func(c *Config) { c.NodeTTL = ttl })
-	waitFor(t, "s1 to lead", 10*time.Second, func() bool { return n.srv.Raft().State() == raft.Leader })
-	url, hc := serveH2C(t, n)
+	n, url, hc := leadingServer(t, ttl)
 	n1 := openSizedFakeNode(t, url, hc, "n1", 4)
 	a := createTask(t, n, "a", "")
 	if node, _ := placedOn(t, n, a); node != "n1" {
@@ -116,9 +112,7 @@ func TestVerifyingExtra(t *testing.T) {
 // FSM's replanGen moves, used to leave the task pending until some
 // unrelated change.
 func TestVerifyingEndStartsAPlacementRound(t *testing.T) {
-	n := startNode(t, t.TempDir(), "s1", true, "", 0, func(c *Config) { c.NodeTTL = 10 * time.Second })
-	waitFor(t, "s1 to lead", 10*time.Second, func() bool { return n.srv.Raft().State() == raft.Leader })
-	url, hc := serveH2C(t, n)
+	n, url, hc := leadingServer(t, 10*time.Second)
 	n1 := openSizedFakeNode(t, url, hc, "n1", 2)
 	a := createTask(t, n, "a", "")
 	if node, _ := placedOn(t, n, a); node != "n1" {
@@ -144,9 +138,7 @@ func TestVerifyingEndStartsAPlacementRound(t *testing.T) {
 // A node names its verifying tasks in its hello too, so that placement
 // counts them from the session's start, not from its first heartbeat.
 func TestHelloReportsVerifyingTasks(t *testing.T) {
-	n := startNode(t, t.TempDir(), "s1", true, "", 0, func(c *Config) { c.NodeTTL = 10 * time.Second })
-	waitFor(t, "s1 to lead", 10*time.Second, func() bool { return n.srv.Raft().State() == raft.Leader })
-	url, hc := serveH2C(t, n)
+	n, url, hc := leadingServer(t, 10*time.Second)
 	const id = "01HZZZZZZZZZZZZZZZZZZZZZZZ"
 	openFakeNodeFrom(t, url, hc, fakeHello{id: "n1", tasks: 4, verifying: []string{id, id}}) // no heartbeat
 	waitFor(t, "the hello's report", 5*time.Second, func() bool {

@@ -47,6 +47,17 @@ func serveH2C(t *testing.T, n *node) (string, *http.Client) {
 	return "http://" + ln.Addr().String(), &http.Client{Transport: tr}
 }
 
+// leadingServer starts a one-server cluster that declares nodes down after
+// ttl, waits until it leads, and serves its API for node sessions
+// (serveH2C).
+func leadingServer(t *testing.T, ttl time.Duration) (*node, string, *http.Client) {
+	t.Helper()
+	n := startNode(t, t.TempDir(), "s1", true, "", 0, func(c *Config) { c.NodeTTL = ttl })
+	waitFor(t, "s1 to lead", 10*time.Second, func() bool { return n.srv.Raft().State() == raft.Leader })
+	url, hc := serveH2C(t, n)
+	return n, url, hc
+}
+
 // fakeNode is a node daemon's end of a session, driven by the test: it
 // says hello, then heartbeats every 50 ms with the warm counts set on it
 // until told to stop, and reads whatever the leader sends.
@@ -244,9 +255,7 @@ func createTask(t *testing.T, n *node, title, template string) string {
 // down, its counts are gone.
 func TestPlacementFollowsHeartbeatWarmCounts(t *testing.T) {
 	const ttl = 2 * time.Second // long enough that a loaded host's stall downs no node
-	n := startNode(t, t.TempDir(), "s1", true, "", 0, func(c *Config) { c.NodeTTL = ttl })
-	waitFor(t, "s1 to lead", 10*time.Second, func() bool { return n.srv.Raft().State() == raft.Leader })
-	url, hc := serveH2C(t, n)
+	n, url, hc := leadingServer(t, ttl)
 	n1 := openFakeNode(t, url, hc, "n1", "py")
 	n2 := openFakeNode(t, url, hc, "n2", "py")
 

@@ -434,26 +434,32 @@ func testDiskIsBounded(t *testing.T, runtime string) {
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Errorf("box directory left: %v", err)
 	}
-	// The loop device detaches itself when its file system is unmounted.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		left := loopsUnder(t, dir)
-		if len(left) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("loop devices left on the box's disk: %v", left)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitNoLoops(t, dir)
 	if isMounted(filepath.Join(dir, diskMount)) || isMounted(filepath.Join(dir, "rootfs")) {
 		t.Error("a mount of the box is left")
 	}
 }
 
-// loopsUnder lists the loop devices whose backing file is under dir.
-func loopsUnder(t *testing.T, dir string) []string {
+// waitNoLoops fails the test unless, within 5 s, no loop device has its
+// backing file under dir: a box's loop device detaches itself when its
+// file system is unmounted, at the last user's release.
+func waitNoLoops(t *testing.T, dir string) {
 	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		left := loopsUnder(dir)
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("loop devices left on a box's disk under %s: %v", dir, left)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// loopsUnder lists the loop devices whose backing file is under dir.
+func loopsUnder(dir string) []string {
 	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
 	var out []string
 	for _, f := range files {
@@ -497,11 +503,5 @@ func TestRestartCleansUpLeftBoxes(t *testing.T) {
 	if cs, _ := d2.client.Containers(ctx, fmt.Sprintf("labels.%q==%s", label, d2.scope)); len(cs) != 0 {
 		t.Errorf("%d containers of this state dir left", len(cs))
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for len(loopsUnder(t, dir)) != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("loop devices left on the left box's disk: %v", loopsUnder(t, dir))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitNoLoops(t, dir)
 }

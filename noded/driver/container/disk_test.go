@@ -49,13 +49,7 @@ func TestRelativeStateDirLeavesNothing(t *testing.T) {
 			_ = os.Remove(m) // fails while mounted; the unmount below frees it
 		}
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for len(loopsUnder(t, abs)) != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("loop devices left: %v", loopsUnder(t, abs))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitNoLoops(t, abs)
 	if _, err := os.Stat(abs); !os.IsNotExist(err) {
 		t.Errorf("box directory left: %v", err)
 	}
