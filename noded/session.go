@@ -82,7 +82,7 @@ func (d *Daemon) runSession(nc warrenv1connect.NodeServiceClient, url string) er
 	stopClose := context.AfterFunc(ctx, func() { _ = stream.CloseResponse() })
 	defer stopClose()
 	hello := &warrenv1.SessionRequest{Msg: &warrenv1.SessionRequest_Hello{Hello: &warrenv1.Hello{
-		Node: d.node(), Incarnation: d.incarnation, Running: d.running(), Verifying: d.verifyingTasks()}}}
+		Node: d.node(), Incarnation: d.incarnation, Running: d.running(), Verifying: d.Verifying()}}}
 	if err := stream.Send(hello); err != nil {
 		return err
 	}
@@ -137,7 +137,7 @@ func (d *Daemon) runSession(nc warrenv1connect.NodeServiceClient, url string) er
 			}
 			seq++
 			hb := &warrenv1.SessionRequest{Msg: &warrenv1.SessionRequest_Heartbeat{Heartbeat: &warrenv1.Heartbeat{
-				Seq: seq, Running: uint32(d.Running()), Warm: d.warmSandboxes(), Verifying: d.verifyingTasks()}}}
+				Seq: seq, Running: uint32(d.Running()), Warm: d.warmSandboxes(), Verifying: d.Verifying()}}}
 			if err := stream.Send(hb); err != nil {
 				sendErr <- err
 				cancel()

@@ -118,7 +118,7 @@ func (a *taskActor) testInSandbox(ctx context.Context, self *actor.Ref, id, patc
 
 // holdVerifying counts a verification sandbox of task as held, until the
 // returned func is called: heartbeats report the tasks that hold one
-// (verifyingTasks), and the leader counts each such task's needs again
+// (Verifying), and the leader counts each such task's needs again
 // while placing, as the sandbox takes about what the task's own does.
 func (d *Daemon) holdVerifying(task string) (release func()) {
 	d.mu.Lock()
@@ -140,13 +140,9 @@ func (d *Daemon) holdVerifying(task string) (release func()) {
 }
 
 // Verifying lists, sorted, the tasks whose finish step holds a
-// verification sandbox on this node now (nil: none), as heartbeats report
-// them.
-func (d *Daemon) Verifying() []string { return d.verifyingTasks() }
-
-// verifyingTasks lists, sorted, the tasks holding a verification sandbox
-// now (nil: none), for the heartbeat.
-func (d *Daemon) verifyingTasks() []string {
+// verification sandbox on this node now (nil: none), as the hello and
+// heartbeats report them.
+func (d *Daemon) Verifying() []string {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if len(d.verifying) == 0 {
