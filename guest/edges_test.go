@@ -214,6 +214,17 @@ func TestReadRefusesFIFOsAndOversizedFiles(t *testing.T) {
 	if _, err := c.ReadFile(ctx, fifo, 0, io.Discard); err == nil || !strings.Contains(err.Error(), "not a regular file") {
 		t.Errorf("fifo: %v", err)
 	}
+	// Devices are refused before they are opened: a read of /dev/ptmx
+	// (a new pty's master) waited forever, and /dev/zero never ends.
+	link := filepath.Join(t.TempDir(), "link")
+	if err := os.Symlink("/dev/ptmx", link); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"/dev/ptmx", "/dev/zero", link} {
+		if _, err := c.ReadFile(ctx, p, 0, io.Discard); err == nil || !strings.Contains(err.Error(), "not a regular file") {
+			t.Errorf("%s: %v, want not a regular file", p, err)
+		}
+	}
 	// /proc files say size 0.
 	if _, err := c.ReadFile(ctx, "/proc/self/maps", 16, io.Discard); err == nil || !strings.Contains(err.Error(), "over the limit of 16 bytes") {
 		t.Errorf("/proc/self/maps with a limit of 16: %v", err)

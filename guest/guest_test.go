@@ -237,6 +237,20 @@ func TestBadInputNamesTheField(t *testing.T) {
 		{"dotdot", func() error { _, err := c.List(ctx, "/tmp/../etc"); return err }(), `".."`},
 		{"nul", func() error { _, err := c.Stat(ctx, "/tmp/\x00"); return err }(), "NUL"},
 		{"long path", func() error { _, err := c.Stat(ctx, "/"+strings.Repeat("a", MaxPathBytes)); return err }(), "over the limit"},
+		// ENAMETOOLONG from a rename would name the agent's temporary file.
+		{"long element", func() error {
+			_, err := c.WriteFile(ctx, filepath.Join(t.TempDir(), strings.Repeat("a", MaxNameBytes+1)), 0o644, strings.NewReader("x"))
+			return err
+		}(), "path: an element of 256 bytes, over the limit of 255"},
+		// fork/exec says the program is missing when the directory is.
+		{"missing dir", func() error {
+			_, err := c.Exec(ctx, ExecRequest{Argv: []string{"true"}, Dir: "/nonexistent-dir"}, nil, nil)
+			return err
+		}(), "dir /nonexistent-dir: no such file or directory"},
+		{"dir not a directory", func() error {
+			_, err := c.Exec(ctx, ExecRequest{Argv: []string{"true"}, Dir: "/etc/passwd"}, nil, nil)
+			return err
+		}(), "dir /etc/passwd: not a directory"},
 		{"empty command", func() error { _, err := c.Exec(ctx, ExecRequest{}, nil, nil); return err }(), "command: required"},
 		{"huge command", func() error {
 			_, err := c.Exec(ctx, ExecRequest{Argv: []string{"echo", strings.Repeat("a", MaxCommandBytes)}}, nil, nil)

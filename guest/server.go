@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"maps"
 	"net"
@@ -391,9 +392,17 @@ func CheckPath(p string) error {
 		if el == ".." {
 			return fmt.Errorf("path %q: must not contain \"..\" (it would leave the sandbox's tree)", p)
 		}
+		if len(el) > MaxNameBytes {
+			return fmt.Errorf("path: an element of %d bytes, over the limit of %d (NAME_MAX)", len(el), MaxNameBytes)
+		}
 	}
 	return nil
 }
+
+// MaxNameBytes bounds one element of a path, as Linux's file systems do
+// (NAME_MAX). A longer one fails in the guest with ENAMETOOLONG; CheckPath
+// refuses it first, naming the path.
+const MaxNameBytes = 255
 
 // CheckExec reports whether an exec request is within the limits.
 func CheckExec(argv []string, env map[string]string) error {
@@ -516,6 +525,11 @@ func (s *Server) exec(abandoned context.Context, st *yamux.Stream, req *Request,
 	s.execStarting()
 	if err := cmd.Start(); err != nil {
 		s.execEnded(false)
+		if derr := checkDir(req.Dir); derr != nil {
+			// fork/exec reports a bad working directory as if the
+			// program were missing: name the directory instead.
+			return nil, fmt.Errorf("start %q: %w", req.Argv[0], derr)
+		}
 		return nil, fmt.Errorf("start %q: %w", req.Argv[0], err)
 	}
 	pgid := cmd.Process.Pid
@@ -651,8 +665,19 @@ func (s *Server) read(st *yamux.Stream, req *Request) (*Result, error) {
 	if err := CheckPath(req.Path); err != nil {
 		return nil, err
 	}
+	// Only regular files (and /proc's, which are regular files that say
+	// size 0) are read. A device is refused before it is opened: opening
+	// one can do something (/dev/ptmx makes a pty), and a read of a
+	// terminal or of /dev/kmsg would wait forever in the agent, holding
+	// its goroutine and descriptor after the host gave up.
+	if fi, err := os.Stat(req.Path); err == nil {
+		if err := readable(req.Path, fi); err != nil {
+			return nil, err
+		}
+	}
 	// Opened without blocking: a FIFO with no writer would hold the call
-	// (and its goroutine) forever.
+	// (and its goroutine) forever. What was opened is checked again: the
+	// path may have been replaced since the stat.
 	f, err := os.OpenFile(req.Path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, err
@@ -662,11 +687,8 @@ func (s *Server) read(st *yamux.Stream, req *Request) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	switch {
-	case fi.IsDir():
-		return nil, fmt.Errorf("read %s: is a directory", req.Path)
-	case fi.Mode()&(os.ModeNamedPipe|os.ModeSocket) != 0:
-		return nil, fmt.Errorf("read %s: not a regular file (%v)", req.Path, fi.Mode().Type())
+	if err := readable(req.Path, fi); err != nil {
+		return nil, err
 	}
 	if req.Limit > 0 && fi.Size() > req.Limit {
 		return nil, fmt.Errorf("read %s: %d bytes, over the limit of %d", req.Path, fi.Size(), req.Limit)
@@ -682,6 +704,38 @@ func (s *Server) read(st *yamux.Stream, req *Request) (*Result, error) {
 	}
 	info := fileInfo(req.Path, fi)
 	return &Result{File: &info}, nil
+}
+
+// checkDir reports why dir ("" for none) cannot be a command's working
+// directory, or nil. It runs only after a failed start, so a command that
+// starts pays nothing for it.
+func checkDir(dir string) error {
+	if dir == "" {
+		return nil
+	}
+	fi, err := os.Stat(dir)
+	switch {
+	case err != nil:
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err
+		}
+		return fmt.Errorf("dir %s: %w", dir, err)
+	case !fi.IsDir():
+		return fmt.Errorf("dir %s: not a directory", dir)
+	}
+	return nil
+}
+
+// readable refuses to read anything but a regular file.
+func readable(path string, fi os.FileInfo) error {
+	switch {
+	case fi.IsDir():
+		return fmt.Errorf("read %s: is a directory", path)
+	case !fi.Mode().IsRegular():
+		return fmt.Errorf("read %s: not a regular file (%v)", path, fi.Mode().Type())
+	}
+	return nil
 }
 
 // overLimit reads at most n bytes from r and fails if r has more.
