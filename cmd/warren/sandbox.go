@@ -243,7 +243,13 @@ func cmdSandbox(args []string, stdout, stderr io.Writer) error {
 					if fi.Size() > noded.MaxFileBytes {
 						return fmt.Errorf("cp: %s: %d bytes, over the limit of %d", pos[0], fi.Size(), noded.MaxFileBytes)
 					}
-					data, err = os.ReadFile(pos[0])
+					// Read within the limit whatever the size said: a pipe
+					// (<(cmd)), a device or a growing file says 0 or less.
+					var f *os.File
+					if f, err = os.Open(pos[0]); err == nil {
+						data, err = readAtMost(f, noded.MaxFileBytes, "cp: "+pos[0])
+						f.Close()
+					}
 				}
 			}
 			if err != nil {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"connectrpc.com/connect"
@@ -122,4 +123,35 @@ func TestPoolAndSandboxListingsNameEachNodesOutcome(t *testing.T) {
 	if !strings.Contains(errOut.String(), "warren task cancel") {
 		t.Errorf("sandbox ls: stderr %q, want a note on task sandboxes", errOut.String())
 	}
+}
+
+// A local source whose size says nothing (a pipe, <(cmd), a device) is
+// read within the limit too, not whole into memory and then sent.
+func TestSandboxCpFromAPipeKeepsTheLimit(t *testing.T) {
+	fifo := filepath.Join(t.TempDir(), "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f, err := os.OpenFile(fifo, os.O_WRONLY, 0)
+		if err != nil {
+			return
+		}
+		defer f.Close()
+		chunk := make([]byte, 1<<20)
+		for n := 0; n <= noded.MaxFileBytes; n += len(chunk) {
+			if _, err := f.Write(chunk); err != nil {
+				return // the reader stopped at the limit
+			}
+		}
+	}()
+	var out, errOut bytes.Buffer
+	// No server answers here: the limit must stop cp before any call.
+	err := run([]string{"sandbox", "cp", "--server", "http://127.0.0.1:1", fifo, "sb-0000000000-dev:/x"}, &out, &errOut)
+	if err == nil || !strings.Contains(err.Error(), "over the limit of 33554432 bytes") {
+		t.Errorf("cp from a fifo of more than %d bytes: %v", noded.MaxFileBytes, err)
+	}
+	<-done
 }
