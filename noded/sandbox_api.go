@@ -32,8 +32,8 @@ import (
 
 // Limits of the sandbox API on a node.
 const (
-	MaxFileBytes  = 32 << 20 // ReadFile and WriteFile carry a whole file
-	MaxStdinBytes = 8 << 20  // an Exec's stdin, sent whole
+	MaxFileBytes  = api.MaxSandboxFileBytes  // ReadFile and WriteFile carry a whole file
+	MaxStdinBytes = api.MaxSandboxStdinBytes // an Exec's stdin, sent whole
 )
 
 // SandboxAPI serves warren.v1.SandboxService for the sandboxes of one

@@ -193,6 +193,12 @@ func (a *sandboxAPI) DeleteSandbox(ctx context.Context, req *connect.Request[war
 
 // Exec forwards the command and relays its output.
 func (a *sandboxAPI) Exec(ctx context.Context, req *connect.Request[warrenv1.ExecRequest], stream *connect.ServerStream[warrenv1.ExecResponse]) error {
+	// Checked here as on the node: a call the node would refuse is not
+	// forwarded (this server takes larger messages than a node does, and
+	// a node refusing a message's size names no field).
+	if n := len(req.Msg.GetStdin()); n > api.MaxSandboxStdinBytes {
+		return invalid(fmt.Errorf("stdin: %d bytes, over the limit of %d", n, api.MaxSandboxStdinBytes))
+	}
 	n, err := a.sandboxNode(req.Msg.GetSandboxId())
 	if err != nil {
 		return err
@@ -217,6 +223,9 @@ func (a *sandboxAPI) ReadFile(ctx context.Context, req *connect.Request[warrenv1
 
 // WriteFile forwards to the sandbox's node.
 func (a *sandboxAPI) WriteFile(ctx context.Context, req *connect.Request[warrenv1.WriteFileRequest]) (*connect.Response[warrenv1.WriteFileResponse], error) {
+	if n := len(req.Msg.GetData()); n > api.MaxSandboxFileBytes {
+		return nil, invalid(fmt.Errorf("data: %d bytes, over the limit of %d", n, api.MaxSandboxFileBytes))
+	}
 	return forward(a, ctx, req.Msg.GetSandboxId(), req, warrenv1connect.SandboxServiceClient.WriteFile)
 }
 

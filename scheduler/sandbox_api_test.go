@@ -6,11 +6,13 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/warrenhq/warren/api"
 	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
@@ -68,5 +70,60 @@ func TestFanOutSeparatesRefusedFromUnreachableNodes(t *testing.T) {
 	}
 	if r := m.GetRefusedNodes(); len(r) != 1 || !strings.HasPrefix(r[0], "n-refuses: unimplemented") {
 		t.Errorf("refused %q, want n-refuses' with its reason", r)
+	}
+}
+
+// spyNode counts the sandbox calls that reach it.
+type spyNode struct {
+	warrenv1connect.UnimplementedSandboxServiceHandler
+	calls *atomic.Int32
+}
+
+func (n spyNode) WriteFile(context.Context, *connect.Request[warrenv1.WriteFileRequest]) (*connect.Response[warrenv1.WriteFileResponse], error) {
+	n.calls.Add(1)
+	return connect.NewResponse(&warrenv1.WriteFileResponse{}), nil
+}
+
+func (n spyNode) Exec(context.Context, *connect.Request[warrenv1.ExecRequest], *connect.ServerStream[warrenv1.ExecResponse]) error {
+	n.calls.Add(1)
+	return nil
+}
+
+// A file or stdin over the sandbox API's limits is refused by the server,
+// naming the field, and not forwarded: the node would refuse it, and one
+// past the node's message limit (which this server's exceeds) with an
+// error that names no field.
+func TestSandboxCallsOverTheLimitsAreNotForwarded(t *testing.T) {
+	tf := newTestFSM(t)
+	var calls atomic.Int32
+	mux := http.NewServeMux()
+	mux.Handle(warrenv1connect.NewSandboxServiceHandler(spyNode{calls: &calls}))
+	hs := httptest.NewServer(mux)
+	t.Cleanup(hs.Close)
+	tf.ok(&fsmv1.RegisterNode{Node: &warrenv1.Node{Id: "n1", Drivers: []string{"microvm"}, SandboxUrl: hs.URL,
+		Capacity: &warrenv1.Resources{MilliCpu: 1000, MemoryBytes: 1 << 30}}, Time: timestamppb.New(t0)})
+	a := newSandboxAPI(&Server{fsm: tf.fsm})
+	t.Cleanup(a.http.CloseIdleConnections)
+	ctx := context.Background()
+	id := "sb-0000000000-n1"
+
+	// Within the limits, both reach the node.
+	if _, err := a.WriteFile(ctx, connect.NewRequest(&warrenv1.WriteFileRequest{SandboxId: id, Path: "/x", Data: []byte("x")})); err != nil {
+		t.Fatal(err)
+	}
+	if got := calls.Load(); got != 1 {
+		t.Fatalf("a small write reached the node %d times, want 1", got)
+	}
+
+	_, err := a.WriteFile(ctx, connect.NewRequest(&warrenv1.WriteFileRequest{SandboxId: id, Path: "/x", Data: make([]byte, api.MaxSandboxFileBytes+1)}))
+	if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "data: 33554433 bytes, over the limit of 33554432") {
+		t.Errorf("write over the limit: %v, want invalid_argument naming data", err)
+	}
+	err = a.Exec(ctx, connect.NewRequest(&warrenv1.ExecRequest{SandboxId: id, Command: []string{"cat"}, Stdin: make([]byte, api.MaxSandboxStdinBytes+1)}), nil)
+	if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "stdin: 8388609 bytes, over the limit of 8388608") {
+		t.Errorf("exec with stdin over the limit: %v, want invalid_argument naming stdin", err)
+	}
+	if got := calls.Load(); got != 1 {
+		t.Errorf("calls over the limits reached the node: %d calls in all, want 1", got)
 	}
 }
