@@ -131,6 +131,14 @@ func (a *sandboxAPI) CreateSandbox(ctx context.Context, req *connect.Request[war
 		if n, err = a.node(m.GetNodeId()); err != nil {
 			return nil, err
 		}
+		// A node named outright is held to what pick asks of any node:
+		// a cordoned or draining one takes no new work.
+		switch {
+		case n.GetStatus() == warrenv1.NodeStatus_NODE_STATUS_DRAINING:
+			return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("node %s is draining: it takes no new sandboxes", n.GetId()))
+		case !n.GetEligible():
+			return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("node %s is cordoned: it takes no new sandboxes (warren nodes uncordon %s)", n.GetId(), n.GetId()))
+		}
 	} else if n, err = a.pick(templateName(m.GetTemplate())); err != nil {
 		return nil, err
 	}

@@ -127,3 +127,34 @@ func TestSandboxCallsOverTheLimitsAreNotForwarded(t *testing.T) {
 		t.Errorf("calls over the limits reached the node: %d calls in all, want 1", got)
 	}
 }
+
+// A sandbox created on a node named outright is refused there while the
+// node is cordoned or draining, as pick would skip it; the node is never
+// called.
+func TestCreateSandboxOnACordonedOrDrainingNodeIsRefused(t *testing.T) {
+	tf := newTestFSM(t)
+	var calls atomic.Int32
+	mux := http.NewServeMux()
+	mux.Handle(warrenv1connect.NewSandboxServiceHandler(spyNode{calls: &calls}))
+	hs := httptest.NewServer(mux)
+	t.Cleanup(hs.Close)
+	tf.ok(&fsmv1.RegisterNode{Node: &warrenv1.Node{Id: "n1", Drivers: []string{"microvm"}, SandboxUrl: hs.URL,
+		Capacity: &warrenv1.Resources{MilliCpu: 1000, MemoryBytes: 1 << 30}}, Time: timestamppb.New(t0)})
+	a := newSandboxAPI(&Server{fsm: tf.fsm})
+	t.Cleanup(a.http.CloseIdleConnections)
+	create := func() error {
+		_, err := a.CreateSandbox(context.Background(), connect.NewRequest(&warrenv1.CreateSandboxRequest{NodeId: "n1"}))
+		return err
+	}
+	tf.ok(&fsmv1.NodeOp{Id: "n1", Op: fsmv1.NodeOp_OP_CORDON, Time: timestamppb.New(t0)})
+	if err := create(); connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "node n1 is cordoned") {
+		t.Errorf("on a cordoned node: %v, want failed_precondition naming it cordoned", err)
+	}
+	tf.ok(&fsmv1.NodeOp{Id: "n1", Op: fsmv1.NodeOp_OP_DRAIN, DrainDeadline: timestamppb.New(t0), Time: timestamppb.New(t0)})
+	if err := create(); connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "node n1 is draining") {
+		t.Errorf("on a draining node: %v, want failed_precondition naming it draining", err)
+	}
+	if got := calls.Load(); got != 0 {
+		t.Errorf("the node was called %d times", got)
+	}
+}
