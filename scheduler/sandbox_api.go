@@ -61,6 +61,12 @@ func (a *sandboxAPI) sandboxNode(id string) (*warrenv1.Node, error) {
 		p.add("sandbox_id", "%v", err)
 		return nil, invalid(p.err())
 	}
+	// Checked as a node id, so an error does not echo an arbitrary
+	// string (of any length) back as a node's name.
+	if !reNodeID.MatchString(node) {
+		p.add("sandbox_id", "%q: names no possible node (sb-XXXXXXXXXX-NODE, NODE 1-63 of a-z, 0-9, '.', '_', '-')", truncate(id, 80))
+		return nil, invalid(p.err())
+	}
 	return a.node(node)
 }
 
@@ -263,6 +269,10 @@ func (a *sandboxAPI) Resume(ctx context.Context, req *connect.Request[warrenv1.R
 // their own (refused, with their reason).
 func (a *sandboxAPI) fanOut(ctx context.Context, only string, f func(ctx context.Context, n *warrenv1.Node) error) (unreachable, refused []string, err error) {
 	if only != "" {
+		var p problems
+		if p.nodeID("node_id", only); p.err() != nil {
+			return nil, nil, invalid(p.err())
+		}
 		n, err := a.node(only)
 		if err != nil {
 			return nil, nil, err

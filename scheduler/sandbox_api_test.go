@@ -158,3 +158,25 @@ func TestCreateSandboxOnACordonedOrDrainingNodeIsRefused(t *testing.T) {
 		t.Errorf("the node was called %d times", got)
 	}
 }
+
+// A node id that no node could have, given as node_id or as a sandbox
+// id's node part, is refused as invalid_argument naming the field, and
+// is not echoed whole (an id of megabytes would be).
+func TestSandboxCallsRefuseImpossibleNodeIDs(t *testing.T) {
+	tf := newTestFSM(t)
+	a := newSandboxAPI(&Server{fsm: tf.fsm})
+	ctx := context.Background()
+	long := strings.Repeat("N", 1<<20)
+	_, err := a.ListSandboxes(ctx, connect.NewRequest(&warrenv1.ListSandboxesRequest{NodeId: long}))
+	if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "node_id") || len(err.Error()) > 1000 {
+		t.Errorf("list on node %d×N: code %v, %d bytes of error", len(long), connect.CodeOf(err), len(err.Error()))
+	}
+	_, err = a.ListPools(ctx, connect.NewRequest(&warrenv1.ListPoolsRequest{NodeId: "Bad Node"}))
+	if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), `node_id: "Bad Node"`) {
+		t.Errorf("pools of node %q: %v", "Bad Node", err)
+	}
+	_, err = a.GetSandbox(ctx, connect.NewRequest(&warrenv1.GetSandboxRequest{SandboxId: "sb-0000000000-" + long}))
+	if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "sandbox_id") || len(err.Error()) > 1000 {
+		t.Errorf("get of a sandbox on node %d×N: code %v, %d bytes of error", len(long), connect.CodeOf(err), len(err.Error()))
+	}
+}
