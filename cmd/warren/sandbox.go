@@ -11,6 +11,7 @@ import (
 	"math"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -348,10 +349,16 @@ func cmdPool(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		defer cancel()
-		var n uint32
-		if _, err := fmt.Sscan(pos[1], &n); err != nil || fmt.Sprint(n) != pos[1] {
+		v, err := strconv.ParseUint(pos[1], 10, 64)
+		switch {
+		case errors.Is(err, strconv.ErrRange) || err == nil && v > math.MaxUint32:
+			// The servers refuse any target over 1000; one past the API's
+			// 32-bit field is refused here with the same reason.
+			return fmt.Errorf("pool set: N %s: over the limit of 1000 per node", pos[1])
+		case err != nil || strconv.FormatUint(v, 10) != pos[1]:
 			return fmt.Errorf("pool set: N %q: want a whole number", pos[1])
 		}
+		n := uint32(v)
 		res, err := c.Sandboxes().SetPoolTarget(ctx, connect.NewRequest(&warrenv1.SetPoolTargetRequest{Template: pos[0], Target: n, NodeId: *node}))
 		if err != nil {
 			return err
