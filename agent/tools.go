@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/warrenhq/warren/agent/model"
 )
@@ -24,6 +25,38 @@ type Sandbox interface {
 	ReadFile(ctx context.Context, path string, limit int64) ([]byte, error)
 	// WriteFile replaces a file atomically, making its directory.
 	WriteFile(ctx context.Context, path string, data []byte) error
+}
+
+// ErrRefused marks an error that is the sandbox's answer to a call it
+// refused (a path that is a directory, a working directory that is
+// missing, a NUL byte in a command): the call's input was at fault, so
+// the model gets it as a tool error and can do otherwise. Any other error
+// from a Sandbox is the sandbox failing, which the caller retries.
+// Sandboxes mark such errors with Refused.
+var ErrRefused = errors.New("refused by the sandbox")
+
+// Refused marks err as the sandbox's refusal (ErrRefused), keeping its
+// message.
+func Refused(err error) error {
+	if err == nil {
+		return nil
+	}
+	return refusedError{err}
+}
+
+type refusedError struct{ error }
+
+func (e refusedError) Unwrap() error        { return e.error }
+func (e refusedError) Is(target error) bool { return target == ErrRefused }
+
+// sandboxErr is a tool's result for a Sandbox call's error: a tool
+// error for a refusal, else the error itself.
+func sandboxErr(err error, format string, args ...any) (Result, error) {
+	msg := fmt.Sprintf(format, args...)
+	if errors.Is(err, ErrRefused) {
+		return toolError("%s: %v", msg, err), nil
+	}
+	return Result{}, fmt.Errorf("%s: %w", msg, err)
 }
 
 // ExecResult is a finished command.
@@ -214,33 +247,53 @@ func (t *Tools) RunWithin(ctx context.Context, name string, input json.RawMessag
 		return t.search(ctx, in.Pattern, in.Path, in.Glob)
 	case ToolEditFile:
 		var in struct {
-			Path      string `json:"path"`
-			OldString string `json:"old_string"`
-			NewString string `json:"new_string"`
+			Path      string  `json:"path"`
+			OldString *string `json:"old_string"`
+			NewString *string `json:"new_string"`
 		}
 		if err := dec(&in); err != nil {
 			return toolError("edit_file: bad input: %v", err), nil
 		}
-		return t.editFile(ctx, in.Path, in.OldString, in.NewString)
+		// A missing new_string is not "": read as one, it deleted the
+		// text the model meant to replace.
+		switch {
+		case in.Path == "":
+			return toolError("edit_file: path: required"), nil
+		case in.OldString == nil:
+			return toolError("edit_file: old_string: required"), nil
+		case in.NewString == nil:
+			return toolError("edit_file: new_string: required (give \"\" to delete old_string)"), nil
+		}
+		return t.editFile(ctx, in.Path, *in.OldString, *in.NewString)
 	case ToolWriteFile:
-		var in struct{ Path, Content string }
+		var in struct {
+			Path    string
+			Content *string
+		}
 		if err := dec(&in); err != nil {
 			return toolError("write_file: bad input: %v", err), nil
 		}
+		switch {
+		case in.Path == "":
+			return toolError("write_file: path: required"), nil
+		case in.Content == nil: // not "": that would empty the file
+			return toolError("write_file: content: required (give \"\" for an empty file)"), nil
+		}
+		content := *in.Content
 		p, err := t.resolve(in.Path)
 		if err != nil {
 			return toolError("write_file: %v", err), nil
 		}
-		if len(in.Content) > MaxFileBytes {
-			return toolError("write_file: %d bytes is over the limit of %d", len(in.Content), MaxFileBytes), nil
+		if len(content) > MaxFileBytes {
+			return toolError("write_file: %d bytes is over the limit of %d", len(content), MaxFileBytes), nil
 		}
 		if r, err := t.checkNoSymlink(ctx, "write_file", in.Path, p); r != nil || err != nil {
 			return deref(r), err
 		}
-		if err := t.SB.WriteFile(ctx, p, []byte(in.Content)); err != nil {
-			return Result{}, fmt.Errorf("write_file: %w", err)
+		if err := t.SB.WriteFile(ctx, p, []byte(content)); err != nil {
+			return sandboxErr(err, "write_file: %s", in.Path)
 		}
-		return Result{View: fmt.Sprintf("wrote %s (%d bytes)", in.Path, len(in.Content)), Changed: true}, nil
+		return Result{View: fmt.Sprintf("wrote %s (%d bytes)", in.Path, len(content)), Changed: true}, nil
 	case ToolRunCommand:
 		var in struct {
 			Command        string `json:"command"`
@@ -249,7 +302,10 @@ func (t *Tools) RunWithin(ctx context.Context, name string, input json.RawMessag
 		if err := dec(&in); err != nil {
 			return toolError("run_command: bad input: %v", err), nil
 		}
-		return t.runCommand(ctx, in.Command, time.Duration(in.TimeoutSeconds)*time.Second, limit)
+		// Clamped in seconds: a huge count of seconds wrapped around
+		// time.Duration to a timeout of a few ms.
+		secs := min(max(in.TimeoutSeconds, 0), int(MaxCmdTimeout/time.Second))
+		return t.runCommand(ctx, in.Command, time.Duration(secs)*time.Second, limit)
 	case ToolRepoMap:
 		if t.repoMap == "" {
 			if _, err := t.RepoMap(ctx); err != nil {
@@ -323,7 +379,7 @@ func (t *Tools) listFiles(ctx context.Context, p string, depth int) (Result, err
 	}
 	res, err := t.SB.Exec(ctx, []string{"find", ".", "-maxdepth", strconv.Itoa(min(depth, 8)), "-not", "-path", "./.git", "-not", "-path", "./.git/*", "-printf", "%y %P\n"}, full, time.Minute)
 	if err != nil {
-		return Result{}, fmt.Errorf("list_files: %w", err)
+		return sandboxErr(err, "list_files: %s", p)
 	}
 	if res.ExitCode != 0 {
 		return toolError("list_files: %s: %s", p, strings.TrimSpace(string(res.Stderr))), nil
@@ -364,7 +420,7 @@ func (t *Tools) search(ctx context.Context, pattern, p, glob string) (Result, er
 	}
 	res, err := t.SB.Exec(ctx, argv, t.Root, 2*time.Minute)
 	if err != nil {
-		return Result{}, fmt.Errorf("search: %w", err)
+		return sandboxErr(err, "search")
 	}
 	switch res.ExitCode {
 	case 0:
@@ -396,7 +452,7 @@ func (t *Tools) editFile(ctx context.Context, p, old, new string) (Result, error
 	if len(b) > MaxFileBytes {
 		return toolError("edit_file: %s is over %d bytes", p, MaxFileBytes), nil
 	}
-	switch n := strings.Count(string(b), old); n {
+	switch n := occurrences(string(b), old); n {
 	case 1:
 	case 0:
 		return toolError("edit_file: old_string does not occur in %s; read the file and copy the text exactly, whitespace included", p), nil
@@ -404,8 +460,11 @@ func (t *Tools) editFile(ctx context.Context, p, old, new string) (Result, error
 		return toolError("edit_file: old_string occurs %d times in %s; include more surrounding lines so it occurs once", n, p), nil
 	}
 	out := strings.Replace(string(b), old, new, 1)
+	if len(out) > MaxFileBytes {
+		return toolError("edit_file: %s would be %d bytes, over the limit of %d", p, len(out), MaxFileBytes), nil
+	}
 	if err := t.SB.WriteFile(ctx, full, []byte(out)); err != nil {
-		return Result{}, fmt.Errorf("edit_file: %w", err)
+		return sandboxErr(err, "edit_file: %s", p)
 	}
 	line := strings.Count(string(b)[:strings.Index(string(b), old)], "\n") + 1
 	return Result{View: fmt.Sprintf("edited %s at line %d", p, line), Changed: true}, nil
@@ -424,7 +483,7 @@ func (t *Tools) runCommand(ctx context.Context, cmd string, timeout, limit time.
 	}
 	res, err := t.SB.Exec(ctx, []string{"/bin/sh", "-c", cmd}, t.Root, timeout)
 	if err != nil {
-		return Result{}, fmt.Errorf("run_command: %w", err)
+		return sandboxErr(err, "run_command")
 	}
 	full := append(append([]byte{}, res.Stdout...), res.Stderr...)
 	head := fmt.Sprintf("exit code %d", res.ExitCode)
@@ -432,13 +491,35 @@ func (t *Tools) runCommand(ctx context.Context, cmd string, timeout, limit time.
 		head = fmt.Sprintf("timed out after %v and was killed", timeout)
 	}
 	v := head + "\n"
+	// Both streams share the view's size, so the result stays within it.
+	each := ViewBytes - 64
+	if len(res.Stdout) > 0 && len(res.Stderr) > 0 {
+		each /= 2
+	}
 	if len(res.Stdout) > 0 {
-		v += "stdout:\n" + view(res.Stdout) + "\n"
+		v += "stdout:\n" + viewN(res.Stdout, each) + "\n"
 	}
 	if len(res.Stderr) > 0 {
-		v += "stderr:\n" + view(res.Stderr) + "\n"
+		v += "stderr:\n" + viewN(res.Stderr, each) + "\n"
 	}
 	return Result{View: v, Full: full, Changed: true, IsError: res.ExitCode != 0 || res.TimedOut}, nil
+}
+
+// occurrences counts where sub starts in s, overlapping matches
+// included: strings.Count counted "}\n}\n" once in "}\n}\n}\n", so an
+// ambiguous edit went to the first match.
+func occurrences(s, sub string) int {
+	if sub == "" {
+		return strings.Count(s, sub)
+	}
+	n := 0
+	for i := 0; ; n++ {
+		j := strings.Index(s[i:], sub)
+		if j < 0 {
+			return n
+		}
+		i += j + 1
+	}
 }
 
 func deref(r *Result) Result {
@@ -448,12 +529,25 @@ func deref(r *Result) Result {
 	return *r
 }
 
-// view truncates output for the model: its head and its tail, with how
-// much was left out between them.
-func view(b []byte) string {
-	if len(b) <= ViewBytes {
+// view truncates output for the model to at most ViewBytes: its head and
+// its tail, with how much was left out between them.
+func view(b []byte) string { return viewN(b, ViewBytes) }
+
+// viewN is view within n bytes. The cuts fall between characters, not
+// inside a UTF-8 sequence, and the note between head and tail counts
+// against n.
+func viewN(b []byte, n int) string {
+	if len(b) <= n {
 		return string(b)
 	}
-	head, tail := ViewBytes/4, ViewBytes*3/4
-	return fmt.Sprintf("%s\n[... %d bytes left out ...]\n%s", b[:head], len(b)-head-tail, b[len(b)-tail:])
+	const note = 48 // "\n[... %d bytes left out ...]\n", with room for the count
+	head, tail := (n-note)/4, (n-note)*3/4
+	for head > 0 && !utf8.RuneStart(b[head]) {
+		head--
+	}
+	start := len(b) - tail
+	for start < len(b) && !utf8.RuneStart(b[start]) {
+		start++
+	}
+	return fmt.Sprintf("%s\n[... %d bytes left out ...]\n%s", b[:head], start-head, b[start:])
 }

@@ -92,11 +92,27 @@ type agentSandbox struct{ ia driver.Interactive }
 // what is kept): a command may print for its whole timeout.
 const maxToolOutput = 8 << 20
 
+// refused marks what the guest agent answered with an error (a call it
+// refused: the model's input was at fault) as agent.ErrRefused, so the
+// model sees it instead of the task retrying the call until it gives up.
+func refused(err error) error {
+	var re *guest.RemoteError
+	if errors.As(err, &re) {
+		return agent.Refused(err)
+	}
+	return err
+}
+
 func (s agentSandbox) Exec(ctx context.Context, argv []string, dir string, timeout time.Duration) (agent.ExecResult, error) {
+	// The client would refuse these too (a NUL byte, a command over
+	// the limit), but not as the guest's answer.
+	if err := guest.CheckExec(argv, nil); err != nil {
+		return agent.ExecResult{}, agent.Refused(err)
+	}
 	out, errb := driver.NewCappedOutput(maxToolOutput), driver.NewCappedOutput(maxToolOutput)
 	res, err := s.ia.Run(ctx, guest.ExecRequest{Argv: argv, Dir: dir, Timeout: timeout}, out, errb)
 	if err != nil {
-		return agent.ExecResult{}, err
+		return agent.ExecResult{}, refused(err)
 	}
 	return agent.ExecResult{Stdout: out.Bytes(), Stderr: errb.Bytes(), ExitCode: res.ExitCode, TimedOut: res.TimedOut}, nil
 }
@@ -110,11 +126,16 @@ func (s agentSandbox) ReadFile(ctx context.Context, path string, limit int64) ([
 }
 
 func (s agentSandbox) WriteFile(ctx context.Context, path string, data []byte) error {
-	if _, err := s.ia.Run(ctx, guest.ExecRequest{Argv: []string{"mkdir", "-p", filepath.Dir(path)}}, nil, nil); err != nil {
-		return err
+	var errb bytes.Buffer
+	res, err := s.ia.Run(ctx, guest.ExecRequest{Argv: []string{"mkdir", "-p", filepath.Dir(path)}}, nil, &errb)
+	if err != nil {
+		return refused(err)
 	}
-	_, err := s.ia.WriteFile(ctx, path, 0o644, bytes.NewReader(data))
-	return err
+	if res.ExitCode != 0 { // a parent is a file, say
+		return agent.Refused(fmt.Errorf("mkdir -p %s: %s", filepath.Dir(path), strings.TrimSpace(errb.String())))
+	}
+	_, err = s.ia.WriteFile(ctx, path, 0o644, bytes.NewReader(data))
+	return refused(err)
 }
 
 // actorRecorder writes the loop's events through the task actor, fenced
