@@ -89,21 +89,29 @@ func (n spyNode) Exec(context.Context, *connect.Request[warrenv1.ExecRequest], *
 	return nil
 }
 
-// A file or stdin over the sandbox API's limits is refused by the server,
-// naming the field, and not forwarded: the node would refuse it, and one
-// past the node's message limit (which this server's exceeds) with an
-// error that names no field.
-func TestSandboxCallsOverTheLimitsAreNotForwarded(t *testing.T) {
+// spyOnN1 is a server's sandbox API over a cluster of one node, n1, whose
+// sandbox service is a spyNode counting the calls that reach it.
+func spyOnN1(t *testing.T) (*testFSM, *sandboxAPI, *atomic.Int32) {
+	t.Helper()
 	tf := newTestFSM(t)
-	var calls atomic.Int32
+	calls := new(atomic.Int32)
 	mux := http.NewServeMux()
-	mux.Handle(warrenv1connect.NewSandboxServiceHandler(spyNode{calls: &calls}))
+	mux.Handle(warrenv1connect.NewSandboxServiceHandler(spyNode{calls: calls}))
 	hs := httptest.NewServer(mux)
 	t.Cleanup(hs.Close)
 	tf.ok(&fsmv1.RegisterNode{Node: &warrenv1.Node{Id: "n1", Drivers: []string{"microvm"}, SandboxUrl: hs.URL,
 		Capacity: &warrenv1.Resources{MilliCpu: 1000, MemoryBytes: 1 << 30}}, Time: timestamppb.New(t0)})
 	a := newSandboxAPI(&Server{fsm: tf.fsm})
 	t.Cleanup(a.http.CloseIdleConnections)
+	return tf, a, calls
+}
+
+// A file or stdin over the sandbox API's limits is refused by the server,
+// naming the field, and not forwarded: the node would refuse it, and one
+// past the node's message limit (which this server's exceeds) with an
+// error that names no field.
+func TestSandboxCallsOverTheLimitsAreNotForwarded(t *testing.T) {
+	_, a, calls := spyOnN1(t)
 	ctx := context.Background()
 	id := "sb-0000000000-n1"
 
@@ -132,16 +140,7 @@ func TestSandboxCallsOverTheLimitsAreNotForwarded(t *testing.T) {
 // node is cordoned or draining, as pick would skip it; the node is never
 // called.
 func TestCreateSandboxOnACordonedOrDrainingNodeIsRefused(t *testing.T) {
-	tf := newTestFSM(t)
-	var calls atomic.Int32
-	mux := http.NewServeMux()
-	mux.Handle(warrenv1connect.NewSandboxServiceHandler(spyNode{calls: &calls}))
-	hs := httptest.NewServer(mux)
-	t.Cleanup(hs.Close)
-	tf.ok(&fsmv1.RegisterNode{Node: &warrenv1.Node{Id: "n1", Drivers: []string{"microvm"}, SandboxUrl: hs.URL,
-		Capacity: &warrenv1.Resources{MilliCpu: 1000, MemoryBytes: 1 << 30}}, Time: timestamppb.New(t0)})
-	a := newSandboxAPI(&Server{fsm: tf.fsm})
-	t.Cleanup(a.http.CloseIdleConnections)
+	tf, a, calls := spyOnN1(t)
 	create := func() error {
 		_, err := a.CreateSandbox(context.Background(), connect.NewRequest(&warrenv1.CreateSandboxRequest{NodeId: "n1"}))
 		return err
