@@ -1091,8 +1091,7 @@ func TestJoinWithAnIDInUseIsRefused(t *testing.T) {
 // what it started, waiting for raft before it closes the store: nothing is
 // left running, and the data directory opens again.
 func TestFailedOpenReleasesEverything(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent(),
-		goleak.IgnoreAnyFunction("github.com/hashicorp/raft.(*NetworkTransport).handleConn"))
+	defer goleak.VerifyNone(t, append(raftLeaks, goleak.IgnoreCurrent())...)
 	taken, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
