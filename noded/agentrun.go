@@ -17,6 +17,7 @@ import (
 	"github.com/warrenhq/warren/actor"
 	"github.com/warrenhq/warren/agent"
 	"github.com/warrenhq/warren/agent/model"
+	"github.com/warrenhq/warren/api"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/guest"
 	"github.com/warrenhq/warren/noded/driver"
@@ -152,7 +153,16 @@ func (r actorRecorder) Record(ctx context.Context, key, kind string, payload any
 		return err
 	}
 	b := bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
-	if _, err := r.a.append(ctx, "agent/"+key, &warrenv1.EventInput{Kind: kind, Payload: b}); err != nil {
+	// A payload over the log's limit (a model's turn that writes a large
+	// file, and that call's tool_call) goes as payload_part events and the
+	// event, in one append: all of it lands, or none.
+	evs, err := api.SplitPayload(kind, b)
+	if err != nil {
+		return err
+	}
+	req := leaseAppend(r.a.id, r.a.epoch, "agent/"+key, evs[0])
+	req.Events = evs
+	if _, err := r.a.appendReq(ctx, req); err != nil {
 		return err
 	}
 	if f := r.a.d.cfg.AfterRecord; f != nil {
@@ -455,15 +465,25 @@ func (a *taskActor) end(c *actor.Context, m endMsg) {
 	a.finish(c, m.why, &a.d.stats.Finished)
 }
 
-// agentLog reads the task's log up to seq upTo as the loop replays it.
+// agentLog reads the task's log up to seq upTo as the loop replays it,
+// with split events joined back together. (A split event's parts and the
+// event itself are one append, so upTo, a task's last seq, never falls
+// between them.)
 func (a *taskActor) agentLog(ctx context.Context, upTo uint64) ([]agent.Event, error) {
 	evs, err := a.d.readLog(ctx, a.id, 0, upTo)
 	if err != nil {
 		return nil, err
 	}
 	out := make([]agent.Event, 0, len(evs))
+	var j api.PartJoiner
 	for _, e := range evs {
-		out = append(out, agent.Event{Kind: e.GetKind(), Payload: e.GetPayload()})
+		p, ok, err := j.Add(e.GetKind(), e.GetPayload())
+		if err != nil {
+			return nil, fmt.Errorf("event %d: %w", e.GetSeq(), err)
+		}
+		if ok {
+			out = append(out, agent.Event{Kind: e.GetKind(), Payload: p})
+		}
 	}
 	return out, nil
 }

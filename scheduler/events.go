@@ -8,12 +8,14 @@ import (
 
 	segjson "github.com/segmentio/encoding/json"
 
+	"github.com/warrenhq/warren/api"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 )
 
-// MaxPayloadBytes is the largest event payload accepted. Larger payloads
-// will go to the blob store once it exists; for now they are refused.
-const MaxPayloadBytes = 64 << 10
+// MaxPayloadBytes is the largest event payload accepted. A writer records
+// a larger one as payload_part events and the event with the rest
+// (api.SplitPayload).
+const MaxPayloadBytes = api.MaxEventPayloadBytes
 
 // MaxEventsPerAppend bounds one AppendEvents request.
 const MaxEventsPerAppend = 256
@@ -39,6 +41,7 @@ const (
 	KindTestRun           = "test_run"
 	KindDiffChecked       = "diff_checked"
 	KindPullRequest       = "pull_request"
+	KindPayloadPart       = api.KindPayloadPart
 )
 
 // kinds maps every known kind to whether a writer may append it through
@@ -63,6 +66,7 @@ var kinds = map[string]bool{
 	KindTestRun:           true,
 	KindDiffChecked:       true,
 	KindPullRequest:       true,
+	KindPayloadPart:       true,
 }
 
 // Kinds returns every known event kind, sorted.

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/warrenhq/warren/api"
 	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
@@ -272,6 +273,7 @@ func TestAppendRefusesEventsAfterTheTerminalOne(t *testing.T) {
 		{[]*warrenv1.EventInput{stateEvent("failed"), logEvent("x")}, "events[1]: follows events[0], which ends the task"},
 		{[]*warrenv1.EventInput{stateEvent("placed")}, "events[0].payload.to: placed is set by a lease grant"},
 		{[]*warrenv1.EventInput{{Kind: KindParked}, stateEvent("running")}, "events[1]: a state change may not follow parked"},
+		{[]*warrenv1.EventInput{logEvent("x"), {Kind: KindPayloadPart, Payload: []byte(`{}`)}}, "events[1]: a payload_part must be followed, in the same append, by the event it is part of"},
 	} {
 		err := validateAppend(&warrenv1.AppendEventsRequest{TaskId: task.GetId(), RequestId: "r", Events: c.evs})
 		if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -281,5 +283,19 @@ func TestAppendRefusesEventsAfterTheTerminalOne(t *testing.T) {
 	if err := validateAppend(&warrenv1.AppendEventsRequest{TaskId: task.GetId(), RequestId: "r",
 		Events: []*warrenv1.EventInput{logEvent("x"), stateEvent("succeeded")}}); err != nil {
 		t.Errorf("a terminal state_changed last: %v", err)
+	}
+	// An event too large for one, split: its parts, then itself.
+	split, err := api.SplitPayload(KindToolCall, []byte(`{"tool_call_id":"t1","input":"`+strings.Repeat("x", 100<<10)+`"}`))
+	if err != nil || len(split) != 4 {
+		t.Fatalf("split into %d events: %v", len(split), err)
+	}
+	if err := validateAppend(&warrenv1.AppendEventsRequest{TaskId: task.GetId(), RequestId: "r", Events: split}); err != nil {
+		t.Errorf("a split event: %v", err)
+	}
+	if r := tf.apply(&fsmv1.AppendEvents{TaskId: task.GetId(), LeaseEpoch: 1, Time: timestamppb.New(t0), Events: split})[0]; r.GetCode() != 0 {
+		t.Errorf("the FSM refused a split event: %v", r)
+	}
+	if r := tf.apply(&fsmv1.AppendEvents{TaskId: task.GetId(), LeaseEpoch: 1, Time: timestamppb.New(t0), Events: split[:3]})[0]; connect.Code(r.GetCode()) != connect.CodeFailedPrecondition {
+		t.Errorf("the FSM took parts without their event: %v", r)
 	}
 }

@@ -309,7 +309,9 @@ func validateAppend(r *warrenv1.AppendEventsRequest) error {
 // appendShape lists what the FSM refuses in an append whatever the task's
 // state, at most one problem an event, in order: a state change to placed
 // (a lease grant's), a state change after parked, and any event after one
-// that ends the task (the last problem listed). The API refuses them
+// that ends the task (the last problem listed), and payload_part events
+// that end the append (their event must follow them in it, so the log
+// never holds parts without it). The API refuses them
 // before anything is proposed; the FSM, when it reaches the event.
 func appendShape(evs []*warrenv1.EventInput) []shapeProblem {
 	var out []shapeProblem
@@ -319,6 +321,10 @@ func appendShape(evs []*warrenv1.EventInput) []shapeProblem {
 			return append(out, shapeProblem{i, "", fmt.Sprintf("follows events[%d], which ends the task: nothing may follow it", ended)})
 		}
 		switch ev.GetKind() {
+		case KindPayloadPart:
+			if i == len(evs)-1 {
+				out = append(out, shapeProblem{i, "", "a payload_part must be followed, in the same append, by the event it is part of"})
+			}
 		case KindParked:
 			parked = true
 		case KindStateChanged:

@@ -443,7 +443,17 @@ func taskWatch(args []string, stdout, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	state := "" // the task's state after the last state_changed watched
+	// The text output shows an event too large for one (payload_part
+	// events, then the event) as the event, joined; JSON shows each as
+	// the log holds it.
+	var parts api.PartJoiner
 	err = c.Watch(ctx, pos[0], *after, func(ev *warrenv1.Event) error {
+		if cf.output != "json" {
+			var ok bool
+			if ev, ok = joinParts(&parts, ev); !ok {
+				return nil
+			}
+		}
 		if ev.GetKind() == "state_changed" {
 			var p struct {
 				To string `json:"to"`
@@ -487,6 +497,22 @@ func watchEnded(stderr io.Writer, id, state string) error {
 	}
 	fmt.Fprintf(stderr, "warren: task %s ended %s\n", id, state)
 	return code
+}
+
+// joinParts gives ev back with the fields its payload_part events held
+// put back into its payload, or false for a payload_part (held until its
+// event). Parts that do not make up their event (a watch that began among
+// them) leave the event as it is.
+func joinParts(j *api.PartJoiner, ev *warrenv1.Event) (*warrenv1.Event, bool) {
+	p, ok, err := j.Add(ev.GetKind(), ev.GetPayload())
+	if !ok {
+		return nil, false
+	}
+	if err != nil {
+		return ev, true
+	}
+	return &warrenv1.Event{TaskId: ev.GetTaskId(), Seq: ev.GetSeq(), Time: ev.GetTime(), Kind: ev.GetKind(),
+		Epoch: ev.GetEpoch(), RequestId: ev.GetRequestId(), Payload: p}, true
 }
 
 func printEvent(w io.Writer, output string, ev *warrenv1.Event) error {

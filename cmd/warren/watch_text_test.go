@@ -6,6 +6,7 @@ import (
 	"testing"
 	"unicode/utf8"
 
+	"github.com/warrenhq/warren/api"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 )
 
@@ -39,5 +40,37 @@ func TestWatchTextIsOneCleanLinePerEvent(t *testing.T) {
 		if !strings.Contains(out, c.want) {
 			t.Errorf("%s: %q, want %q in it", c.name, out, c.want)
 		}
+	}
+}
+
+// A model turn too large for one event shows in the text output as one
+// line, the joined model_call, and its parts show nothing; a watch that
+// begins among the parts shows the event as the log holds it.
+func TestWatchTextJoinsSplitEvents(t *testing.T) {
+	turn := `{"step":3,"cost_micro_usd":1000,"response":{"content":[{"type":"tool_use","name":"write_file","input":{"path":"big.txt","content":"` +
+		strings.Repeat("x", 100<<10) + `"}}]}}`
+	evs, err := api.SplitPayload("model_call", []byte(turn))
+	if err != nil || len(evs) < 3 {
+		t.Fatalf("%d events, %v", len(evs), err)
+	}
+	show := func(from int) string {
+		var j api.PartJoiner
+		var b bytes.Buffer
+		for i, e := range evs[from:] {
+			ev, ok := joinParts(&j, &warrenv1.Event{Seq: uint64(from + i + 1), Kind: e.GetKind(), Payload: e.GetPayload()})
+			if !ok {
+				continue
+			}
+			if err := printEvent(&b, "text", ev); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return b.String()
+	}
+	if out := show(0); strings.Count(out, "\n") != 1 || !strings.Contains(out, `step 3: → write_file {"path":"big.txt","content":"xxx`) {
+		t.Errorf("the whole turn: %q", out)
+	}
+	if out := show(1); strings.Count(out, "\n") != 1 || !strings.Contains(out, "model_call") || !strings.Contains(out, "step 3:") {
+		t.Errorf("from its second part: %q", out)
 	}
 }
