@@ -20,10 +20,11 @@ import (
 const DefaultExcludes = "__pycache__/\n*.pyc\n.pytest_cache/\n.mypy_cache/\n.ruff_cache/\nnode_modules/\n.tox/\n.venv/\n*.o\n.gradle/\n"
 
 // MaxCheckpointBytes bounds a checkpoint event's payload, the patch
-// JSON-encoded in it: the log takes events of at most 64 KiB. A larger
-// patch is recorded as too large, and its task cannot park (it would
-// resume without its work).
-const MaxCheckpointBytes = 60 << 10
+// JSON-encoded in it. Past 64 KiB the node records it in payload_part
+// events (docs/events.md), each step's whole patch again: the bound keeps
+// a long task's log in check. A larger patch is recorded as too large,
+// and its task cannot park (it would resume without its work).
+const MaxCheckpointBytes = 1 << 20
 
 // MaxPatchBytes bounds the workspace's patch Checkpoint returns (the
 // diff the finish step reviews and publishes). A larger one is an error

@@ -150,7 +150,7 @@ func TestLargeStepCheckpointIsRecordedTooLarge(t *testing.T) {
 	if err := tl.InitBase(ctx); err != nil {
 		t.Fatal(err)
 	}
-	script := `{"content":[{"type":"tool_use","name":"run_command","input":{"command":"seq 1 100000 > big.txt"}}]}
+	script := `{"content":[{"type":"tool_use","name":"run_command","input":{"command":"seq 1 200000 > big.txt"}}]}
 {"content":[{"type":"tool_use","name":"finish","input":{"summary":"done"}}]}
 `
 	log := &memLog{}
@@ -163,6 +163,9 @@ func TestLargeStepCheckpointIsRecordedTooLarge(t *testing.T) {
 		t.Fatalf("%+v %v", out, err)
 	}
 	want := len(gitDiff(t, tl.Root))
+	if want <= MaxCheckpointBytes {
+		t.Fatalf("the patch is %d bytes, within the limit", want)
+	}
 	var cp struct {
 		Bytes    int  `json:"bytes"`
 		TooLarge bool `json:"too_large"`
