@@ -48,7 +48,16 @@ func GlobRegexp(g string) (*regexp.Regexp, error) {
 		case '?':
 			sb.WriteString("[^/]")
 		default:
-			sb.WriteString(regexp.QuoteMeta(string(c)))
+			// The run up to the next wildcard, whole: a byte at a time,
+			// string(c) would make each byte of a multi-byte character a
+			// character of its own (é would become Ã©), and the rule
+			// would never match.
+			j := i
+			for j < len(g) && g[j] != '*' && g[j] != '?' {
+				j++
+			}
+			sb.WriteString(regexp.QuoteMeta(g[i:j]))
+			i = j - 1
 		}
 	}
 	sb.WriteString("$")
