@@ -371,9 +371,11 @@ func (a taskAPI) CancelTask(ctx context.Context, req *connect.Request[warrenv1.C
 	}
 	// The local replica's copy when it has caught up with the cancel (it
 	// may be newer still), else the one the write answered with: a follower
-	// a moment behind showed the task as before its cancel.
+	// a moment behind showed the task as before its cancel. A repeated
+	// request's answer is only the task's id and next seq (the FSM keeps
+	// no more for it), so then the local copy it is, if there is one.
 	t := res.GetTask()
-	if local, err := a.s.fsm.Task(req.Msg.GetTaskId()); err == nil && local.GetNextSeq() >= t.GetNextSeq() {
+	if local, err := a.s.fsm.Task(req.Msg.GetTaskId()); err == nil && (local.GetNextSeq() >= t.GetNextSeq() || t.GetSpec() == nil) {
 		t = local
 	}
 	return connect.NewResponse(&warrenv1.CancelTaskResponse{Task: t}), nil

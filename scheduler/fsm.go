@@ -329,7 +329,16 @@ func (a *applier) idempotent(scope, requestID string, digest []byte, fn func() *
 	}
 	r := fn()
 	if r.GetCode() == 0 {
-		a.putIdem(k, &fsmv1.Result{FirstSeq: r.GetFirstSeq(), LastSeq: r.GetLastSeq(), Task: r.GetTask(), RequestDigest: digest})
+		// Only the task's id and next seq: the record is kept for good,
+		// on every replica, and a whole task (a spec of a megabyte) for
+		// each cancel or message would grow the store by that much per
+		// request. A repeat's caller reads the task itself (CancelTask
+		// answers with the local replica's copy).
+		rec := &fsmv1.Result{FirstSeq: r.GetFirstSeq(), LastSeq: r.GetLastSeq(), RequestDigest: digest}
+		if t := r.GetTask(); t != nil {
+			rec.Task = &warrenv1.Task{Id: t.GetId(), NextSeq: t.GetNextSeq()}
+		}
+		a.putIdem(k, rec)
 	}
 	return r
 }

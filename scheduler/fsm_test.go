@@ -872,3 +872,41 @@ func TestListTasksByStateWhileTasksChange(t *testing.T) {
 		}
 	}
 }
+
+// A cancel, a message and a decision are each answered once per request
+// id, and the record kept for that (for good, on every replica) holds the
+// task's id and next seq, not the task: a task with a spec of a megabyte
+// cancelled again and again does not grow the store by a megabyte a time.
+func TestIdempotencyRecordsHoldNoTask(t *testing.T) {
+	tf := newTestFSM(t)
+	spec := testSpec()
+	spec.ModelScript = strings.Repeat("x", 1<<20)
+	task := tf.ok(&fsmv1.CreateTask{Id: ulid.Make().String(), Tenant: "default", Spec: spec, Time: timestamppb.New(t0)})[0].GetTask()
+	first := tf.ok(&fsmv1.CancelTask{TaskId: task.GetId(), RequestId: "c1", Time: timestamppb.New(t0)})[0]
+	if first.GetTask().GetSpec().GetModelScript() != spec.ModelScript {
+		t.Fatal("the first cancel's answer lacks the task")
+	}
+	for i := range 5 {
+		tf.ok(&fsmv1.CancelTask{TaskId: task.GetId(), RequestId: fmt.Sprintf("again-%d", i), Time: timestamppb.New(t0)})
+	}
+	again := tf.ok(&fsmv1.CancelTask{TaskId: task.GetId(), RequestId: "c1", Time: timestamppb.New(t0)})[0]
+	if again.GetTask().GetId() != task.GetId() || again.GetTask().GetNextSeq() != first.GetTask().GetNextSeq() {
+		t.Errorf("the repeat's answer: %v, want the task's id and next seq %d", again.GetTask(), first.GetTask().GetNextSeq())
+	}
+	total := 0
+	for i := range 6 {
+		id := "c1"
+		if i > 0 {
+			id = fmt.Sprintf("again-%d", i-1)
+		}
+		v, closer, err := tf.db.Get(keyIdem("cancel/"+task.GetId(), id))
+		if err != nil {
+			t.Fatalf("the record of %s: %v", id, err)
+		}
+		total += len(v)
+		closer.Close()
+	}
+	if total > 1024 {
+		t.Errorf("six cancels' records take %d bytes", total)
+	}
+}
