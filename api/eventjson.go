@@ -26,10 +26,17 @@ func MarshalEvent(ev *warrenv1.Event) ([]byte, error) {
 	if len(p) == 0 || !json.Valid(p) {
 		p = json.RawMessage("{}")
 	}
+	// A time JSON cannot hold (outside the years 1 to 9999: a log written
+	// before the servers checked forwarded times) is left at the zero
+	// time: an error here would end every stream of the task on it.
+	var at time.Time
+	if ev.GetTime().CheckValid() == nil {
+		at = ev.GetTime().AsTime().UTC()
+	}
 	return json.Marshal(EventJSON{
 		TaskID:    ev.GetTaskId(),
 		Seq:       ev.GetSeq(),
-		Time:      ev.GetTime().AsTime().UTC(),
+		Time:      at,
 		Kind:      ev.GetKind(),
 		Epoch:     ev.GetEpoch(),
 		RequestID: ev.GetRequestId(),

@@ -469,7 +469,7 @@ func TestProposeChecksForwardedAppends(t *testing.T) {
 	task := createVia(t, leader, 1)
 	cl := warrenv1connect.NewClusterServiceClient(http.DefaultClient, leader.url)
 	propose := func(payload string) error {
-		b, err := EncodeCommand(&fsmv1.AppendEvents{TaskId: task.GetId(), RequestId: "p-" + payload,
+		b, err := EncodeCommand(&fsmv1.AppendEvents{TaskId: task.GetId(), RequestId: "p-" + payload, Time: timestamppb.Now(),
 			Events: []*warrenv1.EventInput{{Kind: "log", Payload: []byte(payload)}}})
 		if err != nil {
 			t.Fatal(err)
@@ -523,6 +523,7 @@ func TestProposeChecksEveryForwardedCommand(t *testing.T) {
 		{&fsmv1.NodeOp{Id: "-", Op: fsmv1.NodeOp_OP_CORDON, Time: ts}, "id: \"-\" must be"},
 		{&fsmv1.SetPool{Template: "default", Target: 5000}, "target"},
 		{&fsmv1.GrantLease{TaskId: id, Node: "n1", Time: ts}, "not accepted from other servers"},
+		{&fsmv1.SendMessage{TaskId: id, Text: "x", RequestId: "late", Time: &timestamppb.Timestamp{Seconds: 400000000000}}, "time: "},
 	} {
 		b, err := EncodeCommand(tc.cmd)
 		if err != nil {

@@ -11,6 +11,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/oklog/ulid/v2"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/warrenhq/warren/api"
 	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
@@ -365,6 +367,13 @@ func validateAppendCommand(m *fsmv1.AppendEvents) error {
 // and the FSM trusts what it applies. What the handler adds itself (ids,
 // times) is checked for its form.
 func validateForwarded(cmd Command) error {
+	if err := validateForwardedBody(cmd); err != nil {
+		return err
+	}
+	return checkForwardedTime(cmd.Body)
+}
+
+func validateForwardedBody(cmd Command) error {
 	switch m := cmd.Body.(type) {
 	case *fsmv1.CreateTask:
 		var p problems
@@ -401,6 +410,26 @@ func validateForwarded(cmd Command) error {
 		return validatePool(m.GetTemplate(), m.GetTarget())
 	}
 	return fmt.Errorf("%s commands are not accepted from other servers", cmd.Type)
+}
+
+// checkForwardedTime checks the time a forwarded command carries (its
+// handler set it from the clock): required, valid, and within the years
+// 1 to 9999. An event's time outside them could not be written as JSON,
+// and every SSE stream and watch -o json of its task would fail on it for
+// good.
+func checkForwardedTime(m proto.Message) error {
+	tm, ok := m.(interface{ GetTime() *timestamppb.Timestamp })
+	if !ok {
+		return nil
+	}
+	ts := tm.GetTime()
+	if ts == nil {
+		return errors.New("time: required")
+	}
+	if err := ts.CheckValid(); err != nil { // the years 1 to 9999
+		return fmt.Errorf("time: %v", err)
+	}
+	return nil
 }
 
 func validateMessage(r *warrenv1.SendMessageRequest) error {
