@@ -43,3 +43,29 @@ func TestForwardedCommandsNeedAValidTime(t *testing.T) {
 		t.Errorf("a valid time: %v", err)
 	}
 }
+
+// A message's event holds the text as JSON, where <, > and & take six
+// bytes each: a text within the 32 KiB limit whose event would pass 64
+// KiB is refused, naming text, and never makes an event over the limit.
+func TestMessageTextFitsItsEvent(t *testing.T) {
+	id := "01JZ0000000000000000000000"
+	for _, c := range []struct {
+		text string
+		ok   bool
+	}{
+		{strings.Repeat("a", maxMessage), true},
+		{strings.Repeat("<", 10000), true},
+		{strings.Repeat("<", 11000), false},
+		{strings.Repeat("\x01", 20000), false},
+	} {
+		err := validateMessage(&warrenv1.SendMessageRequest{TaskId: id, Text: c.text})
+		if (err == nil) != c.ok || (err != nil && !strings.Contains(err.Error(), "text: ") && !strings.Contains(err.Error(), "over the limit of 65536")) {
+			t.Errorf("%d bytes of %q: %v, want ok %v", len(c.text), c.text[:1], err, c.ok)
+		}
+		if err == nil {
+			if n := len(mustJSON(map[string]string{"from": "user", "text": c.text})); n > MaxPayloadBytes {
+				t.Errorf("an accepted text makes an event of %d bytes", n)
+			}
+		}
+	}
+}

@@ -437,6 +437,14 @@ func validateMessage(r *warrenv1.SendMessageRequest) error {
 	p.taskID("task_id", r.GetTaskId())
 	p.requestID(r.GetRequestId())
 	p.text("text", r.GetText(), true, maxMessage, false)
+	// The message event's payload (the FSM's mustJSON) escapes quotes,
+	// backslashes, control characters and <, > and &, some as six bytes:
+	// 32 KiB of them would pass the event's limit.
+	if len(r.GetText()) <= maxMessage {
+		if n := len(mustJSON(map[string]string{"from": "user", "text": r.GetText()})); n > MaxPayloadBytes {
+			p.add("text", "%d bytes as the event's JSON (quotes, backslashes, control characters and <, > and & are escaped), over the limit of %d", n, MaxPayloadBytes)
+		}
+	}
 	return p.err()
 }
 
