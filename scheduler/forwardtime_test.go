@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -67,5 +68,33 @@ func TestMessageTextFitsItsEvent(t *testing.T) {
 				t.Errorf("an accepted text makes an event of %d bytes", n)
 			}
 		}
+	}
+}
+
+// A policy rule's command is compiled only within its limit, and the
+// error, which quotes the pattern, is cut: 8 MiB of pattern made an error
+// of 8 MiB after 0.75 s of compiling. Rules past the limit of 64 are not
+// checked one by one.
+func TestPolicyPatternsAreBoundedBeforeCompiling(t *testing.T) {
+	spec := &warrenv1.TaskSpec{Repo: "https://example.com/r.git", Base: "main", IssueTitle: "x"}
+	spec.Policy = []*warrenv1.PolicyRule{{Tool: "run_command", Tier: "deny", Command: "(" + strings.Repeat("a", 8<<20)}}
+	for range 1000 {
+		spec.Policy = append(spec.Policy, &warrenv1.PolicyRule{Tool: "run_command", Tier: "deny", Command: "(" + strings.Repeat("é", 500)})
+	}
+	err := validateCreate(&warrenv1.CreateTaskRequest{Spec: spec})
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	msg := err.Error()
+	if len(msg) > 64<<10 || !utf8.ValidString(msg) {
+		t.Errorf("an error of %d bytes (valid UTF-8: %v)", len(msg), utf8.ValidString(msg))
+	}
+	for _, want := range []string{"spec.policy: 1001 rules is over the limit of 64", "spec.policy[0].command", "spec.policy[1].command: not an RE2 regular expression"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("the error lacks %q: %.300s", want, msg)
+		}
+	}
+	if strings.Contains(msg, "spec.policy[64]") {
+		t.Error("rules past the limit were checked one by one")
 	}
 }
