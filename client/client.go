@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/warrenhq/warren/api"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
@@ -115,12 +116,38 @@ func (l leaderInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 				l.c.noteLeader(u)
 			}
 		}
-		return resp, err
+		return resp, namedUTF8Error(err, req.Any())
 	}
 }
 
 func (leaderInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
-	return next
+	return func(ctx context.Context, spec connect.Spec) connect.StreamingClientConn {
+		return utf8Conn{next(ctx, spec)}
+	}
+}
+
+// utf8Conn names the field of a message it could not send for a string
+// that is not UTF-8.
+type utf8Conn struct{ connect.StreamingClientConn }
+
+func (c utf8Conn) Send(m any) error { return namedUTF8Error(c.StreamingClientConn.Send(m), m) }
+
+// namedUTF8Error turns the marshaller's error for a string that is not
+// UTF-8 (internal, naming no field: a CLI argument in Latin-1, say) into
+// invalid_argument naming the field; other errors pass unchanged. It looks
+// at the message only once a call failed.
+func namedUTF8Error(err error, msg any) error {
+	if err == nil || connect.CodeOf(err) != connect.CodeInternal || !strings.Contains(err.Error(), "invalid UTF-8") {
+		return err
+	}
+	m, ok := msg.(proto.Message)
+	if !ok {
+		return err
+	}
+	if f := api.NotUTF8Field(m.ProtoReflect()); f != "" {
+		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("%s: not UTF-8 text", f))
+	}
+	return err
 }
 
 func (leaderInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
