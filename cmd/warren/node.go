@@ -466,20 +466,7 @@ func splitComma(s string) []string {
 	return out
 }
 
-func parseLabels(s string) (map[string]string, error) {
-	if s == "" {
-		return nil, nil
-	}
-	out := map[string]string{}
-	for _, kv := range splitComma(s) {
-		k, v, ok := strings.Cut(kv, "=")
-		if !ok || k == "" {
-			return nil, fmt.Errorf("labels: %q is not k=v", kv)
-		}
-		out[k] = v
-	}
-	return out, nil
-}
+func parseLabels(s string) (map[string]string, error) { return parseKV("labels", s) }
 
 // parseCapacity parses "cpu=N,mem=SIZE"; missing parts default to this
 // host's cores and memory.

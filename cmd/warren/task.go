@@ -729,16 +729,21 @@ func taskCancel(args []string, stdout io.Writer) error {
 	return printTask(stdout, cf.output, resp.Msg.GetTask())
 }
 
-// parseKV parses "k=v,k=v" for the flag named name; "" is nil.
+// parseKV parses "k=v,k=v" for the flag named name; "" is nil. Spaces
+// around an item are dropped; an empty key, or a key given twice (which
+// kept only the last value), is an error naming the flag.
 func parseKV(name, s string) (map[string]string, error) {
 	if s == "" {
 		return nil, nil
 	}
 	out := map[string]string{}
-	for _, kv := range strings.Split(s, ",") {
+	for _, kv := range splitComma(s) {
 		k, v, ok := strings.Cut(kv, "=")
-		if !ok {
+		if !ok || k == "" {
 			return nil, fmt.Errorf("%s: %q is not k=v", name, kv)
+		}
+		if prev, dup := out[k]; dup {
+			return nil, fmt.Errorf("%s: key %q given twice (%s=%s and %s=%s)", name, k, k, prev, k, v)
 		}
 		out[k] = v
 	}
