@@ -67,8 +67,9 @@ type (
 	}
 )
 
-// defaultScript is what a task without a script runs until the agent loop
-// exists: three short scripted steps.
+// defaultScript is what a task with neither a script, a model nor a
+// model_script runs: three short scripted steps, a placeholder that calls
+// no model (the benchmarks' and tests' tasks).
 var defaultScript = &warrenv1.Script{Steps: 3, StepMillis: 200}
 
 // retryAfter is how long an actor waits before retrying a step whose
@@ -237,6 +238,13 @@ func (a *taskActor) start(c *actor.Context) {
 	}
 	a.script = t.GetSpec().GetScript()
 	a.agentMode = a.script == nil && (a.spec.GetModelScript() != "" || (a.d.cfg.Models != nil && a.spec.GetModel() != ""))
+	if a.script == nil && !a.agentMode && a.spec.GetModel() != "" {
+		// It ran the placeholder steps and succeeded, having done
+		// nothing: a task that names a model gets that model, or fails
+		// saying why.
+		a.failTask(c, "no-model", failedReason(fmt.Sprintf("model %q: node %s has no model provider (set ANTHROPIC_API_KEY or OPENAI_API_KEY in the environment of warren node)", a.spec.GetModel(), a.d.cfg.ID)))
+		return
+	}
 	if a.script == nil {
 		a.script = defaultScript
 	}
