@@ -688,7 +688,12 @@ func (a *applier) appendEvents(m *fsmv1.AppendEvents) *fsmv1.Result {
 			}
 			state = to
 		case KindApprovalRequested:
-			pending = append(pending, payloadString(ev.GetPayload(), "tool_call_id"))
+			// Once: a second request for a call already waiting (a writer
+			// that asked again) would need a second decision, and the
+			// task would wait for good after the first.
+			if id := payloadString(ev.GetPayload(), "tool_call_id"); !slices.Contains(pending, id) {
+				pending = append(pending, id)
+			}
 		case KindParked:
 			if state != warrenv1.TaskState_TASK_STATE_WAITING_APPROVAL {
 				return fail(connect.CodeFailedPrecondition, "events[%d]: task %s is %s: only a task waiting for approval parks",

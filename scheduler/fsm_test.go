@@ -910,3 +910,21 @@ func TestIdempotencyRecordsHoldNoTask(t *testing.T) {
 		t.Errorf("six cancels' records take %d bytes", total)
 	}
 }
+
+// A call asked about twice (in one append or two) waits for one decision:
+// a second entry in pending_approvals would have kept the task waiting for
+// good after it.
+func TestApprovalAskedTwiceNeedsOneDecision(t *testing.T) {
+	tf := newTestFSM(t)
+	task := tf.create("")
+	ask := &warrenv1.EventInput{Kind: KindApprovalRequested, Payload: []byte(`{"tool_call_id":"call-1"}`)}
+	tf.ok(&fsmv1.AppendEvents{TaskId: task.GetId(), Events: []*warrenv1.EventInput{ask, ask}, Time: timestamppb.New(t0)})
+	tf.ok(&fsmv1.AppendEvents{TaskId: task.GetId(), Events: []*warrenv1.EventInput{ask}, Time: timestamppb.New(t0)})
+	if got := tf.mustTask(task.GetId()).GetPendingApprovals(); len(got) != 1 {
+		t.Fatalf("pending = %v, want [call-1]", got)
+	}
+	tf.ok(&fsmv1.Decide{TaskId: task.GetId(), ToolCallId: "call-1", Approved: true, Time: timestamppb.New(t0)})
+	if got := tf.mustTask(task.GetId()).GetPendingApprovals(); len(got) != 0 {
+		t.Fatalf("pending after the decision = %v", got)
+	}
+}
