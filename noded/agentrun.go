@@ -400,6 +400,12 @@ func (a *taskActor) newEvents() ([]*warrenv1.Event, error) {
 			a.cancel = true
 		}
 	}
+	// A page that ends among an event's payload_part events leaves the
+	// mark before them: agentLog reads up to the mark, and the event they
+	// belong to (past the page) must come with them.
+	for i := len(evs) - 1; i >= 0 && evs[i].GetKind() == api.KindPayloadPart; i-- {
+		a.agentSeen = evs[i].GetSeq() - 1
+	}
 	return evs, nil
 }
 
