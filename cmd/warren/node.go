@@ -29,6 +29,7 @@ import (
 )
 
 type nodeFlags struct {
+	release                                                                        func() // the data directory's lock, once config took it
 	id, data, servers, gossip, join, driver, capacity, labels, templates, logLevel string
 	simRestore, simExec                                                            time.Duration
 	count                                                                          int
@@ -127,6 +128,7 @@ func cmdNode(args []string, stderr io.Writer) error {
 	}
 	f.logger = log
 	cfg, err := f.config()
+	defer f.unlock()
 	if err != nil {
 		cfg.Driver.Close() // one config made before it failed
 		cfg.Egress.Close()
@@ -241,6 +243,14 @@ func (f *nodeFlags) fleet(base noded.Config) ([]noded.Config, error) {
 	return out, nil
 }
 
+// unlock releases the data directory's lock config took, if it did.
+func (f *nodeFlags) unlock() {
+	if f.release != nil {
+		f.release()
+		f.release = nil
+	}
+}
+
 func (f *nodeFlags) config() (noded.Config, error) {
 	var errs []error
 	cfg := noded.Config{ID: f.id, DataDir: f.data, GossipAddr: f.gossip, Address: f.gossip}
@@ -273,6 +283,15 @@ func (f *nodeFlags) config() (noded.Config, error) {
 	// one is wrong, no driver (nor egress policy) is made.
 	var drv driver.Driver
 	var err error
+	// The data directory's lock before any driver: a microvm or container
+	// driver destroys what it finds there from an earlier run, which would
+	// be a live node's sandboxes if another one used the directory.
+	if f.data != "" && f.release == nil {
+		if f.release, err = lockData(f.data); err != nil {
+			cfg.Driver = noDriver{} // nothing made yet: the callers close it
+			return cfg, err
+		}
+	}
 	if ferrs := f.checkDriverFlags(); len(ferrs) > 0 {
 		errs = append(errs, ferrs...)
 	} else if drv, err = newDriver(f); err != nil {

@@ -136,6 +136,7 @@ func cmdDev(args []string, stdout, stderr io.Writer) error {
 			imageDir: *imageDir, accel: *accel, runtime: *runtime, logger: log, gossip: "127.0.0.1:0", count: 1, forge: ff, model: mf,
 			egress: egressFlags{mode: *egress, upstream: *egressUpstream, prefix4: netpolicy.DefaultPrefix4.String(), prefix6: netpolicy.DefaultPrefix6.String(), pool: 2}}
 		cfg, err := nf.config()
+		defer nf.unlock()
 		// Until the node daemon has started and owns them, the driver and
 		// the egress policy are this function's to close, on every
 		// failure: a bad flag, a busy port, a locked data directory.
