@@ -19,12 +19,14 @@ func (d *Daemon) sessionLoop() {
 	defer d.wg.Done()
 	h2c := d.h2c
 	backoff := 20 * time.Millisecond
+	var w sessionWarner
 	for d.ctx.Err() == nil {
 		url, err := d.findLeader()
+		healthy := false
 		if err == nil {
 			start := time.Now()
 			err = d.runSession(warrenv1connect.NewNodeServiceClient(h2c, url), url)
-			if time.Since(start) > 5*time.Second {
+			if healthy = time.Since(start) > 5*time.Second; healthy {
 				backoff = 20 * time.Millisecond // it was a healthy session
 			}
 		}
@@ -32,6 +34,9 @@ func (d *Daemon) sessionLoop() {
 			return
 		}
 		d.log.Debug("session ended; reconnecting", "err", err, "backoff", backoff)
+		if w.note(err, healthy, time.Now()) {
+			d.log.Warn("no session with the servers; retrying", "servers", d.cfg.Servers, "for", w.span(time.Now()).Round(time.Second), "err", err)
+		}
 		select {
 		case <-d.ctx.Done():
 			return
@@ -254,3 +259,39 @@ func orDuration(d, def time.Duration) time.Duration {
 	}
 	return d
 }
+
+// sessionWarner says when a node that cannot hold a session should say so
+// above debug: the servers refusing its hello (a bad --id, label or
+// template: every retry is refused the same way) at once, and any other
+// failure once it has lasted warnAfter; then again each warnEvery, or when
+// the error changes. A healthy session starts over.
+type sessionWarner struct {
+	since, last time.Time
+	lastErr     string
+}
+
+const (
+	warnAfter = 10 * time.Second
+	warnEvery = time.Minute
+)
+
+func (w *sessionWarner) note(err error, healthy bool, now time.Time) bool {
+	if healthy || w.since.IsZero() {
+		*w = sessionWarner{since: now}
+	}
+	if err == nil {
+		return false
+	}
+	refused := connect.CodeOf(err) == connect.CodeInvalidArgument
+	msg := err.Error()
+	if !refused && now.Sub(w.since) < warnAfter {
+		return false
+	}
+	if w.last.IsZero() || now.Sub(w.last) >= warnEvery || (refused && msg != w.lastErr) {
+		w.last, w.lastErr = now, msg
+		return true
+	}
+	return false
+}
+
+func (w *sessionWarner) span(now time.Time) time.Duration { return now.Sub(w.since) }

@@ -26,6 +26,12 @@ func (p *problems) nodeID(field, id string) {
 	}
 }
 
+// ValidateNode checks a node's registration as the servers do when it
+// says hello, so that `warren node` can refuse its flags at start instead
+// of being refused by the servers for good, its errors naming node.id,
+// node.labels, node.templates and so on.
+func ValidateNode(n *warrenv1.Node) error { return validateNode(n) }
+
 func validateNode(n *warrenv1.Node) error {
 	var p problems
 	if n == nil {

@@ -128,6 +128,11 @@ func TestNodeConfigReportsCountAndGossipProfile(t *testing.T) {
 		{[]string{"--count", "3"}, "", true},
 		{[]string{"--gossip-profile", "fleet"}, "", true},
 		{[]string{"--count", "3", "--gossip-profile", "lan"}, "", false},
+		// What the servers would refuse in every hello, refused at start.
+		{[]string{"--id", "Node1"}, `id: "Node1" must be`, false},
+		{[]string{"--labels", "Zone=a"}, `labels: key "Zone" must be`, false},
+		{[]string{"--templates", "Default"}, `templates[0]: "Default" must be`, false},
+		{[]string{"--id", strings.Repeat("a", 60), "--count", "2"}, `-0002" must be`, false},
 	} {
 		cfg, err := parseNodeFlags(t, append([]string{"--driver", "sim"}, c.args...)...)
 		switch {

@@ -26,6 +26,7 @@ import (
 	"github.com/warrenhq/warren/noded/driver/container"
 	"github.com/warrenhq/warren/noded/driver/microvm"
 	"github.com/warrenhq/warren/noded/driver/sim"
+	"github.com/warrenhq/warren/scheduler"
 )
 
 type nodeFlags struct {
@@ -340,6 +341,19 @@ func (f *nodeFlags) config() (noded.Config, error) {
 		}
 	} else if f.sandboxListen != "" {
 		errs = append(errs, errors.New("sandbox-listen: only for the microvm and container drivers"))
+	}
+	// What the servers would refuse in every hello (the node would run,
+	// never registered, saying so only in debug logs): checked here, the
+	// node's fields named by their flags (node.id is --id).
+	id := cfg.ID
+	if f.count > 1 {
+		id = gossip.FleetNodeID(cfg.ID, f.count) // the longest of the fleet's
+	}
+	reg := &warrenv1.Node{Id: id, Drivers: []string{"sim"}, Templates: cfg.Templates, Capacity: cfg.Capacity, Labels: cfg.Labels}
+	if err := scheduler.ValidateNode(reg); err != nil {
+		for _, line := range strings.Split(err.Error(), "\n") {
+			errs = append(errs, errors.New(strings.TrimPrefix(line, "node.")))
+		}
 	}
 	if drv == nil {
 		cfg.Driver = noDriver{} // reported above; keep Validate from repeating it
