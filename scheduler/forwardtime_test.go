@@ -1,6 +1,8 @@
 package scheduler
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -96,5 +98,25 @@ func TestPolicyPatternsAreBoundedBeforeCompiling(t *testing.T) {
 	}
 	if strings.Contains(msg, "spec.policy[64]") {
 		t.Error("rules past the limit were checked one by one")
+	}
+}
+
+// A second server on a data directory in use is refused, saying so, not
+// with Pebble's "resource temporarily unavailable"; a data directory that
+// is a file is named as --data.
+func TestServerDataDirectoryErrors(t *testing.T) {
+	dir := t.TempDir()
+	startNode(t, dir, "s1", true, "", 0)
+	_, err := Open(Config{ID: "s2", DataDir: filepath.Join(dir, "s1"), RaftAddr: "127.0.0.1:1", APIURL: "http://127.0.0.1:2", Bootstrap: true, RaftLevel: "error"})
+	if err == nil || !strings.Contains(err.Error(), "is in use by another warren server") {
+		t.Errorf("a second server on the directory: %v", err)
+	}
+	file := filepath.Join(dir, "f")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Open(Config{ID: "s3", DataDir: filepath.Join(file, "x"), RaftAddr: "127.0.0.1:1", APIURL: "http://127.0.0.1:2", Bootstrap: true, RaftLevel: "error"})
+	if err == nil || !strings.HasPrefix(err.Error(), "data: ") {
+		t.Errorf("a data directory under a file: %v", err)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"connectrpc.com/connect"
@@ -114,8 +115,26 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("%s: %v must not be negative (0: the default)", d.flag, d.v))
 		}
 	}
-	if c.NodeTTL > 0 && c.NodeHeartbeat > 0 && c.NodeTTL <= c.NodeHeartbeat {
-		errs = append(errs, fmt.Errorf("node-ttl: %v must be longer than node-heartbeat %v", c.NodeTTL, c.NodeHeartbeat))
+	// Compared as they will run, the defaults put in for 0: --node-ttl 0
+	// with --node-heartbeat 5s was a 3 s TTL under a 5 s heartbeat, and
+	// raft's own limits were found only once the ports and Pebble were
+	// open, in raft's names for them.
+	if ttl, hb := orDuration(c.NodeTTL, DefaultNodeTTL), orDuration(c.NodeHeartbeat, DefaultNodeHeartbeat); c.NodeTTL >= 0 && c.NodeHeartbeat >= 0 && ttl <= hb {
+		errs = append(errs, fmt.Errorf("node-ttl: %v must be longer than node-heartbeat %v (0 is the default: %v and %v)", ttl, hb, DefaultNodeTTL, DefaultNodeHeartbeat))
+	}
+	if c.NodeHeartbeat > 0 && c.NodeHeartbeat < time.Millisecond {
+		errs = append(errs, fmt.Errorf("node-heartbeat: %v is under 1ms (nodes are told it in whole milliseconds)", c.NodeHeartbeat))
+	}
+	for _, d := range []struct {
+		flag string
+		v    time.Duration
+	}{{"heartbeat-timeout", c.HeartbeatTimeout}, {"election-timeout", c.ElectionTimeout}, {"snapshot-interval", c.SnapshotInterval}} {
+		if d.v > 0 && d.v < 5*time.Millisecond {
+			errs = append(errs, fmt.Errorf("%s: %v is under raft's minimum of 5ms", d.flag, d.v))
+		}
+	}
+	if hb, el := orDuration(c.HeartbeatTimeout, DefaultHeartbeatTimeout), orDuration(c.ElectionTimeout, DefaultElectionTimeout); c.HeartbeatTimeout >= 0 && c.ElectionTimeout >= 0 && el < hb {
+		errs = append(errs, fmt.Errorf("election-timeout: %v must be at least heartbeat-timeout %v (0 is the default: %v and %v)", el, hb, DefaultElectionTimeout, DefaultHeartbeatTimeout))
 	}
 	if c.MaxStarting < 0 {
 		errs = append(errs, fmt.Errorf("max-starting: %d must be positive (0: the default, %d)", c.MaxStarting, DefaultMaxStarting))
@@ -169,11 +188,16 @@ func Open(cfg Config) (*Server, error) {
 	s := &Server{cfg: cfg, log: cfg.Logger.With("server", cfg.ID), clock: cfg.Clock, stop: make(chan struct{}), sess: newSessions()}
 	s.stopCtx, s.stopAll = context.WithCancel(context.Background())
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("data: %w", err)
 	}
 	var err error
 	if s.db, err = raftlog.Open(filepath.Join(cfg.DataDir, "pebble")); err != nil {
-		return nil, fmt.Errorf("open pebble: %w", err)
+		// Another process's lock (EAGAIN), or this process's (Pebble
+		// says so in its own words).
+		if errors.Is(err, syscall.EWOULDBLOCK) || strings.Contains(err.Error(), "lock held by current process") {
+			return nil, fmt.Errorf("data: %s is in use by another warren server (its Pebble store is locked); give each server its own --data", cfg.DataDir)
+		}
+		return nil, fmt.Errorf("data: open pebble: %w", err)
 	}
 	if s.store, err = raftlog.New(s.db); err != nil {
 		s.db.Close()

@@ -51,6 +51,14 @@ func TestNodeAndBenchFlagErrors(t *testing.T) {
 			[]string{"node-ttl: -1s must not be negative", "election-timeout: -2s must not be negative"}},
 		{[]string{"server", "--id", "s1", "--data", "/nonexistent/x", "--api", "127.0.0.1:0", "--raft", "127.0.0.1:2", "--node-ttl", "500ms"},
 			[]string{"node-ttl: 500ms must be longer than node-heartbeat 500ms"}},
+		// Checked as they run, the defaults put in for 0, and before any
+		// port or store is opened.
+		{[]string{"server", "--id", "s1", "--data", "/nonexistent/x", "--api", "127.0.0.1:0", "--raft", "127.0.0.1:2", "--node-heartbeat", "5s", "--node-ttl", "0"},
+			[]string{"node-ttl: 3s must be longer than node-heartbeat 5s"}},
+		{[]string{"server", "--id", "s1", "--data", "/nonexistent/x", "--api", "127.0.0.1:0", "--raft", "127.0.0.1:2", "--heartbeat-timeout", "2s"},
+			[]string{"election-timeout: 1s must be at least heartbeat-timeout 2s"}},
+		{[]string{"server", "--id", "s1", "--data", "/nonexistent/x", "--api", "127.0.0.1:0", "--raft", "127.0.0.1:2", "--heartbeat-timeout", "1ms", "--snapshot-interval", "1ms", "--node-heartbeat", "1ns"},
+			[]string{"heartbeat-timeout: 1ms is under raft's minimum of 5ms", "snapshot-interval: 1ms is under raft's minimum", "node-heartbeat: 1ns is under 1ms"}},
 		{[]string{"server", "--id", "s2", "--data", "/nonexistent/x", "--api", "127.0.0.1:0", "--raft", "127.0.0.1:2", "--join", "127.0.0.1:7480"},
 			[]string{`join: "127.0.0.1:7480" must be a URL starting with http:// or https://`}},
 		{[]string{"bench"}, []string{`the only benchmark here is "capacity"`}},
