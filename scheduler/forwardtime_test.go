@@ -120,3 +120,19 @@ func TestServerDataDirectoryErrors(t *testing.T) {
 		t.Errorf("a data directory under a file: %v", err)
 	}
 }
+
+// A server whose join the cluster refuses for good (a live voter has its
+// id) says so on Failed, which warren server exits on: serving on as no
+// member, it looked healthy to its supervisor.
+func TestARefusedJoinFailsTheServer(t *testing.T) {
+	nodes := startCluster(t, 0)
+	dup := startNode(t, t.TempDir(), nodes[2].srv.ID(), false, nodes[0].url, 0)
+	select {
+	case err := <-dup.srv.Failed():
+		if !strings.Contains(err.Error(), "give this server another --id") {
+			t.Errorf("Failed: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the refused server did not fail")
+	}
+}

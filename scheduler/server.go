@@ -164,6 +164,10 @@ type Server struct {
 	// for it so that a new leader never reconciles nodes from a lagging FSM.
 	readyTerm atomic.Uint64
 
+	// failed gets the error that leaves this server no use running (a
+	// join the cluster refuses for good); see Failed.
+	failed chan error
+
 	stop     chan struct{}
 	stopCtx  context.Context // done when stop is closed
 	stopAll  context.CancelFunc
@@ -185,7 +189,7 @@ func Open(cfg Config) (*Server, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = systemClock{}
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger.With("server", cfg.ID), clock: cfg.Clock, stop: make(chan struct{}), sess: newSessions()}
+	s := &Server{cfg: cfg, log: cfg.Logger.With("server", cfg.ID), clock: cfg.Clock, stop: make(chan struct{}), sess: newSessions(), failed: make(chan error, 1)}
 	s.stopCtx, s.stopAll = context.WithCancel(context.Background())
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("data: %w", err)
@@ -394,6 +398,12 @@ func (s *Server) bgContext(d time.Duration) (context.Context, context.CancelFunc
 	return context.WithTimeout(s.stopCtx, d)
 }
 
+// Failed receives an error when the server can no longer do its job and
+// should stop: a join the cluster refused for good (another live server
+// has its id). A process serving it would look healthy to its supervisor
+// while it is no member.
+func (s *Server) Failed() <-chan error { return s.failed }
+
 // joinLoop asks the cluster to add this server until it is a member at
 // its raft address. A server restarted on its data with another --raft is
 // a member at the old one, where the leader no longer reaches it: it joins
@@ -419,6 +429,10 @@ func (s *Server) joinLoop() {
 			// Another live server has this id: retrying would take its
 			// place the moment it restarts.
 			s.log.Error("join refused; not retrying: give this server another --id", "via", s.cfg.JoinURL, "err", err)
+			select {
+			case s.failed <- fmt.Errorf("join via %s refused: %w (give this server another --id)", s.cfg.JoinURL, err):
+			default:
+			}
 			return
 		}
 		s.log.Warn("join failed; retrying", "via", s.cfg.JoinURL, "err", err)

@@ -245,6 +245,8 @@ func serve(f serverFlags, log *slog.Logger, startNode func(*slog.Logger) (io.Clo
 		log.Info("shutting down", "signal", s.String())
 	case err = <-errc:
 		log.Error("api server failed", "err", err)
+	case err = <-srv.Failed():
+		log.Error("stopping: this server cannot serve", "err", err)
 	}
 	if node != nil {
 		_ = node.Close()
