@@ -43,6 +43,9 @@ func (f *forgeFlags) service(dataDir string) (*agent.GitService, error) {
 	if f.maxFiles < 1 || f.maxLines < 1 || f.maxKiB < 1 {
 		return nil, fmt.Errorf("diff-max-files, diff-max-lines, diff-max-file-kib: must be positive, got %d, %d, %d", f.maxFiles, f.maxLines, f.maxKiB)
 	}
+	if f.maxKiB > 1<<30 { // KiB: 1 TiB; past 2^53 the shift to bytes wrapped negative, which meant the default
+		return nil, fmt.Errorf("diff-max-file-kib: %d is over the limit of %d (1 TiB)", f.maxKiB, 1<<30)
+	}
 	token := os.Getenv("WARREN_FORGE_TOKEN")
 	var fg forge.Forge
 	if f.kind != "" && f.kind != "none" {

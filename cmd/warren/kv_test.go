@@ -1,9 +1,11 @@
 package main
 
 import (
+	"math"
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 )
 
 // --labels and --node-selector (and warren node --labels) refuse a key
@@ -33,6 +35,20 @@ func TestParseKV(t *testing.T) {
 			if err != nil || !reflect.DeepEqual(got, c.want) {
 				t.Errorf("%q: %v %v, want %v", c.in, got, err, c.want)
 			}
+		}
+	}
+}
+
+// Durations go to the API in whole seconds, rounded up, and the largest
+// one does not wrap negative (--deadline 2562047h47m16.854775807s was
+// sent as -9223372035).
+func TestCeilSeconds(t *testing.T) {
+	for _, c := range []struct {
+		d    time.Duration
+		want int64
+	}{{0, 0}, {time.Nanosecond, 1}, {time.Second, 1}, {1500 * time.Millisecond, 2}, {math.MaxInt64, math.MaxInt64/int64(time.Second) + 1}} {
+		if got := ceilSeconds(c.d); got != c.want {
+			t.Errorf("ceilSeconds(%v) = %d, want %d", c.d, got, c.want)
 		}
 	}
 }

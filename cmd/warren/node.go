@@ -287,13 +287,13 @@ func (f *nodeFlags) config() (noded.Config, error) {
 	// The data directory's lock before any driver: a microvm or container
 	// driver destroys what it finds there from an earlier run, which would
 	// be a live node's sandboxes if another one used the directory.
+	var lockErr error
 	if f.data != "" && f.release == nil {
-		if f.release, err = lockData(f.data); err != nil {
-			cfg.Driver = noDriver{} // nothing made yet: the callers close it
-			return cfg, err
-		}
+		f.release, lockErr = lockData(f.data)
 	}
-	if ferrs := f.checkDriverFlags(); len(ferrs) > 0 {
+	if lockErr != nil {
+		errs = append(errs, lockErr) // and no driver is made
+	} else if ferrs := f.checkDriverFlags(); len(ferrs) > 0 {
 		errs = append(errs, ferrs...)
 	} else if drv, err = newDriver(f); err != nil {
 		errs = append(errs, err)

@@ -16,6 +16,12 @@ func TestNodeAndBenchFlagErrors(t *testing.T) {
 		want []string
 	}{
 		{[]string{"node", "--id", "n1"}, []string{"gossip: required", "driver: required", "data: required", "servers: at least one"}},
+		// A data directory that cannot be made is named along with the
+		// other flags' problems; a size past 2^53 KiB wrapped negative.
+		{[]string{"node", "--id", "n1", "--data", "/proc/x", "--servers", "http://a", "--gossip", "127.0.0.1:1", "--driver", "sim", "--labels", "Zone=a"},
+			[]string{"data: mkdir /proc/x", `labels: key "Zone"`}},
+		{[]string{"node", "--id", "n1", "--data", "/tmp/x", "--servers", "http://a", "--gossip", "127.0.0.1:1", "--driver", "sim", "--diff-max-file-kib", "9007199254740992"},
+			[]string{"diff-max-file-kib: 9007199254740992 is over the limit"}},
 		{[]string{"node", "--id", "n1", "--data", "/tmp/x", "--servers", "ftp://a", "--gossip", "127.0.0.1:1", "--driver", "docker"},
 			[]string{`servers: "ftp://a" must start with http://`, `driver: "docker" is not auto, microvm, container or sim`}},
 		{[]string{"node", "--id", "n1", "--data", "/tmp/x", "--servers", "http://a", "--gossip", "127.0.0.1:1", "--driver", "microvm", "--image-dir", "/nonexistent", "--accel", "tcg"},

@@ -25,7 +25,7 @@ import (
 
 const sandboxUsage = `usage: warren sandbox <command>
 
-  create [--template T] [--vcpus N] [--memory-mb N] [--pids N] [--ttl DUR] [--env K=V,...] [--node ID] [-q]
+  create [--template T] [--vcpus N] [--memory-mb N] [--pids N] [--disk-mb N] [--ttl DUR] [--env K=V,...] [--node ID] [-q]
          [--egress-profile registries|custom|none] [--egress-allow NAMES] [--egress-prefix CIDRS]
                              make a sandbox; prints it (-o json: its id is .id; -q: only the id)
   egress ID [--egress-profile P] [--egress-allow NAMES] [--egress-prefix CIDRS]
@@ -527,7 +527,13 @@ func readAtMost(r io.Reader, max int64, what string) ([]byte, error) {
 
 // ceilSeconds is d in whole seconds, rounded up, as the API's *_seconds
 // fields take durations.
-func ceilSeconds(d time.Duration) int64 { return int64((d + time.Second - 1) / time.Second) }
+func ceilSeconds(d time.Duration) int64 {
+	s := int64(d / time.Second) // d + 1s - 1 wrapped for d near the largest duration
+	if d%time.Second > 0 {
+		s++
+	}
+	return s
+}
 
 // fitUint32 refuses a flag's value that the API's 32-bit field would
 // wrap (--memory-mb 4294967424 became 128), naming the flag.
