@@ -720,7 +720,7 @@ func TestForwardedRequestNearTheLimit(t *testing.T) {
 // attaches is declared down after two TTLs, as before.
 func TestLivenessWaitsForTheLeaderToBeReady(t *testing.T) {
 	const ttl = 200 * time.Millisecond
-	n := startNode(t, t.TempDir(), "s1", true, "", 0, func(c *Config) { c.NodeTTL = ttl })
+	n := startNode(t, t.TempDir(), "s1", true, "", 0, func(c *Config) { c.NodeTTL, c.NodeHeartbeat = ttl, ttl/4 })
 	waitFor(t, "s1 to lead and be ready", 10*time.Second, func() bool {
 		return n.srv.Raft().State() == raft.Leader && n.srv.readyTerm.Load() == n.srv.Raft().CurrentTerm()
 	})
