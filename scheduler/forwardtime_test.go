@@ -107,7 +107,7 @@ func TestPolicyPatternsAreBoundedBeforeCompiling(t *testing.T) {
 func TestServerDataDirectoryErrors(t *testing.T) {
 	dir := t.TempDir()
 	startNode(t, dir, "s1", true, "", 0)
-	_, err := Open(Config{ID: "s2", DataDir: filepath.Join(dir, "s1"), RaftAddr: "127.0.0.1:1", APIURL: "http://127.0.0.1:2", Bootstrap: true, RaftLevel: "error"})
+	_, err := Open(Config{ID: "s1", DataDir: filepath.Join(dir, "s1"), RaftAddr: "127.0.0.1:1", APIURL: "http://127.0.0.1:2", Bootstrap: true, RaftLevel: "error"})
 	if err == nil || !strings.Contains(err.Error(), "is in use by another warren server") {
 		t.Errorf("a second server on the directory: %v", err)
 	}
@@ -134,5 +134,18 @@ func TestARefusedJoinFailsTheServer(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("the refused server did not fail")
+	}
+}
+
+// A server started on another server's data directory under a new --id is
+// refused, naming the id the directory has: it served before as no voter,
+// with no leader, its writes never committing.
+func TestServerRefusesAnotherServersDataDirectory(t *testing.T) {
+	dir := t.TempDir()
+	n := startNode(t, dir, "s9", true, "", 0)
+	n.stop()
+	_, err := Open(Config{ID: "s10", DataDir: filepath.Join(dir, "s9"), RaftAddr: "127.0.0.1:1", APIURL: "http://127.0.0.1:2", Bootstrap: true, RaftLevel: "error"})
+	if err == nil || !strings.Contains(err.Error(), "is server s9's") || !strings.Contains(err.Error(), "--id s9") {
+		t.Fatalf("a server s10 on s9's directory: %v", err)
 	}
 }

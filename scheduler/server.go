@@ -194,6 +194,9 @@ func Open(cfg Config) (*Server, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("data: %w", err)
 	}
+	if err := claimDataDir(cfg.DataDir, cfg.ID); err != nil {
+		return nil, err
+	}
 	var err error
 	if s.db, err = raftlog.Open(filepath.Join(cfg.DataDir, "pebble")); err != nil {
 		// Another process's lock (EAGAIN), or this process's (Pebble
@@ -546,4 +549,29 @@ func (s *Server) Close() error {
 		s.closeErr = errors.Join(errs...)
 	})
 	return s.closeErr
+}
+
+// serverIDFile names, in a server's data directory, the id it serves as.
+const serverIDFile = "server-id"
+
+// claimDataDir records id as the server of dir, or refuses a dir another
+// id has: raft's state there is that server's (its vote, its place in the
+// configuration), and a server started on it under another --id served,
+// never a voter, with no leader, its writes never committing.
+func claimDataDir(dir, id string) error {
+	path := filepath.Join(dir, serverIDFile)
+	b, err := os.ReadFile(path)
+	switch {
+	case err == nil:
+		if had := strings.TrimSpace(string(b)); had != id {
+			return fmt.Errorf("data: %s is server %s's (%s): start it with --id %s, or give %s a data directory of its own", dir, had, path, had, id)
+		}
+		return nil
+	case !errors.Is(err, os.ErrNotExist):
+		return fmt.Errorf("data: %w", err)
+	}
+	if err := os.WriteFile(path, []byte(id+"\n"), 0o600); err != nil {
+		return fmt.Errorf("data: %w", err)
+	}
+	return nil
 }
