@@ -162,6 +162,10 @@ func Start(cfg Config) (*Member, error) {
 // so after a partition longer than that both sides would see each other
 // dead until one restarts. This is Serf's reconnect loop, limited to the
 // peers we were told to join through.
+// joinWarnAfter is how long the first gossip join may fail before it is
+// logged above debug.
+const joinWarnAfter = 10 * time.Second
+
 func (m *Member) joinLoop(peers []string, period time.Duration) {
 	defer m.wg.Done()
 	var others []string
@@ -174,13 +178,21 @@ func (m *Member) joinLoop(peers []string, period time.Duration) {
 		return
 	}
 	backoff := 100 * time.Millisecond
+	start, warned := time.Now(), time.Time{}
 	for {
 		n, err := m.ml.Join(others)
 		if n > 0 {
 			m.log.Info("gossip joined", "contacted", n)
 			break
 		}
-		m.log.Debug("gossip join failed; retrying", "err", err)
+		// Above debug once it lasts (a wrong --join-gossip, a dead peer):
+		// without gossip the servers have one failure signal, not two.
+		if now := time.Now(); now.Sub(start) >= joinWarnAfter && now.Sub(warned) >= time.Minute {
+			warned = now
+			m.log.Warn("gossip join failing; retrying", "peers", others, "for", now.Sub(start).Round(time.Second), "err", err)
+		} else {
+			m.log.Debug("gossip join failed; retrying", "err", err)
+		}
 		select {
 		case <-m.stop:
 			return
