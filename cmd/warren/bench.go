@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/signal"
 	"syscall"
@@ -57,17 +58,34 @@ func cmdBench(args []string, stdout, stderr io.Writer) error {
 		set(&o.Tasks, *tasks, "tasks"), set(&o.Steps, *steps, "steps")); err != nil {
 		return err
 	}
-	if *scale > 0 {
+	// Each value out of range is refused, naming its flag: a negative or
+	// NaN one used to mean the preset's, silently.
+	var errs []error
+	if !(*scale >= 0) || math.IsInf(*scale, 0) { // NaN too
+		errs = append(errs, fmt.Errorf("time-scale: %v must be a positive number (0: the preset's)", *scale))
+	} else if *scale > 0 {
 		o.TimeScale = *scale
 	}
-	if *steady > 0 {
+	if *steady < 0 {
+		errs = append(errs, fmt.Errorf("steady: %v must not be negative (0: the preset's)", *steady))
+	} else if *steady > 0 {
 		o.SteadySeconds = steady.Seconds()
 	}
-	if *check >= 0 {
+	if *check < -1 {
+		errs = append(errs, fmt.Errorf("check-logs: %d must be 0 (all) or more, or -1 (the preset's)", *check))
+	} else if *check >= 0 {
 		o.CheckLogs = *check
 	}
-	if *timeout > 0 {
+	if *timeout < 0 {
+		errs = append(errs, fmt.Errorf("timeout: %v must not be negative (0: the preset's)", *timeout))
+	} else if *timeout > 0 {
 		o.Timeout = *timeout
+	}
+	if *nice < -1 {
+		errs = append(errs, fmt.Errorf("fleet-nice: %d must be 0 to 19, or -1 (the preset's)", *nice))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
 	}
 	switch *finish {
 	case "":

@@ -71,6 +71,8 @@ func TestNodeAndBenchFlagErrors(t *testing.T) {
 		{[]string{"bench", "capacity", "--preset", "huge"}, []string{`preset: "huge" is not default or ci`}},
 		{[]string{"bench", "capacity", "--finish", "later"}, []string{`finish: "later" is not run or cancel`}},
 		{[]string{"bench", "capacity", "--fleet-nice", "20"}, []string{"fleet-nice: 20 is over 19"}},
+		{[]string{"bench", "capacity", "--time-scale", "NaN", "--steady", "-1s", "--check-logs", "-2", "--timeout", "-1m", "--fleet-nice", "-3"},
+			[]string{"time-scale: NaN must be a positive number", "steady: -1s must not be negative", "check-logs: -2 must be", "timeout: -1m0s must not be negative", "fleet-nice: -3 must be 0 to 19"}},
 		{[]string{"bench", "capacity", "--nodes", "7", "--nodes-per-process", "5"}, []string{"nodes: 7 is not a multiple of nodes-per-process 5"}},
 	} {
 		var out, errOut bytes.Buffer
