@@ -381,7 +381,15 @@ func cmdPool(args []string, stdout, stderr io.Writer) error {
 	}
 	warnNodes(stderr, unreachable, refused, "")
 	if verb == "set" && len(pools) == 0 {
-		return fmt.Errorf("pool set: no node took the target (%d refused, %d unreachable)", len(refused), len(unreachable))
+		if *node != "" {
+			return fmt.Errorf("pool set: node %s did not take the target (%d refused, %d unreachable)", *node, len(refused), len(unreachable))
+		}
+		// The server answered without an error: the cluster's target is
+		// recorded (it refuses one every answering node refused), and
+		// each node takes it when its session opens. Exiting 1 said it
+		// was not set when it was.
+		fmt.Fprintf(stderr, "pool set: the cluster's target is recorded; no node has taken it yet (%d refused, %d unreachable): nodes take it when their session opens\n", len(refused), len(unreachable))
+		return nil
 	}
 	if cf.output == "json" {
 		for _, p := range pools {

@@ -158,3 +158,35 @@ func TestSandboxCpFromAPipeKeepsTheLimit(t *testing.T) {
 	}
 	<-done
 }
+
+// noNodesYet answers pool set as a cluster with no sandbox node up: the
+// servers record the cluster's target, and no node has taken it.
+type noNodesYet struct {
+	warrenv1connect.UnimplementedSandboxServiceHandler
+}
+
+func (noNodesYet) SetPoolTarget(context.Context, *connect.Request[warrenv1.SetPoolTargetRequest]) (*connect.Response[warrenv1.SetPoolTargetResponse], error) {
+	return connect.NewResponse(&warrenv1.SetPoolTargetResponse{}), nil
+}
+
+// A cluster target no node has taken yet is recorded, and pool set exits
+// 0 saying so (it exited 1, "no node took the target", for a target the
+// nodes then took at their next session); one node's target (--node) that
+// the node did not take is still an error.
+func TestPoolSetWithNoNodeUpIsRecorded(t *testing.T) {
+	mux := http.NewServeMux()
+	mux.Handle(warrenv1connect.NewSandboxServiceHandler(noNodesYet{}))
+	hs := httptest.NewServer(mux)
+	defer hs.Close()
+	var out, errOut bytes.Buffer
+	if err := run([]string{"pool", "set", "--server", hs.URL, "default", "3"}, &out, &errOut); err != nil {
+		t.Fatalf("the cluster's target: %v", err)
+	}
+	if !strings.Contains(errOut.String(), "the cluster's target is recorded; no node has taken it yet") {
+		t.Errorf("stderr %q", errOut.String())
+	}
+	err := run([]string{"pool", "set", "--server", hs.URL, "--node", "n1", "default", "3"}, &out, &errOut)
+	if err == nil || !strings.Contains(err.Error(), "node n1 did not take the target") {
+		t.Errorf("one node's target: %v", err)
+	}
+}
