@@ -291,6 +291,15 @@ func (f *nodeFlags) config() (noded.Config, error) {
 	if f.data != "" && f.release == nil {
 		f.release, lockErr = lockData(f.data)
 	}
+	// A driver other than sim serves the sandbox API on the gossip host
+	// unless --sandbox-listen says otherwise: checked here, before any
+	// driver, naming the flag given (the node said --sandbox-listen,
+	// which was not, and only after its driver had started).
+	if host, _, err := net.SplitHostPort(f.gossip); err == nil && f.sandboxListen == "" && f.driver != "" && f.driver != "sim" {
+		if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+			errs = append(errs, fmt.Errorf("gossip: %q: the sandbox API listens on the gossip host, which must be one servers reach this node at; give one, or --sandbox-listen HOST:PORT", f.gossip))
+		}
+	}
 	if lockErr != nil {
 		errs = append(errs, lockErr) // and no driver is made
 	} else if ferrs := f.checkDriverFlags(); len(ferrs) > 0 {

@@ -20,6 +20,8 @@ func TestNodeAndBenchFlagErrors(t *testing.T) {
 		// other flags' problems; a size past 2^53 KiB wrapped negative.
 		{[]string{"node", "--id", "n1", "--data", "/proc/x", "--servers", "http://a", "--gossip", "127.0.0.1:1", "--driver", "sim", "--labels", "Zone=a"},
 			[]string{"data: mkdir /proc/x", `labels: key "Zone"`}},
+		{[]string{"node", "--id", "n1", "--data", "/proc/x", "--servers", "http://a", "--gossip", "0.0.0.0:7946", "--driver", "container"},
+			[]string{`gossip: "0.0.0.0:7946": the sandbox API listens on the gossip host`}},
 		{[]string{"node", "--id", "n1", "--data", "/tmp/x", "--servers", "http://a", "--gossip", "127.0.0.1:1", "--driver", "sim", "--diff-max-file-kib", "9007199254740992"},
 			[]string{"diff-max-file-kib: 9007199254740992 is over the limit"}},
 		{[]string{"node", "--id", "n1", "--data", "/tmp/x", "--servers", "ftp://a", "--gossip", "127.0.0.1:1", "--driver", "docker"},
