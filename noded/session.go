@@ -262,7 +262,8 @@ func orDuration(d, def time.Duration) time.Duration {
 
 // sessionWarner says when a node that cannot hold a session should say so
 // above debug: the servers refusing its hello (a bad --id, label or
-// template: every retry is refused the same way) at once, and any other
+// template, or its --id live on another node: every retry is refused the
+// same way) at once, and any other
 // failure once it has lasted warnAfter; then again each warnEvery, or when
 // the error changes. A healthy session starts over.
 type sessionWarner struct {
@@ -282,7 +283,7 @@ func (w *sessionWarner) note(err error, healthy bool, now time.Time) bool {
 	if err == nil {
 		return false
 	}
-	refused := connect.CodeOf(err) == connect.CodeInvalidArgument
+	refused := connect.CodeOf(err) == connect.CodeInvalidArgument || connect.CodeOf(err) == connect.CodeAlreadyExists
 	msg := err.Error()
 	if !refused && now.Sub(w.since) < warnAfter {
 		return false

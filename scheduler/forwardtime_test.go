@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -8,10 +9,12 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
 )
 
 // The cluster API is reachable by whoever reaches the API port: a
@@ -148,4 +151,32 @@ func TestServerRefusesAnotherServersDataDirectory(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "is server s9's") || !strings.Contains(err.Error(), "--id s9") {
 		t.Fatalf("a server s10 on s9's directory: %v", err)
 	}
+}
+
+// A second process given a node's --id is refused while the node's own
+// session is live: the two took the session from each other about once a
+// second, each registering the node as itself. Once the first has gone,
+// the id is free.
+func TestASecondNodeWithALiveNodesIDIsRefused(t *testing.T) {
+	_, url, hc := leadingServer(t, 2*time.Second)
+	first := openFakeNode(t, url, hc, "n1")
+	hello := func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		st := warrenv1connect.NewNodeServiceClient(hc, url).Session(ctx)
+		defer st.CloseRequest()
+		if err := st.Send(&warrenv1.SessionRequest{Msg: &warrenv1.SessionRequest_Hello{Hello: &warrenv1.Hello{
+			Node:        &warrenv1.Node{Id: "n1", Drivers: []string{"sim"}, Capacity: &warrenv1.Resources{MilliCpu: 1000, MemoryBytes: 1 << 30}},
+			Incarnation: "another-process"}}}); err != nil {
+			return err
+		}
+		_, err := st.Receive()
+		return err
+	}
+	err := hello()
+	if connect.CodeOf(err) != connect.CodeAlreadyExists || !strings.Contains(err.Error(), "two nodes were given --id n1") {
+		t.Fatalf("a second n1: %v, want already_exists", err)
+	}
+	first.end()
+	waitFor(t, "the id to be free", 10*time.Second, func() bool { return hello() == nil })
 }

@@ -117,6 +117,21 @@ func (h *sessions) attach(c *session, now time.Time) {
 	delete(h.gossipDead, c.node) // a hello proves it is alive
 }
 
+// rival returns the incarnation of another process's session for node
+// id that is still live (heard within ttl), if there is one: a second
+// node given the same --id. A restarted node's old session, its process
+// gone, is heard no more, and is let go of within ttl.
+func (h *sessions) rival(id, incarnation string, now time.Time, ttl time.Duration) (string, time.Duration, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	old := h.byNode[id]
+	if old == nil || incarnation == "" || old.incarnation == "" || old.incarnation == incarnation {
+		return "", 0, false
+	}
+	ago := now.Sub(h.lastSeen[id])
+	return old.incarnation, ago, ago < ttl
+}
+
 func (h *sessions) detach(c *session) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -272,6 +287,14 @@ func (n nodeAPI) Session(ctx context.Context, stream *connect.BidiStream[warrenv
 		return invalid(fmt.Errorf("hello: %w", err))
 	}
 	id := hello.GetNode().GetId()
+	// Two processes with one --id took the session from each other about
+	// once a second, each re-registering the node as its own: the second
+	// is refused while the first is heard from.
+	if other, ago, live := s.sess.rival(id, hello.GetIncarnation(), s.clock.Now(), s.ttl()); live {
+		return connect.NewError(connect.CodeAlreadyExists, fmt.Errorf(
+			"node %s: another process has a live session as this node (incarnation %s, heard %v ago): two nodes were given --id %s; give this one another, or, if that one has just stopped, it is let go of within %v",
+			id, other, ago.Round(time.Millisecond), id, s.ttl()))
+	}
 	// A hello is a sign of life, and so is every heartbeat from here on:
 	// registering and reconciling can take seconds under load, and when
 	// heartbeats were read only after, a healthy node registering then
