@@ -411,9 +411,6 @@ func newDriver(f *nodeFlags) (driver.Driver, error) {
 		if log == nil {
 			log = slog.New(slog.DiscardHandler)
 		}
-		if f.tcgCacheMB == 0 {
-			f.tcgCacheMB = microvm.DefaultTCGCacheMB // warren dev builds its flags without it
-		}
 		if f.tcgCacheMB < 8 || f.tcgCacheMB > 2048 {
 			return nil, fmt.Errorf("tcg-cache-mb: %d must be between 8 and 2048", f.tcgCacheMB)
 		}
@@ -514,11 +511,16 @@ func parseLabels(s string) (map[string]string, error) { return parseKV("labels",
 // host's cores and memory.
 func parseCapacity(s string) (*warrenv1.Resources, error) {
 	r := &warrenv1.Resources{MilliCpu: int64(hostCPUs()) * 1000, MemoryBytes: hostMemory()}
+	seen := map[string]bool{}
 	for _, kv := range splitComma(s) {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok {
 			return nil, fmt.Errorf("capacity: %q is not cpu=N or mem=SIZE", kv)
 		}
+		if seen[k] { // kept only the last, silently
+			return nil, fmt.Errorf("capacity: %s given twice", k)
+		}
+		seen[k] = true
 		switch k {
 		case "cpu":
 			c, err := strconv.ParseFloat(v, 64)

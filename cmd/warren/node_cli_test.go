@@ -20,6 +20,10 @@ func TestNodeAndBenchFlagErrors(t *testing.T) {
 		// other flags' problems; a size past 2^53 KiB wrapped negative.
 		{[]string{"node", "--id", "n1", "--data", "/proc/x", "--servers", "http://a", "--gossip", "127.0.0.1:1", "--driver", "sim", "--labels", "Zone=a"},
 			[]string{"data: mkdir /proc/x", `labels: key "Zone"`}},
+		{[]string{"node", "--id", "n1", "--data", "/tmp/x", "--servers", "http://a", "--gossip", "127.0.0.1:1", "--driver", "sim", "--capacity", "cpu=2,mem=1GiB,cpu=4"},
+			[]string{"capacity: cpu given twice"}},
+		{[]string{"node", "--id", "n1", "--data", "/tmp/x", "--servers", "http://a", "--gossip", "127.0.0.1:1", "--driver", "microvm", "--tcg-cache-mb", "0"},
+			[]string{"tcg-cache-mb: 0 must be between 8 and 2048"}},
 		{[]string{"node", "--id", "n1", "--data", "/proc/x", "--servers", "http://a", "--gossip", "0.0.0.0:7946", "--driver", "container"},
 			[]string{`gossip: "0.0.0.0:7946": the sandbox API listens on the gossip host`}},
 		{[]string{"node", "--id", "n1", "--data", "/tmp/x", "--servers", "http://a", "--gossip", "127.0.0.1:1", "--driver", "sim", "--diff-max-file-kib", "9007199254740992"},

@@ -20,6 +20,7 @@ import (
 
 	"github.com/warrenhq/warren/netpolicy"
 	"github.com/warrenhq/warren/noded"
+	"github.com/warrenhq/warren/noded/driver/microvm"
 	"github.com/warrenhq/warren/scheduler"
 )
 
@@ -132,7 +133,7 @@ func cmdDev(args []string, stdout, stderr io.Writer) error {
 	}
 	var startNode func(*slog.Logger) (io.Closer, error)
 	if *nodeDriver != "none" {
-		nf := nodeFlags{id: "dev", data: filepath.Join(*data, "node"), servers: "http://" + *api, driver: *nodeDriver, capacity: *capacity,
+		nf := nodeFlags{id: "dev", data: filepath.Join(*data, "node"), servers: "http://" + *api, driver: *nodeDriver, capacity: *capacity, tcgCacheMB: microvm.DefaultTCGCacheMB,
 			imageDir: *imageDir, accel: *accel, runtime: *runtime, logger: log, gossip: "127.0.0.1:0", count: 1, forge: ff, model: mf,
 			egress: egressFlags{mode: *egress, upstream: *egressUpstream, prefix4: netpolicy.DefaultPrefix4.String(), prefix6: netpolicy.DefaultPrefix6.String(), pool: 2}}
 		cfg, err := nf.config()

@@ -377,6 +377,9 @@ func taskList(args []string, stdout io.Writer) error {
 	if err := wantArgs(fs, pos); err != nil {
 		return err
 	}
+	if *limit < 0 {
+		return fmt.Errorf("limit: %d must not be negative (0: all)", *limit)
+	}
 	var state warrenv1.TaskState
 	if *stateName != "" {
 		var ok bool
