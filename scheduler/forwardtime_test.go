@@ -180,3 +180,24 @@ func TestASecondNodeWithALiveNodesIDIsRefused(t *testing.T) {
 	first.end()
 	waitFor(t, "the id to be free", 10*time.Second, func() bool { return hello() == nil })
 }
+
+// An empty server-id (a crash before its first write reached the disk) is
+// unclaimed, not a server named "" that refuses every --id.
+func TestClaimDataDirTakesAnEmptyServerID(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, serverIDFile), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := claimDataDir(dir, "s1"); err != nil {
+		t.Fatalf("an empty server-id: %v", err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, serverIDFile)); string(b) != "s1\n" {
+		t.Fatalf("server-id holds %q", b)
+	}
+	if err := claimDataDir(dir, "s2"); err == nil || !strings.Contains(err.Error(), "is server s1's") {
+		t.Fatalf("s2 on s1's directory: %v", err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(dir, serverIDFile+".*")); len(left) != 0 {
+		t.Fatalf("temporary files left: %v", left)
+	}
+}

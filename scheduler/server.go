@@ -433,7 +433,7 @@ func (s *Server) joinLoop() {
 			// place the moment it restarts.
 			s.log.Error("join refused; not retrying: give this server another --id", "via", s.cfg.JoinURL, "err", err)
 			select {
-			case s.failed <- fmt.Errorf("join via %s refused: %w (give this server another --id)", s.cfg.JoinURL, err):
+			case s.failed <- fmt.Errorf("join via %s refused: %w (give this server another --id, and a new --data: %s records this one)", s.cfg.JoinURL, err, filepath.Join(s.cfg.DataDir, serverIDFile)):
 			default:
 			}
 			return
@@ -562,16 +562,37 @@ func claimDataDir(dir, id string) error {
 	path := filepath.Join(dir, serverIDFile)
 	b, err := os.ReadFile(path)
 	switch {
-	case err == nil:
+	case err == nil && strings.TrimSpace(string(b)) != "":
 		if had := strings.TrimSpace(string(b)); had != id {
 			return fmt.Errorf("data: %s is server %s's (%s): start it with --id %s, or give %s a data directory of its own", dir, had, path, had, id)
 		}
 		return nil
-	case !errors.Is(err, os.ErrNotExist):
+	case err != nil && !errors.Is(err, os.ErrNotExist):
 		return fmt.Errorf("data: %w", err)
 	}
-	if err := os.WriteFile(path, []byte(id+"\n"), 0o600); err != nil {
+	// Missing, or empty (a crash before the write reached the disk):
+	// written whole or not at all, a temporary file renamed over it.
+	tmp, err := os.CreateTemp(dir, serverIDFile+".*")
+	if err != nil {
 		return fmt.Errorf("data: %w", err)
+	}
+	_, err = tmp.WriteString(id + "\n")
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), path)
+	}
+	if err != nil {
+		os.Remove(tmp.Name())
+		return fmt.Errorf("data: %w", err)
+	}
+	if d, err := os.Open(dir); err == nil {
+		_ = d.Sync()
+		d.Close()
 	}
 	return nil
 }
