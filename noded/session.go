@@ -285,6 +285,9 @@ func (w *sessionWarner) note(err error, healthy bool, now time.Time) bool {
 	}
 	refused := connect.CodeOf(err) == connect.CodeInvalidArgument || connect.CodeOf(err) == connect.CodeAlreadyExists
 	msg := err.Error()
+	if connect.CodeOf(err) == connect.CodeAlreadyExists {
+		msg = "already_exists" // its text says how long ago the other node was heard
+	}
 	if !refused && now.Sub(w.since) < warnAfter {
 		return false
 	}

@@ -32,6 +32,10 @@ func TestSessionWarner(t *testing.T) {
 		{73 * time.Second, down, false, true}, // 10 s after the streak began
 		{74 * time.Second, errors.New("other"), false, false},
 		{134 * time.Second, down, false, true},
+		// Another node with this --id: its text changes at each retry
+		// (how long ago the other was heard), and it still warns once.
+		{135 * time.Second, connect.NewError(connect.CodeAlreadyExists, errors.New("heard 10ms ago")), false, true},
+		{136 * time.Second, connect.NewError(connect.CodeAlreadyExists, errors.New("heard 20ms ago")), false, false},
 	}
 	for i, s := range steps {
 		if got := w.note(s.err, s.healthy, t0.Add(s.at)); got != s.want {
