@@ -29,9 +29,11 @@ const PartsKey = "payload_parts"
 // makes it 60 KiB, and the part's other fields fit in the rest.
 const partRawBytes = 45 << 10
 
-// maxParts bounds the parts of one event: with the event itself, an
-// append's 256.
-const maxParts = 255
+// maxParts bounds the parts of one event so that all of them and the
+// event fit in one page of ListEvents (4 MiB; a part is about 61 KB): a
+// node reading its task's new events a page at a time keeps its mark off
+// a page that would hold only parts. 60 parts carry 2.6 MiB.
+const maxParts = 60
 
 // Parts describes, in a split event, the fields its payload_part events
 // hold: a JSON object of them, Bytes long, with the SHA-256 given, cut

@@ -126,7 +126,7 @@ func TestSplitPayloadRefuses(t *testing.T) {
 	}{
 		{"not an object", `"` + big + `"`, "not a JSON object"},
 		{"the key taken", `{"payload_parts":1,"x":"` + big + `"}`, `already has "payload_parts"`},
-		{"over 255 parts", `{"x":"` + strings.Repeat("y", 256*partRawBytes) + `"}`, "over the limit"},
+		{"over 60 parts", `{"x":"` + strings.Repeat("y", 61*partRawBytes) + `"}`, "over the limit"},
 	} {
 		if _, err := SplitPayload("tool_call", []byte(c.payload)); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want %q", c.name, err, c.want)

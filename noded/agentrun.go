@@ -402,7 +402,9 @@ func (a *taskActor) newEvents() ([]*warrenv1.Event, error) {
 	}
 	// A page that ends among an event's payload_part events leaves the
 	// mark before them: agentLog reads up to the mark, and the event they
-	// belong to (past the page) must come with them.
+	// belong to (past the page) must come with them. (An event's parts and
+	// itself fit in one page: api.SplitPayload bounds them so, and the
+	// mark moves on.)
 	for i := len(evs) - 1; i >= 0 && evs[i].GetKind() == api.KindPayloadPart; i-- {
 		a.agentSeen = evs[i].GetSeq() - 1
 	}
