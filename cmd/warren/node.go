@@ -302,10 +302,13 @@ func (f *nodeFlags) config() (noded.Config, error) {
 	}
 	if lockErr != nil {
 		errs = append(errs, lockErr) // and no driver is made
-	} else if ferrs := f.checkDriverFlags(); len(ferrs) > 0 {
+	}
+	if ferrs := f.checkDriverFlags(); len(ferrs) > 0 {
 		errs = append(errs, ferrs...)
-	} else if drv, err = newDriver(f); err != nil {
-		errs = append(errs, err)
+	} else if lockErr == nil {
+		if drv, err = newDriver(f); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if cfg.Capacity, err = parseCapacity(f.capacity); err != nil {
 		errs = append(errs, err)

@@ -18,8 +18,8 @@ func TestNodeAndBenchFlagErrors(t *testing.T) {
 		{[]string{"node", "--id", "n1"}, []string{"gossip: required", "driver: required", "data: required", "servers: at least one"}},
 		// A data directory that cannot be made is named along with the
 		// other flags' problems; a size past 2^53 KiB wrapped negative.
-		{[]string{"node", "--id", "n1", "--data", "/proc/x", "--servers", "http://a", "--gossip", "127.0.0.1:1", "--driver", "sim", "--labels", "Zone=a"},
-			[]string{"data: mkdir /proc/x", `labels: key "Zone"`}},
+		{[]string{"node", "--id", "n1", "--data", "/proc/x", "--servers", "http://a", "--gossip", "127.0.0.1:1", "--driver", "docker", "--labels", "Zone=a"},
+			[]string{"data: mkdir /proc/x", `labels: key "Zone"`, "driver"}},
 		{[]string{"node", "--id", "n1", "--data", "/tmp/x", "--servers", "http://a", "--gossip", "127.0.0.1:1", "--driver", "sim", "--capacity", "cpu=2,mem=1GiB,cpu=4"},
 			[]string{"capacity: cpu given twice"}},
 		{[]string{"node", "--id", "n1", "--data", "/tmp/x", "--servers", "http://a", "--gossip", "127.0.0.1:1", "--driver", "microvm", "--tcg-cache-mb", "0"},

@@ -451,8 +451,8 @@ func parseEnv(s string) (map[string]string, error) {
 		if !ok || k == "" {
 			return nil, fmt.Errorf("env: %q is not K=V", kv)
 		}
-		if prev, dup := out[k]; dup { // kept only the last, silently
-			return nil, fmt.Errorf("env: %s given twice (%s=%s and %s=%s)", k, k, prev, k, v)
+		if _, dup := out[k]; dup { // kept only the last, silently
+			return nil, fmt.Errorf("env: %s given twice", k) // (no values: they are often tokens)
 		}
 		out[k] = v
 	}
