@@ -155,6 +155,10 @@ func Start(cfg Config) (*Member, error) {
 	return m, nil
 }
 
+// joinWarnAfter is how long the first gossip join may fail before it is
+// logged above debug.
+const joinWarnAfter = 10 * time.Second
+
 // joinLoop joins through peers, retrying until one answers, and then,
 // every period until Close, joins again through the peers that are not
 // among the live members. memberlist probes and push-pulls only members
@@ -162,10 +166,6 @@ func Start(cfg Config) (*Member, error) {
 // so after a partition longer than that both sides would see each other
 // dead until one restarts. This is Serf's reconnect loop, limited to the
 // peers we were told to join through.
-// joinWarnAfter is how long the first gossip join may fail before it is
-// logged above debug.
-const joinWarnAfter = 10 * time.Second
-
 func (m *Member) joinLoop(peers []string, period time.Duration) {
 	defer m.wg.Done()
 	var others []string
