@@ -85,7 +85,7 @@ func SplitPayload(kind string, payload []byte) ([]*warrenv1.EventInput, error) {
 	for _, k := range keys {
 		moved[k] = fields[k]
 		delete(fields, k)
-		blob, err := marshalPlain(moved)
+		blob, err := MarshalPlain(moved)
 		if err != nil {
 			return nil, err
 		}
@@ -104,7 +104,7 @@ func SplitPayload(kind string, payload []byte) ([]*warrenv1.EventInput, error) {
 			return nil, err
 		}
 		fields[PartsKey] = desc
-		rest, err := marshalPlain(fields)
+		rest, err := MarshalPlain(fields)
 		if err != nil {
 			return nil, err
 		}
@@ -191,7 +191,7 @@ func (j *PartJoiner) Add(kind string, payload []byte) (joined []byte, ok bool, e
 	for k, v := range moved {
 		fields[k] = v
 	}
-	out, err := marshalPlain(fields)
+	out, err := MarshalPlain(fields)
 	if err != nil {
 		return payload, true, err
 	}
@@ -201,9 +201,10 @@ func (j *PartJoiner) Add(kind string, payload []byte) (joined []byte, ok bool, e
 // Pending reports whether parts are held for an event not yet added.
 func (j *PartJoiner) Pending() int { return len(j.held) }
 
-// marshalPlain is json.Marshal without HTML escaping: code is full of <, >
-// and &, which it would write as six bytes each.
-func marshalPlain(v any) ([]byte, error) {
+// MarshalPlain is json.Marshal without HTML escaping: code is full of <,
+// > and &, which it would write as six bytes each, and an event holds at
+// most 64 KiB. The node's agent events and SplitPayload's rest both use it.
+func MarshalPlain(v any) ([]byte, error) {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)

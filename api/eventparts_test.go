@@ -66,7 +66,7 @@ func TestSplitPayloadRoundTrip(t *testing.T) {
 		"response": map[string]any{"id": "msg_1", "stop_reason": "tool_use", "content": []any{
 			map[string]any{"type": "tool_use", "id": "toolu_1", "name": "write_file", "input": map[string]string{"path": "a.go", "content": code}}}},
 	}
-	payload, err := marshalPlain(turn)
+	payload, err := MarshalPlain(turn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +138,7 @@ func TestSplitPayloadRefuses(t *testing.T) {
 // wrong payload: one missing, one changed, out of order, or followed by an
 // event that was not split.
 func TestPartJoinerRefusesBrokenParts(t *testing.T) {
-	payload, _ := marshalPlain(map[string]string{"a": strings.Repeat("a", 100<<10), "b": strings.Repeat("b", 100<<10)})
+	payload, _ := MarshalPlain(map[string]string{"a": strings.Repeat("a", 100<<10), "b": strings.Repeat("b", 100<<10)})
 	evs, err := SplitPayload("tool_call", payload)
 	if err != nil || len(evs) < 4 {
 		t.Fatalf("%d events, %v", len(evs), err)
@@ -189,7 +189,7 @@ func TestSplitPayloadProperty(t *testing.T) {
 			rapid.Int().AsAny(),
 		), 0, 12).Draw(t, "fields")
 		delete(fields, PartsKey)
-		payload, err := marshalPlain(fields)
+		payload, err := MarshalPlain(fields)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -144,15 +144,10 @@ func (s agentSandbox) WriteFile(ctx context.Context, path string, data []byte) e
 type actorRecorder struct{ a *taskActor }
 
 func (r actorRecorder) Record(ctx context.Context, key, kind string, payload any) error {
-	// Without HTML escaping: code is full of <, > and &, which json.Marshal
-	// writes as six bytes each, and an event holds at most 64 KiB.
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(payload); err != nil {
+	b, err := api.MarshalPlain(payload)
+	if err != nil {
 		return err
 	}
-	b := bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
 	// A payload over the log's limit (a model's turn that writes a large
 	// file, and that call's tool_call) goes as payload_part events and the
 	// event, in one append: all of it lands, or none.
