@@ -2,6 +2,7 @@ package guest
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -85,36 +86,10 @@ func TestKillStraysWhenNoCommandRuns(t *testing.T) {
 // outlive the call: the commands' cgroup is killed once no command runs.
 // The test makes a cgroup v2 of its own, as the guest's init does.
 func TestExecSetsidChildKilledWithCgroup(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to make a cgroup")
-	}
-	var root string
-	for _, p := range []string{"/sys/fs/cgroup", "/sys/fs/cgroup/unified"} {
-		var st unix.Statfs_t
-		if unix.Statfs(p, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC {
-			root = p
-			break
-		}
-	}
-	if root == "" {
-		t.Skip("no cgroup v2 hierarchy mounted")
-	}
 	if _, err := exec.LookPath("setsid"); err != nil {
 		t.Skip("no setsid program:", err)
 	}
-	cg, err := os.MkdirTemp(root, "warren-test-")
-	if err != nil {
-		t.Skip("cannot make a cgroup:", err)
-	}
-	t.Cleanup(func() {
-		_ = os.WriteFile(filepath.Join(cg, "cgroup.kill"), []byte("1"), 0o644)
-		for range 100 {
-			if os.Remove(cg) == nil {
-				return
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	})
+	cg := testCgroup(t)
 	sys, err := NewLinuxSystem(cg)
 	if err != nil {
 		t.Fatal(err)
@@ -136,6 +111,93 @@ func TestExecSetsidChildKilledWithCgroup(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 		if b, _ = os.ReadFile(filepath.Join(cg, "cgroup.procs")); strings.TrimSpace(string(b)) != "" {
 			t.Fatalf("processes left in the commands' cgroup: %q", b)
+		}
+	}
+}
+
+// testCgroup makes a cgroup v2 of the test's own, as the guest's init
+// does for the commands, and removes it (killing what is left) at the end.
+func testCgroup(t *testing.T) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to make a cgroup")
+	}
+	var root string
+	for _, p := range []string{"/sys/fs/cgroup", "/sys/fs/cgroup/unified"} {
+		var st unix.Statfs_t
+		if unix.Statfs(p, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC {
+			root = p
+			break
+		}
+	}
+	if root == "" {
+		t.Skip("no cgroup v2 hierarchy mounted")
+	}
+	cg, err := os.MkdirTemp(root, "warren-test-")
+	if err != nil {
+		t.Skip("cannot make a cgroup:", err)
+	}
+	t.Cleanup(func() {
+		_ = os.WriteFile(filepath.Join(cg, "cgroup.kill"), []byte("1"), 0o644)
+		for range 100 {
+			if os.Remove(cg) == nil {
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	})
+	return cg
+}
+
+// KillStrays returns once the killed no longer run: a signal is only
+// delivered when its target next runs, and the next command, which waits
+// for KillStrays, must not find one alive.
+func TestKillStraysWaitsUntilTheyAreDead(t *testing.T) {
+	cg := testCgroup(t)
+	sys, err := NewLinuxSystem(cg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for round := range 5 {
+		var cmds []*exec.Cmd
+		for range 40 {
+			cmd := exec.Command("sleep", "30")
+			cmd.SysProcAttr = sys.ExecAttr()
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			cmds = append(cmds, cmd)
+		}
+		if err := sys.KillStrays(); err != nil {
+			t.Fatal(err)
+		}
+		alive := 0
+		for _, cmd := range cmds {
+			if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", cmd.Process.Pid)); err == nil && !isZombie(st) {
+				alive++
+			}
+		}
+		for _, cmd := range cmds {
+			_ = cmd.Wait()
+		}
+		if alive > 0 {
+			t.Fatalf("round %d: %d of %d killed processes still ran when KillStrays returned", round, alive, len(cmds))
+		}
+	}
+}
+
+func TestIsZombie(t *testing.T) {
+	for stat, want := range map[string]bool{
+		"12 (sleep) S 1 12":   false,
+		"12 (sleep) Z 1 12":   true,
+		"12 (a) Z (b) R 1 12": false,
+		"12 (a) R (b) Z 1 12": true,
+		"12 (x) X 1":          true,
+		"12 (x)":              false,
+		"":                    false,
+	} {
+		if got := isZombie([]byte(stat)); got != want {
+			t.Errorf("isZombie(%q) = %v, want %v", stat, got, want)
 		}
 	}
 }

@@ -2,6 +2,7 @@ package guest
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -138,6 +140,11 @@ func (s *LinuxSystem) ExecAttr() *syscall.SysProcAttr {
 // there is a command's, and kill(-1) reaches all of them but not the agent
 // or init. Otherwise (an agent run on a host, as in tests) it cannot tell
 // a command's stray from anything else, and does nothing.
+//
+// A signal is delivered when its target next runs, so KillStrays then
+// waits, up to StrayWait, until none of them runs any more: the next
+// command, which waits for it, never sees one alive. A dead one may stay a
+// zombie until init reaps it.
 func (s *LinuxSystem) KillStrays() error {
 	if s.cgroupFD < 0 {
 		if !s.Container || !s.UnderInit || os.Getppid() != 1 {
@@ -146,13 +153,13 @@ func (s *LinuxSystem) KillStrays() error {
 		if err := unix.Kill(-1, unix.SIGKILL); err != nil && err != unix.ESRCH {
 			return fmt.Errorf("kill(-1): %w", err)
 		}
-		return nil
+		return waitStrays(othersAlive)
 	}
 	if s.killFD >= 0 {
 		if _, err := unix.Write(s.killFD, []byte("1")); err != nil {
 			return fmt.Errorf("%s/cgroup.kill: %w", s.cgroup, err)
 		}
-		return nil
+		return waitStrays(s.cgroupAlive)
 	}
 	b, err := os.ReadFile(filepath.Join(s.cgroup, "cgroup.procs"))
 	if err != nil {
@@ -163,7 +170,70 @@ func (s *LinuxSystem) KillStrays() error {
 			_ = unix.Kill(pid, unix.SIGKILL)
 		}
 	}
-	return nil
+	return waitStrays(s.cgroupAlive)
+}
+
+// StrayWait bounds KillStrays' wait for the killed to end: one in an
+// uninterruptible sleep (a write to a slow disk) ends only when that does.
+var StrayWait = 2 * time.Second
+
+// waitStrays polls alive, which counts the strays still running, until it
+// is 0 or StrayWait has passed.
+func waitStrays(alive func() (int, error)) error {
+	deadline := time.Now().Add(StrayWait)
+	for pause := 100 * time.Microsecond; ; pause = min(2*pause, 10*time.Millisecond) {
+		n, err := alive()
+		if err != nil || n == 0 {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d killed processes still run after %v", n, StrayWait)
+		}
+		time.Sleep(pause)
+	}
+}
+
+// cgroupAlive reads the commands' cgroup's populated flag, which counts
+// live processes only (not zombies): 1 or 0.
+func (s *LinuxSystem) cgroupAlive() (int, error) {
+	b, err := os.ReadFile(filepath.Join(s.cgroup, "cgroup.events"))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "populated "); ok {
+			return strconv.Atoi(strings.TrimSpace(v))
+		}
+	}
+	return 0, fmt.Errorf("%s/cgroup.events: no populated line", s.cgroup)
+}
+
+// othersAlive counts the processes of the pid namespace, other than init
+// and this one, that are not zombies.
+func othersAlive() (int, error) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, err
+	}
+	self := os.Getpid()
+	n := 0
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == 1 || pid == self {
+			continue
+		}
+		if st, err := os.ReadFile("/proc/" + e.Name() + "/stat"); err == nil && !isZombie(st) {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// isZombie reads the state of a /proc/PID/stat (after the command's name,
+// which may hold spaces and parentheses).
+func isZombie(stat []byte) bool {
+	i := bytes.LastIndexByte(stat, ')')
+	return i >= 0 && i+2 < len(stat) && (stat[i+2] == 'Z' || stat[i+2] == 'X')
 }
 
 // Stats reads /proc and statfs.
