@@ -800,17 +800,21 @@ func TestAbuseIsContained(t *testing.T) {
 	defer good.Destroy()
 	for _, tc := range []struct {
 		name, script string
+		// timeout ends the command (the fork bomb's way to end). The
+		// others end by their limit, within seconds; theirs only bounds a
+		// hung test, far above the 8 to 16 s a disk fill takes under TCG.
+		timeout time.Duration
 		// contained checks how the abuse ended: stopped by its limit.
 		contained func(res guest.ExecResult, out string) bool
 	}{
-		{"fork bomb", `bomb() { bomb | bomb & }; bomb; sleep 10`, func(res guest.ExecResult, out string) bool {
+		{"fork bomb", `bomb() { bomb | bomb & }; bomb; sleep 10`, 20 * time.Second, func(res guest.ExecResult, out string) bool {
 			return strings.Contains(out, "fork: retry: Resource temporarily unavailable") // pids.max
 		}},
 		{"memory hog", `python3 -c 'a = []
-while True: a.append(bytearray(1 << 20))'`, func(res guest.ExecResult, out string) bool {
+while True: a.append(bytearray(1 << 20))'`, 3 * time.Minute, func(res guest.ExecResult, out string) bool {
 			return res.Signal == 9 // the commands' cgroup's OOM killer
 		}},
-		{"disk filler", `dd if=/dev/zero of=/root/fill bs=1M; echo dd exit $?; df -m /`, func(res guest.ExecResult, out string) bool {
+		{"disk filler", `dd if=/dev/zero of=/root/fill bs=1M; echo dd exit $?; df -m /`, 3 * time.Minute, func(res guest.ExecResult, out string) bool {
 			return strings.Contains(out, "No space left on device") && strings.Contains(out, "dd exit 1")
 		}},
 	} {
@@ -822,7 +826,7 @@ while True: a.append(bytearray(1 << 20))'`, func(res guest.ExecResult, out strin
 			go func() {
 				defer close(done)
 				res, runErr = bad.(driver.Interactive).Run(ctx, guest.ExecRequest{Argv: []string{"/bin/bash", "-c", tc.script},
-					Timeout: 20 * time.Second}, &out, &out)
+					Timeout: tc.timeout}, &out, &out)
 			}()
 			// While it runs, the other sandbox answers, every time.
 			var worst time.Duration
@@ -852,8 +856,10 @@ while True: a.append(bytearray(1 << 20))'`, func(res guest.ExecResult, out strin
 				t.Errorf("%s was not stopped by its limit: exit %d signal %d output %q", tc.name, res.ExitCode, res.Signal, out.String())
 			}
 			// The abused sandbox itself still answers.
-			if o, code := run(t, bad, "echo alive"); code != 0 || o != "alive\n" {
-				t.Fatalf("the abused sandbox's agent: %q", o)
+			var alive bytes.Buffer
+			r, err := bad.(driver.Interactive).Run(ctxT(t, 2*time.Minute), guest.ExecRequest{Argv: []string{"echo", "alive"}}, &alive, &alive)
+			if err != nil || r.ExitCode != 0 || alive.String() != "alive\n" {
+				t.Fatalf("the abused sandbox's agent: %q %v; the end of its console:\n%s", alive.String(), err, consoleTail(bad.(*VM)))
 			}
 			if tc.name == "disk filler" {
 				// On the host, the sandbox's overlay grew at most by its
@@ -874,6 +880,16 @@ while True: a.append(bytearray(1 << 20))'`, func(res guest.ExecResult, out strin
 	if out, _ := run(t, bad, "rm -f /root/fill; echo ok"); out != "ok\n" {
 		t.Fatalf("cleanup: %q", out)
 	}
+}
+
+// consoleTail is the end of a VM's console (the guest kernel's warnings,
+// such as hung tasks), for a test's failure.
+func consoleTail(vm *VM) string {
+	b, err := os.ReadFile(filepath.Join(vm.spec.Dir, "console.log"))
+	if err != nil {
+		return err.Error()
+	}
+	return string(b[max(0, len(b)-4<<10):])
 }
 
 func lastLine(s string) string {
