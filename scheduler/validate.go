@@ -157,6 +157,11 @@ func validateCreate(r *warrenv1.CreateTaskRequest) error {
 	if s.GetModel() == "scripted" && s.GetModelScript() == "" && s.GetScript() == nil {
 		p.add("spec.model_script", "required with model \"scripted\"")
 	}
+	// A model_script runs instead of any model: a task that also names a
+	// real one would silently never call it.
+	if m := s.GetModel(); s.GetModelScript() != "" && m != "" && m != "scripted" {
+		p.add("spec.model", "%q with a model_script, which calls no model: set model to \"scripted\" or leave it empty", truncate(m, 80))
+	}
 	switch s.GetEgressProfile() {
 	case "", "registries", "custom":
 	case "none":

@@ -60,6 +60,7 @@ func TestValidateCreate(t *testing.T) {
 		}, "spec.policy[0].path:"},
 		{"bad tenant", func(r *warrenv1.CreateTaskRequest) { r.Tenant = "A!" }, "tenant:"},
 		{"long request id", func(r *warrenv1.CreateTaskRequest) { r.RequestId = strings.Repeat("r", 200) }, "request_id:"},
+		{"model and model_script", func(r *warrenv1.CreateTaskRequest) { r.Spec.ModelScript = `{"text":"done"}` }, `spec.model: "claude-sonnet-4" with a model_script`},
 		{"bad template", func(r *warrenv1.CreateTaskRequest) { r.Spec.Template = "../etc" }, "spec.template:"},
 	}
 	for _, tc := range cases {
