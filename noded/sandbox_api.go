@@ -248,6 +248,8 @@ func codeFor(err error) connect.Code {
 		return connect.CodeInvalidArgument
 	case errors.Is(err, driver.ErrNotFound):
 		return connect.CodeNotFound
+	case errors.Is(err, driver.ErrExists):
+		return connect.CodeAlreadyExists
 	case errors.Is(err, driver.ErrUnavailable):
 		return connect.CodeUnavailable
 	case errors.As(err, &re):
@@ -259,6 +261,9 @@ func codeFor(err error) connect.Code {
 			return connect.CodeFailedPrecondition
 		case strings.Contains(re.Msg, "no such file or directory"):
 			return connect.CodeNotFound
+		case strings.Contains(re.Msg, "permission denied"):
+			// The guest's own file modes refused the call (EACCES).
+			return connect.CodePermissionDenied
 		case strings.Contains(re.Msg, "is a directory"), strings.Contains(re.Msg, "not a directory"),
 			strings.Contains(re.Msg, "over the limit"), strings.HasPrefix(re.Msg, "path"), strings.HasPrefix(re.Msg, "command"):
 			return connect.CodeInvalidArgument

@@ -433,3 +433,25 @@ func TestDirectPoolTargetIsNotUndoneByAnOlderSessionTarget(t *testing.T) {
 		t.Errorf("after a later session's set: %v, want default 3 and go 0", drv.targets)
 	}
 }
+
+// The driver's and the agent's errors map to the code a client acts on:
+// a taken sandbox id is already_exists (not invalid_argument: the request
+// is well formed), and a guest file the guest's modes refuse is
+// permission_denied.
+func TestCodeFor(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want connect.Code
+	}{
+		{driver.Errorf(driver.ErrExists, "sandbox %q exists", "sb-1"), connect.CodeAlreadyExists},
+		{driver.Errorf(driver.ErrInvalid, "limits.pids 1"), connect.CodeInvalidArgument},
+		{driver.Errorf(driver.ErrNotFound, "template x"), connect.CodeNotFound},
+		{&guest.RemoteError{Msg: "open /etc/shadow: permission denied"}, connect.CodePermissionDenied},
+		{&guest.RemoteError{Msg: `start "/tmp/x": fork/exec /tmp/x: permission denied`}, connect.CodeFailedPrecondition},
+		{&guest.RemoteError{Msg: "open /x: no such file or directory"}, connect.CodeNotFound},
+	} {
+		if got := codeFor(tc.err); got != tc.want {
+			t.Errorf("codeFor(%v) = %v, want %v", tc.err, got, tc.want)
+		}
+	}
+}

@@ -86,10 +86,12 @@ type Info struct {
 var (
 	ErrInvalid     = errors.New("invalid argument")
 	ErrNotFound    = errors.New("not found")
+	ErrExists      = errors.New("already exists") // a claim's id is taken
 	ErrUnavailable = errors.New("unavailable")
 )
 
-// Errorf returns an error of kind (ErrInvalid, ErrNotFound, ErrUnavailable)
+// Errorf returns an error of kind (ErrInvalid, ErrNotFound, ErrExists,
+// ErrUnavailable)
 // whose message is only the formatted text: errors.Is(err, kind) holds.
 func Errorf(kind error, format string, args ...any) error {
 	return &kindError{kind: kind, msg: fmt.Sprintf(format, args...)}

@@ -370,7 +370,7 @@ func (d *Driver) Claim(ctx context.Context, req driver.ClaimRequest) (driver.San
 	}
 	if _, dup := d.live[req.ID]; dup {
 		d.mu.Unlock()
-		return nil, driver.Errorf(driver.ErrInvalid, "sandbox %q exists", req.ID)
+		return nil, driver.Errorf(driver.ErrExists, "sandbox %q exists", req.ID)
 	}
 	d.live[req.ID] = nil
 	d.claims.Add(1)

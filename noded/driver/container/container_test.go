@@ -120,6 +120,9 @@ func testLifecycle(t *testing.T, runtime, id string, pids int) {
 		t.Fatal(err)
 	}
 	t.Logf("claim took %v", sb.(driver.Interactive).Info().ClaimTime)
+	if _, err := d.Claim(ctx, driver.ClaimRequest{ID: id}); !errors.Is(err, driver.ErrExists) {
+		t.Errorf("a second claim of %s: %v, want ErrExists", id, err)
+	}
 	out, code := run(t, sb, "uname -a; echo $((6*7)); echo $GREETING; hostname")
 	if code != 0 || !strings.Contains(out, "Linux") || !strings.HasSuffix(out, "42\nhi\n"+id+"\n") {
 		t.Fatalf("exit %d %q", code, out)

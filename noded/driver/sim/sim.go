@@ -70,7 +70,7 @@ func (d *Driver) Claim(ctx context.Context, req driver.ClaimRequest) (driver.San
 	d.mu.Lock()
 	if _, dup := d.live[req.ID]; dup {
 		d.mu.Unlock()
-		return nil, fmt.Errorf("sim: sandbox %q exists", req.ID)
+		return nil, driver.Errorf(driver.ErrExists, "sim: sandbox %q exists", req.ID)
 	}
 	warm := d.warm[req.Template] > 0 // the simulated pool refills at once
 	sb := &sandbox{d: d, id: req.ID, warm: warm}

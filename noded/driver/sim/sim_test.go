@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -19,8 +20,8 @@ func TestSimulatedSandbox(t *testing.T) {
 	if sb.Warm() {
 		t.Fatal("claim without a pool target came back warm")
 	}
-	if _, err := d.Claim(ctx, driver.ClaimRequest{ID: "a"}); err == nil {
-		t.Fatal("duplicate sandbox id accepted")
+	if _, err := d.Claim(ctx, driver.ClaimRequest{ID: "a"}); !errors.Is(err, driver.ErrExists) {
+		t.Fatalf("duplicate sandbox id: %v, want ErrExists", err)
 	}
 	start := time.Now()
 	res, err := sb.Exec(ctx, driver.ExecRequest{Command: "sleep 0.05"})
