@@ -144,6 +144,30 @@ func TestNodeConfigReportsCountAndGossipProfile(t *testing.T) {
 	}
 }
 
+// A node advertising a template its driver lacks is refused at start:
+// every task placed there for it would fail its claim.
+func TestNodeTemplatesTheDriverLacks(t *testing.T) {
+	drv := templateDriver{noDriver{}, []string{"default", "go"}}
+	if errs := checkTemplates(drv, []string{"default", "go"}); len(errs) > 0 {
+		t.Errorf("templates the driver has: %v", errs)
+	}
+	errs := checkTemplates(drv, []string{"go", "rust"})
+	if len(errs) != 1 || !strings.Contains(errs[0].Error(), `templates: "rust": the fake driver has no such template (have: default, go`) {
+		t.Errorf("a template the driver lacks: %v", errs)
+	}
+	if errs := checkTemplates(noDriver{}, []string{"rust"}); len(errs) > 0 {
+		t.Errorf("a driver that lists no templates (sim) is not checked: %v", errs)
+	}
+}
+
+type templateDriver struct {
+	noDriver
+	have []string
+}
+
+func (d templateDriver) Name() string        { return "fake" }
+func (d templateDriver) Templates() []string { return d.have }
+
 // parseNodeFlags parses `warren node` flags after a valid --id, --data,
 // --servers and --gossip, returns the config made and closes its driver
 // and egress at the test's end.

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -310,6 +311,7 @@ func (f *nodeFlags) config() (noded.Config, error) {
 			errs = append(errs, err)
 		}
 	}
+	errs = append(errs, checkTemplates(drv, cfg.Templates)...)
 	if cfg.Capacity, err = parseCapacity(f.capacity); err != nil {
 		errs = append(errs, err)
 		cfg.Capacity = &warrenv1.Resources{MilliCpu: 1, MemoryBytes: 1} // reported above
@@ -371,6 +373,25 @@ func (f *nodeFlags) config() (noded.Config, error) {
 		cfg.Driver = noDriver{} // reported above; keep Validate from repeating it
 	}
 	return cfg, errors.Join(append(errs, cfg.Validate())...)
+}
+
+// checkTemplates checks that drv, if it lists its templates, has each of
+// --templates: the servers place a task needing a template on a node
+// that advertises it, and one the driver lacks would fail every claim.
+func checkTemplates(drv driver.Driver, templates []string) []error {
+	lt, ok := drv.(interface{ Templates() []string })
+	if !ok {
+		return nil
+	}
+	var errs []error
+	have := lt.Templates()
+	for _, t := range templates {
+		if !slices.Contains(have, t) {
+			errs = append(errs, fmt.Errorf("templates: %q: the %s driver has no such template (have: %s; build one with make image)",
+				t, drv.Name(), strings.Join(have, ", ")))
+		}
+	}
+	return errs
 }
 
 // checkDriverFlags checks the flags that only some drivers use (or none:
