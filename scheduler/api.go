@@ -483,7 +483,11 @@ func (a taskAPI) StreamEvents(ctx context.Context, req *connect.Request[warrenv1
 	if err := p.err(); err != nil {
 		return invalid(err)
 	}
-	if _, err := a.s.readTask(ctx, req.Msg.GetTaskId()); err != nil {
+	t, err := a.s.readTask(ctx, req.Msg.GetTaskId())
+	if err != nil {
+		return err
+	}
+	if _, err := a.s.checkResume(ctx, t, req.Msg.GetAfterSeq()); err != nil {
 		return err
 	}
 	return a.s.tail(ctx, req.Msg.GetTaskId(), req.Msg.GetAfterSeq(), func(ev *warrenv1.Event) error {

@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -280,4 +281,59 @@ func (s *Server) catchUp(ctx context.Context) bool {
 	// commit index may be a leader's no-op, an entry no state machine
 	// sees, so this replica's index might not reach it for a while.
 	return s.fsm.WaitApplied(ctx, resp.Msg.GetFsmAppliedIndex()) == nil
+}
+
+// checkResume checks a stream's resume point (after_seq, Last-Event-ID)
+// against task t as read here. One past a live task's last event names an
+// event no server has given (a client's bookkeeping bug, or an id of
+// another task), and tailing from it would skip every event up to it
+// without a word: it is refused, out_of_range. (An ended task's stream
+// has nothing more to skip; past its end it just ends, and the SSE
+// gateway answers 204 so that an EventSource stops reconnecting.)
+//
+// A replica may lag the one that gave the client its last event, so
+// before refusing, a follower catches up with the leader, and any server
+// waits up to catchUpWait for the task to reach the point. A follower
+// that cannot reach a leader (an election under way) cannot be sure and
+// refuses nothing: the stream waits for the point, as it always did. It
+// returns the task as last read.
+func (s *Server) checkResume(ctx context.Context, t *warrenv1.Task, after uint64) (*warrenv1.Task, error) {
+	if after < t.GetNextSeq() || Terminal(t.GetState()) {
+		return t, nil
+	}
+	id := t.GetId()
+	if s.raft.State() != raft.Leader && !s.catchUp(ctx) {
+		// No leader to ask (an election, a partition): this replica may
+		// just lag, so the stream waits for the point, as it always has.
+		return t, nil
+	}
+	wctx, cancel := context.WithTimeout(ctx, catchUpWait)
+	defer cancel()
+	for {
+		wake, release := s.fsm.WatchTask(id)
+		check := s.readGuard()
+		cur, err := s.fsm.Task(id)
+		if err = cmp.Or(check(), err); err != nil {
+			release()
+			return nil, err
+		}
+		if after < cur.GetNextSeq() || Terminal(cur.GetState()) {
+			release()
+			return cur, nil
+		}
+		select {
+		case <-wake:
+			release()
+			continue
+		case <-wctx.Done():
+		case <-s.stop:
+			release()
+			return nil, connect.NewError(connect.CodeUnavailable, errors.New("server shutting down; reconnect with after_seq"))
+		}
+		release()
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		return nil, connect.NewError(connect.CodeOutOfRange, fmt.Errorf("after_seq %d: past task %s's last event (seq %d)", after, id, cur.GetNextSeq()-1))
+	}
 }

@@ -39,6 +39,9 @@ func (h sseHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	t, err := h.s.readTask(r.Context(), id)
+	if err == nil {
+		t, err = h.s.checkResume(r.Context(), t, after)
+	}
 	if err != nil {
 		sseError(w, err)
 		return

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -123,5 +124,54 @@ func TestHTTPStatusOfConnectCodes(t *testing.T) {
 		if got := httpStatus(code); got != want {
 			t.Errorf("httpStatus(%s) = %d, want %d", code, got, want)
 		}
+	}
+}
+
+// A resume point past a live task's last event is refused, out_of_range,
+// by StreamEvents and by the SSE gateway: tailing from it would skip the
+// events up to it without a word. One the task reaches within the wait
+// (a client that got it from a server ahead of this one) is served.
+func TestResumePastALiveTasksEndIsRefused(t *testing.T) {
+	n := startSingle(t)
+	task := createVia(t, n, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	last := task.GetNextSeq() - 1
+	st, err := n.tasks.StreamEvents(ctx, connect.NewRequest(&warrenv1.StreamEventsRequest{TaskId: task.GetId(), AfterSeq: last + 5}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for st.Receive() {
+		t.Errorf("an event past the resume point: %v", st.Msg().GetEvent())
+	}
+	if err := st.Err(); connect.CodeOf(err) != connect.CodeOutOfRange || !strings.Contains(err.Error(), "after_seq") ||
+		!strings.Contains(err.Error(), "past task") {
+		t.Errorf("StreamEvents after_seq %d of %d: %v; want out_of_range naming after_seq", last+5, last, err)
+	}
+	st.Close()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, n.url+"/v1/tasks/"+task.GetId()+"/events", nil)
+	req.Header.Set("Last-Event-ID", strconv.FormatUint(last+1, 10))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), "out_of_range") {
+		t.Errorf("SSE Last-Event-ID %d of %d: %d %q; want 400 out_of_range", last+1, last, resp.StatusCode, b)
+	}
+	// A point the task reaches while the server waits.
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		_, _ = n.tasks.SendMessage(ctx, connect.NewRequest(&warrenv1.SendMessageRequest{TaskId: task.GetId(), Text: "one"}))
+		_, _ = n.tasks.SendMessage(ctx, connect.NewRequest(&warrenv1.SendMessageRequest{TaskId: task.GetId(), Text: "two"}))
+	}()
+	st, err = n.tasks.StreamEvents(ctx, connect.NewRequest(&warrenv1.StreamEventsRequest{TaskId: task.GetId(), AfterSeq: last + 1}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if !st.Receive() || st.Msg().GetEvent().GetSeq() != last+2 {
+		t.Errorf("after_seq %d, reached within the wait: %v %v; want seq %d", last+1, st.Msg().GetEvent(), st.Err(), last+2)
 	}
 }
