@@ -84,6 +84,9 @@ type FileDiff struct {
 	Bytes   int // binary: the new content's size when the patch says
 	Added   []Line
 	Removed int
+	// Unreadable is set when a hunk's header has no line counts git
+	// would write: its lines could not be read, and the diff is blocked.
+	Unreadable bool
 }
 
 // Line is an added line and its number in the new file.
@@ -128,7 +131,9 @@ func ParseDiff(diff []byte) []FileDiff {
 		case strings.HasPrefix(raw, "deleted file mode"):
 			cur.Deleted = true
 		case strings.HasPrefix(raw, "+++ "):
-			if p := strings.TrimPrefix(raw, "+++ "); p != "/dev/null" {
+			// git ends the name with a TAB when it has a space in it
+			// ("+++ b/my app/package.json\t"), quoted or not.
+			if p := strings.TrimSuffix(strings.TrimPrefix(raw, "+++ "), "\t"); p != "/dev/null" {
 				cur.Path = strings.TrimPrefix(unquote(p), "b/")
 			}
 		case strings.HasPrefix(raw, "GIT binary patch"), strings.HasPrefix(raw, "Binary files "):
@@ -145,7 +150,15 @@ func ParseDiff(diff []byte) []FileDiff {
 			if len(f) < 3 {
 				continue
 			}
-			oldLeft, newLeft, n = hunkRange(f[1]), hunkRange(f[2]), hunkStart(f[2])
+			var okOld, okNew bool
+			oldLeft, okOld = hunkRange(f[1])
+			newLeft, okNew = hunkRange(f[2])
+			n = hunkStart(f[2])
+			if !okOld || !okNew {
+				// Not git's: the lines that follow cannot be told apart.
+				// The checks block the diff (FileDiff.Unreadable).
+				cur.Unreadable = true
+			}
 		}
 	}
 	return files
@@ -158,19 +171,24 @@ func hunkStart(r string) int {
 	return v
 }
 
-func hunkRange(r string) int {
+// Any count git can write is taken as it is (a file of 17 million lines
+// has a hunk of 17 million); one that is not a count is reported (false).
+func hunkRange(r string) (int, bool) {
 	if len(r) < 2 {
-		return 0
+		return 0, false
 	}
-	_, count, ok := strings.Cut(r[1:], ",")
+	start, count, ok := strings.Cut(r[1:], ",")
+	if v, err := strconv.Atoi(start); err != nil || v < 0 {
+		return 0, false
+	}
 	if !ok {
-		return 1
+		return 1, true
 	}
 	v, err := strconv.Atoi(count)
-	if err != nil || v < 0 || v > 1<<24 {
-		return 0
+	if err != nil || v < 0 {
+		return 0, false
 	}
-	return v
+	return v, true
 }
 
 // pathFromHeader is the new path of a "diff --git a/<path> b/<path>"
@@ -270,6 +288,10 @@ func Check(diff []byte, cfg CheckConfig) (*Report, error) {
 		}
 		if !cfg.TestsRequested && testGlobs.match(f.Path) {
 			add(Finding{Kind: FindTests, Path: f.Path, Message: "edits tests, which the task did not ask for"})
+		}
+		if f.Unreadable {
+			r.Findings = append(r.Findings, Finding{Kind: FindSize, Action: Block, Path: f.Path,
+				Message: "has a hunk header without line counts git would write: its lines cannot be checked"})
 		}
 		size := f.Bytes
 		if !f.Binary {

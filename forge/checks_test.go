@@ -194,3 +194,93 @@ func TestChecksDeletedFileWithAQuotedPath(t *testing.T) {
 		t.Errorf("deleting .github/workflows/déploy.yml: findings %+v", r.Findings)
 	}
 }
+
+// Added files whose paths have a space (git ends such a name with a TAB
+// on its "+++" line, quoted or not) get the checks of their names: a CI
+// workflow, a manifest and a test, through the node's own diff.
+func TestChecksPathsWithSpaces(t *testing.T) {
+	needGit(t)
+	repo := t.TempDir()
+	sh(t, repo, "init", "-q", "-b", "main")
+	os.WriteFile(filepath.Join(repo, "a.txt"), []byte("a\n"), 0o644)
+	sh(t, repo, "add", "-A")
+	sh(t, repo, "commit", "-qm", "first")
+	base := sh(t, repo, "rev-parse", "HEAD")
+	files := map[string]string{
+		"my app/package.json":            FindManifest,
+		"requirements dev.txt":           FindManifest,
+		"my app/calc_test.go":            FindTests,
+		".github/workflows/dé ploy.yml":  FindCIConfig,
+		`.github/workflows/q"uote x.yml`: FindCIConfig,
+	}
+	for p := range files {
+		os.MkdirAll(filepath.Dir(filepath.Join(repo, p)), 0o755)
+		os.WriteFile(filepath.Join(repo, p), []byte("on: push\n"), 0o644)
+	}
+	sh(t, repo, "add", "-A")
+	ctx := context.Background()
+	c := &Cache{Dir: t.TempDir()}
+	mirror, err := c.Mirror(ctx, repo, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws, err := c.Git.Checkout(ctx, mirror, base, filepath.Join(t.TempDir(), "ws"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ws.Apply(ctx, []byte(sh(t, repo, "diff", "--cached", "--binary", "HEAD")+"\n")); err != nil {
+		t.Fatal(err)
+	}
+	text, err := ws.TextDiff(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(text), "+++ b/my app/package.json\t\n") {
+		t.Fatalf("the trap is not set: no TAB after a name with a space:\n%s", text)
+	}
+	r, err := Check(text, CheckConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, f := range r.Findings {
+		got[f.Path] = f.Kind
+	}
+	for p, kind := range files {
+		if got[p] != kind {
+			t.Errorf("%q: finding %q, want %q (all: %+v)", p, got[p], kind, r.Findings)
+		}
+	}
+}
+
+// A hunk of more lines than any cap (a 17-million-line file) is read by
+// its header's counts like any other: its lines are scanned and counted.
+// A header whose counts git would not write blocks the diff.
+func TestChecksHugeAndBrokenHunkHeaders(t *testing.T) {
+	const key = "AKIAQYLPMN5HHHFPZAM2"
+	diff := "diff --git a/big.txt b/big.txt\nnew file mode 100644\n--- /dev/null\n+++ b/big.txt\n@@ -0,0 +1,16777217 @@\n+\n+" + key + "\n"
+	r, err := Check([]byte(diff), CheckConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := map[string]bool{}
+	for _, f := range r.Findings {
+		kinds[f.Kind] = true
+	}
+	if !r.Blocked || !kinds[FindSecret] || r.Added != 2 {
+		t.Errorf("a hunk of 16777217 lines: added %d, findings %+v; want its 2 lines scanned and the key blocked", r.Added, r.Findings)
+	}
+	for _, h := range []string{"@@ -0,0 +1,99999999999999999999 @@", "@@ -0,0 +1,-3 @@", "@@ -x +1,2 @@", "@@ - +1 @@"} {
+		r, err := Check([]byte(strings.Replace(diff, "@@ -0,0 +1,16777217 @@", h, 1)), CheckConfig{Actions: map[string]string{FindSize: Flag}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		unreadable := false
+		for _, f := range r.Findings {
+			unreadable = unreadable || (f.Action == Block && strings.Contains(f.Message, "cannot be checked"))
+		}
+		if !r.Blocked || !unreadable {
+			t.Errorf("%s: findings %+v; want the diff blocked as unreadable", h, r.Findings)
+		}
+	}
+}
