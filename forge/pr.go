@@ -317,6 +317,17 @@ func doJSON(ctx context.Context, hc *http.Client, method, u string, h http.Heade
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
 	if resp.StatusCode/100 != 2 {
 		msg := strings.TrimSpace(string(b))
+		// A body that echoes the credential loses it before the cut: a
+		// cut through it would leave a prefix no later redaction finds.
+		for _, vs := range h {
+			for _, v := range vs {
+				for _, secret := range []string{v, v[strings.LastIndexByte(v, ' ')+1:]} {
+					if len(secret) >= 8 {
+						msg = strings.ReplaceAll(msg, secret, "[redacted]")
+					}
+				}
+			}
+		}
 		if len(msg) > 300 {
 			msg = msg[:300] + "…"
 		}

@@ -15,12 +15,13 @@ import (
 // retrying") and, after the last try, in the task's state_changed event.
 // Every adapter's errors have the token redacted.
 func TestAdapterErrorsDoNotEchoTheToken(t *testing.T) {
-	const token = "sk-zzreview-SECRET"
+	const token = "sk-zzreview-SECRET-0123456789abcdefghij"
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("content-type", "application/json")
 		w.WriteHeader(http.StatusUnauthorized)
 		got := r.Header.Get("Authorization") + r.Header.Get("PRIVATE-TOKEN")
-		_, _ = w.Write([]byte(`{"message":"bad credentials: ` + got + `"}`))
+		// Padded so that the adapters' 300-byte cut falls in the token.
+		_, _ = w.Write([]byte(`{"message":"` + strings.Repeat("x", 250) + ` bad credentials: ` + got + `"}`))
 	}))
 	defer srv.Close()
 	for _, kind := range []string{"github", "gitea", "gitlab"} {
@@ -32,7 +33,7 @@ func TestAdapterErrorsDoNotEchoTheToken(t *testing.T) {
 		if err == nil {
 			t.Fatalf("%s: no error", kind)
 		}
-		if strings.Contains(err.Error(), token) {
+		if strings.Contains(err.Error(), token) || strings.Contains(err.Error(), token[:8]) {
 			t.Errorf("%s: the forge's error repeats the token: %v", kind, err)
 		}
 	}
