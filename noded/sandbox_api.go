@@ -899,13 +899,16 @@ func (d *Daemon) sessionMark() uint64 {
 	return d.Sandboxes.direct
 }
 
-// ListPools reports this node's pools.
+// ListPools reports this node's pools. A snapshot's status may be why
+// making or loading one failed, in the driver's words: the node's paths
+// in it are cut to their last element, as in every error (the node's log
+// has them whole).
 func (a *SandboxAPI) ListPools(ctx context.Context, req *connect.Request[warrenv1.ListPoolsRequest]) (*connect.Response[warrenv1.ListPoolsResponse], error) {
 	res := &warrenv1.ListPoolsResponse{}
 	if p, ok := a.drv.(driver.Pooler); ok {
 		for _, st := range p.Pools() {
 			res.Pools = append(res.Pools, &warrenv1.PoolStatus{NodeId: a.nodeID, Template: st.Template, Target: uint32(st.Target),
-				Ready: uint32(st.Ready), Filling: uint32(st.Filling), Snapshot: st.Snapshot, Standby: uint32(st.Standby)})
+				Ready: uint32(st.Ready), Filling: uint32(st.Filling), Snapshot: scrubPaths(st.Snapshot, nil), Standby: uint32(st.Standby)})
 		}
 	}
 	return connect.NewResponse(res), nil

@@ -292,10 +292,11 @@ func TestPoolSetOnADriverWithoutPoolsIsANoOp(t *testing.T) {
 type poolDriver struct {
 	listDriver
 	targets map[string]int
+	pools   []driver.PoolStatus
 }
 
 func (d *poolDriver) SetPoolTarget(t string, n int) { d.targets[t] = n }
-func (d *poolDriver) Pools() []driver.PoolStatus    { return nil }
+func (d *poolDriver) Pools() []driver.PoolStatus    { return d.pools }
 
 // A session's complete set of pool targets zeroes the templates the node
 // has a target for and the set does not name (removed while the node was
@@ -453,5 +454,21 @@ func TestCodeFor(t *testing.T) {
 		if got := codeFor(tc.err); got != tc.want {
 			t.Errorf("codeFor(%v) = %v, want %v", tc.err, got, tc.want)
 		}
+	}
+}
+
+// A pool's snapshot status that says why making one failed does not show
+// the node's paths to clients (warren pool list), as no error does.
+func TestPoolSnapshotStatusLeavesOutTheNodesPaths(t *testing.T) {
+	drv := &poolDriver{listDriver: listDriver{name: "microvm"}, targets: map[string]int{}, pools: []driver.PoolStatus{{Template: "default",
+		Snapshot: "making the snapshot failed: snapshot: stat /var/lib/warren/microvm/snapshots/default-v1-256m/mem: no such file or directory"}}}
+	c := serveSandboxAPI(t, drv)
+	res, err := c.ListPools(context.Background(), connect.NewRequest(&warrenv1.ListPoolsRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps := res.Msg.GetPools()
+	if len(ps) != 1 || strings.Contains(ps[0].GetSnapshot(), "/var/lib") || !strings.Contains(ps[0].GetSnapshot(), "…/mem: no such file") {
+		t.Errorf("pool list: %v; want the snapshot's status without the node's paths", ps)
 	}
 }
