@@ -439,7 +439,7 @@ func (c *Client) List(ctx context.Context, path string) ([]FileInfo, error) {
 		// A large listing comes in parts (see answer in server.go),
 		// bounded here: the host holds it whole.
 		if got += len(p); got > maxListBytes {
-			return fmt.Errorf("guest: list %s: the guest sent over %d bytes of entries", path, maxListBytes)
+			return fmt.Errorf("guest: list %s: %w: the guest sent over %d bytes of entries", path, ErrListTooLarge, maxListBytes)
 		}
 		var part Result
 		var err error
@@ -469,6 +469,10 @@ func (c *Client) List(ctx context.Context, path string) ([]FileInfo, error) {
 	return append(files, res.Files...), nil
 }
 
+// ErrListTooLarge is a listing over the host's limits (maxListBytes,
+// maxListEntries): a directory too large to list in one call.
+var ErrListTooLarge = errors.New("directory too large to list")
+
 // maxListBytes bounds the encoded entries of one listing (a few hundred
 // thousand names), and maxListEntries their number: an entry is 2 bytes
 // on the wire at the least but a FileInfo of about 50 on the host.
@@ -481,7 +485,7 @@ const (
 // maxListEntries after had entries, or has an entry without a name.
 func checkListed(path string, had int, part []FileInfo) error {
 	if had+len(part) > maxListEntries {
-		return fmt.Errorf("guest: list %s: the guest sent over %d entries", path, maxListEntries)
+		return fmt.Errorf("guest: list %s: %w: the guest sent over %d entries", path, ErrListTooLarge, maxListEntries)
 	}
 	for _, f := range part {
 		if f.Name == "" {

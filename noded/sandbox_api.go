@@ -250,6 +250,10 @@ func codeFor(err error) connect.Code {
 		return connect.CodeNotFound
 	case errors.Is(err, driver.ErrExists):
 		return connect.CodeAlreadyExists
+	case errors.Is(err, guest.ErrListTooLarge):
+		// A directory of over a million entries: the sandbox is fine,
+		// the call cannot be answered whole.
+		return connect.CodeFailedPrecondition
 	case errors.Is(err, driver.ErrUnavailable):
 		return connect.CodeUnavailable
 	case errors.As(err, &re):
