@@ -579,16 +579,19 @@ func (s *Server) exec(abandoned context.Context, st *yamux.Stream, req *Request,
 		}
 	}()
 	var timedOut bool
+	var timer *time.Timer
 	if req.TimeoutMS > 0 {
-		t := time.AfterFunc(time.Duration(req.TimeoutMS)*time.Millisecond, func() {
+		timer = time.AfterFunc(time.Duration(req.TimeoutMS)*time.Millisecond, func() {
 			wmu.Lock()
 			timedOut = true
 			wmu.Unlock()
 			kill()
 		})
-		defer t.Stop()
 	}
 	err := cmd.Wait()
+	if timer != nil {
+		timer.Stop()
+	}
 	// The whole group goes with its leader: nothing the command started
 	// outlives the call. One that left the group goes too, right after
 	// the answer, once no command runs.
@@ -609,6 +612,9 @@ func (s *Server) exec(abandoned context.Context, st *yamux.Stream, req *Request,
 		res.Signal = int(ws.Signal())
 		res.ExitCode = 128 + res.Signal
 	}
+	// The timer may fire as the command ends on its own: it timed out only
+	// if the timer's kill is what ended it.
+	res.TimedOut = res.TimedOut && res.Signal == int(syscall.SIGKILL)
 	return res, nil
 }
 

@@ -201,3 +201,19 @@ func TestIsZombie(t *testing.T) {
 		}
 	}
 }
+
+// A command that ends on its own as its timeout fires is not reported as
+// timed out: the timer's kill must be what ended it (exit 0 with
+// timed_out was reported for about one in seven such runs).
+func TestExecEndingAtItsTimeoutIsNotTimedOut(t *testing.T) {
+	c := pair(t, &fakeSys{})
+	for i := range 300 {
+		res, err := c.Exec(context.Background(), ExecRequest{Argv: []string{"true"}, Timeout: time.Duration(1+i%6) * time.Millisecond}, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.TimedOut != (res.Signal == int(unix.SIGKILL)) {
+			t.Fatalf("run %d: exit %d signal %d timed out %v: timed out must mean killed by the timeout", i, res.ExitCode, res.Signal, res.TimedOut)
+		}
+	}
+}
