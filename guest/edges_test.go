@@ -554,7 +554,7 @@ func TestListOfADirectoryLargerThanAFrame(t *testing.T) {
 func TestWriteFileOntoADirectory(t *testing.T) {
 	c := pair(t, &fakeSys{})
 	dir := t.TempDir()
-	for _, p := range []string{dir, dir + "/"} {
+	for _, p := range []string{dir, dir + "/", dir + "/.", dir + "/new/."} {
 		_, err := c.WriteFile(context.Background(), p, 0, strings.NewReader("notes"))
 		if err == nil || !strings.Contains(err.Error(), "is a directory") || strings.Contains(err.Error(), ".warren-write") {
 			t.Errorf("write onto %q: %v", p, err)
@@ -562,5 +562,16 @@ func TestWriteFileOntoADirectory(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
 		t.Errorf("left behind: %v", ents)
+	}
+}
+
+// A write that fails on the agent's temporary file or its rename names
+// the path asked for and the system's reason, never the temporary file.
+func TestWriteFileErrorsNameThePathAsked(t *testing.T) {
+	c := pair(t, &fakeSys{})
+	// /proc takes no new files: the temporary file's create fails.
+	_, err := c.WriteFile(context.Background(), "/proc/zz", 0, strings.NewReader("x"))
+	if err == nil || strings.Contains(err.Error(), ".warren-write") || !strings.Contains(err.Error(), "write /proc/zz: ") {
+		t.Errorf("write /proc/zz: %v; want the path asked for and no temporary file", err)
 	}
 }

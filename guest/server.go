@@ -780,16 +780,18 @@ func (s *Server) write(st *yamux.Stream, req *Request) (*Result, error) {
 	// A directory is not replaced by a file (the rename would fail with a
 	// message naming the temporary file): `cp FILE ID:/work/` is a
 	// mistake the caller should hear of plainly.
-	if fi, err := os.Stat(req.Path); strings.HasSuffix(req.Path, "/") || (err == nil && fi.IsDir()) {
+	if fi, err := os.Stat(req.Path); strings.HasSuffix(req.Path, "/") || strings.HasSuffix(req.Path, "/.") || (err == nil && fi.IsDir()) {
 		return nil, fmt.Errorf("write %s: is a directory: give the file's own path", req.Path)
 	}
 	dir := filepath.Dir(req.Path)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("write %s: %w", req.Path, err)
 	}
+	// The temporary file is the agent's own: its errors name the path
+	// asked for, with the system's reason.
 	tmp, err := os.CreateTemp(dir, ".warren-write-*")
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("write %s: %w", req.Path, sysReason(err))
 	}
 	ok := false
 	defer func() {
@@ -814,13 +816,13 @@ func (s *Server) write(st *yamux.Stream, req *Request) (*Result, error) {
 		}
 	}
 	if err := tmp.Chmod(mode); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("write %s: %w", req.Path, sysReason(err))
 	}
 	if err := tmp.Close(); err != nil {
-		return nil, fmt.Errorf("write %s: %w", req.Path, err)
+		return nil, fmt.Errorf("write %s: %w", req.Path, sysReason(err))
 	}
 	if err := os.Rename(tmp.Name(), req.Path); err != nil {
-		return nil, fmt.Errorf("write %s: %w", req.Path, err)
+		return nil, fmt.Errorf("write %s: %w", req.Path, sysReason(err))
 	}
 	ok = true
 	fi, err := os.Stat(req.Path)
@@ -829,6 +831,20 @@ func (s *Server) write(st *yamux.Stream, req *Request) (*Result, error) {
 	}
 	info := fileInfo(req.Path, fi)
 	return &Result{File: &info}, nil
+}
+
+// sysReason is the system's reason in a file operation's error, without
+// the file it names (the agent's temporary file, not the caller's).
+func sysReason(err error) error {
+	var pe *fs.PathError
+	var le *os.LinkError
+	switch {
+	case errors.As(err, &pe):
+		return pe.Err
+	case errors.As(err, &le):
+		return le.Err
+	}
+	return err
 }
 
 func (s *Server) list(req *Request) (*Result, error) {
