@@ -937,7 +937,7 @@ func (d *Daemon) serveSandboxes() error {
 	d.Sandboxes.metrics = d.cfg.Metrics
 	d.Sandboxes.egress = d.cfg.Egress
 	mux := http.NewServeMux()
-	mux.Handle(warrenv1connect.NewSandboxServiceHandler(d.Sandboxes, connect.WithReadMaxBytes(2*MaxFileBytes)))
+	mux.Handle(warrenv1connect.NewSandboxServiceHandler(d.Sandboxes, connect.WithReadMaxBytes(api.MaxSandboxRequestBytes)))
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	hs.Protocols = new(http.Protocols)
 	hs.Protocols.SetHTTP1(true)

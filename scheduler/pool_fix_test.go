@@ -10,6 +10,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/warrenhq/warren/api"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
 )
@@ -91,5 +92,33 @@ func TestPoolTargetEveryNodeRefusesIsNotKept(t *testing.T) {
 	}
 	if got := clusterPools(t, n); len(got) != 0 {
 		t.Fatalf("cluster pools %v after set 0, want none", got)
+	}
+}
+
+// A sandbox request over what a node reads (64 MiB) is refused by the
+// server, naming its largest field, not forwarded to be refused whole by
+// the node's transport with no field named.
+func TestSandboxRequestOverANodesLimitNamesTheField(t *testing.T) {
+	n := startSingle(t)
+	sc := warrenv1connect.NewSandboxServiceClient(http.DefaultClient, n.url)
+	ctx := context.Background()
+	huge := "/" + strings.Repeat("a", api.MaxSandboxRequestBytes)
+	_, err := sc.ReadFile(ctx, connect.NewRequest(&warrenv1.ReadFileRequest{SandboxId: "sb-0123456789-n1", Path: huge}))
+	if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "path: ") {
+		t.Errorf("ReadFile with a 64 MiB path: %v; want invalid_argument naming path", err)
+	}
+	st, err := sc.Exec(ctx, connect.NewRequest(&warrenv1.ExecRequest{SandboxId: "sb-0123456789-n1", Command: []string{"echo", huge}}))
+	if err == nil {
+		for st.Receive() {
+		}
+		err = st.Err()
+		st.Close()
+	}
+	if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "command: ") {
+		t.Errorf("Exec with a 64 MiB argument: %v; want invalid_argument naming command", err)
+	}
+	_, err = sc.CreateSandbox(ctx, connect.NewRequest(&warrenv1.CreateSandboxRequest{Env: map[string]string{"BIG": huge}}))
+	if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "env: ") {
+		t.Errorf("CreateSandbox with a 64 MiB env: %v; want invalid_argument naming env", err)
 	}
 }

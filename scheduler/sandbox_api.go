@@ -128,6 +128,9 @@ func (a *sandboxAPI) CreateSandbox(ctx context.Context, req *connect.Request[war
 	if m.GetNodeId() != "" {
 		p.nodeID("node_id", m.GetNodeId())
 	}
+	if err := api.CheckSandboxRequestSize(m); err != nil {
+		p = append(p, err)
+	}
 	if err := p.err(); err != nil {
 		return nil, invalid(err)
 	}
@@ -187,6 +190,9 @@ func (a *sandboxAPI) pick(template string) (*warrenv1.Node, error) {
 // forward sends a unary call to the node the request's sandbox id names.
 func forward[Req, Res any](a *sandboxAPI, ctx context.Context, id string, req *connect.Request[Req],
 	call func(warrenv1connect.SandboxServiceClient, context.Context, *connect.Request[Req]) (*connect.Response[Res], error)) (*connect.Response[Res], error) {
+	if err := api.CheckSandboxRequestSize(any(req.Msg).(proto.Message)); err != nil {
+		return nil, invalid(err)
+	}
 	n, err := a.sandboxNode(id)
 	if err != nil {
 		return nil, err
@@ -212,6 +218,9 @@ func (a *sandboxAPI) Exec(ctx context.Context, req *connect.Request[warrenv1.Exe
 	// a node refusing a message's size names no field).
 	if n := len(req.Msg.GetStdin()); n > api.MaxSandboxStdinBytes {
 		return invalid(fmt.Errorf("stdin: %d bytes, over the limit of %d", n, api.MaxSandboxStdinBytes))
+	}
+	if err := api.CheckSandboxRequestSize(req.Msg); err != nil {
+		return invalid(err)
 	}
 	n, err := a.sandboxNode(req.Msg.GetSandboxId())
 	if err != nil {
