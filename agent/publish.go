@@ -247,6 +247,13 @@ func TestsRequested(issue string) bool {
 
 var testsWord = regexp.MustCompile(`(?i)\b(unit[- ]?|py)?tests?\b|\btesting\b|_test\b|\btest_`)
 
+// Secrets scans what the model wrote at its finish (summary, cause, fix),
+// which goes into the commit message and the pull request where no diff
+// check sees it, for credentials.
+func (f *Finish) Secrets() ([]forge.Finding, error) {
+	return forge.ScanText("finish", f.Summary+"\n"+f.Cause+"\n"+f.Fix)
+}
+
 func (f *Finish) summary() string { // nil-safe
 	if f == nil {
 		return ""

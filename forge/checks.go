@@ -256,6 +256,25 @@ func secrets() (*detect.Detector, error) {
 	return detector, detectorErr
 }
 
+// ScanText runs the secret scan on text that is not a diff (what the model
+// wrote for a commit message and a pull request), returning a finding for
+// each credential, with the secret redacted.
+func ScanText(what, text string) ([]Finding, error) {
+	d, err := secrets()
+	if err != nil {
+		return nil, fmt.Errorf("secret scan: %w", err)
+	}
+	detectorMu.Lock()
+	found := d.DetectString(text)
+	detectorMu.Unlock()
+	var out []Finding
+	for _, s := range found {
+		out = append(out, Finding{Kind: FindSecret, Action: Block, Path: what, Rule: s.RuleID,
+			Message: fmt.Sprintf("%s: %s", s.RuleID, redactSecret(s.Secret))})
+	}
+	return out, nil
+}
+
 // Check runs the checks on a diff.
 func Check(diff []byte, cfg CheckConfig) (*Report, error) {
 	actions := DefaultActions()

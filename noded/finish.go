@@ -127,6 +127,22 @@ func (a *taskActor) finishTask(c *actor.Context) {
 		return
 	}
 
+	// 1b. The model's own words go into the commit message and the pull
+	// request, which no diff check sees: a credential there is the
+	// model's to take out.
+	if f := out.Finish; f != nil {
+		found, err := f.Secrets()
+		if err != nil {
+			a.failed(c, "scan the finish's text", err, finishMsg{})
+			return
+		}
+		if len(found) > 0 {
+			reject(fmt.Sprintf("your finish's summary, cause or fix holds what looks like a credential (%s); they go into the commit message and the pull request: "+
+				"call finish again without it", found[0].Message))
+			return
+		}
+	}
+
 	// 2. The tests, in a clean sandbox with only the diff (runTestsClean),
 	// not in the model's; not for a diff the checks block anyway.
 	var testOut string

@@ -317,3 +317,44 @@ func TestFinishTestsRunOnceAcrossAnActorRestart(t *testing.T) {
 	}
 	waitNoSandboxes(t, drv)
 }
+
+// A finish whose summary holds a credential is refused before anything
+// is pushed (the summary goes into the commit message and the pull
+// request, which no diff check sees), and the model's next finish,
+// without it, opens the pull request. (Scripted provider.)
+func TestFinishWithACredentialInItsSummaryIsRefused(t *testing.T) {
+	imageDir := needContainers(t)
+	repo := buggyRepo(t)
+	const key = "AKIAQYLPMN5HHHFPZAM2"
+	script := strings.Join([]string{
+		`{"content":[{"type":"tool_use","name":"edit_file","input":{"path":"calc/calc.go","old_string":"return a - b","new_string":"return a + b"}}]}`,
+		`{"content":[{"type":"tool_use","name":"finish","input":{"summary":"Add adds now. Deployed with key ` + key + ` to staging."}}]}`,
+		`{"content":[{"type":"tool_use","name":"finish","input":{"summary":"Add adds now."}}]}`,
+	}, "\n")
+	c, _ := startClaimLogNode(t, imageDir, 0)
+	id := createScripted(t, c, "agent-finish-secret", repo, "", script)
+	waitEnded(t, c, id)
+	var rejected, body string
+	for _, e := range c.events(id) {
+		var p map[string]any
+		_ = json.Unmarshal(e.GetPayload(), &p)
+		switch e.GetKind() {
+		case "finish_rejected":
+			rejected = string(e.GetPayload())
+		case "pull_request":
+			body, _ = p["body"].(string)
+		}
+	}
+	if !strings.Contains(rejected, "credential") || strings.Contains(rejected, key) {
+		t.Errorf("the refusal: %s; want one saying a credential, without it", rejected)
+	}
+	if s := c.task(id).GetState(); s != warrenv1.TaskState_TASK_STATE_SUCCEEDED {
+		t.Fatalf("the task ended %v", s)
+	}
+	if strings.Contains(body, key) || !strings.Contains(body, "Add adds now.") {
+		t.Errorf("the pull request's body:\n%s", body)
+	}
+	if runs := testRuns(t, c, id); len(runs) != 1 {
+		t.Errorf("%d test runs, want 1 (none for the refused finish)", len(runs))
+	}
+}
