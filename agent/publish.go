@@ -247,6 +247,10 @@ func TestsRequested(issue string) bool {
 
 var testsWord = regexp.MustCompile(`(?i)\b(unit[- ]?|py)?tests?\b|\btesting\b|_test\b|\btest_`)
 
+// RetryAfter is how long the forge asked the caller to wait before the
+// next try of a publish that failed (a rate limit), if it did.
+func RetryAfter(err error) (time.Duration, bool) { return forge.RetryAfter(err) }
+
 // Secrets scans what the model wrote at its finish (summary, cause, fix),
 // which goes into the commit message and the pull request where no diff
 // check sees it, for credentials.

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -114,9 +115,56 @@ type redacting struct {
 func (r redacting) EnsurePR(ctx context.Context, req PRRequest) (*PullRequest, error) {
 	pr, err := r.Forge.EnsurePR(ctx, req)
 	if err != nil && strings.Contains(err.Error(), r.token) {
-		err = errors.New(strings.ReplaceAll(err.Error(), r.token, "[redacted]"))
+		d, _ := RetryAfter(err) // kept: the error is made anew
+		err = &statusError{msg: strings.ReplaceAll(err.Error(), r.token, "[redacted]"), retryAfter: d}
 	}
 	return pr, err
+}
+
+// statusError is a forge's refusal that may say when to try again.
+type statusError struct {
+	msg        string
+	retryAfter time.Duration // 0: not said
+}
+
+func (e *statusError) Error() string { return e.msg }
+
+// maxRetryAfter bounds the wait a forge's answer can ask for.
+const maxRetryAfter = 10 * time.Minute
+
+// RetryAfter is how long the forge asked the caller to wait before the
+// next try (a rate limit: GitHub's primary or secondary one, or a
+// Retry-After header on a 429 or 503), at most 10 minutes, if it did.
+func RetryAfter(err error) (time.Duration, bool) {
+	var d time.Duration
+	var se *statusError
+	var rl *github.RateLimitError
+	var ab *github.AbuseRateLimitError
+	var er *github.ErrorResponse
+	switch {
+	case errors.As(err, &se) && se.retryAfter > 0:
+		d = se.retryAfter
+	case errors.As(err, &rl):
+		d = time.Until(rl.Rate.Reset.Time)
+	case errors.As(err, &ab) && ab.RetryAfter != nil:
+		d = *ab.RetryAfter
+	case errors.As(err, &er) && er.Response != nil && er.Response.Header.Get("Retry-After") != "":
+		d = retryAfterHeader(er.Response.Header.Get("Retry-After"))
+	default:
+		return 0, false
+	}
+	return min(max(d, time.Second), maxRetryAfter), true
+}
+
+// retryAfterHeader reads a Retry-After header: seconds or an HTTP date.
+func retryAfterHeader(v string) time.Duration {
+	if s, err := strconv.Atoi(strings.TrimSpace(v)); err == nil && s >= 0 {
+		return time.Duration(min(s, int(maxRetryAfter/time.Second))) * time.Second
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		return time.Until(t)
+	}
+	return 0
 }
 
 func newAdapter(kind, apiURL, token string, hc *http.Client) (Forge, error) {
@@ -331,7 +379,8 @@ func doJSON(ctx context.Context, hc *http.Client, method, u string, h http.Heade
 		if len(msg) > 300 {
 			msg = msg[:300] + "…"
 		}
-		return fmt.Errorf("%s %s: %s: %s", method, req.URL.Path, resp.Status, msg)
+		return &statusError{msg: fmt.Sprintf("%s %s: %s: %s", method, req.URL.Path, resp.Status, msg),
+			retryAfter: retryAfterHeader(resp.Header.Get("Retry-After"))}
 	}
 	if err := json.Unmarshal(b, out); err != nil {
 		return fmt.Errorf("%s %s: the answer is not the JSON expected: %v", method, req.URL.Path, err)

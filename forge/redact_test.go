@@ -2,10 +2,12 @@ package forge
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 )
 
 // A forge (or the proxy in front of it) that echoes the credential it was
@@ -57,5 +59,43 @@ func TestAPIRedirectsStayOnHostAndScheme(t *testing.T) {
 		if err := checkRedirect(req(u), from); (err == nil) != ok {
 			t.Errorf("redirect to %s: err %v, want allowed %v", u, err, ok)
 		}
+	}
+}
+
+// A forge's rate limit says how long to wait, and the adapters' errors
+// keep it (the redacting wrapper too, when the body echoes the token):
+// GitHub's secondary limit (403 and its documentation URL) and a 429
+// with Retry-After on Gitea and GitLab.
+func TestAdapterErrorsKeepTheForgesRetryAfter(t *testing.T) {
+	const token = "sk-zzreview-SECRET-0123456789abcdefghij"
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("content-type", "application/json")
+		w.Header().Set("Retry-After", "45")
+		got := r.Header.Get("Authorization") + r.Header.Get("PRIVATE-TOKEN")
+		if !strings.HasPrefix(r.URL.Path, "/api/") { // GitHub's paths; Gitea's and GitLab's are /api/v1 and /api/v4
+			w.WriteHeader(http.StatusForbidden)
+			_, _ = w.Write([]byte(`{"message":"You have exceeded a secondary rate limit (` + got + `)","documentation_url":"https://docs.github.com/rest/overview/rate-limits-for-the-rest-api#about-secondary-rate-limits"}`))
+			return
+		}
+		w.WriteHeader(http.StatusTooManyRequests)
+		_, _ = w.Write([]byte(`{"message":"slow down: ` + got + `"}`))
+	}))
+	defer srv.Close()
+	for _, kind := range []string{"github", "gitea", "gitlab"} {
+		f, err := New(kind, srv.URL, token)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = f.EnsurePR(context.Background(), PRRequest{Repo: RepoRef{Owner: "acme", Name: "calc", Path: "acme/calc"}, Head: "agent/t1", Base: "main", Title: "x"})
+		d, ok := RetryAfter(err)
+		if !ok || d < 40*time.Second || d > 45*time.Second {
+			t.Errorf("%s: RetryAfter(%v) = %v %v; want about 45 s", kind, err, d, ok)
+		}
+		if err != nil && strings.Contains(err.Error(), token[:8]) {
+			t.Errorf("%s: the error repeats the token: %v", kind, err)
+		}
+	}
+	if _, ok := RetryAfter(errors.New("connection refused")); ok {
+		t.Error("RetryAfter of an error that says nothing")
 	}
 }

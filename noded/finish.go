@@ -27,9 +27,10 @@ const (
 	// maxFinishRejections is how many refused finishes a task gets before
 	// it ends failed.
 	maxFinishRejections = 5
-	// maxPublishTries is how many times a failed push or pull request is
-	// tried before the task ends failed.
-	maxPublishTries = 5
+	// maxPublishTries is how many times one finish round tries a failed
+	// push or pull request before the task ends failed: over about three
+	// minutes (publishBackoff), longer when the forge asks for a wait.
+	maxPublishTries = 8
 )
 
 // finishTask is what follows the model's finish, outside its control:
@@ -118,12 +119,12 @@ func (a *taskActor) finishTask(c *actor.Context) {
 		return
 	}
 	if err != nil {
-		if a.publishN++; a.publishN >= maxPublishTries || strings.Contains(err.Error(), "apply") {
+		if fin.tries++; fin.tries >= maxPublishTries || strings.Contains(err.Error(), "apply") {
 			fail("the diff: "+err.Error(), nil) // the sandbox's patch is bad, or git keeps failing
 			return
 		}
 		c.Logger().Warn("checking the diff failed; retrying", "task", a.id, "err", err)
-		c.After(time.Duration(a.publishN)*2*time.Second, finishMsg{})
+		c.After(publishBackoff(fin.tries, err), finishMsg{})
 		return
 	}
 
@@ -271,13 +272,14 @@ func (a *taskActor) finishTask(c *actor.Context) {
 		return
 	}
 	if err != nil {
-		a.publishN++
-		if a.publishN >= maxPublishTries {
-			fail(fmt.Sprintf("publish: %v (after %d tries)", err, a.publishN), nil)
+		fin.tries++
+		if fin.tries >= maxPublishTries {
+			fail(fmt.Sprintf("publish: %v (after %d tries)", err, fin.tries), nil)
 			return
 		}
-		c.Logger().Warn("publish failed; retrying", "task", a.id, "err", err)
-		c.After(time.Duration(a.publishN)*2*time.Second, finishMsg{})
+		wait := publishBackoff(fin.tries, err)
+		c.Logger().Warn("publish failed; retrying", "task", a.id, "err", err, "in", wait)
+		c.After(wait, finishMsg{})
 		return
 	}
 	rec := *pub
@@ -395,6 +397,19 @@ type finishRound struct {
 	patch     string
 	havePatch bool
 	test      *testRun // nil: the tests have not run
+	tries     int      // failed checks or publishes of this round
+}
+
+// publishBackoff is the wait before a round's next try after its tries-th
+// failure: 2 s doubling to a minute, or what the forge asked for (a rate
+// limit's reset; GitHub's secondary limit asks for about a minute), if
+// longer.
+func publishBackoff(tries int, err error) time.Duration {
+	d := min(2*time.Second<<min(tries-1, 5), time.Minute)
+	if ra, ok := agent.RetryAfter(err); ok && ra > d {
+		d = ra
+	}
+	return d
 }
 
 // testRun is a round's run of the test command in its verification

@@ -132,7 +132,6 @@ type taskActor struct {
 	loop      *agent.Loop
 	ws        *agent.Workspace // the task's workspace on the node (git, outside the sandbox)
 	finished  *agent.Outcome   // the model finished: the finish phase runs
-	publishN  int              // failed publish attempts
 	fin       *finishRound     // the finish phase's round so far
 	created   time.Time        // the task's creation
 	// waitingOn: the calls the task waited for a decision on when this
