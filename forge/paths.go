@@ -24,13 +24,15 @@ var (
 
 // GlobRegexp turns a glob of repository paths into an anchored regexp: *
 // and ? stay within a path element, ** crosses them ("**/" also matches
-// nothing).
+// nothing). Every character matches, a newline too.
 func GlobRegexp(g string) (*regexp.Regexp, error) {
 	if strings.HasPrefix(g, "/") || strings.Contains(g, "..") {
 		return nil, fmt.Errorf("%q: want a path relative to the repository root, without ..", g)
 	}
 	var sb strings.Builder
-	sb.WriteString("^")
+	// (?s): a name may hold a newline, which '.' would not match, and a
+	// path with one ("a\nb/go.mod") would slip past every ** rule.
+	sb.WriteString("(?s)^")
 	for i := 0; i < len(g); i++ {
 		switch c := g[i]; c {
 		case '*':

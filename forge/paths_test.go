@@ -19,6 +19,11 @@ func TestGlobRegexp(t *testing.T) {
 		{"a+b.(c)", "a+b.(c)", true},
 		{"a+b.(c)", "aab.xc", false},
 		{"docs/résumé.md", "docs/resume.md", false},
+		// A newline in a name is a character like any other.
+		{".github/workflows/**", ".github/workflows/x\n.yml", true},
+		{"**/go.mod", "a\nb/go.mod", true},
+		{"src/*.go", "src/a\nb.go", true},
+		{"d?c", "d\nc", true},
 	} {
 		re, err := GlobRegexp(c.glob)
 		if err != nil {
