@@ -215,3 +215,72 @@ func TestToolCallIDsStayUniqueAcrossCompaction(t *testing.T) {
 		t.Fatalf("replayed: %+v %v; want the wait on %s", again, err, out.Approval.ToolCallID)
 	}
 }
+
+// A call whose checkpoint landed but whose result did not (the node died
+// between the two) runs again on the resumed task, on the workspace as it
+// was before it: the checkpoint that holds its effect is not restored, so
+// its effect is not applied twice.
+func TestCallRunAgainAfterItsCheckpointFindsNoEffectOfItself(t *testing.T) {
+	script := `{"content":[{"type":"tool_use","id":"call_a","name":"run_command","input":{"command":"echo x >> f.txt"}}]}
+{"content":[{"type":"tool_use","id":"call_b","name":"run_command","input":{"command":"echo y >> f.txt"}}]}
+{"content":[{"type":"tool_use","name":"finish","input":{"summary":"done"}}]}
+`
+	ctx := context.Background()
+	tl := newRepo(t)
+	if err := tl.InitBase(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pol, err := NewPolicy(DefaultPolicy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := scriptedFrom(t, script)
+	// The second call's checkpoint lands and its answer is lost; the task
+	// is then resumed elsewhere (a new epoch), as after a crash.
+	log := &epochLog{epoch: 1, failAfter: map[string]int{}}
+	newL := func() *Loop {
+		return NewLoop(Config{Model: "scripted", Policy: pol, Checkpoints: true}, &model.Gateway{Provider: p}, tl, log)
+	}
+	l := newL()
+	if err := l.Start(ctx, Task{IssueTitle: "x"}); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := l.Step(ctx); err != nil || out != nil {
+		t.Fatalf("first step: %+v %v", out, err)
+	}
+	log.mu.Lock()
+	log.failAfter["checkpoint"] = 1
+	log.mu.Unlock()
+	if _, err := l.Step(ctx); !errors.Is(err, errLostAnswer) {
+		t.Fatalf("want the lost answer, got %v", err)
+	}
+	log.mu.Lock()
+	log.epoch++
+	evs := append([]Event(nil), log.events...)
+	log.mu.Unlock()
+	if last := evs[len(evs)-1]; last.Kind != "checkpoint" {
+		t.Fatalf("the log ends with %s, want the checkpoint", last.Kind)
+	}
+	l = newL()
+	if _, err := l.Replay(evs); err != nil {
+		t.Fatal(err)
+	}
+	patch, ok := l.LastCheckpoint()
+	if !ok {
+		t.Fatal("no checkpoint to restore")
+	}
+	if err := tl.Restore(ctx, patch); err != nil {
+		t.Fatal(err)
+	}
+	out, err := l.Resume(ctx)
+	for err == nil && out == nil {
+		out, err = l.Step(ctx)
+	}
+	if err != nil || out.Reason != "finished" {
+		t.Fatalf("%+v %v", out, err)
+	}
+	b, err := os.ReadFile(filepath.Join(tl.Root, "f.txt"))
+	if err != nil || string(b) != "x\ny\n" {
+		t.Errorf("f.txt: %q %v; want each call's line once", b, err)
+	}
+}

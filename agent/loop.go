@@ -564,7 +564,7 @@ func (l *Loop) afterResponse(ctx context.Context, t *openTurn) (*Outcome, error)
 			t.ran[tu.ID] = r
 		}
 		if r.Changed && l.cfg.Checkpoints && !t.saved[tu.ID] {
-			if err := l.saveCheckpoint(ctx, fmt.Sprintf("step-%d/checkpoint-%d", n, i), n); err != nil {
+			if err := l.saveCheckpoint(ctx, fmt.Sprintf("step-%d/checkpoint-%d", n, i), n, tu.ID); err != nil {
 				return nil, err
 			}
 			t.saved[tu.ID] = true
@@ -615,6 +615,12 @@ func orDefault(s, d string) string {
 	return s
 }
 
+// replayedCheckpoint is a checkpoint event's workspace, as Replay reads it.
+type replayedCheckpoint struct {
+	patch    string
+	tooLarge bool
+}
+
 // Event is a recorded event, as the loop replays it.
 type Event struct {
 	Kind    string
@@ -633,6 +639,8 @@ func (l *Loop) Replay(events []Event) ([]model.Block, error) {
 	l.finishResults, l.finishID, l.rejections, l.deferredSteers = nil, "", 0, nil
 	var pending []model.Block
 	results := map[string]model.Block{}
+	// checkpoints whose call has no result yet, by tool call id
+	unconfirmed := map[string]replayedCheckpoint{}
 	// The user's messages before the first model call: one may come
 	// before the task's context (sent while the task waited for a node),
 	// and the model saw each after the context (see Start); a second
@@ -736,6 +744,7 @@ func (l *Loop) Replay(events []Event) ([]model.Block, error) {
 				Patch       string `json:"patch"`
 				PatchBase64 []byte `json:"patch_base64"` // a patch that is not UTF-8
 				TooLarge    bool   `json:"too_large"`
+				ID          string `json:"tool_call_id"`
 			}
 			if err := json.Unmarshal(e.Payload, &p); err != nil {
 				return nil, fmt.Errorf("%w: event %d: %v", ErrReplay, i, err)
@@ -743,7 +752,15 @@ func (l *Loop) Replay(events []Event) ([]model.Block, error) {
 			if p.PatchBase64 != nil {
 				p.Patch = string(p.PatchBase64)
 			}
-			l.checkpoint, l.hasCheckpoint, l.checkpointTooLarge = p.Patch, !p.TooLarge, p.TooLarge
+			cp := replayedCheckpoint{patch: p.Patch, tooLarge: p.TooLarge}
+			if p.ID == "" { // a log from before checkpoints named their call
+				l.checkpoint, l.hasCheckpoint, l.checkpointTooLarge = cp.patch, !cp.tooLarge, cp.tooLarge
+				continue
+			}
+			// The call's effect is in it: it counts once the call's result
+			// is on the log. Without one, the call runs again, and must
+			// not find its own effect there.
+			unconfirmed[p.ID] = cp
 		case "approval_requested", "approval_decided":
 			var p struct {
 				ID       string `json:"tool_call_id"`
@@ -788,7 +805,18 @@ func (l *Loop) Replay(events []Event) ([]model.Block, error) {
 				l.replayFinish = p.Finish
 			}
 			results[p.ID] = model.Block{Type: model.BlockToolResult, ToolUseID: p.ID, Content: p.Output, IsError: p.IsError}
+			if cp, ok := unconfirmed[p.ID]; ok {
+				l.checkpoint, l.hasCheckpoint, l.checkpointTooLarge = cp.patch, !cp.tooLarge, cp.tooLarge
+				delete(unconfirmed, p.ID)
+			}
 		}
+	}
+	// A checkpoint left unconfirmed (the node died between it and its
+	// call's result) is not restored: the last confirmed one is, or the
+	// base when there is none (an empty patch), so that the call, run
+	// again, finds the workspace as it was before it.
+	if len(unconfirmed) > 0 && !l.hasCheckpoint && !l.checkpointTooLarge {
+		l.checkpoint, l.hasCheckpoint = "", true
 	}
 	// The last turn's calls: keep those with results, return the rest.
 	recordedNow, missing := splitRecorded(pending, results)
@@ -909,13 +937,15 @@ func (l *Loop) timeLeft() time.Duration {
 // A patch too large for the event is recorded as too_large with its size
 // (a resumed task would start from the base, so the task cannot park); it
 // is not even read from the sandbox when its size alone says so.
-func (l *Loop) saveCheckpoint(ctx context.Context, key string, n int64) error {
+func (l *Loop) saveCheckpoint(ctx context.Context, key string, n int64, toolCallID string) error {
 	// The patch's JSON is at least as long as the patch.
 	patch, size, err := l.tools.patch(ctx, MaxCheckpointBytes)
 	if err != nil && !errors.Is(err, ErrPatchTooLarge) {
 		return fmt.Errorf("step %d: %w", n, err)
 	}
-	payload := map[string]any{"step": n, "bytes": size}
+	// The call it follows: a replay takes the checkpoint only once that
+	// call's result is on the log too (see Replay).
+	payload := map[string]any{"step": n, "bytes": size, "tool_call_id": toolCallID}
 	switch {
 	case err != nil:
 	case utf8.ValidString(patch):
