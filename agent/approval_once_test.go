@@ -284,3 +284,61 @@ func TestCallRunAgainAfterItsCheckpointFindsNoEffectOfItself(t *testing.T) {
 		t.Errorf("f.txt: %q %v; want each call's line once", b, err)
 	}
 }
+
+// countingProvider counts the model calls made of p.
+type countingProvider struct {
+	model.Provider
+	mu    sync.Mutex
+	calls int
+}
+
+func (c *countingProvider) Call(ctx context.Context, req model.Request) (*model.Response, error) {
+	c.mu.Lock()
+	c.calls++
+	c.mu.Unlock()
+	return c.Provider.Call(ctx, req)
+}
+
+// A model call whose model_call append failed (or whose answer was lost)
+// is recorded by the retried step, under the same key, not made again:
+// it is paid once, and the log holds it once, followed by its calls'
+// results, so a later replay works.
+func TestAModelCallIsNotMadeAgainWhenItsRecordFailed(t *testing.T) {
+	script := `{"content":[{"type":"tool_use","id":"call_a","name":"run_command","input":{"command":"echo x >> f.txt"}}]}
+{"content":[{"type":"tool_use","name":"finish","input":{"summary":"done"}}]}
+`
+	ctx := context.Background()
+	tl := newRepo(t)
+	if err := tl.InitBase(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pol, err := NewPolicy(DefaultPolicy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &countingProvider{Provider: scriptedFrom(t, script)}
+	log := &epochLog{epoch: 1, failAfter: map[string]int{"model_call": 1}}
+	l := NewLoop(Config{Model: "scripted", Policy: pol, Checkpoints: true}, &model.Gateway{Provider: p}, tl, log)
+	if err := l.Start(ctx, Task{IssueTitle: "x"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Step(ctx); !errors.Is(err, errLostAnswer) {
+		t.Fatalf("want the lost answer, got %v", err)
+	}
+	out, err := l.Step(ctx)
+	for err == nil && out == nil {
+		out, err = l.Step(ctx)
+	}
+	if err != nil || out.Reason != "finished" {
+		t.Fatalf("%+v %v", out, err)
+	}
+	if p.calls != 2 || out.Spent.Steps != 2 {
+		t.Errorf("%d model calls, %d steps spent; want 2 each (one per turn)", p.calls, out.Spent.Steps)
+	}
+	log.mu.Lock()
+	evs := append([]Event(nil), log.events...)
+	log.mu.Unlock()
+	if _, err := NewLoop(Config{Model: "scripted", Policy: pol, Checkpoints: true}, &model.Gateway{Provider: p}, tl, log).Replay(evs); err != nil {
+		t.Errorf("the log does not replay: %v", err)
+	}
+}

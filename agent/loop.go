@@ -152,6 +152,8 @@ type Loop struct {
 	// by Replay), compacted ones included: approvals and results are
 	// matched by id, so a new call gets none of them (see call)
 	toolIDs map[string]bool
+	// the last model call, if its model_call is not on the log yet
+	unrecorded *unrecordedCall
 }
 
 // MaxFailedCalls is how many model calls in a row may fail (each after
@@ -362,6 +364,18 @@ func (l *Loop) compact(ctx context.Context, req model.Request) (*Outcome, error)
 // response when a budget forbids the call (stop says which) or the call
 // failed. A compaction's event keeps the summary as its content.
 func (l *Loop) call(ctx context.Context, req model.Request, compaction bool) (resp *model.Response, n int64, stop *Outcome, err error) {
+	// A call made and paid for whose model_call did not make it to the log
+	// (or whose append's answer was lost) is recorded now, under its own
+	// key, and acted on: the model is not asked again.
+	if u := l.unrecorded; u != nil && u.compaction == compaction {
+		if err := l.rec.Record(ctx, u.key, "model_call", u.ev); err != nil {
+			return nil, u.n, nil, err
+		}
+		l.unrecorded = nil
+		l.noteToolIDs(u.content)
+		return u.resp, u.n, nil, nil
+	}
+	l.unrecorded = nil
 	maxTok, reason := l.budget(req)
 	if reason != "" {
 		return nil, 0, &Outcome{Reason: reason, Spent: l.spent}, nil
@@ -403,11 +417,24 @@ func (l *Loop) call(ctx context.Context, req model.Request, compaction bool) (re
 		content = []model.Block{{Type: model.BlockText, Text: summaryOf(resp)}}
 	}
 	ev["response"] = map[string]any{"id": resp.ID, "content": content, "stop_reason": resp.StopReason}
-	if err := l.rec.Record(ctx, fmt.Sprintf("step-%d/model", n), "model_call", ev); err != nil {
+	key := fmt.Sprintf("step-%d/model", n)
+	if err := l.rec.Record(ctx, key, "model_call", ev); err != nil {
+		l.unrecorded = &unrecordedCall{key: key, ev: ev, resp: resp, n: n, compaction: compaction, content: content}
 		return nil, n, nil, err
 	}
 	l.noteToolIDs(content)
 	return resp, n, nil, nil
+}
+
+// unrecordedCall is a model call whose model_call event the log did not
+// confirm: the next call records it instead of asking the model again.
+type unrecordedCall struct {
+	key        string
+	ev         map[string]any
+	resp       *model.Response
+	n          int64
+	compaction bool
+	content    []model.Block
 }
 
 // noteToolIDs adds the tool call ids of a model turn to those the task
@@ -633,7 +660,7 @@ type Event struct {
 // them (the caller restores the workspace first when one of them changes
 // it) and goes on.
 func (l *Loop) Replay(events []Event) ([]model.Block, error) {
-	l.msgs, l.spent, l.step, l.replayFinish, l.open, l.heldSteers = nil, Spent{}, 0, nil, nil, nil
+	l.msgs, l.spent, l.step, l.replayFinish, l.open, l.heldSteers, l.unrecorded = nil, Spent{}, 0, nil, nil, nil, nil
 	l.checkpoint, l.hasCheckpoint, l.checkpointTooLarge = "", false, false
 	l.asked, l.decisions, l.toolIDs = map[string]bool{}, map[string]decision{}, nil
 	l.finishResults, l.finishID, l.rejections, l.deferredSteers = nil, "", 0, nil
