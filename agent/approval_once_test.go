@@ -342,3 +342,59 @@ func TestAModelCallIsNotMadeAgainWhenItsRecordFailed(t *testing.T) {
 		t.Errorf("the log does not replay: %v", err)
 	}
 }
+
+// A turn that finishes and makes another call that waits for approval:
+// resumed from the log after the decision, the call runs (its change is
+// in the workspace) and the turn ends as a finish that can be refused.
+func TestAFinishWithACallAfterItInItsTurnRunsTheCallOnResume(t *testing.T) {
+	script := `{"content":[{"type":"tool_use","id":"call_f","name":"finish","input":{"summary":"done"}},{"type":"tool_use","id":"call_m","name":"edit_file","input":{"path":"go.mod","old_string":"module demo","new_string":"module demo\n\ngo 1.22"}}]}
+{"content":[{"type":"tool_use","name":"finish","input":{"summary":"done again"}}]}
+`
+	ctx := context.Background()
+	tl := newRepo(t)
+	if err := tl.InitBase(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pol, err := NewPolicy(DefaultPolicy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := scriptedFrom(t, script)
+	log := &epochLog{epoch: 1, failAfter: map[string]int{}}
+	newL := func() *Loop {
+		return NewLoop(Config{Model: "scripted", Policy: pol, Checkpoints: true}, &model.Gateway{Provider: p}, tl, log)
+	}
+	l := newL()
+	if err := l.Start(ctx, Task{IssueTitle: "x"}); err != nil {
+		t.Fatal(err)
+	}
+	out, err := l.Step(ctx)
+	if err != nil || out == nil || out.Reason != "waiting_approval" || out.Approval.ToolCallID != "call_m" {
+		t.Fatalf("want a wait for the go.mod edit: %+v %v", out, err)
+	}
+	log.mu.Lock()
+	b, _ := json.Marshal(map[string]any{"tool_call_id": "call_m", "approved": true})
+	log.events = append(log.events, Event{Kind: "approval_decided", Payload: b})
+	log.epoch++
+	evs := append([]Event(nil), log.events...)
+	log.mu.Unlock()
+	l = newL()
+	if _, err := l.Replay(evs); err != nil {
+		t.Fatal(err)
+	}
+	if patch, ok := l.LastCheckpoint(); ok {
+		if err := tl.Restore(ctx, patch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, err = l.FinishReplayedTurn(ctx)
+	if err != nil || out == nil || out.Reason != "finished" {
+		t.Fatalf("the replayed turn: %+v %v; want finished", out, err)
+	}
+	if b, err := os.ReadFile(filepath.Join(tl.Root, "go.mod")); err != nil || !strings.Contains(string(b), "go 1.22") {
+		t.Errorf("go.mod: %q %v; want the approved edit", b, err)
+	}
+	if err := l.RejectFinish(ctx, "the tests failed"); err != nil {
+		t.Errorf("refusing the finish: %v", err)
+	}
+}

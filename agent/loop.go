@@ -869,6 +869,10 @@ func (l *Loop) Replay(events []Event) ([]model.Block, error) {
 		last := l.msgs[len(l.msgs)-1]
 		l.msgs = l.msgs[:len(l.msgs)-1]
 		l.open = &openTurn{n: l.step, content: last.Content, recorded: results}
+		// A finish with calls after it in its turn (one waited for its
+		// approval, or the node died): the turn ends as a finish once
+		// they have run, not before.
+		l.open.finish, l.replayFinish = l.replayFinish, nil
 	}
 	return missing, nil
 }
