@@ -2,8 +2,10 @@ package netpolicy
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -72,9 +74,9 @@ type Manager struct {
 	resolver Slot
 	denied   []netip.Addr // the node's own addresses
 	dns      *resolver
-	sysctls  map[string]string // what setupHost changed, to restore
-	orphans  map[int]string    // slot → namespace kept from an earlier run, until Reattach or ReapOrphans
-	claims   sync.WaitGroup    // Claims in flight, which Close waits for
+	fwd      *forwardingState // what setupHost changed, to restore
+	orphans  map[int]string   // slot → namespace kept from an earlier run, until Reattach or ReapOrphans
+	claims   sync.WaitGroup   // Claims in flight, which Close waits for
 
 	mu      sync.Mutex
 	ports   []uint16         // the cluster ports, cfg's and those added since; the list only grows
@@ -256,12 +258,18 @@ func (m *Manager) setupHost() error {
 	if err := m.hostH.LinkSetUp(l); err != nil {
 		return err
 	}
-	var wasRouter bool
+	prev, err := m.loadForwarding()
+	if err != nil {
+		return err
+	}
 	if err := inNS(m.host, func() (err error) {
-		m.sysctls, wasRouter, err = hostForwarding()
+		m.fwd, err = hostForwarding(prev)
 		return err
 	}); err != nil {
 		return fmt.Errorf("netpolicy: %w", err)
+	}
+	if err := m.saveForwarding(); err != nil {
+		return err
 	}
 	addrs, err := nodeAddrs(m.hostH)
 	if err != nil {
@@ -272,7 +280,64 @@ func (m *Manager) setupHost() error {
 			m.denied = append(m.denied, a)
 		}
 	}
-	return installHostRules(m.hostNFT, m.cfg.table(), m.cfg.ifPrefix(), m.resolver, m.pool.p4, m.pool.p6, wasRouter)
+	return installHostRules(m.hostNFT, m.cfg.table(), m.cfg.ifPrefix(), m.resolver, m.pool.p4, m.pool.p6, m.fwd.Router4, m.fwd.Router6)
+}
+
+// forwardingFile keeps the node's forwarding sysctls as they were before
+// the manager's first start (forwardingState), in StateDir.
+func (m *Manager) forwardingFile() string {
+	if m.cfg.StateDir == "" {
+		return ""
+	}
+	return filepath.Join(m.cfg.StateDir, "forwarding.json")
+}
+
+// loadForwarding reads what an earlier run left in forwardingFile (nil:
+// nothing, the sysctls are as the node has them).
+func (m *Manager) loadForwarding() (*forwardingState, error) {
+	p := m.forwardingFile()
+	if p == "" {
+		return nil, nil
+	}
+	b, err := os.ReadFile(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("netpolicy: %w", err)
+	}
+	var st forwardingState
+	if err := json.Unmarshal(b, &st); err != nil {
+		// Not ours to guess: the node's own values would be read as
+		// the last run left them.
+		return nil, fmt.Errorf("netpolicy: %s: %v (remove it if the node's forwarding sysctls are as they should be)", p, err)
+	}
+	return &st, nil
+}
+
+// saveForwarding writes m.fwd to forwardingFile before anything depends
+// on it; an unchanged node (a router, or one with nothing to change)
+// still records that it was a router.
+func (m *Manager) saveForwarding() error {
+	p := m.forwardingFile()
+	if p == "" {
+		return nil
+	}
+	b, err := json.Marshal(m.fwd)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		return fmt.Errorf("netpolicy: %w", err)
+	}
+	tmp := p + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return fmt.Errorf("netpolicy: %w", err)
+	}
+	if err := os.Rename(tmp, p); err != nil {
+		return fmt.Errorf("netpolicy: %w", err)
+	}
+	return nil
 }
 
 func (m *Manager) teardownHost() {
@@ -280,9 +345,11 @@ func (m *Manager) teardownHost() {
 		m.hostH.LinkDel(l)
 	}
 	deleteTable(m.hostNFT, m.cfg.table())
-	if len(m.sysctls) > 0 {
-		if err := inNS(m.host, func() error { return restoreSysctls(m.sysctls) }); err != nil {
+	if m.fwd != nil {
+		if err := inNS(m.host, func() error { return restoreSysctls(m.fwd.Changed) }); err != nil {
 			m.log.Warn("egress: restore forwarding sysctls", "err", err)
+		} else if p := m.forwardingFile(); p != "" {
+			_ = os.Remove(p) // restored: the next start reads the node again
 		}
 	}
 }

@@ -3,6 +3,7 @@ package netpolicy
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/netip"
 	"os"
@@ -178,14 +179,33 @@ func enableForwarding() error {
 	return nil
 }
 
-// hostForwarding turns on IPv4 and IPv6 forwarding in the calling thread's
-// namespace (the node's) and returns the sysctls it changed with their old
-// values, to restore on close. Where IPv6 forwarding was off, interfaces
-// that accepted router advertisements (accept_ra 1, which forwarding turns
-// off) get accept_ra 2, so the node keeps its SLAAC addresses and routes.
-func hostForwarding() (changed map[string]string, wasRouter bool, err error) {
-	changed = map[string]string{}
+// forwardingState is what the node's forwarding sysctls were before the
+// first manager changed them: the values to restore, and whether the node
+// forwarded IPv4 and IPv6 itself (a router, which keeps forwarding what it
+// did). A manager keeps it in its StateDir, so that a start after an
+// unclean exit (a crash, Detach), which finds forwarding on because the
+// last run turned it on, still knows the node was no router.
+type forwardingState struct {
+	Changed map[string]string `json:"changed"`
+	Router4 bool              `json:"router4"`
+	Router6 bool              `json:"router6"`
+}
+
+// hostForwarding turns on IPv4 and IPv6 forwarding in the current
+// namespace, noting in st (nil: a new state, read from the node as it is)
+// each value it changes. Interfaces that accept router advertisements
+// while the node forwards no IPv6 (accept_ra 1, which the kernel ignores
+// with forwarding on) get accept_ra 2, so the node keeps its SLAAC
+// addresses and routes.
+func hostForwarding(st *forwardingState) (*forwardingState, error) {
 	read := func(p string) string { b, _ := os.ReadFile(p); return strings.TrimSpace(string(b)) }
+	v4, v6 := "/proc/sys/net/ipv4/ip_forward", "/proc/sys/net/ipv6/conf/all/forwarding"
+	if st == nil {
+		st = &forwardingState{Router4: read(v4) == "1", Router6: read(v6) == "1"}
+	}
+	if st.Changed == nil {
+		st.Changed = map[string]string{}
+	}
 	set := func(p, v string) error {
 		old := read(p)
 		if old == v {
@@ -194,30 +214,28 @@ func hostForwarding() (changed map[string]string, wasRouter bool, err error) {
 		if err := os.WriteFile(p, []byte(v), 0o644); err != nil {
 			return fmt.Errorf("sysctl %s: %w", p, err)
 		}
-		if _, seen := changed[p]; !seen {
-			changed[p] = old
+		if _, seen := st.Changed[p]; !seen {
+			st.Changed[p] = old
 		}
 		return nil
 	}
-	v4, v6 := "/proc/sys/net/ipv4/ip_forward", "/proc/sys/net/ipv6/conf/all/forwarding"
-	wasRouter = read(v4) == "1"
-	if read(v6) != "1" {
+	if !st.Router6 {
 		ents, _ := os.ReadDir("/proc/sys/net/ipv6/conf")
 		for _, e := range ents {
 			p := filepath.Join("/proc/sys/net/ipv6/conf", e.Name(), "accept_ra")
 			if read(p) == "1" {
 				if err := set(p, "2"); err != nil {
-					return changed, wasRouter, err
+					return st, err
 				}
 			}
 		}
 	}
 	for _, p := range []string{v4, v6} {
 		if err := set(p, "1"); err != nil {
-			return changed, wasRouter, err
+			return st, err
 		}
 	}
-	return changed, wasRouter, nil
+	return st, nil
 }
 
 // restoreSysctls writes back what hostForwarding changed, forwarding first.
@@ -230,7 +248,11 @@ func restoreSysctls(changed map[string]string) error {
 		}
 	}
 	for p, v := range changed {
-		errs = append(errs, os.WriteFile(p, []byte(v), 0o644))
+		// An interface gone since (the resolver's link, torn down just
+		// before) has nothing to restore.
+		if err := os.WriteFile(p, []byte(v), 0o644); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
 	}
 	return errors.Join(errs...)
 }

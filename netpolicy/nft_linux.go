@@ -411,9 +411,9 @@ func readAttempts(c *nftables.Conn, s *nftSets) ([]Attempt, error) {
 // A sandbox's packets must come from its pool address (the namespace
 // masquerades a microVM's; a container cannot forge one without
 // CAP_NET_RAW, which it lacks): others are dropped, so no sandbox can pass
-// for another at the resolver. When the node was not a router before
-// (routerBefore false), it forwards only to and from sandboxes.
-func installHostRules(c *nftables.Conn, name, ifPrefix string, res Slot, p4, p6 netip.Prefix, routerBefore bool) error {
+// for another at the resolver. In each family the node did not forward
+// before (router4, router6 false), it forwards only to and from sandboxes.
+func installHostRules(c *nftables.Conn, name, ifPrefix string, res Slot, p4, p6 netip.Prefix, router4, router6 bool) error {
 	t := &nftables.Table{Name: name, Family: nftables.TableFamilyINet}
 	c.DelTable(t)
 	_ = c.Flush() // absent is fine
@@ -448,9 +448,17 @@ func installHostRules(c *nftables.Conn, name, ifPrefix string, res Slot, p4, p6 
 		add(in, spoofed...)
 		add(fwd, spoofed...)
 	}
-	if !routerBefore {
-		add(fwd, cat(ifnamePrefix(expr.MetaKeyIIFNAME, ifPrefix, expr.CmpOpNeq), ifnamePrefix(expr.MetaKeyOIFNAME, ifPrefix, expr.CmpOpNeq),
-			[]expr.Any{verdict(expr.VerdictDrop)})...)
+	// Forwarding that is not to or from a sandbox, in each family the node
+	// did not forward before: dropped.
+	notSandboxes := cat(ifnamePrefix(expr.MetaKeyIIFNAME, ifPrefix, expr.CmpOpNeq), ifnamePrefix(expr.MetaKeyOIFNAME, ifPrefix, expr.CmpOpNeq),
+		[]expr.Any{verdict(expr.VerdictDrop)})
+	switch {
+	case !router4 && !router6:
+		add(fwd, notSandboxes...)
+	case !router4:
+		add(fwd, cat(nfproto(false), notSandboxes)...)
+	case !router6:
+		add(fwd, cat(nfproto(true), notSandboxes)...)
 	}
 	add(in, cat(fromSandbox, ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED, verdict(expr.VerdictAccept)))...)
 	for _, a := range []netip.Addr{res.Host4, res.Host6} {

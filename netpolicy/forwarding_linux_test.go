@@ -1,0 +1,114 @@
+package netpolicy_test
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/nftables"
+	"github.com/vishvananda/netns"
+	"github.com/warrenhq/warren/netpolicy"
+	. "github.com/warrenhq/warren/netpolicy/netpolicytest"
+)
+
+const (
+	ipForward  = "/proc/sys/net/ipv4/ip_forward"
+	ip6Forward = "/proc/sys/net/ipv6/conf/all/forwarding"
+)
+
+// nodeSysctl reads (v "") or writes a sysctl in the topology's node
+// namespace.
+func nodeSysctl(t *testing.T, tp *Topo, p, v string) string {
+	t.Helper()
+	var got string
+	if err := netpolicy.InNamedNS(tp.NodeNS, func() error {
+		if v != "" {
+			if err := os.WriteFile(p, []byte(v), 0o644); err != nil {
+				return err
+			}
+		}
+		b, err := os.ReadFile(p)
+		got = strings.TrimSpace(string(b))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+// fwdRules counts the rules of the node table's forward chain.
+func fwdRules(t *testing.T, tp *Topo) int {
+	t.Helper()
+	node, err := netns.GetFromPath(tp.NodeNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close()
+	c, err := nftables.New(nftables.WithNetNSFd(int(node)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules, err := c.GetRules(&nftables.Table{Name: "warren-" + tp.Tag, Family: nftables.TableFamilyINet}, &nftables.Chain{Name: "fwd"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(rules)
+}
+
+// A node that was no router stays one that forwards only to and from
+// sandboxes after an unclean exit (a crash, Detach): the next start finds
+// forwarding on, as the last run left it, and must not take the node
+// for a router. Its close then restores the node's own values.
+func TestForwardingIsKnownAfterAnUncleanExit(t *testing.T) {
+	tp := New(t)
+	cfg := tp.Config(0, nil)
+	cfg.StateDir = t.TempDir()
+	if v := nodeSysctl(t, tp, ipForward, ""); v != "0" {
+		t.Fatalf("a new namespace forwards IPv4 (%s)", v)
+	}
+	m1, err := netpolicy.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := fwdRules(t, tp)
+	m1.Detach() // as a crash leaves it
+	m2, err := netpolicy.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again := fwdRules(t, tp); again != first {
+		t.Errorf("the forward chain has %d rules after the restart, %d before: the node was taken for a router", again, first)
+	}
+	m2.Close()
+	if v4, v6 := nodeSysctl(t, tp, ipForward, ""), nodeSysctl(t, tp, ip6Forward, ""); v4 != "0" || v6 != "0" {
+		t.Errorf("after close: ip_forward %s, IPv6 forwarding %s; want the node's own 0 and 0", v4, v6)
+	}
+	if _, err := os.Stat(filepath.Join(cfg.StateDir, "forwarding.json")); !os.IsNotExist(err) {
+		t.Errorf("forwarding.json outlives the close: %v", err)
+	}
+}
+
+// A node that forwarded IPv4 but not IPv6 (any Docker host) keeps its
+// IPv4 forwarding as it was, and forwards IPv6 only to and from sandboxes.
+func TestForwardingIsRestrictedPerFamily(t *testing.T) {
+	tp := New(t)
+	count := func(v4, v6 string) int {
+		t.Helper()
+		nodeSysctl(t, tp, ipForward, v4)
+		nodeSysctl(t, tp, ip6Forward, v6)
+		m, err := netpolicy.New(tp.Config(0, nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		return fwdRules(t, tp)
+	}
+	router, v4Only := count("1", "1"), count("1", "0")
+	if v4Only != router+1 {
+		t.Errorf("forward chain: %d rules on an IPv4-only router, %d on a router of both: want one more, the IPv6 restriction", v4Only, router)
+	}
+	if v := nodeSysctl(t, tp, ip6Forward, ""); v != "0" {
+		t.Errorf("IPv6 forwarding after close: %s, want the node's own 0", v)
+	}
+}
