@@ -66,6 +66,9 @@ func TestAModelTurnLargerThanAnEventIsRecordedAndReplayed(t *testing.T) {
 			evs := c.events(id)
 			t.Fatalf("the task failed: %s", evs[len(evs)-1].GetPayload())
 		}
+		// The actor counts its park after the parked event lands, which
+		// the servers show first.
+		waitFor(t, "the node to count its park", 10*time.Second, func() bool { return d.Stats().Parked >= i+1 })
 		if got := d.Stats().Parked; got != i+1 {
 			t.Fatalf("the node parked %d times, want %d", got, i+1)
 		}
