@@ -385,7 +385,15 @@ func (l *Loop) call(ctx context.Context, req model.Request, compaction bool) (re
 	l.step++
 	n = l.step
 	req.Turn = int(n)
-	res, err := l.caller.Call(ctx, req)
+	// The wall-clock budget bounds the call too, retries and all: a
+	// provider that never answers does not hold the task past it.
+	cctx := ctx
+	if left := l.timeLeft(); left > 0 {
+		var cancel context.CancelFunc
+		cctx, cancel = context.WithTimeout(ctx, left)
+		defer cancel()
+	}
+	res, err := l.caller.Call(cctx, req)
 	if err != nil {
 		what := ""
 		if compaction {

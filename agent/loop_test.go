@@ -429,3 +429,32 @@ func TestRefusalEndsTheTask(t *testing.T) {
 		}
 	}
 }
+
+// hangingProvider never answers: its calls end only with their context.
+type hangingProvider struct{}
+
+func (hangingProvider) Name() string { return "scripted" }
+func (hangingProvider) Call(ctx context.Context, _ model.Request) (*model.Response, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// The wall-clock budget bounds a model call too: a provider that never
+// answers does not hold the task past its budget (the call is given up
+// on, and the next step ends the task on the budget).
+func TestWallClockBoundsAModelCall(t *testing.T) {
+	tl := newRepo(t)
+	g := &model.Gateway{Provider: hangingProvider{}}
+	l := NewLoop(Config{Model: "scripted", Budgets: Budgets{MaxWallClock: 300 * time.Millisecond}}, g, tl, &memLog{})
+	l.Start(context.Background(), Task{IssueTitle: "x"})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	out, err := l.Step(ctx)
+	if err == nil || ctx.Err() != nil {
+		t.Fatalf("a call to a provider that never answers: %+v %v after %v; want it given up on at the budget", out, err, time.Since(start))
+	}
+	if out, err := l.Step(ctx); err != nil || out == nil || out.Reason != "max_wall_clock" {
+		t.Fatalf("the next step: %+v %v; want max_wall_clock", out, err)
+	}
+}

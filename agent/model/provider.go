@@ -15,6 +15,12 @@ import (
 	"time"
 )
 
+// AttemptTimeout bounds one HTTP attempt of a model call, answer read
+// whole: a server that accepts the request and never answers is given up
+// on (and the call retried as any transport failure) instead of holding
+// the task. A long answer without streaming takes minutes at most.
+var AttemptTimeout = 10 * time.Minute
+
 // Provider speaks one vendor's wire protocol. Call makes exactly one HTTP
 // request (or none, for scripted): retries, rate limits and unique
 // tool_use ids (a response's may be empty or repeated) are the Gateway's.
@@ -92,8 +98,10 @@ func waitOf(n float64, unit time.Duration) time.Duration {
 // message (both APIs put them at error.type and error.message) and the
 // wait it asked for; a transport failure is a retryable *HTTPError. No
 // error's message holds secret: some proxies echo the key they were given
-// in their own error message.
+// in their own error message. One attempt takes at most AttemptTimeout.
 func post(ctx context.Context, hc *http.Client, provider, url string, header http.Header, body []byte, secret string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, AttemptTimeout)
+	defer cancel()
 	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", provider, err)
