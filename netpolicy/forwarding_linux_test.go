@@ -1,10 +1,14 @@
 package netpolicy_test
 
 import (
+	"context"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/vishvananda/netns"
@@ -110,5 +114,49 @@ func TestForwardingIsRestrictedPerFamily(t *testing.T) {
 	}
 	if v := nodeSysctl(t, tp, ip6Forward, ""); v != "0" {
 		t.Errorf("IPv6 forwarding after close: %s, want the node's own 0", v)
+	}
+}
+
+// A sandbox's audit ends with its last attempts: Close reports what it
+// tried since the last periodic report. And it holds no denials the
+// sandbox never attempted: its kernel's own multicast membership reports
+// (MLD to ff02::16) are dropped unrecorded.
+func TestAuditEndsWithTheLastAttemptsAndHoldsNoGroupReports(t *testing.T) {
+	tp := New(t)
+	var mu sync.Mutex
+	var events []netpolicy.AuditEvent
+	cfg := tp.Config(0, func(_ string, b netpolicy.AuditBatch) {
+		mu.Lock()
+		events = append(events, b.Events...)
+		mu.Unlock()
+	})
+	cfg.AuditInterval = time.Hour // only the close reports
+	m, err := netpolicy.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	s, err := m.Claim(context.Background(), "sb-audit", netpolicy.Policy{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond) // the kernel's unsolicited MLD reports go within a second of link up
+	if _, err := connect(s, netip.AddrPortFrom(Other, 80)); err == nil {
+		t.Fatal("a connection to a host not on the list went through")
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	denied := false
+	for _, e := range events {
+		denied = denied || (e.Verdict == "deny" && e.Addr == Other.String() && e.Port == 80)
+		if strings.HasPrefix(e.Addr, "ff02:") || strings.HasPrefix(e.Addr, "224.") {
+			t.Errorf("an audit event the sandbox never attempted: %+v", e)
+		}
+	}
+	if !denied {
+		t.Errorf("the audit lacks the last attempt (a denied connect to %v:80): %+v", Other, events)
 	}
 }

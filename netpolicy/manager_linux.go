@@ -720,6 +720,9 @@ func (s *Sandbox) SetPolicy(p Policy) error {
 // Close tears the sandbox's network down: its link to the node goes at once,
 // the namespace (with its rules) when the last process in it exits.
 func (s *Sandbox) Close() error {
+	// What it tried since the last report (up to an audit interval)
+	// goes out first: a sandbox's audit ends with its last attempts.
+	s.report(s.m)
 	err := s.teardown()
 	s.m.kick()
 	return err

@@ -122,6 +122,14 @@ func installRules(c *nftables.Conn, r Rules) (*nftSets, error) {
 	add(in, ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED, verdict(expr.VerdictAccept))...)
 	add(in, ifname(expr.MetaKeyIIFNAME, "lo", verdict(expr.VerdictAccept))...)
 	add(in, ndp(verdict(expr.VerdictAccept))...)
+	// The kernels' own multicast membership reports (MLD, IGMP), which
+	// never leave the link: dropped without a word, not recorded as
+	// denials the sandbox never attempted.
+	for _, r := range groupReports(verdict(expr.VerdictDrop)) {
+		add(in, r...)
+		add(out, r...)
+		add(fwd, r...)
+	}
 	// A microVM poking its own gateway is refused like any denied
 	// destination.
 	add(in, ifname(expr.MetaKeyIIFNAME, IfaceGuest, goTo(deny))...)
@@ -270,6 +278,37 @@ func ndp(then ...expr.Any) []expr.Any {
 	e = append(e, &expr.Payload{OperationType: expr.PayloadLoad, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 1, DestRegister: reg1},
 		&expr.Range{Op: expr.CmpOpEq, Register: reg1, FromData: []byte{133}, ToData: []byte{137}})
 	return append(e, then...)
+}
+
+// groupReports are rules matching the multicast group management a
+// kernel sends by itself on a link: IGMP (TTL 1) and MLD (ICMPv6 types
+// 130–132 and 143, hop limit 1). Such a packet is never forwarded, so it
+// carries nothing anywhere.
+func groupReports(then ...expr.Any) [][]expr.Any {
+	hops := func(v6 bool) []expr.Any {
+		off := uint32(8) // IPv4's TTL
+		if v6 {
+			off = 7 // IPv6's hop limit
+		}
+		return []expr.Any{&expr.Payload{OperationType: expr.PayloadLoad, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: 1, DestRegister: reg1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{1}}}
+	}
+	icmpType := &expr.Payload{OperationType: expr.PayloadLoad, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 1, DestRegister: reg1}
+	rule := func(parts ...[]expr.Any) []expr.Any {
+		var e []expr.Any
+		for _, p := range parts {
+			e = append(e, p...)
+		}
+		return append(e, then...)
+	}
+	igmp := rule(nfproto(false), l4proto(unix.IPPROTO_IGMP), hops(false))
+	mld := func(match expr.Any) []expr.Any {
+		return rule(nfproto(true), l4proto(unix.IPPROTO_ICMPV6), hops(true), []expr.Any{icmpType, match})
+	}
+	return [][]expr.Any{igmp,
+		mld(&expr.Range{Op: expr.CmpOpEq, Register: reg1, FromData: []byte{130}, ToData: []byte{132}}),
+		mld(&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{143}}),
+	}
 }
 
 // intervalElems encodes ranges for an interval set: each range's first
