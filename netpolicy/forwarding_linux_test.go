@@ -2,6 +2,7 @@ package netpolicy_test
 
 import (
 	"context"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -11,6 +12,8 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+	"github.com/miekg/dns"
+	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"github.com/warrenhq/warren/netpolicy"
 	. "github.com/warrenhq/warren/netpolicy/netpolicytest"
@@ -158,5 +161,59 @@ func TestAuditEndsWithTheLastAttemptsAndHoldsNoGroupReports(t *testing.T) {
 	}
 	if !denied {
 		t.Errorf("the audit lacks the last attempt (a denied connect to %v:80): %+v", Other, events)
+	}
+}
+
+// A host on the node's network that forges a sandbox's address cannot
+// act as that sandbox at the resolver (opening the sandbox's allow set,
+// and writing lookups it never made into its audit): a sandbox's address
+// coming from anywhere but a sandbox link is dropped.
+func TestAForgedSandboxAddressFromOutsideIsDropped(t *testing.T) {
+	tp := New(t)
+	m := tp.Manager(t, 0, nil)
+	s, err := m.Claim(context.Background(), "sb-forged", netpolicy.Policy{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	inet, err := netns.GetFromPath(tp.InetNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inet.Close()
+	ih, err := netlink.NewHandleAt(inet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ih.Close()
+	lo, err := ih.LinkByName("lo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged := s.Slot().Sandbox4
+	if err := ih.AddrAdd(lo, &netlink.Addr{IPNet: &net.IPNet{IP: forged.AsSlice(), Mask: net.CIDRMask(32, 32)}}); err != nil {
+		t.Fatal(err)
+	}
+	res := m.Resolver().Host4
+	if err := ih.RouteAdd(&netlink.Route{Dst: &net.IPNet{IP: res.AsSlice(), Mask: net.CIDRMask(32, 32)}, Gw: NodeAddr.AsSlice()}); err != nil {
+		t.Fatal(err)
+	}
+	var answered bool
+	if err := netpolicy.InNamedNS(tp.InetNS, func() error {
+		c := &dns.Client{Net: "udp", Timeout: time.Second, Dialer: &net.Dialer{LocalAddr: &net.UDPAddr{IP: forged.AsSlice()}}}
+		q := new(dns.Msg)
+		q.SetQuestion("allowed.test.", dns.TypeA)
+		_, _, err := c.Exchange(q, net.JoinHostPort(res.String(), "53"))
+		answered = err == nil
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if answered {
+		t.Error("the resolver answered a query from outside the node with a sandbox's address")
+	}
+	// The sandbox never looked allowed.test up: its address stays closed.
+	if _, err := connect(s, netip.AddrPortFrom(Web, 80)); err == nil {
+		t.Error("a forged lookup from outside opened the sandbox's allow set")
 	}
 }

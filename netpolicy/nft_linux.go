@@ -234,9 +234,14 @@ func ctState(bits uint32, then ...expr.Any) []expr.Any {
 }
 
 func ifname(key expr.MetaKey, name string, then ...expr.Any) []expr.Any {
+	return append([]expr.Any{&expr.Meta{Key: key, Register: reg1}, &expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: ifnameBytes(name)}}, then...)
+}
+
+// ifnameBytes is an interface name as the kernel compares it.
+func ifnameBytes(name string) []byte {
 	b := make([]byte, unix.IFNAMSIZ)
 	copy(b, name)
-	return append([]expr.Any{&expr.Meta{Key: key, Register: reg1}, &expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: b}}, then...)
+	return b
 }
 
 func nfproto(v6 bool) []expr.Any {
@@ -477,6 +482,17 @@ func installHostRules(c *nftables.Conn, name, ifPrefix string, res Slot, p4, p6 
 	}
 	for _, p := range []netip.Prefix{p4, p6} {
 		add(post, cat(saddrIn(p, expr.CmpOpEq), ifnamePrefix(expr.MetaKeyOIFNAME, ifPrefix, expr.CmpOpNeq), []expr.Any{&expr.Masq{}})...)
+	}
+	// A sandbox's address from anywhere but a sandbox link (a host on the
+	// node's network, forging it to act as that sandbox at the resolver)
+	// is dropped: the resolver and the sets know a sandbox by its source.
+	// The node's own packets to its resolver come over lo.
+	notLo := []expr.Any{&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: ifnameBytes("lo")}}
+	for _, p := range []netip.Prefix{p4, p6} {
+		forged := cat(ifnamePrefix(expr.MetaKeyIIFNAME, ifPrefix, expr.CmpOpNeq), notLo, saddrIn(p, expr.CmpOpEq), []expr.Any{verdict(expr.VerdictDrop)})
+		add(in, forged...)
+		add(fwd, forged...)
 	}
 	for _, p := range []netip.Prefix{p4, p6} {
 		spoofed := cat(fromSandbox, saddrIn(p, expr.CmpOpNeq), []expr.Any{verdict(expr.VerdictDrop)})
