@@ -86,6 +86,46 @@ func (e *egressFlags) start(f *nodeFlags) (*noded.Egress, error) {
 	return eg, nil
 }
 
+// clearLeftovers removes what an earlier run of this node with egress
+// policy left on the host (its sandboxes' namespaces and links, the node's
+// table, the forwarding sysctls it turned on), when the node now runs
+// without it: nothing else would, and a re-adopted sandbox would keep its
+// old rules, with no audit, for good. Such a sandbox runs on without a
+// network.
+func (e *egressFlags) clearLeftovers(f *nodeFlags) {
+	if f.data == "" {
+		return
+	}
+	dir := filepath.Join(f.data, "egress")
+	if ents, err := os.ReadDir(dir); err != nil || len(ents) == 0 {
+		return
+	}
+	warn := func(msg string, args ...any) {
+		if f.logger != nil {
+			f.logger.Warn(msg, args...)
+		}
+	}
+	if os.Geteuid() != 0 {
+		warn("egress: an earlier run's egress policy may be left on the host; run the node as root once (with --egress on or off) to remove it", "state", dir)
+		return
+	}
+	cfg, err := e.netConfig(f)
+	if err != nil {
+		return // the flags' error is reported by check
+	}
+	m, err := netpolicy.New(cfg)
+	if err == nil {
+		err = m.Close()
+	}
+	if err != nil {
+		warn("egress: remove what an earlier run with egress policy left", "err", err)
+		return
+	}
+	if f.logger != nil {
+		f.logger.Info("egress: removed the networks and rules an earlier run with egress policy left; this node runs without it")
+	}
+}
+
 // netConfig is the egress policy's config from the flags; it makes
 // nothing.
 func (e *egressFlags) netConfig(f *nodeFlags) (netpolicy.Config, error) {

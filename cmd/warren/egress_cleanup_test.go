@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"flag"
 	"net"
 	"os"
@@ -187,4 +188,46 @@ func parseNodeFlags(t *testing.T, args ...string) (noded.Config, error) {
 		cfg.Egress.Close()
 	})
 	return cfg, err
+}
+
+// A node restarted with --egress off after a run with egress policy that
+// ended uncleanly (killed: its sandboxes' namespaces and links, and the
+// node's table, stay) removes what that run left: nothing else would, and
+// a re-adopted sandbox would keep its old rules with no audit.
+func TestNodeWithEgressOffRemovesAnEarlierRunsEgress(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testenv.Missing(t, "needs root for egress")
+	}
+	if _, err := os.Stat("/dev/net/tun"); err != nil {
+		testenv.Missing(t, "needs /dev/net/tun")
+	}
+	data := filepath.Join(t.TempDir(), "node")
+	// Prefixes of its own: another node on this host may hold the defaults.
+	const p4, p6 = "10.223.0.0/16", "fd77:6172:7223::/64"
+	f := &nodeFlags{id: "n1", data: data, egress: egressFlags{mode: "on", prefix4: p4, prefix6: p6}}
+	cfg, err := f.egress.netConfig(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := netpolicy.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	left := egressLeftovers(t, "n1", data, p4, p6)
+	if _, err := m.Claim(context.Background(), "sb-left", netpolicy.Policy{}); err != nil {
+		m.Close()
+		t.Fatal(err)
+	}
+	m.Detach() // as a kill leaves it
+	if len(left()) == 0 {
+		t.Fatal("the trap is not set: the earlier run left nothing")
+	}
+	f.egress.mode = "off"
+	nets, err := f.networks()
+	if err != nil || nets != nil {
+		t.Fatalf("networks with --egress off: %v %v", nets, err)
+	}
+	if l := left(); len(l) > 0 {
+		t.Errorf("the earlier run's egress is still on the host: %v", l)
+	}
 }

@@ -480,8 +480,12 @@ func newDriver(f *nodeFlags) (driver.Driver, error) {
 // driver to give each sandbox a network; nil means sandboxes get none.
 func (f *nodeFlags) networks() (driver.Networks, error) {
 	on, err := f.egress.enabled()
-	if err != nil || !on {
+	if err != nil {
 		return nil, err
+	}
+	if !on {
+		f.egress.clearLeftovers(f)
+		return nil, nil
 	}
 	eg, err := f.egress.start(f)
 	if err != nil {
