@@ -571,6 +571,9 @@ func (l *Loop) afterResponse(ctx context.Context, t *openTurn) (*Outcome, error)
 			}
 			d, decided := l.decisions[tu.ID]
 			switch {
+			case invalidArguments(tu.Input) != "":
+				r = toolError("the call's arguments are not JSON: %q; call %s again with a JSON object of its parameters",
+					truncateText(invalidArguments(tu.Input), 200), tu.Name)
 			case tier == Deny:
 				r = toolError("denied by policy: %s", orDefault(reason, "a rule of the task's policy"))
 			case decided && !d.approved:
@@ -641,6 +644,27 @@ func (l *Loop) afterResponse(ctx context.Context, t *openTurn) (*Outcome, error)
 	}
 	l.appendUser(nudge(t.stop))
 	return nil, nil
+}
+
+// invalidArguments is the text of a tool call's arguments that were not
+// JSON (model.InvalidArgumentsKey), or "".
+func invalidArguments(input json.RawMessage) string {
+	var v map[string]string
+	if json.Unmarshal(input, &v) != nil || len(v) != 1 {
+		return ""
+	}
+	return v[model.InvalidArgumentsKey]
+}
+
+// truncateText cuts s to about n bytes on a character boundary.
+func truncateText(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
 }
 
 func orDefault(s, d string) string {

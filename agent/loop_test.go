@@ -458,3 +458,34 @@ func TestWallClockBoundsAModelCall(t *testing.T) {
 		t.Fatalf("the next step: %+v %v; want max_wall_clock", out, err)
 	}
 }
+
+// A tool call whose arguments were not JSON (an OpenAI-compatible model's
+// slip, kept by the provider under model.InvalidArgumentsKey) comes back
+// to the model as a tool error, and the task goes on: the model calls
+// again, correctly.
+func TestToolCallWithArgumentsThatAreNotJSONIsAToolError(t *testing.T) {
+	script := `{"content":[{"type":"tool_use","id":"call_a","name":"run_command","input":{"` + model.InvalidArgumentsKey + `":"{\"command\": echo hi"}}]}
+{"content":[{"type":"tool_use","id":"call_b","name":"run_command","input":{"command":"echo hi > hi.txt"}}]}
+{"content":[{"type":"tool_use","name":"finish","input":{"summary":"done"}}]}
+`
+	tl := newRepo(t)
+	log := &memLog{}
+	l := NewLoop(Config{Model: "scripted"}, &model.Gateway{Provider: scriptedFrom(t, script)}, tl, log)
+	l.Start(context.Background(), Task{IssueTitle: "x"})
+	out, err := l.Run(context.Background())
+	if err != nil || out.Reason != "finished" {
+		t.Fatalf("%+v %v", out, err)
+	}
+	var first string
+	for _, e := range log.events {
+		if e.Kind == "tool_result" && strings.Contains(string(e.Payload), `"call_a"`) {
+			first = string(e.Payload)
+		}
+	}
+	if !strings.Contains(first, "not JSON") || !strings.Contains(first, `"is_error":true`) {
+		t.Errorf("the first call's result: %s; want a tool error saying its arguments are not JSON", first)
+	}
+	if b, err := os.ReadFile(filepath.Join(tl.Root, "hi.txt")); err != nil || string(b) != "hi\n" {
+		t.Errorf("the second call did not run: %q %v", b, err)
+	}
+}

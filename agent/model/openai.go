@@ -185,7 +185,13 @@ func decodeOpenAI(raw []byte) (*Response, error) {
 				// and the loop tells the model to continue.
 				continue
 			}
-			return nil, fmt.Errorf("openai: %w: tool_calls[%d]: no name, or arguments that are not JSON", ErrMalformed, i)
+			if c.Function.Name == "" {
+				return nil, fmt.Errorf("openai: %w: tool_calls[%d]: no name", ErrMalformed, i)
+			}
+			// The model's mistake, not the server's: the call is kept
+			// with its text, and the loop answers it with a tool error,
+			// so the model can call again.
+			args, _ = json.Marshal(map[string]string{InvalidArgumentsKey: c.Function.Arguments})
 		}
 		// An empty or repeated id is the Gateway's to replace.
 		out.Content = append(out.Content, Block{Type: BlockToolUse, ID: c.ID, Name: c.Function.Name, Input: args})

@@ -81,7 +81,6 @@ func TestOpenAIFinishReasonsAndMalformed(t *testing.T) {
 	}
 	for name, rep := range map[string]fakeReply{
 		"no choices":     {status: 200, body: `{"id":"x","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1}}`},
-		"bad arguments":  {status: 200, body: strings.Replace(oaiOK, `"{\"summary\":\"done\"}"`, `"{not json"`, 1)},
 		"no usage":       {status: 200, body: strings.Replace(oaiOK, `"usage"`, `"nousage"`, 1)},
 		"html, not json": {status: 200, body: `<html>bad gateway</html>`},
 	} {
@@ -90,8 +89,15 @@ func TestOpenAIFinishReasonsAndMalformed(t *testing.T) {
 			t.Errorf("%s: %v; want ErrMalformed", name, err)
 		}
 	}
+	// Arguments that are not JSON are the model's mistake: the call is
+	// kept with their text, for the loop to answer with a tool error.
+	f := newFake(t, "/chat/completions", fakeReply{status: 200, body: strings.Replace(oaiOK, `"{\"summary\":\"done\"}"`, `"{not json"`, 1)})
+	resp, err := (&OpenAI{BaseURL: f.URL}).Call(context.Background(), conversation())
+	if err != nil || len(resp.ToolUses()) != 1 || string(resp.ToolUses()[0].Input) != `{"`+InvalidArgumentsKey+`":"{not json"}` {
+		t.Errorf("arguments that are not JSON: %v %+v", err, resp)
+	}
 	// A body the connection cuts short is the network's failure, retried.
-	f := newFake(t, "/chat/completions", fakeReply{status: 200, body: oaiOK, truncAt: 50})
+	f = newFake(t, "/chat/completions", fakeReply{status: 200, body: oaiOK, truncAt: 50})
 	var cut *HTTPError
 	if _, err := (&OpenAI{BaseURL: f.URL}).Call(context.Background(), conversation()); !errors.As(err, &cut) || !cut.Retryable() || cut.Type != "transport" {
 		t.Errorf("a body cut short: %v; want a retryable transport error", err)

@@ -58,6 +58,11 @@ func (e *HTTPError) Retryable() bool {
 		e.Type == "overloaded_error" || e.Type == "rate_limit_error" || e.Type == "transport"
 }
 
+// InvalidArgumentsKey holds, as a tool call's only input, arguments the
+// model wrote that are not JSON: the loop answers such a call with a tool
+// error instead of running it.
+const InvalidArgumentsKey = "warren_invalid_arguments"
+
 // ErrMalformed wraps a response the gateway cannot read: not JSON, cut
 // short, or missing what a response must have. It is not retried: the
 // task records it and stops the call.
