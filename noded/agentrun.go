@@ -35,11 +35,33 @@ type Models struct {
 	// TPM is each provider's tokens-per-minute budget, shared by all the
 	// node's tasks; 0 means none.
 	TPM map[string]int64
+	// ContextWindows are models' context windows in tokens, by name; a
+	// model without one gets DefaultContextWindow.
+	ContextWindows map[string]int64
 	// BlobDir keeps full tool outputs ("" : DataDir/blobs).
 	BlobDir string
 
 	mu       sync.Mutex
 	limiters map[string]*model.Limiter
+}
+
+// DefaultContextWindow is a model's context window when the node's
+// --model-context does not give it: Claude's 200,000 tokens, and 128,000
+// for other models (an OpenAI-compatible server's may be smaller still,
+// which --model-context says).
+func DefaultContextWindow(model string) int64 {
+	if strings.HasPrefix(model, "claude") {
+		return 200_000
+	}
+	return 128_000
+}
+
+// contextWindow is model's context window on this node.
+func (m *Models) contextWindow(model string) int64 {
+	if n := m.ContextWindows[model]; n > 0 {
+		return n
+	}
+	return DefaultContextWindow(model)
 }
 
 func (m *Models) limiter(provider string) *model.Limiter {
@@ -233,6 +255,7 @@ func (a *taskActor) newLoop(t *warrenv1.Task) (*agent.Loop, error) {
 	if ts := t.GetCreatedAt(); ts != nil {
 		cfg.Started = ts.AsTime() // the budget runs from the task's creation, across resumes
 	}
+	cfg.ContextWindow = m.contextWindow(name)
 	g := &model.Gateway{Provider: p, Price: price, Limiter: m.limiter(p.Name())}
 	tools := &agent.Tools{SB: agentSandbox{ia}, Root: WorkRoot}
 	return agent.NewLoop(cfg, g, tools, actorRecorder{a}), nil

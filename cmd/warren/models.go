@@ -15,13 +15,14 @@ import (
 // modelFlags are the node's model gateway settings; credentials come only
 // from the environment.
 type modelFlags struct {
-	prices, tpm   string
-	approvalGrace time.Duration
+	prices, tpm, context string
+	approvalGrace        time.Duration
 }
 
 func (m *modelFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&m.prices, "model-prices", "", "agent tasks: price table, MODEL=INPUT/CACHE_WRITE/CACHE_READ/OUTPUT in US dollars per million tokens, comma-separated (e.g. claude-sonnet-4-5=3/3.75/0.3/15); a model without a price costs 0 and a cost budget cannot stop it")
 	fs.DurationVar(&m.approvalGrace, "approval-grace", noded.DefaultApprovalGrace, "agent tasks: how long a task waiting for approval keeps its sandbox on the node before it parks (releasing the sandbox and its room; the decision resumes it on any node from its last checkpoint)")
+	fs.StringVar(&m.context, "model-context", "", "agent tasks: context windows in tokens, MODEL=TOKENS comma-separated (e.g. qwen2.5-coder=32768); the loop compacts a task's history before a request would fill 80% of it. Default: 200000 for claude* models, 128000 for others")
 	fs.StringVar(&m.tpm, "model-tpm", "", "agent tasks: tokens per minute for all the node's tasks on a provider, PROVIDER=N comma-separated (anthropic, openai)")
 }
 
@@ -39,7 +40,10 @@ func (m *modelFlags) models() (*noded.Models, error) {
 	if out.TPM, err = parseTPM(m.tpm); err != nil {
 		return nil, err
 	}
-	if out.AnthropicKey == "" && out.OpenAIKey == "" && out.OpenAIURL == "" && len(out.Prices) == 0 && len(out.TPM) == 0 {
+	if out.ContextWindows, err = parseContextWindows(m.context); err != nil {
+		return nil, err
+	}
+	if out.AnthropicKey == "" && out.OpenAIKey == "" && out.OpenAIURL == "" && len(out.Prices) == 0 && len(out.TPM) == 0 && len(out.ContextWindows) == 0 {
 		return nil, nil
 	}
 	return out, nil
@@ -75,6 +79,26 @@ func parseTPM(s string) (map[string]int64, error) {
 			return nil, fmt.Errorf("model-tpm: %q is not anthropic=N or openai=N with N > 0", kv)
 		}
 		out[p] = n
+	}
+	return out, nil
+}
+
+// parseContextWindows reads --model-context: MODEL=TOKENS, comma-separated.
+func parseContextWindows(s string) (map[string]int64, error) {
+	out := map[string]int64{}
+	for _, kv := range splitComma(s) {
+		name, v, ok := strings.Cut(kv, "=")
+		n, err := strconv.ParseInt(v, 10, 64)
+		switch {
+		case !ok || name == "" || err != nil:
+			return nil, fmt.Errorf("model-context: %q is not MODEL=TOKENS", kv)
+		case n < 4096 || n > 100_000_000:
+			return nil, fmt.Errorf("model-context: %s: %d tokens must be between 4096 and 100000000", name, n)
+		}
+		if _, dup := out[name]; dup {
+			return nil, fmt.Errorf("model-context: %s given twice", name)
+		}
+		out[name] = n
 	}
 	return out, nil
 }

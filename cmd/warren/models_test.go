@@ -25,6 +25,15 @@ func TestModelFlags(t *testing.T) {
 			t.Errorf("%q: %v", bad, err)
 		}
 	}
+	if m, err := parseContextWindows("qwen2.5-coder=32768, gpt-4.1=1000000"); err != nil || m["qwen2.5-coder"] != 32768 || m["gpt-4.1"] != 1000000 {
+		t.Fatalf("%v %v", m, err)
+	}
+	for bad, want := range map[string]string{"x": "is not MODEL=TOKENS", "=4096": "is not MODEL=TOKENS", "x=many": "is not MODEL=TOKENS",
+		"x=100": "between 4096", "x=8192,x=16384": "given twice"} {
+		if _, err := parseContextWindows(bad); err == nil || !strings.Contains(err.Error(), "model-context") || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v", bad, err)
+		}
+	}
 	t.Setenv("ANTHROPIC_API_KEY", "")
 	t.Setenv("OPENAI_API_KEY", "")
 	t.Setenv("OPENAI_BASE_URL", "")
