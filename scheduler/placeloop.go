@@ -145,9 +145,11 @@ func (s *Server) placeOnce(rng *rand.Rand) (time.Duration, error) {
 			m.Placements = append(m.Placements, &fsmv1.ApplyPlan_Placement{TaskId: p.TaskID, NodeId: p.NodeID, Warm: p.Warm})
 		}
 		plan.Placements = plan.Placements[n:]
-		ctx, cancel := s.bgContext(10 * time.Second)
-		res, _, err := s.proposeLocal(ctx, m)
-		cancel()
+		// No deadline but the server's: a proposal given up on may still
+		// commit, and its tasks would then stay placed with no start
+		// sent. It ends when it commits, or fails (leadership lost), or
+		// the server stops.
+		res, _, err := s.proposeLocal(s.stopCtx, m)
 		if err != nil {
 			return cost, err
 		}

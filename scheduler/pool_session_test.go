@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/types/known/timestamppb"
+
 	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
 )
 
@@ -55,4 +57,20 @@ func TestSessionsGetPoolTargetsRecordedWhileOpen(t *testing.T) {
 	if got := f.poolMessages(); len(got) != 5 {
 		t.Errorf("pool messages %v: want only the 5 above", got)
 	}
+}
+
+// A node down applied late (its proposal gave up on a slow commit, and the
+// node's heartbeats came back meanwhile, so no round proposed it again)
+// cuts the node's session at the next liveness round: the node says hello
+// again and is ready, instead of heartbeating on, DOWN, with no tasks, for
+// good.
+func TestALateDownCutsTheNodesSession(t *testing.T) {
+	n, url, hc := leadingServer(t, 10*time.Second)
+	f := openFakeNode(t, url, hc, "n1")
+	f.report(t, nil) // attached and heard
+	res, _, err := n.srv.proposeLocal(context.Background(), &fsmv1.NodeOp{Id: "n1", Op: fsmv1.NodeOp_OP_DOWN, Reason: "late", Time: timestamppb.Now()})
+	if err != nil || resultErr(res) != nil {
+		t.Fatal(err, res)
+	}
+	waitFor(t, "the down node's session to be cut", 10*time.Second, func() bool { return n.srv.sess.get("n1") == nil })
 }

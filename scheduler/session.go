@@ -520,6 +520,18 @@ func (s *Server) livenessLoop() {
 		var downs []*fsmv1.NodeOp
 		for _, n := range nodes {
 			st := n.GetStatus()
+			if st == warrenv1.NodeStatus_NODE_STATUS_DOWN {
+				// A down applied after its proposal gave up (a slow
+				// commit), or after the node said hello again: its
+				// session is cut here, so that it says hello again and
+				// becomes ready, instead of heartbeating on, DOWN, for
+				// good.
+				if c := s.sess.get(n.GetId()); c != nil {
+					s.log.Info("cutting the session of a node that is down", "node", n.GetId())
+					c.close()
+				}
+				continue
+			}
 			if st != warrenv1.NodeStatus_NODE_STATUS_READY && st != warrenv1.NodeStatus_NODE_STATUS_DRAINING {
 				continue
 			}
