@@ -67,6 +67,93 @@ func (m *epochLog) approvalsAsked() map[string]int {
 	return n
 }
 
+// replayRig is a task's loop on a real repository, writing to an
+// epochLog, for the tests that cut a task off and resume it from its log
+// as a node does.
+type replayRig struct {
+	t   *testing.T
+	ctx context.Context
+	tl  *Tools
+	cfg Config
+	gw  *model.Gateway
+	log *epochLog
+	p   *counting // the scripted model, counting its calls
+}
+
+func newReplayRig(t *testing.T, script string, failAfter map[string]int) *replayRig {
+	t.Helper()
+	r := &replayRig{t: t, ctx: context.Background(), tl: newRepo(t), p: scriptedFrom(t, script),
+		log: &epochLog{epoch: 1, failAfter: failAfter}}
+	if err := r.tl.InitBase(r.ctx); err != nil {
+		t.Fatal(err)
+	}
+	pol, err := NewPolicy(DefaultPolicy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.cfg = Config{Model: "scripted", Policy: pol, Checkpoints: true}
+	r.gw = &model.Gateway{Provider: r.p}
+	return r
+}
+
+// loop is a new loop of the task.
+func (r *replayRig) loop() *Loop { return NewLoop(r.cfg, r.gw, r.tl, r.log) }
+
+// started is a new loop that started the task.
+func (r *replayRig) started() *Loop {
+	r.t.Helper()
+	l := r.loop()
+	if err := l.Start(r.ctx, Task{IssueTitle: "x"}); err != nil {
+		r.t.Fatal(err)
+	}
+	return l
+}
+
+// events is what the log holds now.
+func (r *replayRig) events() []Event {
+	r.log.mu.Lock()
+	defer r.log.mu.Unlock()
+	return append([]Event(nil), r.log.events...)
+}
+
+// resumed is the task under a new epoch (the node died, or the task parked
+// and resumed on another node): a new loop that replayed the log, with the
+// workspace restored from its last checkpoint, as startAgent and
+// pollApproval do; and the events it replayed.
+func (r *replayRig) resumed() (*Loop, []Event) {
+	r.t.Helper()
+	r.log.mu.Lock()
+	r.log.epoch++
+	r.log.mu.Unlock()
+	evs := r.events()
+	l := r.loop()
+	if _, err := l.Replay(evs); err != nil {
+		r.t.Fatal(err)
+	}
+	if patch, ok := l.LastCheckpoint(); ok {
+		if err := r.tl.Restore(r.ctx, patch); err != nil {
+			r.t.Fatal(err)
+		}
+	}
+	return l, evs
+}
+
+// approve puts a reviewer's approval of call id on the log.
+func (r *replayRig) approve(id string) {
+	r.log.mu.Lock()
+	defer r.log.mu.Unlock()
+	b, _ := json.Marshal(map[string]any{"tool_call_id": id, "approved": true})
+	r.log.events = append(r.log.events, Event{Kind: "approval_decided", Payload: b})
+}
+
+// stepOn steps l on from a step's out and err until it ends.
+func stepOn(ctx context.Context, l *Loop, out *Outcome, err error) (*Outcome, error) {
+	for err == nil && out == nil {
+		out, err = l.Step(ctx)
+	}
+	return out, err
+}
+
 // A tool call gets one approval_requested, however its task is retried,
 // restarted or resumed: the live step retried after a record whose answer
 // was lost (same epoch: the same key), and a loop that replays the log
@@ -79,20 +166,8 @@ func TestApprovalIsAskedOncePerToolCall(t *testing.T) {
 	script := `{"content":[{"type":"tool_use","id":"call_a","name":"edit_file","input":{"path":"go.mod","old_string":"module demo","new_string":"module demo\n\ngo 1.22"}},{"type":"tool_use","id":"call_b","name":"write_file","input":{"path":".github/workflows/ci.yml","content":"on: push\n"}}]}
 {"content":[{"type":"tool_use","name":"finish","input":{"summary":"done"}}]}
 `
-	ctx := context.Background()
-	tl := newRepo(t)
-	if err := tl.InitBase(ctx); err != nil {
-		t.Fatal(err)
-	}
-	pol, err := NewPolicy(DefaultPolicy())
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := scriptedFrom(t, script)
-	log := &epochLog{epoch: 1, failAfter: map[string]int{"approval_requested": 1}}
-	newL := func() *Loop {
-		return NewLoop(Config{Model: "scripted", Policy: pol, Checkpoints: true}, &model.Gateway{Provider: p}, tl, log)
-	}
+	r := newReplayRig(t, script, map[string]int{"approval_requested": 1})
+	ctx := r.ctx
 	waitsOn := func(tool string) func(*Outcome, error) string {
 		return func(out *Outcome, err error) string {
 			t.Helper()
@@ -102,36 +177,13 @@ func TestApprovalIsAskedOncePerToolCall(t *testing.T) {
 			return out.Approval.ToolCallID
 		}
 	}
-	// A new epoch: a new loop replays the log, restores the workspace and
-	// resumes, as startAgent and pollApproval do.
 	resume := func() (*Outcome, error) {
 		t.Helper()
-		log.mu.Lock()
-		log.epoch++
-		evs := append([]Event(nil), log.events...)
-		log.mu.Unlock()
-		l := newL()
-		if _, err := l.Replay(evs); err != nil {
-			t.Fatal(err)
-		}
-		if patch, ok := l.LastCheckpoint(); ok {
-			if err := tl.Restore(ctx, patch); err != nil {
-				t.Fatal(err)
-			}
-		}
+		l, _ := r.resumed()
 		return l.Resume(ctx)
 	}
-	decide := func(id string) {
-		log.mu.Lock()
-		defer log.mu.Unlock()
-		b, _ := json.Marshal(map[string]any{"tool_call_id": id, "approved": true})
-		log.events = append(log.events, Event{Kind: "approval_decided", Payload: b})
-	}
 
-	l := newL()
-	if err := l.Start(ctx, Task{IssueTitle: "x"}); err != nil {
-		t.Fatal(err)
-	}
+	l := r.started()
 	// The request lands, its answer is lost: the step fails and is retried.
 	if _, err := l.Step(ctx); !errors.Is(err, errLostAnswer) {
 		t.Fatalf("want the lost answer, got %v", err)
@@ -141,19 +193,19 @@ func TestApprovalIsAskedOncePerToolCall(t *testing.T) {
 	if a2 != a {
 		t.Fatalf("waits on %s, then on %s", a, a2)
 	}
-	decide(a)
+	r.approve(a)
 	b := waitsOn(ToolWriteFile)(resume()) // resumed elsewhere after the decision
 	waitsOn(ToolWriteFile)(resume())      // and again, before the second decision
-	decide(b)
+	r.approve(b)
 	if out, err := resume(); err != nil || out.Reason != "finished" {
 		t.Fatalf("%+v %v", out, err)
 	}
-	asked := log.approvalsAsked()
+	asked := r.log.approvalsAsked()
 	if len(asked) != 2 || asked[a] != 1 || asked[b] != 1 {
 		t.Errorf("approval_requested by tool call: %v; want one each for %s and %s", asked, a, b)
 	}
 	for _, f := range []string{"go.mod", ".github/workflows/ci.yml"} {
-		if _, err := os.Stat(filepath.Join(tl.Root, f)); err != nil {
+		if _, err := os.Stat(filepath.Join(r.tl.Root, f)); err != nil {
 			t.Errorf("%s: %v", f, err)
 		}
 	}
@@ -225,78 +277,35 @@ func TestCallRunAgainAfterItsCheckpointFindsNoEffectOfItself(t *testing.T) {
 {"content":[{"type":"tool_use","id":"call_b","name":"run_command","input":{"command":"echo y >> f.txt"}}]}
 {"content":[{"type":"tool_use","name":"finish","input":{"summary":"done"}}]}
 `
-	ctx := context.Background()
-	tl := newRepo(t)
-	if err := tl.InitBase(ctx); err != nil {
-		t.Fatal(err)
-	}
-	pol, err := NewPolicy(DefaultPolicy())
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := scriptedFrom(t, script)
-	// The second call's checkpoint lands and its answer is lost; the task
-	// is then resumed elsewhere (a new epoch), as after a crash.
-	log := &epochLog{epoch: 1, failAfter: map[string]int{}}
-	newL := func() *Loop {
-		return NewLoop(Config{Model: "scripted", Policy: pol, Checkpoints: true}, &model.Gateway{Provider: p}, tl, log)
-	}
-	l := newL()
-	if err := l.Start(ctx, Task{IssueTitle: "x"}); err != nil {
-		t.Fatal(err)
-	}
+	r := newReplayRig(t, script, map[string]int{})
+	ctx := r.ctx
+	l := r.started()
 	if out, err := l.Step(ctx); err != nil || out != nil {
 		t.Fatalf("first step: %+v %v", out, err)
 	}
-	log.mu.Lock()
-	log.failAfter["checkpoint"] = 1
-	log.mu.Unlock()
+	// The second call's checkpoint lands and its answer is lost; the task
+	// is then resumed elsewhere (a new epoch), as after a crash.
+	r.log.mu.Lock()
+	r.log.failAfter["checkpoint"] = 1
+	r.log.mu.Unlock()
 	if _, err := l.Step(ctx); !errors.Is(err, errLostAnswer) {
 		t.Fatalf("want the lost answer, got %v", err)
 	}
-	log.mu.Lock()
-	log.epoch++
-	evs := append([]Event(nil), log.events...)
-	log.mu.Unlock()
+	l, evs := r.resumed()
 	if last := evs[len(evs)-1]; last.Kind != "checkpoint" {
 		t.Fatalf("the log ends with %s, want the checkpoint", last.Kind)
 	}
-	l = newL()
-	if _, err := l.Replay(evs); err != nil {
-		t.Fatal(err)
-	}
-	patch, ok := l.LastCheckpoint()
-	if !ok {
+	if _, ok := l.LastCheckpoint(); !ok {
 		t.Fatal("no checkpoint to restore")
 	}
-	if err := tl.Restore(ctx, patch); err != nil {
-		t.Fatal(err)
-	}
 	out, err := l.Resume(ctx)
-	for err == nil && out == nil {
-		out, err = l.Step(ctx)
-	}
-	if err != nil || out.Reason != "finished" {
+	if out, err = stepOn(ctx, l, out, err); err != nil || out.Reason != "finished" {
 		t.Fatalf("%+v %v", out, err)
 	}
-	b, err := os.ReadFile(filepath.Join(tl.Root, "f.txt"))
+	b, err := os.ReadFile(filepath.Join(r.tl.Root, "f.txt"))
 	if err != nil || string(b) != "x\ny\n" {
 		t.Errorf("f.txt: %q %v; want each call's line once", b, err)
 	}
-}
-
-// countingProvider counts the model calls made of p.
-type countingProvider struct {
-	model.Provider
-	mu    sync.Mutex
-	calls int
-}
-
-func (c *countingProvider) Call(ctx context.Context, req model.Request) (*model.Response, error) {
-	c.mu.Lock()
-	c.calls++
-	c.mu.Unlock()
-	return c.Provider.Call(ctx, req)
 }
 
 // A model call whose model_call append failed (or whose answer was lost)
@@ -307,38 +316,20 @@ func TestAModelCallIsNotMadeAgainWhenItsRecordFailed(t *testing.T) {
 	script := `{"content":[{"type":"tool_use","id":"call_a","name":"run_command","input":{"command":"echo x >> f.txt"}}]}
 {"content":[{"type":"tool_use","name":"finish","input":{"summary":"done"}}]}
 `
-	ctx := context.Background()
-	tl := newRepo(t)
-	if err := tl.InitBase(ctx); err != nil {
-		t.Fatal(err)
-	}
-	pol, err := NewPolicy(DefaultPolicy())
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &countingProvider{Provider: scriptedFrom(t, script)}
-	log := &epochLog{epoch: 1, failAfter: map[string]int{"model_call": 1}}
-	l := NewLoop(Config{Model: "scripted", Policy: pol, Checkpoints: true}, &model.Gateway{Provider: p}, tl, log)
-	if err := l.Start(ctx, Task{IssueTitle: "x"}); err != nil {
-		t.Fatal(err)
-	}
+	r := newReplayRig(t, script, map[string]int{"model_call": 1})
+	ctx := r.ctx
+	l := r.started()
 	if _, err := l.Step(ctx); !errors.Is(err, errLostAnswer) {
 		t.Fatalf("want the lost answer, got %v", err)
 	}
 	out, err := l.Step(ctx)
-	for err == nil && out == nil {
-		out, err = l.Step(ctx)
-	}
-	if err != nil || out.Reason != "finished" {
+	if out, err = stepOn(ctx, l, out, err); err != nil || out.Reason != "finished" {
 		t.Fatalf("%+v %v", out, err)
 	}
-	if p.calls != 2 || out.Spent.Steps != 2 {
-		t.Errorf("%d model calls, %d steps spent; want 2 each (one per turn)", p.calls, out.Spent.Steps)
+	if r.p.n != 2 || out.Spent.Steps != 2 {
+		t.Errorf("%d model calls, %d steps spent; want 2 each (one per turn)", r.p.n, out.Spent.Steps)
 	}
-	log.mu.Lock()
-	evs := append([]Event(nil), log.events...)
-	log.mu.Unlock()
-	if _, err := NewLoop(Config{Model: "scripted", Policy: pol, Checkpoints: true}, &model.Gateway{Provider: p}, tl, log).Replay(evs); err != nil {
+	if _, err := r.loop().Replay(r.events()); err != nil {
 		t.Errorf("the log does not replay: %v", err)
 	}
 }
@@ -350,48 +341,19 @@ func TestAFinishWithACallAfterItInItsTurnRunsTheCallOnResume(t *testing.T) {
 	script := `{"content":[{"type":"tool_use","id":"call_f","name":"finish","input":{"summary":"done"}},{"type":"tool_use","id":"call_m","name":"edit_file","input":{"path":"go.mod","old_string":"module demo","new_string":"module demo\n\ngo 1.22"}}]}
 {"content":[{"type":"tool_use","name":"finish","input":{"summary":"done again"}}]}
 `
-	ctx := context.Background()
-	tl := newRepo(t)
-	if err := tl.InitBase(ctx); err != nil {
-		t.Fatal(err)
-	}
-	pol, err := NewPolicy(DefaultPolicy())
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := scriptedFrom(t, script)
-	log := &epochLog{epoch: 1, failAfter: map[string]int{}}
-	newL := func() *Loop {
-		return NewLoop(Config{Model: "scripted", Policy: pol, Checkpoints: true}, &model.Gateway{Provider: p}, tl, log)
-	}
-	l := newL()
-	if err := l.Start(ctx, Task{IssueTitle: "x"}); err != nil {
-		t.Fatal(err)
-	}
-	out, err := l.Step(ctx)
+	r := newReplayRig(t, script, map[string]int{})
+	ctx := r.ctx
+	out, err := r.started().Step(ctx)
 	if err != nil || out == nil || out.Reason != "waiting_approval" || out.Approval.ToolCallID != "call_m" {
 		t.Fatalf("want a wait for the go.mod edit: %+v %v", out, err)
 	}
-	log.mu.Lock()
-	b, _ := json.Marshal(map[string]any{"tool_call_id": "call_m", "approved": true})
-	log.events = append(log.events, Event{Kind: "approval_decided", Payload: b})
-	log.epoch++
-	evs := append([]Event(nil), log.events...)
-	log.mu.Unlock()
-	l = newL()
-	if _, err := l.Replay(evs); err != nil {
-		t.Fatal(err)
-	}
-	if patch, ok := l.LastCheckpoint(); ok {
-		if err := tl.Restore(ctx, patch); err != nil {
-			t.Fatal(err)
-		}
-	}
+	r.approve("call_m")
+	l, _ := r.resumed()
 	out, err = l.FinishReplayedTurn(ctx)
 	if err != nil || out == nil || out.Reason != "finished" {
 		t.Fatalf("the replayed turn: %+v %v; want finished", out, err)
 	}
-	if b, err := os.ReadFile(filepath.Join(tl.Root, "go.mod")); err != nil || !strings.Contains(string(b), "go 1.22") {
+	if b, err := os.ReadFile(filepath.Join(r.tl.Root, "go.mod")); err != nil || !strings.Contains(string(b), "go 1.22") {
 		t.Errorf("go.mod: %q %v; want the approved edit", b, err)
 	}
 	if err := l.RejectFinish(ctx, "the tests failed"); err != nil {
