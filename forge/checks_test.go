@@ -153,6 +153,32 @@ func TestParseDiffPathFromHeader(t *testing.T) {
 	}
 }
 
+// nodeDiff is the diff the node's checks read for what repo has staged:
+// the repository mirrored and checked out at HEAD in a workspace, the
+// staged change applied there as a sandbox's patch, and the workspace's
+// text diff taken.
+func nodeDiff(t *testing.T, repo string) []byte {
+	t.Helper()
+	ctx := context.Background()
+	c := &Cache{Dir: t.TempDir()}
+	mirror, err := c.Mirror(ctx, repo, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws, err := c.Git.Checkout(ctx, mirror, sh(t, repo, "rev-parse", "HEAD"), filepath.Join(t.TempDir(), "ws"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ws.Apply(ctx, []byte(sh(t, repo, "diff", "--cached", "--binary", "HEAD")+"\n")); err != nil {
+		t.Fatal(err)
+	}
+	text, err := ws.TextDiff(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return text
+}
+
 // Deleting a CI workflow whose path git quotes asks for approval.
 func TestChecksDeletedFileWithAQuotedPath(t *testing.T) {
 	needGit(t)
@@ -163,26 +189,8 @@ func TestChecksDeletedFileWithAQuotedPath(t *testing.T) {
 	os.WriteFile(filepath.Join(repo, "a.txt"), []byte("a\n"), 0o644)
 	sh(t, repo, "add", "-A")
 	sh(t, repo, "commit", "-qm", "first")
-	base := sh(t, repo, "rev-parse", "HEAD")
-	ctx := context.Background()
-	c := &Cache{Dir: t.TempDir()}
-	mirror, err := c.Mirror(ctx, repo, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ws, err := c.Git.Checkout(ctx, mirror, base, filepath.Join(t.TempDir(), "ws"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	sh(t, repo, "rm", "-q", ".github/workflows/déploy.yml")
-	patch := sh(t, repo, "diff", "--cached", "--binary", "HEAD") + "\n"
-	if _, err := ws.Apply(ctx, []byte(patch)); err != nil {
-		t.Fatal(err)
-	}
-	text, err := ws.TextDiff(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	text := nodeDiff(t, repo)
 	if !strings.Contains(string(text), `diff --git "a/`) {
 		t.Fatalf("the trap is not set: git did not quote the path:\n%s", text)
 	}
@@ -205,7 +213,6 @@ func TestChecksPathsWithSpaces(t *testing.T) {
 	os.WriteFile(filepath.Join(repo, "a.txt"), []byte("a\n"), 0o644)
 	sh(t, repo, "add", "-A")
 	sh(t, repo, "commit", "-qm", "first")
-	base := sh(t, repo, "rev-parse", "HEAD")
 	files := map[string]string{
 		"my app/package.json":            FindManifest,
 		"requirements dev.txt":           FindManifest,
@@ -218,23 +225,7 @@ func TestChecksPathsWithSpaces(t *testing.T) {
 		os.WriteFile(filepath.Join(repo, p), []byte("on: push\n"), 0o644)
 	}
 	sh(t, repo, "add", "-A")
-	ctx := context.Background()
-	c := &Cache{Dir: t.TempDir()}
-	mirror, err := c.Mirror(ctx, repo, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ws, err := c.Git.Checkout(ctx, mirror, base, filepath.Join(t.TempDir(), "ws"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ws.Apply(ctx, []byte(sh(t, repo, "diff", "--cached", "--binary", "HEAD")+"\n")); err != nil {
-		t.Fatal(err)
-	}
-	text, err := ws.TextDiff(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	text := nodeDiff(t, repo)
 	if !strings.Contains(string(text), "+++ b/my app/package.json\t\n") {
 		t.Fatalf("the trap is not set: no TAB after a name with a space:\n%s", text)
 	}

@@ -10,6 +10,24 @@ import (
 	"time"
 )
 
+// testToken is the forge token of the adapters' error tests.
+const testToken = "sk-zzreview-SECRET-0123456789abcdefghij"
+
+// ensurePRErrors makes every adapter, with token, ask the forge at url for
+// the same pull request, and returns each one's error by kind.
+func ensurePRErrors(t *testing.T, url, token string) map[string]error {
+	t.Helper()
+	out := map[string]error{}
+	for _, kind := range []string{"github", "gitea", "gitlab"} {
+		f, err := New(kind, url, token)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, out[kind] = f.EnsurePR(context.Background(), PRRequest{Repo: RepoRef{Owner: "acme", Name: "calc", Path: "acme/calc"}, Head: "agent/t1", Base: "main", Title: "x"})
+	}
+	return out
+}
+
 // A forge (or the proxy in front of it) that echoes the credential it was
 // given in an error body: the adapters' errors quote up to 300 bytes of
 // that body (doJSON; go-github's ErrorResponse its message), and
@@ -17,7 +35,6 @@ import (
 // retrying") and, after the last try, in the task's state_changed event.
 // Every adapter's errors have the token redacted.
 func TestAdapterErrorsDoNotEchoTheToken(t *testing.T) {
-	const token = "sk-zzreview-SECRET-0123456789abcdefghij"
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("content-type", "application/json")
 		w.WriteHeader(http.StatusUnauthorized)
@@ -26,16 +43,11 @@ func TestAdapterErrorsDoNotEchoTheToken(t *testing.T) {
 		_, _ = w.Write([]byte(`{"message":"` + strings.Repeat("x", 250) + ` bad credentials: ` + got + `"}`))
 	}))
 	defer srv.Close()
-	for _, kind := range []string{"github", "gitea", "gitlab"} {
-		f, err := New(kind, srv.URL, token)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, err = f.EnsurePR(context.Background(), PRRequest{Repo: RepoRef{Owner: "acme", Name: "calc", Path: "acme/calc"}, Head: "agent/t1", Base: "main", Title: "x"})
+	for kind, err := range ensurePRErrors(t, srv.URL, testToken) {
 		if err == nil {
 			t.Fatalf("%s: no error", kind)
 		}
-		if strings.Contains(err.Error(), token) || strings.Contains(err.Error(), token[:8]) {
+		if strings.Contains(err.Error(), testToken) || strings.Contains(err.Error(), testToken[:8]) {
 			t.Errorf("%s: the forge's error repeats the token: %v", kind, err)
 		}
 	}
@@ -67,7 +79,6 @@ func TestAPIRedirectsStayOnHostAndScheme(t *testing.T) {
 // GitHub's secondary limit (403 and its documentation URL) and a 429
 // with Retry-After on Gitea and GitLab.
 func TestAdapterErrorsKeepTheForgesRetryAfter(t *testing.T) {
-	const token = "sk-zzreview-SECRET-0123456789abcdefghij"
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("content-type", "application/json")
 		w.Header().Set("Retry-After", "45")
@@ -81,17 +92,12 @@ func TestAdapterErrorsKeepTheForgesRetryAfter(t *testing.T) {
 		_, _ = w.Write([]byte(`{"message":"slow down: ` + got + `"}`))
 	}))
 	defer srv.Close()
-	for _, kind := range []string{"github", "gitea", "gitlab"} {
-		f, err := New(kind, srv.URL, token)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, err = f.EnsurePR(context.Background(), PRRequest{Repo: RepoRef{Owner: "acme", Name: "calc", Path: "acme/calc"}, Head: "agent/t1", Base: "main", Title: "x"})
+	for kind, err := range ensurePRErrors(t, srv.URL, testToken) {
 		d, ok := RetryAfter(err)
 		if !ok || d < 40*time.Second || d > 45*time.Second {
 			t.Errorf("%s: RetryAfter(%v) = %v %v; want about 45 s", kind, err, d, ok)
 		}
-		if err != nil && strings.Contains(err.Error(), token[:8]) {
+		if err != nil && strings.Contains(err.Error(), testToken[:8]) {
 			t.Errorf("%s: the error repeats the token: %v", kind, err)
 		}
 	}
