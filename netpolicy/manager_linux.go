@@ -327,14 +327,7 @@ func (m *Manager) saveForwarding() error {
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-		return fmt.Errorf("netpolicy: %w", err)
-	}
-	tmp := p + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
-		return fmt.Errorf("netpolicy: %w", err)
-	}
-	if err := os.Rename(tmp, p); err != nil {
+	if err := m.writeStateFile(p, b); err != nil {
 		return fmt.Errorf("netpolicy: %w", err)
 	}
 	return nil

@@ -71,16 +71,22 @@ func (m *Manager) writeState(name string, st sandboxState) {
 		return
 	}
 	b, _ := json.Marshal(st)
-	err := os.MkdirAll(m.cfg.StateDir, 0o700)
-	if err == nil {
-		tmp := m.statePath(name) + ".tmp"
-		if err = os.WriteFile(tmp, b, 0o600); err == nil {
-			err = os.Rename(tmp, m.statePath(name))
-		}
-	}
-	if err != nil {
+	if err := m.writeStateFile(m.statePath(name), b); err != nil {
 		m.log.Warn("egress: keep sandbox state", "namespace", name, "err", err)
 	}
+}
+
+// writeStateFile writes a file of StateDir (write, then rename), making
+// the directory if need be.
+func (m *Manager) writeStateFile(path string, b []byte) error {
+	if err := os.MkdirAll(m.cfg.StateDir, 0o700); err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }
 
 func (m *Manager) removeState(name string) {
