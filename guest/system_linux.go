@@ -27,6 +27,9 @@ type LinuxSystem struct {
 	// without one), so that killing the strays after a command is one
 	// write.
 	killFD int
+	// eventsFD is the cgroup's cgroup.events, opened with it (-1 if it
+	// could not be): KillStrays reads it after each kill, one pread.
+	eventsFD int
 	// urandom is /dev/urandom, opened once (-1 until it could be): a
 	// claim's reseed then makes no open and close, which a clone's claim
 	// would run for the first time (under TCG, translated afresh) before
@@ -44,7 +47,7 @@ type LinuxSystem struct {
 
 // NewLinuxSystem opens execCgroup ("" for none) once for all commands.
 func NewLinuxSystem(execCgroup string) (*LinuxSystem, error) {
-	s := &LinuxSystem{cgroupFD: -1, killFD: -1, cgroup: execCgroup, urandom: -1}
+	s := &LinuxSystem{cgroupFD: -1, killFD: -1, eventsFD: -1, cgroup: execCgroup, urandom: -1}
 	if fd, err := unix.Open("/dev/urandom", unix.O_WRONLY|unix.O_CLOEXEC, 0); err == nil {
 		s.urandom = fd // else AddEntropy tries again
 	}
@@ -56,6 +59,9 @@ func NewLinuxSystem(execCgroup string) (*LinuxSystem, error) {
 		s.cgroupFD = fd
 		if fd, err := unix.Openat(fd, "cgroup.kill", unix.O_WRONLY|unix.O_CLOEXEC, 0); err == nil {
 			s.killFD = fd
+		}
+		if fd, err := unix.Openat(fd, "cgroup.events", unix.O_RDONLY|unix.O_CLOEXEC, 0); err == nil {
+			s.eventsFD = fd
 		}
 	}
 	return s, nil
@@ -196,11 +202,15 @@ func waitStrays(alive func() (int, error)) error {
 // cgroupAlive reads the commands' cgroup's populated flag, which counts
 // live processes only (not zombies): 1 or 0.
 func (s *LinuxSystem) cgroupAlive() (int, error) {
-	b, err := os.ReadFile(filepath.Join(s.cgroup, "cgroup.events"))
-	if err != nil {
-		return 0, err
+	if s.eventsFD < 0 {
+		return 0, fmt.Errorf("%s/cgroup.events: could not be opened", s.cgroup)
 	}
-	for _, line := range strings.Split(string(b), "\n") {
+	b := make([]byte, 256)
+	n, err := unix.Pread(s.eventsFD, b, 0) // kernfs makes the file afresh at offset 0
+	if err != nil {
+		return 0, fmt.Errorf("%s/cgroup.events: %w", s.cgroup, err)
+	}
+	for _, line := range strings.Split(string(b[:n]), "\n") {
 		if v, ok := strings.CutPrefix(line, "populated "); ok {
 			return strconv.Atoi(strings.TrimSpace(v))
 		}
