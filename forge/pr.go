@@ -9,11 +9,12 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/google/go-github/v75/github"
+
+	"github.com/warrenhq/warren/api"
 )
 
 // PRRequest is a pull request to open.
@@ -149,22 +150,11 @@ func RetryAfter(err error) (time.Duration, bool) {
 	case errors.As(err, &ab) && ab.RetryAfter != nil:
 		d = *ab.RetryAfter
 	case errors.As(err, &er) && er.Response != nil && er.Response.Header.Get("Retry-After") != "":
-		d = retryAfterHeader(er.Response.Header.Get("Retry-After"))
+		d = api.RetryAfter(er.Response.Header, time.Now())
 	default:
 		return 0, false
 	}
 	return min(max(d, time.Second), maxRetryAfter), true
-}
-
-// retryAfterHeader reads a Retry-After header: seconds or an HTTP date.
-func retryAfterHeader(v string) time.Duration {
-	if s, err := strconv.Atoi(strings.TrimSpace(v)); err == nil && s >= 0 {
-		return time.Duration(min(s, int(maxRetryAfter/time.Second))) * time.Second
-	}
-	if t, err := http.ParseTime(v); err == nil {
-		return time.Until(t)
-	}
-	return 0
 }
 
 func newAdapter(kind, apiURL, token string, hc *http.Client) (Forge, error) {
@@ -380,7 +370,7 @@ func doJSON(ctx context.Context, hc *http.Client, method, u string, h http.Heade
 			msg = msg[:300] + "…"
 		}
 		return &statusError{msg: fmt.Sprintf("%s %s: %s: %s", method, req.URL.Path, resp.Status, msg),
-			retryAfter: retryAfterHeader(resp.Header.Get("Retry-After"))}
+			retryAfter: api.RetryAfter(resp.Header, time.Now())}
 	}
 	if err := json.Unmarshal(b, out); err != nil {
 		return fmt.Errorf("%s %s: the answer is not the JSON expected: %v", method, req.URL.Path, err)

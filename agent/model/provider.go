@@ -7,12 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net/http"
 	neturl "net/url"
-	"strconv"
 	"strings"
 	"time"
+
+	"github.com/warrenhq/warren/api"
 )
 
 // AttemptTimeout bounds one HTTP attempt of a model call, answer read
@@ -68,36 +68,6 @@ const InvalidArgumentsKey = "warren_invalid_arguments"
 // task records it and stops the call.
 var ErrMalformed = errors.New("malformed response")
 
-// retryAfter reads Retry-After (seconds or an HTTP date) and the vendors'
-// retry-after-ms.
-func retryAfter(h http.Header, now time.Time) time.Duration {
-	if ms := h.Get("retry-after-ms"); ms != "" {
-		if v, err := strconv.ParseFloat(ms, 64); err == nil && v >= 0 {
-			return waitOf(v, time.Millisecond)
-		}
-	}
-	v := strings.TrimSpace(h.Get("Retry-After"))
-	if v == "" {
-		return 0
-	}
-	if s, err := strconv.ParseFloat(v, 64); err == nil && s >= 0 {
-		return waitOf(s, time.Second)
-	}
-	if t, err := http.ParseTime(v); err == nil && t.After(now) {
-		return t.Sub(now)
-	}
-	return 0
-}
-
-// waitOf is n units as a Duration; one too long for a Duration (1e300,
-// +Inf) is the longest, not a negative one, which would read as none.
-func waitOf(n float64, unit time.Duration) time.Duration {
-	if d := n * float64(unit); d < float64(math.MaxInt64) {
-		return time.Duration(d)
-	}
-	return math.MaxInt64
-}
-
 // post sends one JSON request body to url and returns the body of a 200.
 // Any other status is an *HTTPError with the provider's error type and
 // message (both APIs put them at error.type and error.message) and the
@@ -139,7 +109,7 @@ func post(ctx context.Context, hc *http.Client, provider, url string, header htt
 		return nil, err
 	}
 	if resp.StatusCode != http.StatusOK {
-		he := &HTTPError{Provider: provider, Status: resp.StatusCode, RetryAfter: retryAfter(resp.Header, time.Now())}
+		he := &HTTPError{Provider: provider, Status: resp.StatusCode, RetryAfter: api.RetryAfter(resp.Header, time.Now())}
 		var e apiError
 		if json.Unmarshal(raw, &e) == nil {
 			he.Type, he.Message = e.Error.Type, e.Error.Message
