@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
+	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 )
 
 // poolMessages returns the pool messages the leader sent f so far.
@@ -73,4 +74,29 @@ func TestALateDownCutsTheNodesSession(t *testing.T) {
 		t.Fatal(err, res)
 	}
 	waitFor(t, "the down node's session to be cut", 10*time.Second, func() bool { return n.srv.sess.get("n1") == nil })
+}
+
+// A node that runs more actors than a session's queue holds gets every
+// stop of its reconcile, and keeps its session: the reconcile used to go
+// through the queue, so such a node's own hello cut its session, again at
+// every reconnect.
+func TestAReconcileLargerThanTheQueueKeepsTheSession(t *testing.T) {
+	old := sessionQueue
+	sessionQueue = 4
+	t.Cleanup(func() { sessionQueue = old })
+	n, url, hc := leadingServer(t, 10*time.Second)
+	var running []*warrenv1.RunningTask
+	for i := range 20 {
+		running = append(running, &warrenv1.RunningTask{TaskId: fmt.Sprintf("gone-%02d", i), Epoch: 1})
+	}
+	f := openFakeNodeFrom(t, url, hc, fakeHello{id: "n1", tasks: 8, beating: true, running: running})
+	f.report(t, nil) // attached and heard
+	waitFor(t, "20 stops", 5*time.Second, func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return len(f.stops) == 20
+	})
+	if n.srv.sess.get("n1") == nil {
+		t.Fatal("the session was cut by its reconcile")
+	}
 }

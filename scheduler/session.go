@@ -23,8 +23,11 @@ import (
 const (
 	DefaultNodeHeartbeat = 500 * time.Millisecond
 	DefaultNodeTTL       = 3 * time.Second
-	sessionQueue         = 8192 // commands buffered per session before it is cut
 )
+
+// sessionQueue is the commands buffered per session before it is cut (a
+// variable so that tests can shrink it).
+var sessionQueue = 8192
 
 // session is the leader's end of one node daemon's stream.
 type session struct {
@@ -366,7 +369,13 @@ func (n nodeAPI) Session(ctx context.Context, stream *connect.BidiStream[warrenv
 	// node zeroes the targets it still keeps from records removed while it
 	// was away (a target of 0 removes the record, so nothing names it).
 	poolsCh, poolsSent := s.sendPools(c, nil)
-	if err := s.reconcile(c, hello.GetRunning()); err != nil {
+	// The reconcile goes on the stream itself, not through c.out: a node
+	// holding more leases than the queue has room for had its session cut
+	// by its own reconcile, again at every hello. Whatever c.out holds by
+	// now is sent after it; nothing there depends on coming first (a
+	// start queued by placement meanwhile is a repeat the node ignores).
+	send := func(m *warrenv1.SessionResponse) error { return stream.Send(m) }
+	if err := s.reconcile(c, hello.GetRunning(), send); err != nil {
 		return toConnect(err)
 	}
 	s.sess.seen(id, s.clock.Now())
@@ -446,8 +455,8 @@ func (s *Server) sendPools(c *session, sent map[string]uint32) (<-chan struct{},
 
 // reconcile tells a (re)connected node what it should run: a start for
 // every lease it holds, a stop for every actor it runs under a lease it no
-// longer holds.
-func (s *Server) reconcile(c *session, running []*warrenv1.RunningTask) error {
+// longer holds. It sends them with send, one at a time, however many.
+func (s *Server) reconcile(c *session, running []*warrenv1.RunningTask, send func(*warrenv1.SessionResponse) error) error {
 	tasks, err := s.fsm.NodeTasks(c.node)
 	if err != nil {
 		return err
@@ -458,12 +467,16 @@ func (s *Server) reconcile(c *session, running []*warrenv1.RunningTask) error {
 			continue
 		}
 		held[t.GetId()] = t.GetLease().GetEpoch()
-		c.send(startCommand(t))
+		if err := send(startCommand(t)); err != nil {
+			return err
+		}
 	}
 	for _, r := range running {
 		if held[r.GetTaskId()] != r.GetEpoch() {
-			c.send(&warrenv1.SessionResponse{Msg: &warrenv1.SessionResponse_Stop{Stop: &warrenv1.StopTask{
-				TaskId: r.GetTaskId(), Epoch: r.GetEpoch(), Reason: "the node no longer holds this lease"}}})
+			if err := send(&warrenv1.SessionResponse{Msg: &warrenv1.SessionResponse_Stop{Stop: &warrenv1.StopTask{
+				TaskId: r.GetTaskId(), Epoch: r.GetEpoch(), Reason: "the node no longer holds this lease"}}}); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

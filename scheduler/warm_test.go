@@ -70,6 +70,7 @@ type fakeNode struct {
 	warm    map[string]uint32
 	verify  []string // the tasks reported verifying
 	pools   []string // the pool messages the leader sent: "T=N" ("T=N resend"), or "set:T=N,..." for a complete set
+	stops   []string // the tasks the leader told to stop
 	beating bool
 	seq     uint64        // last heartbeat sent
 	acked   atomic.Uint64 // last heartbeat the leader acknowledged
@@ -94,6 +95,7 @@ type fakeHello struct {
 	templates []string
 	verifying []string // named in the hello
 	beating   bool     // heartbeats from the start
+	running   []*warrenv1.RunningTask
 }
 
 func openFakeNodeFrom(t *testing.T, url string, hc *http.Client, h fakeHello) *fakeNode {
@@ -106,7 +108,7 @@ func openFakeNodeFrom(t *testing.T, url string, hc *http.Client, h fakeHello) *f
 	if err := f.stream.Send(&warrenv1.SessionRequest{Msg: &warrenv1.SessionRequest_Hello{Hello: &warrenv1.Hello{
 		Node: &warrenv1.Node{Id: id, Drivers: []string{"sim"}, Templates: templates,
 			Capacity: &warrenv1.Resources{MilliCpu: tasks * DefaultTaskMilliCPU, MemoryBytes: tasks * DefaultTaskMemoryBytes}},
-		Incarnation: "test", Verifying: h.verifying}}}); err != nil {
+		Incarnation: "test", Verifying: h.verifying, Running: h.running}}}); err != nil {
 		t.Fatal(err)
 	}
 	m, err := f.stream.Receive()
@@ -123,6 +125,11 @@ func openFakeNodeFrom(t *testing.T, url string, hc *http.Client, h fakeHello) *f
 			}
 			if a := m.GetAck(); a != nil {
 				f.acked.Store(a.GetSeq())
+			}
+			if st := m.GetStop(); st != nil {
+				f.mu.Lock()
+				f.stops = append(f.stops, st.GetTaskId())
+				f.mu.Unlock()
 			}
 			if p := m.GetSetPoolTarget(); p != nil {
 				f.mu.Lock()
