@@ -110,7 +110,12 @@ func (s *Server) placeOnce(rng *rand.Rand) (time.Duration, error) {
 	// The oldest room pending tasks first. If tasks no node could take
 	// even empty (a selector, driver or template no node has) fill that
 	// window while nodes have room, look further, 4 times as far each
-	// time: else they would hold back every task created after them.
+	// time: else they would hold back every task created after them. The
+	// same when the window's tasks wait for room on their nodes while
+	// other nodes have room none of them can use (pools of different
+	// labels or templates: a full pool's backlog held back every task of
+	// the idle one). Within the wider window the older tasks still come
+	// first.
 	// Read once per round, not per window: each reported task is an FSM
 	// read.
 	extra := verifyingExtra(s.sess.verifyingOn(), s.verifyingTask)
@@ -130,8 +135,10 @@ func (s *Server) placeOnce(rng *rand.Rand) (time.Duration, error) {
 		s.sess.fillWarm(pn)
 		discountStarting(pn, startingWarm)
 		addExtra(pn, extra)
-		plan = Place(pn, pendingTasks(pending), PlacementConfig{SpreadLabel: spreadLabel, MaxStartingPerNode: maxStartingPerNode}, rng)
+		tasks := pendingTasks(pending)
+		plan = Place(pn, tasks, PlacementConfig{SpreadLabel: spreadLabel, MaxStartingPerNode: maxStartingPerNode}, rng)
 		blocked := plan.Unfit > 0 && len(plan.Placements)+plan.Unfit == len(pending) && anyReady(pn)
+		blocked = blocked || len(plan.Placements) < room && len(plan.Unplaced) > 0 && roomUnused(pn, tasks, plan, maxStartingPerNode)
 		if !blocked || len(plan.Placements) >= room || len(pending) < window || window >= maxPendingPerRound {
 			break
 		}
@@ -173,6 +180,61 @@ func (s *Server) placeOnce(rng *rand.Rand) (time.Duration, error) {
 func anyReady(pn []PlacementNode) bool {
 	for _, n := range pn {
 		if n.Status == NodeReady && n.Eligible {
+			return true
+		}
+	}
+	return false
+}
+
+// roomUnused reports whether, after plan, some ready, eligible node may
+// still start a task and has free capacity for the smallest of tasks the
+// plan left unplaced (the least CPU and the least memory among them): such
+// a node took none of them for its filters (Place gives a task any node
+// that passes them and has room), so tasks further back may fit it.
+func roomUnused(pn []PlacementNode, tasks []PendingTask, plan Plan, maxStarting int) bool {
+	var least Resources
+	first := true
+	for _, t := range tasks {
+		if _, ok := plan.Unplaced[t.ID]; !ok {
+			continue
+		}
+		if first || t.Needs.MilliCPU < least.MilliCPU {
+			least.MilliCPU = t.Needs.MilliCPU
+		}
+		if first || t.Needs.MemoryBytes < least.MemoryBytes {
+			least.MemoryBytes = t.Needs.MemoryBytes
+		}
+		first = false
+	}
+	if first {
+		return false
+	}
+	needs := make(map[string]Resources, len(tasks))
+	for _, t := range tasks {
+		needs[t.ID] = t.Needs
+	}
+	type use struct {
+		Resources
+		starts int
+	}
+	planned := map[string]use{}
+	for _, p := range plan.Placements {
+		u := planned[p.NodeID]
+		u.MilliCPU += needs[p.TaskID].MilliCPU
+		u.MemoryBytes += needs[p.TaskID].MemoryBytes
+		u.starts++
+		planned[p.NodeID] = u
+	}
+	for _, n := range pn {
+		if n.Status != NodeReady || !n.Eligible {
+			continue
+		}
+		u := planned[n.ID]
+		if maxStarting > 0 && n.Starting+u.starts >= maxStarting {
+			continue
+		}
+		if n.Capacity.MilliCPU-n.Allocated.MilliCPU-u.MilliCPU >= least.MilliCPU &&
+			n.Capacity.MemoryBytes-n.Allocated.MemoryBytes-u.MemoryBytes >= least.MemoryBytes {
 			return true
 		}
 	}

@@ -51,3 +51,67 @@ func TestUnfitTasksDoNotBlockPlacement(t *testing.T) {
 	tk, _ := nodes[0].srv.FSM().Task(id)
 	t.Errorf("task %s that fits node n1 is still %s after 10 s, behind 3 tasks no node can take", id, StateName(tk.GetState()))
 }
+
+// Tasks waiting for room in one pool do not hold back the tasks of
+// another pool with room. Placement looked at the oldest MaxStarting
+// pending tasks only and widened its window only when none of them fit
+// any node even empty; a full pool's backlog then kept every later task of
+// an idle pool pending until the full pool had room again.
+func TestABacklogInOnePoolDoesNotHoldBackAnother(t *testing.T) {
+	nodes := startCluster(t, 0, func(c *Config) { c.MaxStarting = 4 })
+	ctx := context.Background()
+	cc := warrenv1connect.NewClusterServiceClient(http.DefaultClient, nodes[1].url)
+	for _, n := range []struct {
+		id, pool string
+		tasks    int64
+	}{{"n1", "a", 1}, {"n2", "b", 10}} {
+		if _, err := cc.RegisterNode(ctx, connect.NewRequest(&warrenv1.RegisterNodeRequest{Node: &warrenv1.Node{
+			Id: n.id, Drivers: []string{"sim"}, Labels: map[string]string{"pool": n.pool},
+			Capacity: &warrenv1.Resources{MilliCpu: n.tasks * DefaultTaskMilliCPU, MemoryBytes: n.tasks * DefaultTaskMemoryBytes},
+		}})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	create := func(title, pool string) string {
+		t.Helper()
+		r, err := nodes[0].tasks.CreateTask(ctx, connect.NewRequest(&warrenv1.CreateTaskRequest{Spec: &warrenv1.TaskSpec{
+			Repo: "https://example.com/r.git", Base: "main", IssueTitle: title, Driver: "sim",
+			NodeSelector: map[string]string{"pool": pool}}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Msg.GetTask().GetId()
+	}
+	state := func(id string) warrenv1.TaskState {
+		tk, err := nodes[0].srv.FSM().Task(id)
+		if err != nil {
+			return warrenv1.TaskState_TASK_STATE_UNSPECIFIED
+		}
+		return tk.GetState()
+	}
+	// Pool a has room for one: one of these is placed (and, with no
+	// daemon to start it, stays placed), the rest wait for room.
+	var backlog []string
+	for i := range 5 {
+		backlog = append(backlog, create(fmt.Sprint("a", i), "a"))
+	}
+	waitFor(t, "one task of pool a placed", 10*time.Second, func() bool {
+		placed := 0
+		for _, id := range backlog {
+			if state(id) == warrenv1.TaskState_TASK_STATE_PLACED {
+				placed++
+			}
+		}
+		return placed == 1
+	})
+	time.Sleep(5 * time.Millisecond) // a later ULID
+	id := create("b", "b")
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if state(id) == warrenv1.TaskState_TASK_STATE_PLACED {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Errorf("task %s of pool b is still %s after 10 s, behind pool a's backlog, with node n2 empty", id, StateName(state(id)))
+}
