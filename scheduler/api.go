@@ -45,6 +45,7 @@ func newMux(s *Server) http.Handler {
 		connect.WithInterceptors(errorInterceptor{}),
 		connect.WithCompressMinBytes(compressMinBytes),
 		connect.WithReadMaxBytes(maxRequestBytes),
+		boundedCodecs(),
 	)
 	mux.Handle(warrenv1connect.NewTaskServiceHandler(taskAPI{s}, opts))
 	mux.Handle(warrenv1connect.NewClusterServiceHandler(clusterAPI{s}, opts, connect.WithReadMaxBytes(maxForwardBytes)))
@@ -172,6 +173,7 @@ func validateBatch[T any](field, noun string, items []T, max int, check func(T) 
 		p.add(field, "required: at least one %s", noun)
 	case len(items) > max:
 		p.add(field, "%d %ss is over the limit of %d per call", len(items), noun, max)
+		return p.err() // the items are not worth checking
 	}
 	for i, it := range items {
 		if err := check(it); err != nil {

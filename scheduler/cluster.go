@@ -190,6 +190,13 @@ func (c clusterAPI) Propose(ctx context.Context, req *connect.Request[warrenv1.P
 // The FSM trusts what it applies (it does not scan an append's payloads
 // again, for one): what a follower forwards is checked here.
 func checkForwarded(b []byte) error {
+	if len(b) > scanAbove {
+		if body := newBody(CmdType(b[0])); body != nil {
+			if err := checkEntries(b[1:], body.ProtoReflect().Descriptor()); err != nil {
+				return err
+			}
+		}
+	}
 	cmd, err := DecodeCommand(b)
 	if err != nil {
 		return err

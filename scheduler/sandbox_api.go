@@ -128,9 +128,7 @@ func (a *sandboxAPI) CreateSandbox(ctx context.Context, req *connect.Request[war
 	if m.GetNodeId() != "" {
 		p.nodeID("node_id", m.GetNodeId())
 	}
-	if err := api.CheckSandboxRequestSize(m); err != nil {
-		p = append(p, err)
-	}
+	p.addErr(api.CheckSandboxRequestSize(m))
 	if err := p.err(); err != nil {
 		return nil, invalid(err)
 	}

@@ -31,9 +31,7 @@ func (h sseHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var p problems
 	p.taskID("id", id)
 	after, err := sseAfter(r)
-	if err != nil {
-		p = append(p, err)
-	}
+	p.addErr(err)
 	if err := p.err(); err != nil {
 		sseError(w, invalid(err))
 		return

@@ -1,0 +1,330 @@
+package scheduler
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+)
+
+// A request's repeated fields are counted before it is decoded. Decoding
+// costs about 60 times the wire size for a list of empty entries (an
+// empty event is 2 bytes on the wire and over 100 in memory), so one
+// AppendEvents of 1 MiB holding half a million empty events took 65 MB to
+// decode before validation refused it; at the 33 MiB request limit, a few
+// GB. A list longer than validation allows is refused here, naming the
+// field, before anything is allocated for it.
+
+// scanAbove: smaller messages are decoded without counting (a 64 KiB
+// message of empty entries decodes to a few MB).
+const scanAbove = 64 << 10
+
+// defaultMaxEntries bounds a repeated or map field that validation sets no
+// lower limit for.
+const defaultMaxEntries = 1 << 16
+
+// maxEntries is the limit of each repeated field validation bounds (the
+// same limits, so no request validation would take is refused).
+var maxEntries = map[protoreflect.FullName]int{
+	"warren.v1.AppendEventsRequest.events":      MaxEventsPerAppend,
+	"warren.fsm.v1.AppendEvents.events":         MaxEventsPerAppend,
+	"warren.v1.AppendEventsBatchRequest.appends": MaxAppendsPerBatch,
+	"warren.v1.CreateTasksRequest.tasks":        MaxCreatesPerBatch,
+	"warren.v1.TaskSpec.egress_allow":           maxEgress,
+	"warren.v1.TaskSpec.labels":                 maxLabels,
+	"warren.v1.TaskSpec.node_selector":          maxLabels,
+	"warren.v1.TaskSpec.policy":                 maxPolicyRules,
+}
+
+// checkEntries walks the wire encoding b of a message of type md and
+// returns an error naming the first repeated or map field with more
+// entries than its limit. Malformed input is left to proto.Unmarshal,
+// which refuses it with its own error; fields md does not know are not
+// looked into.
+func checkEntries(b []byte, md protoreflect.MessageDescriptor) error {
+	return walkEntries(b, md, "", 0)
+}
+
+func walkEntries(b []byte, md protoreflect.MessageDescriptor, path string, depth int) error {
+	if depth > 32 { // deeper than any message of the API: proto.Unmarshal decides
+		return nil
+	}
+	var counts map[protowire.Number]int
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return nil
+		}
+		b = b[n:]
+		n = protowire.ConsumeFieldValue(num, typ, b)
+		if n < 0 {
+			return nil
+		}
+		v := b[:n]
+		b = b[n:]
+		fd := md.Fields().ByNumber(num)
+		if fd == nil {
+			continue
+		}
+		if fd.IsList() || fd.IsMap() {
+			if counts == nil {
+				counts = map[protowire.Number]int{}
+			}
+			counts[num]++
+			limit, ok := maxEntries[fd.FullName()]
+			if !ok {
+				limit = defaultMaxEntries
+			}
+			if counts[num] > limit {
+				return fmt.Errorf("%s%s: over the limit of %d entries", path, fd.Name(), limit)
+			}
+		}
+		if fd.Message() == nil || fd.IsMap() || typ != protowire.BytesType {
+			continue
+		}
+		inner, _ := protowire.ConsumeBytes(v)
+		sub := path + string(fd.Name())
+		if fd.IsList() {
+			sub += fmt.Sprintf("[%d]", counts[num]-1)
+		}
+		if err := walkEntries(inner, fd.Message(), sub+".", depth+1); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// boundedCodec is connect's binary protobuf codec with checkEntries before
+// each decode of a large message.
+type boundedCodec struct{}
+
+var _ connect.Codec = boundedCodec{}
+
+func (boundedCodec) Name() string { return "proto" }
+
+func (boundedCodec) Marshal(m any) ([]byte, error) {
+	pm, ok := m.(proto.Message)
+	if !ok {
+		return nil, fmt.Errorf("%T is not a protobuf message", m)
+	}
+	return proto.Marshal(pm)
+}
+
+func (boundedCodec) MarshalAppend(dst []byte, m any) ([]byte, error) {
+	pm, ok := m.(proto.Message)
+	if !ok {
+		return nil, fmt.Errorf("%T is not a protobuf message", m)
+	}
+	return proto.MarshalOptions{}.MarshalAppend(dst, pm)
+}
+
+func (boundedCodec) MarshalStable(m any) ([]byte, error) {
+	pm, ok := m.(proto.Message)
+	if !ok {
+		return nil, fmt.Errorf("%T is not a protobuf message", m)
+	}
+	return proto.MarshalOptions{Deterministic: true}.Marshal(pm)
+}
+
+func (boundedCodec) IsBinary() bool { return true }
+
+func (boundedCodec) Unmarshal(b []byte, m any) error {
+	pm, ok := m.(proto.Message)
+	if !ok {
+		return fmt.Errorf("%T is not a protobuf message", m)
+	}
+	if len(b) > scanAbove {
+		if err := checkEntries(b, pm.ProtoReflect().Descriptor()); err != nil {
+			return err
+		}
+	}
+	return proto.Unmarshal(b, pm)
+}
+
+// checkJSONEntries is checkEntries for the JSON form of a message of type
+// md: arrays and the members of map fields are counted, field by field.
+// Malformed JSON is left to protojson.
+func checkJSONEntries(b []byte, md protoreflect.MessageDescriptor) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	err := walkJSON(dec, md, "", 0)
+	if errors.Is(err, errJSONMalformed) {
+		return nil
+	}
+	return err
+}
+
+var errJSONMalformed = errors.New("malformed JSON")
+
+// walkJSON reads one value from dec. md is the message type it holds, or
+// nil when it is not a message (or not one known here).
+func walkJSON(dec *json.Decoder, md protoreflect.MessageDescriptor, path string, depth int) error {
+	tok, err := dec.Token()
+	if err != nil {
+		return errJSONMalformed
+	}
+	d, ok := tok.(json.Delim)
+	if !ok {
+		return nil // a scalar
+	}
+	if depth > 64 {
+		return errJSONMalformed // not a message of the API: protojson decides
+	}
+	switch d {
+	case '[':
+		return walkJSONArray(dec, nil, path, depth, defaultMaxEntries)
+	case '{':
+		for dec.More() {
+			kt, err := dec.Token()
+			if err != nil {
+				return errJSONMalformed
+			}
+			key, _ := kt.(string)
+			var fd protoreflect.FieldDescriptor
+			if md != nil {
+				if fd = md.Fields().ByJSONName(key); fd == nil {
+					fd = md.Fields().ByTextName(key)
+				}
+			}
+			if err := walkJSONField(dec, fd, path, depth); err != nil {
+				return err
+			}
+		}
+		if _, err := dec.Token(); err != nil { // '}'
+			return errJSONMalformed
+		}
+	}
+	return nil
+}
+
+// walkJSONField reads the value of field fd (nil: not known here).
+func walkJSONField(dec *json.Decoder, fd protoreflect.FieldDescriptor, path string, depth int) error {
+	if fd == nil {
+		return walkJSON(dec, nil, path, depth+1)
+	}
+	limit, ok := maxEntries[fd.FullName()]
+	if !ok {
+		limit = defaultMaxEntries
+	}
+	name := path + string(fd.Name())
+	switch {
+	case fd.IsMap():
+		tok, err := dec.Token()
+		if err != nil {
+			return errJSONMalformed
+		}
+		if d, ok := tok.(json.Delim); !ok || d != '{' {
+			return nil // null, or protojson refuses it
+		}
+		for n := 0; dec.More(); n++ {
+			if n == limit {
+				return fmt.Errorf("%s: over the limit of %d entries", name, limit)
+			}
+			if _, err := dec.Token(); err != nil { // the key
+				return errJSONMalformed
+			}
+			if err := walkJSON(dec, nil, name+".", depth+1); err != nil {
+				return err
+			}
+		}
+		if _, err := dec.Token(); err != nil {
+			return errJSONMalformed
+		}
+		return nil
+	case fd.IsList():
+		tok, err := dec.Token()
+		if err != nil {
+			return errJSONMalformed
+		}
+		if d, ok := tok.(json.Delim); !ok || d != '[' {
+			return nil
+		}
+		return walkJSONArray(dec, fd.Message(), name, depth, limit)
+	default:
+		return walkJSON(dec, fd.Message(), name+".", depth+1)
+	}
+}
+
+// walkJSONArray reads the elements of an array whose '[' was read, each a
+// message of type md (or nil), at most limit of them.
+func walkJSONArray(dec *json.Decoder, md protoreflect.MessageDescriptor, name string, depth, limit int) error {
+	for n := 0; dec.More(); n++ {
+		if n == limit {
+			return fmt.Errorf("%s: over the limit of %d entries", name, limit)
+		}
+		if err := walkJSON(dec, md, fmt.Sprintf("%s[%d].", name, n), depth+1); err != nil {
+			return err
+		}
+	}
+	if _, err := dec.Token(); err != nil { // ']'
+		return errJSONMalformed
+	}
+	return nil
+}
+
+// boundedJSONCodec is connect's JSON codec with checkJSONEntries before
+// each decode of a large message.
+type boundedJSONCodec struct{ name string }
+
+var _ connect.Codec = boundedJSONCodec{}
+
+func (c boundedJSONCodec) Name() string { return c.name }
+
+func (boundedJSONCodec) Marshal(m any) ([]byte, error) {
+	pm, ok := m.(proto.Message)
+	if !ok {
+		return nil, fmt.Errorf("%T is not a protobuf message", m)
+	}
+	return protojson.MarshalOptions{}.Marshal(pm)
+}
+
+func (boundedJSONCodec) MarshalAppend(dst []byte, m any) ([]byte, error) {
+	pm, ok := m.(proto.Message)
+	if !ok {
+		return nil, fmt.Errorf("%T is not a protobuf message", m)
+	}
+	return protojson.MarshalOptions{}.MarshalAppend(dst, pm)
+}
+
+func (c boundedJSONCodec) MarshalStable(m any) ([]byte, error) {
+	b, err := c.Marshal(m)
+	if err != nil {
+		return nil, err
+	}
+	var out bytes.Buffer
+	if err := json.Compact(&out, b); err != nil {
+		return nil, err
+	}
+	return out.Bytes(), nil
+}
+
+func (boundedJSONCodec) IsBinary() bool { return false }
+
+func (boundedJSONCodec) Unmarshal(b []byte, m any) error {
+	pm, ok := m.(proto.Message)
+	if !ok {
+		return fmt.Errorf("%T is not a protobuf message", m)
+	}
+	if len(b) == 0 {
+		return errors.New("zero-length payload is not a valid JSON object")
+	}
+	if len(b) > scanAbove {
+		if err := checkJSONEntries(b, pm.ProtoReflect().Descriptor()); err != nil {
+			return err
+		}
+	}
+	return protojson.UnmarshalOptions{DiscardUnknown: true}.Unmarshal(b, pm)
+}
+
+// boundedCodecs are the codecs of the servers' handlers (they replace
+// connect's own "proto", "json" and "json; charset=utf-8").
+func boundedCodecs() connect.Option {
+	return connect.WithOptions(connect.WithCodec(boundedCodec{}),
+		connect.WithCodec(boundedJSONCodec{"json"}), connect.WithCodec(boundedJSONCodec{"json; charset=utf-8"}))
+}

@@ -1,0 +1,127 @@
+package scheduler
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
+)
+
+// A request with a list longer than validation allows is refused before
+// it is decoded, naming the field, in both codecs: decoding a list of
+// empty entries costs about 60 times its wire size, so one request of
+// 33 MiB could take the server a few GB before validation refused it.
+func TestLongListsAreRefusedBeforeDecoding(t *testing.T) {
+	_, url, hc := leadingServer(t, 10*time.Second)
+	ctx := context.Background()
+	empties := make([]*warrenv1.EventInput, 40000) // 80 KB on the wire
+	for i := range empties {
+		empties[i] = &warrenv1.EventInput{}
+	}
+	spec := testSpec()
+	spec.EgressAllow = make([]string, 40000)
+	for i := range spec.EgressAllow {
+		spec.EgressAllow[i] = "a"
+	}
+	for _, codec := range []struct {
+		name string
+		opts []connect.ClientOption
+	}{{"proto", nil}, {"json", []connect.ClientOption{connect.WithProtoJSON()}}} {
+		c := warrenv1connect.NewTaskServiceClient(hc, url, codec.opts...)
+		_, err := c.AppendEvents(ctx, connect.NewRequest(&warrenv1.AppendEventsRequest{TaskId: zzTask, Events: empties}))
+		wantRefused(t, codec.name+" AppendEvents", err, "events: over the limit of 256 entries")
+		_, err = c.AppendEventsBatch(ctx, connect.NewRequest(&warrenv1.AppendEventsBatchRequest{Appends: []*warrenv1.AppendEventsRequest{
+			{TaskId: zzTask, Events: empties[:1]}, {TaskId: zzTask, Events: empties}}}))
+		wantRefused(t, codec.name+" AppendEventsBatch", err, "appends[1].events: over the limit of 256 entries")
+		_, err = c.CreateTasks(ctx, connect.NewRequest(&warrenv1.CreateTasksRequest{Tasks: []*warrenv1.CreateTaskRequest{{Spec: spec}}}))
+		wantRefused(t, codec.name+" CreateTasks", err, "tasks[0].spec.egress_allow: over the limit of 256 entries")
+	}
+}
+
+func wantRefused(t *testing.T, what string, err error, want string) {
+	t.Helper()
+	if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), want) {
+		t.Errorf("%s: got %v, want invalid_argument naming %q", what, err, want)
+	}
+}
+
+// The largest valid requests pass the count: the limits are validation's.
+func TestValidListsPassTheCount(t *testing.T) {
+	payload := []byte(`{"line":"` + strings.Repeat("x", 100) + `"}`)
+	events := make([]*warrenv1.EventInput, MaxEventsPerAppend)
+	for i := range events {
+		events[i] = &warrenv1.EventInput{Kind: "log", Payload: payload}
+	}
+	batch := &warrenv1.AppendEventsBatchRequest{}
+	for range MaxAppendsPerBatch {
+		batch.Appends = append(batch.Appends, &warrenv1.AppendEventsRequest{TaskId: zzTask, Events: events})
+	}
+	spec := testSpec()
+	for range maxEgress {
+		spec.EgressAllow = append(spec.EgressAllow, "example.com")
+	}
+	creates := &warrenv1.CreateTasksRequest{}
+	for range MaxCreatesPerBatch {
+		creates.Tasks = append(creates.Tasks, &warrenv1.CreateTaskRequest{Spec: spec})
+	}
+	for _, m := range []proto.Message{batch, creates} {
+		b, err := proto.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := checkEntries(b, m.ProtoReflect().Descriptor()); err != nil {
+			t.Errorf("%T of %d bytes: %v", m, len(b), err)
+		}
+		j, err := protojson.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := checkJSONEntries(j, m.ProtoReflect().Descriptor()); err != nil {
+			t.Errorf("%T in JSON, %d bytes: %v", m, len(j), err)
+		}
+		if err := checkJSONEntries(append([]byte(" "), j...), m.ProtoReflect().Descriptor()); err != nil {
+			t.Errorf("%T in JSON with a space first: %v", m, err)
+		}
+	}
+}
+
+// The counts never panic, whatever the bytes.
+func FuzzCheckEntries(f *testing.F) {
+	b, _ := proto.Marshal(&warrenv1.CreateTasksRequest{Tasks: []*warrenv1.CreateTaskRequest{{Spec: testSpec()}}})
+	f.Add(b)
+	j, _ := protojson.Marshal(&warrenv1.AppendEventsBatchRequest{Appends: []*warrenv1.AppendEventsRequest{{TaskId: zzTask, Events: []*warrenv1.EventInput{{Kind: "log"}}}}})
+	f.Add(j)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		for _, md := range []proto.Message{&warrenv1.CreateTasksRequest{}, &warrenv1.AppendEventsBatchRequest{}} {
+			_ = checkEntries(b, md.ProtoReflect().Descriptor())
+			_ = checkJSONEntries(b, md.ProtoReflect().Descriptor())
+		}
+	})
+}
+
+// An error lists at most maxProblems problems: a request of many bad
+// entries within the counts got one line for each.
+func TestAnErrorListsAtMostTwentyProblems(t *testing.T) {
+	evs := make([]*warrenv1.EventInput, MaxEventsPerAppend)
+	for i := range evs {
+		evs[i] = &warrenv1.EventInput{Kind: "BAD KIND"}
+	}
+	err := validateAppend(&warrenv1.AppendEventsRequest{TaskId: zzTask, Events: evs})
+	lines := strings.Split(err.Error(), "\n")
+	if len(lines) != maxProblems+1 || lines[maxProblems] != errMoreProblems.Error() || !strings.HasPrefix(lines[0], "events[0]") {
+		t.Errorf("got %d lines, first %q, last %q; want %d problems and then %q", len(lines), lines[0], lines[len(lines)-1], maxProblems, errMoreProblems)
+	}
+	spec := testSpec()
+	spec.EgressAllow = make([]string, 10*maxEgress)
+	err = validateCreate(&warrenv1.CreateTaskRequest{Spec: spec})
+	if n := strings.Count(err.Error(), "\n") + 1; n > maxProblems+1 || !strings.Contains(err.Error(), "2560 entries is over the limit of 256") {
+		t.Errorf("got %d lines: %v", n, err)
+	}
+}
