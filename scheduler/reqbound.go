@@ -32,14 +32,14 @@ const defaultMaxEntries = 1 << 16
 // maxEntries is the limit of each repeated field validation bounds (the
 // same limits, so no request validation would take is refused).
 var maxEntries = map[protoreflect.FullName]int{
-	"warren.v1.AppendEventsRequest.events":      MaxEventsPerAppend,
-	"warren.fsm.v1.AppendEvents.events":         MaxEventsPerAppend,
+	"warren.v1.AppendEventsRequest.events":       MaxEventsPerAppend,
+	"warren.fsm.v1.AppendEvents.events":          MaxEventsPerAppend,
 	"warren.v1.AppendEventsBatchRequest.appends": MaxAppendsPerBatch,
-	"warren.v1.CreateTasksRequest.tasks":        MaxCreatesPerBatch,
-	"warren.v1.TaskSpec.egress_allow":           maxEgress,
-	"warren.v1.TaskSpec.labels":                 maxLabels,
-	"warren.v1.TaskSpec.node_selector":          maxLabels,
-	"warren.v1.TaskSpec.policy":                 maxPolicyRules,
+	"warren.v1.CreateTasksRequest.tasks":         MaxCreatesPerBatch,
+	"warren.v1.TaskSpec.egress_allow":            maxEgress,
+	"warren.v1.TaskSpec.labels":                  maxLabels,
+	"warren.v1.TaskSpec.node_selector":           maxLabels,
+	"warren.v1.TaskSpec.policy":                  maxPolicyRules,
 }
 
 // checkEntries walks the wire encoding b of a message of type md and
