@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -42,19 +43,36 @@ var maxEntries = map[protoreflect.FullName]int{
 	"warren.v1.TaskSpec.policy":                  maxPolicyRules,
 }
 
+// minMaxEntries is the least of the limits.
+var minMaxEntries = func() int {
+	least := defaultMaxEntries
+	for _, n := range maxEntries {
+		least = min(least, n)
+	}
+	return least
+}()
+
 // checkEntries walks the wire encoding b of a message of type md and
 // returns an error naming the first repeated or map field with more
 // entries than its limit. Malformed input is left to proto.Unmarshal,
 // which refuses it with its own error; fields md does not know are not
 // looked into.
 func checkEntries(b []byte, md protoreflect.MessageDescriptor) error {
-	return walkEntries(b, md, "", 0)
+	if err := walkEntries(b, md, 0); err != nil {
+		return errors.New(err.field + ": " + err.issue)
+	}
+	return nil
 }
 
-func walkEntries(b []byte, md protoreflect.MessageDescriptor, path string, depth int) error {
+// entriesError is walkEntries' finding: the field's path is built on the
+// way back up, so that a request within its limits costs no strings.
+type entriesError struct{ field, issue string }
+
+func walkEntries(b []byte, md protoreflect.MessageDescriptor, depth int) *entriesError {
 	if depth > 32 { // deeper than any message of the API: proto.Unmarshal decides
 		return nil
 	}
+	var low [16]int // counts of fields 1..15; others in counts
 	var counts map[protowire.Number]int
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
@@ -72,32 +90,72 @@ func walkEntries(b []byte, md protoreflect.MessageDescriptor, path string, depth
 		if fd == nil {
 			continue
 		}
+		c := 0
 		if fd.IsList() || fd.IsMap() {
-			if counts == nil {
-				counts = map[protowire.Number]int{}
+			if num < protowire.Number(len(low)) {
+				low[num]++
+				c = low[num]
+			} else {
+				if counts == nil {
+					counts = map[protowire.Number]int{}
+				}
+				counts[num]++
+				c = counts[num]
 			}
-			counts[num]++
-			limit, ok := maxEntries[fd.FullName()]
-			if !ok {
-				limit = defaultMaxEntries
-			}
-			if counts[num] > limit {
-				return fmt.Errorf("%s%s: over the limit of %d entries", path, fd.Name(), limit)
+			if c > minMaxEntries { // else within every limit: no look-up
+				limit, ok := maxEntries[fd.FullName()]
+				if !ok {
+					limit = defaultMaxEntries
+				}
+				if c > limit {
+					return &entriesError{string(fd.Name()), fmt.Sprintf("over the limit of %d entries", limit)}
+				}
 			}
 		}
-		if fd.Message() == nil || fd.IsMap() || typ != protowire.BytesType {
+		if fd.Message() == nil || fd.IsMap() || typ != protowire.BytesType || !holdsLists(fd.Message()) {
 			continue
 		}
 		inner, _ := protowire.ConsumeBytes(v)
-		sub := path + string(fd.Name())
-		if fd.IsList() {
-			sub += fmt.Sprintf("[%d]", counts[num]-1)
-		}
-		if err := walkEntries(inner, fd.Message(), sub+".", depth+1); err != nil {
+		if err := walkEntries(inner, fd.Message(), depth+1); err != nil {
+			at := string(fd.Name())
+			if fd.IsList() {
+				at += fmt.Sprintf("[%d]", c-1)
+			}
+			err.field = at + "." + err.field
 			return err
 		}
 	}
 	return nil
+}
+
+// listHolders caches holdsLists by message type.
+var listHolders sync.Map // protoreflect.FullName -> bool
+
+// holdsLists reports whether a message of type md can hold a list or a
+// map, itself or in a message it holds: a walk need not look into one
+// that cannot (an event, say, of which a batch holds thousands).
+func holdsLists(md protoreflect.MessageDescriptor) bool {
+	if v, ok := listHolders.Load(md.FullName()); ok {
+		return v.(bool)
+	}
+	v := lookForLists(md, map[protoreflect.FullName]bool{})
+	listHolders.Store(md.FullName(), v)
+	return v
+}
+
+func lookForLists(md protoreflect.MessageDescriptor, seen map[protoreflect.FullName]bool) bool {
+	if seen[md.FullName()] {
+		return false // a cycle: what it holds is looked at where it began
+	}
+	seen[md.FullName()] = true
+	fs := md.Fields()
+	for i := range fs.Len() {
+		fd := fs.Get(i)
+		if fd.IsList() || fd.IsMap() || fd.Message() != nil && lookForLists(fd.Message(), seen) {
+			return true
+		}
+	}
+	return false
 }
 
 // boundedCodec is connect's binary protobuf codec with checkEntries before
