@@ -8,6 +8,7 @@ import (
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
@@ -159,4 +160,27 @@ func BenchmarkCheckEntries(b *testing.B) {
 			}
 		}
 	})
+}
+
+// A spec holding fields the server does not know is refused, naming where:
+// it would be stored and sent along as it came, unchecked and unbounded.
+func TestASpecWithUnknownFieldsIsRefused(t *testing.T) {
+	unknown := protowire.AppendBytes(protowire.AppendTag(nil, 999, protowire.BytesType), make([]byte, 1<<20))
+	spec := testSpec()
+	spec.ProtoReflect().SetUnknown(unknown)
+	err := validateCreate(&warrenv1.CreateTaskRequest{Spec: spec})
+	if err == nil || !strings.Contains(err.Error(), "spec: holds field number 999") {
+		t.Errorf("spec: got %v", err)
+	}
+	spec = testSpec()
+	spec.Policy = []*warrenv1.PolicyRule{{Tier: "allow", Tool: "*"}, {Tier: "deny", Tool: "*"}}
+	spec.Policy[1].ProtoReflect().SetUnknown(unknown)
+	err = validateCreate(&warrenv1.CreateTaskRequest{Spec: spec})
+	if err == nil || !strings.Contains(err.Error(), "spec.policy[1]: holds field number 999") {
+		t.Errorf("spec.policy[1]: got %v", err)
+	}
+	spec.Policy[1].ProtoReflect().SetUnknown(nil)
+	if err := validateCreate(&warrenv1.CreateTaskRequest{Spec: spec}); err != nil {
+		t.Errorf("without them: %v", err)
+	}
 }

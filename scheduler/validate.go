@@ -11,7 +11,9 @@ import (
 	"unicode/utf8"
 
 	"github.com/oklog/ulid/v2"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/warrenhq/warren/api"
@@ -151,6 +153,13 @@ func validateCreate(r *warrenv1.CreateTaskRequest) error {
 	if s == nil {
 		p.add("spec", "required")
 		return p.err()
+	}
+	// A task's spec is stored as it came, in the log, the task record
+	// and every snapshot, and sent to its node at every start: fields this
+	// server does not know would be kept and sent along unchecked and
+	// unbounded (8 MiB in one unknown field was stored and read back).
+	if field, num, ok := unknownField(s.ProtoReflect(), "spec"); ok {
+		p.add(field, "holds field number %d, which this server does not know: leave it out, or upgrade the servers", num)
 	}
 	p.repo(s.GetRepo())
 	p.rev("spec.base", s.GetBase())
@@ -525,4 +534,42 @@ func (p *problems) labels(field string, m map[string]string) {
 		}
 		p.text(field+"["+truncate(k, 63)+"]", v, false, maxLabelValue, true)
 	}
+}
+
+// unknownField finds a field m (named field) or a message it holds does
+// not know, and returns where and its number.
+func unknownField(m protoreflect.Message, field string) (string, protowire.Number, bool) {
+	if u := m.GetUnknown(); len(u) > 0 {
+		num, _, _ := protowire.ConsumeTag(u)
+		return field, num, true
+	}
+	var at string
+	var num protowire.Number
+	found := false
+	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		name := field + "." + string(fd.Name())
+		switch {
+		case fd.IsMap():
+			if fd.MapValue().Message() == nil {
+				return true
+			}
+			v.Map().Range(func(k protoreflect.MapKey, mv protoreflect.Value) bool {
+				at, num, found = unknownField(mv.Message(), name+"["+k.String()+"]")
+				return !found
+			})
+		case fd.IsList():
+			if fd.Message() == nil {
+				return true
+			}
+			for i := range v.List().Len() {
+				if at, num, found = unknownField(v.List().Get(i).Message(), fmt.Sprintf("%s[%d]", name, i)); found {
+					break
+				}
+			}
+		case fd.Message() != nil:
+			at, num, found = unknownField(v.Message(), name)
+		}
+		return !found
+	})
+	return at, num, found
 }
