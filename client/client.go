@@ -189,6 +189,55 @@ func (c *Client) Do(ctx context.Context, call func() error) error {
 // doRetryFor bounds Do's retries (a variable for tests).
 var doRetryFor = 15 * time.Second
 
+// Read runs call, one read through the TaskService client it is given
+// (the current server's), under a context that ends after ReadAttempt,
+// and, given several servers, runs it again on the next while it fails
+// with unavailable or runs out of that time while ctx has not ended: a
+// server that stopped, or one that lost power and never answers, is left
+// for the next as Do leaves it. Each round of all the servers is followed
+// by a wait (250 ms, doubling to 2 s), for at most doRetryFor in all;
+// then the last error is returned. With one server, call runs once.
+//
+// Node daemons read through it: their appends follow the leader, so
+// nothing else moved them off a follower that died, and every read of
+// theirs failed against it for as long as it was gone.
+func (c *Client) Read(ctx context.Context, call func(context.Context, warrenv1connect.TaskServiceClient) error) error {
+	deadline := time.Now().Add(doRetryFor)
+	wait := 250 * time.Millisecond
+	for i := 1; ; i++ {
+		actx, cancel := context.WithTimeout(ctx, ReadAttempt)
+		err := call(actx, c.Tasks())
+		cancel()
+		code := connect.CodeOf(err)
+		gone := code == connect.CodeUnavailable || code == connect.CodeDeadlineExceeded && ctx.Err() == nil
+		if err == nil || !gone || len(c.urls) == 1 || ctx.Err() != nil || time.Now().After(deadline) {
+			return err
+		}
+		c.failover()
+		if i%len(c.urls) != 0 {
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 2*time.Second)
+	}
+}
+
+// ReadAttempt bounds one attempt of Read (a variable for tests).
+var ReadAttempt = 15 * time.Second
+
+// Failover moves to the next server, as Do and Read do when one fails: for
+// a caller whose own call found the current server gone (a stream that
+// broke, say).
+func (c *Client) Failover() {
+	if len(c.urls) > 1 {
+		c.failover()
+	}
+}
+
 // failover moves to the next server, and forgets the leader: it may be
 // the server that failed.
 func (c *Client) failover() {

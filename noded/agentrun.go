@@ -19,6 +19,7 @@ import (
 	"github.com/warrenhq/warren/agent/model"
 	"github.com/warrenhq/warren/api"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
 	"github.com/warrenhq/warren/guest"
 	"github.com/warrenhq/warren/noded/driver"
 )
@@ -365,7 +366,11 @@ func (a *taskActor) startAgent(c *actor.Context, t *warrenv1.Task) (done bool) {
 // actor has seen, or, asked again, one on the task.
 func (a *taskActor) cancelRequested() bool {
 	if !a.cancel {
-		resp, err := a.d.cl.Tasks().GetTask(a.ctx, connect.NewRequest(&warrenv1.GetTaskRequest{Id: a.id}))
+		var resp *connect.Response[warrenv1.GetTaskResponse]
+		err := a.d.cl.Read(a.ctx, func(ctx context.Context, tc warrenv1connect.TaskServiceClient) (err error) {
+			resp, err = tc.GetTask(ctx, connect.NewRequest(&warrenv1.GetTaskRequest{Id: a.id}))
+			return err
+		})
 		if err == nil && resp.Msg.GetTask().GetCancelRequested() {
 			a.cancel = true
 		}
@@ -405,7 +410,11 @@ func userMessage(e *warrenv1.Event) (string, bool) {
 // newEvents returns a page of the task's events past the last one the loop
 // has looked at, and moves that mark.
 func (a *taskActor) newEvents() ([]*warrenv1.Event, error) {
-	resp, err := a.d.cl.Tasks().ListEvents(a.ctx, connect.NewRequest(&warrenv1.ListEventsRequest{TaskId: a.id, AfterSeq: a.agentSeen, Limit: 1000}))
+	var resp *connect.Response[warrenv1.ListEventsResponse]
+	err := a.d.cl.Read(a.ctx, func(ctx context.Context, tc warrenv1connect.TaskServiceClient) (err error) {
+		resp, err = tc.ListEvents(ctx, connect.NewRequest(&warrenv1.ListEventsRequest{TaskId: a.id, AfterSeq: a.agentSeen, Limit: 1000}))
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -542,7 +551,11 @@ func (a *taskActor) stepContext() (ctx context.Context, end func()) {
 						cancel(errCancelRequested)
 					}
 				}
+				err = st.Err()
 				st.Close()
+			}
+			if connect.CodeOf(err) == connect.CodeUnavailable && ctx.Err() == nil {
+				a.d.cl.Failover() // the server is gone: the next one
 			}
 			select { // the stream broke (a server restarted): again shortly
 			case <-ctx.Done():

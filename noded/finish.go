@@ -14,6 +14,7 @@ import (
 	"github.com/warrenhq/warren/actor"
 	"github.com/warrenhq/warren/agent"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
 	"github.com/warrenhq/warren/guest"
 )
 
@@ -361,7 +362,11 @@ func (a *taskActor) decision(ctx context.Context, id string) (asked, decided, ap
 func (a *taskActor) scanLog(ctx context.Context, f func(*warrenv1.Event)) error {
 	var after uint64
 	for {
-		resp, err := a.d.cl.Tasks().ListEvents(ctx, connect.NewRequest(&warrenv1.ListEventsRequest{TaskId: a.id, AfterSeq: after, Limit: 1000}))
+		var resp *connect.Response[warrenv1.ListEventsResponse]
+		err := a.d.cl.Read(ctx, func(ctx context.Context, tc warrenv1connect.TaskServiceClient) (err error) {
+			resp, err = tc.ListEvents(ctx, connect.NewRequest(&warrenv1.ListEventsRequest{TaskId: a.id, AfterSeq: after, Limit: 1000}))
+			return err
+		})
 		if err != nil {
 			return err
 		}

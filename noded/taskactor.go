@@ -20,6 +20,7 @@ import (
 	"github.com/warrenhq/warren/agent"
 	"github.com/warrenhq/warren/agent/model"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
 	"github.com/warrenhq/warren/client"
 	"github.com/warrenhq/warren/netpolicy"
 	"github.com/warrenhq/warren/noded/driver"
@@ -202,7 +203,11 @@ func (a *taskActor) start(c *actor.Context) {
 	t := a.given
 	a.given = nil // a retry reads the task afresh (a restart has none: startTask)
 	if t == nil {
-		resp, err := a.d.cl.Tasks().GetTask(ctx, connect.NewRequest(&warrenv1.GetTaskRequest{Id: a.id}))
+		var resp *connect.Response[warrenv1.GetTaskResponse]
+		err := a.d.cl.Read(ctx, func(ctx context.Context, tc warrenv1connect.TaskServiceClient) (err error) {
+			resp, err = tc.GetTask(ctx, connect.NewRequest(&warrenv1.GetTaskRequest{Id: a.id}))
+			return err
+		})
 		if err != nil {
 			a.failed(c, "read task", err, startMsg{})
 			return
@@ -897,8 +902,12 @@ func (d *Daemon) readLog(ctx context.Context, id string, after, upTo uint64) ([]
 	defer cancel()
 	var out []*warrenv1.Event
 	for after < upTo {
-		resp, err := d.cl.Tasks().ListEvents(ctx, connect.NewRequest(&warrenv1.ListEventsRequest{
-			TaskId: id, AfterSeq: after, Limit: uint32(min(upTo-after, 1000))})) // 1000: the server's page limit
+		var resp *connect.Response[warrenv1.ListEventsResponse]
+		err := d.cl.Read(ctx, func(ctx context.Context, tc warrenv1connect.TaskServiceClient) (err error) {
+			resp, err = tc.ListEvents(ctx, connect.NewRequest(&warrenv1.ListEventsRequest{
+				TaskId: id, AfterSeq: after, Limit: uint32(min(upTo-after, 1000))})) // 1000: the server's page limit
+			return err
+		})
 		if err != nil {
 			return nil, err
 		}

@@ -2,6 +2,7 @@ package repotest
 
 import (
 	"encoding/json"
+	"go/ast"
 	"go/parser"
 	"go/token"
 	"os/exec"
@@ -126,4 +127,52 @@ func contains(xs []string, x string) bool {
 		}
 	}
 	return false
+}
+
+// A node daemon reads the task API through client.Read, never through
+// Client.Tasks() directly (but for its streams, which fail over
+// themselves): its appends follow the leader, so only Read
+// moves its reads off a server that stopped (every read of a node whose
+// first server was a follower that stopped failed for as long as it was
+// gone).
+func TestNodeDaemonsReadThroughRead(t *testing.T) {
+	for _, p := range listPackages(t) {
+		if !strings.HasPrefix(rel(p.ImportPath), "noded") {
+			continue
+		}
+		for _, f := range p.GoFiles {
+			af, err := parser.ParseFile(token.NewFileSet(), filepath.Join(p.Dir, f), nil, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// X.cl.Tasks().M: M may be StreamEvents only (a stream is no
+			// read with a deadline: it moves on with cl.Failover when it
+			// breaks).
+			ast.Inspect(af, func(n ast.Node) bool {
+				call, ok := n.(*ast.SelectorExpr)
+				if !ok {
+					return true
+				}
+				tasks, ok := call.X.(*ast.CallExpr)
+				if !ok {
+					return true
+				}
+				sel, ok := tasks.Fun.(*ast.SelectorExpr)
+				if !ok || sel.Sel.Name != "Tasks" {
+					return true
+				}
+				if inner, ok := sel.X.(*ast.SelectorExpr); ok && inner.Sel.Name == "cl" && call.Sel.Name != "StreamEvents" {
+					t.Errorf("%s/%s: %s.cl.Tasks().%s: read through cl.Read, which moves off a server that stopped", rel(p.ImportPath), f, exprName(inner.X), call.Sel.Name)
+				}
+				return true
+			})
+		}
+	}
+}
+
+func exprName(e ast.Expr) string {
+	if id, ok := e.(*ast.Ident); ok {
+		return id.Name
+	}
+	return "…"
 }
