@@ -21,6 +21,7 @@ import (
 
 	"github.com/warrenhq/warren/actor"
 	"github.com/warrenhq/warren/agent"
+	"github.com/warrenhq/warren/api"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/client"
 	"github.com/warrenhq/warren/internal/gossip"
@@ -308,7 +309,16 @@ func (d *Daemon) node() *warrenv1.Node {
 	drv := d.cfg.Driver
 	templates := d.cfg.Templates
 	if lt, ok := drv.(interface{ Templates() []string }); ok && len(templates) == 0 {
-		templates = lt.Templates()
+		// A name the servers refuse would get every hello refused: such
+		// a template (made by hand, or by an older `warren image
+		// build`) is left out, with a warning.
+		for _, t := range lt.Templates() {
+			if api.TemplateNameRE.MatchString(t) {
+				templates = append(templates, t)
+			} else {
+				d.log.Warn("template left out of what this node advertises: its name "+api.TemplateNameRule, "template", t)
+			}
+		}
 	}
 	return &warrenv1.Node{
 		Id: d.cfg.ID, Drivers: []string{drv.Name()}, Templates: templates, Labels: d.cfg.Labels,

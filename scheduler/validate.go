@@ -43,7 +43,7 @@ const (
 var (
 	reTenant   = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
 	reModel    = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/@-]*$`)
-	reTemplate = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,127}$`)
+	reTemplate = api.TemplateNameRE
 	reLabelKey = regexp.MustCompile(`^[a-z0-9][a-z0-9./_-]{0,62}$`)
 	reHostName = regexp.MustCompile(`^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
 	reScpLike  = regexp.MustCompile(`^[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[^\s]+$`)

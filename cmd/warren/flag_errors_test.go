@@ -45,3 +45,17 @@ func TestCordonRefusesDeadline(t *testing.T) {
 		}
 	}
 }
+
+// `image list` of a store that is not there fails, naming it: a typo in
+// --dir listed nothing and exited 0.
+func TestImageListOfAMissingStoreFails(t *testing.T) {
+	var out, errb bytes.Buffer
+	missing := t.TempDir() + "/nosuch"
+	err := run([]string{"image", "list", "--dir", missing}, &out, &errb)
+	if err == nil || !strings.Contains(err.Error(), "image list: --dir: ") || !strings.Contains(err.Error(), missing) {
+		t.Errorf("image list --dir %s: %v", missing, err)
+	}
+	if err := run([]string{"image", "list", "--dir", t.TempDir()}, &out, &errb); err != nil {
+		t.Errorf("image list of an empty store: %v", err)
+	}
+}

@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -51,6 +50,11 @@ func cmdImage(args []string, stdout, stderr io.Writer) error {
 		dir := fs.String("dir", defaultImageDir(), "template store")
 		if _, err := parse(fs, args[1:]); err != nil {
 			return err
+		}
+		if st, err := os.Stat(*dir); err != nil {
+			return fmt.Errorf("image list: --dir: %w", err) // a typo listed nothing, and exited 0
+		} else if !st.IsDir() {
+			return fmt.Errorf("image list: --dir %s: not a directory", *dir)
 		}
 		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "NAME\tVERSION\tKERNEL\tQEMU\tACCEL\tBOOT\tDISK\tCREATED")
@@ -104,7 +108,7 @@ func cmdImageBuild(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("image build: unexpected argument %q", pos[0])
 	}
 	if *pkgs != "" {
-		c.Packages = strings.Split(*pkgs, ",")
+		c.Packages = splitComma(*pkgs) // "jq, curl" is jq and curl, not " curl"
 	}
 	if c.Keep < 0 {
 		return fmt.Errorf("image build: --keep %d: must not be negative", c.Keep)

@@ -19,6 +19,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/guest"
 	"github.com/warrenhq/warren/internal/atomicfile"
 )
@@ -67,8 +68,11 @@ type Config struct {
 
 func (c *Config) validate() error {
 	var errs []error
-	if c.Name == "" || strings.ContainsAny(c.Name, "/\\@ ") || strings.HasPrefix(c.Name, ".") {
-		errs = append(errs, fmt.Errorf("name %q: must be a plain name without /, @ or spaces", c.Name))
+	// The servers refuse any other name in a node's list of templates,
+	// a task, a pool or a sandbox: a template named otherwise could never
+	// be used, and kept every node that advertised it out of the cluster.
+	if !api.TemplateNameRE.MatchString(c.Name) {
+		errs = append(errs, fmt.Errorf("name %q: %s", c.Name, api.TemplateNameRule))
 	}
 	if c.Out == "" {
 		errs = append(errs, errors.New("out: required"))

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -433,5 +434,23 @@ func TestExtractVmlinuxRefusesATruncatedKernel(t *testing.T) {
 	}
 	if err := extractVmlinux(cut, out); err == nil || !strings.Contains(err.Error(), cut) {
 		t.Errorf("a vmlinuz with half its xz stream: %v", err)
+	}
+}
+
+// A template's name must be one the servers take (api.TemplateNameRE):
+// one they refuse could never be used, and every node that advertised it
+// had its hello refused.
+func TestBuildRefusesNamesTheServersRefuse(t *testing.T) {
+	for _, name := range []string{"MyTpl", "foo+bar", "foo:bar", "a/b", ".x", "", strings.Repeat("a", 129)} {
+		c := Config{Name: name, Out: t.TempDir(), Agent: "/nonexistent", FreeMB: 1024}
+		if err := c.validate(); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("name %q: must be 1-128 of a-z", name)) {
+			t.Errorf("name %q: %v", name, err)
+		}
+	}
+	for _, name := range []string{"default", "py3.11", "node_20-slim"} {
+		c := Config{Name: name, Out: t.TempDir(), Agent: "/nonexistent", FreeMB: 1024}
+		if err := c.validate(); err != nil && strings.Contains(err.Error(), "name ") {
+			t.Errorf("name %q refused: %v", name, err)
+		}
 	}
 }
