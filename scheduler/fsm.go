@@ -48,7 +48,11 @@ type FSM struct {
 	// one runs), so a read can tell whether one overlapped it: it could
 	// have found tasks missing or old (see readGuard).
 	restores atomic.Uint64
-	watch    *watchers
+	// broken is set while the state is incomplete after a restore that
+	// failed midway, until one succeeds: Snapshot refuses to take one of
+	// it, and ApplyBatch panics rather than apply entries on top of it.
+	broken atomic.Bool
+	watch  *watchers
 	idem     *idemSet  // FSM goroutine only
 	reqs     *reqIndex // FSM goroutine only
 	// live caches the record of every task that is not terminal and was
@@ -169,6 +173,16 @@ func (f *FSM) Apply(l *raft.Log) interface{} {
 // ApplyBatch applies committed entries in one Pebble batch. Each element of
 // the returned slice is nil (skipped or not a command) or []*fsmv1.Result.
 func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
+	if f.broken.Load() {
+		// Applied on top of a partial state, the entries would make a
+		// state no other replica has, with an applied index past the
+		// snapshot raft would restore next (which it would then skip).
+		// The process ends instead; at its next start raft restores the
+		// snapshot that failed (it is in the snapshot store before the
+		// FSM restores it) in full, the applied index being gone, and
+		// replays the log after it.
+		panic(fmt.Sprintf("FSM: entry %d to apply on a state left incomplete by a snapshot restore that failed midway; restart the server, which restores the snapshot again", logs[0].Index))
+	}
 	out := make([]interface{}, len(logs))
 	applied := f.applied.Load()
 	b := f.db.NewIndexedBatch()

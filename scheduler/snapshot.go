@@ -24,6 +24,11 @@ var fsmSpan = pebble.CheckpointSpan{Start: []byte{raftlog.FSMPrefixStart}, End: 
 
 // Snapshot implements raft.FSM.
 func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
+	if f.broken.Load() {
+		// Its applied index is 0, so any server would restore it in
+		// full, and serve reads of its missing tasks.
+		return nil, errors.New("no snapshot of a state left incomplete by a snapshot restore that failed midway")
+	}
 	if err := os.MkdirAll(f.tmpDir, 0o700); err != nil {
 		return nil, err
 	}
@@ -164,6 +169,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 			// skipped as older than the local state; and keep the
 			// counter odd, so that reads (readGuard) fail until one is.
 			f.applied.Store(0)
+			f.broken.Store(true)
 			f.log.Error("snapshot restore failed midway: local state unusable until a snapshot is restored", "snapshot_index", snapIndex)
 		case !wasBroken:
 			f.restores.Add(1) // nothing replaced: reads go on as before
@@ -180,6 +186,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 		return fmt.Errorf("restore snapshot: load idempotency records: %w", err)
 	}
 	f.applied.Store(snapIndex)
+	f.broken.Store(false)
 	f.replanGen.Add(1)
 	f.restores.Add(1) // even again, before the wake-up: streams read on
 	restored = true
