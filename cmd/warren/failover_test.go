@@ -56,6 +56,9 @@ func TestClientCommandsTryTheNextServer(t *testing.T) {
 		{"nodes", "list"},
 		{"task", "list"},
 		{"task", "create", "--repo", "https://git.example.com/a/b.git", "--base", "main", "--title", "t", "-q"},
+		{"pool", "list"},
+		{"pool", "set", "default", "0"},
+		{"sandbox", "ls"},
 	} {
 		var out, errb bytes.Buffer
 		err := run(append(args, "--server", servers, "--timeout", "5s"), &out, &errb)

@@ -19,6 +19,7 @@ import (
 	"connectrpc.com/connect"
 
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
 	"github.com/warrenhq/warren/guest"
 	"github.com/warrenhq/warren/noded"
 )
@@ -113,7 +114,7 @@ func cmdSandbox(args []string, stdout, stderr io.Writer) error {
 		if p == nil {
 			return errors.New("sandbox egress: give --egress-profile, --egress-allow or --egress-prefix")
 		}
-		res, err := c.Sandboxes().SetEgress(ctx, connect.NewRequest(&warrenv1.SetEgressRequest{SandboxId: pos[0], Egress: p}))
+		res, err := call(ctx, c, c.Sandboxes, warrenv1connect.SandboxServiceClient.SetEgress, &warrenv1.SetEgressRequest{SandboxId: pos[0], Egress: p})
 		if err != nil {
 			return err
 		}
@@ -128,7 +129,7 @@ func cmdSandbox(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		defer cancel()
-		res, err := c.Sandboxes().GetSandbox(ctx, connect.NewRequest(&warrenv1.GetSandboxRequest{SandboxId: pos[0]}))
+		res, err := call(ctx, c, c.Sandboxes, warrenv1connect.SandboxServiceClient.GetSandbox, &warrenv1.GetSandboxRequest{SandboxId: pos[0]})
 		if err != nil {
 			return err
 		}
@@ -140,7 +141,7 @@ func cmdSandbox(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		defer cancel()
-		res, err := c.Sandboxes().ListSandboxes(ctx, connect.NewRequest(&warrenv1.ListSandboxesRequest{NodeId: *node}))
+		res, err := call(ctx, c, c.Sandboxes, warrenv1connect.SandboxServiceClient.ListSandboxes, &warrenv1.ListSandboxesRequest{NodeId: *node})
 		if err != nil {
 			return err
 		}
@@ -164,7 +165,7 @@ func cmdSandbox(args []string, stdout, stderr io.Writer) error {
 		var errs []error
 		for _, id := range pos {
 			ctx, cancel := context.WithTimeout(context.Background(), cf.timeout)
-			_, err := c.Sandboxes().DeleteSandbox(ctx, connect.NewRequest(&warrenv1.DeleteSandboxRequest{SandboxId: id}))
+			_, err := call(ctx, c, c.Sandboxes, warrenv1connect.SandboxServiceClient.DeleteSandbox, &warrenv1.DeleteSandboxRequest{SandboxId: id})
 			cancel()
 			if err != nil {
 				errs = append(errs, fmt.Errorf("%s: %w", id, err))
@@ -201,7 +202,7 @@ func cmdSandbox(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		defer cancel()
-		res, err := c.Sandboxes().ListFiles(ctx, connect.NewRequest(&warrenv1.ListFilesRequest{SandboxId: pos[0], Path: pos[1]}))
+		res, err := call(ctx, c, c.Sandboxes, warrenv1connect.SandboxServiceClient.ListFiles, &warrenv1.ListFilesRequest{SandboxId: pos[0], Path: pos[1]})
 		if err != nil {
 			return err
 		}
@@ -223,7 +224,7 @@ func cmdSandbox(args []string, stdout, stderr io.Writer) error {
 		dstID, dstPath, dstRemote := splitRemote(pos[1])
 		switch {
 		case srcRemote && !dstRemote:
-			res, err := c.Sandboxes().ReadFile(ctx, connect.NewRequest(&warrenv1.ReadFileRequest{SandboxId: srcID, Path: srcPath}))
+			res, err := call(ctx, c, c.Sandboxes, warrenv1connect.SandboxServiceClient.ReadFile, &warrenv1.ReadFileRequest{SandboxId: srcID, Path: srcPath})
 			if err != nil {
 				return err
 			}
@@ -256,7 +257,7 @@ func cmdSandbox(args []string, stdout, stderr io.Writer) error {
 			if err != nil {
 				return err
 			}
-			_, err = c.Sandboxes().WriteFile(ctx, connect.NewRequest(&warrenv1.WriteFileRequest{SandboxId: dstID, Path: dstPath, Data: data, Mode: mode}))
+			_, err = call(ctx, c, c.Sandboxes, warrenv1connect.SandboxServiceClient.WriteFile, &warrenv1.WriteFileRequest{SandboxId: dstID, Path: dstPath, Data: data, Mode: mode})
 			return err
 		}
 		return errors.New("sandbox cp: one side must be ID:/PATH and the other a local file (or -)")
@@ -359,7 +360,7 @@ func cmdPool(args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("pool set: N %q: want a whole number", pos[1])
 		}
 		n := uint32(v)
-		res, err := c.Sandboxes().SetPoolTarget(ctx, connect.NewRequest(&warrenv1.SetPoolTargetRequest{Template: pos[0], Target: n, NodeId: *node}))
+		res, err := call(ctx, c, c.Sandboxes, warrenv1connect.SandboxServiceClient.SetPoolTarget, &warrenv1.SetPoolTargetRequest{Template: pos[0], Target: n, NodeId: *node})
 		if err != nil {
 			return err
 		}
@@ -370,7 +371,7 @@ func cmdPool(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		defer cancel()
-		res, err := c.Sandboxes().ListPools(ctx, connect.NewRequest(&warrenv1.ListPoolsRequest{NodeId: *node}))
+		res, err := call(ctx, c, c.Sandboxes, warrenv1connect.SandboxServiceClient.ListPools, &warrenv1.ListPoolsRequest{NodeId: *node})
 		if err != nil {
 			return err
 		}
