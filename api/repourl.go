@@ -1,6 +1,9 @@
 package api
 
-import "strings"
+import (
+	"regexp"
+	"strings"
+)
 
 // RepoCredential reports whether repo, a URL, carries credentials in its
 // user info (the part of the authority before '@'): any user info, except
@@ -24,3 +27,10 @@ func RepoCredential(repo string) (shown string, bad bool) {
 	}
 	return scheme + "://" + authority[i+1:] + path, true
 }
+
+// ScpLikeRepo is the scp-like form of a repository, user@host:path, that
+// the servers take in a task's spec and the nodes check out: one pattern,
+// so that no task is accepted that its node then refuses. The path must
+// not start with '/' (the nodes refused git@host:/abs while the servers
+// took it, so such a task failed only at checkout) and holds no space.
+var ScpLikeRepo = regexp.MustCompile(`^[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[^/\s]\S*$`)

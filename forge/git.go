@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -131,7 +130,7 @@ func CheckRepo(repo string) error {
 		}
 		return fmt.Errorf("%q: scheme %s is not http, https, ssh, git or file", repo, u.Scheme)
 	}
-	if regexp.MustCompile(`^[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[^/]`).MatchString(repo) {
+	if api.ScpLikeRepo.MatchString(repo) {
 		return nil
 	}
 	return fmt.Errorf("%q is not a URL, user@host:path or absolute path", repo)

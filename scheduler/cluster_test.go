@@ -1062,7 +1062,7 @@ func TestJoinWithAnIDInUseIsRefused(t *testing.T) {
 	nodes := startCluster(t, 0)
 	c := nodes[2]
 	old := c.srv.cfg.RaftAddr
-	other := startNode(t, t.TempDir(), c.srv.ID(), false, "", 0) // no state, not joining by itself
+	other := startNode(t, t.TempDir(), c.srv.ID(), false, "", 0, func(c *Config) { c.AwaitJoin = true }) // no state, not joining by itself
 	addr := other.srv.cfg.RaftAddr
 	err := join(nodes[0].url, c.srv.ID(), addr)
 	if connect.CodeOf(err) != connect.CodeAlreadyExists || !strings.Contains(err.Error(), old) || !strings.Contains(err.Error(), addr) {

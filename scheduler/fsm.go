@@ -53,8 +53,8 @@ type FSM struct {
 	// it, and ApplyBatch panics rather than apply entries on top of it.
 	broken atomic.Bool
 	watch  *watchers
-	idem     *idemSet  // FSM goroutine only
-	reqs     *reqIndex // FSM goroutine only
+	idem   *idemSet  // FSM goroutine only
+	reqs   *reqIndex // FSM goroutine only
 	// live caches the record of every task that is not terminal and was
 	// written or appended to since the process started (FSM goroutine
 	// only). The applier reads a task from here instead of Pebble, where

@@ -13,6 +13,7 @@ import (
 	"github.com/warrenhq/warren/api"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/client"
+	"github.com/warrenhq/warren/internal/freeaddr"
 )
 
 // batchCounter counts AppendEventsBatch calls per server host.
@@ -108,5 +109,16 @@ func TestAppendsFollowTheLeaderAFollowerNames(t *testing.T) {
 	newLeader := leaderOf([]*node{follower, other})
 	if got := counter.take(); got[host(newLeader.url)] != 3 {
 		t.Fatalf("calls per server %v after the leader stopped: want all 3 on the new leader %s", got, host(newLeader.url))
+	}
+}
+
+// A server on an empty data directory with neither --bootstrap nor --join
+// is refused at start: it waited, no member, for a leader that never
+// came, with raft's "no known peers" its only word.
+func TestAServerWithNoClusterToStartOrJoinIsRefused(t *testing.T) {
+	dir := t.TempDir()
+	_, err := Open(Config{ID: "lone", DataDir: dir, RaftAddr: freeaddr.Loopback(t), APIURL: "http://127.0.0.1:1", RaftLevel: "error"})
+	if err == nil || !strings.Contains(err.Error(), "holds no cluster state: give --bootstrap") {
+		t.Fatalf("Open: %v", err)
 	}
 }

@@ -43,6 +43,10 @@ type Config struct {
 
 	Bootstrap bool   // form a new single-voter cluster if there is no state yet
 	JoinURL   string // API URL of any member to join through (with state: only if the cluster has another RaftAddr for ID)
+	// AwaitJoin lets a server with no state start with neither Bootstrap
+	// nor JoinURL, to be added by a Join call another makes for it (tests);
+	// without it such a server is refused at start.
+	AwaitJoin bool
 
 	HeartbeatTimeout  time.Duration // 0 means DefaultHeartbeatTimeout
 	ElectionTimeout   time.Duration // 0 means DefaultElectionTimeout
@@ -300,6 +304,12 @@ func (s *Server) startRaft() error {
 	if err != nil {
 		s.trans.Close()
 		return err
+	}
+	if !hasState && !s.cfg.Bootstrap && s.cfg.JoinURL == "" && !s.cfg.AwaitJoin {
+		// It would wait, no member, for a leader that never comes: raft's
+		// only word was "no known peers", and writes through it timed out.
+		s.trans.Close()
+		return fmt.Errorf("data directory %s holds no cluster state: give --bootstrap to start a new cluster, or --join URL to join one", s.cfg.DataDir)
 	}
 	logs, err := raft.NewLogCache(logCacheEntries, s.store)
 	if err != nil {

@@ -46,7 +46,7 @@ var (
 	reTemplate = api.TemplateNameRE
 	reLabelKey = regexp.MustCompile(`^[a-z0-9][a-z0-9./_-]{0,62}$`)
 	reHostName = regexp.MustCompile(`^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
-	reScpLike  = regexp.MustCompile(`^[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[^\s]+$`)
+	reScpLike  = api.ScpLikeRepo
 )
 
 // problems collects field errors so a request learns all of them at once:
