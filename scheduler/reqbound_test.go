@@ -184,3 +184,18 @@ func TestASpecWithUnknownFieldsIsRefused(t *testing.T) {
 		t.Errorf("without them: %v", err)
 	}
 }
+
+// A model script whose lines are not JSON objects is refused at submit,
+// naming the line: it was placed, given a sandbox, and failed on its node.
+func TestAModelScriptOfNoJSONIsRefused(t *testing.T) {
+	spec := testSpec()
+	spec.ModelScript = "# a comment\n\n{\"content\":[]}\nthis is not JSONL\n"
+	err := validateCreate(&warrenv1.CreateTaskRequest{Spec: spec})
+	if err == nil || !strings.Contains(err.Error(), "spec.model_script: line 4 is not a JSON object") {
+		t.Errorf("got %v", err)
+	}
+	spec.ModelScript = "# a comment\n\n{\"content\":[]}\r\n  {\"content\":[{\"type\":\"text\",\"text\":\"hi\"}]}\n"
+	if err := validateCreate(&warrenv1.CreateTaskRequest{Spec: spec}); err != nil {
+		t.Errorf("a good script: %v", err)
+	}
+}

@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
@@ -196,6 +197,10 @@ func validateCreate(r *warrenv1.CreateTaskRequest) error {
 	}
 	if n := len(s.GetModelScript()); n > 1<<20 {
 		p.add("spec.model_script", "%d bytes is over the limit of 1 MiB", n)
+	} else if line, ok := scriptLinesAreObjects(s.GetModelScript()); !ok {
+		// The rest (the turns' fields) is the node's to check, whose
+		// agent reads the script.
+		p.add("spec.model_script", "line %d is not a JSON object (the script is JSON Lines, one assistant turn a line; blank lines and lines starting with # are skipped)", line)
 	}
 	if s.GetModel() == "scripted" && s.GetModelScript() == "" && s.GetScript() == nil {
 		p.add("spec.model_script", "required with model \"scripted\"")
@@ -572,4 +577,20 @@ func unknownField(m protoreflect.Message, field string) (string, protowire.Numbe
 		return !found
 	})
 	return at, num, found
+}
+
+// scriptLinesAreObjects reports whether every line of a model script that
+// is not blank or a comment is a JSON object, and if not, the first line
+// that is not (counted from 1).
+func scriptLinesAreObjects(script string) (int, bool) {
+	for n, line := range strings.Split(script, "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		if line[0] != '{' || !json.Valid([]byte(line)) {
+			return n + 1, false
+		}
+	}
+	return 0, true
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"flag"
+	"os"
 	"strings"
 	"testing"
 )
@@ -57,5 +58,21 @@ func TestImageListOfAMissingStoreFails(t *testing.T) {
 	}
 	if err := run([]string{"image", "list", "--dir", t.TempDir()}, &out, &errb); err != nil {
 		t.Errorf("image list of an empty store: %v", err)
+	}
+}
+
+// `task create --model-script` checks the script in full before it
+// submits, naming the line: the servers check only that each line is a
+// JSON object, and the node the rest, once the task has a sandbox.
+func TestTaskCreateChecksTheModelScript(t *testing.T) {
+	script := t.TempDir() + "/turns.jsonl"
+	if err := os.WriteFile(script, []byte(`{"content":[{"type":"tool_use","name":"","input":{}}]}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	err := run([]string{"task", "create", "--repo", "https://git.example.com/a/b.git", "--base", "main", "--title", "t",
+		"--model-script", script, "--server", "http://127.0.0.1:1"}, &out, &errb)
+	if err == nil || !strings.Contains(err.Error(), "model-script: scripted: "+script+":1: content[0]: a tool_use needs a name") {
+		t.Errorf("task create --model-script with a nameless tool_use: %v", err)
 	}
 }

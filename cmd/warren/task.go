@@ -27,6 +27,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/warrenhq/warren/agent/model"
 	"github.com/warrenhq/warren/api"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
@@ -285,6 +286,12 @@ func taskCreate(args []string, stdout, stderr io.Writer) error {
 	if *modelScript != "" {
 		b, err := os.ReadFile(*modelScript)
 		if err != nil {
+			return fmt.Errorf("model-script: %w", err)
+		}
+		// Checked here in full, naming the line: the servers check only
+		// that each line is a JSON object, and the node the rest, once the
+		// task has a sandbox.
+		if _, err := model.ParseScripted(*modelScript, b); err != nil {
 			return fmt.Errorf("model-script: %w", err)
 		}
 		spec.ModelScript = string(b)
