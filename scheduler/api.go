@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 
 	"connectrpc.com/connect"
+	"github.com/hashicorp/raft"
 	"github.com/oklog/ulid/v2"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -427,14 +429,39 @@ func (s *Server) tailOnce(ctx context.Context, id string, after *uint64, send fu
 	if Terminal(t.GetState()) && *after >= t.GetNextSeq()-1 {
 		return false, nil
 	}
-	select {
-	case <-wake:
-		return true, nil
-	case <-ctx.Done():
-		return false, ctx.Err()
-	case <-s.stop:
-		return false, connect.NewError(connect.CodeUnavailable, errors.New("server shutting down; reconnect with after_seq"))
+	tick := time.NewTicker(streamLeaderSilence / 4)
+	defer tick.Stop()
+	for {
+		select {
+		case <-wake:
+			return true, nil
+		case <-ctx.Done():
+			return false, ctx.Err()
+		case <-s.stop:
+			return false, connect.NewError(connect.CodeUnavailable, errors.New("server shutting down; reconnect with after_seq"))
+		case <-tick.C:
+			// A follower cut off from the leader applies nothing more:
+			// its streams would wait, silent, while the task goes on
+			// elsewhere. They end, so that clients go to another server.
+			if silent := s.leaderSilence(); silent > streamLeaderSilence {
+				return false, connect.NewError(connect.CodeUnavailable, fmt.Errorf(
+					"this server has not heard from a leader for %v; reconnect to another with after_seq", silent.Round(time.Second)))
+			}
+		}
 	}
+}
+
+// streamLeaderSilence is how long a follower's streams wait without
+// hearing from a leader before they end (a variable for tests).
+var streamLeaderSilence = 10 * time.Second
+
+// leaderSilence is how long ago this server last heard from a leader: 0
+// on the leader itself.
+func (s *Server) leaderSilence() time.Duration {
+	if s.raft.State() == raft.Leader {
+		return 0
+	}
+	return time.Since(s.raft.LastContact())
 }
 
 // MaxListEvents bounds one ListEvents page.
