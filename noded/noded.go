@@ -19,6 +19,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"connectrpc.com/connect"
+
 	"github.com/warrenhq/warren/actor"
 	"github.com/warrenhq/warren/agent"
 	"github.com/warrenhq/warren/api"
@@ -549,13 +551,46 @@ func (d *Daemon) actorFailed(ref *actor.Ref, err error) {
 	d.mu.Unlock()
 	go func() { // OnEscalate must not block
 		defer d.wg.Done()
-		ctx, cancel := context.WithTimeout(d.ctx, time.Minute)
-		defer cancel()
-		_, aerr := d.app.Append(ctx, leaseAppend(id, epoch, "actor-failed", ev("state_changed", map[string]any{"to": "failed", "reason": reason})))
-		if aerr != nil {
-			d.log.Warn("record a failed task actor", "task", id, "epoch", epoch, "err", aerr)
+		// Until it lands, is refused for good (the lease moved on, say),
+		// or the node closes: one failed attempt left the task leased here
+		// with nothing running it until the session was cut. The request
+		// id makes the attempts one append.
+		wait := time.Second
+		for {
+			ctx, cancel := context.WithTimeout(d.ctx, time.Minute)
+			_, aerr := d.app.Append(ctx, leaseAppend(id, epoch, "actor-failed", ev("state_changed", map[string]any{"to": "failed", "reason": reason})))
+			cancel()
+			if aerr == nil {
+				return
+			}
+			if !retryableAppend(aerr) || d.ctx.Err() != nil {
+				d.log.Warn("record a failed task actor", "task", id, "epoch", epoch, "err", aerr)
+				return
+			}
+			d.log.Warn("record a failed task actor: trying again", "task", id, "epoch", epoch, "err", aerr, "in", wait)
+			select {
+			case <-d.ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+			wait = min(2*wait, 30*time.Second)
 		}
 	}()
+}
+
+// retryableAppend reports whether an append that failed with err may land
+// if sent again: the servers were unreachable, busy or without a leader,
+// or the call ran out of time. A refusal (a lease that moved on, a task
+// that ended, a bad request) is for good.
+func retryableAppend(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	switch connect.CodeOf(err) {
+	case connect.CodeUnavailable, connect.CodeDeadlineExceeded, connect.CodeResourceExhausted, connect.CodeAborted:
+		return true
+	}
+	return false
 }
 
 // actorDone removes a task actor that ended by itself.
