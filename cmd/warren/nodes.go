@@ -1,9 +1,11 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -12,6 +14,7 @@ import (
 
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
+	"github.com/warrenhq/warren/client"
 	"github.com/warrenhq/warren/scheduler"
 )
 
@@ -82,6 +85,9 @@ func cmdNodes(args []string, stdout, stderr io.Writer) error {
 			return printJSON(stdout, resp.Msg.GetNode())
 		}
 		n := resp.Msg.GetNode()
+		if verb == "drain" && n.GetTaskCount() > 0 {
+			warnNoOtherNode(ctx, c, n, stderr)
+		}
 		_, err = fmt.Fprintf(stdout, "node %s: %s, eligible=%v, %d tasks\n", n.GetId(), scheduler.NodeStatusName(n.GetStatus()), n.GetEligible(), n.GetTaskCount())
 		return err
 	}
@@ -120,4 +126,28 @@ func driverNames(ds []string) string {
 		}
 	}
 	return strings.Join(out, ",")
+}
+
+// warnNoOtherNode warns, after a drain, when no other node that is ready
+// and eligible runs a driver of the drained one: its tasks then go back to
+// pending and wait there (a drain reported success, and they waited with
+// no word). Tasks may need more (a template, labels): this catches the
+// case of a node that was the only one of its kind.
+func warnNoOtherNode(ctx context.Context, c *client.Client, drained *warrenv1.Node, stderr io.Writer) {
+	resp, err := call(ctx, c, c.Cluster, warrenv1connect.ClusterServiceClient.ListNodes, &warrenv1.ListNodesRequest{})
+	if err != nil {
+		return
+	}
+	for _, n := range resp.Msg.GetNodes() {
+		if n.GetId() == drained.GetId() || n.GetStatus() != warrenv1.NodeStatus_NODE_STATUS_READY || !n.GetEligible() {
+			continue
+		}
+		for _, d := range drained.GetDrivers() {
+			if slices.Contains(n.GetDrivers(), d) {
+				return
+			}
+		}
+	}
+	fmt.Fprintf(stderr, "warning: no other ready, eligible node runs %s: node %s's %d tasks will wait pending until one does (or `warren nodes uncordon %s`)\n",
+		strings.Join(drained.GetDrivers(), " or "), drained.GetId(), drained.GetTaskCount(), drained.GetId())
 }
