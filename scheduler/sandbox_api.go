@@ -396,7 +396,15 @@ func (a *sandboxAPI) SetPoolTarget(ctx context.Context, req *connect.Request[war
 				pool.GetTemplate(), strings.Join(refused, "; ")))
 		}
 		if _, err := (taskAPI{a.s}).write(ctx, pool); err != nil {
-			return nil, err
+			if took == 0 {
+				return nil, err
+			}
+			// The nodes that took it keep it (and fill the pool) until
+			// their next session sets the cluster's target again: say so,
+			// and that the same call again records it.
+			return nil, connect.NewError(connect.CodeOf(err), fmt.Errorf(
+				"template %q: %d node(s) took the pool target, but recording it as the cluster's failed: %w; they keep it until their next session with the servers: set it again",
+				pool.GetTemplate(), took, err))
 		}
 	}
 	sortPools(out.Pools)
