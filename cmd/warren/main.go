@@ -24,7 +24,7 @@ Usage:
   warren task create --repo URL --base REV --title T [--body TEXT | --body-file F] [--model M]
                      [--driver D] [--max-steps N] [--max-tokens N] [--max-cost USD] [--max-wall-clock S]
   warren task get ID
-  warren task list [--state S]
+  warren task list [--state S] [--limit N]
   warren task watch ID [--after SEQ]
   warren task steer ID TEXT
   warren task approve ID TOOL_CALL_ID [--comment C]

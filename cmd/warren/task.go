@@ -202,7 +202,7 @@ func taskCreate(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&spec.IssueTitle, "title", "", "issue title (required)")
 	fs.StringVar(&spec.IssueBody, "body", "", "issue body")
 	bodyFile := fs.String("body-file", "", "read the issue body from this file (- for stdin)")
-	fs.StringVar(&spec.Model, "model", "", "model name (default: the server's)")
+	fs.StringVar(&spec.Model, "model", "", "model name (claude* goes to Anthropic, others to the OpenAI-compatible server; with neither it nor --model-script nor --script-steps, the task runs three placeholder steps and calls no model)")
 	fs.StringVar(&spec.Template, "template", "", "sandbox template")
 	fs.StringVar(&spec.TestCommand, "test-command", "", "the repository's test command")
 	fs.Int64Var(&spec.Budgets.MaxSteps, "max-steps", 0, "step budget (0: none)")
