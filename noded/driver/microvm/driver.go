@@ -120,10 +120,14 @@ type Driver struct {
 	templates map[string]*tplState
 	live      map[string]*VM  // by sandbox id
 	known     map[string]bool // VM ids with a process or directory being made
-	closed    bool
-	stop      chan struct{}
-	wg        sync.WaitGroup
-	standbys  int // QEMUs to keep on standby per template (Config.StandbyQEMUs)
+	// making is the snapshot directories being made now (their .tmp-
+	// names): pruneSnapshots removes any other, left by a node stopped
+	// while it made one.
+	making   map[string]bool
+	closed   bool
+	stop     chan struct{}
+	wg       sync.WaitGroup
+	standbys int // QEMUs to keep on standby per template (Config.StandbyQEMUs)
 }
 
 type tplState struct {
@@ -569,6 +573,11 @@ func (d *Driver) Claim(ctx context.Context, req driver.ClaimRequest) (driver.San
 	d.mu.Unlock()
 	vm, err := d.claim(ctx, ts, req, lim)
 	if err != nil {
+		// It may have taken a pool member or a standby and destroyed it
+		// (one that did not resume, a restore that failed): the pool is
+		// refilled as after a claim that succeeded, else it stayed short
+		// until the next one.
+		d.goRefill(ts, refillDelay)
 		d.mu.Lock()
 		delete(d.live, req.ID)
 		d.mu.Unlock()
@@ -584,6 +593,7 @@ func (d *Driver) Claim(ctx context.Context, req driver.ClaimRequest) (driver.San
 		d.mu.Lock()
 		delete(d.live, req.ID)
 		d.mu.Unlock()
+		d.goRefill(ts, refillDelay) // as above
 		return nil, err
 	}
 	vm.mu.Lock()
@@ -641,8 +651,10 @@ func (d *Driver) claim(ctx context.Context, ts *tplState, req driver.ClaimReques
 			}
 			tc := time.Now()
 			if err := vm.cont(ctx); err == nil {
+				vm.mu.Lock()
 				vm.sandboxID, vm.start, vm.limits = req.ID, driver.StartWarm, lim
 				vm.phases = ClaimPhases{Resume: time.Since(tc)}
+				vm.mu.Unlock()
 				return vm, nil
 			} else {
 				d.log.Warn("warm sandbox did not resume; restoring another", "err", err)
@@ -934,11 +946,25 @@ func (d *Driver) refillPool(ts *tplState) {
 			}
 			return // the snapshot's completion calls refill again
 		}
+		d.mu.Unlock()
+		// Recorded before the pool has it: saved after, a claim could
+		// take it in between and this late "pool" record replace the
+		// claim's, and a node started again on it (after a crash, or an
+		// upgrade in place) would destroy the claimed sandbox as a pool
+		// member.
+		vm.mu.Lock()
 		vm.state = "pool"
+		vm.mu.Unlock()
+		vm.save()
+		d.mu.Lock()
+		if d.closed || len(ts.pool) >= ts.target {
+			d.mu.Unlock()
+			vm.destroy()
+			return
+		}
 		ts.pool = append(ts.pool, vm)
 		ts.refillFails = 0
 		d.mu.Unlock()
-		vm.save()
 	}
 }
 

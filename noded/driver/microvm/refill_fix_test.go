@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/warrenhq/warren/noded/driver"
 )
 
 // refillState reads the default template's refill counters.
@@ -69,6 +71,49 @@ func TestFailedPoolRefillIsRetriedWhileShort(t *testing.T) {
 	if n, _ := refillState(d); n != 0 {
 		t.Fatalf("%d refill failures counted after the pool filled, want 0", n)
 	}
+	d.SetPoolTarget("default", 0)
+	assertNothingLeft(t, d)
+}
+
+// A claim that fails after it took the pool's warm sandbox (here: its
+// QEMU is gone, so it does not resume and is destroyed, and no restore or
+// boot can make another while the VMs' directory is broken) refills the
+// pool, as a claim that succeeds does. Only the success path refilled, so
+// each such failure left an idle node's pool one short until the next
+// claim succeeded.
+func TestAFailedClaimRefillsThePool(t *testing.T) {
+	d := newDriverWith(t, "", func(c *Config) { c.StandbyQEMUs = -1 })
+	defer d.Close()
+	ctx := snapshotted(t, d, 5*time.Minute)
+	d.SetPoolTarget("default", 1)
+	waitPool(t, d, 1)
+	d.mu.Lock()
+	warm := d.templates["default"].pool[0]
+	d.mu.Unlock()
+	warm.p.kill()
+	vms := filepath.Join(d.cfg.StateDir, "vms")
+	aside := vms + ".aside"
+	if err := os.Rename(vms, aside); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(vms, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if sb, err := d.Claim(ctx, driver.ClaimRequest{ID: "sb-failed"}); err == nil {
+		sb.Destroy()
+		t.Fatal("a claim with no QEMU to resume and no VM directory to make succeeded")
+	}
+	if err := os.Remove(vms); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(aside, vms); err != nil {
+		t.Fatal(err)
+	}
+	// The destroyed VM's directory was aside when its destroy removed it.
+	if err := os.RemoveAll(filepath.Join(vms, warm.id)); err != nil {
+		t.Fatal(err)
+	}
+	waitPool(t, d, 1)
 	d.SetPoolTarget("default", 0)
 	assertNothingLeft(t, d)
 }
