@@ -103,3 +103,30 @@ func TestSnapshotDirPerSettings(t *testing.T) {
 		t.Fatalf("snapshot dirs %s and %s", a, b)
 	}
 }
+
+// An unfinished snapshot a node left when it stopped while making one
+// (its memory file up to the snapshot's size) is removed; one being made
+// now stays. Nothing removed them before.
+func TestPruneRemovesUnfinishedSnapshots(t *testing.T) {
+	state := t.TempDir()
+	d := &Driver{cfg: Config{StateDir: state, SnapshotMemMB: 256}, accel: "tcg", log: slog.New(slog.DiscardHandler),
+		templates: map[string]*tplState{}, blanks: blanks{dir: filepath.Join(state, "blanks")}}
+	current := filepath.Join(state, "snapshots", "web-1-256m-tcg-aaaaaaaaaaaa")
+	left := current + ".tmp-0123456789ab"
+	making := filepath.Join(state, "snapshots", "web-1-256m-tcg-bbbbbbbbbbbb.tmp-ba9876543210")
+	for _, dir := range []string{current, left, making} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "mem"), []byte("guest memory"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d.templates["web"] = &tplState{t: &guest.Template{Manifest: guest.Manifest{Name: "web", Version: "1"}}, snap: &snapshot{Dir: current}}
+	d.making = map[string]bool{making: true}
+	d.pruneSnapshots()
+	exists := func(p string) bool { _, err := os.Stat(p); return err == nil }
+	if exists(left) || !exists(making) || !exists(current) {
+		t.Errorf("left behind: %v (want gone), being made: %v, current: %v (want both kept)", exists(left), exists(making), exists(current))
+	}
+}

@@ -116,7 +116,21 @@ func (d *Driver) pruneSnapshots() int {
 	n := 0
 	for _, e := range ents {
 		dir := filepath.Join(root, e.Name())
-		if !e.IsDir() || strings.Contains(e.Name(), ".tmp-") || used[dir] {
+		if e.IsDir() && strings.Contains(e.Name(), ".tmp-") {
+			// One being made stays; any other is a node's that stopped
+			// while making it (its memory file up to the snapshot's
+			// size): nothing else removes it.
+			d.mu.Lock()
+			making := d.making[dir]
+			d.mu.Unlock()
+			if !making {
+				d.log.Info("removing an unfinished snapshot", "snapshot", dir)
+				_ = os.RemoveAll(dir)
+				n++
+			}
+			continue
+		}
+		if !e.IsDir() || used[dir] {
 			continue
 		}
 		b, err := os.ReadFile(filepath.Join(dir, "meta.json"))
@@ -261,6 +275,17 @@ func (d *Driver) makeSnapshot(ctx context.Context, t *guest.Template) (*snapshot
 	t0 := time.Now()
 	final := d.snapshotDir(t)
 	tmp := final + ".tmp-" + randID()
+	d.mu.Lock()
+	if d.making == nil {
+		d.making = map[string]bool{}
+	}
+	d.making[tmp] = true
+	d.mu.Unlock()
+	defer func() {
+		d.mu.Lock()
+		delete(d.making, tmp)
+		d.mu.Unlock()
+	}()
 	if err := os.MkdirAll(tmp, 0o755); err != nil {
 		return nil, err
 	}
