@@ -88,11 +88,38 @@ func (b *Box) Pause(ctx context.Context) error {
 	case "destroyed":
 		return driver.Errorf(driver.ErrNotFound, "sandbox %s is destroyed", b.id)
 	}
-	if err := b.task.Pause(ctx); err != nil {
+	lctx, cancel := lifecycleContext(ctx)
+	defer cancel()
+	if err := b.task.Pause(lctx); err != nil {
+		b.settle(lctx)
 		return fmt.Errorf("pause: %w", err)
 	}
 	b.state = "paused"
 	return nil
+}
+
+// lifecycleContext is a pause's or resume's: not cancelled with the
+// caller's call. The shim finishes a change it began whatever the caller
+// does, so a change cut short left the box's state saying the opposite of
+// the container's, and every later call and change refused ("paused;
+// resume it first", "cannot resume a running process").
+func lifecycleContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+}
+
+// settle sets the box's state from the task's after a pause or resume
+// failed: the change may have happened all the same.
+func (b *Box) settle(ctx context.Context) {
+	st, err := b.task.Status(ctx)
+	if err != nil {
+		return
+	}
+	switch st.Status {
+	case containerd.Paused, containerd.Pausing:
+		b.state = "paused"
+	case containerd.Running:
+		b.state = "running"
+	}
 }
 
 // Resume thaws a paused container.
@@ -105,7 +132,10 @@ func (b *Box) Resume(ctx context.Context) error {
 	case "destroyed":
 		return driver.Errorf(driver.ErrNotFound, "sandbox %s is destroyed", b.id)
 	}
-	if err := b.task.Resume(ctx); err != nil {
+	lctx, cancel := lifecycleContext(ctx)
+	defer cancel()
+	if err := b.task.Resume(lctx); err != nil {
+		b.settle(lctx)
 		return fmt.Errorf("resume: %w", err)
 	}
 	b.state = "running"

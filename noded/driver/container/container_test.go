@@ -508,3 +508,50 @@ func TestRestartCleansUpLeftBoxes(t *testing.T) {
 	}
 	waitNoLoops(t, dir)
 }
+
+// A pause or resume is carried out whatever its caller does: the shim
+// finishes a change it began, so one cut short by its caller left the
+// box saying the opposite of the container, and every later call and
+// change refused. And a sandbox gets no swap beyond its memory limit.
+func TestContainerPauseAndResumeOutliveTheirCaller(t *testing.T) {
+	d := newDriverWith(t, "runc")
+	defer d.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const id = "sb-outlive"
+	sb, err := d.Claim(ctx, driver.ClaimRequest{ID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy()
+	gone, end := context.WithCancel(ctx)
+	end()
+	ia := sb.(driver.Interactive)
+	if err := ia.Pause(gone); err != nil {
+		t.Fatalf("a pause whose caller had gone: %v", err)
+	}
+	if _, err := ia.ListFiles(ctx, "/"); !errors.Is(err, driver.ErrInvalid) {
+		t.Fatalf("a call after that pause: %v, want it refused as paused", err)
+	}
+	if err := ia.Resume(gone); err != nil {
+		t.Fatalf("a resume whose caller had gone: %v", err)
+	}
+	if out, code := run(t, sb, "echo back"); code != 0 || out != "back\n" {
+		t.Fatalf("after the resume: exit %d %q", code, out)
+	}
+	// No swap past the limit (cgroup v1 with swap accounting, as here).
+	dirs, _ := filepath.Glob("/sys/fs/cgroup/memory/*/" + id)
+	if len(dirs) != 1 {
+		t.Skipf("no v1 memory cgroup of %s found (%v): the swap limit is not checked", id, dirs)
+	}
+	read := func(name string) string {
+		b, err := os.ReadFile(filepath.Join(dirs[0], name))
+		if err != nil {
+			t.Skipf("%s: %v", name, err)
+		}
+		return strings.TrimSpace(string(b))
+	}
+	if mem, memsw := read("memory.limit_in_bytes"), read("memory.memsw.limit_in_bytes"); mem != memsw {
+		t.Errorf("memory limit %s, memory and swap %s: want the same (no swap)", mem, memsw)
+	}
+}
