@@ -196,7 +196,7 @@ func New(cfg Config) (*Driver, error) {
 		}
 		d.cfg.RuncBinary = w
 	}
-	d.cleanLeftovers(ctx)
+	d.cleanLeftovers()
 	d.log.Info("container driver", "containerd", v.Version, "runtime", cfg.Runtime)
 	return d, nil
 }
@@ -227,16 +227,31 @@ var _ driver.PoolSizer = (*Driver)(nil)
 const label = "warren.scope"
 
 // cleanLeftovers destroys this driver's containers and box directories
-// from a previous run.
-func (d *Driver) cleanLeftovers(ctx context.Context) {
-	cs, err := d.client.Containers(ctx, fmt.Sprintf("labels.%q==%s", label, d.scope))
+// from a previous run. Each container has a time of its own (up to
+// leftoverWait, a few at a time): they shared the start's 10 s, so after
+// a crash with many sandboxes running (or one slow to stop) the rest were
+// left running, with no TTL, until a later restart.
+func (d *Driver) cleanLeftovers() {
+	lctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	cs, err := d.client.Containers(lctx, fmt.Sprintf("labels.%q==%s", label, d.scope))
+	cancel()
 	if err != nil {
 		d.log.Warn("listing leftover containers", "err", err)
 	}
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 8)
 	for _, c := range cs {
 		d.log.Info("destroying a container left by a previous run", "container", c.ID())
-		d.destroyContainer(ctx, c)
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			ctx, cancel := context.WithTimeout(context.Background(), leftoverWait)
+			defer cancel()
+			d.destroyContainer(ctx, c)
+		}()
 	}
+	wg.Wait()
 	ents, _ := os.ReadDir(filepath.Join(d.cfg.StateDir, "boxes"))
 	for _, e := range ents {
 		dir := filepath.Join(d.cfg.StateDir, "boxes", e.Name())
@@ -256,6 +271,9 @@ func (d *Driver) cleanLeftovers(ctx context.Context) {
 		}
 	}
 }
+
+// leftoverWait bounds the destroy of one container a previous run left.
+const leftoverWait = 60 * time.Second
 
 func (d *Driver) destroyContainer(ctx context.Context, c containerd.Container) {
 	if t, err := c.Task(ctx, nil); err == nil {
@@ -503,6 +521,13 @@ func (d *Driver) start(ctx context.Context, t *guest.Template, req driver.ClaimR
 		// default set either.)
 		oci.WithDroppedCapabilities([]string{"CAP_NET_RAW"}),
 	}
+	if swapAccounted() {
+		// Memory plus swap, the same: no swap. Unset, swap was
+		// unlimited, and on a host with swap a sandbox went past its
+		// limit by swapping. (Where the kernel accounts no swap, runc
+		// would refuse the container over it: there is no swap to limit.)
+		specOpts = append(specOpts, oci.WithMemorySwap(int64(lim.MemMB)<<20))
+	}
 	if d.cfg.Networks != nil {
 		nw, err := d.cfg.Networks.Attach(ctx)
 		if err != nil {
@@ -515,16 +540,24 @@ func (d *Driver) start(ctx context.Context, t *guest.Template, req driver.ClaimR
 	if d.cfg.RuncBinary != "" {
 		rtOpts = &options.Options{BinaryName: d.cfg.RuncBinary}
 	}
-	c, err := d.client.NewContainer(ctx, req.ID,
+	// Not cancelled with the claim: a record made after the caller gave
+	// up (before its answer came back) was never deleted, and its id was
+	// refused as existing until the next restart.
+	cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer ccancel()
+	c, err := d.client.NewContainer(cctx, req.ID,
 		containerd.WithNewSpec(specOpts...),
 		containerd.WithRuntime("io.containerd.runc.v2", rtOpts),
 		containerd.WithContainerLabels(map[string]string{label: d.scope}))
+	if errdefs.IsAlreadyExists(err) {
+		return nil, driver.Errorf(driver.ErrExists, "sandbox %q exists (a container of that id is left in containerd)", req.ID)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("container: %w", err)
 	}
 	b.c = c
 	logPath := filepath.Join(dir, agentLogName)
-	task, err := c.NewTask(ctx, cio.BinaryIO(d.logWriter, map[string]string{"log": logPath}))
+	task, err := c.NewTask(cctx, cio.BinaryIO(d.logWriter, map[string]string{"log": logPath}))
 	if err != nil {
 		return nil, fmt.Errorf("container task: %w", err)
 	}
@@ -621,3 +654,14 @@ func (d *Driver) Close() error {
 }
 
 var _ io.Closer = (*Driver)(nil)
+
+// swapAccounted reports whether the host's memory cgroups account swap:
+// cgroup v2 (runc leaves swap alone where it cannot set it), or v1 with
+// memory.memsw files (swapaccount on).
+func swapAccounted() bool {
+	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
+		return true
+	}
+	_, err := os.Stat("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes")
+	return err == nil
+}
