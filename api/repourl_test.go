@@ -31,14 +31,14 @@ func TestRepoCredential(t *testing.T) {
 // The scp-like form the servers take is the one the nodes check out.
 func TestScpLikeRepo(t *testing.T) {
 	for repo, want := range map[string]bool{
-		"git@github.com:o/r.git":        true,
-		"deploy@git.example.com:r":      true,
-		"git@github.com:/o/r.git":       false, // the nodes refused it; the servers took it
-		"git@github.com:":               false,
-		"git@github.com:o/r x":          false,
-		"https://github.com/o/r.git":    false,
-		"git@github.com:o/r.git\n":      false,
-		"user:pw@github.com:o/r.git":    false,
+		"git@github.com:o/r.git":     true,
+		"deploy@git.example.com:r":   true,
+		"git@github.com:/o/r.git":    false, // the nodes refused it; the servers took it
+		"git@github.com:":            false,
+		"git@github.com:o/r x":       false,
+		"https://github.com/o/r.git": false,
+		"git@github.com:o/r.git\n":   false,
+		"user:pw@github.com:o/r.git": false,
 	} {
 		if got := ScpLikeRepo.MatchString(repo); got != want {
 			t.Errorf("%q: %v, want %v", repo, got, want)
