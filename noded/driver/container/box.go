@@ -35,6 +35,10 @@ type Box struct {
 	env       map[string]string
 	ttl       *time.Timer
 	net       driver.Network // nil without the node's egress policy
+	// gone is closed when a destroy has finished (made by the first);
+	// another destroy waits for it, so a Destroy or Close that finds one
+	// under way returns once the container is removed, not before.
+	gone chan struct{}
 }
 
 // Network is the box's network, nil when it has none.
@@ -67,12 +71,26 @@ func (b *Box) client() (*guest.Client, error) {
 }
 
 // callErr says so when a call failed because the box was destroyed while
-// it ran (not the channel's "guest: EOF").
+// it ran (not the channel's "guest: EOF"), or because its agent's
+// connection closed: the container or its agent died (a memory hog under
+// gVisor takes the whole sandbox), and every later call would fail with
+// the channel's error until the TTL. Such a box is destroyed, and the call
+// gets ErrNotFound, so that its caller (a task actor) claims another.
 func (b *Box) callErr(err error) error {
 	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.state == "destroyed" {
+	state, agent := b.state, b.agent
+	b.mu.Unlock()
+	if state == "destroyed" {
 		return driver.Errorf(driver.ErrNotFound, "sandbox %s was destroyed while the call ran", b.id)
+	}
+	if agent != nil {
+		select {
+		case <-agent.Done():
+			b.d.log.Warn("the sandbox's agent is gone; destroying it", "sandbox", b.id, "err", err)
+			b.destroy()
+			return driver.Errorf(driver.ErrNotFound, "sandbox %s is gone: its agent's connection closed (the container or its agent died): %v", b.id, err)
+		default:
+		}
 	}
 	return err
 }
@@ -151,11 +169,17 @@ func (b *Box) Destroy() error {
 
 func (b *Box) destroy() {
 	b.mu.Lock()
+	if b.gone == nil {
+		b.gone = make(chan struct{})
+	}
+	gone := b.gone
 	if b.state == "destroyed" {
 		b.mu.Unlock()
+		<-gone // under way: wait for it
 		return
 	}
 	b.state = "destroyed"
+	defer close(gone)
 	if b.ttl != nil {
 		b.ttl.Stop()
 	}

@@ -555,3 +555,37 @@ func TestContainerPauseAndResumeOutliveTheirCaller(t *testing.T) {
 		t.Errorf("memory limit %s, memory and swap %s: want the same (no swap)", mem, memsw)
 	}
 }
+
+// A sandbox whose agent died is destroyed at the next call, which gets
+// ErrNotFound: every call failed with the channel's error until its TTL,
+// and a task actor retried it instead of claiming another.
+func TestAContainerWhoseAgentDiedIsGone(t *testing.T) {
+	d := newDriverWith(t, "runc")
+	defer d.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	sb, err := d.Claim(ctx, driver.ClaimRequest{ID: "sb-agentdies"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ia := sb.(driver.Interactive)
+	// The command's parent is the agent serving the host's session.
+	_, err = ia.Run(ctx, guest.ExecRequest{Argv: []string{"sh", "-c", "kill -KILL $PPID; sleep 5"}}, io.Discard, io.Discard)
+	if !errors.Is(err, driver.ErrNotFound) {
+		// The call may have ended before the host saw the session close:
+		// the next one sees it.
+		_, err = ia.ListFiles(ctx, "/")
+	}
+	if !errors.Is(err, driver.ErrNotFound) {
+		t.Fatalf("a call after the agent died: %v, want ErrNotFound", err)
+	}
+	if _, ok := d.Get("sb-agentdies"); ok {
+		t.Error("the sandbox is still listed")
+	}
+	if err := sb.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	if cs, _ := d.client.Containers(ctx); len(cs) != 0 {
+		t.Errorf("%d containers left", len(cs))
+	}
+}
