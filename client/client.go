@@ -166,11 +166,20 @@ func (c *Client) URL() string { return c.urls[int(c.next.Load())%len(c.urls)] }
 // 2 s), for at most doRetryFor in all or until ctx ends; then the last
 // error is returned. With one server, call runs once.
 func (c *Client) Do(ctx context.Context, call func() error) error {
+	return c.rounds(ctx, call, func(err error) bool { return connect.CodeOf(err) == connect.CodeUnavailable })
+}
+
+// rounds runs call, and, given several servers, runs it again on the next
+// while it fails with an error gone says the server is gone for: each
+// round of all the servers is followed by a wait (250 ms, doubling to
+// 2 s), for at most doRetryFor in all or until ctx ends; then the last
+// error is returned. With one server, call runs once. (Do and Read.)
+func (c *Client) rounds(ctx context.Context, call func() error, gone func(error) bool) error {
 	deadline := time.Now().Add(doRetryFor)
 	wait := 250 * time.Millisecond
 	for i := 1; ; i++ {
 		err := call()
-		if connect.CodeOf(err) != connect.CodeUnavailable || len(c.urls) == 1 || ctx.Err() != nil || time.Now().After(deadline) {
+		if err == nil || !gone(err) || len(c.urls) == 1 || ctx.Err() != nil || time.Now().After(deadline) {
 			return err
 		}
 		c.failover()
@@ -202,28 +211,14 @@ var doRetryFor = 15 * time.Second
 // nothing else moved them off a follower that died, and every read of
 // theirs failed against it for as long as it was gone.
 func (c *Client) Read(ctx context.Context, call func(context.Context, warrenv1connect.TaskServiceClient) error) error {
-	deadline := time.Now().Add(doRetryFor)
-	wait := 250 * time.Millisecond
-	for i := 1; ; i++ {
+	return c.rounds(ctx, func() error {
 		actx, cancel := context.WithTimeout(ctx, ReadAttempt)
-		err := call(actx, c.Tasks())
-		cancel()
+		defer cancel()
+		return call(actx, c.Tasks())
+	}, func(err error) bool {
 		code := connect.CodeOf(err)
-		gone := code == connect.CodeUnavailable || code == connect.CodeDeadlineExceeded && ctx.Err() == nil
-		if err == nil || !gone || len(c.urls) == 1 || ctx.Err() != nil || time.Now().After(deadline) {
-			return err
-		}
-		c.failover()
-		if i%len(c.urls) != 0 {
-			continue
-		}
-		select {
-		case <-ctx.Done():
-			return err
-		case <-time.After(wait):
-		}
-		wait = min(2*wait, 2*time.Second)
-	}
+		return code == connect.CodeUnavailable || code == connect.CodeDeadlineExceeded && ctx.Err() == nil
+	})
 }
 
 // ReadAttempt bounds one attempt of Read (a variable for tests).
