@@ -19,7 +19,6 @@ import (
 	"github.com/warrenhq/warren/agent/model"
 	"github.com/warrenhq/warren/api"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
-	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
 	"github.com/warrenhq/warren/guest"
 	"github.com/warrenhq/warren/noded/driver"
 )
@@ -366,12 +365,8 @@ func (a *taskActor) startAgent(c *actor.Context, t *warrenv1.Task) (done bool) {
 // actor has seen, or, asked again, one on the task.
 func (a *taskActor) cancelRequested() bool {
 	if !a.cancel {
-		var resp *connect.Response[warrenv1.GetTaskResponse]
-		err := a.d.cl.Read(a.ctx, func(ctx context.Context, tc warrenv1connect.TaskServiceClient) (err error) {
-			resp, err = tc.GetTask(ctx, connect.NewRequest(&warrenv1.GetTaskRequest{Id: a.id}))
-			return err
-		})
-		if err == nil && resp.Msg.GetTask().GetCancelRequested() {
+		t, err := a.d.getTask(a.ctx, a.id)
+		if err == nil && t.GetCancelRequested() {
 			a.cancel = true
 		}
 	}
@@ -410,15 +405,10 @@ func userMessage(e *warrenv1.Event) (string, bool) {
 // newEvents returns a page of the task's events past the last one the loop
 // has looked at, and moves that mark.
 func (a *taskActor) newEvents() ([]*warrenv1.Event, error) {
-	var resp *connect.Response[warrenv1.ListEventsResponse]
-	err := a.d.cl.Read(a.ctx, func(ctx context.Context, tc warrenv1connect.TaskServiceClient) (err error) {
-		resp, err = tc.ListEvents(ctx, connect.NewRequest(&warrenv1.ListEventsRequest{TaskId: a.id, AfterSeq: a.agentSeen, Limit: 1000}))
-		return err
-	})
+	evs, err := a.d.listEvents(a.ctx, a.id, a.agentSeen, 1000)
 	if err != nil {
 		return nil, err
 	}
-	evs := resp.Msg.GetEvents()
 	for _, e := range evs {
 		a.agentSeen = max(a.agentSeen, e.GetSeq())
 		if e.GetKind() == "cancel_requested" {

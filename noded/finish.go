@@ -9,12 +9,9 @@ import (
 	"strings"
 	"time"
 
-	"connectrpc.com/connect"
-
 	"github.com/warrenhq/warren/actor"
 	"github.com/warrenhq/warren/agent"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
-	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
 	"github.com/warrenhq/warren/guest"
 )
 
@@ -362,15 +359,10 @@ func (a *taskActor) decision(ctx context.Context, id string) (asked, decided, ap
 func (a *taskActor) scanLog(ctx context.Context, f func(*warrenv1.Event)) error {
 	var after uint64
 	for {
-		var resp *connect.Response[warrenv1.ListEventsResponse]
-		err := a.d.cl.Read(ctx, func(ctx context.Context, tc warrenv1connect.TaskServiceClient) (err error) {
-			resp, err = tc.ListEvents(ctx, connect.NewRequest(&warrenv1.ListEventsRequest{TaskId: a.id, AfterSeq: after, Limit: 1000}))
-			return err
-		})
+		evs, err := a.d.listEvents(ctx, a.id, after, 1000)
 		if err != nil {
 			return err
 		}
-		evs := resp.Msg.GetEvents()
 		if len(evs) == 0 { // the log's end (a page may be short before it)
 			return nil
 		}

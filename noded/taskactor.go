@@ -203,16 +203,11 @@ func (a *taskActor) start(c *actor.Context) {
 	t := a.given
 	a.given = nil // a retry reads the task afresh (a restart has none: startTask)
 	if t == nil {
-		var resp *connect.Response[warrenv1.GetTaskResponse]
-		err := a.d.cl.Read(ctx, func(ctx context.Context, tc warrenv1connect.TaskServiceClient) (err error) {
-			resp, err = tc.GetTask(ctx, connect.NewRequest(&warrenv1.GetTaskRequest{Id: a.id}))
-			return err
-		})
-		if err != nil {
+		var err error
+		if t, err = a.d.getTask(ctx, a.id); err != nil {
 			a.failed(c, "read task", err, startMsg{})
 			return
 		}
-		t = resp.Msg.GetTask()
 	}
 	switch e := t.GetLease().GetEpoch(); {
 	case isTerminal(t.GetState()):
@@ -891,6 +886,34 @@ func (d *Daemon) completedSteps(ctx context.Context, id string, upTo uint64) (ui
 	}
 }
 
+// getTask reads a task through client.Read, which moves off a server that
+// is gone.
+func (d *Daemon) getTask(ctx context.Context, id string) (*warrenv1.Task, error) {
+	var resp *connect.Response[warrenv1.GetTaskResponse]
+	err := d.cl.Read(ctx, func(ctx context.Context, tc warrenv1connect.TaskServiceClient) (err error) {
+		resp, err = tc.GetTask(ctx, connect.NewRequest(&warrenv1.GetTaskRequest{Id: id}))
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return resp.Msg.GetTask(), nil
+}
+
+// listEvents reads a page of at most limit of a task's events after seq
+// after, as getTask reads a task.
+func (d *Daemon) listEvents(ctx context.Context, id string, after uint64, limit uint32) ([]*warrenv1.Event, error) {
+	var resp *connect.Response[warrenv1.ListEventsResponse]
+	err := d.cl.Read(ctx, func(ctx context.Context, tc warrenv1connect.TaskServiceClient) (err error) {
+		resp, err = tc.ListEvents(ctx, connect.NewRequest(&warrenv1.ListEventsRequest{TaskId: id, AfterSeq: after, Limit: limit}))
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return resp.Msg.GetEvents(), nil
+}
+
 // readLog reads a task's events after+1..upTo with ListEvents pages. The
 // server that answers may not have applied up to upTo yet; it then asks
 // again shortly.
@@ -902,16 +925,10 @@ func (d *Daemon) readLog(ctx context.Context, id string, after, upTo uint64) ([]
 	defer cancel()
 	var out []*warrenv1.Event
 	for after < upTo {
-		var resp *connect.Response[warrenv1.ListEventsResponse]
-		err := d.cl.Read(ctx, func(ctx context.Context, tc warrenv1connect.TaskServiceClient) (err error) {
-			resp, err = tc.ListEvents(ctx, connect.NewRequest(&warrenv1.ListEventsRequest{
-				TaskId: id, AfterSeq: after, Limit: uint32(min(upTo-after, 1000))})) // 1000: the server's page limit
-			return err
-		})
+		evs, err := d.listEvents(ctx, id, after, uint32(min(upTo-after, 1000))) // 1000: the server's page limit
 		if err != nil {
 			return nil, err
 		}
-		evs := resp.Msg.GetEvents()
 		if len(evs) == 0 {
 			select {
 			case <-ctx.Done():
