@@ -158,6 +158,14 @@ func lookForLists(md protoreflect.MessageDescriptor, seen map[protoreflect.FullN
 	return false
 }
 
+// asProto is m as a protobuf message, as the codecs need it.
+func asProto(m any) (proto.Message, error) {
+	if pm, ok := m.(proto.Message); ok {
+		return pm, nil
+	}
+	return nil, fmt.Errorf("%T is not a protobuf message", m)
+}
+
 // boundedCodec is connect's binary protobuf codec with checkEntries before
 // each decode of a large message.
 type boundedCodec struct{}
@@ -167,25 +175,25 @@ var _ connect.Codec = boundedCodec{}
 func (boundedCodec) Name() string { return "proto" }
 
 func (boundedCodec) Marshal(m any) ([]byte, error) {
-	pm, ok := m.(proto.Message)
-	if !ok {
-		return nil, fmt.Errorf("%T is not a protobuf message", m)
+	pm, err := asProto(m)
+	if err != nil {
+		return nil, err
 	}
 	return proto.Marshal(pm)
 }
 
 func (boundedCodec) MarshalAppend(dst []byte, m any) ([]byte, error) {
-	pm, ok := m.(proto.Message)
-	if !ok {
-		return nil, fmt.Errorf("%T is not a protobuf message", m)
+	pm, err := asProto(m)
+	if err != nil {
+		return nil, err
 	}
 	return proto.MarshalOptions{}.MarshalAppend(dst, pm)
 }
 
 func (boundedCodec) MarshalStable(m any) ([]byte, error) {
-	pm, ok := m.(proto.Message)
-	if !ok {
-		return nil, fmt.Errorf("%T is not a protobuf message", m)
+	pm, err := asProto(m)
+	if err != nil {
+		return nil, err
 	}
 	return proto.MarshalOptions{Deterministic: true}.Marshal(pm)
 }
@@ -193,9 +201,9 @@ func (boundedCodec) MarshalStable(m any) ([]byte, error) {
 func (boundedCodec) IsBinary() bool { return true }
 
 func (boundedCodec) Unmarshal(b []byte, m any) error {
-	pm, ok := m.(proto.Message)
-	if !ok {
-		return fmt.Errorf("%T is not a protobuf message", m)
+	pm, err := asProto(m)
+	if err != nil {
+		return err
 	}
 	if len(b) > scanAbove {
 		if err := checkEntries(b, pm.ProtoReflect().Descriptor()); err != nil {
@@ -335,17 +343,17 @@ var _ connect.Codec = boundedJSONCodec{}
 func (c boundedJSONCodec) Name() string { return c.name }
 
 func (boundedJSONCodec) Marshal(m any) ([]byte, error) {
-	pm, ok := m.(proto.Message)
-	if !ok {
-		return nil, fmt.Errorf("%T is not a protobuf message", m)
+	pm, err := asProto(m)
+	if err != nil {
+		return nil, err
 	}
 	return protojson.MarshalOptions{}.Marshal(pm)
 }
 
 func (boundedJSONCodec) MarshalAppend(dst []byte, m any) ([]byte, error) {
-	pm, ok := m.(proto.Message)
-	if !ok {
-		return nil, fmt.Errorf("%T is not a protobuf message", m)
+	pm, err := asProto(m)
+	if err != nil {
+		return nil, err
 	}
 	return protojson.MarshalOptions{}.MarshalAppend(dst, pm)
 }
@@ -365,9 +373,9 @@ func (c boundedJSONCodec) MarshalStable(m any) ([]byte, error) {
 func (boundedJSONCodec) IsBinary() bool { return false }
 
 func (boundedJSONCodec) Unmarshal(b []byte, m any) error {
-	pm, ok := m.(proto.Message)
-	if !ok {
-		return fmt.Errorf("%T is not a protobuf message", m)
+	pm, err := asProto(m)
+	if err != nil {
+		return err
 	}
 	if len(b) == 0 {
 		return errors.New("zero-length payload is not a valid JSON object")
