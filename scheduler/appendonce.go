@@ -138,6 +138,7 @@ func (a *applier) findAppend(id, req string) (first, last uint64) {
 // events, oldest first or (backward) newest first, until fn returns false.
 // It reads only the request id of each (eventRequestID).
 func (a *applier) eachRequestID(id string, backward bool, fn func(seq uint64, req string) bool) {
+	a.flushEvents()
 	it, err := eventsFrom(a.b, id, 1)
 	if err != nil {
 		panic(fmt.Sprintf("scheduler: task %s events: %v", id, err))

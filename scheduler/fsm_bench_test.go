@@ -61,3 +61,43 @@ func BenchmarkFSMAppend(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkFSMAppendSorted applies raft entries of 200 one-event appends
+// (256 B payloads, each with a request id) to random tasks among 256 live
+// ones, as bench/appends does at 1024 writers. sorted=false is the
+// baseline in the same run: the events go into the batch in the order they
+// were appended instead of in key order (applier.evs).
+func BenchmarkFSMAppendSorted(b *testing.B) {
+	const tasks, perEntry = 256, 200
+	for _, sorted := range []bool{true, false} {
+		b.Run(fmt.Sprintf("sorted=%v", sorted), func(b *testing.B) {
+			tf := newTestFSM(b)
+			tf.fsm.unsorted = !sorted
+			ids := make([]string, tasks)
+			var msgs []proto.Message
+			for i := range ids {
+				ids[i] = ulid.Make().String()
+				msgs = append(msgs, &fsmv1.CreateTask{Id: ids[i], Tenant: "default", Spec: testSpec(), Time: timestamppb.New(t0)})
+			}
+			tf.ok(msgs...)
+			msgs = msgs[:0]
+			for _, id := range ids {
+				msgs = append(msgs, &fsmv1.AppendEvents{TaskId: id, Events: []*warrenv1.EventInput{logEvent("first")}, Time: timestamppb.New(t0)})
+			}
+			tf.ok(msgs...)
+			payload := []byte(fmt.Sprintf(`{"output":%q}`, strings.Repeat("x", 240)))
+			rng := rand.New(rand.NewPCG(1, 2))
+			b.ReportAllocs()
+			b.ResetTimer()
+			for n := 0; n < b.N; n++ {
+				msgs := make([]proto.Message, perEntry)
+				for i := range msgs {
+					msgs[i] = &fsmv1.AppendEvents{TaskId: ids[rng.IntN(tasks)], RequestId: fmt.Sprint("r", n, "/", i),
+						Events: []*warrenv1.EventInput{{Kind: KindLog, Payload: payload}}, Time: timestamppb.New(t0)}
+				}
+				tf.ok(msgs...)
+			}
+			b.ReportMetric(float64(b.N*perEntry)/b.Elapsed().Seconds(), "appends/s")
+		})
+	}
+}

@@ -1,9 +1,11 @@
 package scheduler
 
 import (
+	"bytes"
 	"fmt"
 	"testing"
 
+	"github.com/cockroachdb/pebble/v2"
 	"github.com/oklog/ulid/v2"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -11,6 +13,7 @@ import (
 
 	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/raftlog"
 )
 
 // TestFSMInvariants drives random command sequences and checks, after each
@@ -23,6 +26,11 @@ import (
 func TestFSMInvariants(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		tf := newTestFSM(t)
+		// tu applies the same entries with the events written into the
+		// batch one by one as they are appended, not staged and sorted
+		// (applier.evs): results and stored state must be the same.
+		tu := newTestFSM(t)
+		tu.fsm.unsorted = true
 		var ids []string
 		recorded := map[string]string{}                  // task/request id (/seq) of an acknowledged append → its seqs
 		positioned := map[string][]*fsmv1.AppendEvents{} // each task's positioned appends so far
@@ -94,6 +102,7 @@ func TestFSMInvariants(t *testing.T) {
 				}
 			}
 			res := tf.apply(msgs...)
+			sameAsUnsorted(rt, res, tu.apply(msgs...), tf, tu)
 			touched := map[string]bool{} // tasks whose epoch may change within the batch
 			for i, m := range msgs {
 				switch c := m.(type) {
@@ -151,8 +160,10 @@ func TestFSMInvariants(t *testing.T) {
 			// their events. (Reopening Pebble here made the test 8x slower;
 			// TestPlainAppendsLeaveTheRecordButReadsCatchUp reopens.)
 			if rapid.IntRange(0, 3).Draw(rt, "restart") == 0 {
-				clear(tf.fsm.live)
-				clear(tf.fsm.lastReq)
+				for _, f := range []*FSM{tf.fsm, tu.fsm} {
+					clear(f.live)
+					clear(f.lastReq)
+				}
 			}
 		}
 	})
@@ -206,5 +217,39 @@ func checkFSM(rt *rapid.T, tf *testFSM, ids []string, before map[string]*warrenv
 					StateName(warrenv1.TaskState(s)), StateName(tk.GetState()))
 			}
 		}
+	}
+}
+
+// sameAsUnsorted fails unless two FSMs gave equal results for an entry and
+// hold equal keyspaces after it.
+func sameAsUnsorted(rt *rapid.T, res, ures []*fsmv1.Result, tf, tu *testFSM) {
+	if len(res) != len(ures) {
+		rt.Fatalf("%d results, %d unsorted", len(res), len(ures))
+	}
+	for i := range res {
+		if !proto.Equal(res[i], ures[i]) {
+			rt.Fatalf("command %d: result %v, unsorted %v", i, res[i], ures[i])
+		}
+	}
+	opts := &pebble.IterOptions{LowerBound: []byte{raftlog.FSMPrefixStart}, UpperBound: []byte{raftlog.FSMPrefixEnd}}
+	a, err := tf.db.NewIter(opts)
+	if err != nil {
+		rt.Fatal(err)
+	}
+	defer a.Close()
+	b, err := tu.db.NewIter(opts)
+	if err != nil {
+		rt.Fatal(err)
+	}
+	defer b.Close()
+	n := 0
+	for okA, okB := a.First(), b.First(); okA || okB; okA, okB = a.Next(), b.Next() {
+		if okA != okB {
+			rt.Fatalf("stored state and the unsorted FSM's differ in length: one ends after %d keys", n)
+		}
+		if !bytes.Equal(a.Key(), b.Key()) || !bytes.Equal(a.Value(), b.Value()) {
+			rt.Fatalf("stored state differs from the unsorted FSM's at key %d: %x against %x", n, a.Key(), b.Key())
+		}
+		n++
 	}
 }
