@@ -560,6 +560,11 @@ func (d *Driver) Claim(ctx context.Context, req driver.ClaimRequest) (driver.San
 	if ttl < 0 || ttl > d.cfg.MaxTTL {
 		return nil, driver.Errorf(driver.ErrInvalid, "ttl_seconds %d: must be between 1 and %d (%v)", int64(ttl/time.Second), int64(d.cfg.MaxTTL/time.Second), d.cfg.MaxTTL)
 	}
+	// A caller that gave up already would leave the sandbox to its TTL,
+	// and a warm pool member would be spent on it.
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("claim %s: %w", req.ID, context.Cause(ctx))
+	}
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
@@ -570,7 +575,20 @@ func (d *Driver) Claim(ctx context.Context, req driver.ClaimRequest) (driver.San
 		return nil, driver.Errorf(driver.ErrExists, "sandbox %q exists", req.ID)
 	}
 	d.live[req.ID] = nil // reserved
+	// Close waits for the claim, and ends it early: else a claim under
+	// way when the node stops could leave a QEMU behind after Close.
+	d.wg.Add(1)
 	d.mu.Unlock()
+	defer d.wg.Done()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go func() {
+		select {
+		case <-d.stop:
+			cancel(driver.Errorf(driver.ErrUnavailable, "driver closed"))
+		case <-ctx.Done():
+		}
+	}()
 	vm, err := d.claim(ctx, ts, req, lim)
 	if err != nil {
 		// It may have taken a pool member or a standby and destroyed it
@@ -581,6 +599,9 @@ func (d *Driver) Claim(ctx context.Context, req driver.ClaimRequest) (driver.San
 		d.mu.Lock()
 		delete(d.live, req.ID)
 		d.mu.Unlock()
+		if cause := context.Cause(ctx); cause != nil && errors.Is(err, ctx.Err()) {
+			return nil, fmt.Errorf("claim %s: %w", req.ID, cause)
+		}
 		return nil, err
 	}
 	vm.expires = time.Now().Add(ttl)
@@ -657,8 +678,11 @@ func (d *Driver) claim(ctx context.Context, ts *tplState, req driver.ClaimReques
 				vm.mu.Unlock()
 				return vm, nil
 			} else {
-				d.log.Warn("warm sandbox did not resume; restoring another", "err", err)
 				vm.destroy()
+				if ctx.Err() != nil {
+					return nil, err
+				}
+				d.log.Warn("warm sandbox did not resume; restoring another", "err", err)
 			}
 		}
 		if snap := d.snapshotFor(ts); snap != nil {
@@ -671,6 +695,9 @@ func (d *Driver) claim(ctx context.Context, ts *tplState, req driver.ClaimReques
 					return vm, nil
 				}
 				vm.destroy()
+			}
+			if ctx.Err() != nil {
+				return nil, err
 			}
 			d.log.Warn("restore failed; booting cold", "template", ts.t.Name, "err", err)
 		}
