@@ -11,6 +11,7 @@ import (
 
 	"github.com/warrenhq/warren/actor"
 	"github.com/warrenhq/warren/agent"
+	"github.com/warrenhq/warren/agent/model"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/guest"
 )
@@ -225,8 +226,8 @@ func (a *taskActor) finishTask(c *actor.Context) {
 	}
 	approved := ""
 	if rep.NeedsApproval {
-		id := "push-" + rep.SHA256[:16]
-		asked, decided, ok, comment, err := a.decision(ctx, id)
+		id := model.ReservedToolIDPrefix + rep.SHA256[:16]
+		asked, decided, ok, comment, err := a.decision(ctx, id, rep.SHA256)
 		if err != nil {
 			a.failed(c, "read the log", err, finishMsg{})
 			return
@@ -330,28 +331,49 @@ func (a *taskActor) recordedTestRun(ctx context.Context, round int) (*testRun, e
 	return found, err
 }
 
-// decision looks for the approval of id on the task's log.
-func (a *taskActor) decision(ctx context.Context, id string) (asked, decided, approved bool, comment string, err error) {
-	err = a.scanLog(ctx, func(e *warrenv1.Event) {
-		var p struct {
-			ID       string `json:"tool_call_id"`
-			Approved bool   `json:"approved"`
-			Comment  string `json:"comment"`
-		}
-		if json.Unmarshal(e.GetPayload(), &p) != nil || p.ID != id {
-			return
-		}
-		switch e.GetKind() {
-		case "approval_requested":
-			asked = true
-		case "approval_decided":
-			decided, approved, comment = true, p.Approved, p.Comment
-		}
-	})
-	if err != nil {
+// decision looks on the task's log for the approval of the push of the
+// diff whose SHA-256 is sha, asked for under id (pushApproval).
+func (a *taskActor) decision(ctx context.Context, id, sha string) (asked, decided, approved bool, comment string, err error) {
+	p := pushApproval{id: id, sha: sha}
+	if err := a.scanLog(ctx, p.see); err != nil {
 		return false, false, false, "", err
 	}
-	return asked, decided, approved, comment, nil
+	return p.asked, p.decided, p.approved, p.comment, nil
+}
+
+// pushApproval folds a task's log into the state of one push approval:
+// asked once an approval_requested for the push of exactly this diff (tool
+// "push", the full hash) is on it, decided by an approval_decided of its
+// id after that request. An approval of some other call that had the same
+// id (a model's tool call from before its ids were kept out of the push's
+// namespace, see model.ReservedToolIDPrefix) does not count.
+type pushApproval struct {
+	id, sha                  string
+	asked, decided, approved bool
+	comment                  string
+}
+
+func (p *pushApproval) see(e *warrenv1.Event) {
+	var v struct {
+		ID       string `json:"tool_call_id"`
+		Tool     string `json:"tool"`
+		SHA      string `json:"diff_sha256"`
+		Approved bool   `json:"approved"`
+		Comment  string `json:"comment"`
+	}
+	if json.Unmarshal(e.GetPayload(), &v) != nil || v.ID != p.id {
+		return
+	}
+	switch e.GetKind() {
+	case "approval_requested":
+		if v.Tool == "push" && v.SHA == p.sha {
+			p.asked, p.decided, p.approved, p.comment = true, false, false, ""
+		}
+	case "approval_decided":
+		if p.asked {
+			p.decided, p.approved, p.comment = true, v.Approved, v.Comment
+		}
+	}
 }
 
 // scanLog hands each event of the task's log, as the server that answers

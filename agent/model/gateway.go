@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"time"
 
@@ -144,13 +145,21 @@ func (g *Gateway) Call(ctx context.Context, req Request) (*Result, error) {
 	}
 }
 
+// ReservedToolIDPrefix starts the ids the node gives approvals of its own
+// (the push of a reviewed diff, "push-" and the diff's hash). A model's
+// tool call never gets such an id (uniqueToolIDs renames it), so no
+// approval of a tool call can be taken for one of the node's.
+const ReservedToolIDPrefix = "push-"
+
 // uniqueToolIDs gives each tool_use of content an id that no other call
 // of the response, of req's conversation or of req.TakenToolIDs has. The loop matches
 // approvals and results by id, and some OpenAI-compatible servers give
 // every call the same id, or none. An empty or taken id becomes the old
 // one (or "call") + "-" + the turn + "-" + the call's index, with "-n"
 // added while that is taken too: the same response to the same request
-// always gets the same ids, and the model_call event records them.
+// always gets the same ids, and the model_call event records them. An id
+// that starts with ReservedToolIDPrefix is renamed the same way, from
+// "call".
 func uniqueToolIDs(content []Block, req Request) {
 	taken := map[string]bool{}
 	for id := range req.TakenToolIDs {
@@ -173,11 +182,15 @@ func uniqueToolIDs(content []Block, req Request) {
 		if b.Type != BlockToolUse {
 			continue
 		}
-		if b.ID != "" && !taken[b.ID] {
+		reserved := strings.HasPrefix(b.ID, ReservedToolIDPrefix)
+		if b.ID != "" && !taken[b.ID] && !reserved {
 			taken[b.ID] = true
 			continue
 		}
 		base := cmp.Or(b.ID, "call")
+		if reserved {
+			base = "call"
+		}
 		id := fmt.Sprintf("%s-%d-%d", base, req.Turn, i)
 		for n := 1; taken[id] || sent[id]; n++ {
 			id = fmt.Sprintf("%s-%d-%d-%d", base, req.Turn, i, n)

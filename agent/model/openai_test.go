@@ -254,6 +254,8 @@ func TestGatewayMakesToolCallIDsUnique(t *testing.T) {
 		"text blocks only":   {[]Block{text}, []string{""}},
 		"no content at all":  {nil, nil},
 		"empty, then its id": {[]Block{use(""), use("call-3-0")}, []string{"call-3-0-1", "call-3-0"}},
+		// The node's own approvals (a push) have ids in this namespace.
+		"reserved prefix": {[]Block{use("push-0123456789abcdef"), use("push-")}, []string{"call-3-0", "call-3-1"}},
 	} {
 		req := conversation() // toolu_1 is in its history
 		req.Turn = 3
