@@ -127,6 +127,10 @@ type Loop struct {
 	spent   Spent
 	started time.Time
 	step    int64
+	// compactedLast is set while the last model call was a compaction:
+	// the next is a model turn, never another compaction (see
+	// needsCompaction).
+	compactedLast bool
 	// the turn whose calls have not all run (see openTurn), and the user
 	// messages that wait for its results
 	open       *openTurn
@@ -316,6 +320,7 @@ func (l *Loop) Step(ctx context.Context) (*Outcome, error) {
 	if resp == nil {
 		return stop, err
 	}
+	l.compactedLast = false
 	return l.runTurn(ctx, &openTurn{n: n, content: resp.Content, stop: resp.StopReason})
 }
 
@@ -333,7 +338,13 @@ func (l *Loop) needsCompaction(req model.Request) bool {
 	if at <= 0 || at >= 1 {
 		at = 0.8
 	}
-	return len(l.msgs) > 2 && float64(model.EstimateInputTokens(req)) > at*float64(window)
+	// Not twice in a row: when the task's context and the summary alone
+	// are over the threshold (a small window, a long issue), compacting
+	// again would only make another summary, each a paid model call, for
+	// as long as the budgets allow (without a max_steps budget, for good).
+	// The model's turn goes ahead instead; a provider that finds it too
+	// long refuses it, and the task fails with that model error.
+	return !l.compactedLast && len(l.msgs) > 2 && float64(model.EstimateInputTokens(req)) > at*float64(window)
 }
 
 // compact replaces the history with the model's summary of it, in one
@@ -356,6 +367,7 @@ func (l *Loop) compact(ctx context.Context, req model.Request) (*Outcome, error)
 		return stop, err
 	}
 	l.msgs = compacted(l.msgs[0], summaryOf(resp))
+	l.compactedLast = true
 	return nil, nil
 }
 
@@ -776,8 +788,10 @@ func (l *Loop) Replay(events []Event) ([]model.Block, error) {
 					text += b.Text
 				}
 				l.msgs = compacted(l.msgs[0], text)
+				l.compactedLast = true
 				continue
 			}
+			l.compactedLast = false
 			if len(pending) > 0 {
 				return nil, fmt.Errorf("%w: step %d has tool calls without results before the next model call", ErrReplay, p.Step)
 			}

@@ -489,3 +489,44 @@ func TestToolCallWithArgumentsThatAreNotJSONIsAToolError(t *testing.T) {
 		t.Errorf("the second call did not run: %q %v", b, err)
 	}
 }
+
+// When the task's context alone is over the compaction threshold (a small
+// window, a long issue), the loop compacts once and then lets the model
+// take its turn. Before, every step after the first compaction compacted
+// again, each a paid model call, for as long as the budgets allowed.
+func TestNoCompactionRightAfterACompaction(t *testing.T) {
+	tl := newRepo(t)
+	script := `{"content":[{"type":"text","text":"Reading the issue."}]}
+{"content":[{"type":"text","text":"The issue is long; nothing done yet."}]}
+{"content":[{"type":"tool_use","name":"finish","input":{"summary":"nothing to change"}}]}
+`
+	p := scriptedFrom(t, script)
+	log := &memLog{}
+	cfg := Config{Model: "scripted", ContextWindow: 6000, CompactAt: 0.8}
+	l := NewLoop(cfg, &model.Gateway{Provider: p}, tl, log)
+	l.Start(context.Background(), Task{IssueTitle: "long", IssueBody: strings.Repeat("the report goes on. ", 1500)})
+	out, err := l.Run(context.Background())
+	if err != nil || out.Reason != "finished" || p.n != 3 {
+		t.Fatalf("%+v %v, %d calls; log %s", out, err, p.n, log.kinds())
+	}
+	var compactions []int
+	for i, e := range log.events {
+		var m map[string]any
+		json.Unmarshal(e.Payload, &m)
+		if e.Kind == "model_call" && m["compaction"] == true {
+			compactions = append(compactions, i)
+		}
+	}
+	if len(compactions) != 1 {
+		t.Fatalf("%d compactions, want 1: %s", len(compactions), log.kinds())
+	}
+	// A replay that ends right after the compaction does not compact
+	// again either: its next step is the model's turn.
+	l2 := NewLoop(cfg, &model.Gateway{Provider: scriptedFrom(t, script)}, tl, &memLog{})
+	if _, err := l2.Replay(log.events[:compactions[0]+1]); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := l2.Run(context.Background()); err != nil || out.Reason != "finished" {
+		t.Fatalf("after the replayed compaction: %+v %v", out, err)
+	}
+}
