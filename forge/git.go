@@ -14,7 +14,10 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/warrenhq/warren/api"
 )
@@ -39,9 +42,55 @@ type Git struct {
 	Env []string
 }
 
+// MaxDiffBytes bounds what one diff may make the node hold or write: each
+// file a sandbox's patch makes on the node's workspace, and the staged
+// diff's text that the checks read (TextDiff). A patch is at most 64 MiB
+// (agent.MaxPatchBytes), but its binary hunks are deflated: a file of
+// zeros a thousand times that size fits in one. MaxLiteralBytes bounds
+// the sum of the sizes a patch's binary hunks declare.
+const (
+	MaxDiffBytes    = 64 << 20
+	MaxLiteralBytes = 4 * MaxDiffBytes
+)
+
+// ErrDiffTooLarge is a diff over MaxDiffBytes or MaxLiteralBytes: the
+// model's to make smaller (leave large or generated files out).
+var ErrDiffTooLarge = errors.New("the diff is too large to check")
+
 // run runs git in dir (may be "") and returns its stdout.
 func (g Git) run(ctx context.Context, dir string, auth *Auth, remote string, stdin []byte, args ...string) ([]byte, error) {
+	return g.runLimited(ctx, dir, auth, remote, stdin, limits{}, args...)
+}
+
+// limits bound one git run: its stdout (maxOut, 0 for none) and each file
+// it writes (fileSize, as RLIMIT_FSIZE, 0 for none). Over either, the run
+// fails with ErrDiffTooLarge.
+type limits struct {
+	maxOut   int
+	fileSize uint64
+}
+
+// capWriter keeps at most max bytes; past that it calls over and fails
+// the write.
+type capWriter struct {
+	buf  *bytes.Buffer
+	max  int
+	over func()
+}
+
+func (w *capWriter) Write(p []byte) (int, error) {
+	if w.buf.Len()+len(p) > w.max {
+		w.over()
+		return 0, ErrDiffTooLarge
+	}
+	return w.buf.Write(p)
+}
+
+// runLimited is run within lim.
+func (g Git) runLimited(ctx context.Context, dir string, auth *Auth, remote string, stdin []byte, lim limits, args ...string) ([]byte, error) {
 	argv := append(append([]string(nil), safe...), args...)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	cmd := exec.CommandContext(ctx, "git", argv...)
 	cmd.Dir = dir
 	cmd.Env = append([]string{"GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null", "HOME=/nonexistent", "GIT_TERMINAL_PROMPT=0",
@@ -64,7 +113,32 @@ func (g Git) run(ctx context.Context, dir string, auth *Auth, remote string, std
 	}
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
-	if err := cmd.Run(); err != nil {
+	over := false // read after Wait, which waits for the stdout copy
+	if lim.maxOut > 0 {
+		cmd.Stdout = &capWriter{buf: &out, max: lim.maxOut, over: func() { over = true; cancel() }}
+	}
+	err := cmd.Start()
+	if err == nil && lim.fileSize > 0 {
+		// Set on the child just after its start: git apply reads and
+		// parses the whole patch before it writes a file. Failing to set
+		// it fails the run.
+		rl := unix.Rlimit{Cur: lim.fileSize, Max: lim.fileSize}
+		if perr := unix.Prlimit(cmd.Process.Pid, unix.RLIMIT_FSIZE, &rl, nil); perr != nil {
+			cancel()
+			_ = cmd.Wait()
+			return nil, fmt.Errorf("git %s: limit its file size: %w", args[0], perr)
+		}
+	}
+	if err == nil {
+		err = cmd.Wait()
+	}
+	if over {
+		return nil, fmt.Errorf("git %s: %w: its output is over %d bytes", args[0], ErrDiffTooLarge, lim.maxOut)
+	}
+	if err != nil && lim.fileSize > 0 && fileTooLarge(err, errb.String()) {
+		return nil, fmt.Errorf("git %s: %w: a file would be over %d bytes", args[0], ErrDiffTooLarge, lim.fileSize)
+	}
+	if err != nil {
 		msg := strings.TrimSpace(errb.String())
 		if auth != nil && auth.Token != "" {
 			msg = strings.ReplaceAll(msg, auth.Token, "[redacted]")
@@ -75,6 +149,18 @@ func (g Git) run(ctx context.Context, dir string, auth *Auth, remote string, std
 		return nil, fmt.Errorf("git %s: %v: %s", args[0], err, msg)
 	}
 	return out.Bytes(), nil
+}
+
+// fileTooLarge reports whether a git run ended on RLIMIT_FSIZE: killed by
+// SIGXFSZ, or (with the signal ignored) failing a write with EFBIG.
+func fileTooLarge(err error, stderr string) bool {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGXFSZ {
+			return true
+		}
+	}
+	return strings.Contains(stderr, "File too large")
 }
 
 // Cache is a node's clone cache: one bare mirror per repository, fetched
@@ -359,8 +445,17 @@ func (w *Workspace) Apply(ctx context.Context, patch []byte) ([]byte, error) {
 	if _, err := w.git.run(ctx, w.Dir, nil, "", nil, "clean", "-qfdx"); err != nil {
 		return nil, err
 	}
+	literal := 0
+	for _, f := range ParseDiff(patch) {
+		if literal += f.Bytes; f.Bytes > MaxDiffBytes || literal > MaxLiteralBytes {
+			return nil, fmt.Errorf("%w: its binary files declare %d bytes or more (at most %d, each at most %d)", ErrDiffTooLarge, literal, MaxLiteralBytes, MaxDiffBytes)
+		}
+	}
 	if len(bytes.TrimSpace(patch)) > 0 {
-		if _, err := w.git.run(ctx, w.Dir, nil, "", patch, "apply", "--index", "--binary", "--whitespace=nowarn", "-"); err != nil {
+		if _, err := w.git.runLimited(ctx, w.Dir, nil, "", patch, limits{fileSize: MaxDiffBytes}, "apply", "--index", "--binary", "--whitespace=nowarn", "-"); err != nil {
+			if errors.Is(err, ErrDiffTooLarge) {
+				return nil, err
+			}
 			return nil, fmt.Errorf("the sandbox's diff does not apply to the base commit: %w", err)
 		}
 	}
@@ -390,9 +485,10 @@ func (w *Workspace) Staged(ctx context.Context) ([]byte, error) {
 
 // TextDiff is the workspace's staged diff with every file as text (after
 // Apply): what the checks read, so a file marked binary (by its content or
-// by .gitattributes) cannot hide a secret or its size.
+// by .gitattributes) cannot hide a secret or its size. Over MaxDiffBytes
+// it fails with ErrDiffTooLarge.
 func (w *Workspace) TextDiff(ctx context.Context) ([]byte, error) {
-	return w.git.run(ctx, w.Dir, nil, "", nil, "diff", "--cached", "--text", "--no-color", "--no-ext-diff", "--no-textconv", "--no-renames", w.Commit)
+	return w.git.runLimited(ctx, w.Dir, nil, "", nil, limits{maxOut: MaxDiffBytes}, "diff", "--cached", "--text", "--no-color", "--no-ext-diff", "--no-textconv", "--no-renames", w.Commit)
 }
 
 // DiffSHA256 is the hex SHA-256 of a diff: what an approval binds to.

@@ -13,6 +13,7 @@ import (
 	"github.com/warrenhq/warren/agent"
 	"github.com/warrenhq/warren/agent/model"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/forge"
 	"github.com/warrenhq/warren/guest"
 )
 
@@ -115,6 +116,10 @@ func (a *taskActor) finishTask(c *actor.Context) {
 	issue := a.spec.GetIssueTitle() + "\n" + a.spec.GetIssueBody()
 	_, rep, err := a.d.git.Review(sctx, a.ws, patch, agent.TestsRequested(issue))
 	if a.cancelled(c, sctx) {
+		return
+	}
+	if errors.Is(err, forge.ErrDiffTooLarge) { // the model's to make smaller, as a patch over its cap
+		reject(err.Error() + "; leave large or generated files out of the change")
 		return
 	}
 	if err != nil {
