@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -787,5 +788,39 @@ func TestClusterPortAddedDuringClaim(t *testing.T) {
 	}
 	if _, err := connect(r.s, netip.AddrPortFrom(Web, 80)); err == nil {
 		t.Errorf("port 80 was added to the cluster ports, yet the sandbox claimed meanwhile reaches %v:80", Web)
+	}
+}
+
+// A SetPolicy the kernel refuses leaves the sandbox's policy as it was.
+// Before, the new policy (and its name matcher, which the resolver
+// answers by) was in force in memory while the kernel kept the old rules.
+func TestARefusedSetPolicyKeepsTheOldPolicy(t *testing.T) {
+	tp := New(t)
+	m := tp.Manager(t, 1, nil)
+	s, err := m.Claim(context.Background(), "sb-policy-refused", netpolicy.Policy{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := s.Policy()
+	// Take the sandbox's table away behind its back: the next update of
+	// its sets fails.
+	ns, err := netns.GetFromPath(s.NSPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	c, err := nftables.New(nftables.WithNetNSFd(int(ns)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.DelTable(&nftables.Table{Name: "warren", Family: nftables.TableFamilyINet})
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetPolicy(netpolicy.Policy{Profile: netpolicy.ProfileCustom, Allow: []string{"www.cdn.test"}}); err == nil {
+		t.Fatal("SetPolicy succeeded with the sandbox's table gone")
+	}
+	if got := s.Policy(); !reflect.DeepEqual(got, old) {
+		t.Fatalf("policy after a refused SetPolicy: %+v, want the old %+v", got, old)
 	}
 }

@@ -247,8 +247,12 @@ func (m *Manager) setupHost() error {
 	if err != nil {
 		return err
 	}
-	if peer, err := m.hostH.LinkByName(m.cfg.ifPrefix() + "dnp"); err != nil || m.hostH.LinkSetUp(peer) != nil {
-		return fmt.Errorf("netpolicy: resolver link %s: peer: %v", name, err)
+	peer, err := m.hostH.LinkByName(m.cfg.ifPrefix() + "dnp")
+	if err == nil {
+		err = m.hostH.LinkSetUp(peer)
+	}
+	if err != nil {
+		return fmt.Errorf("netpolicy: resolver link %s: peer: %w", name, err)
 	}
 	for _, a := range []netip.Addr{m.resolver.Host4, m.resolver.Host6} {
 		if err := m.hostH.AddrAdd(l, prefixOf(a, a.BitLen())); err != nil {
@@ -478,7 +482,7 @@ func (m *Manager) create() (*Sandbox, error) {
 	}
 	if idx == 0 {
 		m.mu.Unlock()
-		return nil, fmt.Errorf("netpolicy: the address pool %v holds %d sandboxes, and all are in use", m.pool.p4, m.pool.slots())
+		return nil, fmt.Errorf("netpolicy: the address pools %v and %v hold %d sandboxes, and all are in use", m.pool.p4, m.pool.p6, m.pool.slots())
 	}
 	m.used[idx] = true
 	m.mu.Unlock()
@@ -700,12 +704,15 @@ func (s *Sandbox) SetPolicy(p Policy) error {
 	if s.closed {
 		return ErrClosed
 	}
-	s.policy, s.matcher = p, p.Matcher(s.m.cfg.Registries)
-	s.gen++
-	clear(s.allowed)
+	// The kernel first, in one batch: if it refuses, the sandbox keeps
+	// the old policy whole (its resolver answering by the new one while
+	// its rules were the old would report a policy not in force).
 	if err := setAllowPrefixes(s.nft, s.sets, s.m.rules(p)); err != nil {
 		return err
 	}
+	s.policy, s.matcher = p, p.Matcher(s.m.cfg.Registries)
+	s.gen++
+	clear(s.allowed) // the batch emptied the allow sets
 	s.saveState()
 	return nil
 }
