@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -316,5 +317,49 @@ func TestStateWithoutANamespaceIsRemoved(t *testing.T) {
 	}
 	if _, err := os.Stat(other); err != nil {
 		t.Errorf("a file that is not a sandbox's record was removed: %v", err)
+	}
+}
+
+// A network taken back after a restart knows which addresses its allow
+// sets hold and until when, as the run before did: a lookup then renews
+// an address still there (out and back in, in one batch) instead of
+// adding it again, which a kernel that keeps an element's first timeout
+// would ignore while the resolver recorded the later time and skipped
+// every renewal up to it.
+func TestATakenBackNetworkKnowsItsAllowedAddresses(t *testing.T) {
+	tp := New(t)
+	cfg := tp.Config(0, nil)
+	cfg.StateDir = t.TempDir()
+	m1, err := netpolicy.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s1, err := m1.Claim(context.Background(), "sb-allowed-back", netpolicy.Policy{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rc, addrs := lookup(t, s1, "allowed.test", dns.TypeA); rc != dns.RcodeSuccess || !slices.Contains(addrs, Web) {
+		t.Fatalf("allowed.test: rcode %d, %v", rc, addrs)
+	}
+	until, ok := s1.AllowedUntil(Web)
+	if !ok {
+		t.Fatalf("%v is not recorded as allowed after its lookup", Web)
+	}
+	m1.Detach()
+	m2, err := netpolicy.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m2.Close()
+	s2, err := m2.Reattach(s1.NSPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, ok := s2.AllowedUntil(Web)
+	if !ok {
+		t.Fatalf("after the restart %v, still in the allow set, is not recorded as allowed", Web)
+	}
+	if d := got.Sub(until); d < -2*time.Second || d > 2*time.Second {
+		t.Fatalf("after the restart %v is recorded as allowed until %v, the run before until %v", Web, got, until)
 	}
 }

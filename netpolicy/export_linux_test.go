@@ -1,6 +1,10 @@
 package netpolicy
 
-import "slices"
+import (
+	"net/netip"
+	"slices"
+	"time"
+)
 
 // Hooks for the package's external tests.
 
@@ -16,4 +20,13 @@ func (m *Manager) Pooled() []*Sandbox {
 func (s *Sandbox) Hold() (release func()) {
 	s.mu.Lock()
 	return s.mu.Unlock
+}
+
+// AllowedUntil is when the resolver last let addr through until, as the
+// sandbox records it.
+func (s *Sandbox) AllowedUntil(a netip.Addr) (time.Time, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t, ok := s.allowed[a]
+	return t, ok
 }

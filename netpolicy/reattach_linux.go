@@ -144,6 +144,13 @@ func (m *Manager) Reattach(nsPath string) (*Sandbox, error) {
 		return fail(fmt.Errorf("its table is gone: %w", err))
 	}
 	s.id, s.policy, s.matcher = st.ID, st.Policy, st.Policy.Matcher(m.cfg.Registries)
+	// What the allow sets hold, until when: else the first lookup of an
+	// address still there would add it again, which a kernel that keeps
+	// an element's first timeout ignores, while s.allowed would record
+	// the later time and skip the renewals that follow (see allow).
+	if err := s.loadAllowed(); err != nil {
+		return fail(fmt.Errorf("read its allow sets: %w", err))
+	}
 	for _, a := range st.Seen {
 		s.seen[attemptKey{a.Allowed, a.Addr, a.Proto, a.Port}] = a.Packets
 	}
@@ -161,6 +168,25 @@ func (m *Manager) Reattach(nsPath string) (*Sandbox, error) {
 	}
 	m.log.Info("egress: network taken back", "sandbox", s.id, "namespace", name, "profile", s.policy.Profile)
 	return s, nil
+}
+
+// loadAllowed fills s.allowed from the kernel's allow sets.
+func (s *Sandbox) loadAllowed() error {
+	now := time.Now()
+	for _, set := range []*nftables.Set{s.sets.allow4, s.sets.allow6} {
+		els, err := s.nft.GetSetElements(set)
+		if err != nil {
+			return err
+		}
+		for _, el := range els {
+			a, ok := netip.AddrFromSlice(el.Key)
+			if !ok || el.Expires <= 0 {
+				continue
+			}
+			s.allowed[a.Unmap()] = now.Add(el.Expires)
+		}
+	}
+	return nil
 }
 
 // ReapOrphans removes the networks kept from an earlier run that no driver

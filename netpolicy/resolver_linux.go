@@ -188,6 +188,10 @@ func (r *resolver) ServeDNS(w dns.ResponseWriter, q *dns.Msg) {
 	w.WriteMsg(resp)
 }
 
+// expirySkew is how long after s.allowed's time an allow set's element
+// may still be there.
+const expirySkew = time.Second
+
 // allow puts addrs in the allow sets until now+ttl (s.mu held). An address
 // already there until later is left alone; one there until sooner is
 // renewed: taken out and put back with the later time, in one batch, since
@@ -197,10 +201,14 @@ func (s *Sandbox) allow(addrs []netip.Addr, ttl time.Duration) error {
 	until := now.Add(ttl)
 	var add, renew []netip.Addr
 	for _, a := range addrs {
-		if exp, ok := s.allowed[a]; ok && exp.After(now) {
-			if !until.After(exp) {
-				continue
-			}
+		exp, ok := s.allowed[a]
+		switch {
+		case ok && exp.After(now) && !until.After(exp):
+			continue
+		case ok && exp.After(now.Add(-expirySkew)):
+			// Also one whose time passed a moment ago: the kernel's
+			// element may outlive it by a few ms (its clock, jiffies),
+			// and adding it again there would keep its old timeout.
 			renew = append(renew, a)
 		}
 		add = append(add, a)
