@@ -49,12 +49,14 @@ func (t *Tools) git(ctx context.Context, args ...string) (ExecResult, error) {
 }
 
 // InitBase makes the checked-out tree the base commit of a local git
-// repository in the sandbox (its own, without the origin's config).
+// repository in the sandbox (its own, without the origin's config). Run
+// again on a tree checked out afresh in the same sandbox (a start tried
+// again), it makes that tree the base.
 func (t *Tools) InitBase(ctx context.Context) error {
 	// Every file of the checkout is in the base, ignored or not (-f); what
 	// running code leaves behind later is not part of the change unless
 	// the base has it.
-	for _, args := range [][]string{{"init", "-q"}, {"add", "-A", "-f"}, {"commit", "-q", "--allow-empty", "--no-verify", "-m", "base"}, {"tag", "warren-base"}} {
+	for _, args := range [][]string{{"init", "-q"}, {"add", "-A", "-f"}, {"commit", "-q", "--allow-empty", "--no-verify", "-m", "base"}, {"tag", "-f", "warren-base"}} {
 		if _, err := t.git(ctx, args...); err != nil {
 			return fmt.Errorf("checkpoint base: %w", err)
 		}

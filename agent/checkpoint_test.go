@@ -186,3 +186,41 @@ func TestLargeStepCheckpointIsRecordedTooLarge(t *testing.T) {
 		t.Error("a task whose last checkpoint is not on the log says it is resumable")
 	}
 }
+
+// A start tried again in the same sandbox checks the tree out afresh and
+// makes it the base again; the checkpoints after it are against that
+// tree. Before, the second InitBase failed ("tag 'warren-base' already
+// exists") and the task ended failed at its checkout.
+func TestInitBaseTwice(t *testing.T) {
+	tl := newRepo(t)
+	ctx := context.Background()
+	if err := tl.InitBase(ctx); err != nil {
+		t.Fatal(err)
+	}
+	calc := filepath.Join(tl.Root, "calc", "calc.go")
+	orig, err := os.ReadFile(calc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(calc, []byte("package calc\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// The fresh checkout: the tree as it was (noded's unpackInto empties
+	// the directory, then unpacks the commit; .git stays here, as the
+	// directory's removal in the sandbox would only make it anew).
+	if err := os.WriteFile(calc, orig, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := tl.InitBase(ctx); err != nil {
+		t.Fatalf("InitBase again: %v", err)
+	}
+	if patch, err := tl.Checkpoint(ctx); err != nil || patch != "" {
+		t.Fatalf("checkpoint of the fresh tree: %q %v, want none", patch, err)
+	}
+	if err := os.WriteFile(calc, []byte("package calc\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if patch, err := tl.Checkpoint(ctx); err != nil || !strings.Contains(patch, "calc/calc.go") {
+		t.Fatalf("checkpoint of a change after the second base: %q %v", patch, err)
+	}
+}

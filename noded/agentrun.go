@@ -205,14 +205,16 @@ func (a *taskActor) checkoutInto(ctx context.Context, ia driver.Interactive, pin
 }
 
 // unpackInto copies the workspace's tree at its pinned commit (Tar: what
-// the commit holds, not the work tree) into the sandbox at WorkRoot.
+// the commit holds, not the work tree) into the sandbox at WorkRoot, in
+// place of whatever was there (a start tried again in the same sandbox
+// finds the last try's tree, and the model's changes, there).
 func unpackInto(ctx context.Context, ia driver.Interactive, ws *agent.Workspace) error {
 	tar, err := ws.Tar(ctx)
 	if err != nil {
 		return err
 	}
 	var errb bytes.Buffer
-	res, err := ia.Run(ctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", "mkdir -p " + WorkRoot + " && tar -x -C " + WorkRoot},
+	res, err := ia.Run(ctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", "rm -rf " + WorkRoot + " && mkdir -p " + WorkRoot + " && tar -x -C " + WorkRoot},
 		Stdin: bytes.NewReader(tar)}, nil, &errb)
 	if err != nil {
 		return err
