@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/warrenhq/warren/forge"
 )
@@ -272,7 +273,12 @@ func prTitle(c PRContent) string {
 		t = "Agent change"
 	}
 	if len(t) > 200 {
-		t = t[:200]
+		// At a rune's start: a byte cut could split a character.
+		cut := 200
+		for cut > 0 && !utf8.RuneStart(t[cut]) {
+			cut--
+		}
+		t = t[:cut]
 	}
 	return "Fix: " + t
 }

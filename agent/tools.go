@@ -315,8 +315,11 @@ func (t *Tools) RunWithin(ctx context.Context, name string, input json.RawMessag
 		return Result{View: view([]byte(t.repoMap)), Full: []byte(t.repoMap)}, nil
 	case ToolFinish:
 		var f Finish
-		if err := dec(&f); err != nil || strings.TrimSpace(f.Summary) == "" {
-			return toolError("finish: give at least a summary (%v)", err), nil
+		if err := dec(&f); err != nil {
+			return toolError("finish: %v", err), nil
+		}
+		if strings.TrimSpace(f.Summary) == "" {
+			return toolError("finish: give at least a summary"), nil
 		}
 		return Result{View: "finished", Finish: &f}, nil
 	}

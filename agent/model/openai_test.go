@@ -142,6 +142,8 @@ func TestScripted(t *testing.T) {
 		"unknown field": `{"content":[],"surprise":1}`,
 		"bad block":     `{"content":[{"type":"image"}]}`,
 		"empty":         "# nothing\n",
+		// A negative count would lower what the task has spent.
+		"negative usage": `{"content":[{"type":"text","text":"x"}],"usage":{"input_tokens":-1000000}}`,
 	} {
 		p := filepath.Join(t.TempDir(), "bad.jsonl")
 		os.WriteFile(p, []byte(body), 0o644)

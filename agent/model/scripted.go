@@ -46,6 +46,9 @@ func ParseScripted(name string, b []byte) (*Scripted, error) {
 		if err := dec.Decode(&r); err != nil {
 			return nil, fmt.Errorf("scripted: %s:%d: %v", path, n, err)
 		}
+		if err := r.Usage.check(); err != nil {
+			return nil, fmt.Errorf("scripted: %s:%d: usage: %v", path, n, err)
+		}
 		if r.StopReason == "" {
 			r.StopReason = StopEndTurn
 			if len(r.ToolUses()) > 0 {
