@@ -272,6 +272,26 @@ func (a *taskActor) finishTask(c *actor.Context) {
 		TestCommand: a.spec.GetTestCommand(), TestOutput: testOut, Report: rep}
 	repo := a.spec.GetRepo()
 	pub, err := a.d.git.Publish(sctx, a.ws, content, repo, a.d.git.BaseBranch(sctx, repo, a.spec.GetBase()), approved, when)
+	if f := a.d.cfg.AfterPublish; f != nil && err == nil {
+		f(sctx)
+	}
+	if err == nil {
+		// Recorded even when the task was cancelled meanwhile: the branch
+		// and the pull request are on the forge, and the log says so.
+		rec := *pub
+		flags, _ := (&agent.Report{Findings: pub.Flags}).Capped(maxFindingsShown)
+		rec.Flags = flags.Findings
+		if len(rec.Body) > maxBodyShown {
+			rec.Body = rec.Body[:maxBodyShown] + "\n…(cut here; the forge has all of it)"
+		}
+		if _, err := a.append(ctx, "finish/pull-request", ev("pull_request", rec)); err != nil {
+			a.failed(c, "record the pull request", err, finishMsg{})
+			return
+		}
+		if f := a.d.cfg.AfterRecord; f != nil {
+			f("finish/pull-request")
+		}
+	}
 	if a.cancelled(c, sctx) {
 		return
 	}
@@ -285,19 +305,6 @@ func (a *taskActor) finishTask(c *actor.Context) {
 		c.Logger().Warn("publish failed; retrying", "task", a.id, "err", err, "in", wait)
 		c.After(wait, finishMsg{})
 		return
-	}
-	rec := *pub
-	flags, _ := (&agent.Report{Findings: pub.Flags}).Capped(maxFindingsShown)
-	rec.Flags = flags.Findings
-	if len(rec.Body) > maxBodyShown {
-		rec.Body = rec.Body[:maxBodyShown] + "\n…(cut here; the forge has all of it)"
-	}
-	if _, err := a.append(ctx, "finish/pull-request", ev("pull_request", rec)); err != nil {
-		a.failed(c, "record the pull request", err, finishMsg{})
-		return
-	}
-	if f := a.d.cfg.AfterRecord; f != nil {
-		f("finish/pull-request")
 	}
 	pr := map[string]any{"forge": pub.Forge, "head": pub.Branch, "base": pub.Base, "commit": pub.Commit}
 	if pub.PR != nil {

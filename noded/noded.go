@@ -80,6 +80,10 @@ type Config struct {
 	// `warren node` sets it from WARREN_TEST_CRASH_AFTER to kill itself at
 	// an exact point of a task.
 	AfterRecord func(key string)
+	// AfterPublish, if set, is called with the finish step's context once
+	// the branch is pushed and the pull request made, before they are
+	// recorded. A test knob.
+	AfterPublish func(ctx context.Context)
 }
 
 // Shared is what daemons in one process can share.
