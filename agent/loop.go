@@ -741,6 +741,9 @@ func (l *Loop) Replay(events []Event) ([]model.Block, error) {
 			if err := json.Unmarshal(e.Payload, &p); err != nil {
 				return nil, fmt.Errorf("%w: event %d: %v", ErrReplay, i, err)
 			}
+			if p.From == "node" {
+				p.From = "user" // a note the node gave the model as a user message
+			}
 			switch {
 			case p.Initial:
 				l.msgs = []model.Message{{Role: model.RoleUser, Content: []model.Block{{Type: model.BlockText, Text: p.Text}}}}

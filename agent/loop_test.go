@@ -530,3 +530,27 @@ func TestNoCompactionRightAfterACompaction(t *testing.T) {
 		t.Fatalf("after the replayed compaction: %+v %v", out, err)
 	}
 }
+
+// A note the node gave the model (a message from "node", such as the one
+// a resume without the workspace's changes records) is replayed where a
+// user's message at that point would be.
+func TestReplayKeepsTheNodesNote(t *testing.T) {
+	tl := newRepo(t)
+	script := `{"content":[{"type":"tool_use","name":"read_file","input":{"path":"calc/calc.go"}}]}
+`
+	log := &memLog{}
+	l := newLoop(t, tl, scriptedFrom(t, script), Budgets{}, log)
+	l.Start(context.Background(), Task{IssueTitle: "x"})
+	if _, err := l.Step(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	log.Record(context.Background(), "node-note", "message", map[string]any{"from": "node", "text": "NOTE FROM THE NODE"})
+	l2 := newLoop(t, tl, scriptedFrom(t, script), Budgets{}, &memLog{})
+	if _, err := l2.Replay(log.events); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := json.Marshal(l2.msgs)
+	if !strings.Contains(string(b), "NOTE FROM THE NODE") {
+		t.Fatalf("the node's note is not in the replayed conversation: %s", b)
+	}
+}

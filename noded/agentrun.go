@@ -204,6 +204,11 @@ func (a *taskActor) checkoutInto(ctx context.Context, ia driver.Interactive, pin
 	return ws, nil
 }
 
+// workspaceResetNote tells the model of a task resumed without its changes.
+const workspaceResetNote = "Note from the node: this task was resumed in a new sandbox, and the last checkpoint of your workspace was too large to record " +
+	"(over 64 MiB), so the workspace is back at the base commit and your changes to the files are gone. Make them again, " +
+	"and leave large or generated files out of the repository."
+
 // unpackInto copies the workspace's tree at its pinned commit (Tar: what
 // the commit holds, not the work tree) into the sandbox at WorkRoot, in
 // place of whatever was there (a start tried again in the same sandbox
@@ -327,6 +332,16 @@ func (a *taskActor) startAgent(c *actor.Context, t *warrenv1.Task) (done bool) {
 			if err := l.Tools().Restore(ctx, patch); err != nil {
 				return fail("restore the workspace checkpoint", err)
 			}
+		} else if !l.Resumable() {
+			// The last checkpoint's patch was too large for the log, so
+			// the workspace is the base again: the model is told, rather
+			// than going on as if its changes were there.
+			c.Logger().Warn("agent task resumed without its changes: its last workspace checkpoint was too large to record", "task", a.id)
+			if _, err := a.append(ctx, fmt.Sprintf("agent/workspace-reset-%d", t.GetNextSeq()), ev("message", map[string]any{"from": "node", "text": workspaceResetNote})); err != nil {
+				a.failed(c, "record the workspace's reset", err, startMsg{})
+				return true
+			}
+			l.Steer(workspaceResetNote)
 		}
 		c.Logger().Info("agent task resumed from its log", "task", a.id, "steps", l.Spent().Steps, "commit", commit)
 		a.loop = l
