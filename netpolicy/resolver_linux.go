@@ -55,7 +55,8 @@ func startResolver(m *Manager) (*resolver, error) {
 			r.close()
 			return nil, fmt.Errorf("netpolicy: resolver on %s: %w", addr, err)
 		}
-		for _, srv := range []*dns.Server{{PacketConn: pc, Handler: r}, {Listener: l, Handler: r}} {
+		lim := newLimitListener(l, maxTCPConnsPerSource, maxTCPConns)
+		for _, srv := range []*dns.Server{{PacketConn: pc, Handler: r}, {Listener: lim, Handler: r}} {
 			started := make(chan struct{})
 			srv.NotifyStartedFunc = func() { close(started) }
 			r.servers = append(r.servers, srv)
