@@ -11,7 +11,7 @@ import (
 // times since the last report.
 type AuditEvent struct {
 	Verdict string `json:"verdict"` // "allow" or "deny"
-	Kind    string `json:"kind"`    // "connect" (a new connection or packet flow) or "dns" (a lookup)
+	Kind    string `json:"kind"`    // "connect" (a new connection or packet flow), "dns" (a lookup) or "audit_full" (an audit set full: attempts past it not recorded; Reason says which)
 	Addr    string `json:"addr,omitempty"`
 	Proto   string `json:"proto,omitempty"` // "tcp", "udp", "icmp", "ipv6-icmp" or the protocol number
 	Port    int    `json:"port,omitempty"`
@@ -97,6 +97,12 @@ func summarise(seen map[attemptKey]uint64, now []Attempt, dns []AuditEvent) (Aud
 		items = append(items, item{ev: e})
 	}
 	slices.SortStableFunc(items, func(a, b item) int {
+		if af, bf := a.ev.Kind == "audit_full", b.ev.Kind == "audit_full"; af != bf {
+			if af {
+				return -1 // first: it says the others are not all there
+			}
+			return 1
+		}
 		if a.ev.Verdict != b.ev.Verdict {
 			if a.ev.Verdict == "deny" {
 				return -1

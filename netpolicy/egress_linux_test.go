@@ -824,3 +824,62 @@ func TestARefusedSetPolicyKeepsTheOldPolicy(t *testing.T) {
 		t.Fatalf("policy after a refused SetPolicy: %+v, want the old %+v", got, old)
 	}
 }
+
+// When an audit set is full (4,096 distinct destinations within its ten
+// minutes), attempts to others are still filtered but not recorded: the
+// report says so, once, first. Before, the audit just went quiet, so a
+// guest could fill the set and then probe unseen.
+func TestAFullAuditSetIsReported(t *testing.T) {
+	tp := New(t)
+	m := tp.Manager(t, 1, nil)
+	s, err := m.Claim(context.Background(), "sb-audit-full", netpolicy.Policy{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Denied datagrams to the topology's own denied host, from inside the
+	// sandbox: the sandbox's rules refuse each, and record each port.
+	err = netpolicy.InNamedNS(s.NSPath(), func() error {
+		pc, err := net.ListenPacket("udp4", ":0")
+		if err != nil {
+			return err
+		}
+		defer pc.Close()
+		for port := 1; port <= 4200; port++ {
+			_, _ = pc.WriteTo([]byte("x"), net.UDPAddrFromAddrPort(netip.AddrPortFrom(Other, uint16(port))))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bs, err := s.Collect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var full []netpolicy.AuditEvent
+	for _, b := range bs {
+		for _, e := range b.Events {
+			if e.Kind == "audit_full" {
+				full = append(full, e)
+			}
+		}
+	}
+	if len(full) != 1 || full[0].Verdict != "deny" || !strings.Contains(full[0].Reason, "IPv4") {
+		t.Fatalf("audit_full events %+v, want one for the denied IPv4 set", full)
+	}
+	if len(bs) == 0 || bs[0].Events[0].Kind != "audit_full" {
+		t.Fatalf("the audit_full event is not the report's first")
+	}
+	// Still full at the next read: not reported again.
+	bs, err = s.Collect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range bs {
+		for _, e := range b.Events {
+			if e.Kind == "audit_full" {
+				t.Fatalf("audit_full reported again while the set stayed full: %+v", e)
+			}
+		}
+	}
+}

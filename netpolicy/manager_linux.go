@@ -404,7 +404,10 @@ type Sandbox struct {
 	matcher *Matcher
 	seen    map[attemptKey]uint64 // packets reported so far
 	dns     []AuditEvent          // resolver decisions not yet reported
-	closed  bool
+	// auditFull holds the audit sets reported full (noteFull) that were
+	// still full at the last read.
+	auditFull map[string]bool
+	closed    bool
 	// ports is how many of the manager's cluster ports (a list that only
 	// grows) the table denies.
 	ports int
@@ -830,10 +833,11 @@ func (s *Sandbox) Collect() ([]AuditBatch, error) {
 	}
 	var out []AuditBatch
 	for range maxCollectReads {
-		now, err := readAttempts(s.nft, s.sets)
+		now, full, err := readAttempts(s.nft, s.sets)
 		if err != nil {
 			return out, err
 		}
+		s.noteFull(full)
 		// One read, many batches: reading the sets again for each batch
 		// would cost a full dump per 32 events, under the lock the
 		// resolver and the periodic report wait for.
@@ -863,13 +867,47 @@ func (s *Sandbox) collect() (AuditBatch, error) {
 	if s.closed {
 		return AuditBatch{}, ErrClosed
 	}
-	now, err := readAttempts(s.nft, s.sets)
+	now, full, err := readAttempts(s.nft, s.sets)
 	if err != nil {
 		return AuditBatch{}, err
 	}
+	s.noteFull(full)
 	b, left := summarise(s.seen, now, s.dns)
 	s.dns = left
 	return b, nil
+}
+
+// noteFull queues an audit_full event for each audit set that has become
+// full since the last read (s.mu held): until its entries expire, the
+// attempts to destinations not in it are filtered but not recorded, and
+// the task's log says so once, rather than going quiet.
+func (s *Sandbox) noteFull(full []auditSet) {
+	if s.auditFull == nil {
+		s.auditFull = map[string]bool{}
+	}
+	now := map[string]bool{}
+	for _, f := range full {
+		now[f.name] = true
+		if s.auditFull[f.name] {
+			continue
+		}
+		s.auditFull[f.name] = true
+		verdict, family := "deny", "IPv4"
+		if f.allowed {
+			verdict = "allow"
+		}
+		if f.v6 {
+			family = "IPv6"
+		}
+		s.dns = append(s.dns, AuditEvent{Verdict: verdict, Kind: "audit_full", Count: 1,
+			Reason: fmt.Sprintf("%d distinct %s destinations (%s) in %v: attempts to others are filtered but not recorded until these expire",
+				auditSize, family, verdict, auditTTL)})
+	}
+	for name := range s.auditFull {
+		if !now[name] {
+			delete(s.auditFull, name)
+		}
+	}
 }
 
 // maxPendingDNS bounds the resolver decisions a sandbox keeps between

@@ -49,7 +49,8 @@ const auditTTL = 10 * time.Minute
 const maxAllowed = 4096
 
 // auditSize bounds each audit set; when one is full, new attempts are still
-// filtered, only not recorded (the auditor reports the overflow).
+// filtered, only not recorded: the auditor reports that once, as an
+// audit_full event (Sandbox.noteFull).
 const auditSize = 4096
 
 func newSets() *nftSets {
@@ -420,8 +421,7 @@ type Attempt struct {
 }
 
 // readAttempts lists the four audit sets.
-func readAttempts(c *nftables.Conn, s *nftSets) ([]Attempt, error) {
-	var out []Attempt
+func readAttempts(c *nftables.Conn, s *nftSets) (out []Attempt, full []auditSet, err error) {
 	for _, x := range []struct {
 		set     *nftables.Set
 		allowed bool
@@ -429,7 +429,10 @@ func readAttempts(c *nftables.Conn, s *nftSets) ([]Attempt, error) {
 	}{{s.auditOK4, true, 4}, {s.auditDeny4, false, 4}, {s.auditOK6, true, 16}, {s.auditDeny6, false, 16}} {
 		els, err := c.GetSetElements(x.set)
 		if err != nil {
-			return nil, fmt.Errorf("nftables: read %s: %w", x.set.Name, err)
+			return nil, nil, fmt.Errorf("nftables: read %s: %w", x.set.Name, err)
+		}
+		if len(els) >= auditSize {
+			full = append(full, auditSet{name: x.set.Name, allowed: x.allowed, v6: x.alen == 16})
 		}
 		for _, el := range els {
 			if len(el.Key) < x.alen+6 {
@@ -443,7 +446,13 @@ func readAttempts(c *nftables.Conn, s *nftSets) ([]Attempt, error) {
 			out = append(out, at)
 		}
 	}
-	return out, nil
+	return out, full, nil
+}
+
+// auditSet names one of a sandbox's four audit sets.
+type auditSet struct {
+	name        string
+	allowed, v6 bool
 }
 
 // installHostRules creates the node's own table (named after the manager's
