@@ -22,6 +22,11 @@ var _ warrenv1connect.ClusterServiceHandler = clusterAPI{}
 
 // Status reports this server's view of the cluster.
 func (c clusterAPI) Status(ctx context.Context, _ *connect.Request[warrenv1.StatusRequest]) (*connect.Response[warrenv1.StatusResponse], error) {
+	if c.s.raft.State() == raft.Leader {
+		// A follower's read waits for this fsm_applied_index (catchUp):
+		// a new leader's must cover what earlier leaders committed.
+		c.s.leaderCaughtUp()
+	}
 	return connect.NewResponse(c.s.Status()), nil
 }
 

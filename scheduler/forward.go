@@ -233,17 +233,50 @@ func (s *Server) readTask(ctx context.Context, id string) (*warrenv1.Task, error
 	if cerr := check(); cerr != nil {
 		return nil, cerr
 	}
-	if !errors.Is(err, ErrNotFound) || s.raft.State() == raft.Leader {
+	if !errors.Is(err, ErrNotFound) {
 		return t, err
 	}
-	if s.catchUp(ctx) {
-		check = s.readGuard()
-		t, err = s.fsm.Task(id) // it may have been applied meanwhile, waited for or not
-		if cerr := check(); cerr != nil {
-			return nil, cerr
-		}
+	// Not here: a definite answer only once this replica has applied
+	// everything the cluster acknowledged. A leader has once its term's
+	// first entry is applied (entries an earlier leader committed come
+	// before it); a follower, once it has caught up with the leader. One
+	// that cannot tell (no leader during an election, a leader not yet
+	// caught up) answers unavailable, which clients retry, rather than a
+	// not_found they would take as final.
+	var sure bool
+	if s.raft.State() == raft.Leader {
+		sure = s.leaderCaughtUp()
+	} else {
+		sure = s.catchUp(ctx)
+	}
+	check = s.readGuard()
+	t, err = s.fsm.Task(id) // it may have been applied meanwhile, waited for or not
+	if cerr := check(); cerr != nil {
+		return nil, cerr
+	}
+	if errors.Is(err, ErrNotFound) && !sure {
+		return nil, errNotSure
 	}
 	return t, err
+}
+
+// errNotSure answers a read of a task this replica does not have when it
+// cannot tell whether the cluster has it (see readTask).
+var errNotSure = connect.NewError(connect.CodeUnavailable, errors.New("this server does not have the task and cannot confirm with a leader that the cluster has none (an election may be under way); retry, or ask another server"))
+
+// leaderCaughtUp reports whether this leader's state machine has applied
+// every entry committed before its term (after a barrier, once a term).
+func (s *Server) leaderCaughtUp() bool {
+	term := s.raft.CurrentTerm()
+	if s.caughtUpTerm.Load() == term {
+		return true
+	}
+	if err := s.raft.Barrier(catchUpWait).Error(); err != nil {
+		s.log.Debug("barrier before a read", "err", err)
+		return false
+	}
+	s.caughtUpTerm.Store(term)
+	return true
 }
 
 // errRestoring answers a read that a snapshot restore overlapped.

@@ -149,19 +149,22 @@ func (c *Config) Validate() error {
 // Server is one scheduler peer: raft over Pebble, the FSM, group commit,
 // write forwarding and the API.
 type Server struct {
-	cfg    Config
-	log    *slog.Logger
-	clock  Clock
-	db     *pebble.DB
-	store  *raftlog.Store
-	fsm    *FSM
-	trans  *raft.NetworkTransport
-	raft   *raft.Raft
-	gc     *groupCommit // leader: batches into raft entries
-	fwd    *forwarder
-	fgc    *groupCommit   // follower: batches into Propose calls to the leader
-	sess   *sessions      // leader: node daemon sessions and liveness
-	gossip *gossip.Member // memberlist, when configured
+	// caughtUpTerm is the last term in which this server, as leader, had
+	// applied everything committed before it (leaderCaughtUp).
+	caughtUpTerm atomic.Uint64
+	cfg          Config
+	log          *slog.Logger
+	clock        Clock
+	db           *pebble.DB
+	store        *raftlog.Store
+	fsm          *FSM
+	trans        *raft.NetworkTransport
+	raft         *raft.Raft
+	gc           *groupCommit // leader: batches into raft entries
+	fwd          *forwarder
+	fgc          *groupCommit   // follower: batches into Propose calls to the leader
+	sess         *sessions      // leader: node daemon sessions and liveness
+	gossip       *gossip.Member // memberlist, when configured
 
 	// readyTerm is the raft term in which this server, as leader, has
 	// applied everything committed before it led (a barrier); sessions wait
