@@ -305,9 +305,15 @@ func cmdSandbox(args []string, stdout, stderr io.Writer) error {
 		for st.Receive() {
 			switch ev := st.Msg().GetEvent().(type) {
 			case *warrenv1.ExecResponse_Stdout:
-				stdout.Write(ev.Stdout)
+				// Output that cannot be written (a full disk, a closed
+				// stdout) fails the command here, whatever its own exit.
+				if _, err := stdout.Write(ev.Stdout); err != nil {
+					return fmt.Errorf("sandbox exec: write the command's stdout: %w", err)
+				}
 			case *warrenv1.ExecResponse_Stderr:
-				stderr.Write(ev.Stderr)
+				if _, err := stderr.Write(ev.Stderr); err != nil {
+					return fmt.Errorf("sandbox exec: write the command's stderr: %w", err)
+				}
 			case *warrenv1.ExecResponse_Exit:
 				if ev.Exit.GetTimedOut() {
 					fmt.Fprintf(stderr, "warren: command timed out after %v\n", *cmdTimeout)

@@ -193,3 +193,35 @@ func TestPoolSetWithNoNodeUpIsRecorded(t *testing.T) {
 		t.Errorf("one node's target: %v", err)
 	}
 }
+
+// execOnce answers Exec with some output and exit code 0 (a FAKE
+// sandbox service).
+type execOnce struct {
+	warrenv1connect.UnimplementedSandboxServiceHandler
+}
+
+func (execOnce) Exec(_ context.Context, _ *connect.Request[warrenv1.ExecRequest], st *connect.ServerStream[warrenv1.ExecResponse]) error {
+	if err := st.Send(&warrenv1.ExecResponse{Event: &warrenv1.ExecResponse_Stdout{Stdout: []byte("output")}}); err != nil {
+		return err
+	}
+	return st.Send(&warrenv1.ExecResponse{Event: &warrenv1.ExecResponse_Exit{Exit: &warrenv1.ExitStatus{Code: 0}}})
+}
+
+type failingWriter struct{}
+
+func (failingWriter) Write([]byte) (int, error) { return 0, syscall.ENOSPC }
+
+// Output that cannot be written (a full disk, a closed stdout) fails
+// sandbox exec; before, it was dropped and the command's exit code, 0,
+// returned.
+func TestSandboxExecFailsWhenItsOutputCannotBeWritten(t *testing.T) {
+	mux := http.NewServeMux()
+	mux.Handle(warrenv1connect.NewSandboxServiceHandler(execOnce{}))
+	hs := httptest.NewServer(mux)
+	defer hs.Close()
+	var errOut bytes.Buffer
+	err := run([]string{"sandbox", "exec", "--server", hs.URL, "sb-0000000000-n1", "--", "true"}, failingWriter{}, &errOut)
+	if err == nil || !strings.Contains(err.Error(), "no space left") {
+		t.Fatalf("exec with a stdout that fails: %v, want the write's error", err)
+	}
+}
