@@ -162,7 +162,7 @@ func (f *forwarder) forward(cmds [][]byte) ([]*fsmv1.Result, uint64, error) {
 	defer cancel()
 	resp, err := f.client(url).Propose(ctx, connect.NewRequest(&warrenv1.ProposeRequest{Commands: cmds}))
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, forwardFailure(ctx, err)
 	}
 	out := make([]*fsmv1.Result, len(resp.Msg.GetResults()))
 	for i, b := range resp.Msg.GetResults() {
@@ -192,6 +192,18 @@ func (s *Server) proposeLocal(ctx context.Context, m proto.Message) (*fsmv1.Resu
 
 // retryable reports whether a write failed before commit in a way that a
 // retry (possibly on a new leader) can fix.
+// forwardFailure is a failed forward's error. One that ran out of the
+// forward's own time (ctx), not a caller's deadline, is unavailable: the
+// batch's callers retry it (their commands carry request ids, so one the
+// leader did commit is not applied twice). As deadline_exceeded it failed
+// every caller in the batch at once.
+func forwardFailure(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("the leader did not answer a forwarded write in time: %w", err))
+	}
+	return err
+}
+
 func retryable(err error) bool {
 	switch {
 	case errors.Is(err, errNoLeader),

@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
 	"testing"
 	"time"
@@ -38,5 +39,21 @@ func TestAFollowerWithoutALeaderIsNotSureATaskIsMissing(t *testing.T) {
 	_, err := back.tasks.GetTask(ctx, connect.NewRequest(&warrenv1.GetTaskRequest{Id: task.GetId()}))
 	if connect.CodeOf(err) != connect.CodeUnavailable {
 		t.Fatalf("GetTask of a task created while this follower was down, with no leader: %v, want unavailable", err)
+	}
+}
+
+// A forward that runs out of its own time is retried by the batch's
+// callers; before, its deadline_exceeded failed them all at once.
+func TestAForwardOutOfItsOwnTimeIsRetried(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+	defer cancel()
+	<-ctx.Done()
+	err := forwardFailure(ctx, connect.NewError(connect.CodeDeadlineExceeded, context.DeadlineExceeded))
+	if !retryable(err) {
+		t.Fatalf("a forward past its own deadline: %v is not retried", err)
+	}
+	live := context.Background()
+	if err := forwardFailure(live, connect.NewError(connect.CodeInvalidArgument, errors.New("bad"))); retryable(err) {
+		t.Fatalf("a refusal is retried: %v", err)
 	}
 }
