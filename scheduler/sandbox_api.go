@@ -338,6 +338,21 @@ func (a *sandboxAPI) ListSandboxes(ctx context.Context, req *connect.Request[war
 		return nil, err
 	}
 	sort.Slice(out.Sandboxes, func(i, j int) bool { return out.Sandboxes[i].GetId() < out.Sandboxes[j].GetId() })
+	if req.Msg.GetNodeId() == "" {
+		// A node marked down is not asked, but one only cut off from the
+		// servers still runs its sandboxes (it enforces their TTLs): the
+		// list says whose are missing rather than leaving them out quietly.
+		nodes, err := a.s.fsm.Nodes()
+		if err != nil {
+			return nil, err
+		}
+		for _, n := range nodes {
+			if n.GetSandboxUrl() != "" && n.GetStatus() == warrenv1.NodeStatus_NODE_STATUS_DOWN {
+				unreachable = append(unreachable, n.GetId()+": marked down, not asked; its sandboxes, if it still runs them, are not listed")
+			}
+		}
+		sort.Strings(unreachable)
+	}
 	out.UnreachableNodes, out.RefusedNodes = unreachable, refused
 	return connect.NewResponse(out), nil
 }

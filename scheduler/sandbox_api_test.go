@@ -179,3 +179,22 @@ func TestSandboxCallsRefuseImpossibleNodeIDs(t *testing.T) {
 		t.Errorf("get of a sandbox on node %d×N: code %v, %d bytes of error", len(long), connect.CodeOf(err), len(err.Error()))
 	}
 }
+
+// A node marked down is not asked for its sandboxes, but the list names
+// it, since one only cut off from the servers still runs them. Before,
+// its sandboxes were left out without a word.
+func TestListSandboxesNamesDownNodes(t *testing.T) {
+	tf := newTestFSM(t)
+	tf.ok(&fsmv1.RegisterNode{Node: &warrenv1.Node{Id: "n-down", Drivers: []string{"microvm"}, SandboxUrl: "http://127.0.0.1:1",
+		Capacity: &warrenv1.Resources{MilliCpu: 1000, MemoryBytes: 1 << 30}}, Time: timestamppb.New(t0)})
+	tf.ok(&fsmv1.NodeOp{Id: "n-down", Op: fsmv1.NodeOp_OP_DOWN, Time: timestamppb.New(t0)})
+	a := newSandboxAPI(&Server{fsm: tf.fsm})
+	t.Cleanup(a.http.CloseIdleConnections)
+	res, err := a.ListSandboxes(context.Background(), connect.NewRequest(&warrenv1.ListSandboxesRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u := res.Msg.GetUnreachableNodes(); len(u) != 1 || !strings.HasPrefix(u[0], "n-down: marked down") {
+		t.Fatalf("unreachable nodes %q, want the down node named", u)
+	}
+}
