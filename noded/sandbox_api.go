@@ -468,6 +468,17 @@ func (a *SandboxAPI) CreateSandbox(ctx context.Context, req *connect.Request[war
 		_ = sb.Destroy()
 		return nil, a.codeOf(fmt.Errorf("egress: %w", err))
 	}
+	if err := ctx.Err(); err != nil {
+		// The caller went away while the sandbox was made (a claim's
+		// last steps do not stop for it): nobody has its id, and it
+		// would live out its TTL.
+		_ = sb.Destroy()
+		code := connect.CodeCanceled
+		if errors.Is(err, context.DeadlineExceeded) {
+			code = connect.CodeDeadlineExceeded
+		}
+		return nil, connect.NewError(code, fmt.Errorf("the caller went away while sandbox %s was made; it is destroyed", id))
+	}
 	a.metrics.claimed(sb)
 	return connect.NewResponse(&warrenv1.CreateSandboxResponse{Sandbox: a.toProto(ia)}), nil
 }
