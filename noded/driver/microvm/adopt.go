@@ -34,6 +34,7 @@ func (d *Driver) adoptAll() {
 		d.known[vm.id] = true
 		d.mu.Unlock()
 		vm.armTTL()
+		vm.watchExit()
 		d.log.Info("re-adopted sandbox", "sandbox", vm.sandboxID, "vm", vm.id, "state", vm.state)
 	}
 	d.reap()

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/warrenhq/warren/guest"
 	"github.com/warrenhq/warren/noded/driver"
 )
 
@@ -101,4 +103,41 @@ func poolIDs(d *Driver) []string {
 		}
 	}
 	return ids
+}
+
+// A claimed sandbox whose QEMU ends on its own (a guest that powers off
+// or panics, the OOM killer) is destroyed: it leaves the list and calls
+// to it get not_found. Before, it stayed "running" until its TTL, every
+// call failing as an internal error.
+func TestASandboxWhoseQEMUExitsIsDestroyed(t *testing.T) {
+	d := newDriverWith(t, "", func(c *Config) { c.StandbyQEMUs = -1 })
+	defer d.Close()
+	ctx := snapshotted(t, d, 5*time.Minute)
+	sb, err := d.Claim(ctx, driver.ClaimRequest{ID: "sb-qemu-exits"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, code := run(t, sb, "true"); code != 0 { // the claim's bind is done
+		t.Fatalf("true: exit %d", code)
+	}
+	vm := sb.(*VM)
+	vm.mu.Lock()
+	pid := vm.p.pid
+	vm.mu.Unlock()
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if _, ok := d.Get("sb-qemu-exits"); !ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the sandbox is still listed 30 s after its QEMU died: %+v", vm.Info())
+		}
+	}
+	_, err = sb.(driver.Interactive).Run(ctx, guest.ExecRequest{Argv: []string{"true"}}, nil, nil)
+	if !errors.Is(err, driver.ErrNotFound) {
+		t.Fatalf("a call to the sandbox whose QEMU died: %v, want not found", err)
+	}
+	assertNothingLeft(t, d)
 }

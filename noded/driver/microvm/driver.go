@@ -631,6 +631,7 @@ func (d *Driver) Claim(ctx context.Context, req driver.ClaimRequest) (driver.San
 	d.live[req.ID] = vm
 	d.mu.Unlock()
 	vm.armTTL()
+	vm.watchExit()
 	vm.save()
 	d.log.Info("sandbox claimed", append([]any{"sandbox", req.ID, "start", vm.start, "took", vm.claimTime, "template", ts.t.Name}, phases.logAttrs()...)...)
 	// The refill starts a moment later, so the new sandbox's first

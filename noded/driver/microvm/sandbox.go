@@ -468,6 +468,37 @@ func (vm *VM) armTTL() {
 	})
 }
 
+// watchExit destroys a claimed sandbox whose QEMU ends on its own (the
+// guest powered off or panicked, with -no-reboot; the OOM killer): it
+// leaves the list, and calls to it get not_found, as a container whose
+// agent died does. Else it stayed "running", every call failing as an
+// internal error, until its TTL. Call it whenever vm.p starts (a claim,
+// a resume, a re-adoption); a pause's own quit, which leaves vm.p nil
+// and the state paused, is not such an end.
+func (vm *VM) watchExit() {
+	vm.mu.Lock()
+	p := vm.p
+	vm.mu.Unlock()
+	if p == nil {
+		return
+	}
+	go func() {
+		<-p.exited
+		vm.d.mu.Lock()
+		closed := vm.d.closed // Close destroys it anyway; after Detach another run owns it
+		vm.d.mu.Unlock()
+		vm.mu.Lock()
+		ours := vm.p == p && vm.state == "running"
+		vm.mu.Unlock()
+		if closed || !ours {
+			return
+		}
+		vm.d.log.Warn("sandbox's QEMU exited on its own; destroying the sandbox", "sandbox", vm.ID(), "vm", vm.id,
+			"qemu_log", tail(filepath.Join(vm.spec.Dir, "qemu.log")))
+		vm.destroy()
+	}()
+}
+
 // ID is the sandbox id.
 func (vm *VM) ID() string { vm.mu.Lock(); defer vm.mu.Unlock(); return vm.sandboxID }
 
@@ -730,6 +761,7 @@ func (vm *VM) resume(ctx context.Context) (broken bool, err error) {
 	}
 	vm.state = "running"
 	vm.saveLocked()
+	go vm.watchExit() // takes vm.mu, held here
 	return false, nil
 }
 
