@@ -291,6 +291,19 @@ func (s *Server) leaderCaughtUp() bool {
 	return true
 }
 
+// readNodes lists the node records for an API read, guarded like a task
+// read (readGuard): a snapshot restore empties the FSM's keyspace before it
+// copies the snapshot back, so a list read during one (or after one that
+// failed midway) could be partial, or empty, with no error.
+func (s *Server) readNodes() ([]*warrenv1.Node, error) {
+	check := s.readGuard()
+	nodes, err := s.fsm.Nodes()
+	if cerr := check(); cerr != nil {
+		return nil, cerr
+	}
+	return nodes, err
+}
+
 // errRestoring answers a read that a snapshot restore overlapped.
 var errRestoring = connect.NewError(connect.CodeUnavailable, errors.New("this server was installing a snapshot of the cluster's state during the read; retry, or ask another server"))
 

@@ -87,7 +87,7 @@ func (c clusterAPI) RegisterNode(ctx context.Context, req *connect.Request[warre
 }
 
 func (c clusterAPI) ListNodes(ctx context.Context, _ *connect.Request[warrenv1.ListNodesRequest]) (*connect.Response[warrenv1.ListNodesResponse], error) {
-	nodes, err := c.s.fsm.Nodes()
+	nodes, err := c.s.readNodes()
 	if err != nil {
 		return nil, err
 	}

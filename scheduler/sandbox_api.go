@@ -71,7 +71,7 @@ func (a *sandboxAPI) sandboxNode(id string) (*warrenv1.Node, error) {
 }
 
 func (a *sandboxAPI) node(id string) (*warrenv1.Node, error) {
-	nodes, err := a.s.fsm.Nodes()
+	nodes, err := a.s.readNodes()
 	if err != nil {
 		return nil, err
 	}
@@ -160,7 +160,7 @@ func (a *sandboxAPI) CreateSandbox(ctx context.Context, req *connect.Request[war
 
 // pick chooses a node at random among those that can take the sandbox.
 func (a *sandboxAPI) pick(template string) (*warrenv1.Node, error) {
-	nodes, err := a.s.fsm.Nodes()
+	nodes, err := a.s.readNodes()
 	if err != nil {
 		return nil, err
 	}
@@ -286,7 +286,7 @@ func (a *sandboxAPI) fanOut(ctx context.Context, only string, f func(ctx context
 		}
 		return nil, nil, forwardErr(n, f(ctx, n))
 	}
-	nodes, err := a.s.fsm.Nodes()
+	nodes, err := a.s.readNodes()
 	if err != nil {
 		return nil, nil, err
 	}
@@ -342,7 +342,7 @@ func (a *sandboxAPI) ListSandboxes(ctx context.Context, req *connect.Request[war
 		// A node marked down is not asked, but one only cut off from the
 		// servers still runs its sandboxes (it enforces their TTLs): the
 		// list says whose are missing rather than leaving them out quietly.
-		nodes, err := a.s.fsm.Nodes()
+		nodes, err := a.s.readNodes()
 		if err != nil {
 			return nil, err
 		}

@@ -12,6 +12,7 @@ import (
 	"connectrpc.com/connect"
 
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
 )
 
 // Checks that HEAD of a task's SSE stream (curl -I, a health probe)
@@ -173,5 +174,19 @@ func TestResumePastALiveTasksEndIsRefused(t *testing.T) {
 	defer st.Close()
 	if !st.Receive() || st.Msg().GetEvent().GetSeq() != last+2 {
 		t.Errorf("after_seq %d, reached within the wait: %v %v; want seq %d", last+1, st.Msg().GetEvent(), st.Err(), last+2)
+	}
+}
+
+// The node list, like a task read, is unavailable while a snapshot
+// restore runs (it empties the FSM's keyspace first): before, ListNodes
+// answered with what had been copied back so far, maybe nothing, and OK.
+func TestListNodesDuringARestoreIsUnavailable(t *testing.T) {
+	n := startSingle(t)
+	f := n.srv.FSM()
+	f.restores.Add(1) // as Restore does while it runs
+	defer f.restores.Add(1)
+	c := warrenv1connect.NewClusterServiceClient(http.DefaultClient, n.url)
+	if _, err := c.ListNodes(context.Background(), connect.NewRequest(&warrenv1.ListNodesRequest{})); connect.CodeOf(err) != connect.CodeUnavailable {
+		t.Fatalf("ListNodes during a restore: %v, want unavailable", err)
 	}
 }
