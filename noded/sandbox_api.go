@@ -181,21 +181,8 @@ func iecBytes(b int64) string {
 }
 
 // HostMemoryBytes is the host's memory (MemTotal in /proc/meminfo), or 0
-// if unknown.
-func HostMemoryBytes() int64 {
-	b, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "MemTotal:" {
-			if kb, err := strconv.ParseInt(f[1], 10, 64); err == nil {
-				return kb << 10
-			}
-		}
-	}
-	return 0
-}
+// if unknown (driver.HostMemoryBytes).
+func HostMemoryBytes() int64 { return driver.HostMemoryBytes() }
 
 // nodeMemBytes is the memory pool targets are checked against: the host's,
 // or the node's declared capacity when that is less.

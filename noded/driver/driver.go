@@ -7,6 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/warrenhq/warren/guest"
@@ -178,4 +181,31 @@ type ExecResult struct {
 	ExitCode int
 	Output   []byte
 	Duration time.Duration
+}
+
+// HostMemoryBytes is the host's memory (MemTotal in /proc/meminfo), or 0
+// if unknown.
+func HostMemoryBytes() int64 {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "MemTotal:" {
+			if kb, err := strconv.ParseInt(f[1], 10, 64); err == nil {
+				return kb << 10
+			}
+		}
+	}
+	return 0
+}
+
+// CheckMemoryMB refuses a sandbox's memory over the host's (when known):
+// a guest told it has more than the host would push the host into its
+// OOM killer, taking other sandboxes or the node with it.
+func CheckMemoryMB(mb int) error {
+	if host := HostMemoryBytes() >> 20; host > 0 && int64(mb) > host {
+		return fmt.Errorf("limits.memory_mb %d: over this node's memory (%d MiB)", mb, host)
+	}
+	return nil
 }

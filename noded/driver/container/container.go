@@ -442,6 +442,8 @@ func (d *Driver) checkLimits(t *guest.Template, l driver.Limits) (driver.Limits,
 	}
 	if l.MemMB < 64 || l.MemMB > 64<<10 {
 		errs = append(errs, fmt.Errorf("limits.memory_mb %d: must be between 64 and 65536", l.MemMB))
+	} else if err := driver.CheckMemoryMB(l.MemMB); err != nil {
+		errs = append(errs, err)
 	}
 	if l.DiskMB == 0 {
 		l.DiskMB = int(t.DiskBytes >> 20)

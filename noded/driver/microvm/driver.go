@@ -518,6 +518,8 @@ func (d *Driver) checkLimits(ts *tplState, l driver.Limits) (driver.Limits, erro
 	}
 	if l.MemMB < 128 || l.MemMB > 64<<10 {
 		errs = append(errs, fmt.Errorf("limits.memory_mb %d: must be between 128 and 65536", l.MemMB))
+	} else if err := driver.CheckMemoryMB(l.MemMB); err != nil {
+		errs = append(errs, err)
 	}
 	if l.DiskMB != 0 && l.DiskMB != diskMB {
 		errs = append(errs, fmt.Errorf("limits.disk_mb %d: template %s's disk is %d MiB and this driver cannot change it (build a template with --free-mb)", l.DiskMB, ts.t.Name, diskMB))

@@ -778,6 +778,13 @@ func TestBadClaims(t *testing.T) {
 			t.Errorf("%+v: err %v, want %v mentioning %q", tc.req, err, tc.err, tc.want)
 		}
 	}
+	// Under the 64 GiB cap but over this host's memory.
+	if host := int(driver.HostMemoryBytes() >> 20); host > 0 && host < 64<<10 {
+		_, err := d.Claim(ctx, driver.ClaimRequest{ID: "x", Limits: driver.Limits{MemMB: host + 1}})
+		if !errors.Is(err, driver.ErrInvalid) || !strings.Contains(err.Error(), "limits.memory_mb") || !strings.Contains(err.Error(), "over this node's memory") {
+			t.Errorf("memory of %d MiB on a host of %d MiB: err %v", host+1, host, err)
+		}
+	}
 	assertNothingLeft(t, d)
 }
 
