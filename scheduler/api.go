@@ -49,7 +49,8 @@ func newMux(s *Server) http.Handler {
 		connect.WithReadMaxBytes(maxRequestBytes),
 		boundedCodecs(),
 	)
-	mux.Handle(warrenv1connect.NewTaskServiceHandler(taskAPI{s}, opts))
+	taskPath, taskHandler := warrenv1connect.NewTaskServiceHandler(taskAPI{s}, opts)
+	mux.Handle(taskPath, streamDeadlines(warrenv1connect.TaskServiceStreamEventsProcedure, taskHandler))
 	mux.Handle(warrenv1connect.NewClusterServiceHandler(clusterAPI{s}, opts, connect.WithReadMaxBytes(maxForwardBytes)))
 	mux.Handle(warrenv1connect.NewNodeServiceHandler(nodeAPI{s}, opts))
 	mux.Handle(warrenv1connect.NewSandboxServiceHandler(newSandboxAPI(s), connect.WithHandlerOptions(

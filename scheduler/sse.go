@@ -51,11 +51,14 @@ func (h sseHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusNoContent)
 		return
 	}
-	fl, ok := w.(http.Flusher)
-	if !ok {
+	if _, ok := w.(http.Flusher); !ok {
 		http.Error(w, "internal: streaming unsupported", http.StatusInternalServerError)
 		return
 	}
+	// Each write of the stream is bounded (streamWriteTimeout): a client
+	// that stops reading ends its stream instead of holding it for good.
+	dw := newDeadlineWriter(w, streamWriteTimeout)
+	var fl http.Flusher = dw
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
 	w.Header().Set("X-Accel-Buffering", "no")
@@ -65,7 +68,7 @@ func (h sseHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// connection and a watch of the task until it ended, for nothing.
 		return
 	}
-	fmt.Fprint(w, "retry: 1000\n\n")
+	fmt.Fprint(dw, "retry: 1000\n\n")
 	fl.Flush()
 
 	// The keep-alive goroutine and the sender share w; mu orders them, and
@@ -74,7 +77,7 @@ func (h sseHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	write := func(format string, args ...any) error {
 		mu.Lock()
 		defer mu.Unlock()
-		if _, err := fmt.Fprintf(w, format, args...); err != nil {
+		if _, err := fmt.Fprintf(dw, format, args...); err != nil {
 			return err
 		}
 		fl.Flush()

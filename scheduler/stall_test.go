@@ -1,0 +1,111 @@
+package scheduler
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
+)
+
+// A client that keeps its connection open but stops reading does not hold
+// an event stream for good: past streamWriteTimeout a write fails and the
+// stream ends, releasing its goroutine, its watch of the task and the page
+// of events it held. Before, it stayed blocked in the write (no deadline),
+// over SSE and over StreamEvents alike.
+func TestAStalledStreamEnds(t *testing.T) {
+	old := streamWriteTimeout
+	streamWriteTimeout = time.Second
+	defer func() { streamWriteTimeout = old }()
+	n := startSingle(t)
+	task := createVia(t, n, 1)
+	ctx := context.Background()
+	// About 20 MiB of events: more than the socket buffers between the
+	// server and a client that reads nothing hold.
+	text := strings.Repeat("x", 30<<10)
+	for i := range 700 {
+		if _, err := n.tasks.SendMessage(ctx, connect.NewRequest(&warrenv1.SendMessageRequest{TaskId: task.GetId(), Text: text, RequestId: fmt.Sprint("m", i)})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	addr := strings.TrimPrefix(n.url, "http://")
+	body := []byte(fmt.Sprintf(`{"taskId":%q}`, task.GetId()))
+	env := binary.BigEndian.AppendUint32([]byte{0}, uint32(len(body)))
+	for _, c := range []struct{ name, req string }{
+		{"SSE", "GET /v1/tasks/" + task.GetId() + "/events HTTP/1.1\r\nHost: x\r\n\r\n"},
+		{"StreamEvents", fmt.Sprintf("POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/connect+json\r\nConnect-Protocol-Version: 1\r\nContent-Length: %d\r\n\r\n%s%s",
+			warrenv1connect.TaskServiceStreamEventsProcedure, len(env)+len(body), env, body)},
+	} {
+		conn, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		conn.(*net.TCPConn).SetReadBuffer(4096)
+		if _, err := conn.Write([]byte(c.req)); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, c.name+" stream to start", 10*time.Second, func() bool { return n.srv.fsm.watch.watched() > 0 })
+		// It reads nothing: the stream's write blocks, then times out.
+		waitFor(t, c.name+" stream stalled by its client to end", 20*time.Second, func() bool { return n.srv.fsm.watch.watched() == 0 })
+	}
+}
+
+// A stream that waits for its next event longer than the write timeout
+// is not ended by it: the deadline holds only while a write runs (an
+// HTTP/2 stream whose deadline passes is reset even while idle), over
+// HTTP/1.1 and over cleartext HTTP/2 alike.
+func TestAnIdleStreamOutlivesTheWriteTimeout(t *testing.T) {
+	old := streamWriteTimeout
+	streamWriteTimeout = 200 * time.Millisecond
+	defer func() { streamWriteTimeout = old }()
+	n := startSingle(t)
+	task := createVia(t, n, 1)
+	h2url, h2 := serveH2C(t, n)
+	for name, cl := range map[string]warrenv1connect.TaskServiceClient{
+		"HTTP/1.1": n.tasks,
+		"h2c":      warrenv1connect.NewTaskServiceClient(h2, h2url),
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		st, err := cl.StreamEvents(ctx, connect.NewRequest(&warrenv1.StreamEventsRequest{TaskId: task.GetId()}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var last uint64
+		got := make(chan uint64, 100)
+		go func() {
+			for st.Receive() {
+				got <- st.Msg().GetEvent().GetSeq()
+			}
+			close(got)
+		}()
+		for last < task.GetNextSeq()-1 {
+			seq, ok := <-got
+			if !ok {
+				t.Fatalf("%s: stream ended before the task's events: %v", name, st.Err())
+			}
+			last = seq
+		}
+		time.Sleep(4 * streamWriteTimeout) // idle past the timeout
+		if _, err := n.tasks.SendMessage(ctx, connect.NewRequest(&warrenv1.SendMessageRequest{TaskId: task.GetId(), Text: "after the idle", RequestId: "idle-" + name})); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case seq, ok := <-got:
+			if !ok || seq != last+1 {
+				t.Fatalf("%s: after an idle spell the stream gave %d (open %v), want %d: %v", name, seq, ok, last+1, st.Err())
+			}
+		case <-ctx.Done():
+			t.Fatalf("%s: no event after the idle spell", name)
+		}
+		cancel()
+		st.Close()
+	}
+}
