@@ -241,7 +241,7 @@ func cmdSandbox(args []string, stdout, stderr io.Writer) error {
 			} else {
 				var fi os.FileInfo
 				if fi, err = os.Stat(pos[0]); err == nil {
-					mode = uint32(fi.Mode().Perm())
+					mode = unixMode(fi.Mode())
 					if fi.Size() > noded.MaxFileBytes {
 						return fmt.Errorf("cp: %s: %d bytes, over the limit of %d", pos[0], fi.Size(), noded.MaxFileBytes)
 					}
@@ -562,4 +562,22 @@ func fitUint32(flags map[string]uint) error {
 		}
 	}
 	return nil
+}
+
+// unixMode is a file's permission bits with setuid, setgid and sticky as
+// Unix writes them (04000, 02000, 01000), the mode WriteFile takes: Go's
+// FileMode keeps those three apart from Perm(). (A mode of 0000 reads as
+// "the default, 0644" on the wire.)
+func unixMode(m os.FileMode) uint32 {
+	u := uint32(m.Perm())
+	if m&os.ModeSetuid != 0 {
+		u |= 0o4000
+	}
+	if m&os.ModeSetgid != 0 {
+		u |= 0o2000
+	}
+	if m&os.ModeSticky != 0 {
+		u |= 0o1000
+	}
+	return u
 }

@@ -225,3 +225,38 @@ func TestSandboxExecFailsWhenItsOutputCannotBeWritten(t *testing.T) {
 		t.Fatalf("exec with a stdout that fails: %v, want the write's error", err)
 	}
 }
+
+// writeSpy records the WriteFile it gets (a FAKE sandbox service).
+type writeSpy struct {
+	warrenv1connect.UnimplementedSandboxServiceHandler
+	got chan *warrenv1.WriteFileRequest
+}
+
+func (w writeSpy) WriteFile(_ context.Context, req *connect.Request[warrenv1.WriteFileRequest]) (*connect.Response[warrenv1.WriteFileResponse], error) {
+	w.got <- req.Msg
+	return connect.NewResponse(&warrenv1.WriteFileResponse{File: &warrenv1.FileInfo{Name: "f", Size: int64(len(req.Msg.GetData()))}}), nil
+}
+
+// cp sends a file's setuid, setgid and sticky bits with its permissions,
+// as Unix writes them; it sent Perm() alone, so 04755 arrived as 0755.
+func TestSandboxCpKeepsSpecialModeBits(t *testing.T) {
+	spy := writeSpy{got: make(chan *warrenv1.WriteFileRequest, 1)}
+	mux := http.NewServeMux()
+	mux.Handle(warrenv1connect.NewSandboxServiceHandler(spy))
+	hs := httptest.NewServer(mux)
+	defer hs.Close()
+	f := filepath.Join(t.TempDir(), "tool")
+	if err := os.WriteFile(f, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(f, 0o755|os.ModeSetuid|os.ModeSticky); err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut bytes.Buffer
+	if err := run([]string{"sandbox", "cp", "--server", hs.URL, f, "sb-0000000000-n1:/work/tool"}, &out, &errOut); err != nil {
+		t.Fatal(err)
+	}
+	if m := (<-spy.got).GetMode(); m != 0o5755 {
+		t.Fatalf("mode sent %o, want 5755", m)
+	}
+}
