@@ -336,7 +336,7 @@ func (t *Tools) readFile(ctx context.Context, p string, start, end int) (Result,
 	}
 	b, err := t.SB.ReadFile(ctx, full, MaxFileBytes+1)
 	if err != nil {
-		return toolError("read_file: %s: %v", p, err), nil
+		return sandboxErr(err, "read_file: %s", p)
 	}
 	if len(b) > MaxFileBytes {
 		return toolError("read_file: %s is over %d bytes; read a range of lines", p, MaxFileBytes), nil
@@ -450,7 +450,7 @@ func (t *Tools) editFile(ctx context.Context, p, old, new string) (Result, error
 	}
 	b, err := t.SB.ReadFile(ctx, full, MaxFileBytes+1)
 	if err != nil {
-		return toolError("edit_file: %s: %v", p, err), nil
+		return sandboxErr(err, "edit_file: %s", p)
 	}
 	if len(b) > MaxFileBytes {
 		return toolError("edit_file: %s is over %d bytes", p, MaxFileBytes), nil

@@ -60,7 +60,7 @@ func (hostSandbox) ReadFile(ctx context.Context, path string, limit int64) ([]by
 	if limit > 0 && int64(len(b)) > limit {
 		b = b[:limit]
 	}
-	return b, err
+	return b, Refused(err) // the file system's answer, as a guest's is
 }
 
 func (hostSandbox) WriteFile(ctx context.Context, path string, data []byte) error {

@@ -143,7 +143,7 @@ func (s agentSandbox) Exec(ctx context.Context, argv []string, dir string, timeo
 func (s agentSandbox) ReadFile(ctx context.Context, path string, limit int64) ([]byte, error) {
 	var b bytes.Buffer
 	if _, err := s.ia.ReadFile(ctx, path, limit, &b); err != nil {
-		return nil, err
+		return nil, refused(err) // the guest's answer (a missing file) is the model's
 	}
 	return b.Bytes(), nil
 }
