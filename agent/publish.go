@@ -137,6 +137,11 @@ func (g *GitService) BaseBranch(ctx context.Context, repo, base string) string {
 	return "main"
 }
 
+// ErrDiffTooLarge is forge.ErrDiffTooLarge, for the node (which imports
+// agent, not forge): a diff too large for the node to apply or read, the
+// model's to make smaller.
+var ErrDiffTooLarge = forge.ErrDiffTooLarge
+
 // Review puts the sandbox's patch on the workspace and checks the result:
 // the diff returned is exactly what a push would carry.
 func (g *GitService) Review(ctx context.Context, ws *forge.Workspace, patch string, testsRequested bool) ([]byte, *forge.Report, error) {

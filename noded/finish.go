@@ -13,7 +13,6 @@ import (
 	"github.com/warrenhq/warren/agent"
 	"github.com/warrenhq/warren/agent/model"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
-	"github.com/warrenhq/warren/forge"
 	"github.com/warrenhq/warren/guest"
 )
 
@@ -118,7 +117,7 @@ func (a *taskActor) finishTask(c *actor.Context) {
 	if a.cancelled(c, sctx) {
 		return
 	}
-	if errors.Is(err, forge.ErrDiffTooLarge) { // the model's to make smaller, as a patch over its cap
+	if errors.Is(err, agent.ErrDiffTooLarge) { // the model's to make smaller, as a patch over its cap
 		reject(err.Error() + "; leave large or generated files out of the change")
 		return
 	}
