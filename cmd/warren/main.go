@@ -108,15 +108,17 @@ func run(args []string, stdout, stderr io.Writer) error {
 }
 
 // parse parses flags that may come before, between or after positional
-// arguments, and returns the positional ones.
+// arguments, and returns the positional ones. Everything after "--" is
+// positional, flags or not.
 func parse(fs *flag.FlagSet, args []string) ([]string, error) {
-	var rest []string
-	for i, a := range args {
-		if a == "--" { // everything after it is positional, flags or not
-			args, rest = args[:i], args[i+1:]
-			break
-		}
-	}
+	return parseUpTo(fs, args, 0)
+}
+
+// parseUpTo is parse, except that once it has n positional arguments (n >
+// 0), the rest are positional too, flags or not: `sandbox exec ID ls -la`
+// runs `ls -la`, as `docker exec` would, instead of failing on -la or, worse,
+// taking a flag meant for the command (`env -dir`) as its own.
+func parseUpTo(fs *flag.FlagSet, args []string, n int) ([]string, error) {
 	// The flag package prints the error and the whole usage on a bad
 	// flag; keep the usage for -h only, and say the error once (main
 	// prints it) with where to find the flags.
@@ -126,6 +128,9 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 	defer fs.SetOutput(out)
 	var pos []string
 	for {
+		if n > 0 && len(pos) >= n {
+			return append(pos, args...), nil
+		}
 		if err := fs.Parse(args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
 				_, _ = buf.WriteTo(out)
@@ -133,13 +138,38 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 			}
 			return nil, fmt.Errorf("%w\nrun `warren %s -h` for its flags", err, fs.Name())
 		}
-		args = fs.Args()
-		if len(args) == 0 {
-			return append(pos, rest...), nil
+		left := fs.Args()
+		if endedByDashes(fs, args, len(args)-len(left)) {
+			return append(pos, left...), nil
 		}
-		pos = append(pos, args[0])
-		args = args[1:]
+		if len(left) == 0 {
+			return pos, nil
+		}
+		pos = append(pos, left[0])
+		args = left[1:]
 	}
+}
+
+// endedByDashes reports whether fs.Parse(args), having taken the first
+// used arguments, stopped at a "--" (which it takes) rather than at a
+// positional argument: the "--" is not the value of the flag before it.
+func endedByDashes(fs *flag.FlagSet, args []string, used int) bool {
+	if used == 0 || args[used-1] != "--" {
+		return false
+	}
+	if used == 1 {
+		return true
+	}
+	prev := args[used-2]
+	if !strings.HasPrefix(prev, "-") || strings.Contains(prev, "=") {
+		return true
+	}
+	f := fs.Lookup(strings.TrimLeft(prev, "-"))
+	if f == nil {
+		return true
+	}
+	b, ok := f.Value.(interface{ IsBoolFlag() bool })
+	return ok && b.IsBoolFlag() // a bool flag takes no value: "--" ended the flags
 }
 
 // wantArgs checks the count of positional arguments.

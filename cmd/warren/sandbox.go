@@ -268,7 +268,10 @@ func cmdSandbox(args []string, stdout, stderr io.Writer) error {
 		dir := fs.String("dir", "", "working directory (absolute)")
 		cmdTimeout := fs.Duration("cmd-timeout", 0, "kill the command's process group after this long (0: no limit)")
 		stdin := fs.Bool("stdin", false, "send this process's stdin to the command")
-		pos, err := parse(fs, args)
+		// Flags go before the command: after ID and the command's name,
+		// every argument is the command's (a "--" before the command is
+		// still taken as the end of warren's flags).
+		pos, err := parseUpTo(fs, args, 2)
 		if err != nil {
 			return err
 		}
