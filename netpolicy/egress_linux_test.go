@@ -883,3 +883,52 @@ func TestAFullAuditSetIsReported(t *testing.T) {
 		}
 	}
 }
+
+// The resolver sends upstream the question and no more: before, it
+// forwarded the sandbox's query as it came, so EDNS options of the
+// sandbox's own (any bytes in a local option, a client subnet) and records
+// in its additional section reached the upstream resolver, a channel out
+// of the sandbox beside the names its policy allows.
+func TestTheUpstreamGetsOnlyTheQuestion(t *testing.T) {
+	tp := New(t)
+	m := tp.Manager(t, 1, func(string, netpolicy.AuditBatch) {})
+	s, err := m.Claim(context.Background(), "sb-edns", netpolicy.Policy{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var c net.Conn
+	if err := netpolicy.InNamedNS(s.NSPath(), func() (err error) {
+		c, err = net.Dial("udp", net.JoinHostPort(s.Guest(false).DNS[0].String(), "53"))
+		return
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	q := new(dns.Msg)
+	q.SetQuestion("www.cdn.test.", dns.TypeA)
+	q.SetEdns0(4096, true)
+	opt := q.IsEdns0()
+	opt.Option = append(opt.Option,
+		&dns.EDNS0_LOCAL{Code: dns.EDNS0LOCALSTART, Data: []byte("secret from the sandbox")},
+		&dns.EDNS0_SUBNET{Code: dns.EDNS0SUBNET, Family: 1, SourceNetmask: 24, Address: net.IPv4(203, 0, 113, 0).To4()})
+	q.Extra = append(q.Extra, &dns.TXT{Hdr: dns.RR_Header{Name: "x.", Rrtype: dns.TypeTXT, Class: dns.ClassINET}, Txt: []string{"more secrets"}})
+	resp, _, err := (&dns.Client{Timeout: 3 * time.Second}).ExchangeWithConn(q, &dns.Conn{Conn: c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Rcode != dns.RcodeSuccess || len(resp.Answer) == 0 {
+		t.Fatalf("the sandbox's answer: rcode %d, %v", resp.Rcode, resp.Answer)
+	}
+	up := tp.Zone.LastQuery("www.cdn.test.")
+	if up == nil {
+		t.Fatal("the upstream got no query")
+	}
+	o := up.IsEdns0()
+	if len(up.Extra) != 1 || o == nil || len(o.Option) != 0 {
+		t.Fatalf("the upstream got additional records %v, want EDNS without options alone", up.Extra)
+	}
+	if o.UDPSize() != 1232 || !o.Do() || !up.RecursionDesired || len(up.Question) != 1 {
+		t.Errorf("the upstream got UDP size %d, DO %v, RD %v, %d questions; want 1232, true, true, 1", o.UDPSize(), o.Do(), up.RecursionDesired, len(up.Question))
+	}
+}

@@ -115,7 +115,7 @@ func (r *resolver) ServeDNS(w dns.ResponseWriter, q *dns.Msg) {
 		return
 	}
 	_, tcp := w.RemoteAddr().(*net.TCPAddr)
-	resp, err := r.forward(q, tcp)
+	resp, err := r.forward(upstreamQuery(q), tcp)
 	if err != nil {
 		r.m.log.Debug("resolver: upstream", "name", name, "err", err)
 		reply(dns.RcodeServerFailure)
@@ -280,6 +280,30 @@ func (m *Manager) allowedAnswer(a netip.Addr, p Policy) bool {
 	}
 	return true
 }
+
+// upstreamQuery is the query the resolver sends upstream for q: its
+// question, its recursion and checking flags, and EDNS with its UDP size
+// (at most maxUpstreamUDP) and DNSSEC bit, nothing else. q as sent would
+// carry whatever the sandbox put in it to the upstream resolver: EDNS
+// options of its own (arbitrary bytes in a local option, a client subnet)
+// and records in its additional section, a channel out of the sandbox
+// beside the names the policy allows.
+func upstreamQuery(q *dns.Msg) *dns.Msg {
+	out := new(dns.Msg)
+	out.Id = q.Id
+	out.Opcode = dns.OpcodeQuery
+	out.RecursionDesired = q.RecursionDesired
+	out.CheckingDisabled = q.CheckingDisabled
+	out.Question = []dns.Question{q.Question[0]}
+	if o := q.IsEdns0(); o != nil {
+		out.SetEdns0(min(max(o.UDPSize(), dns.MinMsgSize), maxUpstreamUDP), o.Do())
+	}
+	return out
+}
+
+// maxUpstreamUDP bounds the UDP answer size the resolver asks upstream for
+// (DNS flag day 2020's advice: no fragmented answers).
+const maxUpstreamUDP = 1232
 
 // forward asks the upstream from the node's namespace, over TCP when the
 // sandbox asked over TCP or the UDP answer was truncated.

@@ -262,6 +262,15 @@ type Zone struct {
 	a     map[string][]netip.Addr
 	ttl   map[string]uint32        // default 30
 	delay map[string]time.Duration // before answering
+	last  map[string]*dns.Msg      // the last query for each name
+}
+
+// LastQuery is the last query the server got for name (with the final
+// dot), as it came, or nil.
+func (z *Zone) LastQuery(name string) *dns.Msg {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	return z.last[name]
 }
 
 // NewZone holds the names the tests ask for: allowed.test and
@@ -281,7 +290,7 @@ func NewZone() *Zone {
 		"private-ula.test.": {netip.MustParseAddr("fd00::1")},
 		"slow.test.":        {Other},
 		"short.test.":       {Web},
-	}, ttl: map[string]uint32{"short.test.": 1}, delay: map[string]time.Duration{}}
+	}, ttl: map[string]uint32{"short.test.": 1}, delay: map[string]time.Duration{}, last: map[string]*dns.Msg{}}
 }
 
 // SetDelay makes the server wait d before answering name.
@@ -304,6 +313,7 @@ func (z *Zone) ServeDNS(w dns.ResponseWriter, q *dns.Msg) {
 	m.SetReply(q)
 	z.mu.Lock()
 	name := q.Question[0].Name
+	z.last[name] = q.Copy()
 	addrs, ok := z.a[name]
 	ttl, delay := z.ttl[name], z.delay[name]
 	z.mu.Unlock()
