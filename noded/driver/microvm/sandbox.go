@@ -52,6 +52,11 @@ type VM struct {
 	bindErr error
 	// busy is what Info reports while a pause or resume holds mu.
 	busy atomic.Pointer[driver.Info]
+	// gone is closed when a destroy has finished (made by the first);
+	// another destroy waits for it, so a Destroy or Close that finds one
+	// under way (the TTL's, watchExit's) returns once QEMU, the overlay,
+	// the tap and the cgroup are gone, not before.
+	gone chan struct{}
 }
 
 // Network is the VM's network, nil when it has none.
@@ -783,7 +788,8 @@ func (vm *VM) endQEMU() {
 	}
 }
 
-// Destroy stops the VM and removes its process, files and cgroup.
+// Destroy stops the VM and removes its process, files and cgroup. One
+// that finds a destroy under way returns once that one has finished.
 func (vm *VM) Destroy() error {
 	vm.destroy()
 	return nil
@@ -791,11 +797,17 @@ func (vm *VM) Destroy() error {
 
 func (vm *VM) destroy() {
 	vm.mu.Lock()
+	if vm.gone == nil {
+		vm.gone = make(chan struct{})
+	}
+	gone := vm.gone
 	if vm.state == "destroyed" {
 		vm.mu.Unlock()
+		<-gone // under way: wait for it
 		return
 	}
 	vm.state = "destroyed"
+	defer close(gone)
 	if vm.ttl != nil {
 		vm.ttl.Stop()
 	}
