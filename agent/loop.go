@@ -135,6 +135,12 @@ type Loop struct {
 	// messages that wait for its results
 	open       *openTurn
 	heldSteers []string
+	// given counts the user's messages handed to the loop (Steer, or
+	// found by Replay): a model_call records it as user_messages, so that
+	// a replay gives the model each message where the live loop did, not
+	// where its event lies on the log (one that came during a model call
+	// is on the log before that call's event, and the model saw it after).
+	given int64
 	// set by Replay: the finish it found (its end was not recorded)
 	replayFinish *Finish
 	// the finishing turn's tool results, which its end keeps out of the
@@ -233,8 +239,16 @@ func (l *Loop) Start(ctx context.Context, t Task) error {
 }
 
 // Steer adds a user's message; the model sees it at the next step, after
-// the results of a turn still open.
+// the results of a turn still open. The caller gives the messages in the
+// order of the log, each once.
 func (l *Loop) Steer(text string) {
+	l.given++
+	l.steer(text)
+}
+
+// steer is Steer for a message the loop has counted already (held, or
+// deferred past a finish).
+func (l *Loop) steer(text string) {
 	if l.open != nil {
 		l.heldSteers = append(l.heldSteers, text)
 		return
@@ -248,7 +262,7 @@ func (l *Loop) steerHeld() {
 	held := l.heldSteers
 	l.heldSteers = nil
 	for _, text := range held {
-		l.Steer(text)
+		l.steer(text)
 	}
 }
 
@@ -428,7 +442,7 @@ func (l *Loop) call(ctx context.Context, req model.Request, compaction bool) (re
 	l.spent.CostMicroUSD += res.CostMicroUSD
 	content := resp.Content
 	ev := map[string]any{
-		"step": n, "model": resp.Model, "messages": len(req.Messages), "max_tokens": req.MaxTokens,
+		"step": n, "model": resp.Model, "messages": len(req.Messages), "user_messages": l.given, "max_tokens": req.MaxTokens,
 		"usage": resp.Usage, "cost_micro_usd": res.CostMicroUSD, "cache_hit_rate": resp.Usage.CacheHitRate(),
 		"attempts": res.Attempts, "spent": l.spent,
 	}
@@ -704,7 +718,7 @@ type Event struct {
 // them (the caller restores the workspace first when one of them changes
 // it) and goes on.
 func (l *Loop) Replay(events []Event) ([]model.Block, error) {
-	l.msgs, l.spent, l.step, l.replayFinish, l.open, l.heldSteers, l.unrecorded = nil, Spent{}, 0, nil, nil, nil, nil
+	l.msgs, l.spent, l.step, l.replayFinish, l.open, l.heldSteers, l.unrecorded, l.given = nil, Spent{}, 0, nil, nil, nil, nil, 0
 	l.checkpoint, l.hasCheckpoint, l.checkpointTooLarge = "", false, false
 	l.asked, l.decisions, l.toolIDs = map[string]bool{}, map[string]decision{}, nil
 	l.finishResults, l.finishID, l.rejections, l.deferredSteers = nil, "", 0, nil
@@ -719,6 +733,27 @@ func (l *Loop) Replay(events []Event) ([]model.Block, error) {
 	// conversation over with all of them.
 	var early []string
 	called := false
+	// The user's messages after the first model call, not yet given: a
+	// model_call's user_messages says how many the live loop had been
+	// given before it; the rest came during the call (or later), and the
+	// model saw them after it. Logs from before the count give each
+	// message before the next model call.
+	var queued []string
+	give := func(text string) {
+		l.given++
+		switch {
+		case l.replayFinish != nil:
+			// The finish turn's results stay out until its refusal:
+			// the message follows them, as it did live.
+			l.deferredSteers = append(l.deferredSteers, text)
+		case len(pending) > 0:
+			// Its turn's calls are still running: the model sees it
+			// after their results.
+			l.heldSteers = append(l.heldSteers, text)
+		default:
+			l.steer(text)
+		}
+	}
 	// flush ends the previous turn: its results, then the messages that
 	// came while it ran, in the order the loop gave them to the model.
 	flush := func() {
@@ -746,33 +781,29 @@ func (l *Loop) Replay(events []Event) ([]model.Block, error) {
 			}
 			switch {
 			case p.Initial:
+				// The start Steers every message on the log: the count
+				// starts over with them, as the live loop's did.
 				l.msgs = []model.Message{{Role: model.RoleUser, Content: []model.Block{{Type: model.BlockText, Text: p.Text}}}}
 				for _, text := range early {
-					l.Steer(text)
+					l.steer(text)
 				}
+				l.given, queued = int64(len(early)), nil
 			case p.From == "user" && !called:
 				early = append(early, p.Text)
-				if len(l.msgs) > 0 { // after the context: the model sees it there
-					l.Steer(p.Text)
+				if len(l.msgs) > 0 { // after the context: given before the first call, or during it
+					queued = append(queued, p.Text)
 				}
-			case p.From == "user" && l.replayFinish != nil:
-				// The finish turn's results stay out until its refusal:
-				// the message follows them, as it did live.
-				l.deferredSteers = append(l.deferredSteers, p.Text)
-			case p.From == "user" && len(pending) > 0:
-				// Its turn's calls are still running: the model sees
-				// it after their results.
-				l.heldSteers = append(l.heldSteers, p.Text)
 			case p.From == "user":
-				l.Steer(p.Text)
+				queued = append(queued, p.Text)
 			}
 		case "model_call":
 			called = true
 			flush()
 			var p struct {
-				Step       int64 `json:"step"`
-				Compaction bool  `json:"compaction"`
-				Response   struct {
+				Step         int64  `json:"step"`
+				Compaction   bool   `json:"compaction"`
+				UserMessages *int64 `json:"user_messages"`
+				Response     struct {
 					Content    []model.Block `json:"content"`
 					StopReason string        `json:"stop_reason"`
 				} `json:"response"`
@@ -784,6 +815,14 @@ func (l *Loop) Replay(events []Event) ([]model.Block, error) {
 			if len(l.msgs) == 0 {
 				return nil, fmt.Errorf("%w: a model call before the task's context", ErrReplay)
 			}
+			n := len(queued)
+			if p.UserMessages != nil {
+				n = int(min(max(*p.UserMessages-l.given, 0), int64(n)))
+			}
+			for _, text := range queued[:n] {
+				give(text)
+			}
+			queued = queued[n:]
 			if p.Compaction {
 				l.step, l.spent = p.Step, p.Spent
 				text := ""
@@ -864,7 +903,7 @@ func (l *Loop) Replay(events []Event) ([]model.Block, error) {
 			l.rejections++
 			flush()
 			for _, text := range l.deferredSteers {
-				l.Steer(text)
+				l.steer(text)
 			}
 			l.deferredSteers = nil
 		case "tool_result":
@@ -886,6 +925,11 @@ func (l *Loop) Replay(events []Event) ([]model.Block, error) {
 				delete(unconfirmed, p.ID)
 			}
 		}
+	}
+	// The messages the log's last model call did not see come after it
+	// (and after its turn's results, if the log has them all).
+	for _, text := range queued {
+		give(text)
 	}
 	// A checkpoint left unconfirmed (the node died between it and its
 	// call's result) is not restored: the last confirmed one is, or the
@@ -974,7 +1018,7 @@ func (l *Loop) RejectFinish(ctx context.Context, reason string) error {
 	}
 	l.appendUser(rejectedFinish(l.finishResults, l.finishID, reason)...)
 	for _, text := range l.deferredSteers { // messages replayed while it had finished
-		l.Steer(text)
+		l.steer(text)
 	}
 	l.deferredSteers = nil
 	l.rejections++
