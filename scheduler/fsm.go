@@ -402,10 +402,18 @@ func (a *applier) putIdem(k []byte, m proto.Message) {
 	a.idem.add(k)
 }
 
+// get reads key k into m, first adding the staged events to the batch
+// when k is an event's, so that the read sees them.
 func (a *applier) get(k []byte, m proto.Message) bool {
 	if len(k) > 0 && k[0] == prefixEvent {
 		a.flushEvents()
 	}
+	return a.read(k, m)
+}
+
+// read reads key k from the batch into m, reporting whether it was there;
+// it does not look at the staged events (see get and peekEvent).
+func (a *applier) read(k []byte, m proto.Message) bool {
 	err := readProto(a.b, k, m)
 	if errors.Is(err, ErrNotFound) {
 		return false
@@ -619,14 +627,7 @@ func (a *applier) peekEvent(id string, seq uint64, m proto.Message) bool {
 			return true
 		}
 	}
-	err := readProto(a.b, k, m)
-	if errors.Is(err, ErrNotFound) {
-		return false
-	}
-	if err != nil {
-		panic(fmt.Sprintf("scheduler: read %x: %v", k, err))
-	}
-	return true
+	return a.read(k, m)
 }
 
 // maxKeptStaging bounds the staging buffer the FSM keeps between batches,
