@@ -24,40 +24,11 @@ func BenchmarkFSMAppend(b *testing.B) {
 		b.Run(fmt.Sprintf("live-cache=%v", cache), func(b *testing.B) {
 			tf := newTestFSM(b)
 			tf.fsm.noLive = !cache
-			ids := make([]string, tasks)
-			for i := 0; i < tasks; i += 500 {
-				var msgs []proto.Message
-				for j := i; j < i+500; j++ {
-					ids[j] = ulid.Make().String()
-					msgs = append(msgs, &fsmv1.CreateTask{Id: ids[j], Tenant: "default", Spec: testSpec(), Time: timestamppb.New(t0)})
-				}
-				tf.ok(msgs...)
-			}
-			// A first append to each puts it in the cache (when on), as the
-			// running state_changed event does in the cluster.
-			for i := 0; i < tasks; i += perEntry {
-				var msgs []proto.Message
-				for _, id := range ids[i : i+perEntry] {
-					msgs = append(msgs, &fsmv1.AppendEvents{TaskId: id, Events: []*warrenv1.EventInput{logEvent("first")}, Time: timestamppb.New(t0)})
-				}
-				tf.ok(msgs...)
-			}
+			ids := seedTasks(tf, tasks, perEntry)
 			if err := tf.db.Flush(); err != nil {
 				b.Fatal(err)
 			}
-			payload := []byte(fmt.Sprintf(`{"output":%q}`, strings.Repeat("x", 1000)))
-			rng := rand.New(rand.NewPCG(1, 2))
-			b.ReportAllocs()
-			b.ResetTimer()
-			for n := 0; n < b.N; n++ {
-				msgs := make([]proto.Message, perEntry)
-				for i := range msgs {
-					msgs[i] = &fsmv1.AppendEvents{TaskId: ids[rng.IntN(tasks)], RequestId: fmt.Sprint("r", n, "/", i),
-						Events: []*warrenv1.EventInput{{Kind: KindLog, Payload: payload}}, Time: timestamppb.New(t0)}
-				}
-				tf.ok(msgs...)
-			}
-			b.ReportMetric(float64(b.N*perEntry)/b.Elapsed().Seconds(), "appends/s")
+			benchAppends(b, tf, ids, perEntry, 1000)
 		})
 	}
 }
@@ -73,31 +44,52 @@ func BenchmarkFSMAppendSorted(b *testing.B) {
 		b.Run(fmt.Sprintf("sorted=%v", sorted), func(b *testing.B) {
 			tf := newTestFSM(b)
 			tf.fsm.unsorted = !sorted
-			ids := make([]string, tasks)
-			var msgs []proto.Message
-			for i := range ids {
-				ids[i] = ulid.Make().String()
-				msgs = append(msgs, &fsmv1.CreateTask{Id: ids[i], Tenant: "default", Spec: testSpec(), Time: timestamppb.New(t0)})
-			}
-			tf.ok(msgs...)
-			msgs = msgs[:0]
-			for _, id := range ids {
-				msgs = append(msgs, &fsmv1.AppendEvents{TaskId: id, Events: []*warrenv1.EventInput{logEvent("first")}, Time: timestamppb.New(t0)})
-			}
-			tf.ok(msgs...)
-			payload := []byte(fmt.Sprintf(`{"output":%q}`, strings.Repeat("x", 240)))
-			rng := rand.New(rand.NewPCG(1, 2))
-			b.ReportAllocs()
-			b.ResetTimer()
-			for n := 0; n < b.N; n++ {
-				msgs := make([]proto.Message, perEntry)
-				for i := range msgs {
-					msgs[i] = &fsmv1.AppendEvents{TaskId: ids[rng.IntN(tasks)], RequestId: fmt.Sprint("r", n, "/", i),
-						Events: []*warrenv1.EventInput{{Kind: KindLog, Payload: payload}}, Time: timestamppb.New(t0)}
-				}
-				tf.ok(msgs...)
-			}
-			b.ReportMetric(float64(b.N*perEntry)/b.Elapsed().Seconds(), "appends/s")
+			ids := seedTasks(tf, tasks, tasks)
+			benchAppends(b, tf, ids, perEntry, 240)
 		})
 	}
+}
+
+// seedTasks creates n tasks, in raft entries of up to 500, then appends a
+// first event to each, in entries of up to firstPer, which puts it in the
+// live cache (when on), as the running state_changed event does in the
+// cluster. It returns the tasks' ids.
+func seedTasks(tf *testFSM, n, firstPer int) []string {
+	ids := make([]string, n)
+	for i := 0; i < n; i += 500 {
+		var msgs []proto.Message
+		for j := i; j < min(i+500, n); j++ {
+			ids[j] = ulid.Make().String()
+			msgs = append(msgs, &fsmv1.CreateTask{Id: ids[j], Tenant: "default", Spec: testSpec(), Time: timestamppb.New(t0)})
+		}
+		tf.ok(msgs...)
+	}
+	for i := 0; i < n; i += firstPer {
+		var msgs []proto.Message
+		for _, id := range ids[i:min(i+firstPer, n)] {
+			msgs = append(msgs, &fsmv1.AppendEvents{TaskId: id, Events: []*warrenv1.EventInput{logEvent("first")}, Time: timestamppb.New(t0)})
+		}
+		tf.ok(msgs...)
+	}
+	return ids
+}
+
+// benchAppends times b.N raft entries of perEntry one-event appends, each
+// with a request id and a log payload of an output of outputLen bytes, to
+// tasks picked at random (with a fixed seed) from ids, and reports
+// appends/s.
+func benchAppends(b *testing.B, tf *testFSM, ids []string, perEntry, outputLen int) {
+	payload := []byte(fmt.Sprintf(`{"output":%q}`, strings.Repeat("x", outputLen)))
+	rng := rand.New(rand.NewPCG(1, 2))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for n := 0; n < b.N; n++ {
+		msgs := make([]proto.Message, perEntry)
+		for i := range msgs {
+			msgs[i] = &fsmv1.AppendEvents{TaskId: ids[rng.IntN(len(ids))], RequestId: fmt.Sprint("r", n, "/", i),
+				Events: []*warrenv1.EventInput{{Kind: KindLog, Payload: payload}}, Time: timestamppb.New(t0)}
+		}
+		tf.ok(msgs...)
+	}
+	b.ReportMetric(float64(b.N*perEntry)/b.Elapsed().Seconds(), "appends/s")
 }
