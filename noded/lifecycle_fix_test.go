@@ -332,6 +332,27 @@ func TestCancelDuringClaimEndsCancelled(t *testing.T) {
 	}
 }
 
+// restartableNode returns a function that starts node n1 of c with models
+// on a new container driver (namespace ns, guest agent guestBin), closed
+// at the test's end. Each call starts it over the same data directory, so
+// a call after closing the last one restarts the node.
+func restartableNode(t *testing.T, c *cluster, imageDir, guestBin, ns string, models *noded.Models) func() *noded.Daemon {
+	return func() *noded.Daemon {
+		drv, err := container.New(container.Config{ImageDir: imageDir, StateDir: t.TempDir(), Namespace: ns, Agent: guestBin})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := noded.Start(noded.Config{ID: "n1", DataDir: filepath.Join(c.dir, "node-n1"), Servers: c.urls(), Driver: drv,
+			Capacity: &warrenv1.Resources{MilliCpu: 100 * 1000, MemoryBytes: 1 << 40}, Models: models})
+		if err != nil {
+			drv.Close()
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { d.Close() })
+		return d
+	}
+}
+
 // An agent task waits for an approval; its node restarts within its TTL
 // (the lease stays, same epoch) and the call is approved while it is
 // down. The restarted actor records that the task runs again, runs the
@@ -349,21 +370,7 @@ func TestApprovalDecidedWhileTheNodeRestartsResumes(t *testing.T) {
 	fake := fakeAnthropic(t, turns, nil)
 	guestBin := buildGuest(t)
 	c := startCluster(t, 1, 30*time.Second) // the restart stays well within the node's TTL
-	models := &noded.Models{AnthropicKey: "k", AnthropicURL: fake.URL}
-	start := func() *noded.Daemon {
-		drv, err := container.New(container.Config{ImageDir: imageDir, StateDir: t.TempDir(), Namespace: "warren-lifecycle", Agent: guestBin})
-		if err != nil {
-			t.Fatal(err)
-		}
-		d, err := noded.Start(noded.Config{ID: "n1", DataDir: filepath.Join(c.dir, "node-n1"), Servers: c.urls(), Driver: drv,
-			Capacity: &warrenv1.Resources{MilliCpu: 100 * 1000, MemoryBytes: 1 << 40}, Models: models})
-		if err != nil {
-			drv.Close()
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { d.Close() })
-		return d
-	}
+	start := restartableNode(t, c, imageDir, guestBin, "warren-lifecycle", &noded.Models{AnthropicKey: "k", AnthropicURL: fake.URL})
 	d1 := start()
 	waitFor(t, "node ready", 10*time.Second, func() bool {
 		n, err := c.node("n1")

@@ -3,7 +3,6 @@ package noded_test
 import (
 	"context"
 	"encoding/json"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -13,7 +12,6 @@ import (
 
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/noded"
-	"github.com/warrenhq/warren/noded/driver/container"
 )
 
 // A task resumed after its last workspace checkpoint was too large to
@@ -43,21 +41,7 @@ func TestAResumeWithoutItsChangesTellsTheModel(t *testing.T) {
 	})
 	guestBin := buildGuest(t)
 	c := startCluster(t, 1, 30*time.Second)
-	models := &noded.Models{AnthropicKey: "k", AnthropicURL: fake.URL}
-	start := func() *noded.Daemon {
-		drv, err := container.New(container.Config{ImageDir: imageDir, StateDir: t.TempDir(), Namespace: "warren-resume-reset", Agent: guestBin})
-		if err != nil {
-			t.Fatal(err)
-		}
-		d, err := noded.Start(noded.Config{ID: "n1", DataDir: filepath.Join(c.dir, "node-n1"), Servers: c.urls(), Driver: drv,
-			Capacity: &warrenv1.Resources{MilliCpu: 100 * 1000, MemoryBytes: 1 << 40}, Models: models})
-		if err != nil {
-			drv.Close()
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { d.Close() })
-		return d
-	}
+	start := restartableNode(t, c, imageDir, guestBin, "warren-resume-reset", &noded.Models{AnthropicKey: "k", AnthropicURL: fake.URL})
 	d1 := start()
 	ctx := context.Background()
 	resp, err := c.cl.Tasks().CreateTask(ctx, connect.NewRequest(&warrenv1.CreateTaskRequest{
