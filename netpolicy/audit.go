@@ -54,13 +54,13 @@ func protoName(p uint8) string {
 }
 
 // summarise turns the audit sets' current counters into events for what
-// changed since seen (which it updates), adds the resolver's events, and
-// caps the batch at MaxAuditEvents: denials first, but a quarter of the
-// places kept for allowances, so neither starves the other. What does not
-// fit is not lost: it stays unreported (seen is not advanced for it, and
-// its resolver events come back as leftover) and goes in a later batch;
-// Omitted says how much waits.
-func summarise(seen map[attemptKey]uint64, now []Attempt, dns []AuditEvent) (AuditBatch, []AuditEvent) {
+// changed since seen (which it updates), adds the pending events (resolver
+// decisions and audit_full notes), and caps the batch at MaxAuditEvents:
+// denials first, but a quarter of the places kept for allowances, so
+// neither starves the other. What does not fit is not lost: it stays
+// unreported (seen is not advanced for it, and its pending events come
+// back as leftover) and goes in a later batch; Omitted says how much waits.
+func summarise(seen map[attemptKey]uint64, now []Attempt, pending []AuditEvent) (AuditBatch, []AuditEvent) {
 	type item struct {
 		ev   AuditEvent
 		key  *attemptKey // connect events: the counter to advance when reported
@@ -93,7 +93,7 @@ func summarise(seen map[attemptKey]uint64, now []Attempt, dns []AuditEvent) (Aud
 			delete(seen, k) // expired from its set
 		}
 	}
-	for _, e := range dns {
+	for _, e := range pending {
 		items = append(items, item{ev: e})
 	}
 	slices.SortStableFunc(items, func(a, b item) int {

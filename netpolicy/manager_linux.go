@@ -403,7 +403,9 @@ type Sandbox struct {
 	policy  Policy
 	matcher *Matcher
 	seen    map[attemptKey]uint64 // packets reported so far
-	dns     []AuditEvent          // resolver decisions not yet reported
+	// pending holds the events not yet reported that no audit set counts:
+	// resolver decisions (noteDNS) and audit_full notes (noteFull).
+	pending []AuditEvent
 	// auditFull holds the audit sets reported full (noteFull) that were
 	// still full at the last read.
 	auditFull map[string]bool
@@ -843,8 +845,8 @@ func (s *Sandbox) Collect() ([]AuditBatch, error) {
 		// resolver and the periodic report wait for.
 		n := len(out)
 		for {
-			b, left := summarise(s.seen, now, s.dns)
-			s.dns = left
+			b, left := summarise(s.seen, now, s.pending)
+			s.pending = left
 			if len(b.Events) > 0 {
 				out = append(out, b)
 			}
@@ -872,8 +874,8 @@ func (s *Sandbox) collect() (AuditBatch, error) {
 		return AuditBatch{}, err
 	}
 	s.noteFull(full)
-	b, left := summarise(s.seen, now, s.dns)
-	s.dns = left
+	b, left := summarise(s.seen, now, s.pending)
+	s.pending = left
 	return b, nil
 }
 
@@ -899,7 +901,7 @@ func (s *Sandbox) noteFull(full []auditSet) {
 		if f.v6 {
 			family = "IPv6"
 		}
-		s.dns = append(s.dns, AuditEvent{Verdict: verdict, Kind: "audit_full", Count: 1,
+		s.pending = append(s.pending, AuditEvent{Verdict: verdict, Kind: "audit_full", Count: 1,
 			Reason: fmt.Sprintf("%d distinct %s destinations (%s) in %v: attempts to others are filtered but not recorded until these expire",
 				auditSize, family, verdict, auditTTL)})
 	}
@@ -920,21 +922,21 @@ const maxPendingDNS = 4 * MaxAuditEvents
 func (s *Sandbox) noteDNS(e AuditEvent) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for i := range s.dns {
-		if d := &s.dns[i]; d.Name == e.Name && d.Verdict == e.Verdict && d.Reason == e.Reason {
+	for i := range s.pending {
+		if d := &s.pending[i]; d.Name == e.Name && d.Verdict == e.Verdict && d.Reason == e.Reason {
 			d.Count++
 			return
 		}
 	}
-	if len(s.dns) >= maxPendingDNS {
+	if len(s.pending) >= maxPendingDNS {
 		e.Name = ""
-		for i := range s.dns {
-			if d := &s.dns[i]; d.Name == "" && d.Verdict == e.Verdict && d.Reason == e.Reason {
+		for i := range s.pending {
+			if d := &s.pending[i]; d.Name == "" && d.Verdict == e.Verdict && d.Reason == e.Reason {
 				d.Count++
 				return
 			}
 		}
 	}
 	e.Count = 1
-	s.dns = append(s.dns, e)
+	s.pending = append(s.pending, e)
 }

@@ -15,13 +15,13 @@ func TestDNSBacklogKeepsCount(t *testing.T) {
 		s.noteDNS(AuditEvent{Verdict: "deny", Kind: "dns", Name: fmt.Sprintf("n%d.example.", i), Reason: "not on the allowlist"})
 	}
 	s.noteDNS(AuditEvent{Verdict: "allow", Kind: "dns", Name: "allowed.example."})
-	if len(s.dns) > maxPendingDNS+2 {
-		t.Fatalf("%d decisions kept; the backlog holds %d, plus one unnamed event per verdict and reason", len(s.dns), maxPendingDNS)
+	if len(s.pending) > maxPendingDNS+2 {
+		t.Fatalf("%d decisions kept; the backlog holds %d, plus one unnamed event per verdict and reason", len(s.pending), maxPendingDNS)
 	}
 	var named, unnamed, allowed uint64
 	for range 100 {
-		b, left := summarise(s.seen, nil, s.dns)
-		s.dns = left
+		b, left := summarise(s.seen, nil, s.pending)
+		s.pending = left
 		for _, e := range b.Events {
 			switch {
 			case e.Verdict == "allow":
