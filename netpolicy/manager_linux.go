@@ -912,8 +912,9 @@ func (s *Sandbox) noteFull(full []auditSet) {
 	}
 }
 
-// maxPendingDNS bounds the resolver decisions a sandbox keeps between
-// reports, so a flood of distinct names cannot grow the node's memory.
+// maxPendingDNS bounds the notes a sandbox keeps between reports (its
+// resolver decisions, and the few audit_full notes beside them), so a
+// flood of distinct names cannot grow the node's memory.
 const maxPendingDNS = 4 * MaxAuditEvents
 
 // noteDNS queues a resolver decision for the next report, merging repeats.
