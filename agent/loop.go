@@ -327,7 +327,12 @@ func (l *Loop) Step(ctx context.Context) (*Outcome, error) {
 		return l.runTurn(ctx, l.open)
 	}
 	req := model.Request{Model: l.cfg.Model, System: l.cfg.System, Tools: ToolSpecs(), Messages: l.msgs}
-	if l.needsCompaction(req) {
+	// A call made and paid for but not recorded is recorded and acted on
+	// by the next call of its own kind (see call): this step is that kind,
+	// whatever the estimate says now (a message Steered since may have
+	// put it over or under the threshold), else the call was dropped and
+	// the model asked again.
+	if u := l.unrecorded; (u != nil && u.compaction) || (u == nil && l.needsCompaction(req)) {
 		return l.compact(ctx, req)
 	}
 	resp, n, stop, err := l.call(ctx, req, false)
