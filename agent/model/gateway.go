@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/warrenhq/warren/actor"
 )
@@ -40,11 +41,22 @@ func (p Price) WorstCaseMicroUSD(inputTokens, maxTokens int64) int64 {
 }
 
 // EstimateInputTokens bounds a request's prompt from above without a
-// tokenizer: JSON bytes / 3 (real tokenizers average 3.5–4 bytes a token
-// on code and English).
+// tokenizer: its JSON's ASCII bytes / 3 (real tokenizers average 3.5–4
+// bytes a token on code and English), and one token for each byte of
+// other text. A byte-level tokenizer makes at most one token of each
+// byte, and CJK text or emoji often take one to three tokens a character:
+// at 3 bytes a token they counted a third of that or less, so a task in
+// such a language compacted late and could pass its token budget. (ASCII
+// that tokenizes badly, a long random string, can still be under-counted.)
 func EstimateInputTokens(req Request) int64 {
 	b, _ := json.Marshal(req)
-	return int64(len(b)/3 + 1)
+	other := 0
+	for _, c := range b {
+		if c >= utf8.RuneSelf {
+			other++
+		}
+	}
+	return int64((len(b)-other)/3 + other + 1)
 }
 
 // RetryPolicy says how a failed call is retried: 429, 5xx, overloaded and
