@@ -10,6 +10,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/warrenhq/warren/guest"
@@ -185,7 +186,14 @@ type ExecResult struct {
 
 // HostMemoryBytes is the host's memory (MemTotal in /proc/meminfo), or 0
 // if unknown.
-func HostMemoryBytes() int64 {
+func HostMemoryBytes() int64 { return hostMemory() }
+
+// hostMemory reads /proc/meminfo once: every claim checks its limits
+// against it, and the kernel makes the whole file at each read (a p50 of
+// 36 µs here, p99 0.2 ms, on a warm claim's path).
+var hostMemory = sync.OnceValue(readHostMemory)
+
+func readHostMemory() int64 {
 	b, err := os.ReadFile("/proc/meminfo")
 	if err != nil {
 		return 0
