@@ -391,13 +391,18 @@ func (c *Client) ReadFile(ctx context.Context, path string, limit int64, w io.Wr
 }
 
 // WriteFile replaces (atomically) or creates a guest file with r's bytes,
-// creating parent directories. mode 0 means 0644. If it returns an error
-// it may still be in a Read of r.
-func (c *Client) WriteFile(ctx context.Context, path string, mode uint32, r io.Reader) (FileInfo, error) {
+// creating parent directories. A nil mode means DefaultFileMode; a mode
+// of 0 makes the file 0000 (an agent from before Request.ModeSet makes it
+// DefaultFileMode). If it returns an error it may still be in a Read of r.
+func (c *Client) WriteFile(ctx context.Context, path string, mode *uint32, r io.Reader) (FileInfo, error) {
 	if err := CheckPath(path); err != nil {
 		return FileInfo{}, err
 	}
-	cl, err := c.open(ctx, &Request{Op: OpWrite, Path: path, Mode: mode})
+	req := &Request{Op: OpWrite, Path: path}
+	if mode != nil {
+		req.Mode, req.ModeSet = *mode, true
+	}
+	cl, err := c.open(ctx, req)
 	if err != nil {
 		return FileInfo{}, err
 	}

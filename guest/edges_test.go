@@ -142,7 +142,7 @@ func TestWriteFileRefusedEarlyGivesTheReason(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	t0 := time.Now()
-	_, err := c.WriteFile(ctx, filepath.Join(t.TempDir(), "f"), 0, bytes.NewReader(make([]byte, 8<<20)))
+	_, err := c.WriteFile(ctx, filepath.Join(t.TempDir(), "f"), nil, bytes.NewReader(make([]byte, 8<<20)))
 	if err == nil || !strings.Contains(err.Error(), "no hostname for you") {
 		t.Fatalf("err %v, want the failed claim's reason", err)
 	}
@@ -156,7 +156,7 @@ func TestWriteFileReadErrorLeavesNoFile(t *testing.T) {
 	c := pair(t, &fakeSys{})
 	dir := t.TempDir()
 	path := filepath.Join(dir, "f")
-	_, err := c.WriteFile(context.Background(), path, 0, io.MultiReader(strings.NewReader("part"), iotest.ErrReader(errors.New("source gone"))))
+	_, err := c.WriteFile(context.Background(), path, nil, io.MultiReader(strings.NewReader("part"), iotest.ErrReader(errors.New("source gone"))))
 	if err == nil || !strings.Contains(err.Error(), "source gone") {
 		t.Fatalf("err %v", err)
 	}
@@ -249,7 +249,7 @@ func TestWriteFileKeepsSpecialModeBits(t *testing.T) {
 		{uint32(os.ModeSetgid | 0o750), os.ModeSetgid | 0o750},
 	} {
 		p := filepath.Join(dir, "f")
-		if _, err := c.WriteFile(context.Background(), p, tc.mode, strings.NewReader("x")); err != nil {
+		if _, err := c.WriteFile(context.Background(), p, new(tc.mode), strings.NewReader("x")); err != nil {
 			t.Fatal(err)
 		}
 		fi, err := os.Stat(p)
@@ -258,6 +258,41 @@ func TestWriteFileKeepsSpecialModeBits(t *testing.T) {
 		}
 		if got := fi.Mode() & (os.ModePerm | os.ModeSetuid | os.ModeSetgid | os.ModeSticky); got != tc.want {
 			t.Errorf("mode %o: file has %v, want %v", tc.mode, got, tc.want)
+		}
+	}
+}
+
+// A write with its mode set to 0 makes a 0000 file, in either codec; one
+// without a mode still makes 0644. (Mode 0 alone reads as the default, so
+// a 0000 file was made 0644.)
+func TestWriteFileModeZeroIsKept(t *testing.T) {
+	for _, codec := range []struct {
+		name string
+		pair func(*testing.T, System) *Client
+	}{{"wire", pair}, {"json", pairJSON}} {
+		c := codec.pair(t, &fakeSys{})
+		dir := t.TempDir()
+		for _, tc := range []struct {
+			name string
+			mode *uint32
+			want os.FileMode
+		}{
+			{"unset", nil, 0o644},
+			{"zero", new(uint32(0)), 0},
+			{"0600", new(uint32(0o600)), 0o600},
+		} {
+			p := filepath.Join(dir, tc.name)
+			got, err := c.WriteFile(context.Background(), p, tc.mode, strings.NewReader("x"))
+			if err != nil {
+				t.Fatalf("%s: mode %s: %v", codec.name, tc.name, err)
+			}
+			fi, err := os.Stat(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fi.Mode().Perm() != tc.want || os.FileMode(got.Mode).Perm() != tc.want {
+				t.Errorf("%s: mode %s: file has %v (answer says %v), want %v", codec.name, tc.name, fi.Mode().Perm(), os.FileMode(got.Mode).Perm(), tc.want)
+			}
 		}
 	}
 }
@@ -555,7 +590,7 @@ func TestWriteFileOntoADirectory(t *testing.T) {
 	c := pair(t, &fakeSys{})
 	dir := t.TempDir()
 	for _, p := range []string{dir, dir + "/", dir + "/.", dir + "/new/."} {
-		_, err := c.WriteFile(context.Background(), p, 0, strings.NewReader("notes"))
+		_, err := c.WriteFile(context.Background(), p, nil, strings.NewReader("notes"))
 		if err == nil || !strings.Contains(err.Error(), "is a directory") || strings.Contains(err.Error(), ".warren-write") {
 			t.Errorf("write onto %q: %v", p, err)
 		}
@@ -570,7 +605,7 @@ func TestWriteFileOntoADirectory(t *testing.T) {
 func TestWriteFileErrorsNameThePathAsked(t *testing.T) {
 	c := pair(t, &fakeSys{})
 	// /proc takes no new files: the temporary file's create fails.
-	_, err := c.WriteFile(context.Background(), "/proc/zz", 0, strings.NewReader("x"))
+	_, err := c.WriteFile(context.Background(), "/proc/zz", nil, strings.NewReader("x"))
 	if err == nil || strings.Contains(err.Error(), ".warren-write") || !strings.Contains(err.Error(), "write /proc/zz: ") {
 		t.Errorf("write /proc/zz: %v; want the path asked for and no temporary file", err)
 	}

@@ -199,7 +199,7 @@ func TestFiles(t *testing.T) {
 	dir := t.TempDir()
 	p := filepath.Join(dir, "a", "b.txt")
 	big := bytes.Repeat([]byte("x"), 3*MaxFrame+17)
-	fi, err := c.WriteFile(ctx, p, 0o600, bytes.NewReader(big))
+	fi, err := c.WriteFile(ctx, p, new(uint32(0o600)), bytes.NewReader(big))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,7 +239,7 @@ func TestBadInputNamesTheField(t *testing.T) {
 		{"long path", func() error { _, err := c.Stat(ctx, "/"+strings.Repeat("a", MaxPathBytes)); return err }(), "over the limit"},
 		// ENAMETOOLONG from a rename would name the agent's temporary file.
 		{"long element", func() error {
-			_, err := c.WriteFile(ctx, filepath.Join(t.TempDir(), strings.Repeat("a", MaxNameBytes+1)), 0o644, strings.NewReader("x"))
+			_, err := c.WriteFile(ctx, filepath.Join(t.TempDir(), strings.Repeat("a", MaxNameBytes+1)), nil, strings.NewReader("x"))
 			return err
 		}(), "path: an element of 256 bytes, over the limit of 255"},
 		// fork/exec says the program is missing when the directory is.

@@ -50,6 +50,9 @@ const (
 	MaxPids = 1 << 22
 )
 
+// DefaultFileMode is the mode of a file written without one.
+const DefaultFileMode = 0o644
+
 // Op names a call.
 type Op string
 
@@ -86,6 +89,10 @@ type Request struct {
 	Path  string `json:"path,omitempty"`
 	Mode  uint32 `json:"mode,omitempty"`
 	Limit int64  `json:"limit,omitempty"` // read: at most this many bytes (0: no limit)
+	// write: Mode is the file's mode even when 0 (a file made 0000).
+	// Without it a Mode of 0 means 0644, as it does to an agent from
+	// before ModeSet, which ignores the field.
+	ModeSet bool `json:"mode_set,omitempty"`
 
 	// claim
 	UnixNano int64      `json:"unix_nano,omitempty"`

@@ -774,8 +774,8 @@ func (s *Server) write(st *yamux.Stream, req *Request) (*Result, error) {
 		return nil, err
 	}
 	mode := fileMode(req.Mode)
-	if mode == 0 {
-		mode = 0o644
+	if mode == 0 && !req.ModeSet {
+		mode = DefaultFileMode
 	}
 	// A directory is not replaced by a file (the rename would fail with a
 	// message naming the temporary file): `cp FILE ID:/work/` is a

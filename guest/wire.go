@@ -23,7 +23,7 @@ import (
 //	Request:   1 op, 2 argv (repeated), 3 env (repeated Entry), 4 dir,
 //	           5 timeout_ms, 6 stdin, 7 path, 8 mode, 9 limit,
 //	           10 unix_nano, 11 entropy, 12 hostname, 13 pids, 14 net,
-//	           15 call
+//	           15 call, 16 mode_set
 //	Entry:     1 key, 2 value
 //	NetConfig: 1 iface, 2 addrs, 3 gateways, 4 dns (all but 1 repeated)
 //	Result:    1 exit_code, 2 signal, 3 timed_out, 4 duration_us, 5 file,
@@ -101,7 +101,8 @@ func (r *Request) appendWire(b []byte) []byte {
 	if r.Net != nil {
 		b = appendMessage(b, 14, r.Net.appendWire)
 	}
-	return appendInt(b, 15, int64(r.Call))
+	b = appendInt(b, 15, int64(r.Call))
+	return appendBool(b, 16, r.ModeSet)
 }
 
 func (c *NetConfig) appendWire(b []byte) []byte {
@@ -328,6 +329,8 @@ func (r *Request) decodeWire(msg []byte) error {
 			return nil
 		case 15:
 			return f.uint32("call", &r.Call)
+		case 16:
+			return f.bool("mode_set", &r.ModeSet)
 		}
 		return nil
 	})

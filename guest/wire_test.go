@@ -26,6 +26,7 @@ func genRequest(t *rapid.T) Request {
 		Stdin:     rapid.Bool().Draw(t, "stdin"),
 		Path:      rapid.String().Draw(t, "path"),
 		Mode:      rapid.Uint32().Draw(t, "mode"),
+		ModeSet:   rapid.Bool().Draw(t, "modeset"),
 		Limit:     rapid.Int64().Draw(t, "limit"),
 		UnixNano:  rapid.Int64().Draw(t, "unix"),
 		Entropy:   rapid.SliceOfN(rapid.Byte(), 0, 40).Draw(t, "entropy"),
@@ -123,6 +124,7 @@ func TestWireErrorsNameTheField(t *testing.T) {
 		{"pids out of range", protowire.AppendVarint(tag(nil, 13, protowire.VarintType), 1<<40), "pids: 1099511627776 is out of range"},
 		{"mode out of range", protowire.AppendVarint(tag(nil, 8, protowire.VarintType), 1<<33), "mode: 8589934592 is out of range"},
 		{"call out of range", protowire.AppendVarint(tag(nil, 15, protowire.VarintType), 1<<32), "call: 4294967296 is out of range"},
+		{"mode_set as bytes", protowire.AppendString(tag(nil, 16, protowire.BytesType), "y"), "mode_set (field 16)"},
 		{"truncated string", append(tag(nil, 7, protowire.BytesType), 5, 'a'), "field 7"},
 		{"bad net", protowire.AppendBytes(tag(nil, 14, protowire.BytesType), protowire.AppendVarint(tag(nil, 1, protowire.VarintType), 1)), "net: iface"},
 		{"bad env", protowire.AppendBytes(tag(nil, 3, protowire.BytesType), protowire.AppendVarint(tag(nil, 2, protowire.VarintType), 1)), "env: env value"},
@@ -148,6 +150,7 @@ func TestWireErrorsNameTheField(t *testing.T) {
 // and what decodes encodes back to the same value.
 func FuzzWire(f *testing.F) {
 	f.Add((&Request{Op: OpExec, Argv: []string{"sh", "-c", "true"}, Env: map[string]string{"A": "b"}, Net: &NetConfig{Iface: "eth0", Addrs: []string{"10.0.0.2/30"}}}).appendWire(nil))
+	f.Add((&Request{Op: OpWrite, Path: "/work/f", ModeSet: true}).appendWire(nil))
 	f.Add((&Result{ExitCode: -1, Files: []FileInfo{{Name: "a", Dir: true}}, Stats: &Stats{Load1: 0.5}}).appendWire(nil))
 	f.Add([]byte{0x0a, 0xff, 0xff, 0xff, 0xff, 0x0f})
 	f.Fuzz(func(t *testing.T, in []byte) {

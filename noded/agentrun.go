@@ -157,7 +157,7 @@ func (s agentSandbox) WriteFile(ctx context.Context, path string, data []byte) e
 	if res.ExitCode != 0 { // a parent is a file, say
 		return agent.Refused(fmt.Errorf("mkdir -p %s: %s", filepath.Dir(path), strings.TrimSpace(errb.String())))
 	}
-	_, err = s.ia.WriteFile(ctx, path, 0o644, bytes.NewReader(data))
+	_, err = s.ia.WriteFile(ctx, path, nil, bytes.NewReader(data)) // 0644
 	return refused(err)
 }
 

@@ -664,7 +664,8 @@ func (a *SandboxAPI) WriteFile(ctx context.Context, req *connect.Request[warrenv
 	if err != nil {
 		return nil, err
 	}
-	fi, err := ia.WriteFile(ctx, req.Msg.GetPath(), req.Msg.GetMode(), strings.NewReader(string(req.Msg.GetData())))
+	// An unset mode is the guest's default (0644); a mode set to 0 is kept.
+	fi, err := ia.WriteFile(ctx, req.Msg.GetPath(), req.Msg.Mode, strings.NewReader(string(req.Msg.GetData())))
 	if err != nil {
 		return nil, a.codeOf(err, req.Msg.GetPath())
 	}

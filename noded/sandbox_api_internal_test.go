@@ -178,6 +178,35 @@ func TestWriteFileOntoADirectoryIsInvalid(t *testing.T) {
 	}
 }
 
+// WriteFile's mode reaches the guest set or unset: unset makes a 0644
+// file, set to 0 a 0000 one (0 read as unset, so it made 0644).
+func TestWriteFileKeepsModeZero(t *testing.T) {
+	c, box := oneSandbox(t)
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name string
+		mode *uint32
+		want os.FileMode
+	}{
+		{"unset", nil, 0o644},
+		{"zero", new(uint32(0)), 0},
+		{"0750", new(uint32(0o750)), 0o750},
+	} {
+		p := filepath.Join(dir, tc.name)
+		res, err := c.WriteFile(context.Background(), connect.NewRequest(&warrenv1.WriteFileRequest{SandboxId: box.id, Path: p, Data: []byte("hi"), Mode: tc.mode}))
+		if err != nil {
+			t.Fatalf("mode %s: %v", tc.name, err)
+		}
+		fi, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := fi.Mode().Perm(); got != tc.want || os.FileMode(res.Msg.GetFile().GetMode()).Perm() != tc.want {
+			t.Errorf("mode %s: file has %v (answer says %v), want %v", tc.name, got, os.FileMode(res.Msg.GetFile().GetMode()).Perm(), tc.want)
+		}
+	}
+}
+
 // A sandbox destroyed (warren sandbox rm, or its TTL) while a command
 // runs: the caller learns that the sandbox is gone (not_found), not a
 // bare internal error with the guest transport's text.

@@ -235,13 +235,13 @@ func cmdSandbox(args []string, stdout, stderr io.Writer) error {
 			return os.WriteFile(pos[1], res.Msg.GetData(), os.FileMode(res.Msg.GetFile().GetMode()).Perm())
 		case dstRemote && !srcRemote:
 			var data []byte
-			var mode uint32
+			var mode *uint32 // stdin: the default, 0644
 			if pos[0] == "-" {
 				data, err = readAtMost(os.Stdin, noded.MaxFileBytes, "cp: stdin")
 			} else {
 				var fi os.FileInfo
 				if fi, err = os.Stat(pos[0]); err == nil {
-					mode = unixMode(fi.Mode())
+					mode = new(unixMode(fi.Mode())) // 0000 too
 					if fi.Size() > noded.MaxFileBytes {
 						return fmt.Errorf("cp: %s: %d bytes, over the limit of %d", pos[0], fi.Size(), noded.MaxFileBytes)
 					}
@@ -569,8 +569,7 @@ func fitUint32(flags map[string]uint) error {
 
 // unixMode is a file's permission bits with setuid, setgid and sticky as
 // Unix writes them (04000, 02000, 01000), the mode WriteFile takes: Go's
-// FileMode keeps those three apart from Perm(). (A mode of 0000 reads as
-// "the default, 0644" on the wire.)
+// FileMode keeps those three apart from Perm().
 func unixMode(m os.FileMode) uint32 {
 	u := uint32(m.Perm())
 	if m&os.ModeSetuid != 0 {

@@ -260,3 +260,36 @@ func TestSandboxCpKeepsSpecialModeBits(t *testing.T) {
 		t.Fatalf("mode sent %o, want 5755", m)
 	}
 }
+
+// cp of a mode-0000 file sends the mode set to 0; it sent 0 unset, which
+// the wire reads as "the default", so the file arrived 0644.
+func TestSandboxCpSendsModeZero(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(f, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(f, 0); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := os.Open(f); err != nil {
+		t.Skipf("reading a mode-0000 file needs root (CAP_DAC_OVERRIDE): %v", err)
+	} else {
+		r.Close()
+	}
+	spy := writeSpy{got: make(chan *warrenv1.WriteFileRequest, 1)}
+	mux := http.NewServeMux()
+	mux.Handle(warrenv1connect.NewSandboxServiceHandler(spy))
+	hs := httptest.NewServer(mux)
+	defer hs.Close()
+	var out, errOut bytes.Buffer
+	if err := run([]string{"sandbox", "cp", "--server", hs.URL, f, "sb-0000000000-n1:/work/secret"}, &out, &errOut); err != nil {
+		t.Fatal(err)
+	}
+	req := <-spy.got
+	if m := req.ProtoReflect(); !m.Has(m.Descriptor().Fields().ByName("mode")) {
+		t.Fatal("mode sent unset (the default, 0644), want set to 0")
+	}
+	if req.GetMode() != 0 {
+		t.Fatalf("mode sent %o, want set to 0", req.GetMode())
+	}
+}

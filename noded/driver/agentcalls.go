@@ -67,8 +67,8 @@ func (a AgentCalls) ReadFile(ctx context.Context, path string, limit int64, w io
 	return fi, a.callErr(err)
 }
 
-// WriteFile writes a file in the sandbox.
-func (a AgentCalls) WriteFile(ctx context.Context, path string, mode uint32, r io.Reader) (guest.FileInfo, error) {
+// WriteFile writes a file in the sandbox (mode as guest.Client.WriteFile's).
+func (a AgentCalls) WriteFile(ctx context.Context, path string, mode *uint32, r io.Reader) (guest.FileInfo, error) {
 	c, err := a.agent()
 	if err != nil {
 		return guest.FileInfo{}, err

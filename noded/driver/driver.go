@@ -117,7 +117,9 @@ type Interactive interface {
 	// Run runs argv, streaming its output as it comes.
 	Run(ctx context.Context, req guest.ExecRequest, stdout, stderr io.Writer) (guest.ExecResult, error)
 	ReadFile(ctx context.Context, path string, limit int64, w io.Writer) (guest.FileInfo, error)
-	WriteFile(ctx context.Context, path string, mode uint32, r io.Reader) (guest.FileInfo, error)
+	// WriteFile writes r's bytes to path with mode (nil: the default,
+	// guest.DefaultFileMode; 0 makes a file 0000).
+	WriteFile(ctx context.Context, path string, mode *uint32, r io.Reader) (guest.FileInfo, error)
 	ListFiles(ctx context.Context, path string) ([]guest.FileInfo, error)
 	// Pause saves the sandbox to disk and stops it; Resume brings it back
 	// on the same node.

@@ -128,7 +128,7 @@ func testLifecycle(t *testing.T, runtime, id string, pids int) {
 		t.Fatalf("exit %d %q", code, out)
 	}
 	ia := sb.(driver.Interactive)
-	if _, err := ia.WriteFile(ctx, "/work/a.txt", 0, strings.NewReader("kept")); err != nil {
+	if _, err := ia.WriteFile(ctx, "/work/a.txt", nil, strings.NewReader("kept")); err != nil {
 		t.Fatal(err)
 	}
 	if err := ia.Pause(ctx); err != nil {

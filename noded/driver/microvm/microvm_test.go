@@ -205,7 +205,7 @@ func TestSandboxLifecycle(t *testing.T) {
 	if out, _ := run(t, sb, "s=$(cat "+stat+" 2>/dev/null); case \"$s\" in ''|*') Z '*) echo gone;; *) echo alive;; esac"); out != "gone\n" {
 		t.Errorf("a setsid child after its call: %q, want gone", out)
 	}
-	if _, err := ia.WriteFile(ctx, "/work/note.txt", 0o644, strings.NewReader("kept across pause\n")); err != nil {
+	if _, err := ia.WriteFile(ctx, "/work/note.txt", nil, strings.NewReader("kept across pause\n")); err != nil {
 		t.Fatal(err)
 	}
 	t0 = time.Now()

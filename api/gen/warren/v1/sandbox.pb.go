@@ -1266,8 +1266,9 @@ type WriteFileRequest struct {
 	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
 	Path      string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
 	Data      []byte                 `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
-	// 0 means 0644.
-	Mode          uint32 `protobuf:"varint,4,opt,name=mode,proto3" json:"mode,omitempty"`
+	// Permission bits (at most 07777); unset means 0644. Set to 0, the
+	// file is made with mode 0000.
+	Mode          *uint32 `protobuf:"varint,4,opt,name=mode,proto3,oneof" json:"mode,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1324,8 +1325,8 @@ func (x *WriteFileRequest) GetData() []byte {
 }
 
 func (x *WriteFileRequest) GetMode() uint32 {
-	if x != nil {
-		return x.Mode
+	if x != nil && x.Mode != nil {
+		return *x.Mode
 	}
 	return 0
 }
@@ -2083,13 +2084,14 @@ const file_warren_v1_sandbox_proto_rawDesc = "" +
 	"\x04path\x18\x02 \x01(\tR\x04path\"O\n" +
 	"\x10ReadFileResponse\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x12'\n" +
-	"\x04file\x18\x02 \x01(\v2\x13.warren.v1.FileInfoR\x04file\"m\n" +
+	"\x04file\x18\x02 \x01(\v2\x13.warren.v1.FileInfoR\x04file\"{\n" +
 	"\x10WriteFileRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x12\n" +
-	"\x04data\x18\x03 \x01(\fR\x04data\x12\x12\n" +
-	"\x04mode\x18\x04 \x01(\rR\x04mode\"<\n" +
+	"\x04data\x18\x03 \x01(\fR\x04data\x12\x17\n" +
+	"\x04mode\x18\x04 \x01(\rH\x00R\x04mode\x88\x01\x01B\a\n" +
+	"\x05_mode\"<\n" +
 	"\x11WriteFileResponse\x12'\n" +
 	"\x04file\x18\x01 \x01(\v2\x13.warren.v1.FileInfoR\x04file\"E\n" +
 	"\x10ListFilesRequest\x12\x1d\n" +
@@ -2264,6 +2266,7 @@ func file_warren_v1_sandbox_proto_init() {
 		(*ExecResponse_Stderr)(nil),
 		(*ExecResponse_Exit)(nil),
 	}
+	file_warren_v1_sandbox_proto_msgTypes[19].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
