@@ -591,7 +591,7 @@ func (d *Driver) Claim(ctx context.Context, req driver.ClaimRequest) (driver.San
 		case <-ctx.Done():
 		}
 	}()
-	vm, err := d.claim(ctx, ts, req, lim, ttl)
+	vm, err := d.claim(ctx, ts, req, lim)
 	if err != nil {
 		// It may have taken a pool member or a standby and destroyed it
 		// (one that did not resume, a restore that failed): the pool is
@@ -606,9 +606,7 @@ func (d *Driver) Claim(ctx context.Context, req driver.ClaimRequest) (driver.San
 		}
 		return nil, err
 	}
-	if vm.expires.IsZero() { // a warm claim set it, and saved the record
-		vm.expires = time.Now().Add(ttl)
-	}
+	vm.expires = time.Now().Add(ttl)
 	finish, err := vm.bind(ctx, req)
 	if finish != nil {
 		defer func() { go finish() }() // once the sandbox is registered (or destroyed)
@@ -636,9 +634,7 @@ func (d *Driver) Claim(ctx context.Context, req driver.ClaimRequest) (driver.San
 	d.mu.Unlock()
 	vm.armTTL()
 	vm.watchExit()
-	if vm.start != driver.StartWarm {
-		vm.save()
-	}
+	vm.save()
 	d.log.Info("sandbox claimed", append([]any{"sandbox", req.ID, "start", vm.start, "took", vm.claimTime, "template", ts.t.Name}, phases.logAttrs()...)...)
 	// The refill starts a moment later, so the new sandbox's first
 	// commands do not share the CPU with a restore.
@@ -663,7 +659,7 @@ var (
 	refillRetryMax = time.Minute
 )
 
-func (d *Driver) claim(ctx context.Context, ts *tplState, req driver.ClaimRequest, lim driver.Limits, ttl time.Duration) (*VM, error) {
+func (d *Driver) claim(ctx context.Context, ts *tplState, req driver.ClaimRequest, lim driver.Limits) (*VM, error) {
 	snapShape := lim.VCPUs == 1 && lim.MemMB == d.cfg.SnapshotMemMB && req.Force != driver.StartBoot
 	if snapShape {
 		d.mu.Lock()
@@ -677,23 +673,10 @@ func (d *Driver) claim(ctx context.Context, ts *tplState, req driver.ClaimReques
 			if d.cg != nil {
 				_ = d.cg.setLow(vm.id, false)
 			}
-			// The sandbox's record (a restart re-adopts it by it) is
-			// written while QEMU resumes the guest, off the claim's path:
-			// everything in it is known now, and bind sets the same.
-			vm.mu.Lock()
-			vm.sandboxID, vm.start, vm.limits, vm.env, vm.state, vm.expires = req.ID, driver.StartWarm, lim, req.Env, "running", time.Now().Add(ttl)
-			m := vm.metaLocked()
-			vm.mu.Unlock()
-			saved := make(chan struct{})
-			go func() {
-				defer close(saved)
-				vm.writeMeta(m)
-			}()
 			tc := time.Now()
-			err := vm.cont(ctx)
-			<-saved
-			if err == nil {
+			if err := vm.cont(ctx); err == nil {
 				vm.mu.Lock()
+				vm.sandboxID, vm.start, vm.limits = req.ID, driver.StartWarm, lim
 				vm.phases = ClaimPhases{Resume: time.Since(tc)}
 				vm.mu.Unlock()
 				return vm, nil

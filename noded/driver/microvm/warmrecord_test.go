@@ -7,9 +7,9 @@ import (
 	"github.com/warrenhq/warren/noded/driver"
 )
 
-// A warm claim writes the sandbox's record while QEMU resumes the guest,
-// not after the bind: a node that restarts later re-adopts the sandbox
-// from it, with its id, start, expiry and environment.
+// A warm-claimed sandbox's record (written at the end of its claim) lets
+// a node that restarts later re-adopt it, with its id, start, expiry and
+// environment, as a restored one is (TestRestartReadoptsAndReaps).
 func TestAWarmClaimIsReadoptedAfterARestart(t *testing.T) {
 	state := t.TempDir()
 	d1 := newDriver(t, state)
