@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/containerd"
@@ -39,6 +40,9 @@ type Box struct {
 	// another destroy waits for it, so a Destroy or Close that finds one
 	// under way returns once the container is removed, not before.
 	gone chan struct{}
+	// busy is what Info reports while a pause or resume holds mu (see
+	// setBusy).
+	busy atomic.Pointer[driver.Info]
 }
 
 // Network is the box's network, nil when it has none.
@@ -52,10 +56,31 @@ func (b *Box) Warm() bool { return false }
 
 // Info describes the sandbox.
 func (b *Box) Info() driver.Info {
+	if in := b.busy.Load(); in != nil {
+		return *in
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	return b.infoLocked()
+}
+
+func (b *Box) infoLocked() driver.Info {
 	return driver.Info{ID: b.id, Template: b.template, State: b.state, Start: driver.StartBoot, Limits: b.limits,
 		Created: b.created, Expires: b.expires, ClaimTime: b.claimTime}
+}
+
+// setBusy shows a pause or resume under way in Info, which does not wait
+// for b.mu meanwhile: the shim's freeze of a busy container's processes
+// can take seconds (up to lifecycleContext's 30 s), and a node's list of
+// its sandboxes waited for it. "" ends it. b.mu is held.
+func (b *Box) setBusy(state string) {
+	if state == "" {
+		b.busy.Store(nil)
+		return
+	}
+	in := b.infoLocked()
+	in.State = state
+	b.busy.Store(&in)
 }
 
 func (b *Box) client() (*guest.Client, error) {
@@ -106,6 +131,8 @@ func (b *Box) Pause(ctx context.Context) error {
 	case "destroyed":
 		return driver.Errorf(driver.ErrNotFound, "sandbox %s is destroyed", b.id)
 	}
+	b.setBusy("pausing")
+	defer b.setBusy("")
 	lctx, cancel := lifecycleContext(ctx)
 	defer cancel()
 	if err := b.task.Pause(lctx); err != nil {
@@ -150,6 +177,8 @@ func (b *Box) Resume(ctx context.Context) error {
 	case "destroyed":
 		return driver.Errorf(driver.ErrNotFound, "sandbox %s is destroyed", b.id)
 	}
+	b.setBusy("resuming")
+	defer b.setBusy("")
 	lctx, cancel := lifecycleContext(ctx)
 	defer cancel()
 	if err := b.task.Resume(lctx); err != nil {
