@@ -247,9 +247,12 @@ func (l *Loop) Steer(text string) {
 }
 
 // steer is Steer for a message the loop has counted already (held, or
-// deferred past a finish).
+// deferred past a finish). It is held while a turn is open, and while a
+// paid model call waits to be recorded: the call's turn (or summary) was
+// made without it, so the message follows it, as a replay gives it (the
+// call's user_messages does not count it).
 func (l *Loop) steer(text string) {
-	if l.open != nil {
+	if l.open != nil || l.unrecorded != nil {
 		l.heldSteers = append(l.heldSteers, text)
 		return
 	}
@@ -387,6 +390,7 @@ func (l *Loop) compact(ctx context.Context, req model.Request) (*Outcome, error)
 	}
 	l.msgs = compacted(l.msgs[0], summaryOf(resp))
 	l.compactedLast = true
+	l.steerHeld() // messages that came while the summary waited to be recorded
 	return nil, nil
 }
 
