@@ -341,7 +341,9 @@ func (a *taskActor) startAgent(c *actor.Context, t *warrenv1.Task) (done bool) {
 				a.failed(c, "record the workspace's reset", err, startMsg{})
 				return true
 			}
-			l.Steer(workspaceResetNote)
+			// The next step's steer gives it to the model, in the log's
+			// order with any user message that came after the replay's
+			// mark, as a replay of this log will.
 		}
 		c.Logger().Info("agent task resumed from its log", "task", a.id, "steps", l.Spent().Steps, "commit", commit)
 		a.loop = l
@@ -410,10 +412,11 @@ func (a *taskActor) steer() error {
 	return nil
 }
 
-// userMessage is the text of a user's message event.
+// userMessage is the text of a user's message event, or of a note the
+// node gave the model as one (from "node"; Replay treats it the same).
 func userMessage(e *warrenv1.Event) (string, bool) {
 	var p struct{ From, Text string }
-	if e.GetKind() != "message" || json.Unmarshal(e.GetPayload(), &p) != nil || p.From != "user" || p.Text == "" {
+	if e.GetKind() != "message" || json.Unmarshal(e.GetPayload(), &p) != nil || p.From != "user" && p.From != "node" || p.Text == "" {
 		return "", false
 	}
 	return p.Text, true
