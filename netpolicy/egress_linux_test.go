@@ -907,6 +907,7 @@ func TestTheUpstreamGetsOnlyTheQuestion(t *testing.T) {
 	defer c.Close()
 	q := new(dns.Msg)
 	q.SetQuestion("www.cdn.test.", dns.TypeA)
+	q.AuthenticatedData = true // a stub asking for AD in the answer
 	q.SetEdns0(4096, true)
 	opt := q.IsEdns0()
 	opt.Option = append(opt.Option,
@@ -928,7 +929,10 @@ func TestTheUpstreamGetsOnlyTheQuestion(t *testing.T) {
 	if len(up.Extra) != 1 || o == nil || len(o.Option) != 0 {
 		t.Fatalf("the upstream got additional records %v, want EDNS without options alone", up.Extra)
 	}
-	if o.UDPSize() != 1232 || !o.Do() || !up.RecursionDesired || len(up.Question) != 1 {
-		t.Errorf("the upstream got UDP size %d, DO %v, RD %v, %d questions; want 1232, true, true, 1", o.UDPSize(), o.Do(), up.RecursionDesired, len(up.Question))
+	if o.UDPSize() != 1232 || !o.Do() || !up.RecursionDesired || !up.AuthenticatedData || len(up.Question) != 1 {
+		t.Errorf("the upstream got UDP size %d, DO %v, RD %v, AD %v, %d questions; want 1232, true, true, true, 1", o.UDPSize(), o.Do(), up.RecursionDesired, up.AuthenticatedData, len(up.Question))
+	}
+	if resp.Id != q.Id {
+		t.Errorf("the answer's id %d, want the query's %d", resp.Id, q.Id)
 	}
 }

@@ -282,18 +282,21 @@ func (m *Manager) allowedAnswer(a netip.Addr, p Policy) bool {
 }
 
 // upstreamQuery is the query the resolver sends upstream for q: its
-// question, its recursion and checking flags, and EDNS with its UDP size
-// (at most maxUpstreamUDP) and DNSSEC bit, nothing else. q as sent would
-// carry whatever the sandbox put in it to the upstream resolver: EDNS
-// options of its own (arbitrary bytes in a local option, a client subnet)
-// and records in its additional section, a channel out of the sandbox
-// beside the names the policy allows.
+// question, its recursion, checking and authenticated-data flags (a stub
+// sets AD to ask for it in the answer, RFC 6840 5.7), and EDNS with its
+// UDP size (at most maxUpstreamUDP) and DNSSEC bit, under an id of its
+// own; nothing else. q as sent would carry whatever the sandbox put in it
+// to the upstream resolver: EDNS options of its own (arbitrary bytes in a
+// local option, a client subnet), records in its additional section and
+// its 16 bits of id, a channel out of the sandbox beside the names the
+// policy allows. (The answer gets q's id back in ServeDNS.)
 func upstreamQuery(q *dns.Msg) *dns.Msg {
 	out := new(dns.Msg)
-	out.Id = q.Id
+	out.Id = dns.Id()
 	out.Opcode = dns.OpcodeQuery
 	out.RecursionDesired = q.RecursionDesired
 	out.CheckingDisabled = q.CheckingDisabled
+	out.AuthenticatedData = q.AuthenticatedData
 	out.Question = []dns.Question{q.Question[0]}
 	if o := q.IsEdns0(); o != nil {
 		out.SetEdns0(min(max(o.UDPSize(), dns.MinMsgSize), maxUpstreamUDP), o.Do())
