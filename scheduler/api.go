@@ -452,6 +452,29 @@ func (s *Server) tailOnce(ctx context.Context, id string, after *uint64, send fu
 	}
 }
 
+// DefaultMaxStreams bounds the event streams (StreamEvents and SSE) one
+// server serves at once (Config.MaxStreams, --max-streams). Each holds a
+// goroutine, a watch of its task and a connection or HTTP/2 stream; an
+// agent task's step holds one (its cancel watch), so the default leaves
+// room for 40,000 running tasks on one server and their watchers.
+const DefaultMaxStreams = 100_000
+
+// takeStream counts an event stream against the server's limit; the
+// caller calls release when the stream ends. Past the limit it answers
+// unavailable, which sends warren's clients to another server.
+func (s *Server) takeStream() (release func(), err error) {
+	limit := int64(s.cfg.MaxStreams)
+	if limit <= 0 {
+		limit = DefaultMaxStreams
+	}
+	if s.streams.Add(1) > limit {
+		s.streams.Add(-1)
+		return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf(
+			"this server serves %d event streams, its limit (--max-streams); reconnect to another server, or later", limit))
+	}
+	return func() { s.streams.Add(-1) }, nil
+}
+
 // streamLeaderSilence is how long a follower's streams wait without
 // hearing from a leader before they end (a variable for tests).
 var streamLeaderSilence = 10 * time.Second
@@ -520,6 +543,11 @@ func (a taskAPI) StreamEvents(ctx context.Context, req *connect.Request[warrenv1
 	if _, err := a.s.checkResume(ctx, t, req.Msg.GetAfterSeq()); err != nil {
 		return err
 	}
+	release, err := a.s.takeStream()
+	if err != nil {
+		return err
+	}
+	defer release()
 	return a.s.tail(ctx, req.Msg.GetTaskId(), req.Msg.GetAfterSeq(), func(ev *warrenv1.Event) error {
 		return stream.Send(&warrenv1.StreamEventsResponse{Event: ev})
 	})

@@ -51,6 +51,7 @@ type Config struct {
 	HeartbeatTimeout  time.Duration // 0 means DefaultHeartbeatTimeout
 	ElectionTimeout   time.Duration // 0 means DefaultElectionTimeout
 	MaxStarting       int           // tasks placed but not yet running, cluster-wide; 0 means DefaultMaxStarting
+	MaxStreams        int           // event streams (StreamEvents, SSE) this server serves at once; 0 means DefaultMaxStreams
 	SnapshotThreshold uint64        // entries between snapshots; 0 means 16384
 	TrailingLogs      uint64        // entries kept after a snapshot; 0 means 10240
 	SnapshotInterval  time.Duration // 0 means 30s
@@ -140,6 +141,9 @@ func (c *Config) Validate() error {
 	if hb, el := orDuration(c.HeartbeatTimeout, DefaultHeartbeatTimeout), orDuration(c.ElectionTimeout, DefaultElectionTimeout); c.HeartbeatTimeout >= 0 && c.ElectionTimeout >= 0 && el < hb {
 		errs = append(errs, fmt.Errorf("election-timeout: %v must be at least heartbeat-timeout %v (0 is the default: %v and %v)", el, hb, DefaultElectionTimeout, DefaultHeartbeatTimeout))
 	}
+	if c.MaxStreams < 0 {
+		errs = append(errs, fmt.Errorf("max-streams: %d must be positive (0: the default, %d)", c.MaxStreams, DefaultMaxStreams))
+	}
 	if c.MaxStarting < 0 {
 		errs = append(errs, fmt.Errorf("max-starting: %d must be positive (0: the default, %d)", c.MaxStarting, DefaultMaxStarting))
 	}
@@ -165,6 +169,9 @@ type Server struct {
 	fgc          *groupCommit   // follower: batches into Propose calls to the leader
 	sess         *sessions      // leader: node daemon sessions and liveness
 	gossip       *gossip.Member // memberlist, when configured
+
+	// streams counts the event streams this server serves (takeStream).
+	streams atomic.Int64
 
 	// readyTerm is the raft term in which this server, as leader, has
 	// applied everything committed before it led (a barrier); sessions wait

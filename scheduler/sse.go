@@ -55,6 +55,12 @@ func (h sseHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "internal: streaming unsupported", http.StatusInternalServerError)
 		return
 	}
+	release, err := h.s.takeStream()
+	if err != nil {
+		sseError(w, err)
+		return
+	}
+	defer release()
 	// Each write of the stream is bounded (streamWriteTimeout): a client
 	// that stops reading ends its stream instead of holding it for good.
 	dw := newDeadlineWriter(w, streamWriteTimeout)

@@ -51,6 +51,7 @@ func (f *serverFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.cfg.NodeHeartbeat, "node-heartbeat", 500*time.Millisecond, "how often node daemons heartbeat")
 	fs.DurationVar(&f.cfg.NodeTTL, "node-ttl", 3*time.Second, "a node without a heartbeat this long is declared down")
 	fs.IntVar(&f.cfg.MaxStarting, "max-starting", scheduler.DefaultMaxStarting, "tasks placed but not yet running, cluster-wide: placement waits for starts beyond this")
+	fs.IntVar(&f.cfg.MaxStreams, "max-streams", scheduler.DefaultMaxStreams, "event streams (task watch, SSE, node daemons' cancel watches) this server serves at once; past it, a new one is refused as unavailable, which sends clients to another server")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.BoolVar(&f.pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the API address")
 }
