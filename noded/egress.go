@@ -25,17 +25,11 @@ type Egress struct {
 
 	mu    sync.Mutex
 	sinks map[string]func(netpolicy.AuditBatch) // by sandbox id
-	held  map[string][]netpolicy.AuditBatch     // by sandbox id: see Reattach
 }
-
-// maxHeld bounds the batches held for one re-adopted sandbox (Reattach);
-// past it, a batch's events are only counted, in the last one's Omitted
-// and OmittedCount: a sandbox no actor claims back costs little.
-const maxHeld = 64
 
 // NewEgress starts the node's egress policy.
 func NewEgress(cfg netpolicy.Config) (*Egress, error) {
-	e := &Egress{log: cfg.Logger, sinks: map[string]func(netpolicy.AuditBatch){}, held: map[string][]netpolicy.AuditBatch{}}
+	e := &Egress{log: cfg.Logger, sinks: map[string]func(netpolicy.AuditBatch){}}
 	if e.log == nil {
 		e.log = slog.New(slog.DiscardHandler)
 	}
@@ -85,23 +79,8 @@ func (e *Egress) TapGuestConfig() guest.NetConfig {
 }
 
 // Reattach takes back, after a restart, a re-adopted sandbox's network.
-// A task's sandbox has its audit held until the task's actor binds its id
-// again (its actor destroys it and claims a fresh one under the same id),
-// then delivered to the actor's sink first: the audit is incremental, so
-// a report sent to the node's log meanwhile would be missing from the
-// task's log for good. e.mu is held throughout, so that no report comes
-// between the network's return and the hold.
 func (e *Egress) Reattach(nsPath string) (driver.Network, error) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	n, err := driver.PolicyNetworks{M: e.m}.Reattach(nsPath)
-	if err != nil {
-		return nil, err
-	}
-	if pn, ok := n.(driver.PolicyNetwork); ok && sandboxTask(pn.ID()) != "" && e.held[pn.ID()] == nil {
-		e.held[pn.ID()] = []netpolicy.AuditBatch{}
-	}
-	return n, nil
+	return driver.PolicyNetworks{M: e.m}.Reattach(nsPath)
 }
 
 // ReapOrphans removes the networks of an earlier run that no driver took
@@ -135,7 +114,9 @@ func (e *Egress) bind(sb driver.Sandbox, p netpolicy.Policy, sink func(netpolicy
 	// for an unknown id: nothing to keep (and nothing left behind by a
 	// sandbox whose TTL destroys it, which no one unbinds).
 	if sink != nil {
-		e.route(sb.ID(), sink)
+		e.mu.Lock()
+		e.sinks[sb.ID()] = sink
+		e.mu.Unlock()
 	}
 	n.Bind(sb.ID())
 	if err := n.SetPolicy(p); err != nil {
@@ -147,27 +128,14 @@ func (e *Egress) bind(sb driver.Sandbox, p netpolicy.Policy, sink func(netpolicy
 	return nil
 }
 
-// route sends id's audit to sink, what a re-adopted sandbox of that id
-// reported before (see Reattach) first, in order.
-func (e *Egress) route(id string, sink func(netpolicy.AuditBatch)) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	for _, b := range e.held[id] {
-		sink(b)
-	}
-	delete(e.held, id)
-	e.sinks[id] = sink
-}
-
-// unbind stops routing a sandbox's audit, and drops what is held for it;
-// a report being delivered finishes first.
+// unbind stops routing a sandbox's audit; a report being delivered
+// finishes first.
 func (e *Egress) unbind(id string) {
 	if e == nil {
 		return
 	}
 	e.mu.Lock()
 	delete(e.sinks, id)
-	delete(e.held, id)
 	e.mu.Unlock()
 }
 
@@ -180,11 +148,6 @@ func (e *Egress) audit(id string, b netpolicy.AuditBatch) {
 		e.mu.Unlock()
 		return
 	}
-	if q, ok := e.held[id]; ok {
-		e.held[id] = holdBatch(q, b)
-		e.mu.Unlock()
-		return
-	}
 	e.mu.Unlock()
 	deny := 0
 	for _, ev := range b.Events {
@@ -193,21 +156,6 @@ func (e *Egress) audit(id string, b netpolicy.AuditBatch) {
 		}
 	}
 	e.log.Info("egress", "sandbox", id, "events", len(b.Events), "denied", deny, "omitted", b.Omitted, "first", b.Events[0])
-}
-
-// holdBatch adds b to the batches held for a sandbox, or, past maxHeld,
-// counts its events in the last one.
-func holdBatch(q []netpolicy.AuditBatch, b netpolicy.AuditBatch) []netpolicy.AuditBatch {
-	if len(q) < maxHeld {
-		return append(q, b)
-	}
-	last := &q[len(q)-1]
-	last.Omitted += len(b.Events) + b.Omitted
-	last.OmittedCount += b.OmittedCount
-	for _, ev := range b.Events {
-		last.OmittedCount += ev.Count
-	}
-	return q
 }
 
 // policyFromProto checks a policy from the API; errors name the field.
