@@ -536,6 +536,12 @@ func (a taskAPI) StreamEvents(ctx context.Context, req *connect.Request[warrenv1
 	if err := p.err(); err != nil {
 		return invalid(err)
 	}
+	// The slot first: a refusal past the limit costs no read.
+	release, err := a.s.takeStream()
+	if err != nil {
+		return err
+	}
+	defer release()
 	t, err := a.s.readTask(ctx, req.Msg.GetTaskId())
 	if err != nil {
 		return err
@@ -543,11 +549,6 @@ func (a taskAPI) StreamEvents(ctx context.Context, req *connect.Request[warrenv1
 	if _, err := a.s.checkResume(ctx, t, req.Msg.GetAfterSeq()); err != nil {
 		return err
 	}
-	release, err := a.s.takeStream()
-	if err != nil {
-		return err
-	}
-	defer release()
 	return a.s.tail(ctx, req.Msg.GetTaskId(), req.Msg.GetAfterSeq(), func(ev *warrenv1.Event) error {
 		return stream.Send(&warrenv1.StreamEventsResponse{Event: ev})
 	})
