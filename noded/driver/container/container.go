@@ -19,6 +19,7 @@ import (
 
 	"github.com/containerd/containerd"
 	"github.com/containerd/containerd/cio"
+	"github.com/containerd/containerd/contrib/seccomp"
 	"github.com/containerd/containerd/errdefs"
 	"github.com/containerd/containerd/oci"
 	"github.com/containerd/containerd/runtime/v2/runc/options"
@@ -522,6 +523,18 @@ func (d *Driver) start(ctx context.Context, t *guest.Template, req driver.ClaimR
 		// (CAP_NET_ADMIN, which could rewrite the rules, is not in the
 		// default set either.)
 		oci.WithDroppedCapabilities([]string{"CAP_NET_RAW"}),
+		// The default seccomp profile (containerd's, as Docker's), made
+		// for the capabilities above, so after them. Without it the
+		// sandbox's code could create a user namespace and, with every
+		// capability inside it, reach the kernel's namespaced surface
+		// (mounts, netfilter, new network namespaces); it also refuses
+		// keyctl, bpf, perf_event_open, module loading and the like.
+		// (runsc ignores it: gVisor's own kernel is the boundary.)
+		seccomp.WithDefaultProfile(),
+		// A cgroup namespace of its own: /proc/self/cgroup and the
+		// read-only /sys/fs/cgroup show the container's cgroup as the
+		// root, not the host's hierarchy.
+		oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.CgroupNamespace}),
 	}
 	if swapAccounted() {
 		// Memory plus swap, the same: no swap. Unset, swap was

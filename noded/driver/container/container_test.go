@@ -266,6 +266,43 @@ func TestContainerBadClaims(t *testing.T) {
 	}
 }
 
+// A runc sandbox's code cannot make namespaces of its own: the default
+// seccomp profile refuses unshare and clone with namespace flags to a
+// process without CAP_SYS_ADMIN. Without it, root in the container made a
+// user namespace (and, holding every capability there, a network one).
+// Its cgroup namespace is its own, so it does not see the host's
+// hierarchy.
+func TestContainerCannotMakeNamespaces(t *testing.T) {
+	d := newDriver(t)
+	defer d.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	sb, err := d.Claim(ctx, driver.ClaimRequest{ID: "sb-unshare"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy()
+	if out, code := run(t, sb, "command -v unshare"); code != 0 {
+		t.Fatalf("the template has no unshare(1) (util-linux): exit %d %q", code, out)
+	}
+	for _, script := range []string{"unshare --user true", "unshare --user --map-root-user --net true", "unshare --cgroup true"} {
+		out, code := run(t, sb, script+" 2>&1")
+		if code == 0 || !strings.Contains(out, "Operation not permitted") {
+			t.Errorf("%q in the container: exit %d %q, want it refused (Operation not permitted)", script, code, out)
+		}
+	}
+	// Each hierarchy's line ("4:memory:/", "0::/") names its root, v1 or v2.
+	out, code := run(t, sb, "cat /proc/self/cgroup")
+	if code != 0 || out == "" {
+		t.Fatalf("/proc/self/cgroup in the container: exit %d %q", code, out)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		if !strings.HasSuffix(line, ":/") {
+			t.Errorf("/proc/self/cgroup in the container has %q, want each path / (a cgroup namespace of its own)", line)
+		}
+	}
+}
+
 // A Close while a claim is under way leaves no container behind: the
 // claim sees the driver closed and destroys its own container (Close
 // waits for it, so the containerd client is still open). It used to
