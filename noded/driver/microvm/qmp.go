@@ -6,13 +6,15 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"os"
 	"sync"
+	"syscall"
 	"time"
 )
 
 // QMP is a synchronous client of QEMU's machine protocol: one command at a
 // time, events skipped. The protocol is JSON lines; what warren needs of it
-// (stop, cont, migrate, query-status, quit) fits in this file, so it takes
+// (stop, cont, getfd, migrate, query-status, quit) fits in this file, so it takes
 // no library.
 type QMP struct {
 	mu   sync.Mutex
@@ -62,6 +64,19 @@ func (e *QMPError) Error() string { return fmt.Sprintf("qmp %s: %s: %s", e.Comma
 
 // Run executes one command and returns its "return" value.
 func (q *QMP) Run(ctx context.Context, cmd string, args any) (json.RawMessage, error) {
+	return q.run(ctx, cmd, args, nil)
+}
+
+// SendFD hands f to QEMU under name (QMP getfd), for a later command to use
+// as "fd:name": QEMU, which may not open files or start processes itself
+// (seccompArgs), writes to a file the node opened.
+func (q *QMP) SendFD(ctx context.Context, name string, f *os.File) error {
+	_, err := q.run(ctx, "getfd", map[string]any{"fdname": name}, f)
+	return err
+}
+
+// run is Run, passing f (if set) along with the command (SCM_RIGHTS).
+func (q *QMP) run(ctx context.Context, cmd string, args any, f *os.File) (json.RawMessage, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	msg := map[string]any{"execute": cmd}
@@ -78,7 +93,25 @@ func (q *QMP) Run(ctx context.Context, cmd string, args any) (json.RawMessage, e
 		q.conn.SetDeadline(time.Now().Add(30 * time.Second))
 	}
 	defer q.conn.SetDeadline(time.Time{})
-	if _, err := q.conn.Write(append(b, '\n')); err != nil {
+	if f != nil {
+		uc, ok := q.conn.(*net.UnixConn)
+		if !ok {
+			return nil, fmt.Errorf("qmp %s: a file can only be passed over a unix socket", cmd)
+		}
+		raw, err := f.SyscallConn()
+		if err != nil {
+			return nil, fmt.Errorf("qmp %s: %w", cmd, err)
+		}
+		var werr error
+		if err := raw.Control(func(fd uintptr) {
+			_, _, werr = uc.WriteMsgUnix(append(b, '\n'), syscall.UnixRights(int(fd)), nil)
+		}); err != nil {
+			return nil, fmt.Errorf("qmp %s: %w", cmd, err)
+		}
+		if werr != nil {
+			return nil, fmt.Errorf("qmp %s: %w", cmd, werr)
+		}
+	} else if _, err := q.conn.Write(append(b, '\n')); err != nil {
 		return nil, fmt.Errorf("qmp %s: %w", cmd, err)
 	}
 	for {

@@ -611,7 +611,8 @@ func (vm *VM) Pause(ctx context.Context) error {
 	state := filepath.Join(vm.spec.Dir, "paused.state")
 	// Memory is migrated in full: a clone's mapping is private, and a
 	// booted VM's is anonymous.
-	if err := saveState(bctx, vm.qmp, state, false); err != nil {
+	// Owner-only: it holds the guest's memory, and so its env.
+	if err := saveState(bctx, vm.qmp, state, 0o600, false); err != nil {
 		vm.undoSave(bctx, state)
 		return fmt.Errorf("pause: %w", err)
 	}

@@ -368,7 +368,7 @@ func (d *Driver) makeSnapshot(ctx context.Context, t *guest.Template) (*snapshot
 	if _, err := q.Run(bctx, "stop", nil); err != nil {
 		return nil, err
 	}
-	if err := saveState(bctx, q, s.state(), true); err != nil {
+	if err := saveState(bctx, q, s.state(), 0o644, true); err != nil {
 		return nil, err
 	}
 	_, _ = q.Run(bctx, "quit", nil)
@@ -467,14 +467,28 @@ func linkLocalReady(text, iface string) (bool, string) {
 const hangUpGrace = 300 * time.Millisecond
 
 // saveState migrates a stopped VM's device state (and, unless its memory
-// is a shared file and ignoreShared is set, its memory) into path.
-func saveState(ctx context.Context, q *QMP, path string, ignoreShared bool) error {
+// is a shared file and ignoreShared is set, its memory) into path, made
+// with mode perm. The node opens the file and hands it to QEMU, which may
+// not start a process (such as the `exec:cat > path` this took before) or
+// open a file itself once it runs (seccompArgs).
+func saveState(ctx context.Context, q *QMP, path string, perm os.FileMode, ignoreShared bool) error {
 	if _, err := q.Run(ctx, "migrate-set-capabilities", map[string]any{
 		"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": ignoreShared}},
 	}); err != nil {
 		return err
 	}
-	if _, err := q.Run(ctx, "migrate", map[string]any{"uri": "exec:cat > " + driver.ShellQuote(path)}); err != nil {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, perm)
+	if err != nil {
+		return fmt.Errorf("save state: %w", err)
+	}
+	// QEMU keeps its own copy of the descriptor until the migration ends.
+	err = q.SendFD(ctx, "state", f)
+	f.Close()
+	if err != nil {
+		return err
+	}
+	if _, err := q.Run(ctx, "migrate", map[string]any{"uri": "fd:state"}); err != nil {
+		_, _ = q.Run(ctx, "closefd", map[string]any{"fdname": "state"})
 		return err
 	}
 	for {

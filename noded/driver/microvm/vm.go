@@ -106,6 +106,7 @@ func (s vmSpec) args() []string {
 		"-chardev", "socket,id=agent,path=" + s.agentPath() + ",server=on,wait=off",
 		"-device", "virtserialport,chardev=agent,name=" + guest.PortName,
 		"-qmp", "unix:" + s.qmpPath() + ",server=on,wait=off",
+		"-sandbox", seccompArgs,
 	}
 	if s.Accel == "kvm" {
 		a = append(a, "-cpu", "host")
@@ -143,6 +144,16 @@ func (s vmSpec) args() []string {
 	}
 	return a
 }
+
+// seccompArgs is QEMU's own system call filter (-sandbox), as libvirt sets
+// it: QEMU emulates the untrusted guest's devices as root, so a QEMU the
+// guest took over must not start a process (fork, exec: a shell), enter
+// namespaces, change its ids, or make obsolete or host-wide calls (mount,
+// reboot, kexec, …): the kernel kills QEMU for each (SIGSYS). Changing
+// its scheduling is refused (EPERM). It still opens
+// the files on its command line at its start; a snapshot's state goes to a
+// file the node opens and hands over (saveState).
+const seccompArgs = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
 
 // kernelCmdline is the guest's command line. tsc_early_khz avoids a hang
 // in TSC calibration under TCG.
