@@ -234,3 +234,44 @@ func webAttempts(t *testing.T, e *warrenv1.Event) (sandbox string, allowed, deni
 	}
 	return p.Sandbox, allowed, denied
 }
+
+// A step during which the sandbox's audit reports more often than the
+// actor's mailbox holds messages (16) still ends, and the task goes on:
+// each report used to queue a message of its own, so a step that tried a
+// denied host for a while (a test suite retrying a download) filled the
+// mailbox, the step's own "next step" message was dropped, and the task
+// stayed running for good, with nothing left to wake its actor.
+func TestManyEgressReportsDuringAStepDoNotStallTheTask(t *testing.T) {
+	c, d := startEgressNode(t, "warren-test-egress-many", func(cfg *netpolicy.Config) { cfg.AuditInterval = 20 * time.Millisecond })
+	// About 3 s of denied attempts, one every 50 ms: some 100 reports.
+	cmd := `python3 -c '
+import socket, time
+for _ in range(60):
+    try:
+        socket.create_connection(("198.51.100.20", 80), timeout=0.05).close()
+    except Exception:
+        pass
+    time.sleep(0.05)
+'`
+	resp, err := c.cl.Tasks().CreateTask(context.Background(), connect.NewRequest(&warrenv1.CreateTaskRequest{
+		RequestId: "egress-many", Spec: &warrenv1.TaskSpec{Repo: "https://example.com/r.git", Base: "main", IssueTitle: "many egress reports",
+			Driver: "container", Script: &warrenv1.Script{Steps: 2, Command: cmd}}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.Msg.GetTask().GetId()
+	waitFor(t, "the task to end", 2*time.Minute, c.allEnded([]string{id}))
+	if st := c.task(id).GetState(); st != warrenv1.TaskState_TASK_STATE_SUCCEEDED {
+		t.Fatalf("task %s ended %v, want succeeded", id, st)
+	}
+	reports := 0
+	for _, e := range c.events(id) {
+		if e.GetKind() == "egress" {
+			reports++
+		}
+	}
+	t.Logf("%d egress events on the log; node: %+v", reports, d.Stats())
+	if reports <= 16 {
+		t.Errorf("%d egress events: the test needs more reports during a step than the actor's mailbox holds (16)", reports)
+	}
+}

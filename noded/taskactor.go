@@ -119,6 +119,11 @@ type taskActor struct {
 	egressMu      sync.Mutex
 	egressQ       []egressBatch // numbered when they move to egressPending
 	egressPending []egressBatch
+	// egressTold is set while an egressMsg is on its way: the sink sends
+	// one for any number of reports, so the audit (a report a second, or
+	// more often) cannot fill the mailbox while a step runs, where the
+	// step's own next message would be dropped and the task would stall.
+	egressTold atomic.Bool
 	// lastFlushed: the flush before the task's last event (success,
 	// cancellation, or giving it back) landed. A retry of that event, whose
 	// first append may have landed with the task then ended or its lease
@@ -190,6 +195,7 @@ func (a *taskActor) Receive(c *actor.Context, msg any) {
 	case awaitMsg:
 		a.awaitDecision(c, m.prefix, m.poll, m)
 	case egressMsg:
+		a.egressTold.Store(false)
 		if err := a.recordEgress(); err != nil {
 			a.failed(c, "record egress", err, egressMsg{})
 		}
@@ -618,7 +624,13 @@ func (a *taskActor) egressSink(self *actor.Ref, sandbox string) func(netpolicy.A
 		a.egressMu.Lock()
 		a.egressQ = append(a.egressQ, egressBatch{b: b, sandbox: sandbox})
 		a.egressMu.Unlock()
-		_ = self.Send(egressMsg{}) // a full mailbox only delays it: the queue stays
+		// One message at a time: Receive clears egressTold before it
+		// takes the queue, so a batch queued after that take sends another.
+		if a.egressTold.CompareAndSwap(false, true) {
+			if err := self.Send(egressMsg{}); err != nil {
+				a.egressTold.Store(false) // the queue stays for the next report or flush
+			}
+		}
 	}
 }
 
