@@ -68,6 +68,14 @@ func TestEgressOfAnotherActorIncarnationIsRecorded(t *testing.T) {
 // take the same path as a leased task's.
 func pendingTaskOnNode(t *testing.T, drv driver.Driver, requestID string) (*Daemon, string) {
 	t.Helper()
+	return taskOnNode(t, drv, nil, requestID, &warrenv1.TaskSpec{Repo: "https://example.com/r.git", Base: "main", IssueTitle: "egress", Driver: "microvm",
+		Script: &warrenv1.Script{Steps: 1}})
+}
+
+// taskOnNode starts a single server, its API handler wrap(ped) if wrap is
+// set, and a node daemon on drv, and creates a task of spec.
+func taskOnNode(t *testing.T, drv driver.Driver, wrap func(http.Handler) http.Handler, requestID string, spec *warrenv1.TaskSpec) (*Daemon, string) {
+	t.Helper()
 	dir := t.TempDir()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -79,7 +87,11 @@ func pendingTaskOnNode(t *testing.T, drv driver.Driver, requestID string) (*Daem
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs := &http.Server{Handler: srv.Handler()}
+	h := srv.Handler()
+	if wrap != nil {
+		h = wrap(h)
+	}
+	hs := &http.Server{Handler: h}
 	hs.Protocols = new(http.Protocols)
 	hs.Protocols.SetHTTP1(true)
 	hs.Protocols.SetUnencryptedHTTP2(true)
@@ -99,9 +111,7 @@ func pendingTaskOnNode(t *testing.T, drv driver.Driver, requestID string) (*Daem
 	}
 	t.Cleanup(func() { d.Close() })
 	for {
-		resp, err := d.cl.Tasks().CreateTask(context.Background(), connect.NewRequest(&warrenv1.CreateTaskRequest{RequestId: requestID,
-			Spec: &warrenv1.TaskSpec{Repo: "https://example.com/r.git", Base: "main", IssueTitle: "egress", Driver: "microvm",
-				Script: &warrenv1.Script{Steps: 1}}}))
+		resp, err := d.cl.Tasks().CreateTask(context.Background(), connect.NewRequest(&warrenv1.CreateTaskRequest{RequestId: requestID, Spec: spec}))
 		if err == nil {
 			return d, resp.Msg.GetTask().GetId()
 		}

@@ -246,7 +246,9 @@ func (a *taskActor) start(c *actor.Context) {
 	if a.script == nil && !a.agentMode && a.spec.GetModel() != "" {
 		// It ran the placeholder steps and succeeded, having done
 		// nothing: a task that names a model gets that model, or fails
-		// saying why.
+		// saying why. Begun, so that a retry of the failure's append (an
+		// endMsg) is handled, not dropped as from before a restart.
+		a.began = true
 		a.failTask(c, "no-model", failedReason(fmt.Sprintf("model %q: node %s has no model provider (set ANTHROPIC_API_KEY or OPENAI_API_KEY in the environment of warren node)", a.spec.GetModel(), a.d.cfg.ID)))
 		return
 	}
