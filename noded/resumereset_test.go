@@ -83,7 +83,10 @@ func TestAResumeWithoutItsChangesTellsTheModel(t *testing.T) {
 	if !note {
 		t.Fatal("no message from the node on the log")
 	}
-	if _, err := c.cl.Tasks().CancelTask(ctx, connect.NewRequest(&warrenv1.CancelTaskRequest{TaskId: id, Reason: "test done"})); err != nil {
+	// The model has no fourth turn, so the task may have failed already
+	// (the fake answers "no more turns"): a cancel is then refused.
+	if _, err := c.cl.Tasks().CancelTask(ctx, connect.NewRequest(&warrenv1.CancelTaskRequest{TaskId: id, Reason: "test done"})); err != nil &&
+		connect.CodeOf(err) != connect.CodeFailedPrecondition {
 		t.Fatal(err)
 	}
 	waitFor(t, "the task to end", time.Minute, func() bool { return isEnded(c.task(id).GetState()) })
