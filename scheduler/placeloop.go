@@ -45,6 +45,7 @@ func (s *Server) placementLoop() {
 	rng := rand.New(rand.NewPCG(seed, seed>>1|1))
 	done := ^uint64(0)   // generation last planned for; none yet
 	var doneFreed uint64 // sessions' freed count last planned for
+	after := ""          // where the next round reads pending tasks from ("": the oldest)
 	for {
 		select {
 		case <-s.stop:
@@ -52,15 +53,16 @@ func (s *Server) placementLoop() {
 		case <-t.C:
 		}
 		if s.raft.State() != raft.Leader {
-			done = ^uint64(0)
+			done, after = ^uint64(0), ""
 			continue
 		}
 		gen, freed := s.fsm.replanGen.Load(), s.sess.freed.Load()
-		if gen == done && freed == doneFreed {
+		if gen == done && freed == doneFreed && after == "" {
 			continue
 		}
 		done, doneFreed = gen, freed
-		cost, err := s.placeOnce(rng)
+		cost, next, err := s.placeOnce(rng, after)
+		after = next
 		if err != nil {
 			s.log.Warn("placement round failed", "err", err)
 			done = ^uint64(0) // try again next tick
@@ -80,13 +82,21 @@ func (s *Server) placementLoop() {
 	}
 }
 
-// placeOnce plans every pending task once (up to the room under
-// MaxStarting). It returns the time spent reading state and planning.
-func (s *Server) placeOnce(rng *rand.Rand) (time.Duration, error) {
+// placeOnce plans the pending tasks after after ("": from the oldest) once
+// (up to the room under MaxStarting). It returns the time spent reading
+// state and planning, and where the next round should read from: past
+// this round's tasks when all it could read (maxPendingPerRound) were
+// held back (no node takes them, or they wait for room that later tasks
+// need not), else "".
+func (s *Server) placeOnce(rng *rand.Rand, after string) (time.Duration, string, error) {
 	start := time.Now()
 	nodes, err := s.fsm.Nodes()
 	if err != nil || len(nodes) == 0 {
-		return time.Since(start), err
+		return time.Since(start), "", err
+	}
+	maxPending := s.cfg.maxPendingPerRound
+	if maxPending == 0 {
+		maxPending = maxPendingPerRound
 	}
 	limit := s.cfg.MaxStarting
 	if limit == 0 {
@@ -95,7 +105,7 @@ func (s *Server) placeOnce(rng *rand.Rand) (time.Duration, error) {
 	// The tasks starting now, and on which nodes.
 	starting, _, err := s.fsm.ListTasks(warrenv1.TaskState_TASK_STATE_PLACED, "", limit, 0)
 	if err != nil {
-		return time.Since(start), err
+		return time.Since(start), "", err
 	}
 	startingOn := map[string]int{}
 	startingWarm := map[nodeTemplate]int{} // the warm sandboxes their claims may take
@@ -103,9 +113,9 @@ func (s *Server) placeOnce(rng *rand.Rand) (time.Duration, error) {
 		startingOn[t.GetLease().GetNode()]++
 		startingWarm[nodeTemplate{t.GetLease().GetNode(), specWarmTemplate(t.GetSpec().GetTemplate())}]++
 	}
-	room := min(maxPendingPerRound, limit-len(starting))
+	room := min(maxPending, limit-len(starting))
 	if room <= 0 {
-		return time.Since(start), nil // a task leaving placed changes replanGen
+		return time.Since(start), "", nil // a task leaving placed changes replanGen
 	}
 	// The oldest room pending tasks first. If tasks no node could take
 	// even empty (a selector, driver or template no node has) fill that
@@ -115,18 +125,23 @@ func (s *Server) placeOnce(rng *rand.Rand) (time.Duration, error) {
 	// other nodes have room none of them can use (pools of different
 	// labels or templates: a full pool's backlog held back every task of
 	// the idle one). Within the wider window the older tasks still come
-	// first.
+	// first. When even the widest window (maxPendingPerRound) is held
+	// back so, the next round reads the tasks after it, and so on to the
+	// newest, then from the oldest again: 20,000 tasks no node takes (a
+	// selector that matches none) held back every later task of the
+	// cluster.
 	// Read once per round, not per window: each reported task is an FSM
 	// read.
 	extra := verifyingExtra(s.sess.verifyingOn(), s.verifyingTask)
 	var plan Plan
-	for window := room; ; window = min(4*window, maxPendingPerRound) {
-		pending, _, err := s.fsm.ListTasks(warrenv1.TaskState_TASK_STATE_PENDING, "", window, 0)
+	resume := ""
+	for window := room; ; window = min(4*window, maxPending) {
+		pending, next, err := s.fsm.ListTasks(warrenv1.TaskState_TASK_STATE_PENDING, after, window, 0)
 		if err != nil {
-			return time.Since(start), err
+			return time.Since(start), "", err
 		}
 		if len(pending) == 0 {
-			return time.Since(start), nil
+			return time.Since(start), "", nil
 		}
 		pn := placementNodes(nodes)
 		for i := range pn {
@@ -139,7 +154,11 @@ func (s *Server) placeOnce(rng *rand.Rand) (time.Duration, error) {
 		plan = Place(pn, tasks, PlacementConfig{SpreadLabel: spreadLabel, MaxStartingPerNode: maxStartingPerNode}, rng)
 		blocked := plan.Unfit > 0 && len(plan.Placements)+plan.Unfit == len(pending) && anyReady(pn)
 		blocked = blocked || len(plan.Placements) < room && len(plan.Unplaced) > 0 && roomUnused(pn, tasks, plan, maxStartingPerNode)
-		if !blocked || len(plan.Placements) >= room || len(pending) < window || window >= maxPendingPerRound {
+		if !blocked || len(plan.Placements) >= room || len(pending) < window {
+			break
+		}
+		if window >= maxPending {
+			resume = next
 			break
 		}
 	}
@@ -158,7 +177,7 @@ func (s *Server) placeOnce(rng *rand.Rand) (time.Duration, error) {
 		// the server stops.
 		res, _, err := s.proposeLocal(s.stopCtx, m)
 		if err != nil {
-			return cost, err
+			return cost, "", err
 		}
 		var placed []string
 		for i, e := range res.GetPlacementErrors() {
@@ -171,7 +190,7 @@ func (s *Server) placeOnce(rng *rand.Rand) (time.Duration, error) {
 		s.log.Debug("placed tasks", "placed", len(placed), "planned", len(m.Placements))
 		s.notifyPlaced(placed)
 	}
-	return cost, nil
+	return cost, resume, nil
 }
 
 // anyReady reports whether some node takes tasks now: with none (all

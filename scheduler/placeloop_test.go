@@ -115,3 +115,37 @@ func TestABacklogInOnePoolDoesNotHoldBackAnother(t *testing.T) {
 	}
 	t.Errorf("task %s of pool b is still %s after 10 s, behind pool a's backlog, with node n2 empty", id, StateName(state(id)))
 }
+
+// More pending tasks than a round reads (maxPendingPerRound, 20,000; 8
+// here) that no node can take do not hold back a later task that fits:
+// the next round reads the tasks after them. Rounds always began at the
+// oldest, so one tenant's 20,000 tasks with an impossible selector kept
+// every later task of the cluster pending.
+func TestMoreUnfitTasksThanARoundReadsDoNotBlockPlacement(t *testing.T) {
+	nodes := startCluster(t, 0, func(c *Config) { c.MaxStarting = 2; c.maxPendingPerRound = 8 })
+	ctx := context.Background()
+	cc := warrenv1connect.NewClusterServiceClient(http.DefaultClient, nodes[1].url)
+	if _, err := cc.RegisterNode(ctx, connect.NewRequest(&warrenv1.RegisterNodeRequest{Node: &warrenv1.Node{
+		Id: "n1", Drivers: []string{"sim"}, Capacity: &warrenv1.Resources{MilliCpu: 100 * DefaultTaskMilliCPU, MemoryBytes: 100 * DefaultTaskMemoryBytes},
+	}})); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 20; i++ { // no node has gpu=yes: two and a half rounds' worth
+		if _, err := nodes[0].tasks.CreateTask(ctx, connect.NewRequest(&warrenv1.CreateTaskRequest{Spec: &warrenv1.TaskSpec{
+			Repo: "https://example.com/r.git", Base: "main", IssueTitle: fmt.Sprint("gpu", i), Driver: "sim",
+			NodeSelector: map[string]string{"gpu": "yes"}}})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(5 * time.Millisecond) // a later ULID
+	r, err := nodes[0].tasks.CreateTask(ctx, connect.NewRequest(&warrenv1.CreateTaskRequest{Spec: &warrenv1.TaskSpec{
+		Repo: "https://example.com/r.git", Base: "main", IssueTitle: "plain", Driver: "sim"}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := r.Msg.GetTask().GetId()
+	waitFor(t, "the plain task placed behind 20 unfit ones", 10*time.Second, func() bool {
+		tk, err := nodes[0].srv.FSM().Task(id)
+		return err == nil && tk.GetState() == warrenv1.TaskState_TASK_STATE_PLACED
+	})
+}

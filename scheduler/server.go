@@ -58,6 +58,9 @@ type Config struct {
 
 	PlacementInterval time.Duration // how often the leader checks for work; 0 means 20ms
 	PlacementSeed     uint64        // placement's random seed; 0 means time-based
+	// maxPendingPerRound bounds the pending tasks one placement round
+	// reads (0: maxPendingPerRound; smaller in tests).
+	maxPendingPerRound int
 
 	NodeHeartbeat time.Duration // how often node daemons heartbeat; 0 means 500ms
 	NodeTTL       time.Duration // a node silent this long is down; 0 means 3s
