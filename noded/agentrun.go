@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -193,16 +194,23 @@ func (r actorRecorder) Record(ctx context.Context, key, kind string, payload any
 // and copies its tree into the sandbox at WorkRoot. pinned is the commit a
 // resumed task checked out first ("" the first time).
 func (a *taskActor) checkoutInto(ctx context.Context, ia driver.Interactive, pinned string) (*agent.Workspace, error) {
-	dir := filepath.Join(a.d.cfg.DataDir, "work", fmt.Sprintf("%s-e%d", a.id, a.epoch))
+	dir := filepath.Join(workRoot(a.d.cfg.DataDir), fmt.Sprintf("%s-e%d", a.id, a.epoch))
 	ws, err := a.d.git.Checkout(ctx, a.spec.GetRepo(), a.spec.GetBase(), pinned, dir)
-	if err != nil {
-		return nil, err
+	if err == nil {
+		err = unpackInto(ctx, ia, ws)
 	}
-	if err := unpackInto(ctx, ia, ws); err != nil {
+	if err != nil {
+		// Not a.ws yet, so Stopped would not remove it: a failed start
+		// (a tree too large for the sandbox's disk, the actor stopped
+		// meanwhile) left a whole checkout on the node.
+		_ = os.RemoveAll(dir)
 		return nil, err
 	}
 	return ws, nil
 }
+
+// workRoot holds the node's task workspaces, one per task and lease epoch.
+func workRoot(dataDir string) string { return filepath.Join(dataDir, "work") }
 
 // workspaceResetNote tells the model of a task resumed without its changes.
 const workspaceResetNote = "Note from the node: this task was resumed in a new sandbox, and the last checkpoint of your workspace was too large to record " +

@@ -205,6 +205,12 @@ func Start(cfg Config) (*Daemon, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("data: %w", err)
 	}
+	// Task workspaces a previous run left (a task that moved to another
+	// node while this one was down keeps no actor here to remove its
+	// checkout): an actor makes its own afresh, so none is needed.
+	if err := os.RemoveAll(workRoot(cfg.DataDir)); err != nil {
+		return nil, fmt.Errorf("data: remove the last run's workspaces: %w", err)
+	}
 	b := make([]byte, 8)
 	_, _ = rand.Read(b)
 	d := &Daemon{cfg: cfg, log: cfg.Logger.With("node", cfg.ID), incarnation: hex.EncodeToString(b),
