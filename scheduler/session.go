@@ -74,10 +74,15 @@ type sessions struct {
 	lastSeen    map[string]time.Time
 	gossipDead  map[string]time.Time // memberlist declared the node dead at
 	leaderSince time.Time            // zero when not leader
+	// kept is the last verifying report of a node whose session ended,
+	// until the node attaches again (its hello reports afresh): the
+	// verification sandboxes do not end with a stream, so a blip or a
+	// reconnect must not hand placement their room.
+	kept map[string][]string
 }
 
 func newSessions() *sessions {
-	return &sessions{byNode: map[string]*session{}, lastSeen: map[string]time.Time{}, gossipDead: map[string]time.Time{}}
+	return &sessions{byNode: map[string]*session{}, lastSeen: map[string]time.Time{}, gossipDead: map[string]time.Time{}, kept: map[string][]string{}}
 }
 
 // lead resets the view when this server becomes leader (now) or stops
@@ -91,6 +96,7 @@ func (h *sessions) lead(now time.Time) {
 	h.byNode = map[string]*session{}
 	h.lastSeen = map[string]time.Time{}
 	h.gossipDead = map[string]time.Time{}
+	h.kept = map[string][]string{}
 	h.leaderSince = now
 }
 
@@ -117,6 +123,10 @@ func (h *sessions) attach(c *session, now time.Time) {
 	}
 	h.byNode[c.node] = c
 	h.lastSeen[c.node] = now
+	if len(h.kept[c.node]) > 0 {
+		h.freed.Add(1) // the hello's report replaces it and may name fewer
+	}
+	delete(h.kept, c.node)
 	delete(h.gossipDead, c.node) // a hello proves it is alive
 }
 
@@ -141,7 +151,10 @@ func (h *sessions) detach(c *session) {
 	if h.byNode[c.node] == c {
 		delete(h.byNode, c.node)
 		if len(c.verifying) > 0 {
-			h.freed.Add(1) // its report goes with it
+			// Kept until the node is back: its verification sandboxes
+			// did not end with the stream. (Only tasks still leased to
+			// the node and not ended count: verifyingExtra.)
+			h.kept[c.node] = c.verifying
 		}
 	}
 	c.close()

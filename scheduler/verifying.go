@@ -5,7 +5,8 @@ package scheduler
 // holds about twice its needs on its node. The node reports such tasks in
 // each heartbeat (Heartbeat.verifying); the leader keeps the last report on
 // the node's session, in memory only, like the warm counts (warm.go), and
-// placement counts each reported task's needs a second time in the node's
+// past the session's end until the node attaches again, and placement
+// counts each reported task's needs a second time in the node's
 // allocation. Without it a node full of tasks that finish at once held
 // twice what placement believed. A report names only tasks the node runs:
 // one whose lease is elsewhere, or that has ended, is not counted.
@@ -50,21 +51,30 @@ func lostAny(before, after []string) bool {
 	return false
 }
 
-// verifyingOn returns, per node with an open session, the tasks its last
-// heartbeat reported holding a verification sandbox. The slices are the
-// sessions' and must not be modified.
+// verifyingOn returns, per node, the tasks its last heartbeat reported
+// holding a verification sandbox: its session's, or, once that ended,
+// the last one's until the node attaches again (sessions.kept). The
+// slices are the sessions' and must not be modified.
 func (h *sessions) verifyingOn() map[string][]string {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	var out map[string][]string
-	for node, c := range h.byNode {
-		if c == nil || len(c.verifying) == 0 || c.isClosed() {
-			continue
+	add := func(node string, v []string) {
+		if len(v) == 0 {
+			return
 		}
 		if out == nil {
 			out = map[string][]string{}
 		}
-		out[node] = c.verifying
+		out[node] = v
+	}
+	for node, v := range h.kept {
+		add(node, v)
+	}
+	for node, c := range h.byNode {
+		if c != nil {
+			add(node, c.verifying) // a closed one's too: detach keeps it
+		}
 	}
 	return out
 }

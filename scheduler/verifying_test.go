@@ -146,3 +146,34 @@ func TestHelloReportsVerifyingTasks(t *testing.T) {
 		return len(v) == 1 && v[0] == id
 	})
 }
+
+// A node's verification sandboxes outlive its session: when the stream
+// ends (a blip, a reconnect), placement still counts their room until the
+// node says hello again. The report went with the session, and a task was
+// placed at once onto a node still full.
+func TestVerifyingOutlivesTheSession(t *testing.T) {
+	n, url, hc := leadingServer(t, 10*time.Second)
+	n1 := openSizedFakeNode(t, url, hc, "n1", 2)
+	a := createTask(t, n, "a", "")
+	if node, _ := placedOn(t, n, a); node != "n1" {
+		t.Fatalf("a on %s", node)
+	}
+	n1.reportVerifying(t, a) // n1: a + a's verification sandbox = 2 of 2
+	b := createTask(t, n, "b", "")
+	time.Sleep(time.Second)
+	if tk, _ := n.srv.FSM().Task(b); tk.GetState() != warrenv1.TaskState_TASK_STATE_PENDING {
+		t.Fatalf("b %v while n1 is full", tk.GetState())
+	}
+	n1.end() // the stream ends; n1 stays ready (its TTL is 10 s)
+	waitFor(t, "n1's session to end", 5*time.Second, func() bool { return n.srv.sess.get("n1") == nil })
+	time.Sleep(time.Second) // rounds run every 20 ms: b had its chances
+	if tk, _ := n.srv.FSM().Task(b); tk.GetState() != warrenv1.TaskState_TASK_STATE_PENDING {
+		t.Fatalf("b %v on %s once n1's session ended, while n1 is still full", tk.GetState(), tk.GetLease().GetNode())
+	}
+	// Back with a hello that names no verification: n1 has room for b.
+	openSizedFakeNode(t, url, hc, "n1", 2)
+	waitFor(t, "b placed once n1 said hello without a", 5*time.Second, func() bool {
+		tk, _ := n.srv.FSM().Task(b)
+		return tk.GetState() == warrenv1.TaskState_TASK_STATE_PLACED
+	})
+}
