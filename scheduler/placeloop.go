@@ -52,7 +52,11 @@ func (s *Server) placementLoop() {
 			return
 		case <-t.C:
 		}
-		if s.raft.State() != raft.Leader {
+		if s.raft.State() != raft.Leader || s.readyTerm.Load() != s.raft.CurrentTerm() {
+			// Not leading, or not ready: until its barrier a new leader's
+			// FSM may lag behind (tasks placed but not yet applied here
+			// would not count against MaxStarting), and no node has
+			// reported its verification sandboxes to it yet.
 			done, after = ^uint64(0), ""
 			continue
 		}

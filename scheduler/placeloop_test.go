@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/hashicorp/raft"
 
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
@@ -148,4 +149,31 @@ func TestMoreUnfitTasksThanARoundReadsDoNotBlockPlacement(t *testing.T) {
 		tk, err := nodes[0].srv.FSM().Task(id)
 		return err == nil && tk.GetState() == warrenv1.TaskState_TASK_STATE_PLACED
 	})
+}
+
+// A leader places no task before it is ready (its barrier done): until
+// then its FSM may lag (tasks placed in the last term but not yet applied
+// here would not count against MaxStarting) and no node has reported its
+// verification sandboxes to it.
+func TestPlacementWaitsForTheLeaderToBeReady(t *testing.T) {
+	n := startNode(t, t.TempDir(), "s1", true, "", 0)
+	waitFor(t, "s1 to lead and be ready", 10*time.Second, func() bool {
+		return n.srv.Raft().State() == raft.Leader && n.srv.readyTerm.Load() == n.srv.Raft().CurrentTerm()
+	})
+	term := n.srv.readyTerm.Load()
+	n.srv.readyTerm.Store(0) // as while its barrier runs
+	ctx := context.Background()
+	cc := warrenv1connect.NewClusterServiceClient(http.DefaultClient, n.url)
+	if _, err := cc.RegisterNode(ctx, connect.NewRequest(&warrenv1.RegisterNodeRequest{Node: &warrenv1.Node{
+		Id: "n1", Drivers: []string{"sim"}, Capacity: &warrenv1.Resources{MilliCpu: 10 * DefaultTaskMilliCPU, MemoryBytes: 10 * DefaultTaskMemoryBytes},
+	}})); err != nil {
+		t.Fatal(err)
+	}
+	id := createTask(t, n, "t", "")
+	time.Sleep(500 * time.Millisecond) // rounds run every 20 ms
+	if tk, _ := n.srv.FSM().Task(id); tk.GetState() != warrenv1.TaskState_TASK_STATE_PENDING {
+		t.Fatalf("before the leader was ready, the task became %s", StateName(tk.GetState()))
+	}
+	n.srv.readyTerm.Store(term)
+	placedOn(t, n, id)
 }
