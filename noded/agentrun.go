@@ -149,14 +149,28 @@ func (s agentSandbox) ReadFile(ctx context.Context, path string, limit int64) ([
 	return b.Bytes(), nil
 }
 
+// The node's own commands in a sandbox (a write's mkdir, the checkout's
+// unpack) are bounded like the model's: the sandbox's code can replace
+// mkdir or tar, and the guest agent itself is not trusted, so what they
+// print is capped (it used to be kept whole, and endless stderr grew the
+// node's memory until it was killed) and they get a timeout.
+const (
+	maxHelperStderr = 4 << 10
+	mkdirTimeout    = time.Minute
+	unpackTimeout   = 10 * time.Minute
+)
+
 func (s agentSandbox) WriteFile(ctx context.Context, path string, data []byte) error {
-	var errb bytes.Buffer
-	res, err := s.ia.Run(ctx, guest.ExecRequest{Argv: []string{"mkdir", "-p", filepath.Dir(path)}}, nil, &errb)
+	errb := driver.NewCappedOutput(maxHelperStderr)
+	res, err := s.ia.Run(ctx, guest.ExecRequest{Argv: []string{"mkdir", "-p", filepath.Dir(path)}, Timeout: mkdirTimeout}, nil, errb)
 	if err != nil {
 		return refused(err)
 	}
+	if res.TimedOut {
+		return agent.Refused(fmt.Errorf("mkdir -p %s: did not end within %v", filepath.Dir(path), mkdirTimeout))
+	}
 	if res.ExitCode != 0 { // a parent is a file, say
-		return agent.Refused(fmt.Errorf("mkdir -p %s: %s", filepath.Dir(path), strings.TrimSpace(errb.String())))
+		return agent.Refused(fmt.Errorf("mkdir -p %s: %s", filepath.Dir(path), strings.TrimSpace(string(errb.Bytes()))))
 	}
 	_, err = s.ia.WriteFile(ctx, path, nil, bytes.NewReader(data)) // 0644
 	return refused(err)
@@ -226,14 +240,22 @@ func unpackInto(ctx context.Context, ia driver.Interactive, ws *agent.Workspace)
 	if err != nil {
 		return err
 	}
-	var errb bytes.Buffer
+	return unpackTar(ctx, ia, tar)
+}
+
+// unpackTar is unpackInto's part in the sandbox.
+func unpackTar(ctx context.Context, ia driver.Interactive, tar []byte) error {
+	errb := driver.NewCappedOutput(maxHelperStderr)
 	res, err := ia.Run(ctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", "rm -rf " + WorkRoot + " && mkdir -p " + WorkRoot + " && tar -x -C " + WorkRoot},
-		Stdin: bytes.NewReader(tar)}, nil, &errb)
+		Stdin: bytes.NewReader(tar), Timeout: unpackTimeout}, nil, errb)
 	if err != nil {
 		return err
 	}
+	if res.TimedOut {
+		return fmt.Errorf("unpack in the sandbox: did not end within %v", unpackTimeout)
+	}
 	if res.ExitCode != 0 {
-		return fmt.Errorf("unpack in the sandbox: exit %d: %s", res.ExitCode, strings.TrimSpace(errb.String()))
+		return fmt.Errorf("unpack in the sandbox: exit %d: %s", res.ExitCode, strings.TrimSpace(string(errb.Bytes())))
 	}
 	return nil
 }
