@@ -27,6 +27,7 @@ import (
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
 	"github.com/warrenhq/warren/guest"
 	"github.com/warrenhq/warren/internal/atomicfile"
+	"github.com/warrenhq/warren/internal/reqbound"
 	"github.com/warrenhq/warren/noded/driver"
 )
 
@@ -935,9 +936,7 @@ func (d *Daemon) serveSandboxes() error {
 	d.Sandboxes = newSandboxAPI(d.cfg.ID, d.cfg.DataDir, d.cfg.Driver, d.log, nodeMemBytes(d.cfg.Capacity.GetMemoryBytes()))
 	d.Sandboxes.metrics = d.cfg.Metrics
 	d.Sandboxes.egress = d.cfg.Egress
-	mux := http.NewServeMux()
-	mux.Handle(warrenv1connect.NewSandboxServiceHandler(d.Sandboxes, connect.WithReadMaxBytes(api.MaxSandboxRequestBytes)))
-	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	hs := &http.Server{Handler: sandboxHandler(d.Sandboxes), ReadHeaderTimeout: 10 * time.Second}
 	hs.Protocols = new(http.Protocols)
 	hs.Protocols.SetHTTP1(true)
 	hs.Protocols.SetUnencryptedHTTP2(true)
@@ -947,6 +946,15 @@ func (d *Daemon) serveSandboxes() error {
 	go hs.Serve(ln)
 	d.log.Info("sandbox API listening", "url", d.sandboxURL)
 	return nil
+}
+
+// sandboxHandler serves a node's SandboxService. Lists are counted before
+// a request is decoded: a few MB of empty command arguments, gzipped to a
+// few KB, decoded to GBs before validation refused them.
+func sandboxHandler(a *SandboxAPI) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle(warrenv1connect.NewSandboxServiceHandler(a, connect.WithReadMaxBytes(api.MaxSandboxRequestBytes), reqbound.Codecs(reqbound.Sandbox)))
+	return mux
 }
 
 // SandboxURL is where the node serves its SandboxService ("" if it does not).

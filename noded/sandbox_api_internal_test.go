@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -145,10 +144,7 @@ const testNode = "n1"
 
 func serveSandboxAPI(t *testing.T, drv driver.Driver) warrenv1connect.SandboxServiceClient {
 	t.Helper()
-	a := NewSandboxAPI(testNode, t.TempDir(), drv, nil)
-	mux := http.NewServeMux()
-	mux.Handle(warrenv1connect.NewSandboxServiceHandler(a, connect.WithReadMaxBytes(2*MaxFileBytes)))
-	hs := httptest.NewServer(mux)
+	hs := httptest.NewServer(sandboxHandler(NewSandboxAPI(testNode, t.TempDir(), drv, nil)))
 	t.Cleanup(hs.Close)
 	return warrenv1connect.NewSandboxServiceClient(hs.Client(), hs.URL)
 }
@@ -501,5 +497,31 @@ func TestPoolSnapshotStatusLeavesOutTheNodesPaths(t *testing.T) {
 	ps := res.Msg.GetPools()
 	if len(ps) != 1 || strings.Contains(ps[0].GetSnapshot(), "/var/lib") || !strings.Contains(ps[0].GetSnapshot(), "…/mem: no such file") {
 		t.Errorf("pool list: %v; want the snapshot's status without the node's paths", ps)
+	}
+}
+
+// A request's lists are counted before it is decoded: 200,000 empty
+// command arguments (400 KB, a few KB gzipped) are refused naming the
+// field, not decoded into millions of strings first.
+func TestSandboxListsAreCountedBeforeDecoding(t *testing.T) {
+	hs := httptest.NewServer(sandboxHandler(NewSandboxAPI(testNode, t.TempDir(), &listDriver{name: "microvm", live: map[string]driver.Sandbox{}}, nil)))
+	t.Cleanup(hs.Close)
+	id := api.NewSandboxID(testNode)
+	cmd := make([]string, 200000)
+	cmd[0] = "true"
+	for _, codec := range []struct {
+		name string
+		opts []connect.ClientOption
+	}{{"proto", []connect.ClientOption{connect.WithSendGzip()}}, {"json", []connect.ClientOption{connect.WithProtoJSON(), connect.WithSendGzip()}}} {
+		c := warrenv1connect.NewSandboxServiceClient(hs.Client(), hs.URL, codec.opts...)
+		st, err := c.Exec(context.Background(), connect.NewRequest(&warrenv1.ExecRequest{SandboxId: id, Command: cmd}))
+		if err == nil {
+			for st.Receive() {
+			}
+			err = st.Err()
+		}
+		if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "command: over the limit of 131072 entries") {
+			t.Errorf("%s: an exec of 200,000 arguments: %v, want invalid_argument naming command's limit", codec.name, err)
+		}
 	}
 }

@@ -17,6 +17,7 @@ import (
 	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
+	"github.com/warrenhq/warren/internal/reqbound"
 )
 
 const defaultTenant = "default"
@@ -54,7 +55,7 @@ func newMux(s *Server) http.Handler {
 	mux.Handle(warrenv1connect.NewClusterServiceHandler(clusterAPI{s}, opts, connect.WithReadMaxBytes(maxForwardBytes)))
 	mux.Handle(warrenv1connect.NewNodeServiceHandler(nodeAPI{s}, opts))
 	mux.Handle(warrenv1connect.NewSandboxServiceHandler(newSandboxAPI(s), connect.WithHandlerOptions(
-		connect.WithInterceptors(errorInterceptor{}), connect.WithReadMaxBytes(80<<20))))
+		connect.WithInterceptors(errorInterceptor{}), connect.WithReadMaxBytes(80<<20), reqbound.Codecs(reqbound.Sandbox))))
 	mux.Handle("GET /v1/tasks/{id}/events", sseHandler{s})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")

@@ -13,6 +13,7 @@ import (
 	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
+	"github.com/warrenhq/warren/internal/reqbound"
 )
 
 // clusterAPI implements warrenv1connect.ClusterServiceHandler.
@@ -195,7 +196,7 @@ func (c clusterAPI) Propose(ctx context.Context, req *connect.Request[warrenv1.P
 // The FSM trusts what it applies (it does not scan an append's payloads
 // again, for one): what a follower forwards is checked here.
 func checkForwarded(b []byte) error {
-	if len(b) > scanAbove {
+	if len(b) > reqbound.ScanAbove {
 		if body := newBody(CmdType(b[0])); body != nil {
 			if err := checkEntries(b[1:], body.ProtoReflect().Descriptor()); err != nil {
 				return err

@@ -199,3 +199,25 @@ func TestAModelScriptOfNoJSONIsRefused(t *testing.T) {
 		t.Errorf("a good script: %v", err)
 	}
 }
+
+// The servers' sandbox API counts lists before decoding too: an exec of
+// 200,000 empty arguments (a few KB gzipped) is refused naming the field
+// instead of being decoded into millions of strings, then forwarded.
+func TestSandboxListsAreRefusedBeforeDecoding(t *testing.T) {
+	_, url, hc := leadingServer(t, 10*time.Second)
+	cmd := make([]string, 200000)
+	cmd[0] = "true"
+	for _, codec := range []struct {
+		name string
+		opts []connect.ClientOption
+	}{{"proto", []connect.ClientOption{connect.WithSendGzip()}}, {"json", []connect.ClientOption{connect.WithProtoJSON(), connect.WithSendGzip()}}} {
+		c := warrenv1connect.NewSandboxServiceClient(hc, url, codec.opts...)
+		st, err := c.Exec(context.Background(), connect.NewRequest(&warrenv1.ExecRequest{SandboxId: "sb-0000000000-n1", Command: cmd}))
+		if err == nil {
+			for st.Receive() {
+			}
+			err = st.Err()
+		}
+		wantRefused(t, codec.name+" Exec", err, "command: over the limit of 131072 entries")
+	}
+}
