@@ -1,3 +1,11 @@
+// Package reqbound counts a request's repeated and map fields before it is
+// decoded. Decoding costs about 60 times the wire size for a list of empty
+// entries (an empty event is 2 bytes on the wire and over 100 in memory),
+// so one AppendEvents of 1 MiB holding half a million empty events took 65
+// MB to decode before validation refused it; at the 33 MiB request limit,
+// a few GB. A list longer than validation allows is refused here, naming
+// the field, before anything is allocated for it. The servers' handlers
+// and the nodes' sandbox API use its codecs (Codecs).
 package reqbound
 
 import (
@@ -13,14 +21,6 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 )
-
-// Package reqbound counts a request's repeated fields before it is decoded. Decoding
-// costs about 60 times the wire size for a list of empty entries (an
-// empty event is 2 bytes on the wire and over 100 in memory), so one
-// AppendEvents of 1 MiB holding half a million empty events took 65 MB to
-// decode before validation refused it; at the 33 MiB request limit, a few
-// GB. A list longer than validation allows is refused here, naming the
-// field, before anything is allocated for it.
 
 // ScanAbove: smaller messages are decoded without counting (a 64 KiB
 // message of empty entries decodes to a few MB).
