@@ -3,6 +3,7 @@ package netpolicy_test
 import (
 	"context"
 	"errors"
+	"golang.org/x/sys/unix"
 	"net"
 	"net/netip"
 	"reflect"
@@ -934,5 +935,66 @@ func TestTheUpstreamGetsOnlyTheQuestion(t *testing.T) {
 	}
 	if resp.Id != q.Id {
 		t.Errorf("the answer's id %d, want the query's %d", resp.Id, q.Id)
+	}
+}
+
+// A container cannot open a way out by sending itself, over loopback, a
+// datagram from a spoofed IPv6 source (IPV6_FREEBIND needs no capability)
+// and then "replying" to that address: its answer was established traffic,
+// accepted before every set and the audit, and reached any IPv6 host over
+// UDP both ways.
+func TestASpoofedSeedOverLoopbackOpensNoWayOut(t *testing.T) {
+	tp := New(t)
+	al := &auditLog{evs: map[string][]netpolicy.AuditEvent{}}
+	m := tp.Manager(t, 1, al.add)
+	s, err := m.Claim(context.Background(), "sb-seed", netpolicy.Policy{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := netip.AddrPortFrom(Other6, 80) // denied; a UDP echo serves there
+	if err := udpProbe(s, target); err == nil {
+		t.Fatalf("UDP to %v is not denied to begin with: the test proves nothing", target)
+	}
+	// A few tries, each from a port of its own: the first exchanges of a
+	// sandbox just made can be lost while its neighbours are found.
+	for port := uint16(5555); port < 5560; port++ {
+		self := netip.AddrPortFrom(s.Slot().Sandbox6, port)
+		var got error
+		if err := netpolicy.InNamedNS(s.NSPath(), func() error {
+			// The seed: from the target's address, to the sandbox's own.
+			fd, err := unix.Socket(unix.AF_INET6, unix.SOCK_DGRAM, 0)
+			if err != nil {
+				return err
+			}
+			defer unix.Close(fd)
+			if err := unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_FREEBIND, 1); err != nil {
+				return err
+			}
+			if err := unix.Bind(fd, &unix.SockaddrInet6{Port: int(target.Port()), Addr: target.Addr().As16()}); err != nil {
+				return err
+			}
+			if err := unix.Sendto(fd, []byte("seed"), 0, &unix.SockaddrInet6{Port: int(self.Port()), Addr: self.Addr().As16()}); err != nil {
+				return err
+			}
+			// The "reply", and the target's echo of it.
+			c, err := net.ListenUDP("udp6", net.UDPAddrFromAddrPort(self))
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			if _, err := c.WriteToUDPAddrPort([]byte("ping"), target); err != nil {
+				got = err
+				return nil
+			}
+			c.SetReadDeadline(time.Now().Add(time.Second))
+			buf := make([]byte, 16)
+			_, _, got = c.ReadFromUDPAddrPort(buf)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if got == nil {
+			t.Fatalf("a UDP exchange from port %d with %v, which the policy denies, after a spoofed seed over loopback", port, target)
+		}
 	}
 }

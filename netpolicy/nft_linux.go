@@ -147,8 +147,15 @@ func installRules(c *nftables.Conn, r Rules) (*nftSets, error) {
 	post := c.AddChain(&nftables.Chain{Name: "post", Table: t, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept})
 	add(post, ifname(expr.MetaKeyOIFNAME, IfaceUplink, &expr.Masq{})...)
 
-	// egress: every new connection attempt the sandbox makes.
-	add(egress, ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED, verdict(expr.VerdictAccept))...)
+	// egress: every new connection attempt the sandbox makes. An
+	// established connection goes on only in the direction the sandbox
+	// opened it: a container could otherwise send itself, over lo (which
+	// out accepts), a datagram from a spoofed source (IPv6 lets a
+	// process send from an address it does not hold, IPV6_FREEBIND), and
+	// its "reply" to that address was established traffic, past every set
+	// and the audit: UDP to any IPv6 host.
+	add(egress, ctState(expr.CtStateBitRELATED, verdict(expr.VerdictAccept))...)
+	add(egress, ctState(expr.CtStateBitESTABLISHED, ctDirection(0, verdict(expr.VerdictAccept))...)...)
 	add(egress, ctState(expr.CtStateBitINVALID, verdict(expr.VerdictDrop))...)
 	for _, res := range []netip.Addr{r.Resolver4, r.Resolver6} {
 		if !res.IsValid() {
@@ -231,6 +238,15 @@ func ctState(bits uint32, then ...expr.Any) []expr.Any {
 		&expr.Ct{Register: reg1, Key: expr.CtKeySTATE},
 		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: binaryutil.NativeEndian.PutUint32(bits), Xor: binaryutil.NativeEndian.PutUint32(0)},
 		&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: binaryutil.NativeEndian.PutUint32(0)},
+	}, then...)
+}
+
+// ctDirection matches a packet of its connection's direction dir (0: the
+// original one, the way it was opened; 1: the reply).
+func ctDirection(dir byte, then ...expr.Any) []expr.Any {
+	return append([]expr.Any{
+		&expr.Ct{Register: reg1, Key: expr.CtKeyDIRECTION},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{dir}},
 	}, then...)
 }
 
