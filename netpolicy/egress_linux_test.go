@@ -3,6 +3,8 @@ package netpolicy_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 	"net"
 	"net/netip"
@@ -957,6 +959,7 @@ func TestASpoofedSeedOverLoopbackOpensNoWayOut(t *testing.T) {
 	}
 	// A few tries, each from a port of its own: the first exchanges of a
 	// sandbox just made can be lost while its neighbours are found.
+	waitLocal(t, s)
 	for port := uint16(5555); port < 5560; port++ {
 		self := netip.AddrPortFrom(s.Slot().Sandbox6, port)
 		var got error
@@ -971,15 +974,15 @@ func TestASpoofedSeedOverLoopbackOpensNoWayOut(t *testing.T) {
 				return err
 			}
 			if err := unix.Bind(fd, &unix.SockaddrInet6{Port: int(target.Port()), Addr: target.Addr().As16()}); err != nil {
-				return err
+				return fmt.Errorf("bind: %w", err)
 			}
 			if err := unix.Sendto(fd, []byte("seed"), 0, &unix.SockaddrInet6{Port: int(self.Port()), Addr: self.Addr().As16()}); err != nil {
-				return err
+				return fmt.Errorf("seed: %w", err)
 			}
 			// The "reply", and the target's echo of it.
 			c, err := net.ListenUDP("udp6", net.UDPAddrFromAddrPort(self))
 			if err != nil {
-				return err
+				return fmt.Errorf("listen: %w", err)
 			}
 			defer c.Close()
 			if _, err := c.WriteToUDPAddrPort([]byte("ping"), target); err != nil {
@@ -997,4 +1000,116 @@ func TestASpoofedSeedOverLoopbackOpensNoWayOut(t *testing.T) {
 			t.Fatalf("a UDP exchange from port %d with %v, which the policy denies, after a spoofed seed over loopback", port, target)
 		}
 	}
+}
+
+// Nor does such a seed open a way in: once the sandbox has tried to
+// "reply" (refused, but conntrack saw it), the spoofed address's own
+// datagrams to the sandbox were established traffic, which the namespace
+// let in from any host that can route to the sandbox.
+func TestASpoofedSeedOverLoopbackOpensNoWayIn(t *testing.T) {
+	tp := New(t)
+	m := tp.Manager(t, 1, nil)
+	s, err := m.Claim(context.Background(), "sb-seed-in", netpolicy.Policy{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The outside world routes the sandboxes' prefix to the node (as a
+	// host on the node's network could), 2001:db8:113::2 being the
+	// node's address in netpolicytest.
+	if err := netpolicy.InNamedNS(tp.InetNS, func() error {
+		return netlink.RouteAdd(&netlink.Route{Dst: netipx(netip.PrefixFrom(s.Slot().Sandbox6, 126)), Gw: net.ParseIP("2001:db8:113::2")})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	far := netip.AddrPortFrom(Other6, 81)
+	var outside *net.UDPConn
+	if err := netpolicy.InNamedNS(tp.InetNS, func() (err error) {
+		outside, err = net.ListenUDP("udp6", net.UDPAddrFromAddrPort(far))
+		return
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer outside.Close()
+	waitLocal(t, s)
+	for port := uint16(5555); port < 5560; port++ {
+		self := netip.AddrPortFrom(s.Slot().Sandbox6, port)
+		var got error
+		if err := netpolicy.InNamedNS(s.NSPath(), func() error {
+			fd, err := unix.Socket(unix.AF_INET6, unix.SOCK_DGRAM, 0)
+			if err != nil {
+				return err
+			}
+			defer unix.Close(fd)
+			if err := unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_FREEBIND, 1); err != nil {
+				return err
+			}
+			if err := unix.Bind(fd, &unix.SockaddrInet6{Port: int(far.Port()), Addr: far.Addr().As16()}); err != nil {
+				return err
+			}
+			if err := unix.Sendto(fd, []byte("seed"), 0, &unix.SockaddrInet6{Port: int(self.Port()), Addr: self.Addr().As16()}); err != nil {
+				return fmt.Errorf("seed: %w", err)
+			}
+			c, err := net.ListenUDP("udp6", net.UDPAddrFromAddrPort(self))
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			c.WriteToUDPAddrPort([]byte("reply"), far) // refused: egress
+			time.Sleep(50 * time.Millisecond)
+			if _, err := outside.WriteToUDPAddrPort([]byte("in"), self); err != nil {
+				return err
+			}
+			c.SetReadDeadline(time.Now().Add(time.Second))
+			buf := make([]byte, 16)
+			for {
+				n, from, err := c.ReadFromUDPAddrPort(buf)
+				if err != nil {
+					got = err
+					return nil
+				}
+				if from == far && string(buf[:n]) == "in" {
+					return nil
+				}
+			}
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if got == nil {
+			t.Fatalf("a datagram from %v, which the policy denies, reached the sandbox's port %d after a spoofed seed over loopback", far, port)
+		}
+	}
+}
+
+// waitLocal waits until the sandbox's own IPv6 address takes datagrams
+// over loopback: right after a claim, a send to it may still be routed
+// out (and refused) for a few milliseconds.
+func waitLocal(t *testing.T, s *netpolicy.Sandbox) {
+	t.Helper()
+	self := netip.AddrPortFrom(s.Slot().Sandbox6, 5550)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var err error
+		if ierr := netpolicy.InNamedNS(s.NSPath(), func() error {
+			c, lerr := net.ListenUDP("udp6", net.UDPAddrFromAddrPort(self))
+			if lerr != nil {
+				return lerr
+			}
+			defer c.Close()
+			_, err = c.WriteToUDPAddrPort([]byte("self"), self)
+			return nil
+		}); ierr != nil {
+			t.Fatal(ierr)
+		}
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the sandbox's own address %v takes no datagram: %v", self.Addr(), err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func netipx(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 }

@@ -119,8 +119,10 @@ func installRules(c *nftables.Conn, r Rules) (*nftSets, error) {
 	fwd := c.AddChain(&nftables.Chain{Name: "fwd", Table: t, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &drop})
 	add := func(ch *nftables.Chain, e ...expr.Any) { c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: e}) }
 
-	// Inbound: replies only. Neighbour discovery keeps IPv6 working.
-	add(in, ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED, verdict(expr.VerdictAccept))...)
+	// Inbound: replies only (to connections the sandbox opened: egress),
+	// and related ICMP errors. Neighbour discovery keeps IPv6 working.
+	add(in, ctState(expr.CtStateBitRELATED, verdict(expr.VerdictAccept))...)
+	add(in, ctState(expr.CtStateBitESTABLISHED, ctDirection(1, verdict(expr.VerdictAccept))...)...)
 	add(in, ifname(expr.MetaKeyIIFNAME, "lo", verdict(expr.VerdictAccept))...)
 	add(in, ndp(verdict(expr.VerdictAccept))...)
 	// The kernels' own multicast membership reports (MLD, IGMP), which
@@ -143,7 +145,8 @@ func installRules(c *nftables.Conn, r Rules) (*nftSets, error) {
 	add(out, goTo(egress))
 	// A microVM's traffic is forwarded from tap0 to eth0 and masqueraded.
 	add(fwd, ifname(expr.MetaKeyIIFNAME, IfaceGuest, goTo(egress))...)
-	add(fwd, append(ifname(expr.MetaKeyOIFNAME, IfaceGuest), ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED, verdict(expr.VerdictAccept))...)...)
+	add(fwd, append(ifname(expr.MetaKeyOIFNAME, IfaceGuest), ctState(expr.CtStateBitRELATED, verdict(expr.VerdictAccept))...)...)
+	add(fwd, append(ifname(expr.MetaKeyOIFNAME, IfaceGuest), ctState(expr.CtStateBitESTABLISHED, ctDirection(1, verdict(expr.VerdictAccept))...)...)...)
 	post := c.AddChain(&nftables.Chain{Name: "post", Table: t, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept})
 	add(post, ifname(expr.MetaKeyOIFNAME, IfaceUplink, &expr.Masq{})...)
 
