@@ -57,7 +57,8 @@ func protoName(p uint8) string {
 // changed since seen (which it updates), adds the pending events (resolver
 // decisions and audit_full notes), and caps the batch at MaxAuditEvents:
 // denials first, but a quarter of the places kept for allowances, so
-// neither starves the other. What does not fit is not lost: it stays
+// neither starves the other; within each, what was never reported first,
+// then the most attempts. What does not fit is not lost: it stays
 // unreported (seen is not advanced for it, and its pending events come
 // back as leftover) and goes in a later batch; Omitted says how much waits.
 func summarise(seen map[attemptKey]uint64, now []Attempt, pending []AuditEvent) (AuditBatch, []AuditEvent) {
@@ -65,6 +66,11 @@ func summarise(seen map[attemptKey]uint64, now []Attempt, pending []AuditEvent) 
 		ev   AuditEvent
 		key  *attemptKey // connect events: the counter to advance when reported
 		pkts uint64
+		// fresh: never reported (a destination not in seen, or a pending
+		// event, which waited already). Fresh events go first: sorted by
+		// count alone, a destination tried once waited behind 32 others a
+		// sandbox kept trying, until it left its set unreported.
+		fresh bool
 	}
 	var items []item
 	live := make(map[attemptKey]bool, len(now))
@@ -86,7 +92,7 @@ func summarise(seen map[attemptKey]uint64, now []Attempt, pending []AuditEvent) 
 		if a.Allowed {
 			v = "allow"
 		}
-		items = append(items, item{ev: AuditEvent{Verdict: v, Kind: "connect", Addr: a.Addr.String(), Proto: protoName(a.Proto), Port: int(a.Port), Count: delta}, key: &k, pkts: a.Packets})
+		items = append(items, item{ev: AuditEvent{Verdict: v, Kind: "connect", Addr: a.Addr.String(), Proto: protoName(a.Proto), Port: int(a.Port), Count: delta}, key: &k, pkts: a.Packets, fresh: !ok})
 	}
 	for k := range seen {
 		if !live[k] {
@@ -94,7 +100,7 @@ func summarise(seen map[attemptKey]uint64, now []Attempt, pending []AuditEvent) 
 		}
 	}
 	for _, e := range pending {
-		items = append(items, item{ev: e})
+		items = append(items, item{ev: e, fresh: true})
 	}
 	slices.SortStableFunc(items, func(a, b item) int {
 		if af, bf := a.ev.Kind == "audit_full", b.ev.Kind == "audit_full"; af != bf {
@@ -105,6 +111,12 @@ func summarise(seen map[attemptKey]uint64, now []Attempt, pending []AuditEvent) 
 		}
 		if a.ev.Verdict != b.ev.Verdict {
 			if a.ev.Verdict == "deny" {
+				return -1
+			}
+			return 1
+		}
+		if a.fresh != b.fresh {
+			if a.fresh {
 				return -1
 			}
 			return 1

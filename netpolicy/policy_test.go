@@ -2,6 +2,7 @@ package netpolicy
 
 import (
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -226,5 +227,32 @@ func TestSummarise(t *testing.T) {
 		if n != 1 {
 			t.Fatalf("%s reported %d times", k, n)
 		}
+	}
+}
+
+// A destination tried once is reported even while the sandbox keeps 32
+// others busy: events were ordered by count alone, so a flood of
+// repeated attempts (two a second to each of 32 denied hosts) kept the
+// single attempt 33rd, in Omitted only, until its entry left the audit
+// set and it was forgotten, never on the task's log.
+func TestASingleAttemptIsNotStarvedByAFlood(t *testing.T) {
+	seen := map[attemptKey]uint64{}
+	victim := Attempt{Addr: netip.MustParseAddr("169.254.169.254"), Proto: 6, Port: 80, Packets: 1}
+	var flood []Attempt
+	for i := range MaxAuditEvents {
+		flood = append(flood, Attempt{Addr: netip.AddrFrom4([4]byte{198, 51, 100, byte(i)}), Proto: 6, Port: 443})
+	}
+	reported := false
+	for round := 0; round < 600 && !reported; round++ {
+		for i := range flood {
+			flood[i].Packets += 2
+		}
+		b, _ := summarise(seen, append(slices.Clone(flood), victim), nil)
+		for _, e := range b.Events {
+			reported = reported || e.Addr == victim.Addr.String()
+		}
+	}
+	if !reported {
+		t.Fatalf("an attempt tried once was never reported in 600 rounds beside %d destinations tried twice a round", len(flood))
 	}
 }
