@@ -27,6 +27,7 @@ import (
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
 	"github.com/warrenhq/warren/guest"
 	"github.com/warrenhq/warren/internal/atomicfile"
+	"github.com/warrenhq/warren/internal/httpdeadline"
 	"github.com/warrenhq/warren/internal/reqbound"
 	"github.com/warrenhq/warren/noded/driver"
 )
@@ -951,11 +952,18 @@ func (d *Daemon) serveSandboxes() error {
 // sandboxHandler serves a node's SandboxService. Lists are counted before
 // a request is decoded: a few MB of empty command arguments, gzipped to a
 // few KB, decoded to GBs before validation refused them.
+// Each write of an Exec's output has execWriteTimeout: a client that
+// stops reading would otherwise hold the call, and the command's call to
+// its guest, for good.
 func sandboxHandler(a *SandboxAPI) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle(warrenv1connect.NewSandboxServiceHandler(a, connect.WithReadMaxBytes(api.MaxSandboxRequestBytes), reqbound.Codecs(reqbound.Sandbox)))
-	return mux
+	return httpdeadline.For(mux, func() time.Duration { return execWriteTimeout }, warrenv1connect.SandboxServiceExecProcedure)
 }
+
+// execWriteTimeout bounds each write of an Exec's output to its client (a
+// variable for tests).
+var execWriteTimeout = 30 * time.Second
 
 // SandboxURL is where the node serves its SandboxService ("" if it does not).
 func (d *Daemon) SandboxURL() string { return d.sandboxURL }

@@ -51,11 +51,12 @@ func newMux(s *Server) http.Handler {
 		boundedCodecs(),
 	)
 	taskPath, taskHandler := warrenv1connect.NewTaskServiceHandler(taskAPI{s}, opts)
-	mux.Handle(taskPath, streamDeadlines(warrenv1connect.TaskServiceStreamEventsProcedure, taskHandler))
+	mux.Handle(taskPath, streamDeadlines(taskHandler, warrenv1connect.TaskServiceStreamEventsProcedure))
 	mux.Handle(warrenv1connect.NewClusterServiceHandler(clusterAPI{s}, opts, connect.WithReadMaxBytes(maxForwardBytes)))
 	mux.Handle(warrenv1connect.NewNodeServiceHandler(nodeAPI{s}, opts))
-	mux.Handle(warrenv1connect.NewSandboxServiceHandler(newSandboxAPI(s), connect.WithHandlerOptions(
-		connect.WithInterceptors(errorInterceptor{}), connect.WithReadMaxBytes(80<<20), reqbound.Codecs(reqbound.Sandbox))))
+	sandboxPath, sandboxHandler := warrenv1connect.NewSandboxServiceHandler(newSandboxAPI(s), connect.WithHandlerOptions(
+		connect.WithInterceptors(errorInterceptor{}), connect.WithReadMaxBytes(80<<20), reqbound.Codecs(reqbound.Sandbox)))
+	mux.Handle(sandboxPath, streamDeadlines(sandboxHandler, warrenv1connect.SandboxServiceExecProcedure))
 	mux.Handle("GET /v1/tasks/{id}/events", sseHandler{s})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")

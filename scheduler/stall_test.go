@@ -5,12 +5,15 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
 
+	"github.com/warrenhq/warren/api"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
 )
@@ -107,5 +110,62 @@ func TestAnIdleStreamOutlivesTheWriteTimeout(t *testing.T) {
 		}
 		cancel()
 		st.Close()
+	}
+}
+
+// chattyNode is a node's sandbox service whose Exec streams output until
+// a send fails; ended is closed then.
+type chattyNode struct {
+	warrenv1connect.UnimplementedSandboxServiceHandler
+	ended chan struct{}
+}
+
+func (n chattyNode) Exec(ctx context.Context, _ *connect.Request[warrenv1.ExecRequest], st *connect.ServerStream[warrenv1.ExecResponse]) error {
+	defer close(n.ended)
+	out := &warrenv1.ExecResponse{Event: &warrenv1.ExecResponse_Stdout{Stdout: make([]byte, 64<<10)}}
+	for ctx.Err() == nil {
+		if err := st.Send(out); err != nil {
+			return err
+		}
+	}
+	return ctx.Err()
+}
+
+// A client that starts a sandbox Exec through a server and then reads
+// nothing does not hold the server's relay (and the node's call behind
+// it) for good: past streamWriteTimeout the server's write fails, and its
+// call to the node ends. Before, the server blocked in the write, stopped
+// reading from the node, and the node blocked in turn.
+func TestAStalledSandboxExecEnds(t *testing.T) {
+	old := streamWriteTimeout
+	streamWriteTimeout = time.Second
+	defer func() { streamWriteTimeout = old }()
+	node := chattyNode{ended: make(chan struct{})}
+	mux := http.NewServeMux()
+	mux.Handle(warrenv1connect.NewSandboxServiceHandler(node))
+	spy := httptest.NewServer(mux)
+	defer spy.Close()
+	n := startSingle(t)
+	cc := warrenv1connect.NewClusterServiceClient(http.DefaultClient, n.url)
+	if _, err := cc.RegisterNode(context.Background(), connect.NewRequest(&warrenv1.RegisterNodeRequest{Node: &warrenv1.Node{
+		Id: "n1", Drivers: []string{"microvm"}, SandboxUrl: spy.URL, Capacity: &warrenv1.Resources{MilliCpu: 1000, MemoryBytes: 1 << 30}}})); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := net.Dial("tcp", strings.TrimPrefix(n.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.(*net.TCPConn).SetReadBuffer(4096)
+	body := []byte(fmt.Sprintf(`{"sandboxId":%q,"command":["yes"]}`, api.NewSandboxID("n1")))
+	env := binary.BigEndian.AppendUint32([]byte{0}, uint32(len(body)))
+	if _, err := fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/connect+json\r\nConnect-Protocol-Version: 1\r\nContent-Length: %d\r\n\r\n%s%s",
+		warrenv1connect.SandboxServiceExecProcedure, len(env)+len(body), env, body); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-node.ended:
+	case <-time.After(20 * time.Second):
+		t.Fatal("a sandbox Exec whose client reads nothing still holds the node's call 20 s on (write timeout 1 s)")
 	}
 }
