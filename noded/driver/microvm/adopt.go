@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/warrenhq/warren/noded/driver"
@@ -15,17 +16,41 @@ import (
 // re-adopted if it is a claimed sandbox whose QEMU still answers (or one
 // paused to disk), and destroyed otherwise. Warm-pool members and standby
 // QEMUs are destroyed: they are made again.
+//
+// The VMs are tried adoptParallel at a time: each may wait adoptTimeout
+// for a guest that does not answer, and one after another a few dozen
+// such guests (their root can stop the agent) held the node's start, its
+// heartbeats and its API for minutes.
 func (d *Driver) adoptAll() {
 	ents, _ := os.ReadDir(filepath.Join(d.cfg.StateDir, "vms"))
+	type left struct {
+		name, dir string
+		vm        *VM
+		why       string
+	}
+	var all []*left
 	for _, e := range ents {
-		if !e.IsDir() {
-			continue
+		if e.IsDir() {
+			all = append(all, &left{name: e.Name(), dir: filepath.Join(d.cfg.StateDir, "vms", e.Name())})
 		}
-		dir := filepath.Join(d.cfg.StateDir, "vms", e.Name())
-		vm, why := d.adopt(dir, e.Name())
+	}
+	sem := make(chan struct{}, adoptParallel)
+	var wg sync.WaitGroup
+	for _, l := range all {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			l.vm, l.why = d.adopt(l.dir, l.name)
+		}()
+	}
+	wg.Wait()
+	for _, l := range all {
+		vm := l.vm
 		if vm == nil {
-			d.log.Info("destroying a VM left by a previous run", "vm", e.Name(), "why", why)
-			d.destroyLeftover(dir, e.Name())
+			d.log.Info("destroying a VM left by a previous run", "vm", l.name, "why", l.why)
+			d.destroyLeftover(l.dir, l.name)
 			continue
 		}
 		vm.reattachNetwork()
@@ -109,6 +134,9 @@ func (d *Driver) adopt(dir, id string) (*VM, string) {
 // adoptTimeout bounds reconnecting to a running guest's agent (re-adoption,
 // and a resumed VM's fresh session).
 const adoptTimeout = 15 * time.Second
+
+// adoptParallel is how many VMs a start re-adopts at once.
+const adoptParallel = 8
 
 // reattachNetwork takes back a re-adopted VM's network with its policy. If
 // it cannot (the node runs without egress policy now, or the namespace is
