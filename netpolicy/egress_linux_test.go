@@ -977,19 +977,8 @@ func TestASpoofedSeedOverLoopbackOpensNoWayOut(t *testing.T) {
 		var got error
 		if err := netpolicy.InNamedNS(s.NSPath(), func() error {
 			// The seed: from the target's address, to the sandbox's own.
-			fd, err := unix.Socket(unix.AF_INET6, unix.SOCK_DGRAM, 0)
-			if err != nil {
+			if err := sendSpoofed(target, self); err != nil {
 				return err
-			}
-			defer unix.Close(fd)
-			if err := unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_FREEBIND, 1); err != nil {
-				return err
-			}
-			if err := unix.Bind(fd, &unix.SockaddrInet6{Port: int(target.Port()), Addr: target.Addr().As16()}); err != nil {
-				return fmt.Errorf("bind: %w", err)
-			}
-			if err := unix.Sendto(fd, []byte("seed"), 0, &unix.SockaddrInet6{Port: int(self.Port()), Addr: self.Addr().As16()}); err != nil {
-				return fmt.Errorf("seed: %w", err)
 			}
 			// The "reply", and the target's echo of it.
 			c, err := net.ListenUDP("udp6", net.UDPAddrFromAddrPort(self))
@@ -1047,19 +1036,8 @@ func TestASpoofedSeedOverLoopbackOpensNoWayIn(t *testing.T) {
 		self := netip.AddrPortFrom(s.Slot().Sandbox6, port)
 		var got error
 		if err := netpolicy.InNamedNS(s.NSPath(), func() error {
-			fd, err := unix.Socket(unix.AF_INET6, unix.SOCK_DGRAM, 0)
-			if err != nil {
+			if err := sendSpoofed(far, self); err != nil {
 				return err
-			}
-			defer unix.Close(fd)
-			if err := unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_FREEBIND, 1); err != nil {
-				return err
-			}
-			if err := unix.Bind(fd, &unix.SockaddrInet6{Port: int(far.Port()), Addr: far.Addr().As16()}); err != nil {
-				return err
-			}
-			if err := unix.Sendto(fd, []byte("seed"), 0, &unix.SockaddrInet6{Port: int(self.Port()), Addr: self.Addr().As16()}); err != nil {
-				return fmt.Errorf("seed: %w", err)
 			}
 			c, err := net.ListenUDP("udp6", net.UDPAddrFromAddrPort(self))
 			if err != nil {
@@ -1090,6 +1068,27 @@ func TestASpoofedSeedOverLoopbackOpensNoWayIn(t *testing.T) {
 			t.Fatalf("a datagram from %v, which the policy denies, reached the sandbox's port %d after a spoofed seed over loopback", far, port)
 		}
 	}
+}
+
+// sendSpoofed sends one datagram "seed" from from, an IPv6 address the
+// sending namespace need not hold (IPV6_FREEBIND, no capability needed),
+// to to. It runs in the caller's namespace.
+func sendSpoofed(from, to netip.AddrPort) error {
+	fd, err := unix.Socket(unix.AF_INET6, unix.SOCK_DGRAM, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_FREEBIND, 1); err != nil {
+		return err
+	}
+	if err := unix.Bind(fd, &unix.SockaddrInet6{Port: int(from.Port()), Addr: from.Addr().As16()}); err != nil {
+		return fmt.Errorf("bind: %w", err)
+	}
+	if err := unix.Sendto(fd, []byte("seed"), 0, &unix.SockaddrInet6{Port: int(to.Port()), Addr: to.Addr().As16()}); err != nil {
+		return fmt.Errorf("seed: %w", err)
+	}
+	return nil
 }
 
 // waitLocal waits until the sandbox's own IPv6 address takes datagrams
