@@ -39,8 +39,18 @@ type Client struct {
 // New returns a client for a comma-separated list of server URLs. Any
 // server serves every call; Watch moves to the next one when a server fails.
 func New(servers string) (*Client, error) {
-	return NewWith(servers, &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second}})
+	return NewWith(servers, &http.Client{Transport: &http.Transport{
+		// A server whose host is off (its SYNs dropped) fails its
+		// connect here rather than holding the caller's whole deadline,
+		// so Do moves on to the next server.
+		DialContext:         (&net.Dialer{Timeout: DialTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConnsPerHost: 64,
+		IdleConnTimeout:     90 * time.Second,
+	}})
 }
+
+// DialTimeout bounds a connect to a server by New's client.
+const DialTimeout = 5 * time.Second
 
 // NewWith is New with the HTTP client to use.
 func NewWith(servers string, hc *http.Client) (*Client, error) {
@@ -154,6 +164,9 @@ func (leaderInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc)
 	return next
 }
 
+// NumServers returns how many servers the client was given.
+func (c *Client) NumServers() int { return len(c.urls) }
+
 // URL returns the current server's URL.
 func (c *Client) URL() string { return c.urls[int(c.next.Load())%len(c.urls)] }
 
@@ -211,10 +224,25 @@ var doRetryFor = 15 * time.Second
 // nothing else moved them off a follower that died, and every read of
 // theirs failed against it for as long as it was gone.
 func (c *Client) Read(ctx context.Context, call func(context.Context, warrenv1connect.TaskServiceClient) error) error {
+	return c.DoEach(ctx, ReadAttempt, func(actx context.Context) error { return call(actx, c.Tasks()) })
+}
+
+// DoEach is Do with a bound on each attempt: call runs under a context
+// that also ends after each, and an attempt that runs out of that time
+// while ctx has not ended counts as its server gone, like unavailable, so
+// a server that takes connections but never answers (a hung process, a
+// host that lost power behind a kept connection) is left for the next.
+// A write retried so carries its request id, as with Do. With one server
+// there is one attempt, bounded the same way. each ≤ 0 bounds nothing
+// (Do).
+func (c *Client) DoEach(ctx context.Context, each time.Duration, call func(context.Context) error) error {
+	if each <= 0 {
+		return c.Do(ctx, func() error { return call(ctx) })
+	}
 	return c.rounds(ctx, func() error {
-		actx, cancel := context.WithTimeout(ctx, ReadAttempt)
+		actx, cancel := context.WithTimeout(ctx, each)
 		defer cancel()
-		return call(actx, c.Tasks())
+		return call(actx)
 	}, func(err error) bool {
 		code := connect.CodeOf(err)
 		return code == connect.CodeUnavailable || code == connect.CodeDeadlineExceeded && ctx.Err() == nil

@@ -68,6 +68,52 @@ func TestClientCommandsTryTheNextServer(t *testing.T) {
 	}
 }
 
+// A server that takes the connection and never answers (a hung process;
+// a host that lost power behind a kept connection) is left for the next
+// too: each attempt gets a share of --timeout. Before, the first attempt
+// held all of it and the command failed with deadline_exceeded though
+// the second server was up.
+func TestClientCommandsLeaveASilentServer(t *testing.T) {
+	live := inProcessServer(t)
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held []net.Conn
+	done := make(chan struct{})
+	go func() { // accept, read nothing, answer nothing
+		defer close(done)
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c)
+		}
+	}()
+	t.Cleanup(func() {
+		silent.Close()
+		<-done
+		for _, c := range held {
+			c.Close()
+		}
+	})
+	servers := "http://" + silent.Addr().String() + "," + live
+	for _, args := range [][]string{
+		{"cluster", "status"},
+		{"task", "list"},
+		{"task", "create", "--repo", "https://git.example.com/a/b.git", "--base", "main", "--title", "t", "-q"},
+		{"sandbox", "ls"},
+	} {
+		var out, errb bytes.Buffer
+		start := time.Now()
+		err := run(append(args, "--server", servers, "--timeout", "6s"), &out, &errb)
+		if err != nil {
+			t.Errorf("warren %s --server %s: %v after %v (the second server is up)", strings.Join(args, " "), servers, err, time.Since(start))
+		}
+	}
+}
+
 // `--script-steps 0` goes to the server, which refuses it naming
 // spec.script.steps (it was dropped, and the task ran the agent loop);
 // the other script flags without it are refused.

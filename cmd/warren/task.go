@@ -62,9 +62,29 @@ func (c *clientFlags) register(fs *flag.FlagSet) {
 func call[S, Req, Res any](ctx context.Context, c *client.Client, svc func() S,
 	m func(S, context.Context, *connect.Request[Req]) (*connect.Response[Res], error), msg *Req) (*connect.Response[Res], error) {
 	var resp *connect.Response[Res]
-	err := c.Do(ctx, func() (err error) { resp, err = m(svc(), ctx, connect.NewRequest(msg)); return err })
+	err := c.DoEach(ctx, attemptBound(ctx, c.NumServers()), func(ctx context.Context) (err error) {
+		resp, err = m(svc(), ctx, connect.NewRequest(msg))
+		return err
+	})
 	return resp, err
 }
+
+// attemptBound is how long one attempt of a client command's call may
+// take, given ctx (bounded by --timeout) and n servers: with several, an
+// equal share of the time left, but at least minAttempt (or all of it,
+// if less is left), so a server that takes the connection and never
+// answers leaves time for the next; with one, no bound but ctx's.
+func attemptBound(ctx context.Context, n int) time.Duration {
+	deadline, ok := ctx.Deadline()
+	if !ok || n <= 1 {
+		return 0
+	}
+	left := time.Until(deadline)
+	return min(left, max(left/time.Duration(n), minAttempt))
+}
+
+// minAttempt is the least time attemptBound gives an attempt.
+const minAttempt = 3 * time.Second
 
 func (c *clientFlags) dial() (*client.Client, error) {
 	if err := c.check(); err != nil {
