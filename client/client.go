@@ -277,35 +277,52 @@ func (c *Client) failover() {
 // internal from the server; not_found, after a few seconds of asking when
 // after > 0, as a lagging server may not have the task yet).
 // onRetry, if not nil, is told about each reconnect, with c.URL() already
-// the server it reconnects to.
+// the server it reconnects to. A server that has not answered a stream's
+// request within WatchOpenFor (one that takes connections but hangs) is
+// left for the next, as one that is down.
 func (c *Client) Watch(ctx context.Context, id string, after uint64, fn func(*warrenv1.Event) error, onRetry func(error)) error {
+	return c.WatchWith(ctx, id, after, fn, WatchOptions{OnRetry: onRetry})
+}
+
+// WatchOptions tunes WatchWith.
+type WatchOptions struct {
+	// OnRetry, if not nil, is told about each reconnect, with c.URL()
+	// already the server it reconnects to.
+	OnRetry func(error)
+	// GiveUpAfter, if above 0, ends the watch with the last error once
+	// reconnecting has failed for that long: since the watch began, or
+	// since a stream last delivered an event or stayed open (a server
+	// that is down, refuses or never answers keeps failing; a task that
+	// is just quiet does not).
+	GiveUpAfter time.Duration
+}
+
+// WatchOpenFor bounds the wait for a server's answer to a stream's
+// request (its response headers; warren's servers send them at once, and
+// events after). A variable for tests.
+var WatchOpenFor = 15 * time.Second
+
+// streamStood is how long a stream must stay open to count as one that
+// worked, for WatchOptions.GiveUpAfter.
+const streamStood = time.Second
+
+// WatchWith is Watch with options.
+func (c *Client) WatchWith(ctx context.Context, id string, after uint64, fn func(*warrenv1.Event) error, o WatchOptions) error {
 	backoff := 100 * time.Millisecond
 	var notFoundSince time.Time // the first of the not_found answers in a row
+	failingSince := time.Now()  // reset by a stream that worked
 	for {
-		stream, err := c.Tasks().StreamEvents(ctx, connect.NewRequest(&warrenv1.StreamEventsRequest{TaskId: id, AfterSeq: after}))
+		err := c.watchOnce(ctx, id, &after, fn, func() {
+			backoff = 100 * time.Millisecond
+			notFoundSince = time.Time{}
+			failingSince = time.Now()
+		})
 		if err == nil {
-			for stream.Receive() {
-				ev := stream.Msg().GetEvent()
-				if ev.GetSeq() <= after {
-					continue // never repeat
-				}
-				if ev.GetSeq() != after+1 {
-					stream.Close()
-					return fmt.Errorf("stream skipped from seq %d to %d", after, ev.GetSeq())
-				}
-				if err := fn(ev); err != nil {
-					stream.Close()
-					return err
-				}
-				after = ev.GetSeq()
-				backoff = 100 * time.Millisecond
-				notFoundSince = time.Time{}
-			}
-			err = stream.Err()
-			stream.Close()
-			if err == nil {
-				return nil // the task ended
-			}
+			return nil // the task ended
+		}
+		var fe finalError
+		if errors.As(err, &fe) {
+			return fe.err
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -317,20 +334,24 @@ func (c *Client) Watch(ctx context.Context, id string, after uint64, fn func(*wa
 			}
 			// A lagging server may not have applied the task yet: ask
 			// again, the next server too, for a while. A task no server
-			// knows (a mistyped id) ends the watch then.
+			// knows (a mistyped id) ends the watch then. Another
+			// server's transport error in between does not start the
+			// count again.
 			if notFoundSince.IsZero() {
 				notFoundSince = time.Now()
 			} else if time.Since(notFoundSince) >= watchNotFoundFor {
 				return err
 			}
 		case watchRetries(err):
-			notFoundSince = time.Time{}
 		default:
 			return err
 		}
+		if o.GiveUpAfter > 0 && time.Since(failingSince) >= o.GiveUpAfter {
+			return fmt.Errorf("no server streamed the task's events for %v; last: %w", o.GiveUpAfter.Round(time.Millisecond), err)
+		}
 		c.failover()
-		if onRetry != nil {
-			onRetry(err) // c.URL() is the server it reconnects to
+		if o.OnRetry != nil {
+			o.OnRetry(err) // c.URL() is the server it reconnects to
 		}
 		select {
 		case <-ctx.Done():
@@ -339,6 +360,73 @@ func (c *Client) Watch(ctx context.Context, id string, after uint64, fn func(*wa
 		}
 		backoff = min(2*backoff, 2*time.Second)
 	}
+}
+
+// finalError is an error of watchOnce's that ends the watch as it is:
+// fn's, or a stream that skipped events.
+type finalError struct{ err error }
+
+func (e finalError) Error() string { return e.err.Error() }
+
+// watchOnce runs one stream of task id's events after *after through fn,
+// advancing *after; worked is called when the stream delivers an event,
+// and at its end if it had stayed open for streamStood. It returns nil
+// once the task ended, a finalError for fn's or for a skip, and the
+// stream's error otherwise.
+func (c *Client) watchOnce(ctx context.Context, id string, after *uint64, fn func(*warrenv1.Event) error, worked func()) error {
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	url := c.URL()
+	var silent atomic.Bool
+	answered := make(chan struct{})
+	timer := time.AfterFunc(WatchOpenFor, func() {
+		select {
+		case <-answered:
+		default:
+			silent.Store(true)
+			cancel()
+		}
+	})
+	stream, err := c.Tasks().StreamEvents(sctx, connect.NewRequest(&warrenv1.StreamEventsRequest{TaskId: id, AfterSeq: *after}))
+	if err == nil {
+		stream.ResponseHeader() // waits for the server's answer
+	}
+	close(answered)
+	timer.Stop()
+	// The stream's error, or the silence that made it.
+	ended := func(err error) error {
+		if silent.Load() && ctx.Err() == nil {
+			return connect.NewError(connect.CodeDeadlineExceeded, fmt.Errorf("%s did not answer the stream's request within %v", url, WatchOpenFor))
+		}
+		return err
+	}
+	if err != nil {
+		return ended(err)
+	}
+	defer stream.Close()
+	// An answer that is an error comes at once with the headers; a stream
+	// that ends (or breaks) a while after them had worked.
+	opened := time.Now()
+	defer func() {
+		if !silent.Load() && time.Since(opened) >= streamStood {
+			worked()
+		}
+	}()
+	for stream.Receive() {
+		ev := stream.Msg().GetEvent()
+		if ev.GetSeq() <= *after {
+			continue // never repeat
+		}
+		if ev.GetSeq() != *after+1 {
+			return finalError{fmt.Errorf("stream skipped from seq %d to %d", *after, ev.GetSeq())}
+		}
+		if err := fn(ev); err != nil {
+			return finalError{err}
+		}
+		*after = ev.GetSeq()
+		worked()
+	}
+	return ended(stream.Err())
 }
 
 // watchRetries reports whether Watch reconnects after err, which did not

@@ -3,6 +3,7 @@ package client_test
 import (
 	"context"
 	"errors"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"sync/atomic"
@@ -137,5 +138,169 @@ func TestWatchReconnectsAfterAStreamCutShort(t *testing.T) {
 	t.Logf("reconnected after: %v", retried)
 	if err != nil || len(seqs) != 2 || resumedAfter.Load() != 1 {
 		t.Errorf("Watch = %v, seqs %v, resumed after %d, reconnects after %v; want nil, [1 2], 1", err, seqs, resumedAfter.Load(), retried)
+	}
+}
+
+// silentServer takes connections and never answers (a hung process; a
+// host that lost power behind a kept connection). It returns the URL.
+func silentServer(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held []net.Conn
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c)
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		<-done
+		for _, c := range held {
+			c.Close()
+		}
+	})
+	return "http://" + ln.Addr().String()
+}
+
+func shortWatchOpen(t *testing.T, d time.Duration) {
+	old := client.WatchOpenFor
+	client.WatchOpenFor = d
+	t.Cleanup(func() { client.WatchOpenFor = old })
+}
+
+func streamURL(t *testing.T, fn func(context.Context, *connect.Request[warrenv1.StreamEventsRequest], *connect.ServerStream[warrenv1.StreamEventsResponse]) error) string {
+	t.Helper()
+	mux := http.NewServeMux()
+	mux.Handle(warrenv1connect.NewTaskServiceHandler(streamServer{fn: fn}))
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// A watch whose first server takes the stream's request and never
+// answers moves on to the next; it waited on the first for good.
+func TestWatchLeavesASilentServer(t *testing.T) {
+	shortWatchOpen(t, 300*time.Millisecond)
+	live := streamURL(t, func(_ context.Context, _ *connect.Request[warrenv1.StreamEventsRequest], st *connect.ServerStream[warrenv1.StreamEventsResponse]) error {
+		return st.Send(&warrenv1.StreamEventsResponse{Event: &warrenv1.Event{Seq: 1, Kind: "state_changed"}})
+	})
+	c, err := client.New(silentServer(t) + "," + live)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var seqs []uint64
+	err = c.Watch(ctx, "01J00000000000000000000000", 0, func(ev *warrenv1.Event) error {
+		seqs = append(seqs, ev.GetSeq())
+		return nil
+	}, nil)
+	if err != nil || len(seqs) != 1 {
+		t.Errorf("Watch = %v, seqs %v; want nil, [1] from the second server", err, seqs)
+	}
+}
+
+// A quiet task's stream is not taken for a silent server: warren's
+// servers answer with the headers before any event, and a watch with
+// GiveUpAfter keeps a stream that stays open, however quiet.
+func TestAQuietStreamIsKept(t *testing.T) {
+	shortWatchOpen(t, 300*time.Millisecond)
+	var calls atomic.Int32
+	url := streamURL(t, func(_ context.Context, _ *connect.Request[warrenv1.StreamEventsRequest], st *connect.ServerStream[warrenv1.StreamEventsResponse]) error {
+		calls.Add(1)
+		if err := st.Send(nil); err != nil { // the headers, as the scheduler sends them
+			return err
+		}
+		time.Sleep(1500 * time.Millisecond)
+		return st.Send(&warrenv1.StreamEventsResponse{Event: &warrenv1.Event{Seq: 1, Kind: "state_changed"}})
+	})
+	c, err := client.New(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	retries := 0
+	err = c.WatchWith(ctx, "01J00000000000000000000000", 0, func(*warrenv1.Event) error { return nil },
+		client.WatchOptions{OnRetry: func(error) { retries++ }, GiveUpAfter: 500 * time.Millisecond})
+	if err != nil || retries != 0 || calls.Load() != 1 {
+		t.Errorf("Watch = %v after %d reconnects, %d streams; want nil from one stream", err, retries, calls.Load())
+	}
+}
+
+// With GiveUpAfter, a watch whose servers keep failing ends with the last
+// error; without it (the CLI's --timeout) it reconnected forever.
+func TestWatchGivesUpWhenNoServerStreams(t *testing.T) {
+	down := httptest.NewServer(http.NotFoundHandler())
+	down.Close()
+	c, err := client.New(down.URL + "," + streamURL(t, func(context.Context, *connect.Request[warrenv1.StreamEventsRequest], *connect.ServerStream[warrenv1.StreamEventsResponse]) error {
+		return connect.NewError(connect.CodeUnavailable, errors.New("no leader"))
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	err = c.WatchWith(ctx, "01J00000000000000000000000", 0, func(*warrenv1.Event) error { return nil },
+		client.WatchOptions{GiveUpAfter: time.Second})
+	if ctx.Err() != nil || err == nil || connect.CodeOf(err) != connect.CodeUnavailable {
+		t.Errorf("Watch = %v after %v; want the last unavailable after about 1 s", err, time.Since(start))
+	}
+}
+
+// A task no server knows ends a watch with --after with not_found after
+// a few seconds of asking, even while another server is down: the down
+// server's answers started the count again, so the watch never ended.
+func TestWatchOfAMissingTaskEndsWithAServerDown(t *testing.T) {
+	notFound := streamURL(t, func(context.Context, *connect.Request[warrenv1.StreamEventsRequest], *connect.ServerStream[warrenv1.StreamEventsResponse]) error {
+		return connect.NewError(connect.CodeNotFound, errors.New("no such task"))
+	})
+	down := httptest.NewServer(http.NotFoundHandler())
+	down.Close()
+	c, err := client.New(notFound + "," + down.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	err = c.Watch(ctx, "01J00000000000000000000000", 3, func(*warrenv1.Event) error { return nil }, nil)
+	if connect.CodeOf(err) != connect.CodeNotFound {
+		t.Errorf("Watch = %v; want not_found", err)
+	}
+}
+
+// A scheduler answers a stream's request with its headers before any
+// event, so a watch of a quiet task (a pending one, with no node to take
+// it) is not taken for a silent server and reconnected every
+// WatchOpenFor.
+func TestTheSchedulerAnswersAQuietStream(t *testing.T) {
+	shortWatchOpen(t, 500*time.Millisecond)
+	c := devClient(t)
+	r, err := c.Tasks().CreateTask(context.Background(), connect.NewRequest(&warrenv1.CreateTaskRequest{Spec: &warrenv1.TaskSpec{
+		Repo: "https://git.example.com/a/b.git", Base: "main", IssueTitle: "quiet"}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Cancelled, not a deadline: a deadline goes to the server with the
+	// request, which may end the stream with deadline_exceeded just
+	// before the caller's own ends, a reconnect this test would count.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	time.AfterFunc(3*time.Second, cancel)
+	var retries []error
+	last := r.Msg.GetTask().GetNextSeq() - 1 // from its last event: nothing to send
+	err = c.Watch(ctx, r.Msg.GetTask().GetId(), last, func(*warrenv1.Event) error { return nil }, func(err error) { retries = append(retries, err) })
+	if !errors.Is(err, context.Canceled) || len(retries) != 0 {
+		t.Errorf("Watch of a quiet task for 3 s = %v after reconnects %v; want the caller's cancel and none", err, retries)
 	}
 }

@@ -551,6 +551,12 @@ func (a taskAPI) StreamEvents(ctx context.Context, req *connect.Request[warrenv1
 	if _, err := a.s.checkResume(ctx, t, req.Msg.GetAfterSeq()); err != nil {
 		return err
 	}
+	// The headers now, before any event: a client tells a server that
+	// answers (with a quiet task) from one that hangs by them
+	// (client.WatchOpenFor).
+	if err := stream.Send(nil); err != nil {
+		return err
+	}
 	return a.s.tail(ctx, req.Msg.GetTaskId(), req.Msg.GetAfterSeq(), func(ev *warrenv1.Event) error {
 		return stream.Send(&warrenv1.StreamEventsResponse{Event: ev})
 	})

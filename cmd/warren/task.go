@@ -477,7 +477,7 @@ func taskWatch(args []string, stdout, stderr io.Writer) error {
 	// events, then the event) as the event, joined; JSON shows each as
 	// the log holds it.
 	var parts api.PartJoiner
-	err = c.Watch(ctx, pos[0], *after, func(ev *warrenv1.Event) error {
+	err = c.WatchWith(ctx, pos[0], *after, func(ev *warrenv1.Event) error {
 		if cf.output != "json" {
 			var ok bool
 			if ev, ok = joinParts(&parts, ev); !ok {
@@ -493,8 +493,13 @@ func taskWatch(args []string, stdout, stderr io.Writer) error {
 			}
 		}
 		return printEvent(stdout, cf.output, ev)
-	}, func(err error) {
-		fmt.Fprintf(stderr, "warren: stream interrupted (%v); reconnecting to %s\n", err, c.URL())
+	}, client.WatchOptions{
+		OnRetry: func(err error) {
+			fmt.Fprintf(stderr, "warren: stream interrupted (%v); reconnecting to %s\n", err, c.URL())
+		},
+		// --timeout bounds how long it keeps reconnecting without a
+		// server that streams (not how long it watches).
+		GiveUpAfter: cf.timeout,
 	})
 	if err != nil {
 		return err

@@ -93,3 +93,23 @@ func TestWatchExitsNonZeroOnFailedTask(t *testing.T) {
 		t.Errorf("watch --after %d of a failed task: exit status %d, stderr %q, stdout %q; want 1 and no events", last, code, errb, out)
 	}
 }
+
+// `warren task watch` with no server answering ends with the last error
+// once --timeout has passed without a stream; it printed "reconnecting"
+// every 2 s for good, so `warren task watch "$ID" && next` hung.
+func TestWatchWithNoServerEnds(t *testing.T) {
+	dead := "http://" + freeaddr.Loopback(t) // nothing listens there
+	done := make(chan error, 1)
+	var out, errb bytes.Buffer
+	go func() {
+		done <- run([]string{"task", "watch", "01J00000000000000000000000", "--server", dead, "--timeout", "1s"}, &out, &errb)
+	}()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "unavailable") {
+			t.Errorf("task watch with no server: %v, want the last unavailable", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("task watch with no server and --timeout 1s still running after 15 s")
+	}
+}
