@@ -311,7 +311,9 @@ func (c *Client) WatchWith(ctx context.Context, id string, after uint64, fn func
 	backoff := 100 * time.Millisecond
 	var notFoundSince time.Time // the first of the not_found answers in a row
 	failingSince := time.Now()  // reset by a stream that worked
+	delivered := false          // some server streamed events to this watch
 	for {
+		seen := after
 		err := c.watchOnce(ctx, id, &after, fn, func() {
 			backoff = 100 * time.Millisecond
 			notFoundSince = time.Time{}
@@ -320,6 +322,7 @@ func (c *Client) WatchWith(ctx context.Context, id string, after uint64, fn func
 		if err == nil {
 			return nil // the task ended
 		}
+		delivered = delivered || after > seen
 		var fe finalError
 		if errors.As(err, &fe) {
 			return fe.err
@@ -327,8 +330,11 @@ func (c *Client) WatchWith(ctx context.Context, id string, after uint64, fn func
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		switch {
-		case connect.CodeOf(err) == connect.CodeNotFound:
+		switch code := connect.CodeOf(err); {
+		case code == connect.CodeNotFound || code == connect.CodeOutOfRange && delivered:
+			// out_of_range: past the task's last event. Said of a seq a
+			// server streamed to this watch, by one that lags it (a new
+			// leader still applying, say), it is asked again too.
 			if after == 0 {
 				return err
 			}

@@ -304,3 +304,45 @@ func TestTheSchedulerAnswersAQuietStream(t *testing.T) {
 		t.Errorf("Watch of a quiet task for 3 s = %v after reconnects %v; want the caller's cancel and none", err, retries)
 	}
 }
+
+// A resume refused as out_of_range, past the task's last event, after
+// this watch was streamed events up to that point, comes from a server
+// that lags the one that streamed them (a new leader still applying):
+// it is asked again, as not_found is. It ended the watch for good in the
+// middle of a healthy task.
+func TestWatchAsksAgainPastALaggingServersEnd(t *testing.T) {
+	var calls atomic.Int32
+	c := serveStream(t, func(_ context.Context, req *connect.Request[warrenv1.StreamEventsRequest], st *connect.ServerStream[warrenv1.StreamEventsResponse]) error {
+		switch calls.Add(1) {
+		case 1:
+			if err := st.Send(&warrenv1.StreamEventsResponse{Event: &warrenv1.Event{Seq: 1, Kind: "state_changed"}}); err != nil {
+				return err
+			}
+			return connect.NewError(connect.CodeUnavailable, errors.New("leader lost"))
+		case 2:
+			return connect.NewError(connect.CodeOutOfRange, errors.New("after_seq 1: past the task's last event (seq 0)"))
+		}
+		return st.Send(&warrenv1.StreamEventsResponse{Event: &warrenv1.Event{Seq: 2, Kind: "state_changed"}})
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var seqs []uint64
+	err := c.Watch(ctx, "01J00000000000000000000000", 0, func(ev *warrenv1.Event) error {
+		seqs = append(seqs, ev.GetSeq())
+		return nil
+	}, nil)
+	if err != nil || len(seqs) != 2 {
+		t.Errorf("Watch = %v, seqs %v; want nil, [1 2]", err, seqs)
+	}
+
+	// From a seq no server streamed to this watch, out_of_range is the
+	// caller's mistake and ends it at once.
+	c = serveStream(t, func(context.Context, *connect.Request[warrenv1.StreamEventsRequest], *connect.ServerStream[warrenv1.StreamEventsResponse]) error {
+		return connect.NewError(connect.CodeOutOfRange, errors.New("after_seq 9: past the task's last event (seq 0)"))
+	})
+	retries := 0
+	err = c.Watch(ctx, "01J00000000000000000000000", 9, func(*warrenv1.Event) error { return nil }, func(error) { retries++ })
+	if connect.CodeOf(err) != connect.CodeOutOfRange || retries != 0 {
+		t.Errorf("Watch from a seq never streamed = %v after %d reconnects; want out_of_range at once", err, retries)
+	}
+}

@@ -360,7 +360,13 @@ func (s *Server) checkResume(ctx context.Context, t *warrenv1.Task, after uint64
 		return t, nil
 	}
 	id := t.GetId()
-	if s.raft.State() != raft.Leader && !s.catchUp(ctx) {
+	if s.raft.State() == raft.Leader {
+		if !s.leaderCaughtUp() {
+			// A new leader still applying what it committed before: as
+			// unsure as a follower without a leader.
+			return t, nil
+		}
+	} else if !s.catchUp(ctx) {
 		// No leader to ask (an election, a partition): this replica may
 		// just lag, so the stream waits for the point, as it always has.
 		return t, nil
