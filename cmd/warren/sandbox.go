@@ -9,6 +9,7 @@ import (
 	"io"
 	"maps"
 	"math"
+	"net"
 	"os"
 	"slices"
 	"strconv"
@@ -20,6 +21,7 @@ import (
 
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
+	"github.com/warrenhq/warren/client"
 	"github.com/warrenhq/warren/guest"
 	"github.com/warrenhq/warren/noded"
 )
@@ -165,7 +167,7 @@ func cmdSandbox(args []string, stdout, stderr io.Writer) error {
 		var errs []error
 		for _, id := range pos {
 			ctx, cancel := context.WithTimeout(context.Background(), cf.timeout)
-			_, err := call(ctx, c, c.Sandboxes, warrenv1connect.SandboxServiceClient.DeleteSandbox, &warrenv1.DeleteSandboxRequest{SandboxId: id})
+			err := deleteSandbox(ctx, c, id)
 			cancel()
 			if err != nil {
 				errs = append(errs, fmt.Errorf("%s: %w", id, err))
@@ -440,6 +442,27 @@ func setDefault(fs *flag.FlagSet, name, v string) {
 	f := fs.Lookup(name)
 	_ = f.Value.Set(v)
 	f.DefValue = v
+}
+
+// deleteSandbox deletes sandbox id, trying the next server as call does.
+// A delete carries no request id, so a try whose answer was lost (its
+// server died after forwarding it, or the node's answer did not come
+// back) may have deleted the sandbox: not_found on a later try is then
+// success. (A try that could not connect sent nothing.)
+func deleteSandbox(ctx context.Context, c *client.Client, id string) error {
+	unsure := false
+	return c.DoEach(ctx, attemptBound(ctx, c.NumServers()), func(ctx context.Context) error {
+		_, err := c.Sandboxes().DeleteSandbox(ctx, connect.NewRequest(&warrenv1.DeleteSandboxRequest{SandboxId: id}))
+		var op *net.OpError
+		switch code := connect.CodeOf(err); {
+		case err == nil:
+		case code == connect.CodeNotFound && unsure:
+			return nil
+		case (code == connect.CodeUnavailable || code == connect.CodeDeadlineExceeded) && !(errors.As(err, &op) && op.Op == "dial"):
+			unsure = true
+		}
+		return err
+	})
 }
 
 // splitRemote splits "ID:/PATH".

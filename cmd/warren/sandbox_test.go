@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -291,5 +293,43 @@ func TestSandboxCpSendsModeZero(t *testing.T) {
 	}
 	if req.GetMode() != 0 {
 		t.Fatalf("mode sent %o, want set to 0", req.GetMode())
+	}
+}
+
+// deleteAnswer is a SandboxService whose DeleteSandbox answers code.
+type deleteAnswer struct {
+	warrenv1connect.UnimplementedSandboxServiceHandler
+	code connect.Code
+}
+
+func (d deleteAnswer) DeleteSandbox(context.Context, *connect.Request[warrenv1.DeleteSandboxRequest]) (*connect.Response[warrenv1.DeleteSandboxResponse], error) {
+	return nil, connect.NewError(d.code, errors.New("as told"))
+}
+
+func serveDelete(t *testing.T, code connect.Code) string {
+	mux := http.NewServeMux()
+	mux.Handle(warrenv1connect.NewSandboxServiceHandler(deleteAnswer{code: code}))
+	hs := httptest.NewServer(mux)
+	t.Cleanup(hs.Close)
+	return hs.URL
+}
+
+// A delete whose first server answered unavailable (it may have
+// forwarded the delete, and died before the node's answer came back) and
+// whose next server finds the sandbox gone succeeded: `sandbox rm`
+// reported not_found and exit 1. A first server that could not be
+// reached at all sent nothing, so not_found after it is still an error.
+func TestSandboxRmAfterALostAnswer(t *testing.T) {
+	gone := serveDelete(t, connect.CodeNotFound)
+	var out, errb bytes.Buffer
+	err := run([]string{"sandbox", "rm", "sb-0000000000-n1", "--server", serveDelete(t, connect.CodeUnavailable) + "," + gone}, &out, &errb)
+	if err != nil || strings.TrimSpace(out.String()) != "sb-0000000000-n1" {
+		t.Errorf("sandbox rm after a lost answer: %v, stdout %q; want the id, exit 0", err, out.String())
+	}
+	dead := httptest.NewServer(http.NotFoundHandler())
+	dead.Close()
+	err = run([]string{"sandbox", "rm", "sb-0000000000-n1", "--server", dead.URL + "," + gone}, &out, &errb)
+	if !strings.Contains(fmt.Sprint(err), "not_found") {
+		t.Errorf("sandbox rm after a server that could not be reached: %v, want not_found", err)
 	}
 }
