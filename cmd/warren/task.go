@@ -184,6 +184,32 @@ func newRequestID() string {
 	return "cli-" + hex.EncodeToString(b)
 }
 
+// requestIDFlag registers --request-id, the write's idempotency key.
+func requestIDFlag(fs *flag.FlagSet) *string {
+	return fs.String("request-id", "", "idempotency key: a write run again with the same one is applied once (default: random)")
+}
+
+// orNewRequestID is id, or a new random one if it is empty.
+func orNewRequestID(id string) string {
+	if id == "" {
+		return newRequestID()
+	}
+	return id
+}
+
+// unsureWrite adds to err, the error of a write sent with request id
+// reqID, what to do when the cluster may have applied it all the same
+// (the answer was lost, or came too late): run it again with that id,
+// which applies it at most once. Run again without it, a lost create
+// made a second task, a lost steer a second message.
+func unsureWrite(err error, reqID string) error {
+	switch connect.CodeOf(err) {
+	case connect.CodeUnavailable, connect.CodeDeadlineExceeded, connect.CodeCanceled, connect.CodeUnknown:
+		return fmt.Errorf("%w (it may have been applied: run the command again with --request-id %s to apply it at most once)", err, reqID)
+	}
+	return err
+}
+
 func cmdTask(args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
@@ -256,7 +282,7 @@ func taskCreate(args []string, stdout, stderr io.Writer) error {
 	labels := fs.String("labels", "", "comma-separated k=v labels")
 	selector := fs.String("node-selector", "", "comma-separated k=v labels the task's node must carry (see: warren node --labels)")
 	tenant := fs.String("tenant", "", "tenant (default: default)")
-	reqID := fs.String("request-id", "", "idempotency key (default: random)")
+	reqID := requestIDFlag(fs)
 	quiet := fs.Bool("q", false, "print only the new task's id")
 	pos, err := parse(fs, args)
 	if err != nil {
@@ -325,9 +351,7 @@ func taskCreate(args []string, stdout, stderr io.Writer) error {
 	if spec.NodeSelector, err = parseKV("node-selector", *selector); err != nil {
 		return err
 	}
-	if *reqID == "" {
-		*reqID = newRequestID()
-	}
+	*reqID = orNewRequestID(*reqID)
 	c, err := cf.dial()
 	if err != nil {
 		return err
@@ -336,7 +360,7 @@ func taskCreate(args []string, stdout, stderr io.Writer) error {
 	defer cancel()
 	resp, err := call(ctx, c, c.Tasks, warrenv1connect.TaskServiceClient.CreateTask, &warrenv1.CreateTaskRequest{RequestId: *reqID, Tenant: *tenant, Spec: spec})
 	if err != nil {
-		return err
+		return unsureWrite(err, *reqID)
 	}
 	warnNoNode(ctx, c, spec.GetDriver(), stderr)
 	if *quiet {
@@ -705,14 +729,16 @@ func taskSteer(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("task steer", flag.ContinueOnError)
 	var cf clientFlags
 	cf.register(fs)
+	reqID := requestIDFlag(fs)
 	pos, c, ctx, cancel, err := cf.start(fs, args, "ID", "TEXT")
 	if err != nil {
 		return err
 	}
 	defer cancel()
-	resp, err := call(ctx, c, c.Tasks, warrenv1connect.TaskServiceClient.SendMessage, &warrenv1.SendMessageRequest{TaskId: pos[0], Text: pos[1], RequestId: newRequestID()})
+	id := orNewRequestID(*reqID)
+	resp, err := call(ctx, c, c.Tasks, warrenv1connect.TaskServiceClient.SendMessage, &warrenv1.SendMessageRequest{TaskId: pos[0], Text: pos[1], RequestId: id})
 	if err != nil {
-		return err
+		return unsureWrite(err, id)
 	}
 	if cf.output == "json" {
 		return printJSON(stdout, resp.Msg)
@@ -726,19 +752,20 @@ func taskDecide(verb string, args []string, stdout io.Writer) error {
 	var cf clientFlags
 	cf.register(fs)
 	comment := fs.String("comment", "", "a note for the record")
+	reqID := requestIDFlag(fs)
 	pos, c, ctx, cancel, err := cf.start(fs, args, "ID", "TOOL_CALL_ID")
 	if err != nil {
 		return err
 	}
 	defer cancel()
-	req := &warrenv1.DecideRequest{TaskId: pos[0], ToolCallId: pos[1], Comment: *comment, RequestId: newRequestID()}
+	req := &warrenv1.DecideRequest{TaskId: pos[0], ToolCallId: pos[1], Comment: *comment, RequestId: orNewRequestID(*reqID)}
 	decide := warrenv1connect.TaskServiceClient.Approve
 	if verb != "approve" {
 		decide = warrenv1connect.TaskServiceClient.Reject
 	}
 	resp, err := call(ctx, c, c.Tasks, decide, req)
 	if err != nil {
-		return err
+		return unsureWrite(err, req.GetRequestId())
 	}
 	if cf.output == "json" {
 		return printJSON(stdout, resp.Msg)
@@ -752,14 +779,16 @@ func taskCancel(args []string, stdout io.Writer) error {
 	var cf clientFlags
 	cf.register(fs)
 	reason := fs.String("reason", "", "why, for the record")
+	reqID := requestIDFlag(fs)
 	pos, c, ctx, cancel, err := cf.start(fs, args, "ID")
 	if err != nil {
 		return err
 	}
 	defer cancel()
-	resp, err := call(ctx, c, c.Tasks, warrenv1connect.TaskServiceClient.CancelTask, &warrenv1.CancelTaskRequest{TaskId: pos[0], Reason: *reason, RequestId: newRequestID()})
+	id := orNewRequestID(*reqID)
+	resp, err := call(ctx, c, c.Tasks, warrenv1connect.TaskServiceClient.CancelTask, &warrenv1.CancelTaskRequest{TaskId: pos[0], Reason: *reason, RequestId: id})
 	if err != nil {
-		return err
+		return unsureWrite(err, id)
 	}
 	return printTask(stdout, cf.output, resp.Msg.GetTask())
 }
