@@ -3,9 +3,11 @@ package guest
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"io"
 	"runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -168,5 +170,58 @@ func TestListAmplificationBounded(t *testing.T) {
 	if alloc > 4*uint64(sent) {
 		t.Errorf("the host allocated %d MiB for %d MiB of listing (%dx): maxListBytes (%d MiB) does not bound the host's memory",
 			alloc>>20, sent>>20, alloc/uint64(sent), maxListBytes>>20)
+	}
+}
+
+// A guest that answers each call with a frame header announcing MaxFrame
+// bytes and then sends nothing holds little of the host's memory: the
+// payload's buffer grows as bytes arrive. (Before, each such call pinned
+// 1 MiB from its header on, for as long as its caller waited.)
+func TestAnnouncedFrameDoesNotPinMemory(t *testing.T) {
+	const calls = 200
+	release := make(chan struct{})
+	var announced sync.WaitGroup
+	announced.Add(calls)
+	c := hostileGuest(t, func(st *yamux.Stream) {
+		defer st.Close()
+		if _, _, err := readFrame(st); err != nil {
+			announced.Done()
+			return
+		}
+		var h [5]byte
+		h[0] = frameResultWire
+		binary.BigEndian.PutUint32(h[1:], MaxFrame)
+		_, _ = st.Write(h[:])
+		announced.Done()
+		<-release
+	})
+	c.UseWire()
+	var before runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for range calls {
+		wg.Add(1)
+		go func() { defer wg.Done(); _, _ = c.Stat(ctx, "/x") }()
+	}
+	defer func() { cancel(); close(release); wg.Wait() }()
+	announced.Wait()
+	// The host reads each header a moment after the guest wrote it: the
+	// heap is watched for a while.
+	var grown uint64
+	for range 50 {
+		var now runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&now)
+		grown = max(grown, now.HeapAlloc-min(now.HeapAlloc, before.HeapAlloc))
+		if grown > 40<<20 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("%d calls answered with a %d-byte header each: the host's heap grew %d MiB", calls, MaxFrame, grown>>20)
+	if grown > 40<<20 {
+		t.Errorf("the host's heap grew %d MiB for %d calls whose guest announced %d bytes and sent none", grown>>20, calls, MaxFrame)
 	}
 }

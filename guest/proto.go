@@ -231,22 +231,38 @@ func writeJSON(w io.Writer, kind byte, v any) error {
 	return writeFrame(w, kind, b)
 }
 
-// readFrame reads one frame. The payload is freshly allocated.
+// firstReadBytes is what readFrame allocates for a payload before any of
+// it arrived.
+const firstReadBytes = 64 << 10
+
+// readFrame reads one frame. The payload is freshly allocated, and grows
+// as it arrives: the header's length is only the peer's word (the guest is
+// not trusted), and a guest that announced MaxFrame bytes and sent none
+// would otherwise hold that much of the host's memory for each call it
+// answered so, for as long as the call waits.
 func readFrame(r io.Reader) (byte, []byte, error) {
 	var h [5]byte
 	if _, err := io.ReadFull(r, h[:]); err != nil {
 		return 0, nil, err
 	}
-	n := binary.BigEndian.Uint32(h[1:])
+	n := int(binary.BigEndian.Uint32(h[1:]))
 	if n > MaxFrame {
 		return 0, nil, fmt.Errorf("%w: %d bytes", ErrFrameTooLarge, n)
 	}
-	p := make([]byte, n)
-	if _, err := io.ReadFull(r, p); err != nil {
-		if err == io.EOF {
-			err = io.ErrUnexpectedEOF
+	p := make([]byte, 0, min(n, firstReadBytes))
+	for len(p) < n {
+		if len(p) == cap(p) {
+			// Doubled, so a payload is copied about once in all.
+			p = slices.Grow(p, min(n-len(p), len(p)))
 		}
-		return 0, nil, err
+		m, err := io.ReadFull(r, p[len(p):min(cap(p), n)])
+		p = p[:len(p)+m]
+		if err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return 0, nil, err
+		}
 	}
 	return h[0], p, nil
 }
