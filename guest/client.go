@@ -73,14 +73,38 @@ func (c *Client) Done() <-chan struct{} { return c.sess.CloseChan() }
 // QEMU) would otherwise hold a closed stream's reader for yamux's stream
 // close timeout.
 type call struct {
-	st   *yamux.Stream
-	stop func() bool
-	ctx  context.Context
+	st     *yamux.Stream
+	stop   func() bool
+	ctx    context.Context
+	cancel context.CancelFunc // ends ctx if open bounded it (bound); may be nil
+}
+
+// callWait bounds a call other than an exec whose caller gave it no
+// sooner deadline (a variable for tests). The guest is not trusted: one
+// that never finishes its answer would otherwise hold the call, its
+// stream and what it sent so far for as long as the caller waits, which
+// for an API client without a deadline is for good. An exec is bounded by
+// its own timeout (execGrace) or its caller. The slowest legitimate
+// calls, a 32 MiB file read or written under TCG, take seconds.
+var callWait = 5 * time.Minute
+
+// bound gives a call other than an exec callWait, unless ctx ends sooner.
+func bound(ctx context.Context, op Op) (context.Context, context.CancelFunc) {
+	if op == OpExec {
+		return ctx, func() {}
+	}
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= callWait {
+		return ctx, func() {}
+	}
+	return context.WithTimeoutCause(ctx, callWait,
+		fmt.Errorf("guest: %s: the guest did not answer within %v: %w", op, callWait, context.DeadlineExceeded))
 }
 
 func (c *Client) open(ctx context.Context, req *Request) (*call, error) {
+	ctx, cancel := bound(ctx, req.Op)
 	st, err := c.sess.OpenStream()
 	if err != nil {
+		cancel()
 		return nil, fmt.Errorf("guest: open stream: %w", err)
 	}
 	stop := context.AfterFunc(ctx, func() {
@@ -98,9 +122,11 @@ func (c *Client) open(ctx context.Context, req *Request) (*call, error) {
 	if err != nil {
 		stop()
 		st.Close()
-		return nil, c.err(ctx, err)
+		err = c.err(ctx, err)
+		cancel()
+		return nil, err
 	}
-	return &call{st: st, stop: stop, ctx: ctx}, nil
+	return &call{st: st, stop: stop, ctx: ctx, cancel: cancel}, nil
 }
 
 // abandonWait bounds an OpCancel's wait for its answer.
@@ -117,9 +143,11 @@ func (c *Client) abandon(id uint32) {
 	_, _ = c.simple(ctx, &Request{Op: OpCancel, Call: id})
 }
 
+// err is a call's error: why ctx ended, if it did (callWait's cause
+// names the call), or err.
 func (c *Client) err(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
-		return ctx.Err()
+		return context.Cause(ctx)
 	}
 	return fmt.Errorf("guest: %w", err)
 }
@@ -127,6 +155,9 @@ func (c *Client) err(ctx context.Context, err error) error {
 func (cl *call) close() {
 	cl.stop()
 	cl.st.Close()
+	if cl.cancel != nil {
+		cl.cancel()
+	}
 }
 
 // finish reads frames until the result, handing data frames to onData.
@@ -139,8 +170,8 @@ func (c *Client) finish(cl *call, onData func(kind byte, p []byte) error) (*Resu
 		}
 		switch kind {
 		case frameResult:
-			if err := cl.ctx.Err(); err != nil {
-				return nil, err // the call was abandoned, whatever it did
+			if cl.ctx.Err() != nil {
+				return nil, context.Cause(cl.ctx) // the call was abandoned, whatever it did
 			}
 			var res Result
 			if err := json.Unmarshal(p, &res); err != nil {
@@ -148,8 +179,8 @@ func (c *Client) finish(cl *call, onData func(kind byte, p []byte) error) (*Resu
 			}
 			return &res, nil
 		case frameResultWire:
-			if err := cl.ctx.Err(); err != nil {
-				return nil, err
+			if cl.ctx.Err() != nil {
+				return nil, context.Cause(cl.ctx)
 			}
 			var res Result
 			if err := res.decodeWire(p); err != nil {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -223,5 +224,42 @@ func TestAnnouncedFrameDoesNotPinMemory(t *testing.T) {
 	t.Logf("%d calls answered with a %d-byte header each: the host's heap grew %d MiB", calls, MaxFrame, grown>>20)
 	if grown > 40<<20 {
 		t.Errorf("the host's heap grew %d MiB for %d calls whose guest announced %d bytes and sent none", grown>>20, calls, MaxFrame)
+	}
+}
+
+// A call other than an exec whose caller set no deadline (an API client
+// without one) is not held for good by a guest that never answers: it
+// ends at callWait, saying so. (Before, it waited as long as the caller,
+// holding its stream and what the guest had sent.)
+func TestSilentGuestEndsNonExecCallsAtCallWait(t *testing.T) {
+	defer func(w time.Duration) { callWait = w }(callWait)
+	callWait = 100 * time.Millisecond
+	c := hostileGuest(t, func(st *yamux.Stream) {
+		_, _, _ = readFrame(st) // and say nothing
+	})
+	c.UseWire()
+	calls := map[string]func(ctx context.Context) error{
+		"stat": func(ctx context.Context) error { _, err := c.Stat(ctx, "/x"); return err },
+		"list": func(ctx context.Context) error { _, err := c.List(ctx, "/x"); return err },
+		"read": func(ctx context.Context) error { _, err := c.ReadFile(ctx, "/x", 0, io.Discard); return err },
+		"write": func(ctx context.Context) error {
+			_, err := c.WriteFile(ctx, "/x", nil, bytes.NewReader([]byte("x")))
+			return err
+		},
+		"sync": func(ctx context.Context) error { return c.Sync(ctx) },
+	}
+	for name, call := range calls {
+		ret := make(chan error, 1)
+		go func() { ret <- call(context.Background()) }()
+		select {
+		case err := <-ret:
+			if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "did not answer") {
+				t.Errorf("%s: err %v, want the guest did not answer in time", name, err)
+			}
+		case <-time.After(10 * time.Second):
+			c.Close()
+			<-ret
+			t.Fatalf("%s: still waiting for a silent guest after 10s, with callWait %v", name, callWait)
+		}
 	}
 }
