@@ -162,6 +162,26 @@ func (cl *call) close() {
 
 // finish reads frames until the result, handing data frames to onData.
 func (c *Client) finish(cl *call, onData func(kind byte, p []byte) error) (*Result, error) {
+	return c.finishWith(cl, onData, decodeResult)
+}
+
+// decodeResult decodes a result frame of either codec.
+func decodeResult(kind byte, p []byte) (*Result, error) {
+	var res Result
+	var err error
+	if kind == frameResultWire {
+		err = res.decodeWire(p)
+	} else {
+		err = json.Unmarshal(p, &res)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("guest: result: %w", err)
+	}
+	return &res, nil
+}
+
+// finishWith is finish with the result frame decoded by decode.
+func (c *Client) finishWith(cl *call, onData func(kind byte, p []byte) error, decode func(kind byte, p []byte) (*Result, error)) (*Result, error) {
 	defer cl.close()
 	for {
 		kind, p, err := readFrame(cl.st)
@@ -169,24 +189,11 @@ func (c *Client) finish(cl *call, onData func(kind byte, p []byte) error) (*Resu
 			return nil, c.err(cl.ctx, err)
 		}
 		switch kind {
-		case frameResult:
+		case frameResult, frameResultWire:
 			if cl.ctx.Err() != nil {
 				return nil, context.Cause(cl.ctx) // the call was abandoned, whatever it did
 			}
-			var res Result
-			if err := json.Unmarshal(p, &res); err != nil {
-				return nil, fmt.Errorf("guest: result: %w", err)
-			}
-			return &res, nil
-		case frameResultWire:
-			if cl.ctx.Err() != nil {
-				return nil, context.Cause(cl.ctx)
-			}
-			var res Result
-			if err := res.decodeWire(p); err != nil {
-				return nil, fmt.Errorf("guest: result: %w", err)
-			}
-			return &res, nil
+			return decode(kind, p)
 		case frameError:
 			return nil, &RemoteError{Msg: string(p)}
 		default:
@@ -469,66 +476,188 @@ func (c *Client) List(ctx context.Context, path string) ([]FileInfo, error) {
 	if err != nil {
 		return nil, err
 	}
-	var files []FileInfo
-	var got int
-	res, err := c.finish(cl, func(kind byte, p []byte) error {
-		// A large listing comes in parts (see answer in server.go),
-		// bounded here: the host holds it whole.
-		if got += len(p); got > maxListBytes {
-			return fmt.Errorf("guest: list %s: %w: the guest sent over %d bytes of entries", path, ErrListTooLarge, maxListBytes)
-		}
-		var part Result
-		var err error
+	// A large listing comes in parts (see answer in server.go), then the
+	// result's own entries; all are decoded by l, which charges each
+	// entry before the host holds it.
+	l := &listing{path: path}
+	_, err = c.finishWith(cl, func(kind byte, p []byte) error {
 		switch kind {
-		case frameFiles:
-			err = json.Unmarshal(p, &part)
-		case frameFilesWire:
-			err = part.decodeWire(p)
-		default:
-			return fmt.Errorf("guest: unexpected frame %q in list", kind)
+		case frameFiles, frameFilesWire:
+			return l.part(kind, p)
 		}
-		if err != nil {
-			return fmt.Errorf("guest: list: %w", err)
-		}
-		if err := checkListed(path, len(files), part.Files); err != nil {
-			return err
-		}
-		files = append(files, part.Files...)
-		return nil
+		return fmt.Errorf("guest: unexpected frame %q in list", kind)
+	}, func(kind byte, p []byte) (*Result, error) {
+		return &Result{}, l.part(kind, p)
 	})
 	if err != nil {
 		return nil, err
 	}
-	if err := checkListed(path, len(files), res.Files); err != nil {
-		return nil, err
-	}
-	return append(files, res.Files...), nil
+	return l.files, nil
 }
 
 // ErrListTooLarge is a listing over the host's limits (maxListBytes,
 // maxListEntries): a directory too large to list in one call.
 var ErrListTooLarge = errors.New("directory too large to list")
 
-// maxListBytes bounds the encoded entries of one listing (a few hundred
-// thousand names), and maxListEntries their number: an entry is 2 bytes
-// on the wire at the least but a FileInfo of about 50 on the host.
+// The host holds a listing whole, and a caller makes more of each entry
+// (noded: an API message and its timestamp), so a listing is bounded by
+// what it costs the host, not by what the guest sent: an entry with a
+// one-byte name is 5 bytes on the wire but a 48-byte FileInfo, its share
+// of the slice's growth, and about as much again in the caller's copy.
+//
+// maxListEntries bounds the entries of one listing. maxListBytes bounds
+// the bytes the guest sent for it plus listEntryCost for each entry; it
+// is reached before maxListEntries only by long names (100,000 entries of
+// 255-byte names charge 50 to 60 MiB). Each entry is charged before it is
+// decoded (a wire frame's entries are counted first), so a refused
+// listing never held more than its budget.
 const (
+	maxListEntries = 100_000
 	maxListBytes   = 64 << 20
-	maxListEntries = 1 << 20
+	listEntryCost  = 256
 )
 
-// checkListed refuses a part of a listing of path that would take it past
-// maxListEntries after had entries, or has an entry without a name.
-func checkListed(path string, had int, part []FileInfo) error {
-	if had+len(part) > maxListEntries {
-		return fmt.Errorf("guest: list %s: %w: the guest sent over %d entries", path, ErrListTooLarge, maxListEntries)
+// listing is a listing being received: its entries so far and what they
+// were charged.
+type listing struct {
+	path    string
+	files   []FileInfo
+	charged int
+	err     error // why jsonFiles stopped, if it was the limits or check
+}
+
+// charge counts n more entries and b more bytes the guest sent, or
+// refuses them past the limits.
+func (l *listing) charge(n, b int) error {
+	if len(l.files)+n > maxListEntries {
+		return fmt.Errorf("guest: list %s: %w: the guest sent over %d entries", l.path, ErrListTooLarge, maxListEntries)
 	}
-	for _, f := range part {
-		if f.Name == "" {
-			return fmt.Errorf("guest: list %s: the guest sent an entry without a name", path)
-		}
+	if l.charged += b + n*listEntryCost; l.charged > maxListBytes {
+		return fmt.Errorf("guest: list %s: %w: over %d MiB of entries", l.path, ErrListTooLarge, maxListBytes>>20)
 	}
 	return nil
+}
+
+// part decodes a frame of entries (a part, or the result) of either
+// codec and appends its entries.
+func (l *listing) part(kind byte, p []byte) error {
+	if err := l.charge(0, len(p)); err != nil {
+		return err
+	}
+	if kind == frameFilesWire || kind == frameResultWire {
+		n, err := countWireFiles(p)
+		if err != nil {
+			return fmt.Errorf("guest: list: %w", err)
+		}
+		if err := l.charge(n, 0); err != nil {
+			return err
+		}
+		var part Result
+		if err := part.decodeWire(p); err != nil {
+			return fmt.Errorf("guest: list: %w", err)
+		}
+		for _, f := range part.Files {
+			if err := l.check(f); err != nil {
+				return err
+			}
+		}
+		l.files = append(l.files, part.Files...)
+		return nil
+	}
+	// JSON: jsonFiles counts the entries and charges them, then decodes.
+	var part struct {
+		Files jsonFiles `json:"files"`
+	}
+	part.Files.l = l
+	if err := json.Unmarshal(p, &part); err != nil {
+		if l.err != nil {
+			return l.err // the limits' or check's own error
+		}
+		return fmt.Errorf("guest: list: %w", err)
+	}
+	return nil
+}
+
+// check refuses an entry without a name, or with a name no file system
+// gives (over MaxNameBytes).
+func (l *listing) check(f FileInfo) error {
+	switch {
+	case f.Name == "":
+		return fmt.Errorf("guest: list %s: the guest sent an entry without a name", l.path)
+	case len(f.Name) > MaxNameBytes:
+		return fmt.Errorf("guest: list %s: the guest sent a name of %d bytes, over the limit of %d (NAME_MAX)", l.path, len(f.Name), MaxNameBytes)
+	}
+	return nil
+}
+
+// jsonFiles decodes a JSON result's "files" into its listing, charged
+// for its entries before they are decoded.
+type jsonFiles struct{ l *listing }
+
+func (j *jsonFiles) UnmarshalJSON(p []byte) error {
+	n := countJSONElems(p)
+	if j.l.err = j.l.charge(n, 0); j.l.err != nil {
+		return j.l.err
+	}
+	// Sized up front: grown as it is decoded, the slice would be
+	// allocated several times over.
+	files := make([]FileInfo, 0, n)
+	if err := json.Unmarshal(p, &files); err != nil {
+		return fmt.Errorf("files: %w", err)
+	}
+	for _, f := range files {
+		if j.l.err = j.l.check(f); j.l.err != nil {
+			return j.l.err
+		}
+	}
+	j.l.files = append(j.l.files, files...)
+	return nil
+}
+
+// countJSONElems counts the elements of p if it is a JSON array (0 for
+// any other value), without decoding them. p is valid JSON, as
+// json.Unmarshal hands an UnmarshalJSON.
+func countJSONElems(p []byte) int {
+	depth, n := 0, 0
+	inStr, esc, some := false, false, false
+	for _, b := range p {
+		switch {
+		case inStr:
+			switch {
+			case esc:
+				esc = false
+			case b == '\\':
+				esc = true
+			case b == '"':
+				inStr = false
+			}
+			continue
+		case b == ' ' || b == '\t' || b == '\n' || b == '\r':
+			continue
+		}
+		if depth == 1 && b != ']' {
+			some = true
+		}
+		switch b {
+		case '"':
+			inStr = true
+		case '[', '{':
+			if depth == 0 && b != '[' {
+				return 0
+			}
+			depth++
+		case ']', '}':
+			depth--
+		case ',':
+			if depth == 1 {
+				n++
+			}
+		}
+	}
+	if some {
+		n++
+	}
+	return n
 }
 
 // Stat describes one guest path (without following a final symlink).

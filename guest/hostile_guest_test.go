@@ -263,3 +263,84 @@ func TestSilentGuestEndsNonExecCallsAtCallWait(t *testing.T) {
 		}
 	}
 }
+
+// Entries with one-byte names are 5 bytes on the wire and a FileInfo of
+// 48 on the host (and more in what a caller makes of each): the host
+// charges each entry its own cost and counts a frame's entries before it
+// decodes them, so a listing of a million of them is refused having held
+// little, and one it accepts is bounded by maxListEntries. Before, five
+// wire frames of them (a million entries, under the old maxListEntries
+// and far under maxListBytes) were accepted: over 100 MiB allocated for
+// 5 MiB sent, and noded then made an API message of each.
+func TestListOfTinyEntriesBounded(t *testing.T) {
+	entry := []byte{0x32, 0x03, 0x0a, 0x01, 'a'} // field 6 (files): {name: "a"}
+	wirePart := bytes.Repeat(entry, MaxFrame/len(entry))
+	jsonEntry := []byte(`{"name":"a"},`)
+	jsonPart := append(append([]byte(`{"files":[`), bytes.Repeat(jsonEntry, (MaxFrame-64)/len(jsonEntry))...), `{"name":"a"}]}`...)
+	for _, tc := range []struct {
+		name       string
+		wire       bool
+		kind, last byte
+		part       []byte
+		frames     int
+		refused    bool
+	}{
+		{"wire parts", true, frameFilesWire, frameResultWire, wirePart, 5, true},
+		{"wire result", true, frameResultWire, 0, wirePart, 1, true},
+		{"json parts", false, frameFiles, frameResult, jsonPart, 5, true},
+		{"json result", false, frameResult, 0, jsonPart, 1, false}, // 80,655 entries
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := hostileGuest(t, func(st *yamux.Stream) {
+				defer st.Close()
+				_, _, _ = readFrame(st)
+				for range tc.frames {
+					if writeFrame(st, tc.kind, tc.part) != nil {
+						return
+					}
+				}
+				switch tc.last {
+				case frameResultWire:
+					_ = writeFrame(st, tc.last, nil)
+				case frameResult:
+					_ = writeFrame(st, tc.last, []byte("{}"))
+				}
+			})
+			if tc.wire {
+				c.UseWire()
+			}
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			files, err := c.List(context.Background(), "/x")
+			runtime.ReadMemStats(&after)
+			sent := tc.frames * len(tc.part)
+			alloc := after.TotalAlloc - before.TotalAlloc
+			t.Logf("guest sent %d KiB; host decoded %d entries, allocated %d MiB (err %v)", sent>>10, len(files), alloc>>20, err)
+			switch {
+			case tc.refused && !errors.Is(err, ErrListTooLarge):
+				t.Errorf("%d entries: err %v, want ErrListTooLarge", len(files), err)
+			case !tc.refused && err != nil:
+				t.Errorf("err %v", err)
+			}
+			if alloc > 24<<20 {
+				t.Errorf("the host allocated %d MiB for a listing of %d KiB", alloc>>20, sent>>10)
+			}
+		})
+	}
+}
+
+func TestCountJSONElems(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want int
+	}{
+		{`[]`, 0}, {` [ ] `, 0}, {`null`, 0}, {`{"a":[1,2]}`, 0}, {`"x,y"`, 0},
+		{`[1]`, 1}, {`[{}]`, 1}, {`[ {"name":"a,]"} , 2 ]`, 2},
+		{`["\"", ",", "\\"]`, 3}, {`[[1,2],{"a":[3,4]},[]]`, 3},
+	} {
+		if got := countJSONElems([]byte(tc.in)); got != tc.want {
+			t.Errorf("countJSONElems(%s) = %d, want %d", tc.in, got, tc.want)
+		}
+	}
+}

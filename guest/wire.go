@@ -410,6 +410,19 @@ func (r *Result) decodeWire(msg []byte) error {
 	})
 }
 
+// countWireFiles counts the entries (field 6) of a Result in the wire
+// codec without decoding them, so a listing can be charged for them first.
+func countWireFiles(msg []byte) (int, error) {
+	n := 0
+	err := forEachField(msg, func(f wireField) error {
+		if f.num == 6 {
+			n++
+		}
+		return nil
+	})
+	return n, err
+}
+
 func (fi *FileInfo) decodeWire(msg []byte) error {
 	*fi = FileInfo{}
 	return forEachField(msg, func(f wireField) error {

@@ -240,7 +240,7 @@ func codeFor(err error) connect.Code {
 	case errors.Is(err, driver.ErrExists):
 		return connect.CodeAlreadyExists
 	case errors.Is(err, guest.ErrListTooLarge):
-		// A directory of over a million entries: the sandbox is fine,
+		// A directory of over 100,000 entries: the sandbox is fine,
 		// the call cannot be answered whole.
 		return connect.CodeFailedPrecondition
 	case errors.Is(err, driver.ErrUnavailable):

@@ -476,7 +476,7 @@ func TestCodeFor(t *testing.T) {
 		{&guest.RemoteError{Msg: "open /etc/shadow: permission denied"}, connect.CodePermissionDenied},
 		{&guest.RemoteError{Msg: `start "/tmp/x": fork/exec /tmp/x: permission denied`}, connect.CodeFailedPrecondition},
 		{&guest.RemoteError{Msg: "open /x: no such file or directory"}, connect.CodeNotFound},
-		{fmt.Errorf("guest: list /big: %w: the guest sent over 1048576 entries", guest.ErrListTooLarge), connect.CodeFailedPrecondition},
+		{fmt.Errorf("guest: list /big: %w: the guest sent over 100000 entries", guest.ErrListTooLarge), connect.CodeFailedPrecondition},
 	} {
 		if got := codeFor(tc.err); got != tc.want {
 			t.Errorf("codeFor(%v) = %v, want %v", tc.err, got, tc.want)
