@@ -195,7 +195,7 @@ func (c *Client) finishWith(cl *call, onData func(kind byte, p []byte) error, de
 			}
 			return decode(kind, p)
 		case frameError:
-			return nil, &RemoteError{Msg: string(p)}
+			return nil, remoteError(p)
 		default:
 			if onData == nil {
 				return nil, fmt.Errorf("guest: unexpected frame %q", kind)

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/hashicorp/yamux"
 )
@@ -342,5 +343,49 @@ func TestCountJSONElems(t *testing.T) {
 		if got := countJSONElems([]byte(tc.in)); got != tc.want {
 			t.Errorf("countJSONElems(%s) = %d, want %d", tc.in, got, tc.want)
 		}
+	}
+}
+
+// A guest's error message is kept to its head, valid UTF-8, however much
+// the guest sent: the host logs it at every retry of a task's step and
+// sends it to API clients. (Before, a whole frame was kept: 1 MiB of
+// whatever the guest chose, in every log line.)
+func TestRemoteErrorIsCut(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		msg  []byte
+	}{
+		{"long", bytes.Repeat([]byte("e"), MaxFrame)},
+		{"invalid", bytes.Repeat([]byte("\xffa"), MaxFrame/2)},
+		{"short invalid", []byte("no such file\xff")},
+	} {
+		c := hostileGuest(t, func(st *yamux.Stream) {
+			defer st.Close()
+			_, _, _ = readFrame(st)
+			_ = writeFrame(st, frameError, tc.msg)
+		})
+		c.UseWire()
+		_, err := c.Stat(context.Background(), "/x")
+		var re *RemoteError
+		if !errors.As(err, &re) {
+			t.Fatalf("%s: err %v, want a RemoteError", tc.name, err)
+		}
+		if n := len(err.Error()); n > 8<<10 {
+			t.Errorf("%s: the guest's error of %d bytes kept as %d bytes", tc.name, len(tc.msg), n)
+		}
+		if !utf8.ValidString(re.Msg) {
+			t.Errorf("%s: the message is not valid UTF-8: %q", tc.name, re.Msg[:min(len(re.Msg), 64)])
+		}
+		if !strings.HasPrefix(re.Msg, strings.ToValidUTF8(string(tc.msg[:10]), "\uFFFD")) {
+			t.Errorf("%s: the message's head is lost: %q", tc.name, re.Msg[:min(len(re.Msg), 64)])
+		}
+	}
+	c := hostileGuest(t, func(st *yamux.Stream) {
+		defer st.Close()
+		_, _, _ = readFrame(st)
+		_ = writeFrame(st, frameError, []byte("stat /x: no such file or directory"))
+	})
+	if _, err := c.Stat(context.Background(), "/x"); err == nil || err.Error() != "guest: stat /x: no such file or directory" {
+		t.Errorf("a short message: %v, want it whole", err)
 	}
 }

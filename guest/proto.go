@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"unicode/utf8"
 )
 
 // Wire format. Every message in either direction is a frame:
@@ -197,10 +198,34 @@ type Stats struct {
 	UptimeMS       int64   `json:"uptime_ms"`
 }
 
-// RemoteError is an error the guest reported for a call.
+// RemoteError is an error the guest reported for a call. Msg is valid
+// UTF-8, at most MaxRemoteErrorBytes of the guest's message and a note of
+// how much was cut.
 type RemoteError struct{ Msg string }
 
 func (e *RemoteError) Error() string { return "guest: " + e.Msg }
+
+// MaxRemoteErrorBytes bounds what the host keeps of a guest's error
+// message. The guest is not trusted, and its message may be a whole frame
+// (1 MiB) of anything: the host logs it, retries behind it, and sends it
+// to API clients. The agent's own messages are a line.
+const MaxRemoteErrorBytes = 4 << 10
+
+// remoteError is the RemoteError of an error frame's payload: its head,
+// made valid UTF-8, and how many bytes were cut.
+func remoteError(p []byte) *RemoteError {
+	head := p[:min(len(p), MaxRemoteErrorBytes)]
+	s := strings.ToValidUTF8(string(head), "\uFFFD")
+	cut := len(head) < len(p)
+	for len(s) > MaxRemoteErrorBytes { // invalid bytes became 3-byte runes
+		_, n := utf8.DecodeLastRuneInString(s)
+		s, cut = s[:len(s)-n], true
+	}
+	if cut {
+		s += fmt.Sprintf(" [cut: the guest's message was %d bytes]", len(p))
+	}
+	return &RemoteError{Msg: s}
+}
 
 // ErrFrameTooLarge is returned for a frame whose length exceeds MaxFrame.
 var ErrFrameTooLarge = errors.New("guest: frame too large")
