@@ -16,6 +16,7 @@ import (
 
 	"github.com/warrenhq/warren/agent/model"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/guest"
 	"github.com/warrenhq/warren/internal/freeaddr"
 	"github.com/warrenhq/warren/netpolicy"
 	"github.com/warrenhq/warren/noded/driver"
@@ -208,4 +209,20 @@ func TestRetryStreak(t *testing.T) {
 			}
 		}
 	}
+}
+
+// A guest that answers each retry with an error of new text is given up
+// on all the same: the streak keys an error from the guest on that alone,
+// not on the text the guest chose. (Before, each new text started a new
+// streak, and the task was retried, and logged, for good.)
+func TestRetryStreakGivesUpOnAGuestThatVariesItsError(t *testing.T) {
+	t0 := time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC)
+	var s retryStreak
+	for i := range 1300 {
+		err := fmt.Errorf("run the test command: %w", &guest.RemoteError{Msg: fmt.Sprintf("error number %d", i)})
+		if n, span := s.note("exec", err, t0.Add(time.Duration(i)*retryAfter)); n > 1 && span >= giveUpAfter {
+			return
+		}
+	}
+	t.Fatalf("1,300 guest errors of different text, %v apart: never given up on (giveUpAfter %v)", retryAfter, giveUpAfter)
 }

@@ -22,6 +22,7 @@ import (
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
 	"github.com/warrenhq/warren/client"
+	"github.com/warrenhq/warren/guest"
 	"github.com/warrenhq/warren/netpolicy"
 	"github.com/warrenhq/warren/noded/driver"
 )
@@ -753,7 +754,8 @@ func (a *taskActor) failed(c *actor.Context, what string, err error, retry any) 
 const giveUpAfter = 10 * time.Minute
 
 // retryStreak follows the failure an actor retries: the same step failing
-// with the same error, each retry within streakGap of the last.
+// with the same error (streakKey), each retry within streakGap of the
+// last.
 type retryStreak struct {
 	key         string
 	n           int
@@ -774,13 +776,26 @@ func (s *retryStreak) note(what string, err error, now time.Time) (n int, span t
 		*s = retryStreak{}
 		return 0, 0
 	}
-	key := what + ": " + err.Error()
+	key := streakKey(what, err)
 	if key != s.key || now.Sub(s.last) > streakGap {
 		*s = retryStreak{key: key, since: now}
 	}
 	s.n++
 	s.last = now
 	return s.n, now.Sub(s.since)
+}
+
+// streakKey is what a failure is known by in a streak: the step and its
+// error's text, but for an error the guest agent sent, only that it was
+// one. The guest is not trusted and chooses that text: one that varied
+// it at each answer would start a new streak at every retry and never be
+// given up on, its task retried (and logged) for good.
+func streakKey(what string, err error) string {
+	var re *guest.RemoteError
+	if errors.As(err, &re) {
+		return what + ": an error from the guest"
+	}
+	return what + ": " + err.Error()
 }
 
 // maxSandboxLosses is how many times a task's sandbox may go away under
