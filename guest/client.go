@@ -21,6 +21,7 @@ import (
 // concurrent use; each call opens its own stream.
 type Client struct {
 	sess    *yamux.Session
+	guard   *guardConn
 	ordered atomic.Bool // an answer to a ping or a claim said the agent orders claims
 	wire    atomic.Bool // the agent reads the wire codec: calls use it
 }
@@ -34,11 +35,12 @@ type Client struct {
 // and not yet seen accepted, and the agent accepts no call behind a claim
 // until the claim is done.
 func NewClient(conn io.ReadWriteCloser) (*Client, error) {
-	sess, err := yamux.Client(&guardConn{ReadWriteCloser: conn}, YamuxConfig())
+	guard := &guardConn{ReadWriteCloser: conn}
+	sess, err := yamux.Client(guard, YamuxConfig())
 	if err != nil {
 		return nil, err
 	}
-	return &Client{sess: sess}, nil
+	return &Client{sess: sess, guard: guard}, nil
 }
 
 // Dial connects to a guest's unix socket.
@@ -77,6 +79,7 @@ type call struct {
 	stop   func() bool
 	ctx    context.Context
 	cancel context.CancelFunc // ends ctx if open bounded it (bound); may be nil
+	drop   func()             // closes and resets the stream (guardConn.drop); may be nil
 }
 
 // callWait bounds a call other than an exec whose caller gave it no
@@ -107,9 +110,11 @@ func (c *Client) open(ctx context.Context, req *Request) (*call, error) {
 		cancel()
 		return nil, fmt.Errorf("guest: open stream: %w", err)
 	}
+	var once sync.Once
+	drop := func() { once.Do(func() { c.guard.drop(st) }) }
 	stop := context.AfterFunc(ctx, func() {
 		_ = st.SetReadDeadline(time.Now())
-		st.Close()
+		drop()
 		if req.Op == OpExec && req.Stdin {
 			c.abandon(st.StreamID())
 		}
@@ -119,14 +124,13 @@ func (c *Client) open(ctx context.Context, req *Request) (*call, error) {
 	} else {
 		err = writeJSON(st, frameRequest, req)
 	}
+	cl := &call{st: st, stop: stop, ctx: ctx, cancel: cancel, drop: drop}
 	if err != nil {
-		stop()
-		st.Close()
 		err = c.err(ctx, err)
-		cancel()
+		cl.close()
 		return nil, err
 	}
-	return &call{st: st, stop: stop, ctx: ctx, cancel: cancel}, nil
+	return cl, nil
 }
 
 // abandonWait bounds an OpCancel's wait for its answer.
@@ -152,9 +156,16 @@ func (c *Client) err(ctx context.Context, err error) error {
 	return fmt.Errorf("guest: %w", err)
 }
 
+// close ends the call: the stream is closed and reset at both ends, so
+// the host's session holds nothing of it, nor of what the guest sends on
+// it after (guardConn.drop).
 func (cl *call) close() {
 	cl.stop()
-	cl.st.Close()
+	if cl.drop != nil {
+		cl.drop()
+	} else {
+		cl.st.Close()
+	}
 	if cl.cancel != nil {
 		cl.cancel()
 	}

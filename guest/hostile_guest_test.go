@@ -389,3 +389,70 @@ func TestRemoteErrorIsCut(t *testing.T) {
 		t.Errorf("a short message: %v, want it whole", err)
 	}
 }
+
+// A guest that answers each call and then keeps sending on the call's
+// stream, never closing it, does not grow the host's memory call after
+// call: the host drops a stream it is done with, and what comes on it
+// after. (Before, yamux kept a stream the host had closed until the guest
+// closed it too, or StreamCloseTimeout (a minute) passed, with up to its
+// window (256 KiB) of the guest's data: 300 pings held about 60 MiB.)
+func TestJunkAfterTheAnswerIsDropped(t *testing.T) {
+	const pings = 300
+	junk := make([]byte, 200<<10)
+	c := hostileGuest(t, func(st *yamux.Stream) {
+		if _, _, err := readFrame(st); err != nil {
+			return
+		}
+		if writeJSON(st, frameResult, &Result{GuestUnixNano: 1}) != nil {
+			return
+		}
+		_, _ = st.Write(junk) // and never close the stream
+	})
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for i := range pings {
+		if _, err := c.Ping(ctx); err != nil {
+			t.Fatalf("ping %d: %v", i, err)
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	grown := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	t.Logf("%d pings, each followed by %d KiB the host never asked for: the host's heap grew %d MiB; %d streams open",
+		pings, len(junk)>>10, grown>>20, c.sess.NumStreams())
+	if grown > 16<<20 {
+		t.Errorf("the host's heap grew %d MiB over %d pings whose guest sent %d KiB after each answer", grown>>20, pings, len(junk)>>10)
+	}
+}
+
+// The guest hears of a stream the host dropped: an agent still writing on
+// it (a read whose host stopped taking the data) gets an error at once,
+// as it did from yamux after StreamCloseTimeout (a minute), and does not
+// wait for a window the host will never open.
+func TestDroppedStreamIsResetForTheGuest(t *testing.T) {
+	wrote := make(chan error, 1)
+	c := hostileGuest(t, func(st *yamux.Stream) {
+		if _, _, err := readFrame(st); err != nil {
+			return
+		}
+		_ = writeJSON(st, frameResult, &Result{GuestUnixNano: 1})
+		_, err := st.Write(make([]byte, 1<<20)) // over the window: waits for the host
+		wrote <- err
+	})
+	if _, err := c.Ping(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-wrote:
+		if err == nil {
+			t.Fatal("the guest wrote 1 MiB on a stream the host was done with")
+		}
+	case <-time.After(10 * time.Second):
+		c.Close()
+		<-wrote
+		t.Fatal("the guest's write on a stream the host dropped still waits after 10s")
+	}
+}
