@@ -610,3 +610,37 @@ func TestWriteFileErrorsNameThePathAsked(t *testing.T) {
 		t.Errorf("write /proc/zz: %v; want the path asked for and no temporary file", err)
 	}
 }
+
+// A command is killed at its timeout even while its output waits for the
+// host to read (the host's window full): the agent's timer does not wait
+// for the output's writers. (Before, it took their lock first, and the
+// command ran on, here to touch its file, until the host read again.)
+func TestExecTimeoutKillsWhileOutputIsBackedUp(t *testing.T) {
+	c := pair(t, &fakeSys{})
+	mark := filepath.Join(t.TempDir(), "ran-on")
+	script := "(head -c 4000000 /dev/zero &); sleep 1; touch " + mark
+	first := true
+	slow := writerFunc(func(p []byte) (int, error) {
+		if first {
+			first = false
+			time.Sleep(2 * time.Second) // the host stops reading; the agent's writes back up
+		}
+		return len(p), nil
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := c.Exec(ctx, ExecRequest{Argv: []string{"sh", "-c", script}, Timeout: 300 * time.Millisecond}, slow, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(mark); err == nil {
+		t.Fatalf("the command ran on past its 300ms timeout while its output was backed up (result %+v)", res)
+	}
+	if !res.TimedOut {
+		t.Errorf("result %+v, want timed out", res)
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

@@ -16,6 +16,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -578,13 +579,15 @@ func (s *Server) exec(abandoned context.Context, st *yamux.Stream, req *Request,
 			}
 		}
 	}()
-	var timedOut bool
+	// Killed at once, without wmu: the output's writers hold it while
+	// the host's window is full, and the command would run on past its
+	// timeout for as long as the host did not read. timedOut is set
+	// before the kill, so Wait never returns from the kill before it.
+	var timedOut atomic.Bool
 	var timer *time.Timer
 	if req.TimeoutMS > 0 {
 		timer = time.AfterFunc(time.Duration(req.TimeoutMS)*time.Millisecond, func() {
-			wmu.Lock()
-			timedOut = true
-			wmu.Unlock()
+			timedOut.Store(true)
 			kill()
 		})
 	}
@@ -599,10 +602,7 @@ func (s *Server) exec(abandoned context.Context, st *yamux.Stream, req *Request,
 	s.execEnded(true)
 	*ended = s.killStrays
 	cancel()
-	res := &Result{DurationUS: time.Since(start).Microseconds()}
-	wmu.Lock()
-	res.TimedOut = timedOut
-	wmu.Unlock()
+	res := &Result{DurationUS: time.Since(start).Microseconds(), TimedOut: timedOut.Load()}
 	ps := cmd.ProcessState
 	if ps == nil {
 		return nil, fmt.Errorf("wait %q: %w", req.Argv[0], err)
