@@ -70,7 +70,8 @@ func cmdSandbox(args []string, stdout, stderr io.Writer) error {
 		pids := fs.Uint("pids", 0, "processes inside the sandbox (0: the default, 4096)")
 		disk := fs.Uint("disk-mb", 0, "disk in MiB (0: the template's)")
 		ttl := fs.Duration("ttl", 0, "wall-clock life; the node destroys it then (0: the node's default, 1h)")
-		env := fs.String("env", "", "environment of every command, K=V,...")
+		var env envFlag
+		fs.Var(&env, "env", "environment of every command, K=V (repeat it, or K=V,K2=V2)")
 		node := fs.String("node", "", "put it on this node")
 		quiet := fs.Bool("q", false, "print only the id")
 		var ef egressPolicyFlags
@@ -86,7 +87,7 @@ func cmdSandbox(args []string, stdout, stderr io.Writer) error {
 		if err := fitUint32(map[string]uint{"vcpus": *vcpus, "memory-mb": *mem, "pids": *pids, "disk-mb": *disk}); err != nil {
 			return err
 		}
-		envm, err := parseEnv(*env)
+		envm, err := parseEnv(env...)
 		if err != nil {
 			return err
 		}
@@ -266,7 +267,8 @@ func cmdSandbox(args []string, stdout, stderr io.Writer) error {
 	case "exec":
 		setDefault(fs, "timeout", "0")
 		cf.noLimit = true
-		env := fs.String("env", "", "extra environment, K=V,...")
+		var env envFlag
+		fs.Var(&env, "env", "extra environment, K=V (repeat it, or K=V,K2=V2)")
 		dir := fs.String("dir", "", "working directory (absolute)")
 		cmdTimeout := fs.Duration("cmd-timeout", 0, "kill the command's process group after this long (0: no limit)")
 		stdin := fs.Bool("stdin", false, "send this process's stdin to the command")
@@ -283,7 +285,7 @@ func cmdSandbox(args []string, stdout, stderr io.Writer) error {
 		if *cmdTimeout < 0 {
 			return fmt.Errorf("--cmd-timeout %v: must not be negative", *cmdTimeout)
 		}
-		envm, err := parseEnv(*env)
+		envm, err := parseEnv(env...)
 		if err != nil {
 			return err
 		}
@@ -474,22 +476,51 @@ func splitRemote(s string) (id, path string, ok bool) {
 	return id, path, true
 }
 
-func parseEnv(s string) (map[string]string, error) {
-	if s == "" {
+// envFlag is --env, given any number of times.
+type envFlag []string
+
+func (e *envFlag) String() string     { return strings.Join(*e, ",") }
+func (e *envFlag) Set(v string) error { *e = append(*e, v); return nil }
+
+// parseEnv parses --env's values: each K=V, or several joined by commas
+// (K=V,K2=V2). A comma is taken as the value's own unless a shell
+// variable's name and = follow it: PASS=x,y sets PASS to "x,y" (it split
+// there, and was refused quoting "y", a piece of the value). Errors never
+// quote a value: they are often tokens.
+func parseEnv(items ...string) (map[string]string, error) {
+	out := map[string]string{}
+	for _, item := range items {
+		var last string // the key of the item's last K=V
+		for i, kv := range strings.Split(item, ",") {
+			k, v, ok := strings.Cut(kv, "=")
+			if i > 0 && (!ok || !validEnvName(k)) {
+				out[last] += "," + kv
+				continue
+			}
+			if !ok || k == "" {
+				return nil, errors.New("env: an item does not start with a name and = (want K=V)")
+			}
+			if _, dup := out[k]; dup { // kept only the last, silently
+				return nil, fmt.Errorf("env: %s given twice", k)
+			}
+			out[k], last = v, k
+		}
+	}
+	if len(out) == 0 {
 		return nil, nil
 	}
-	out := map[string]string{}
-	for _, kv := range strings.Split(s, ",") {
-		k, v, ok := strings.Cut(kv, "=")
-		if !ok || k == "" {
-			return nil, fmt.Errorf("env: %q is not K=V", kv)
-		}
-		if _, dup := out[k]; dup { // kept only the last, silently
-			return nil, fmt.Errorf("env: %s given twice", k) // (no values: they are often tokens)
-		}
-		out[k] = v
-	}
 	return out, nil
+}
+
+// validEnvName reports whether k is a name a shell takes for a variable:
+// a letter or _, then letters, digits and _.
+func validEnvName(k string) bool {
+	for i, c := range k {
+		if !(c == '_' || 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || i > 0 && '0' <= c && c <= '9') {
+			return false
+		}
+	}
+	return k != ""
 }
 
 func printSandboxes(w io.Writer, output string, sbs ...*warrenv1.Sandbox) error {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -331,5 +332,35 @@ func TestSandboxRmAfterALostAnswer(t *testing.T) {
 	err = run([]string{"sandbox", "rm", "sb-0000000000-n1", "--server", dead.URL + "," + gone}, &out, &errb)
 	if !strings.Contains(fmt.Sprint(err), "not_found") {
 		t.Errorf("sandbox rm after a server that could not be reached: %v, want not_found", err)
+	}
+}
+
+// --env takes K=V, repeated or joined by commas; a comma not followed by
+// a name and = is the value's own. PASS=x,y was refused with an error
+// quoting "y", a piece of what is often a secret.
+func TestParseEnv(t *testing.T) {
+	for _, c := range []struct {
+		in   []string
+		want map[string]string
+	}{
+		{nil, nil},
+		{[]string{"A=1"}, map[string]string{"A": "1"}},
+		{[]string{"A=1,B=2"}, map[string]string{"A": "1", "B": "2"}},
+		{[]string{"A=1", "B=2"}, map[string]string{"A": "1", "B": "2"}},
+		{[]string{"PASS=x,y"}, map[string]string{"PASS": "x,y"}},
+		{[]string{"L=a,b,E=f"}, map[string]string{"L": "a,b", "E": "f"}},
+		{[]string{"Q=a,1x=2"}, map[string]string{"Q": "a,1x=2"}},
+		{[]string{"EMPTY="}, map[string]string{"EMPTY": ""}},
+	} {
+		got, err := parseEnv(c.in...)
+		if err != nil || !maps.Equal(got, c.want) {
+			t.Errorf("parseEnv(%q) = %v, %v; want %v", c.in, got, err, c.want)
+		}
+	}
+	for _, in := range [][]string{{"s3cr3t"}, {"=s3cr3t"}, {"A=1", "A=s3cr3t"}} {
+		_, err := parseEnv(in...)
+		if err == nil || strings.Contains(err.Error(), "s3cr3t") {
+			t.Errorf("parseEnv(%q) = %v; want an error that does not quote the value", in, err)
+		}
 	}
 }
