@@ -54,7 +54,7 @@ func main() {
 			os.Exit(int(code))
 		}
 		if !errors.Is(err, errUsage) && !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(os.Stderr, "warren:", err)
+			fmt.Fprintln(os.Stderr, "warren:", termSafe(err.Error(), true))
 		}
 		if errors.Is(err, flag.ErrHelp) {
 			os.Exit(0)

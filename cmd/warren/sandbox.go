@@ -214,7 +214,7 @@ func cmdSandbox(args []string, stdout, stderr io.Writer) error {
 		}
 		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 		for _, f := range res.Msg.GetFiles() {
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", os.FileMode(f.GetMode()), f.GetSize(), f.GetModifiedAt().AsTime().Format(time.RFC3339), f.GetName())
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", os.FileMode(f.GetMode()), f.GetSize(), f.GetModifiedAt().AsTime().Format(time.RFC3339), termSafe(f.GetName(), false))
 		}
 		return tw.Flush()
 	case "cp":

@@ -364,3 +364,31 @@ func TestParseEnv(t *testing.T) {
 		}
 	}
 }
+
+// A file's name, which the sandbox chooses, is printed with its control
+// characters as '?': an ESC in it reached the operator's terminal as is
+// (moving the cursor, retitling the window, rewriting what was printed).
+func TestSandboxFilesShowsControlCharactersAsQuestionMarks(t *testing.T) {
+	mux := http.NewServeMux()
+	mux.Handle(warrenv1connect.NewSandboxServiceHandler(evilNames{}))
+	hs := httptest.NewServer(mux)
+	defer hs.Close()
+	var out, errb bytes.Buffer
+	if err := run([]string{"sandbox", "files", "sb-0000000000-n1", "/", "--server", hs.URL}, &out, &errb); err != nil {
+		t.Fatal(err)
+	}
+	if strings.ContainsAny(out.String(), "\x1b\x07\r") || !strings.Contains(out.String(), "?]0;owned?") {
+		t.Errorf("sandbox files printed %q", out.String())
+	}
+	if got := termSafe("a\x1b[2Jb\nc\td\xff", true); got != "a?[2Jb\nc\td\uFFFD" {
+		t.Errorf("termSafe kept lines as %q", got)
+	}
+}
+
+type evilNames struct {
+	warrenv1connect.UnimplementedSandboxServiceHandler
+}
+
+func (evilNames) ListFiles(context.Context, *connect.Request[warrenv1.ListFilesRequest]) (*connect.Response[warrenv1.ListFilesResponse], error) {
+	return connect.NewResponse(&warrenv1.ListFilesResponse{Files: []*warrenv1.FileInfo{{Name: "\x1b]0;owned\x07\r", Mode: 0o644}}}), nil
+}

@@ -611,6 +611,21 @@ func oneLine(s string) string {
 	return strings.Join(strings.Fields(s), " ")
 }
 
+// termSafe makes s safe to print to a terminal, keeping its shape (unlike
+// oneLine): each control character (ESC, BEL, CR, ...; newlines and tabs
+// too unless lines) becomes '?', as ls(1) shows them, and invalid UTF-8
+// becomes U+FFFD. For text a sandbox or a model chose: a file's name, a
+// guest's error, which could otherwise move the cursor, retitle the
+// window or rewrite what was printed before.
+func termSafe(s string, lines bool) string {
+	return strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) && !(lines && (r == '\n' || r == '\t')) {
+			return '?'
+		}
+		return r
+	}, strings.ToValidUTF8(s, "\uFFFD"))
+}
+
 // rawPayload is a payload shown as it is: JSON compacted onto one line.
 func rawPayload(payload []byte) string {
 	var b bytes.Buffer
