@@ -47,7 +47,8 @@ type Git struct {
 // diff's text that the checks read (TextDiff). A patch is at most 64 MiB
 // (agent.MaxPatchBytes), but its binary hunks are deflated: a file of
 // zeros a thousand times that size fits in one. MaxLiteralBytes bounds
-// the sum of the sizes a patch's binary hunks declare.
+// the sum of the sizes a patch's binary hunks declare, forward and
+// reverse: git apply inflates and holds them all before it writes a file.
 const (
 	MaxDiffBytes    = 64 << 20
 	MaxLiteralBytes = 4 * MaxDiffBytes
@@ -437,7 +438,9 @@ func (w *Workspace) Tar(ctx context.Context) ([]byte, error) {
 // Apply applies a patch (from the sandbox, so untrusted) to the workspace,
 // reset to its commit first, and returns the diff the workspace now has
 // against the commit: what the checks see and a push would carry. git
-// apply refuses paths outside the tree and inside .git.
+// apply refuses paths outside the tree and inside .git; checkPatch refuses
+// first what would make it hold or do far more than the patch's size
+// says (ErrDiffTooLarge) and what git diff never writes (ErrBadPatch).
 func (w *Workspace) Apply(ctx context.Context, patch []byte) ([]byte, error) {
 	if _, err := w.git.run(ctx, w.Dir, nil, "", nil, "reset", "--quiet", "--hard", w.Commit); err != nil {
 		return nil, err
@@ -445,11 +448,11 @@ func (w *Workspace) Apply(ctx context.Context, patch []byte) ([]byte, error) {
 	if _, err := w.git.run(ctx, w.Dir, nil, "", nil, "clean", "-qfdx"); err != nil {
 		return nil, err
 	}
-	literal := 0
-	for _, f := range ParseDiff(patch) {
-		if literal += f.Bytes; f.Bytes > MaxDiffBytes || literal > MaxLiteralBytes {
-			return nil, fmt.Errorf("%w: its binary files declare %d bytes or more (at most %d, each at most %d)", ErrDiffTooLarge, literal, MaxLiteralBytes, MaxDiffBytes)
+	if err := checkPatch(patch); err != nil {
+		if errors.Is(err, ErrDiffTooLarge) {
+			return nil, err
 		}
+		return nil, fmt.Errorf("the sandbox's diff does not apply to the base commit: %w", err)
 	}
 	if len(bytes.TrimSpace(patch)) > 0 {
 		if _, err := w.git.runLimited(ctx, w.Dir, nil, "", patch, limits{fileSize: MaxDiffBytes}, "apply", "--index", "--binary", "--whitespace=nowarn", "-"); err != nil {
