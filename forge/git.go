@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"net/url"
 	"os"
 	"os/exec"
@@ -54,6 +55,17 @@ const (
 	MaxLiteralBytes = 4 * MaxDiffBytes
 )
 
+// applyTimeout and applyMemory bound git apply of a sandbox's patch, in
+// time and address space (RLIMIT_AS): its inflated binary hunks (at most
+// MaxLiteralBytes), the patch, the files it patches and their results,
+// which it holds all at once, and a delta hunk's result, whose size is
+// not declared. Over either, Apply fails with ErrDiffTooLarge. Variables
+// for the tests.
+var (
+	applyTimeout        = 5 * time.Minute
+	applyMemory  uint64 = 1 << 30
+)
+
 // ErrDiffTooLarge is a diff over MaxDiffBytes or MaxLiteralBytes: the
 // model's to make smaller (leave large or generated files out).
 var ErrDiffTooLarge = errors.New("the diff is too large to check")
@@ -63,12 +75,26 @@ func (g Git) run(ctx context.Context, dir string, auth *Auth, remote string, std
 	return g.runLimited(ctx, dir, auth, remote, stdin, limits{}, args...)
 }
 
-// limits bound one git run: its stdout (maxOut, 0 for none) and each file
-// it writes (fileSize, as RLIMIT_FSIZE, 0 for none). Over either, the run
-// fails with ErrDiffTooLarge.
+// limits bound one git run: its stdout (maxOut, 0 for none), each file
+// it writes (fileSize, as RLIMIT_FSIZE, 0 for none) and its address space
+// (memory, as RLIMIT_AS, 0 for none). Over any, the run fails with
+// ErrDiffTooLarge.
 type limits struct {
 	maxOut   int
 	fileSize uint64
+	memory   uint64
+}
+
+// gatedReader holds its reads until open is closed: a child's stdin,
+// kept from it until its limits are set.
+type gatedReader struct {
+	r    io.Reader
+	open <-chan struct{}
+}
+
+func (g *gatedReader) Read(p []byte) (int, error) {
+	<-g.open
+	return g.r.Read(p)
 }
 
 // capWriter keeps at most max bytes; past that it calls over and fails
@@ -109,8 +135,19 @@ func (g Git) runLimited(ctx context.Context, dir string, auth *Auth, remote stri
 		cmd.Env = append(cmd.Env, "GIT_CONFIG_COUNT=2", "GIT_CONFIG_KEY_0=http."+remote+".extraHeader",
 			"GIT_CONFIG_VALUE_0=Authorization: Basic "+basic, "GIT_CONFIG_KEY_1=http.followRedirects", "GIT_CONFIG_VALUE_1=false")
 	}
+	gate := make(chan struct{})
+	defer func() {
+		select {
+		case <-gate:
+		default:
+			close(gate)
+		}
+	}()
 	if stdin != nil {
 		cmd.Stdin = bytes.NewReader(stdin)
+		if lim.fileSize > 0 || lim.memory > 0 {
+			cmd.Stdin = &gatedReader{r: bytes.NewReader(stdin), open: gate}
+		}
 	}
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
@@ -119,18 +156,27 @@ func (g Git) runLimited(ctx context.Context, dir string, auth *Auth, remote stri
 		cmd.Stdout = &capWriter{buf: &out, max: lim.maxOut, over: func() { over = true; cancel() }}
 	}
 	err := cmd.Start()
-	if err == nil && lim.fileSize > 0 {
-		// Set on the child just after its start: git apply reads and
-		// parses the whole patch before it writes a file. Failing to set
-		// it fails the run.
-		rl := unix.Rlimit{Cur: lim.fileSize, Max: lim.fileSize}
-		if perr := unix.Prlimit(cmd.Process.Pid, unix.RLIMIT_FSIZE, &rl, nil); perr != nil {
+	// Set on the child just after its start, before it gets its stdin (the
+	// patch, which git apply reads whole, then inflates and applies):
+	// what it does before is start up. Failing to set one fails the run.
+	for _, l := range []struct {
+		what     string
+		resource int
+		v        uint64
+	}{{"file size", unix.RLIMIT_FSIZE, lim.fileSize}, {"memory", unix.RLIMIT_AS, lim.memory}} {
+		if err != nil || l.v == 0 {
+			continue
+		}
+		rl := unix.Rlimit{Cur: l.v, Max: l.v}
+		if perr := unix.Prlimit(cmd.Process.Pid, l.resource, &rl, nil); perr != nil {
 			cancel()
+			close(gate)
 			_ = cmd.Wait()
-			return nil, fmt.Errorf("git %s: limit its file size: %w", args[0], perr)
+			return nil, fmt.Errorf("git %s: limit its %s: %w", args[0], l.what, perr)
 		}
 	}
 	if err == nil {
+		close(gate)
 		err = cmd.Wait()
 	}
 	if over {
@@ -138,6 +184,9 @@ func (g Git) runLimited(ctx context.Context, dir string, auth *Auth, remote stri
 	}
 	if err != nil && lim.fileSize > 0 && fileTooLarge(err, errb.String()) {
 		return nil, fmt.Errorf("git %s: %w: a file would be over %d bytes", args[0], ErrDiffTooLarge, lim.fileSize)
+	}
+	if err != nil && lim.memory > 0 && outOfMemory(errb.String()) {
+		return nil, fmt.Errorf("git %s: %w: it would need over %d bytes of memory", args[0], ErrDiffTooLarge, lim.memory)
 	}
 	if err != nil {
 		msg := strings.TrimSpace(errb.String())
@@ -162,6 +211,13 @@ func fileTooLarge(err error, stderr string) bool {
 		}
 	}
 	return strings.Contains(stderr, "File too large")
+}
+
+// outOfMemory reports whether git's stderr says it died of RLIMIT_AS (an
+// allocation, an mmap or zlib's inflate failed).
+func outOfMemory(stderr string) bool {
+	s := strings.ToLower(stderr)
+	return strings.Contains(s, "out of memory") || strings.Contains(s, "mmap failed") || strings.Contains(s, "cannot allocate memory")
 }
 
 // Cache is a node's clone cache: one bare mirror per repository, fetched
@@ -455,10 +511,17 @@ func (w *Workspace) Apply(ctx context.Context, patch []byte) ([]byte, error) {
 		return nil, fmt.Errorf("the sandbox's diff does not apply to the base commit: %w", err)
 	}
 	if len(bytes.TrimSpace(patch)) > 0 {
-		if _, err := w.git.runLimited(ctx, w.Dir, nil, "", patch, limits{fileSize: MaxDiffBytes}, "apply", "--index", "--binary", "--whitespace=nowarn", "-"); err != nil {
-			if errors.Is(err, ErrDiffTooLarge) {
-				return nil, err
-			}
+		actx, cancel := context.WithTimeout(ctx, applyTimeout)
+		_, err := w.git.runLimited(actx, w.Dir, nil, "", patch, limits{fileSize: MaxDiffBytes, memory: applyMemory}, "apply", "--index", "--binary", "--whitespace=nowarn", "-")
+		late := errors.Is(actx.Err(), context.DeadlineExceeded) && ctx.Err() == nil
+		cancel()
+		switch {
+		case err == nil:
+		case errors.Is(err, ErrDiffTooLarge):
+			return nil, err
+		case late:
+			return nil, fmt.Errorf("%w: git apply ran over %v", ErrDiffTooLarge, applyTimeout)
+		default:
 			return nil, fmt.Errorf("the sandbox's diff does not apply to the base commit: %w", err)
 		}
 	}
