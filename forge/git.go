@@ -498,6 +498,13 @@ func (w *Workspace) Tar(ctx context.Context) ([]byte, error) {
 // first what would make it hold or do far more than the patch's size
 // says (ErrDiffTooLarge) and what git diff never writes (ErrBadPatch).
 func (w *Workspace) Apply(ctx context.Context, patch []byte) ([]byte, error) {
+	// A git apply killed by its limits (a file too large, its memory, its
+	// deadline) leaves the index locked, and every git after it would fail
+	// on the lock. Only the task's actor uses its workspace, so a lock
+	// here is a dead git's.
+	if err := os.Remove(filepath.Join(w.Dir, ".git", "index.lock")); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
 	if _, err := w.git.run(ctx, w.Dir, nil, "", nil, "reset", "--quiet", "--hard", w.Commit); err != nil {
 		return nil, err
 	}
