@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/warrenhq/warren/forge"
@@ -262,6 +263,22 @@ func RetryAfter(err error) (time.Duration, bool) { return forge.RetryAfter(err) 
 // check sees it, for credentials.
 func (f *Finish) Secrets() ([]forge.Finding, error) {
 	return forge.ScanText("finish", f.Summary+"\n"+f.Cause+"\n"+f.Fix)
+}
+
+// ControlChar reports the first control character (a NUL, an escape, a
+// carriage return: any but a newline or a tab) in the finish's summary,
+// cause or fix, which go into the commit message and the pull request:
+// git commit refuses a NUL, and would on every retry. It says in which
+// field and where; nil when there is none.
+func (f *Finish) ControlChar() error {
+	for _, fld := range []struct{ name, text string }{{"summary", f.Summary}, {"cause", f.Cause}, {"fix", f.Fix}} {
+		for i, r := range fld.text {
+			if unicode.IsControl(r) && r != '\n' && r != '\t' {
+				return fmt.Errorf("%s holds the control character %U at byte %d", fld.name, r, i)
+			}
+		}
+	}
+	return nil
 }
 
 func (f *Finish) summary() string { // nil-safe

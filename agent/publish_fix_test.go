@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -97,6 +98,26 @@ func TestTestsRequestedIsAWordMatch(t *testing.T) {
 	} {
 		if got := TestsRequested(issue); got != want {
 			t.Errorf("TestsRequested(%q) = %v, want %v", issue, got, want)
+		}
+	}
+}
+
+// git commit refuses a NUL in its message on every try: the finish's
+// text is checked for control characters, newlines and tabs aside.
+func TestFinishControlChar(t *testing.T) {
+	for _, tc := range []struct {
+		f    Finish
+		want string // "" for none
+	}{
+		{Finish{Summary: "Add adds.\n\n\tIndented, ✓ <ok>."}, ""},
+		{Finish{Summary: "Add\x00adds."}, "summary holds the control character U+0000 at byte 3"},
+		{Finish{Summary: "ok", Cause: "a \x1b[31mred\x1b[0m cause"}, "cause holds the control character U+001B at byte 2"},
+		{Finish{Summary: "ok", Fix: "line\r\n"}, "fix holds the control character U+000D at byte 4"},
+		{Finish{Summary: "ok", Fix: "c1 \u0085"}, "fix holds the control character U+0085 at byte 3"},
+	} {
+		err := tc.f.ControlChar()
+		if got := fmt.Sprint(err); (tc.want == "" && err != nil) || (tc.want != "" && got != tc.want) {
+			t.Errorf("%q: %v, want %q", tc.f, err, tc.want)
 		}
 	}
 }

@@ -132,8 +132,8 @@ func (a *taskActor) finishTask(c *actor.Context) {
 	}
 
 	// 1b. The model's own words go into the commit message and the pull
-	// request, which no diff check sees: a credential there is the
-	// model's to take out.
+	// request, which no diff check sees: a credential or a control
+	// character there is the model's to take out.
 	if f := out.Finish; f != nil {
 		found, err := f.Secrets()
 		if err != nil {
@@ -143,6 +143,12 @@ func (a *taskActor) finishTask(c *actor.Context) {
 		if len(found) > 0 {
 			reject(fmt.Sprintf("your finish's summary, cause or fix holds what looks like a credential (%s); they go into the commit message and the pull request: "+
 				"call finish again without it", found[0].Message))
+			return
+		}
+		// git commit refuses a NUL on every try: the model's to take out.
+		if err := f.ControlChar(); err != nil {
+			reject(fmt.Sprintf("your finish's %v; the summary, cause and fix go into the commit message and the pull request, "+
+				"which take no control characters but newlines and tabs: call finish again without it", err))
 			return
 		}
 	}

@@ -1,0 +1,46 @@
+package noded_test
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+)
+
+// A finish whose summary holds a NUL is refused back to the model
+// (finish_rejected), and its next finish opens the pull request. Before,
+// the NUL reached git commit, which refused it on every publish try, and
+// the task failed. (Scripted provider.)
+func TestFinishWithANULInItsSummaryIsRefused(t *testing.T) {
+	imageDir := needContainers(t)
+	repo := buggyRepo(t)
+	script := strings.Join([]string{
+		`{"content":[{"type":"tool_use","name":"edit_file","input":{"path":"calc/calc.go","old_string":"return a - b","new_string":"return a + b"}}]}`,
+		`{"content":[{"type":"tool_use","name":"finish","input":{"summary":"Add adds now.\u0000"}}]}`,
+		`{"content":[{"type":"tool_use","name":"finish","input":{"summary":"Add adds now."}}]}`,
+	}, "\n")
+	c, _ := startClaimLogNode(t, imageDir, 0)
+	id := createScripted(t, c, "agent-finish-nul", repo, "", script)
+	waitEnded(t, c, id)
+	var rejected, body string
+	for _, e := range c.events(id) {
+		var p map[string]any
+		_ = json.Unmarshal(e.GetPayload(), &p)
+		switch e.GetKind() {
+		case "finish_rejected":
+			rejected = string(e.GetPayload())
+		case "pull_request":
+			body, _ = p["body"].(string)
+		}
+	}
+	if !strings.Contains(rejected, "control character U+0000") {
+		t.Errorf("the refusal: %s; want one naming the NUL", rejected)
+	}
+	if s := c.task(id).GetState(); s != warrenv1.TaskState_TASK_STATE_SUCCEEDED {
+		t.Fatalf("the task ended %v", s)
+	}
+	if !strings.Contains(body, "Add adds now.") {
+		t.Errorf("the pull request's body:\n%s", body)
+	}
+}
