@@ -310,7 +310,8 @@ func prTitle(c PRContent) string {
 // and an excerpt of the test log. The model writes the finish and the
 // test log, so they come after the findings, their "<" is escaped (no
 // HTML, no comment that hides what follows) and the log is fenced with
-// more backticks than it holds in a row.
+// more backticks than it holds in a row. Over maxPRBody it is cut, with a
+// note, before its last line.
 func prBody(c PRContent) string {
 	var b strings.Builder
 	if r := c.Report; r != nil {
@@ -359,9 +360,27 @@ func prBody(c PRContent) string {
 		}
 		fmt.Fprintf(&b, "%s\n", fenced(out))
 	}
-	fmt.Fprintf(&b, "---\nOpened by warren for task `%s`.\n", c.TaskID)
-	return b.String()
+	footer := fmt.Sprintf("---\nOpened by warren for task `%s`.\n", c.TaskID)
+	body := b.String()
+	if len(body)+len(footer) > maxPRBody {
+		// At a rune's start: a byte cut could split a character.
+		cut := max(maxPRBody-len(footer)-len(cutNote), 0)
+		for cut > 0 && !utf8.RuneStart(body[cut]) {
+			cut--
+		}
+		body = body[:cut] + cutNote
+	}
+	return body + footer
 }
+
+// maxPRBody bounds the pull request's description, in bytes (so in
+// characters too): GitHub refuses one over 65,536 characters, and would
+// on every publish try. The model's text can be any length, and mdText
+// makes each "<" four characters.
+const maxPRBody = 60000
+
+// cutNote ends a description cut at maxPRBody.
+const cutNote = "\n\n…(cut here: the description was over 60,000 characters; the task's log has the whole finish)\n\n"
 
 // cleanSandbox is where the PR body says the tests passed.
 const cleanSandbox = "a clean sandbox (the base commit with only this diff applied)"

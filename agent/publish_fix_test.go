@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/warrenhq/warren/forge"
 )
@@ -119,5 +120,30 @@ func TestFinishControlChar(t *testing.T) {
 		if got := fmt.Sprint(err); (tc.want == "" && err != nil) || (tc.want != "" && got != tc.want) {
 			t.Errorf("%q: %v, want %q", tc.f, err, tc.want)
 		}
+	}
+}
+
+// GitHub refuses a pull request body over 65,536 characters (422) on
+// every try; the model's text can be any length, and each "<" in it is
+// four characters in the body. Before, the body had no cap and the task
+// failed with its branch pushed and no pull request.
+func TestPRBodyIsCapped(t *testing.T) {
+	for name, f := range map[string]*Finish{
+		"angles":     {Summary: strings.Repeat("<", 30000)},
+		"multi-byte": {Summary: "ok", Fix: strings.Repeat("é", 70000)},
+		"fields":     {Summary: strings.Repeat("s", 30000), Cause: strings.Repeat("c", 30000), Fix: strings.Repeat("f", 30000)},
+	} {
+		body := prBody(PRContent{TaskID: "t-1", Finish: f, TestCommand: "go test ./...", TestOutput: "ok",
+			Report: &forge.Report{Files: 1, Added: 1, SHA256: "abc"}})
+		if len(body) > maxPRBody || !utf8.ValidString(body) {
+			t.Errorf("%s: a body of %d bytes (valid UTF-8 %v), want at most %d", name, len(body), utf8.ValidString(body), maxPRBody)
+		}
+		if !strings.Contains(body, "cut here") || !strings.HasSuffix(body, "Opened by warren for task `t-1`.\n") || !strings.HasPrefix(body, "## Checks") {
+			t.Errorf("%s: the body does not keep its start and end with a note of the cut:\n%s…%s", name, body[:100], body[len(body)-300:])
+		}
+	}
+	short := prBody(PRContent{TaskID: "t-1", Finish: &Finish{Summary: "Add adds."}})
+	if strings.Contains(short, "cut here") {
+		t.Errorf("a short body was cut:\n%s", short)
 	}
 }
