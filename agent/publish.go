@@ -217,6 +217,12 @@ func (g *GitService) Publish(ctx context.Context, ws *forge.Workspace, c PRConte
 	case r.NeedsApproval && approvedSHA != r.SHA256:
 		return nil, fmt.Errorf("publish: the diff (SHA-256 %s) is not the one approved (%s)", r.SHA256, orDefault(approvedSHA, "none"))
 	}
+	// The model writes the tests, so it writes their output: a credential
+	// it prints (built at run time, which no diff check sees) goes into
+	// the pull request redacted.
+	if c.TestOutput, _, err = forge.RedactText(c.TestOutput); err != nil {
+		return nil, fmt.Errorf("publish: the test output: %w", err)
+	}
 	p := &Published{Forge: "none", Repo: repo, Remote: repo, Branch: forge.BranchFor(c.TaskID), Base: base, DiffSHA: r.SHA256,
 		Title: prTitle(c), Body: prBody(c), Draft: g.Draft, Flags: r.Findings}
 	msg := p.Title + "\n\n" + strings.TrimSpace(orDefault(c.Finish.summary(), "")) + "\n\nTask: " + c.TaskID + "\n"

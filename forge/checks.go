@@ -275,6 +275,26 @@ func ScanText(what, text string) ([]Finding, error) {
 	return out, nil
 }
 
+// RedactText is text (not a diff) with each credential the secret scan
+// finds in it cut to its first four characters, as a finding shows it,
+// and how many it found: for text the model controls that is published,
+// such as its tests' output.
+func RedactText(text string) (string, int, error) {
+	d, err := secrets()
+	if err != nil {
+		return "", 0, fmt.Errorf("secret scan: %w", err)
+	}
+	detectorMu.Lock()
+	found := d.DetectString(text)
+	detectorMu.Unlock()
+	for _, s := range found {
+		if s.Secret != "" {
+			text = strings.ReplaceAll(text, s.Secret, redactSecret(s.Secret))
+		}
+	}
+	return text, len(found), nil
+}
+
 // Check runs the checks on a diff.
 func Check(diff []byte, cfg CheckConfig) (*Report, error) {
 	actions := DefaultActions()

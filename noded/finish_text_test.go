@@ -1,9 +1,12 @@
 package noded_test
 
 import (
+	"context"
 	"encoding/json"
 	"strings"
 	"testing"
+
+	"connectrpc.com/connect"
 
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 )
@@ -41,6 +44,42 @@ func TestFinishWithANULInItsSummaryIsRefused(t *testing.T) {
 		t.Fatalf("the task ended %v", s)
 	}
 	if !strings.Contains(body, "Add adds now.") {
+		t.Errorf("the pull request's body:\n%s", body)
+	}
+}
+
+// The tests' output goes into the pull request, and the model writes the
+// tests: a credential they print, built at run time (so in no diff), is
+// redacted in the body. Before, it went in as it was. (Scripted provider.)
+func TestFinishTestOutputCredentialIsRedactedInThePullRequest(t *testing.T) {
+	imageDir := needContainers(t)
+	repo := buggyRepo(t)
+	const key = "AKIAQYLPMN5HHHFPZAM2"
+	script := strings.Join([]string{
+		`{"content":[{"type":"tool_use","name":"edit_file","input":{"path":"calc/calc.go","old_string":"return a - b","new_string":"return a + b"}}]}`,
+		`{"content":[{"type":"tool_use","name":"finish","input":{"summary":"Add adds now."}}]}`,
+	}, "\n")
+	c, _ := startClaimLogNode(t, imageDir, 0)
+	resp, err := c.cl.Tasks().CreateTask(context.Background(), connect.NewRequest(&warrenv1.CreateTaskRequest{
+		RequestId: "agent-test-output-key", Spec: &warrenv1.TaskSpec{Repo: repo, Base: "HEAD", IssueTitle: "Add is wrong",
+			TestCommand: `go test ./... && k=AKIA && echo "deployed with ${k}QYLPMN5HHHFPZAM2"`, Driver: "container", Model: "scripted", ModelScript: script}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.Msg.GetTask().GetId()
+	waitEnded(t, c, id)
+	if s := c.task(id).GetState(); s != warrenv1.TaskState_TASK_STATE_SUCCEEDED {
+		t.Fatalf("the task ended %v", s)
+	}
+	var body string
+	for _, e := range c.events(id) {
+		if e.GetKind() == "pull_request" {
+			var p map[string]any
+			_ = json.Unmarshal(e.GetPayload(), &p)
+			body, _ = p["body"].(string)
+		}
+	}
+	if !strings.Contains(body, "deployed with AKIA…[redacted]") || strings.Contains(body, key) {
 		t.Errorf("the pull request's body:\n%s", body)
 	}
 }
