@@ -110,7 +110,9 @@ func checkPatch(patch []byte) error {
 			continue
 		}
 		if cur.binary > 0 {
-			if strings.HasPrefix(raw, "literal") || strings.HasPrefix(raw, "delta") {
+			// git takes a line as a hunk's method by these prefixes, space
+			// included; a data line has none (base85 has no space).
+			if strings.HasPrefix(raw, "literal ") || strings.HasPrefix(raw, "delta ") || cur.binary == 1 {
 				m := binaryMethod.FindStringSubmatch(raw)
 				if m == nil {
 					return bad(lineNo, "a binary hunk's header is %q, not literal N or delta N", clip(raw))
@@ -127,9 +129,6 @@ func checkPatch(patch []byte) error {
 				}
 				cur.binary++
 				continue
-			}
-			if cur.binary == 1 {
-				return bad(lineNo, "GIT binary patch is followed by %q, not literal N or delta N", clip(raw))
 			}
 		}
 		switch {

@@ -141,6 +141,7 @@ func TestCheckPatch(t *testing.T) {
 		{"two files", file("x") + hunk + file("y") + hunk, nil},
 		{"a hunk that looks like headers", file("x") + "@@ -1,2 +1,2 @@\n---- a/x\n-+++ b/x\n+--- a/x\n++++ b/x\n", nil},
 		{"binary, both ways", binaryFile("b", "literal 10", "delta 3"), nil},
+		{"data lines that start like headers", "diff --git a/b b/b\nnew file mode 100644\nindex 0..1\nGIT binary patch\nliteral 60\ndeltaXYZ\nliteralQ\n\nliteral 0\nHcmV?d00001\n\n", nil},
 		{"text first", "hello\n" + file("x") + hunk, ErrBadPatch},
 		{"a rename", "diff --git a/x b/y\nsimilarity index 100%\nrename from x\nrename to y\n", ErrBadPatch},
 		{"a header without counts", file("x") + "@@ -a +b @@\n", ErrBadPatch},
