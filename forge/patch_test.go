@@ -152,6 +152,7 @@ func TestCheckPatch(t *testing.T) {
 		{"new, then deleted", add + del, ErrBadPatch},
 		{"deleted twice", del + del, ErrBadPatch},
 		{"too many hunks", file("x") + strings.Repeat(hunk, MaxPatchHunks+1), ErrDiffTooLarge},
+		{"the documented bound", file("x") + strings.Repeat(hunk, 10001), ErrDiffTooLarge},
 	} {
 		if err := checkPatch([]byte(tc.patch)); !errors.Is(err, tc.want) || (tc.want == nil) != (err == nil) {
 			t.Errorf("%s: err %v, want %v", tc.name, err, tc.want)
