@@ -68,6 +68,7 @@ func TestApplyRefusesBinarySizesGitReadsOtherwise(t *testing.T) {
 		"a tab":            many("literal\t62914560"),
 		"strict, too many": many("literal 62914560"),
 		"reverse hunks":    many("literal 0") + binaryFile("r.bin", "literal 0", "literal 268435456 x"),
+		"a reverse hunk":   binaryFile("r.bin", "literal 1", "literal 268435457"),
 		"one over the cap": binaryFile("big.bin", "delta 67108865"),
 		"overflow":         binaryFile("big.bin", "literal 99999999999999999999999"),
 	} {
