@@ -235,11 +235,16 @@ func (a *applier) release(t *warrenv1.Task) {
 		return
 	}
 	k := keyNodeTask(node, t.GetId())
-	if _, closer, err := a.b.Get(k); err != nil {
+	_, closer, err := a.b.Get(k)
+	if errors.Is(err, pebble.ErrNotFound) {
 		return // not accounted (a lease granted without a node record)
-	} else {
-		closer.Close()
 	}
+	if err != nil {
+		// As in read: taking a failed read for "not accounted" would keep
+		// the node's resources and index entry on this replica only.
+		panic(fmt.Sprintf("scheduler: read lease index %x: %v", k, err))
+	}
+	closer.Close()
 	a.setIndex(k, false)
 	n, r := a.node(node)
 	if r != nil {

@@ -2,17 +2,23 @@ package scheduler
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
+	"github.com/warrenhq/warren/raftlog"
 )
 
 // registerNode registers a node with room for `slots` default-sized tasks.
@@ -413,4 +419,50 @@ func TestDrainDeadlineBeyondAYearIsRefused(t *testing.T) {
 	if d := time.Until(resp.Msg.GetNode().GetDrainDeadline().AsTime()); d < 119*time.Minute || d > 2*time.Hour {
 		t.Fatalf("a 2 h drain's deadline is %v from now", d)
 	}
+}
+
+// A read of a task's lease index entry that fails (an I/O or checksum
+// error) stops the apply, as any other read in Apply does, instead of
+// passing for "not accounted" and keeping the node's resources and index
+// entry on this replica only.
+func TestReleasePanicsOnAReadError(t *testing.T) {
+	var fail atomic.Bool
+	fs := errorfs.Wrap(vfs.NewMem(), errorfs.InjectorFunc(func(op errorfs.Op) error {
+		if fail.Load() && strings.HasSuffix(op.Path, ".sst") && op.Kind.ReadOrWrite() == errorfs.OpIsRead {
+			return errorfs.ErrInjected
+		}
+		return nil
+	}))
+	db, err := raftlog.OpenWithFS("db", fs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	task := &warrenv1.Task{Id: "t1", Lease: &warrenv1.Lease{Node: "n1", Epoch: 1}}
+	if err := db.Set(keyNodeTask("n1", task.GetId()), nil, pebble.Sync); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// Reopen with an empty block cache, so the read goes to the sstable.
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if db, err = raftlog.OpenWithFS("db", fs); err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	b := db.NewIndexedBatch()
+	defer b.Close()
+	a := &applier{b: b, nodes: map[string]*cachedNode{}}
+
+	fail.Store(true)
+	defer fail.Store(false)
+	defer func() {
+		r := recover()
+		if r == nil || !strings.Contains(fmt.Sprint(r), errorfs.ErrInjected.Error()) {
+			t.Fatalf("release with a failing read: recover() = %v, want a panic with the injected error", r)
+		}
+	}()
+	a.release(task)
 }
