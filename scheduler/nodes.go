@@ -163,7 +163,7 @@ func (a *applier) nodeOp(m *fsmv1.NodeOp) *fsmv1.Result {
 
 // requeueAll takes every lease of a down node: each task goes back to
 // pending under a new epoch, so anything the old node still appends is
-// refused.
+// refused. An index entry of a finished task is stale and only released.
 func (a *applier) requeueAll(node string, ts *timestamppb.Timestamp, reason string) error {
 	prefix := keyNodeTasks(node)
 	it, err := a.b.NewIter(&pebble.IterOptions{LowerBound: prefix, UpperBound: prefixEnd(prefix)})
@@ -183,6 +183,19 @@ func (a *applier) requeueAll(node string, ts *timestamppb.Timestamp, reason stri
 	for _, id := range ids {
 		t, r := a.task(id)
 		if r != nil {
+			continue
+		}
+		if Terminal(t.GetState()) {
+			// A finished task holds no lease, so its index entry is stale:
+			// ending it did not release it (on a replica whose read failed
+			// before release panicked on read errors). Releasing it now
+			// puts this replica back in step with the others; requeueing
+			// it would bring a finished task back to pending.
+			if t.GetLease().GetNode() == node {
+				a.release(t)
+			} else {
+				a.setIndex(keyNodeTask(node, id), false)
+			}
 			continue
 		}
 		a.requeue(t, ts, reason)

@@ -466,3 +466,44 @@ func TestReleasePanicsOnAReadError(t *testing.T) {
 	}()
 	a.release(task)
 }
+
+// A finished task whose release was skipped on one replica (before release
+// panicked on read errors, one taken for "not found" kept the task's lease
+// index entry and its node's resources there) is not requeued when its
+// node goes down: that would bring it back to pending on that replica
+// alone. The down releases it instead, which puts the replica back in step.
+func TestNodeDownLeavesAFinishedTaskWithAStaleIndexEntryFinished(t *testing.T) {
+	tf := newTestFSM(t)
+	tf.registerNode("n1", 2)
+	a := tf.create("").GetId()
+	tf.plan(at(a, "n1"))
+	held, closer, err := tf.db.Get(keyNode("n1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	held = append([]byte(nil), held...)
+	closer.Close()
+	tf.ok(&fsmv1.AppendEvents{TaskId: a, LeaseEpoch: 1, Events: []*warrenv1.EventInput{stateEvent("running"), stateEvent("succeeded")}, Time: timestamppb.New(t0)})
+
+	// The state of the replica that skipped the release.
+	if err := tf.db.Set(keyNode("n1"), held, pebble.Sync); err != nil {
+		t.Fatal(err)
+	}
+	if err := tf.db.Set(keyNodeTask("n1", a), nil, pebble.Sync); err != nil {
+		t.Fatal(err)
+	}
+	if n := tf.mustNode("n1"); n.GetTaskCount() != 1 {
+		t.Fatalf("set-up: node %v", n)
+	}
+
+	tf.ok(&fsmv1.NodeOp{Id: "n1", Op: fsmv1.NodeOp_OP_DOWN, Reason: "no heartbeat", Time: timestamppb.New(t0)})
+	if tk := tf.mustTask(a); tk.GetState() != warrenv1.TaskState_TASK_STATE_SUCCEEDED || tk.GetLease().GetEpoch() != 1 {
+		t.Fatalf("finished task after its node went down: %s, lease %v", StateName(tk.GetState()), tk.GetLease())
+	}
+	if n := tf.mustNode("n1"); n.GetTaskCount() != 0 || n.GetAllocated().GetMilliCpu() != 0 || n.GetAllocated().GetMemoryBytes() != 0 {
+		t.Fatalf("node after down: %v", n)
+	}
+	if ts, err := tf.fsm.NodeTasks("n1"); err != nil || len(ts) != 0 {
+		t.Fatalf("NodeTasks(n1) after down = %d tasks, %v; want none", len(ts), err)
+	}
+}
