@@ -14,5 +14,9 @@
 // reached the disk, so it logs "fatal commit error" and exits the process,
 // and the restarted server recovers from what is on disk.
 //
+// Store is a raft.MonotonicLogStore: after a snapshot install Raft deletes
+// the whole log rather than keep entries below the snapshot that may never
+// have committed.
+//
 // raftlog imports no other warren package.
 package raftlog

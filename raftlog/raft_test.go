@@ -2,9 +2,11 @@ package raftlog
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -107,6 +109,12 @@ func raftConfig(id raft.ServerID) *raft.Config {
 // in-memory transports.
 func startCluster(t *testing.T, nodes []*testNode, target uint64) {
 	t.Helper()
+	startClusterWith(t, nodes, target, raftConfig)
+}
+
+// startClusterWith is startCluster with each node's configuration from conf.
+func startClusterWith(t *testing.T, nodes []*testNode, target uint64, conf func(raft.ServerID) *raft.Config) {
+	t.Helper()
 	for _, n := range nodes {
 		_, n.trans = raft.NewInmemTransport(raft.ServerAddress(n.id))
 		n.fsm = newCounterFSM(target)
@@ -119,7 +127,7 @@ func startCluster(t *testing.T, nodes []*testNode, target uint64) {
 		}
 	}
 	for _, n := range nodes {
-		r, err := raft.NewRaft(raftConfig(n.id), n.fsm, n.store, n.store, n.snaps, n.trans)
+		r, err := raft.NewRaft(conf(n.id), n.fsm, n.store, n.store, n.snaps, n.trans)
 		if err != nil {
 			t.Fatalf("NewRaft(%s): %v", n.id, err)
 		}
@@ -251,4 +259,149 @@ func TestRaftCluster(t *testing.T) {
 		t.Fatalf("apply after restart: %v", err)
 	}
 	waitApplied(t, nodes)
+}
+
+// TestSnapshotInstallDropsStaleEntries partitions a leader, which appends
+// entries that never commit, lets the two others elect a leader, commit
+// more and compact their logs, and reconnects the old leader, which then
+// installs a snapshot. None of its uncommitted entries may survive the
+// install at or below the snapshot's index: were it to lead later, it
+// would send them to a lagging follower as if they had committed
+// (hashicorp/raft#697). Raft deletes them only from a store that reports
+// itself monotonic; otherwise it keeps up to TrailingLogs entries below
+// its last one.
+func TestSnapshotInstallDropsStaleEntries(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a Raft cluster through a partition")
+	}
+	const (
+		before = 5  // committed by the first leader
+		stale  = 3  // appended by it while partitioned
+		after  = 20 // committed by the next leader
+		total  = before + after + 1
+	)
+	conf := func(id raft.ServerID) *raft.Config {
+		c := raftConfig(id)
+		c.TrailingLogs = 2
+		return c
+	}
+	var nodes []*testNode
+	var servers []raft.Server
+	for i := range 3 {
+		id := raft.ServerID(fmt.Sprintf("node%d", i))
+		n := &testNode{id: id, snaps: raft.NewInmemSnapshotStore()}
+		n.db = openTestDB(t, vfs.NewMem(), "db")
+		var err error
+		if n.store, err = New(n.db.db); err != nil {
+			t.Fatal(err)
+		}
+		nodes = append(nodes, n)
+		servers = append(servers, raft.Server{ID: id, Address: raft.ServerAddress(id)})
+	}
+	t.Cleanup(func() { stopCluster(t, nodes) })
+	if err := raft.BootstrapCluster(conf(nodes[0].id), nodes[0].store, nodes[0].store, nodes[0].snaps,
+		&raft.InmemTransport{}, raft.Configuration{Servers: servers}); err != nil {
+		t.Fatalf("bootstrap: %v", err)
+	}
+	startClusterWith(t, nodes, total, conf)
+	old := waitLeader(t, nodes)
+	apply := func(n *testNode, i uint64) error {
+		return n.raft.Apply(binary.BigEndian.AppendUint64(nil, i), 5*time.Second).Error()
+	}
+	for i := range uint64(before) {
+		if err := apply(old, i); err != nil {
+			t.Fatalf("apply %d: %v", i, err)
+		}
+	}
+	if err := old.raft.Barrier(5 * time.Second).Error(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Cut the leader off. What it appends now cannot commit.
+	var others []*testNode
+	for _, n := range nodes {
+		if n != old {
+			others = append(others, n)
+			n.trans.Disconnect(old.trans.LocalAddr())
+		}
+	}
+	old.trans.DisconnectAll()
+	committedLast, _ := old.store.LastIndex()
+	futures := make([]raft.ApplyFuture, stale)
+	for i := range futures {
+		futures[i] = old.raft.Apply(binary.BigEndian.AppendUint64(nil, 1000+uint64(i)), 5*time.Second)
+	}
+	for i, f := range futures {
+		if err := f.Error(); err == nil {
+			t.Fatalf("stale apply %d committed without a quorum", i)
+		}
+	}
+	staleLast, _ := old.store.LastIndex()
+	if staleLast != committedLast+stale {
+		t.Fatalf("old leader's log ends at %d after %d stale applies from %d", staleLast, stale, committedLast)
+	}
+	var l raft.Log
+	if err := old.store.GetLog(staleLast, &l); err != nil {
+		t.Fatal(err)
+	}
+	staleTerm := l.Term
+
+	// The two others elect a leader, commit more and compact their logs
+	// past the stale entries, so the old leader can only catch up by
+	// installing a snapshot.
+	var leader *testNode
+	select {
+	case <-others[0].raft.LeaderCh():
+		leader = others[0]
+	case <-others[1].raft.LeaderCh():
+		leader = others[1]
+	case <-time.After(20 * time.Second):
+		t.Fatal("no new leader elected")
+	}
+	for i := range uint64(after) {
+		if err := apply(leader, before+i); err != nil {
+			t.Fatalf("apply %d on the new leader: %v", before+i, err)
+		}
+	}
+	for _, n := range others {
+		if err := n.raft.Snapshot().Error(); err != nil {
+			t.Fatalf("snapshot on %s: %v", n.id, err)
+		}
+		if first, _ := n.store.FirstIndex(); first <= staleLast+1 {
+			t.Fatalf("%s log starts at %d after its snapshot, want past %d", n.id, first, staleLast+1)
+		}
+	}
+
+	// Reconnect the old leader. It catches up, with the entry applied
+	// next stored in its emptied log, right after the snapshot.
+	for _, n := range others {
+		n.trans.Connect(old.trans.LocalAddr(), old.trans)
+		old.trans.Connect(n.trans.LocalAddr(), n.trans)
+	}
+	if err := apply(leader, before+after); err != nil {
+		t.Fatalf("apply after reconnect: %v", err)
+	}
+	waitApplied(t, nodes)
+	snap, err := strconv.ParseUint(old.raft.Stats()["last_snapshot_index"], 10, 64)
+	if err != nil || snap <= staleLast {
+		t.Fatalf("old leader's last snapshot index = %d, %v; want an installed snapshot past %d", snap, err, staleLast)
+	}
+	for i := uint64(1); i <= snap; i++ {
+		err := old.store.GetLog(i, &l)
+		if errors.Is(err, raft.ErrLogNotFound) {
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l.Term <= staleTerm {
+			first, _ := old.store.FirstIndex()
+			t.Errorf("old leader still holds entry %d of term %d (log starts at %d, snapshot at %d)", i, l.Term, first, snap)
+		}
+	}
+	// The install emptied its log, which then took the entries after the
+	// snapshot, starting right after it.
+	if first, _ := old.store.FirstIndex(); first != snap+1 {
+		t.Errorf("old leader's log starts at %d after installing a snapshot at %d, want %d", first, snap, snap+1)
+	}
 }

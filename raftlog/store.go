@@ -40,8 +40,9 @@ type Store struct {
 type bounds struct{ first, last uint64 }
 
 var (
-	_ raft.LogStore    = (*Store)(nil)
-	_ raft.StableStore = (*Store)(nil)
+	_ raft.LogStore          = (*Store)(nil)
+	_ raft.StableStore       = (*Store)(nil)
+	_ raft.MonotonicLogStore = (*Store)(nil)
 )
 
 var (
@@ -165,6 +166,15 @@ func (s *Store) StoreLogs(logs []*raft.Log) error {
 	s.bounds.Store(&nb)
 	return nil
 }
+
+// IsMonotonic reports true, so that after installing a snapshot Raft deletes
+// every entry up to the last one (one range deletion here) rather than
+// keep up to TrailingLogs of them below it. Those may be entries a
+// partitioned leader appended and that never committed; kept, they would
+// reach a lagging follower as committed ones if this server led later
+// (hashicorp/raft#697). The next entry stored is the snapshot's index plus
+// one, in an empty log; StoreLogs accepts it as it accepts any gap.
+func (*Store) IsMonotonic() bool { return true }
 
 // DeleteRange deletes the entries with index in [lo, hi] with one synced
 // range deletion. Deleting absent entries is not an error.
