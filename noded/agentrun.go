@@ -612,7 +612,7 @@ func (a *taskActor) cancelled(c *actor.Context, stepCtx context.Context) bool {
 	if !errors.Is(context.Cause(stepCtx), errCancelRequested) || a.ctx.Err() != nil {
 		return false
 	}
-	c.Logger().Info("agent step interrupted: the task was cancelled", "task", a.id)
+	c.Logger().Info("step interrupted: the task was cancelled", "task", a.id)
 	a.cancel = true
 	_ = c.Self().Send(stepMsg{})
 	return true

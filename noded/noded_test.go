@@ -427,6 +427,35 @@ func TestCancelStopsRunningTask(t *testing.T) {
 	}
 }
 
+// A cancel interrupts a scripted step that runs the spec's own command
+// (here a day's sleep, on the simulated driver, which sleeps until its
+// context ends): the task is cancelled within seconds. It stayed running
+// until the command ended, since a scripted actor heard of the cancel
+// only from its next append, after the command.
+func TestCancelInterruptsAScriptedCommand(t *testing.T) {
+	c := startCluster(t, 1, 0)
+	a := c.startNode("a", 0)
+	ids := c.submit(1, &warrenv1.Script{Steps: 1, Command: "sleep 86400"})
+	waitFor(t, "task running its command", 20*time.Second, func() bool {
+		res, err := c.cl.Tasks().ListEvents(context.Background(), connect.NewRequest(&warrenv1.ListEventsRequest{TaskId: ids[0]}))
+		if err != nil {
+			return false
+		}
+		for _, e := range res.Msg.GetEvents() {
+			if e.GetKind() == "tool_call" {
+				return true
+			}
+		}
+		return false
+	})
+	if _, err := c.cl.Tasks().CancelTask(context.Background(), connect.NewRequest(&warrenv1.CancelTaskRequest{TaskId: ids[0], Reason: "test"})); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "task cancelled", 15*time.Second, func() bool {
+		return c.task(ids[0]).GetState() == warrenv1.TaskState_TASK_STATE_CANCELLED && a.Running() == 0
+	})
+}
+
 // A warm-pool target set on the cluster reaches a node that joins later:
 // the leader sends the targets when a node's session opens.
 func TestPoolTargetReachesLaterNodes(t *testing.T) {

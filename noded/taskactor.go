@@ -527,12 +527,28 @@ func (a *taskActor) runStep(c *actor.Context) {
 	if cmd == "" {
 		cmd = "sleep " + strconv.FormatFloat(float64(a.script.GetStepMillis())/1000, 'f', -1, 64)
 	}
-	if _, err := a.append(ctx, fmt.Sprintf("s%d/call", n), ev("tool_call", map[string]any{
-		"tool_call_id": callID, "tool": "run_command", "input": map[string]any{"command": cmd}, "scripted": true})); err != nil {
+	called, err := a.append(ctx, fmt.Sprintf("s%d/call", n), ev("tool_call", map[string]any{
+		"tool_call_id": callID, "tool": "run_command", "input": map[string]any{"command": cmd}, "scripted": true}))
+	if err != nil {
 		a.failed(c, "record tool_call", err, stepMsg{})
 		return
 	}
-	res, err := a.sb.Exec(ctx, driver.ExecRequest{Command: cmd})
+	// A spec's own command may run for as long as it likes (a sleep of a
+	// day, a hung test): it runs under a step's context, which a cancel
+	// request ends, killing its process group, as an agent step's does.
+	// The built-in step (a sleep of step_millis) lasts as long as a step
+	// should, and watches for nothing, so that the capacity benchmark's
+	// tens of thousands of tasks hold no stream each.
+	ectx, end := ctx, func() {}
+	if a.script.GetCommand() != "" {
+		a.agentSeen = max(a.agentSeen, called.GetLastSeq())
+		ectx, end = a.stepContext()
+	}
+	res, err := a.sb.Exec(ectx, driver.ExecRequest{Command: cmd})
+	end()
+	if a.cancelled(c, ectx) {
+		return
+	}
 	if err != nil {
 		a.failed(c, "exec", err, stepMsg{})
 		return
