@@ -676,7 +676,7 @@ func (d *Driver) claim(ctx context.Context, ts *tplState, req driver.ClaimReques
 			tc := time.Now()
 			if err := vm.cont(ctx); err == nil {
 				vm.mu.Lock()
-				vm.sandboxID, vm.start, vm.limits = req.ID, driver.StartWarm, lim
+				vm.sandboxID, vm.start, vm.limits, vm.created = req.ID, driver.StartWarm, lim, time.Now()
 				vm.phases = ClaimPhases{Resume: time.Since(tc)}
 				vm.mu.Unlock()
 				return vm, nil

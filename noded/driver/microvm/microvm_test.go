@@ -556,6 +556,8 @@ func TestGuestKernelByVCPUs(t *testing.T) {
 
 func TestWarmPoolClaim(t *testing.T) {
 	d, ctx := warmDriver(t, 2)
+	time.Sleep(2 * time.Second) // the pool's VMs were made before this
+	asked := time.Now()
 	sb, err := d.Claim(ctx, driver.ClaimRequest{ID: "sb-warm"})
 	if err != nil {
 		t.Fatal(err)
@@ -563,6 +565,11 @@ func TestWarmPoolClaim(t *testing.T) {
 	info := sb.(driver.Interactive).Info()
 	if info.Start != driver.StartWarm {
 		t.Fatalf("start %q, want warm", info.Start)
+	}
+	// Made when claimed, not when its pool VM was (it showed the pool's
+	// time, minutes or hours before the create call).
+	if info.Created.Before(asked) {
+		t.Errorf("a warm sandbox's creation time %v is before its claim at %v", info.Created, asked)
 	}
 	t.Logf("warm claim took %v", info.ClaimTime)
 	// A warm claim resumes and binds; the pool's restore is not its time.
