@@ -68,7 +68,10 @@ type Config struct {
 
 	// Heartbeat is used until the leader's Welcome names one; 0 means 500ms.
 	Heartbeat time.Duration
-	Logger    *slog.Logger
+	// OrphanSweep is how often the node looks for task sandboxes no actor
+	// holds (orphanSweepEvery if 0); see sweepOrphans.
+	OrphanSweep time.Duration
+	Logger      *slog.Logger
 	// Shared, if set, is the API client, appender and session transport of
 	// a process that hosts many daemons (simulated fleets); otherwise each
 	// daemon has its own. Partition works only without it.
@@ -262,6 +265,11 @@ func Start(cfg Config) (*Daemon, error) {
 	go func() {
 		defer d.wg.Done()
 		sweepBlobs(d.ctx, blobDir(cfg), blobSweepEvery, blobRetain, d.log.With("component", "blobgc"))
+	}()
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		d.sweepOrphans(orDuration(cfg.OrphanSweep, orphanSweepEvery))
 	}()
 	d.log.Info("node daemon started", "driver", cfg.Driver.Name(), "servers", cfg.Servers, "gossip", cfg.GossipAddr)
 	return d, nil
