@@ -182,10 +182,48 @@ func (d *Driver) reapLoop() {
 	}
 }
 
+// dropExited takes out of the warm pools the VMs whose QEMU exited while
+// they waited (the host's OOM killer, a crash, an operator's kill): they
+// counted as ready, so the pool was never refilled, and the node
+// advertised warm sandboxes it did not have, each claim of one failing
+// over to a cold restore. Each is destroyed and its pool refilled. It
+// returns how many it dropped.
+func (d *Driver) dropExited() int {
+	d.mu.Lock()
+	var dead []*VM
+	var refill []*tplState
+	for _, ts := range d.templates {
+		kept := ts.pool[:0]
+		for _, vm := range ts.pool {
+			select {
+			case <-vm.p.exited:
+				dead = append(dead, vm)
+			default:
+				kept = append(kept, vm)
+			}
+		}
+		if len(kept) < len(ts.pool) {
+			clear(ts.pool[len(kept):])
+			ts.pool = kept
+			refill = append(refill, ts)
+		}
+	}
+	d.mu.Unlock()
+	for _, vm := range dead {
+		d.log.Warn("a warm sandbox's QEMU had exited; destroying it", "vm", vm.id, "qemu_log", tail(filepath.Join(vm.spec.Dir, "qemu.log")))
+		vm.destroy()
+	}
+	for _, ts := range refill {
+		d.goRefill(ts, 0)
+	}
+	return len(dead)
+}
+
 // reap kills this driver's QEMUs, and removes its VM directories and
 // cgroups, that no live, pooled or in-progress VM owns. It returns how
 // many things it removed.
 func (d *Driver) reap() int {
+	dropped := d.dropExited()
 	// List first, then take the owned set: a VM is tracked (d.known)
 	// before its directory, QEMU or cgroup exists, until its destroy, so
 	// anything listed whose VM is being made is owned by then. (The other
@@ -237,7 +275,7 @@ func (d *Driver) reap() int {
 			n++
 		}
 	}
-	return n + d.pruneSnapshots()
+	return n + dropped + d.pruneSnapshots()
 }
 
 // maxConsoleBytes bounds a VM's console.log: the guest (its root, or the

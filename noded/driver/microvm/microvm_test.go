@@ -588,6 +588,37 @@ func TestWarmPoolClaim(t *testing.T) {
 	assertNothingLeft(t, d)
 }
 
+// A warm sandbox whose QEMU exits while it waits in the pool (the OOM
+// killer, a crash) is dropped by the reaper, and the pool refilled: it
+// counted as ready, so the pool was never refilled and the node
+// advertised a warm sandbox it did not have.
+func TestAPoolVMWhoseQEMUExitedIsReplaced(t *testing.T) {
+	d, _ := warmDriver(t, 1)
+	d.mu.Lock()
+	dead := d.templates["default"].pool[0]
+	d.mu.Unlock()
+	if err := unix.Kill(dead.p.pid, unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-dead.p.exited
+	d.reap()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		d.mu.Lock()
+		ready := len(d.templates["default"].pool)
+		other := ready == 1 && d.templates["default"].pool[0] != dead
+		d.mu.Unlock()
+		if other {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d ready after the pool VM's QEMU was killed; want one other VM", ready)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	assertGone(t, d, dead.id)
+}
+
 // A cold claim loads the snapshot into a standby QEMU launched ahead, and
 // the node launches the next; a standby of another snapshot, or whose
 // QEMU has exited, is destroyed and not used; Close destroys standbys.
