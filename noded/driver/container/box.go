@@ -217,11 +217,58 @@ func (b *Box) destroy() {
 	}
 	c := b.c
 	b.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if c != nil {
-		b.d.destroyContainer(ctx, c)
+	ctx, cancel := context.WithTimeout(context.Background(), destroyWait)
+	deleted := c == nil || b.d.destroyContainer(ctx, c)
+	cancel()
+	if !deleted {
+		// Its task would not stop in time (gVisor tearing down a fork
+		// bomb, a busy host): the container still runs, in this box's
+		// network and on its disk. They stay, as does the box (its id
+		// taken, its state "destroyed"), until it is gone: the driver
+		// tries again in the background (the next start's cleanup takes
+		// what a closed driver left). It dropped them at once and forgot
+		// the container, which ran on with no TTL.
+		b.d.retryDestroy(c, b.teardown)
+		return
 	}
+	b.teardown()
+}
+
+// destroyWait bounds a destroy's wait for its container to go (a
+// variable for tests); past it, retryDestroy goes on.
+var destroyWait = 30 * time.Second
+
+// retryDestroyEvery is how often retryDestroy tries again (a variable for
+// tests).
+var retryDestroyEvery = 10 * time.Second
+
+// retryDestroy tries to delete container c every retryDestroyEvery until
+// it is gone, then calls then; it gives up when the driver closes.
+func (d *Driver) retryDestroy(c containerd.Container, then func()) {
+	go func() {
+		for {
+			time.Sleep(retryDestroyEvery)
+			d.mu.Lock()
+			closed := d.closed
+			d.mu.Unlock()
+			if closed {
+				return
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), leftoverWait)
+			ok := d.destroyContainer(ctx, c)
+			cancel()
+			if ok {
+				d.log.Info("container deleted on a later try", "container", c.ID())
+				then()
+				return
+			}
+		}
+	}()
+}
+
+// teardown frees what a box holds besides its container (its mounts,
+// network and directory), and forgets it.
+func (b *Box) teardown() {
 	if b.mounted {
 		if err := unmountBox(b.dir); err != nil {
 			b.d.log.Warn("unmount", "sandbox", b.id, "err", err)

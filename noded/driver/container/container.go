@@ -276,7 +276,9 @@ func (d *Driver) cleanLeftovers() {
 // leftoverWait bounds the destroy of one container a previous run left.
 const leftoverWait = 60 * time.Second
 
-func (d *Driver) destroyContainer(ctx context.Context, c containerd.Container) {
+// destroyContainer kills and deletes container c and its task; it reports
+// whether they are gone by the time ctx ends.
+func (d *Driver) destroyContainer(ctx context.Context, c containerd.Container) bool {
 	if t, err := c.Task(ctx, nil); err == nil {
 		_ = t.Kill(ctx, syscall.SIGKILL, containerd.WithKillAll)
 		if ch, err := t.Wait(ctx); err == nil {
@@ -307,14 +309,16 @@ func (d *Driver) destroyContainer(ctx context.Context, c containerd.Container) {
 			select {
 			case <-ctx.Done():
 				d.log.Warn("container task not deleted", "container", c.ID(), "err", err)
-				return
+				return false
 			case <-time.After(250 * time.Millisecond):
 			}
 		}
 	}
 	if err := c.Delete(ctx); err != nil && !errdefs.IsNotFound(err) {
 		d.log.Warn("container not deleted", "container", c.ID(), "err", err)
+		return false
 	}
+	return true
 }
 
 // lower mounts a template's root file system read-only, once.

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/containerd/containerd"
+	"github.com/containerd/containerd/errdefs"
 
 	"github.com/warrenhq/warren/guest"
 	"github.com/warrenhq/warren/internal/testenv"
@@ -624,5 +625,55 @@ func TestAContainerWhoseAgentDiedIsGone(t *testing.T) {
 	}
 	if cs, _ := d.client.Containers(ctx); len(cs) != 0 {
 		t.Errorf("%d containers left", len(cs))
+	}
+}
+
+// A destroy whose container would not go in time (destroyWait) leaves the
+// box tracked, with its network and directory, and the driver deletes the
+// container on a later try, then frees the rest. It dropped the network,
+// directory and box at once and forgot the container, which ran on,
+// unlisted and with no TTL, until the node's next start.
+func TestAContainerNotDeletedInTimeIsDeletedLater(t *testing.T) {
+	d := newDriver(t)
+	defer d.Close()
+	oldWait, oldEvery := destroyWait, retryDestroyEvery
+	destroyWait, retryDestroyEvery = time.Millisecond, 200*time.Millisecond
+	t.Cleanup(func() { destroyWait, retryDestroyEvery = oldWait, oldEvery })
+	ctx := context.Background()
+	sb, err := d.Claim(ctx, driver.ClaimRequest{ID: "sb-slow-destroy"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := sb.(*Box).dir
+	if err := sb.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.client.LoadContainer(ctx, "sb-slow-destroy"); err != nil {
+		t.Fatalf("the container went within %v: the test proves nothing (%v)", destroyWait, err)
+	}
+	if _, err := os.Stat(dir); err != nil {
+		t.Errorf("the box's directory went while its container runs: %v", err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		_, err := d.client.LoadContainer(ctx, "sb-slow-destroy")
+		if errdefs.IsNotFound(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the container is still there a minute after its destroy (%v)", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for {
+		_, tracked := d.Get("sb-slow-destroy")
+		_, err := os.Stat(dir)
+		if !tracked && os.IsNotExist(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after its container went, the box is tracked %v, its directory %v", tracked, err)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
