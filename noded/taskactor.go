@@ -382,7 +382,8 @@ const maxClaimRefusals = 3
 // is then made again with the driver's default, and a sandbox that goes
 // away before the task ends is replaced (sandboxGone).
 func (a *taskActor) claim(c *actor.Context, t *warrenv1.Task, id string) (driver.Sandbox, error) {
-	req := driver.ClaimRequest{ID: id, Template: t.GetSpec().GetTemplate(), TTL: sandboxTTL(t.GetSpec(), a.agentMode, a.created, time.Now())}
+	req := driver.ClaimRequest{ID: id, Template: t.GetSpec().GetTemplate(), TTL: sandboxTTL(t.GetSpec(), a.agentMode, a.created, time.Now()),
+		Limits: taskLimits(t.GetSpec())}
 	return a.claimTTL(a.ctx, c.Logger(), req)
 }
 

@@ -60,7 +60,8 @@ func (a *taskActor) testInSandbox(ctx context.Context, self *actor.Ref, id, patc
 		return nil, fmt.Errorf("destroy the last run's verification sandbox %s: %w", id, err)
 	}
 	// A driver whose MaxTTL is below verifyTTL gives its default (an hour).
-	sb, err := a.claimTTL(ctx, a.d.log, driver.ClaimRequest{ID: id, Template: a.spec.GetTemplate(), TTL: verifyTTL})
+	sb, err := a.claimTTL(ctx, a.d.log, driver.ClaimRequest{ID: id, Template: a.spec.GetTemplate(), TTL: verifyTTL,
+		Limits: taskLimits(a.spec)})
 	if err != nil {
 		return nil, fmt.Errorf("claim the verification sandbox %s: %w", id, err)
 	}

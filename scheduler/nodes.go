@@ -17,6 +17,12 @@ import (
 const (
 	DefaultTaskMilliCPU    = 1000
 	DefaultTaskMemoryBytes = 512 << 20
+	// The bounds of a task's resources: a sandbox's memory is what the
+	// drivers can give (the microvm driver boots no guest below 128 MiB,
+	// and none takes over 64 GiB), and its CPU 1,024 cores.
+	MaxTaskMilliCPU    = 1024 * 1000
+	MinTaskMemoryBytes = 128 << 20
+	MaxTaskMemoryBytes = 64 << 30
 )
 
 // Drivers are the sandbox drivers a node may offer. "sim" is the

@@ -255,8 +255,11 @@ func validateCreate(r *warrenv1.CreateTaskRequest) error {
 		p.text(f+".reason", r.GetReason(), false, maxComment, false)
 	}
 	p.text("spec.test_command", s.GetTestCommand(), false, maxTestCommand, false)
-	if r := s.GetResources(); r.GetMilliCpu() < 0 || r.GetMemoryBytes() < 0 {
-		p.add("spec.resources", "must not be negative, got %dm CPU and %d B", r.GetMilliCpu(), r.GetMemoryBytes())
+	if r := s.GetResources(); r.GetMilliCpu() < 0 || r.GetMilliCpu() > MaxTaskMilliCPU {
+		p.add("spec.resources.milli_cpu", "must be 0 (the default, %dm) or up to %d, got %d", DefaultTaskMilliCPU, MaxTaskMilliCPU, r.GetMilliCpu())
+	}
+	if b := s.GetResources().GetMemoryBytes(); b != 0 && (b < MinTaskMemoryBytes || b > MaxTaskMemoryBytes) {
+		p.add("spec.resources.memory_bytes", "must be 0 (the default) or from %d (128 MiB) to %d (64 GiB), got %d", MinTaskMemoryBytes, MaxTaskMemoryBytes, b)
 	}
 	if d := s.GetDriver(); d != "" && !slices.Contains(Drivers, d) {
 		p.add("spec.driver", "%q is not one of %v", truncate(d, 40), Drivers)

@@ -62,6 +62,12 @@ func TestValidateCreate(t *testing.T) {
 		{"long request id", func(r *warrenv1.CreateTaskRequest) { r.RequestId = strings.Repeat("r", 200) }, "request_id:"},
 		{"model and model_script", func(r *warrenv1.CreateTaskRequest) { r.Spec.ModelScript = `{"text":"done"}` }, `spec.model: "claude-sonnet-4" with a model_script`},
 		{"bad template", func(r *warrenv1.CreateTaskRequest) { r.Spec.Template = "../etc" }, "spec.template:"},
+		{"negative cpu", func(r *warrenv1.CreateTaskRequest) { r.Spec.Resources = &warrenv1.Resources{MilliCpu: -1} }, "spec.resources.milli_cpu:"},
+		{"absurd cpu", func(r *warrenv1.CreateTaskRequest) {
+			r.Spec.Resources = &warrenv1.Resources{MilliCpu: MaxTaskMilliCPU + 1}
+		}, "spec.resources.milli_cpu:"},
+		{"tiny memory", func(r *warrenv1.CreateTaskRequest) { r.Spec.Resources = &warrenv1.Resources{MemoryBytes: 1 << 20} }, "spec.resources.memory_bytes: must be 0 (the default) or from"},
+		{"absurd memory", func(r *warrenv1.CreateTaskRequest) { r.Spec.Resources = &warrenv1.Resources{MemoryBytes: 1 << 62} }, "spec.resources.memory_bytes:"},
 	}
 	for _, tc := range cases {
 		r := good()

@@ -243,6 +243,12 @@ func taskCreate(args []string, stdout, stderr io.Writer) error {
 	var cf clientFlags
 	cf.register(fs)
 	spec := &warrenv1.TaskSpec{Budgets: &warrenv1.Budgets{}}
+	res := func() *warrenv1.Resources {
+		if spec.Resources == nil {
+			spec.Resources = &warrenv1.Resources{}
+		}
+		return spec.Resources
+	}
 	fs.StringVar(&spec.Repo, "repo", "", "repository URL or absolute path (required)")
 	fs.StringVar(&spec.Base, "base", "", "base revision (required)")
 	fs.StringVar(&spec.IssueTitle, "title", "", "issue title (required)")
@@ -267,6 +273,26 @@ func taskCreate(args []string, stdout, stderr io.Writer) error {
 	modelScript := fs.String("model-script", "", "a JSONL file of assistant turns: run the agent loop on the scripted provider (no model is called)")
 	fs.StringVar(&spec.EgressProfile, "egress-profile", "", "egress profile of the task's sandbox: registries (default), custom (--egress only) or none")
 	fs.StringVar(&spec.Driver, "driver", "", "sandbox driver: microvm (default), container or sim (simulated)")
+	fs.Func("cpu", "CPU cores the task's sandbox needs, e.g. 2 or 0.5 (default: the server's, 1); placement reserves them, and the sandbox gets them rounded up to whole vCPUs", func(v string) error {
+		c, err := strconv.ParseFloat(v, 64)
+		// !(c >= 0.001) also refuses NaN, and what would round to 0m.
+		if err != nil || !(c >= 0.001) || c > scheduler.MaxTaskMilliCPU/1000 {
+			return fmt.Errorf("%q is not a number of cores from 0.001 to %d", v, scheduler.MaxTaskMilliCPU/1000)
+		}
+		res().MilliCpu = int64(math.Round(c * 1000))
+		return nil
+	})
+	fs.Func("memory", "memory the task's sandbox needs, e.g. 2GiB or 512MiB (default: the server's placement reserve, 512 MiB, and the driver's sandbox size); from 128MiB to 64GiB", func(v string) error {
+		b, err := parseSize(v)
+		if err != nil {
+			return err
+		}
+		if b < scheduler.MinTaskMemoryBytes || b > scheduler.MaxTaskMemoryBytes {
+			return fmt.Errorf("%s is not from 128MiB to 64GiB", v)
+		}
+		res().MemoryBytes = b
+		return nil
+	})
 	script := &warrenv1.Script{}
 	scripted := false
 	fs.Func("script-steps", "run N scripted steps instead of the agent loop (no model is called)", func(v string) error {
@@ -370,6 +396,19 @@ func taskCreate(args []string, stdout, stderr io.Writer) error {
 	return printTask(stdout, cf.output, resp.Msg.GetTask())
 }
 
+// resourcesText is a task's resources as task create's flags take them;
+// a field left zero is the server's default.
+func resourcesText(r *warrenv1.Resources) string {
+	cpu, mem := "default", "default"
+	if m := r.GetMilliCpu(); m > 0 {
+		cpu = strconv.FormatFloat(float64(m)/1000, 'f', -1, 64)
+	}
+	if b := r.GetMemoryBytes(); b > 0 {
+		mem = strconv.FormatFloat(float64(b)/(1<<20), 'f', -1, 64) + "MiB"
+	}
+	return "cpu " + cpu + ", memory " + mem
+}
+
 func printTask(w io.Writer, output string, t *warrenv1.Task) error {
 	if output == "json" {
 		return printJSON(w, t)
@@ -381,6 +420,9 @@ func printTask(w io.Writer, output string, t *warrenv1.Task) error {
 	fmt.Fprintf(tw, "repo\t%s @ %s\n", t.GetSpec().GetRepo(), t.GetSpec().GetBase())
 	fmt.Fprintf(tw, "tenant\t%s\n", t.GetTenant())
 	fmt.Fprintf(tw, "events\t%d\n", t.GetNextSeq()-1)
+	if r := t.GetSpec().GetResources(); r.GetMilliCpu() > 0 || r.GetMemoryBytes() > 0 {
+		fmt.Fprintf(tw, "resources\t%s\n", resourcesText(r))
+	}
 	if l := t.GetLease(); l.GetNode() != "" {
 		fmt.Fprintf(tw, "lease\t%s (epoch %d)\n", l.GetNode(), l.GetEpoch())
 	}
