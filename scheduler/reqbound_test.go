@@ -221,3 +221,51 @@ func TestSandboxListsAreRefusedBeforeDecoding(t *testing.T) {
 		wantRefused(t, codec.name+" Exec", err, "command: over the limit of 131072 entries")
 	}
 }
+
+// Nesting no longer turns the JSON count off: past 64 levels (in a field
+// the server does not know, which protojson skips however deep) it
+// stopped counting, and the events after it went uncounted, so a request
+// of millions of empty events was decoded before validation refused it.
+func TestDeepJSONDoesNotHideALongList(t *testing.T) {
+	deep := strings.Repeat("[", 70) + strings.Repeat("]", 70)
+	events := strings.TrimSuffix(strings.Repeat("{},", 40000), ",")
+	b := []byte(`{"x":` + deep + `,"taskId":"` + zzTask + `","events":[` + events + `]}`)
+	md := (&warrenv1.AppendEventsRequest{}).ProtoReflect().Descriptor()
+	if err := checkJSONEntries(b, md); err == nil || !strings.Contains(err.Error(), "nested deeper than 64 levels") {
+		t.Errorf("deep value before a long list: %v, want it refused", err)
+	}
+	b = []byte(`{"taskId":"` + zzTask + `","events":[` + events + `]}`)
+	if err := checkJSONEntries(b, md); err == nil || !strings.Contains(err.Error(), "events: over the limit of 256 entries") {
+		t.Errorf("long list alone: %v", err)
+	}
+}
+
+// A singular message field given twice is refused: proto.Unmarshal merges
+// the two, lists and all, so each one's lists were counted apart and N
+// copies of a spec with 64 policy rules decoded to 64×N rules.
+func TestASpecGivenTwiceIsRefused(t *testing.T) {
+	spec := testSpec()
+	spec.Policy = make([]*warrenv1.PolicyRule, 64)
+	for i := range spec.Policy {
+		spec.Policy[i] = &warrenv1.PolicyRule{}
+	}
+	one, err := proto.Marshal(&warrenv1.CreateTaskRequest{Spec: spec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var twice []byte
+	for range 2 {
+		twice = append(twice, one...)
+	}
+	var merged warrenv1.CreateTaskRequest
+	if err := proto.Unmarshal(twice, &merged); err != nil || len(merged.GetSpec().GetPolicy()) != 128 {
+		t.Fatalf("decoding two specs: %d rules, %v (proto merges them)", len(merged.GetSpec().GetPolicy()), err)
+	}
+	md := merged.ProtoReflect().Descriptor()
+	if err := checkEntries(twice, md); err == nil || !strings.Contains(err.Error(), "spec: given more than once") {
+		t.Errorf("two specs: %v, want them refused", err)
+	}
+	if err := checkEntries(one, md); err != nil {
+		t.Errorf("one spec: %v", err)
+	}
+}

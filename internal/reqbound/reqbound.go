@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 
 	"connectrpc.com/connect"
@@ -86,16 +87,22 @@ func (bd *bounds) checkEntries(b []byte, md protoreflect.MessageDescriptor) erro
 	return nil
 }
 
+// maxDepth is how deep a request's messages (binary) or values (JSON)
+// may nest: far deeper than any of the API's. Counting stops there, so
+// what is deeper is refused rather than decoded uncounted.
+const maxDepth = 64
+
 // entriesError is walkEntries' finding: the field's path is built on the
 // way back up, so that a request within its limits costs no strings.
 type entriesError struct{ field, issue string }
 
 func (bd *bounds) walkEntries(b []byte, md protoreflect.MessageDescriptor, depth int) *entriesError {
-	if depth > 32 { // deeper than any message of the API: proto.Unmarshal decides
-		return nil
+	if depth > maxDepth { // deeper than any message of the API
+		return &entriesError{string(md.Name()), fmt.Sprintf("nested deeper than %d messages", maxDepth)}
 	}
 	var low [16]int // counts of fields 1..15; others in counts
 	var counts map[protowire.Number]int
+	var once map[protowire.Number]bool // singular message fields seen
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
@@ -132,6 +139,19 @@ func (bd *bounds) walkEntries(b []byte, md protoreflect.MessageDescriptor, depth
 		}
 		if fd.Message() == nil || fd.IsMap() || typ != protowire.BytesType || !holdsLists(fd.Message()) {
 			continue
+		}
+		if !fd.IsList() {
+			// proto.Unmarshal merges the occurrences of a singular message
+			// field, lists and all, so each would be counted apart from
+			// the others and N of them pass with N times the limit. No
+			// client of the API sends one twice.
+			if once[num] {
+				return &entriesError{string(fd.Name()), "given more than once"}
+			}
+			if once == nil {
+				once = map[protowire.Number]bool{}
+			}
+			once[num] = true
 		}
 		inner, _ := protowire.ConsumeBytes(v)
 		if err := bd.walkEntries(inner, fd.Message(), depth+1); err != nil {
@@ -257,8 +277,14 @@ func (bd *bounds) walkJSON(dec *json.Decoder, md protoreflect.MessageDescriptor,
 	if !ok {
 		return nil // a scalar
 	}
-	if depth > 64 {
-		return errJSONMalformed // not a message of the API: protojson decides
+	if depth > maxDepth {
+		// Not a message of the API; but protojson skips unknown values
+		// nested far deeper, and what follows them would go uncounted.
+		at := strings.TrimSuffix(path, ".")
+		if at == "" {
+			at = "request"
+		}
+		return fmt.Errorf("%s: nested deeper than %d levels", at, maxDepth)
 	}
 	switch d {
 	case '[':
