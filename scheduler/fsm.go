@@ -362,7 +362,12 @@ func (a *applier) idempotent(scope, requestID string, digest []byte, fn func() *
 		return &prev
 	}
 	r := fn()
-	if r.GetCode() == 0 {
+	// A result that appended nothing (a cancel of a task already
+	// cancelled, or whose node was told) changed nothing a repeat could
+	// apply twice, and is not recorded: the server names a request that
+	// comes without an id (srv-...), so each such cancel would add a key,
+	// on every replica, that is never deleted.
+	if r.GetCode() == 0 && r.GetFirstSeq() != 0 {
 		// Only the task's id and next seq: the record is kept for good,
 		// on every replica, and a whole task (a spec of a megabyte) for
 		// each cancel or message would grow the store by that much per
