@@ -1,6 +1,7 @@
 package noded
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -47,6 +48,8 @@ type SandboxAPI struct {
 	egress  *Egress // nil: sandboxes have no network
 	log     *slog.Logger
 	poolsAt string // where pool targets survive a restart
+	// bulk bounds the file data and stdin the calls hold at once.
+	bulk *api.BulkGate
 
 	// mu guards pools and applying, and is held while pools.json is
 	// written, so the file always holds every target set so far.
@@ -80,7 +83,8 @@ func newSandboxAPI(nodeID, dataDir string, drv driver.Driver, log *slog.Logger, 
 		log = slog.New(slog.DiscardHandler)
 	}
 	a := &SandboxAPI{nodeID: nodeID, drv: drv, log: log, poolsAt: filepath.Join(dataDir, "pools.json"),
-		pools: map[string]int{}, applying: map[string]*sync.Mutex{}, fit: poolFit{mem: mem}, directAt: map[string]uint64{}}
+		pools: map[string]int{}, applying: map[string]*sync.Mutex{}, fit: poolFit{mem: mem}, directAt: map[string]uint64{},
+		bulk: api.NewBulkGate(api.BulkGateBytes, api.BulkGateWait)}
 	if b, err := os.ReadFile(a.poolsAt); err == nil {
 		if err := json.Unmarshal(b, &a.pools); err != nil {
 			log.Warn("pool targets unreadable; starting without", "err", err)
@@ -599,9 +603,16 @@ func (a *SandboxAPI) Exec(ctx context.Context, req *connect.Request[warrenv1.Exe
 	if err != nil {
 		return err
 	}
+	if n := len(m.GetStdin()); n > 0 {
+		release, err := a.bulk.Take(ctx, "stdin", int64(n))
+		if err != nil {
+			return err
+		}
+		defer release()
+	}
 	gr := guest.ExecRequest{Argv: m.GetCommand(), Env: m.GetEnv(), Dir: m.GetDir(), Timeout: time.Duration(m.GetTimeoutMs()) * time.Millisecond}
 	if len(m.GetStdin()) > 0 {
-		gr.Stdin = strings.NewReader(string(m.GetStdin()))
+		gr.Stdin = bytes.NewReader(m.GetStdin())
 	}
 	var mu sync.Mutex
 	res, err := ia.Run(ctx, gr, streamWriter{&mu, stream, false}, streamWriter{&mu, stream, true})
@@ -643,6 +654,12 @@ func (a *SandboxAPI) ReadFile(ctx context.Context, req *connect.Request[warrenv1
 	if err != nil {
 		return nil, err
 	}
+	// The whole file is held until it is sent: room for the largest.
+	release, err := a.bulk.Take(ctx, "read_file", MaxFileBytes)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	buf := &limitedBuffer{max: MaxFileBytes}
 	fi, err := ia.ReadFile(ctx, req.Msg.GetPath(), MaxFileBytes, buf)
 	if err != nil {
@@ -666,8 +683,13 @@ func (a *SandboxAPI) WriteFile(ctx context.Context, req *connect.Request[warrenv
 	if err != nil {
 		return nil, err
 	}
+	release, err := a.bulk.Take(ctx, "write_file", int64(len(req.Msg.GetData())))
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	// An unset mode is the guest's default (0644); a mode set to 0 is kept.
-	fi, err := ia.WriteFile(ctx, req.Msg.GetPath(), req.Msg.Mode, strings.NewReader(string(req.Msg.GetData())))
+	fi, err := ia.WriteFile(ctx, req.Msg.GetPath(), req.Msg.Mode, bytes.NewReader(req.Msg.GetData()))
 	if err != nil {
 		return nil, a.codeOf(err, req.Msg.GetPath())
 	}

@@ -28,6 +28,10 @@ type sandboxAPI struct {
 	s    *Server
 	http *http.Client
 
+	// bulk bounds the file data and stdin the forwarded calls hold at
+	// once (each is decoded here, sent on and its answer decoded again).
+	bulk *api.BulkGate
+
 	mu      sync.Mutex
 	clients map[string]warrenv1connect.SandboxServiceClient
 }
@@ -35,7 +39,8 @@ type sandboxAPI struct {
 var _ warrenv1connect.SandboxServiceHandler = (*sandboxAPI)(nil)
 
 func newSandboxAPI(s *Server) *sandboxAPI {
-	return &sandboxAPI{s: s, http: &http.Client{}, clients: map[string]warrenv1connect.SandboxServiceClient{}}
+	return &sandboxAPI{s: s, http: &http.Client{}, clients: map[string]warrenv1connect.SandboxServiceClient{},
+		bulk: api.NewBulkGate(api.BulkGateBytes, api.BulkGateWait)}
 }
 
 func (a *sandboxAPI) client(url string) warrenv1connect.SandboxServiceClient {
@@ -224,6 +229,13 @@ func (a *sandboxAPI) Exec(ctx context.Context, req *connect.Request[warrenv1.Exe
 	if err != nil {
 		return err
 	}
+	if size := len(req.Msg.GetStdin()); size > 0 {
+		release, err := a.bulk.Take(ctx, "stdin", int64(size))
+		if err != nil {
+			return err
+		}
+		defer release()
+	}
 	up, err := a.client(n.GetSandboxUrl()).Exec(ctx, connect.NewRequest(req.Msg))
 	if err != nil {
 		return forwardErr(n, err)
@@ -239,6 +251,12 @@ func (a *sandboxAPI) Exec(ctx context.Context, req *connect.Request[warrenv1.Exe
 
 // ReadFile forwards to the sandbox's node.
 func (a *sandboxAPI) ReadFile(ctx context.Context, req *connect.Request[warrenv1.ReadFileRequest]) (*connect.Response[warrenv1.ReadFileResponse], error) {
+	// The whole file is held here until it is sent: room for the largest.
+	release, err := a.bulk.Take(ctx, "read_file", api.MaxSandboxFileBytes)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	return forward(a, ctx, req.Msg.GetSandboxId(), req, warrenv1connect.SandboxServiceClient.ReadFile)
 }
 
@@ -247,6 +265,11 @@ func (a *sandboxAPI) WriteFile(ctx context.Context, req *connect.Request[warrenv
 	if n := len(req.Msg.GetData()); n > api.MaxSandboxFileBytes {
 		return nil, invalid(fmt.Errorf("data: %d bytes, over the limit of %d", n, api.MaxSandboxFileBytes))
 	}
+	release, err := a.bulk.Take(ctx, "write_file", int64(len(req.Msg.GetData())))
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	return forward(a, ctx, req.Msg.GetSandboxId(), req, warrenv1connect.SandboxServiceClient.WriteFile)
 }
 
