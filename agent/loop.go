@@ -533,6 +533,9 @@ type openTurn struct {
 	// yet, and those whose checkpoint is
 	ran   map[string]Result
 	saved map[string]bool
+	// calls that may change the workspace and began in this process
+	// without a result: their step failed while they ran (see retried)
+	begun map[string]bool
 	// the finish call's, once its result is recorded
 	finish *Finish
 }
@@ -564,6 +567,30 @@ func (l *Loop) runTurn(ctx context.Context, t *openTurn) (*Outcome, error) {
 	return out, nil
 }
 
+// canUndo reports whether the workspace can be put back as it was before
+// the current call: every change before it is in the last checkpoint
+// (the base when there is none), and that checkpoint's patch is whole.
+//
+// A call that may change the workspace and whose step failed while it
+// ran (the sandbox's channel broke, or its guest answered after the
+// host gave up) may have run in full, in part or not at all. The step is
+// tried again in the same sandbox; running the call again on what the
+// first try left would apply its changes twice (an append, a patch, a
+// sed), so the workspace is first put back at the last checkpoint, as a
+// resume on another node does. Where it cannot be, the model is told
+// instead (notUndone), and the call is not run again.
+func (l *Loop) canUndo() bool { return l.cfg.Checkpoints && !l.checkpointTooLarge }
+
+// notUndone is the result of a call whose first try failed while it ran
+// and whose workspace cannot be put back (see canUndo). It counts as a
+// change, so a checkpoint records what the workspace now holds.
+func (l *Loop) notUndone(tool string) Result {
+	r := toolError("the sandbox failed while this %s call ran, and the workspace cannot be put back as it was before it: "+
+		"the call may have run in full, in part or not at all. Check the workspace before you go on.", tool)
+	r.Changed = true
+	return r
+}
+
 // afterResponse adds the model's turn to the conversation and runs its
 // tool calls, skipping those whose results are already recorded.
 //
@@ -580,7 +607,7 @@ func (l *Loop) afterResponse(ctx context.Context, t *openTurn) (*Outcome, error)
 		t.recorded = map[string]model.Block{}
 	}
 	if t.ran == nil {
-		t.ran, t.saved = map[string]Result{}, map[string]bool{}
+		t.ran, t.saved, t.begun = map[string]Result{}, map[string]bool{}, map[string]bool{}
 	}
 	n, content := t.n, t.content
 	l.msgs = append(l.msgs, model.Message{Role: model.RoleAssistant, Content: content})
@@ -628,7 +655,17 @@ func (l *Loop) afterResponse(ctx context.Context, t *openTurn) (*Outcome, error)
 				// and resumes from the log once the decision is on it.
 				return &Outcome{Reason: "waiting_approval", Spent: l.spent,
 					Approval: &Approval{ToolCallID: tu.ID, Tool: tu.Name, Input: tu.Input, Reason: reason}}, nil
+			case t.begun[tu.ID] && !l.canUndo():
+				r = l.notUndone(tu.Name)
 			default:
+				if t.begun[tu.ID] {
+					if err := l.tools.Restore(ctx, l.checkpoint); err != nil {
+						return nil, fmt.Errorf("step %d: %s: put the workspace back as it was before the call's first try: %w", n, tu.Name, err)
+					}
+				}
+				if MutatesWorkspace(tu.Name) {
+					t.begun[tu.ID] = true
+				}
 				var err error
 				if r, err = l.tools.RunWithin(ctx, tu.Name, tu.Input, l.timeLeft()); err != nil {
 					return nil, fmt.Errorf("step %d: %s: %w", n, tu.Name, err)
