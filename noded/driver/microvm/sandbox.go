@@ -457,7 +457,10 @@ func (vm *VM) metaLocked() vmMeta {
 func (vm *VM) writeMeta(m vmMeta) {
 	b, _ := json.MarshalIndent(m, "", "  ")
 	// 0600: it holds the sandbox's environment, where its secrets are.
-	_ = atomicfile.WriteFile(filepath.Join(vm.spec.Dir, "meta.json"), b, 0o600)
+	// Synced (atomicfile): a pause's "paused" must outlive a power loss.
+	if err := atomicfile.WriteFile(filepath.Join(vm.spec.Dir, "meta.json"), b, 0o600); err != nil && vm.d != nil {
+		vm.d.log.Warn("meta.json not written: a restart will not find the sandbox as it is", "vm", vm.id, "sandbox", m.SandboxID, "state", m.State, "err", err)
+	}
 }
 
 // armTTL destroys the sandbox at its deadline, servers or not.
@@ -616,6 +619,13 @@ func (vm *VM) Pause(ctx context.Context) error {
 		vm.undoSave(bctx, state)
 		return fmt.Errorf("pause: %w", err)
 	}
+	// The VM's directory's own entry, made at its launch (maybe moments
+	// ago), so a power loss leaves the whole directory: the state (synced
+	// by saveState), the overlay and, once written, meta.json.
+	if err := durable(vm.spec.Dir); err != nil {
+		vm.undoSave(bctx, state)
+		return fmt.Errorf("pause: sync: %w", err)
+	}
 	vm.agent.Close()
 	vm.agent = nil
 	_, _ = vm.qmp.Run(bctx, "quit", nil)
@@ -747,6 +757,12 @@ func (vm *VM) resume(ctx context.Context) (broken bool, err error) {
 	if err := os.Remove(state); err != nil {
 		vm.endQEMU()
 		return false, fmt.Errorf("resume: %w", err)
+	}
+	// On disk too: a removal a power loss undid would have the next start
+	// resume this old memory over the disk the guest is about to write.
+	if err := atomicfile.SyncDir(vm.spec.Dir); err != nil {
+		vm.endQEMU()
+		return false, fmt.Errorf("resume: sync: %w", err)
 	}
 	ranAndFailed := func(err error) (bool, error) {
 		// Under vm.mu, so no other call finds the sandbox paused (and

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/guest"
+	"github.com/warrenhq/warren/internal/atomicfile"
 	"github.com/warrenhq/warren/netpolicy"
 	"github.com/warrenhq/warren/noded/driver"
 )
@@ -468,9 +469,18 @@ const hangUpGrace = 300 * time.Millisecond
 
 // saveState migrates a stopped VM's device state (and, unless its memory
 // is a shared file and ignoreShared is set, its memory) into path, made
-// with mode perm. The node opens the file and hands it to QEMU, which may
-// not start a process (such as the `exec:cat > path` this took before) or
-// open a file itself once it runs (seccompArgs).
+// with mode perm, and returns once path and its name are on disk. The
+// node opens the file and hands it to QEMU, which may not start a process
+// (such as the `exec:cat > path` this took before) or open a file itself
+// once it runs (seccompArgs).
+//
+// QEMU's own writes are not synced: what it wrote through the descriptor
+// sits in the page cache, and a power loss soon after a pause left a
+// paused.state cut short, which no resume can load. (The root disk's
+// overlay needs nothing more: the migration's end stops the VM with
+// vm_stop_force_state, which drains and flushes every block device,
+// fdatasync under the drive's default writeback cache, and fails the
+// migration if the flush fails.)
 func saveState(ctx context.Context, q *QMP, path string, perm os.FileMode, ignoreShared bool) error {
 	if _, err := q.Run(ctx, "migrate-set-capabilities", map[string]any{
 		"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": ignoreShared}},
@@ -498,6 +508,9 @@ func saveState(ctx context.Context, q *QMP, path string, perm os.FileMode, ignor
 		}
 		switch st {
 		case "completed":
+			if err := durable(path); err != nil {
+				return fmt.Errorf("save state: sync: %w", err)
+			}
 			return nil
 		case "failed", "cancelled":
 			return fmt.Errorf("save state: migration %s: %s", st, desc)
@@ -509,6 +522,10 @@ func saveState(ctx context.Context, q *QMP, path string, perm os.FileMode, ignor
 		}
 	}
 }
+
+// durable makes a file (or directory) and its name durable
+// (atomicfile.Sync). A variable so tests can see the syncs of a pause.
+var durable = atomicfile.Sync
 
 // loadState restores device state (and memory) from uri (the spec's
 // incomingURI) into a QEMU started with -incoming defer, and waits until it
