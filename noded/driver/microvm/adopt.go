@@ -3,6 +3,7 @@ package microvm
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -89,9 +90,18 @@ func (d *Driver) adopt(dir, id string) (*VM, string) {
 	vm.netNS = m.NetNS
 	switch m.State {
 	case "paused":
-		if _, err := os.Stat(filepath.Join(dir, "paused.state")); err != nil {
+		fi, err := os.Stat(filepath.Join(dir, "paused.state"))
+		if err != nil {
 			return nil, "paused, but its state file is gone"
 		}
+		// A state of another size than the pause wrote (cut short by a
+		// power loss, before pauses synced it) cannot be resumed: kept,
+		// the sandbox would stay paused, every resume failing, until
+		// its TTL.
+		if m.PausedSize > 0 && fi.Size() != m.PausedSize {
+			return nil, fmt.Sprintf("paused, but its state file has %d bytes of the %d its pause wrote", fi.Size(), m.PausedSize)
+		}
+		vm.pausedSize = m.PausedSize
 		// A QEMU of a resume the last run did not finish: a resume
 		// launches its own, so this one would be a second on the disk.
 		if pid := readPid(dir); pid > 0 && isOurQEMU(pid, id) {

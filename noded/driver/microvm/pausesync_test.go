@@ -119,6 +119,10 @@ func TestPauseSyncsStateBeforeRecordingIt(t *testing.T) {
 	if b, err := os.ReadFile(state); err != nil || !bytes.Equal(b, saved) {
 		t.Errorf("paused.state: %d bytes (%v), want the %d QEMU wrote", len(b), err, len(saved))
 	}
+	var m vmMeta
+	if b, err := os.ReadFile(filepath.Join(dir, "meta.json")); err != nil || json.Unmarshal(b, &m) != nil || m.PausedSize != int64(len(saved)) {
+		t.Errorf("meta.json records paused.state's size as %d (%v), want %d", m.PausedSize, err, len(saved))
+	}
 }
 
 // A pause whose state cannot be synced fails and is undone, as a failed

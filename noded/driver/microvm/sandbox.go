@@ -46,6 +46,9 @@ type VM struct {
 	ttl       *time.Timer
 	net       driver.Network // nil: the VM's NIC has no backend
 	netNS     string         // at re-adoption: the namespace to take back
+	// pausedSize is paused.state's size, recorded in meta.json while
+	// paused.
+	pausedSize int64
 	// bound is closed once a pipelined bind's answer is in (nil: the bind,
 	// if any, was waited for); bindErr is why it failed.
 	bound   chan struct{}
@@ -89,6 +92,11 @@ type vmMeta struct {
 	Spec      vmSpec            `json:"spec"`
 	Env       map[string]string `json:"env,omitempty"`
 	PausedTo  string            `json:"paused_to,omitempty"`
+	// PausedSize is paused.state's size when the pause wrote it: a start
+	// that finds the file shorter (or longer) destroys the sandbox
+	// instead of keeping one no resume can load. 0 (a pause by an older
+	// node): not checked.
+	PausedSize int64 `json:"paused_size,omitempty"`
 	// NetNS is the sandbox's network namespace, taken back at re-adoption.
 	NetNS string `json:"netns,omitempty"`
 }
@@ -450,6 +458,7 @@ func (vm *VM) metaLocked() vmMeta {
 	}
 	if vm.state == "paused" {
 		m.PausedTo = filepath.Join(vm.spec.Dir, "paused.state")
+		m.PausedSize = vm.pausedSize
 	}
 	return m
 }
@@ -626,6 +635,12 @@ func (vm *VM) Pause(ctx context.Context) error {
 		vm.undoSave(bctx, state)
 		return fmt.Errorf("pause: sync: %w", err)
 	}
+	fi, err := os.Stat(state)
+	if err != nil {
+		vm.undoSave(bctx, state)
+		return fmt.Errorf("pause: %w", err)
+	}
+	vm.pausedSize = fi.Size()
 	vm.agent.Close()
 	vm.agent = nil
 	_, _ = vm.qmp.Run(bctx, "quit", nil)
