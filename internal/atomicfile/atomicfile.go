@@ -21,6 +21,18 @@ var syncFile = (*os.File).Sync
 // to 30 s) could leave the old file, an empty one, or a part of the new
 // one under path, though WriteFile had returned.
 func WriteFile(path string, data []byte, perm os.FileMode) error {
+	return write(path, data, perm, true)
+}
+
+// Replace is WriteFile without the syncs: readers still see the old file
+// or the new one, but a power loss may leave the old one (or an empty
+// one). For a record that matters only while the machine runs, written
+// on a path where a sync's millisecond counts (a warm claim's).
+func Replace(path string, data []byte, perm os.FileMode) error {
+	return write(path, data, perm, false)
+}
+
+func write(path string, data []byte, perm os.FileMode, durable bool) error {
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
 		return err
@@ -30,7 +42,7 @@ func WriteFile(path string, data []byte, perm os.FileMode) error {
 	if err == nil {
 		err = f.Chmod(perm)
 	}
-	if err == nil {
+	if err == nil && durable {
 		err = syncFile(f)
 	}
 	if cerr := f.Close(); err == nil {
@@ -42,6 +54,9 @@ func WriteFile(path string, data []byte, perm os.FileMode) error {
 	if err != nil {
 		os.Remove(tmp)
 		return err
+	}
+	if !durable {
+		return nil
 	}
 	return SyncDir(filepath.Dir(path))
 }

@@ -119,3 +119,19 @@ func TestSyncSyncsFileThenDirectory(t *testing.T) {
 		t.Error("WriteFile hid a failed sync")
 	}
 }
+
+// Replace syncs nothing: it is for records a power loss may drop.
+func TestReplaceSyncsNothing(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "meta.json")
+	r := recordSyncs(t, path)
+	if err := Replace(path, []byte("running"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(path); err != nil || string(b) != "running" {
+		t.Fatalf("read back %q, %v", b, err)
+	}
+	if len(r.log) != 0 {
+		t.Errorf("syncs: %q, want none", r.log)
+	}
+}

@@ -466,8 +466,15 @@ func (vm *VM) metaLocked() vmMeta {
 func (vm *VM) writeMeta(m vmMeta) {
 	b, _ := json.MarshalIndent(m, "", "  ")
 	// 0600: it holds the sandbox's environment, where its secrets are.
-	// Synced (atomicfile): a pause's "paused" must outlive a power loss.
-	if err := atomicfile.WriteFile(filepath.Join(vm.spec.Dir, "meta.json"), b, 0o600); err != nil && vm.d != nil {
+	// A pause's "paused" is synced: it must outlive a power loss. Any
+	// other state is not (a claim would wait about 1 ms for the sync): a
+	// power loss ends a running VM's QEMU, and the start after it
+	// destroys the sandbox whatever its record says.
+	write := atomicfile.Replace
+	if m.State == "paused" {
+		write = atomicfile.WriteFile
+	}
+	if err := write(filepath.Join(vm.spec.Dir, "meta.json"), b, 0o600); err != nil && vm.d != nil {
 		vm.d.log.Warn("meta.json not written: a restart will not find the sandbox as it is", "vm", vm.id, "sandbox", m.SandboxID, "state", m.State, "err", err)
 	}
 }
