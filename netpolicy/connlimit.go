@@ -17,18 +17,23 @@ const (
 	maxTCPConns          = 1024
 )
 
+// When all maxTCPConns places are taken, a connection from a source that
+// holds fewer than the source holding the most takes the oldest of that
+// one's places: 64 sandboxes holding 16 each took every place, and DNS
+// over TCP was gone for every other sandbox of the node.
+
 // limitListener is a net.Listener within those limits.
 type limitListener struct {
 	net.Listener
 	perSource, total int
 
 	mu   sync.Mutex
-	open map[netip.Addr]int
+	open map[netip.Addr][]*limitConn // by source, oldest first
 	n    int
 }
 
 func newLimitListener(l net.Listener, perSource, total int) *limitListener {
-	return &limitListener{Listener: l, perSource: perSource, total: total, open: map[netip.Addr]int{}}
+	return &limitListener{Listener: l, perSource: perSource, total: total, open: map[netip.Addr][]*limitConn{}}
 }
 
 // Accept returns the next connection within the limits; the others are
@@ -41,25 +46,65 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		}
 		src := sourceAddr(c)
 		l.mu.Lock()
-		if l.n >= l.total || l.open[src] >= l.perSource {
+		var evict *limitConn
+		if l.n >= l.total {
+			evict = l.takeFromLargest(len(l.open[src]))
+		}
+		if (l.n >= l.total && evict == nil) || len(l.open[src]) >= l.perSource {
 			l.mu.Unlock()
 			c.Close()
 			continue
 		}
-		l.open[src]++
+		lc := &limitConn{Conn: c, l: l, src: src}
+		l.open[src] = append(l.open[src], lc)
 		l.n++
 		l.mu.Unlock()
-		return &limitConn{Conn: c, l: l, src: src}, nil
+		if evict != nil {
+			evict.Conn.Close() // its place was taken already: Close's release is a no-op
+		}
+		return lc, nil
 	}
 }
 
-func (l *limitListener) release(src netip.Addr) {
+// takeFromLargest gives up the oldest connection of the source holding
+// the most, if it holds more than have+1 (so that taking one of its places
+// leaves it at least as many as the taker), and returns it; nil if no
+// source does. l.mu is held.
+func (l *limitListener) takeFromLargest(have int) *limitConn {
+	var most []*limitConn
+	for _, cs := range l.open {
+		if len(cs) > len(most) {
+			most = cs
+		}
+	}
+	if len(most) <= have+1 {
+		return nil
+	}
+	victim := most[0]
+	victim.once.Do(func() { l.releaseLocked(victim) })
+	return victim
+}
+
+func (l *limitListener) release(c *limitConn) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.open[src]--; l.open[src] <= 0 {
-		delete(l.open, src)
+	l.releaseLocked(c)
+}
+
+func (l *limitListener) releaseLocked(c *limitConn) {
+	cs := l.open[c.src]
+	for i, o := range cs {
+		if o == c {
+			cs = append(cs[:i:i], cs[i+1:]...)
+			l.n--
+			break
+		}
 	}
-	l.n--
+	if len(cs) == 0 {
+		delete(l.open, c.src)
+	} else {
+		l.open[c.src] = cs
+	}
 }
 
 func sourceAddr(c net.Conn) netip.Addr {
@@ -79,6 +124,6 @@ type limitConn struct {
 
 func (c *limitConn) Close() error {
 	err := c.Conn.Close()
-	c.once.Do(func() { c.l.release(c.src) })
+	c.once.Do(func() { c.l.release(c) })
 	return err
 }
