@@ -69,7 +69,17 @@ type Config struct {
 	// resumed task does not start its budget over); zero: the loop's
 	// creation.
 	Started time.Time
+	// MaxTurnsWithoutTools is how many model turns in a row may call no
+	// tool (text only, an answer cut by the output limit, a pause) before
+	// the task fails with model_stalled (default
+	// DefaultMaxTurnsWithoutTools): each such turn is answered with a
+	// nudge and another paid call, and a task without budgets would pay
+	// for them for good.
+	MaxTurnsWithoutTools int
 }
+
+// DefaultMaxTurnsWithoutTools is Config.MaxTurnsWithoutTools's default.
+const DefaultMaxTurnsWithoutTools = 3
 
 // DefaultSystem is the frozen system prompt.
 const DefaultSystem = `You are a software engineer working in a sandbox on one repository, checked out at its root.
@@ -87,8 +97,9 @@ type Task struct {
 type Outcome struct {
 	// Reason: "finished"; "waiting_approval" (Approval says for what; the
 	// task resumes by Replay and Resume once the decision is on its log);
-	// or the budget that stopped it ("max_steps", "max_tokens",
-	// "max_cost", "max_wall_clock").
+	// the budget that stopped it ("max_steps", "max_tokens", "max_cost",
+	// "max_wall_clock"); or the model's failure, "model_refused: …",
+	// "model_error: …" or "model_stalled: …" (MaxTurnsWithoutTools).
 	Reason   string    `json:"reason"`
 	Finish   *Finish   `json:"finish,omitempty"`
 	Approval *Approval `json:"approval,omitempty"`
@@ -158,6 +169,9 @@ type Loop struct {
 	hasCheckpoint      bool
 	checkpointTooLarge bool // the last one's patch is not on the log
 	failedCalls        int  // model calls that failed in a row
+	// model turns in a row without a tool call (recorded, or found by
+	// Replay); compactions neither count nor reset it
+	turnsWithoutTools int
 	// every tool call id of the task's model calls (recorded, or found
 	// by Replay), compacted ones included: approvals and results are
 	// matched by id, so a new call gets none of them (see call)
@@ -189,6 +203,9 @@ func NewLoop(cfg Config, caller Caller, tools *Tools, rec Recorder) *Loop {
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = actor.RealClock()
+	}
+	if cfg.MaxTurnsWithoutTools <= 0 {
+		cfg.MaxTurnsWithoutTools = DefaultMaxTurnsWithoutTools
 	}
 	started := cfg.Started
 	if started.IsZero() {
@@ -329,6 +346,12 @@ func (l *Loop) Step(ctx context.Context) (*Outcome, error) {
 	if l.open != nil { // a step that failed part-way: finish its turn first
 		return l.runTurn(ctx, l.open)
 	}
+	// The live loop ends at the turn that reaches the limit; a replay of
+	// a log that ends there (the node died before the task's end was
+	// recorded) ends here, without another call.
+	if out := l.stalled(); out != nil {
+		return out, nil
+	}
 	req := model.Request{Model: l.cfg.Model, System: l.cfg.System, Tools: ToolSpecs(), Messages: l.msgs}
 	// A call made and paid for but not recorded is recorded and acted on
 	// by the next call of its own kind (see call): this step is that kind,
@@ -343,6 +366,7 @@ func (l *Loop) Step(ctx context.Context) (*Outcome, error) {
 		return stop, err
 	}
 	l.compactedLast = false
+	l.noteTurn(resp.Content)
 	return l.runTurn(ctx, &openTurn{n: n, content: resp.Content, stop: resp.StopReason})
 }
 
@@ -714,8 +738,34 @@ func (l *Loop) afterResponse(ctx context.Context, t *openTurn) (*Outcome, error)
 	if t.stop == model.StopRefusal || t.stop == model.StopContentFilter {
 		return &Outcome{Reason: "model_refused: the model stopped with " + t.stop, Spent: l.spent}, nil
 	}
+	// Nor is a model that keeps answering without the tools nudged for
+	// good: it ends after MaxTurnsWithoutTools such turns in a row.
+	if out := l.stalled(); out != nil {
+		return out, nil
+	}
 	l.appendUser(nudge(t.stop))
 	return nil, nil
+}
+
+// noteTurn counts a model turn (not a compaction) toward the turns in a
+// row without a tool call.
+func (l *Loop) noteTurn(content []model.Block) {
+	for _, b := range content {
+		if b.Type == model.BlockToolUse {
+			l.turnsWithoutTools = 0
+			return
+		}
+	}
+	l.turnsWithoutTools++
+}
+
+// stalled is the outcome of a task whose model has answered
+// MaxTurnsWithoutTools turns in a row without a tool call, or nil.
+func (l *Loop) stalled() *Outcome {
+	if l.turnsWithoutTools < l.cfg.MaxTurnsWithoutTools {
+		return nil
+	}
+	return &Outcome{Reason: fmt.Sprintf("model_stalled: %d turns in a row without a tool call", l.turnsWithoutTools), Spent: l.spent}
 }
 
 // invalidArguments is the text of a tool call's arguments that were not
@@ -768,6 +818,7 @@ func (l *Loop) Replay(events []Event) ([]model.Block, error) {
 	l.checkpoint, l.hasCheckpoint, l.checkpointTooLarge = "", false, false
 	l.asked, l.decisions, l.toolIDs = map[string]bool{}, map[string]decision{}, nil
 	l.finishResults, l.finishID, l.rejections, l.deferredSteers = nil, "", 0, nil
+	l.turnsWithoutTools = 0
 	var pending []model.Block
 	results := map[string]model.Block{}
 	// checkpoints whose call has no result yet, by tool call id
@@ -890,6 +941,7 @@ func (l *Loop) Replay(events []Event) ([]model.Block, error) {
 			}
 			l.msgs = append(l.msgs, model.Message{Role: model.RoleAssistant, Content: content})
 			l.noteToolIDs(content)
+			l.noteTurn(content)
 			hasTools := false
 			for _, b := range content {
 				if b.Type == model.BlockToolUse {
