@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -341,9 +342,21 @@ func (t *Tools) readFile(ctx context.Context, p string, start, end int) (Result,
 	if len(b) > MaxFileBytes {
 		return toolError("read_file: %s is over %d bytes; read a range of lines", p, MaxFileBytes), nil
 	}
-	lines := strings.SplitAfter(string(b), "\n")
-	if n := len(lines); n > 0 && lines[n-1] == "" {
-		lines = lines[:n-1]
+	return numberLines(b, p, start, end, MaxFileBytes), nil
+}
+
+// numberLines is read_file's result for a file's content b: lines start
+// to end (1-based, inclusive; 0 for the defaults), numbered, at most
+// limit bytes of them with the note that ends them. The lines are found
+// by scanning b, never split into a slice of them all: a file of 8 MiB of
+// newlines has 8 million lines, and a range over them all, formatted
+// whole, made some 75 MiB (and a slice of 134 MiB) that the loop then
+// kept as a blob. What the limit cuts, the note says, with the line to
+// ask for next.
+func numberLines(b []byte, p string, start, end, limit int) Result {
+	total := bytes.Count(b, []byte("\n"))
+	if len(b) > 0 && b[len(b)-1] != '\n' {
+		total++
 	}
 	if start <= 0 {
 		start = 1
@@ -351,22 +364,60 @@ func (t *Tools) readFile(ctx context.Context, p string, start, end int) (Result,
 	if end <= 0 {
 		end = start + ReadLinesDefault - 1
 	}
-	if start > len(lines) && len(lines) > 0 {
-		return toolError("read_file: %s has %d lines; start_line %d is past the end", p, len(lines), start), nil
+	if start > total && total > 0 {
+		return toolError("read_file: %s has %d lines; start_line %d is past the end", p, total, start)
 	}
-	end = min(end, len(lines))
-	var sb strings.Builder
-	for i := start; i <= end; i++ {
-		fmt.Fprintf(&sb, "%6d\t%s", i, lines[i-1])
-		if !strings.HasSuffix(lines[i-1], "\n") {
-			sb.WriteByte('\n')
+	end = min(end, total)
+	// the offset of line start
+	off := 0
+	for i := 1; i < start && off < len(b); i++ {
+		nl := bytes.IndexByte(b[off:], '\n')
+		if nl < 0 {
+			off = len(b)
+			break
 		}
+		off += nl + 1
 	}
-	if end < len(lines) {
-		fmt.Fprintf(&sb, "[lines %d-%d of %d; ask for more with start_line]\n", start, end, len(lines))
+	const noteRoom = 160 // the note at the end, with its numbers
+	var out bytes.Buffer
+	var num []byte
+	shown, kept := start-1, -1 // kept: the bytes of a line cut short
+	for i := start; i <= end; i++ {
+		line := b[off:]
+		if nl := bytes.IndexByte(line, '\n'); nl >= 0 {
+			line = line[:nl+1]
+		}
+		num = fmt.Appendf(num[:0], "%6d\t", i)
+		if out.Len()+len(num)+len(line)+1 > limit-noteRoom {
+			if i == start { // one line over the limit: its head
+				keep := max(limit-noteRoom-len(num)-1, 0)
+				for keep > 0 && !utf8.RuneStart(line[keep]) {
+					keep--
+				}
+				out.Write(num)
+				out.Write(line[:keep])
+				out.WriteByte('\n')
+				shown, kept = i, keep
+			}
+			break
+		}
+		out.Write(num)
+		out.Write(line)
+		if line[len(line)-1] != '\n' {
+			out.WriteByte('\n')
+		}
+		off += len(line)
+		shown = i
 	}
-	out := sb.String()
-	return Result{View: view([]byte(out)), Full: []byte(out)}, nil
+	switch {
+	case kept >= 0:
+		fmt.Fprintf(&out, "[line %d of %d cut after its first %d bytes: read_file returns at most %d bytes; see the rest with run_command]\n", shown, total, kept, limit)
+	case shown < end:
+		fmt.Fprintf(&out, "[lines %d-%d of %d: read_file returns at most %d bytes; ask for more with start_line %d]\n", start, shown, total, limit, shown+1)
+	case end < total:
+		fmt.Fprintf(&out, "[lines %d-%d of %d; ask for more with start_line]\n", start, end, total)
+	}
+	return Result{View: view(out.Bytes()), Full: out.Bytes()}
 }
 
 func (t *Tools) listFiles(ctx context.Context, p string, depth int) (Result, error) {
