@@ -523,7 +523,16 @@ func (a *taskActor) agentOutcome(c *actor.Context, out *agent.Outcome) {
 		a.finishTask(c)
 		return
 	}
-	a.end(c, endMsg{key: "agent/stopped", payload: map[string]any{"to": "failed", "reason": out.Reason, "spent": out.Spent}, why: out.Reason})
+	a.end(c, agentStopped(out))
+}
+
+// agentStopped is the end of a task whose loop stopped short of a finish
+// (a budget, the model's failure): failed, with the outcome's reason cut
+// by failedReason. The reason can carry what a provider sent (a model
+// error's type and message) or a replay's error, of any length.
+func agentStopped(out *agent.Outcome) endMsg {
+	reason := failedReason(out.Reason)
+	return endMsg{key: "agent/stopped", payload: map[string]any{"to": "failed", "reason": reason, "spent": out.Spent}, why: reason}
 }
 
 // end records the task's last event (after the sandbox's last egress

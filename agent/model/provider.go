@@ -138,13 +138,19 @@ type apiError struct {
 }
 
 // redact removes secret from what e took from a response body, then
-// shortens the message (in that order: a cut through the key would leave
-// its first part).
+// shortens the type and the message (in that order: a cut through the
+// key would leave its first part). Both are the server's text, and a
+// proxy may send anything there: each lands in every retry's log line
+// and in the task's end reason.
 func (e *HTTPError) redact(secret string) *HTTPError {
-	e.Type = redact(e.Type, secret)
+	e.Type = shorten(redact(e.Type, secret), maxErrorType)
 	e.Message = shorten(redact(e.Message, secret), 300)
 	return e
 }
+
+// maxErrorType bounds a provider's error type (the APIs' are words such
+// as "overloaded_error").
+const maxErrorType = 100
 
 // redact removes a credential from a message.
 func redact(s, secret string) string {
