@@ -495,8 +495,7 @@ func (a *taskActor) agentStep(c *actor.Context) {
 		return
 	}
 	if err != nil {
-		var he *model.HTTPError
-		if errors.Is(err, model.ErrMalformed) || (errors.As(err, &he) && !he.Retryable()) || strings.Contains(err.Error(), "scripted:") {
+		if modelFailed(err) {
 			a.agentOutcome(c, &agent.Outcome{Reason: "model_error: " + err.Error(), Spent: a.loop.Spent()})
 			return
 		}
@@ -509,6 +508,18 @@ func (a *taskActor) agentStep(c *actor.Context) {
 		return
 	}
 	_ = c.Self().Send(stepMsg{})
+}
+
+// modelFailed reports whether a step's error is the model's, for good: a
+// response the gateway cannot read, a refusal it does not retry, or the
+// scripted model's (its script ran out). The step would fail the same
+// again, so the task fails with a model_error; any other error (the
+// sandbox's, the log's) is retried. It goes by the errors' types, never
+// their text: a sandbox error names the path the model chose, which can
+// read like anything.
+func modelFailed(err error) bool {
+	var he *model.HTTPError
+	return errors.Is(err, model.ErrMalformed) || errors.Is(err, model.ErrScript) || (errors.As(err, &he) && !he.Retryable())
 }
 
 // agentOutcome records how the loop ended.

@@ -5,9 +5,18 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 )
+
+// ErrScript marks an error of a Scripted provider's Call: its script has
+// no turn for the request (the conversation went past its end), or the
+// request is not one it takes. Asked again, it answers the same: the node
+// fails the task with a model_error instead of retrying the step. Callers
+// test for it with errors.Is; the message is not a test (a path the model
+// chose can read "scripted:" too).
+var ErrScript = errors.New("scripted")
 
 // Scripted replays a JSONL file of assistant turns: no model is called.
 // Each line is a Response's JSON ({"content":[...],"stop_reason":...,
@@ -94,7 +103,7 @@ func (s *Scripted) Turns() int { return len(s.turns) }
 // Call returns the turn after the conversation's last assistant turn.
 func (s *Scripted) Call(ctx context.Context, req Request) (*Response, error) {
 	if err := req.Check(); err != nil {
-		return nil, fmt.Errorf("scripted: %w", err)
+		return nil, fmt.Errorf("%w: %w", ErrScript, err)
 	}
 	n := req.Turn - 1
 	if req.Turn <= 0 {
@@ -106,7 +115,7 @@ func (s *Scripted) Call(ctx context.Context, req Request) (*Response, error) {
 		}
 	}
 	if n >= len(s.turns) {
-		return nil, fmt.Errorf("scripted: %s has %d turns; the conversation asks for turn %d", s.Path, len(s.turns), n+1)
+		return nil, fmt.Errorf("%w: %s has %d turns; the conversation asks for turn %d", ErrScript, s.Path, len(s.turns), n+1)
 	}
 	r := s.turns[n]
 	r.Content = append([]Block(nil), r.Content...)
