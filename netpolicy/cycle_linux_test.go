@@ -2,6 +2,7 @@ package netpolicy_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/netip"
@@ -10,6 +11,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -361,5 +364,139 @@ func TestATakenBackNetworkKnowsItsAllowedAddresses(t *testing.T) {
 	}
 	if d := got.Sub(until); d < -2*time.Second || d > 2*time.Second {
 		t.Fatalf("after the restart %v is recorded as allowed until %v, the run before until %v", Web, got, until)
+	}
+}
+
+// stateFile is a sandbox's record in dir, and a stamp of the file that
+// changes with each write (a write renames a new file over it).
+func stateFile(t *testing.T, dir string, s *netpolicy.Sandbox) (path, stamp string) {
+	t.Helper()
+	path = filepath.Join(dir, filepath.Base(s.NSPath())+".json")
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	return path, fmt.Sprintf("ino %d mtime %d.%09d ctime %d.%09d", st.Ino, st.Mtim.Sec, st.Mtim.Nsec, st.Ctim.Sec, st.Ctim.Nsec)
+}
+
+// portReports counts the audit's connect events to Other, by port.
+type portReports struct {
+	mu sync.Mutex
+	n  map[int]int // reports naming the port
+}
+
+func (l *portReports) sink(_ string, b netpolicy.AuditBatch) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, e := range b.Events {
+		if e.Kind == "connect" && e.Addr == Other.String() {
+			l.n[e.Port]++
+		}
+	}
+}
+
+func (l *portReports) reports(port int) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.n[port]
+}
+
+// A guest that keeps sending to a destination already reported does not
+// make the node rewrite its sandbox's record (every attempt still in the
+// audit sets, up to a megabyte) at every audit interval: a report writes
+// it at most every stateSaveEvery (30 s).
+func TestAReportDoesNotRewriteTheStateEachInterval(t *testing.T) {
+	tp := New(t)
+	log := &portReports{n: map[int]int{}}
+	cfg := tp.Config(0, log.sink)
+	cfg.StateDir = t.TempDir()
+	m, err := netpolicy.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	s, err := m.Claim(context.Background(), "sb-quiet-state", netpolicy.Policy{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ports := []int{4242, 4243, 4244, 4245}
+	for _, p := range ports {
+		if _, err := connect(s, netip.AddrPortFrom(Other, uint16(p))); err == nil {
+			t.Fatalf("connect to the denied %v:%d succeeded", Other, p)
+		}
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		done := true
+		for _, p := range ports {
+			done = done && log.reports(p) > 0
+		}
+		if done {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the denied attempts were not reported")
+		}
+	}
+	_, stamp := stateFile(t, cfg.StateDir, s)
+	before, writes := log.reports(4242), 0
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); {
+		if _, err := connect(s, netip.AddrPortFrom(Other, 4242)); err == nil {
+			t.Fatalf("connect to the denied %v:4242 succeeded", Other)
+		}
+		time.Sleep(cfg.AuditInterval)
+		if _, now := stateFile(t, cfg.StateDir, s); now != stamp {
+			writes++
+			stamp = now
+		}
+	}
+	if n := log.reports(4242) - before; n < 5 {
+		t.Fatalf("%d reports of the repeated attempt in 2 s at a %v interval; the test needs more", n, cfg.AuditInterval)
+	}
+	if writes > 1 {
+		t.Errorf("the sandbox's record was written %d times in 2 s of reports of one destination already reported; want at most 1", writes)
+	}
+}
+
+// A record that lags the reports is written by a later report once
+// stateSaveEvery has passed, even if that report has nothing new, so a
+// crash re-reports at most that long's worth of attempts.
+func TestALaggingStateIsWrittenLater(t *testing.T) {
+	tp := New(t)
+	cfg := tp.Config(0, nil)
+	cfg.StateDir = t.TempDir()
+	netpolicy.SetStateSaveEvery(&cfg, time.Second)
+	m, err := netpolicy.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	s, err := m.Claim(context.Background(), "sb-lagging-state", netpolicy.Policy{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := connect(s, netip.AddrPortFrom(Other, 4242)); err == nil {
+		t.Fatalf("connect to the denied %v:4242 succeeded", Other)
+	}
+	path, _ := stateFile(t, cfg.StateDir, s)
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		type seen struct {
+			Addr    netip.Addr
+			Port    int
+			Packets uint64
+		}
+		var st struct{ Seen []seen }
+		if err := json.Unmarshal(b, &st); err != nil {
+			t.Fatal(err)
+		}
+		if slices.ContainsFunc(st.Seen, func(a seen) bool { return a.Addr == Other && a.Port == 4242 && a.Packets > 0 }) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the reported attempt to %v:4242 is not in the sandbox's record after 5 s: %s", Other, b)
+		}
 	}
 }

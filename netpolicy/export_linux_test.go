@@ -30,3 +30,7 @@ func (s *Sandbox) AllowedUntil(a netip.Addr) (time.Time, bool) {
 	t, ok := s.allowed[a]
 	return t, ok
 }
+
+// SetStateSaveEvery shortens how often the periodic audit may rewrite a
+// sandbox's record in StateDir (stateSaveEvery).
+func SetStateSaveEvery(c *Config, d time.Duration) { c.stateSaveEvery = d }

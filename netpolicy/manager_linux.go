@@ -60,7 +60,21 @@ type Config struct {
 	// (ReapOrphans). Without it a start removes every namespace.
 	StateDir string
 	Logger   *slog.Logger
+
+	// stateSaveEvery bounds how often a report rewrites a sandbox's
+	// record (stateSaveEvery when 0); tests shorten it.
+	stateSaveEvery time.Duration
 }
+
+// stateSaveEvery is how often at most the periodic audit rewrites a
+// sandbox's record in StateDir with what it has reported. The record holds
+// every attempt still in the audit sets (up to 4 x auditSize), so writing
+// it at each report cost a rename of up to a megabyte every interval for a
+// guest that kept hitting one destination. Bind, SetPolicy, Collect and
+// Detach still write it at once; a node that crashes meanwhile reports
+// again, after its restart, at most this long's worth of attempts (never
+// fewer: the record is written only after the reports it holds).
+const stateSaveEvery = 30 * time.Second
 
 // Manager gives sandboxes their networks. Its methods are safe for
 // concurrent use.
@@ -124,6 +138,9 @@ func New(cfg Config) (*Manager, error) {
 	}
 	if cfg.AuditInterval <= 0 {
 		cfg.AuditInterval = time.Second
+	}
+	if cfg.stateSaveEvery <= 0 {
+		cfg.stateSaveEvery = stateSaveEvery
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -403,6 +420,11 @@ type Sandbox struct {
 	policy  Policy
 	matcher *Matcher
 	seen    map[attemptKey]uint64 // packets reported so far
+	// unsaved says seen has advanced since the record in StateDir was
+	// written (at savedAt); the periodic report writes it at most every
+	// cfg.stateSaveEvery.
+	unsaved bool
+	savedAt time.Time
 	// pending holds the events not yet reported that no audit set counts:
 	// resolver decisions (noteDNS) and audit_full notes (noteFull).
 	pending []AuditEvent
@@ -805,15 +827,26 @@ func (s *Sandbox) report(m *Manager) {
 		m.log.Debug("egress audit", "sandbox", s.id, "err", err)
 		return
 	}
-	if len(b.Events) == 0 {
-		return
-	}
-	if m.cfg.Audit != nil {
-		m.cfg.Audit(s.id, b)
+	if len(b.Events) > 0 {
+		if m.cfg.Audit != nil {
+			m.cfg.Audit(s.id, b)
+		}
+		for _, e := range b.Events {
+			if e.Kind == "connect" {
+				s.unsaved = true // seen advanced
+				break
+			}
+		}
 	}
 	// After the delivery: a node that dies in between reports it again
-	// rather than never.
-	s.saveState()
+	// rather than never. Not at every report: the record holds all of
+	// seen, and an attempt reported again after a crash costs only a
+	// repeated event, so a record that lags is written when
+	// stateSaveEvery has passed since the last write (at a later report
+	// if this one has nothing new).
+	if s.unsaved && time.Since(s.savedAt) >= m.cfg.stateSaveEvery {
+		s.saveState()
+	}
 }
 
 // maxCollectReads bounds Collect's reads of the audit sets. Each read is

@@ -50,7 +50,9 @@ func (m *Manager) hasState(name string) bool {
 }
 
 // saveState records a bound sandbox's id, policy and what its audit has
-// reported (s.mu held). A closed sandbox's record is left alone: its
+// reported (s.mu held): at once when the id or the policy changes, at
+// Collect and Detach, and from the periodic report at most every
+// stateSaveEvery. A closed sandbox's record is left alone: its
 // teardown removes it, and Detach saves before it closes.
 func (s *Sandbox) saveState() {
 	if s.id == "" || s.closed {
@@ -60,20 +62,24 @@ func (s *Sandbox) saveState() {
 	for k, n := range s.seen {
 		st.Seen = append(st.Seen, seenAttempt{Allowed: k.allowed, Addr: k.addr, Proto: k.proto, Port: k.port, Packets: n})
 	}
-	s.m.writeState(s.name, st)
+	// A failed write is tried again at the next report after
+	// stateSaveEvery.
+	s.unsaved, s.savedAt = !s.m.writeState(s.name, st), time.Now()
 }
 
 // writeState writes a sandbox's record (write, then rename). A failure
 // only costs the network, or a repeated audit, after a restart, so it is
-// logged.
-func (m *Manager) writeState(name string, st sandboxState) {
+// logged; it returns whether the record was written.
+func (m *Manager) writeState(name string, st sandboxState) bool {
 	if m.cfg.StateDir == "" {
-		return
+		return true
 	}
 	b, _ := json.Marshal(st)
 	if err := m.writeStateFile(m.statePath(name), b); err != nil {
 		m.log.Warn("egress: keep sandbox state", "namespace", name, "err", err)
+		return false
 	}
+	return true
 }
 
 // writeStateFile writes a file of StateDir (write, then rename), making
@@ -237,7 +243,7 @@ func (m *Manager) Detach() {
 	for _, s := range bound {
 		s.mu.Lock()
 		if !s.closed {
-			s.saveState() // as each report did; again in case a write failed
+			s.saveState() // what the reports since the last write added
 			s.closed = true
 			s.nft.CloseLasting()
 			s.ns.Close()
