@@ -19,6 +19,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"github.com/warrenhq/warren/netpolicy"
@@ -498,5 +499,126 @@ func TestALaggingStateIsWrittenLater(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the reported attempt to %v:4242 is not in the sandbox's record after 5 s: %s", Other, b)
 		}
+	}
+}
+
+// A restarted node that takes a network back puts its own rules in the
+// namespace, not those of the run that made it (an older binary, other
+// node addresses or cluster ports), in one batch: connections, allowed
+// addresses and the audit sets go on.
+func TestRestartReplacesTheRules(t *testing.T) {
+	tp := New(t)
+	cfg := tp.Config(0, nil)
+	cfg.StateDir = t.TempDir()
+	cfg.AuditInterval = time.Hour // only Collect reports
+	m1, err := netpolicy.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s1, err := m1.Claim(context.Background(), "sb-old-rules", netpolicy.Policy{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rc, addrs := lookup(t, s1, "allowed.test", dns.TypeA); rc != dns.RcodeSuccess || !slices.Contains(addrs, Web) {
+		t.Fatalf("allowed.test: rcode %d, %v", rc, addrs)
+	}
+	if err := udpProbe(s1, netip.AddrPortFrom(Web, 53)); err == nil || !isRefused(err) {
+		t.Fatalf("udp to %v:53 before the restart: %v; want refused", Web, err)
+	}
+	var c net.Conn
+	if err := netpolicy.InNamedNS(s1.NSPath(), func() (err error) {
+		c, err = net.Dial("tcp", netip.AddrPortFrom(Web, 80).String())
+		return
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// An attempt the run before did not report: this run does.
+	if _, err := connect(s1, netip.AddrPortFrom(Other, 4244)); err == nil {
+		t.Fatalf("connect to the denied %v:4244 succeeded", Other)
+	}
+	m1.Detach()
+
+	// An older binary's rules: DNS to an allowed address not refused.
+	ns, err := netns.GetFromPath(s1.NSPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	nft, err := nftables.New(nftables.WithNetNSFd(int(ns)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules, err := nft.GetRules(&nftables.Table{Name: "warren", Family: nftables.TableFamilyINet}, &nftables.Chain{Name: "egress"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dns53 := 0
+	for _, r := range rules {
+		var port53, toDeny bool
+		for _, e := range r.Exprs {
+			switch e := e.(type) {
+			case *expr.Cmp:
+				port53 = port53 || slices.Equal(e.Data, []byte{0, 53})
+			case *expr.Verdict:
+				toDeny = e.Kind == expr.VerdictGoto && e.Chain == "deny"
+			}
+		}
+		if port53 && toDeny {
+			if err := nft.DelRule(r); err != nil {
+				t.Fatal(err)
+			}
+			dns53++
+		}
+	}
+	if err := nft.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if dns53 != 2 {
+		t.Fatalf("%d rules sending port 53 to deny; want 2 (TCP, UDP)", dns53)
+	}
+	if err := udpProbe(s1, netip.AddrPortFrom(Web, 53)); err != nil {
+		t.Fatalf("udp to %v:53 under the old rules: %v; the test wants it answered", Web, err)
+	}
+
+	m2, err := netpolicy.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m2.Close()
+	s2, err := m2.Reattach(s1.NSPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := udpProbe(s2, netip.AddrPortFrom(Web, 53)); err == nil || !isRefused(err) {
+		t.Errorf("udp to %v:53 after the restart: %v; want refused by this run's rules", Web, err)
+	}
+	if _, err := connect(s2, netip.AddrPortFrom(Web, 80)); err != nil {
+		t.Errorf("%v, allowed before the restart, after it: %v", Web, err)
+	}
+	if _, err := connect(s2, netip.AddrPortFrom(Other, 80)); err == nil {
+		t.Error("a denied host is reachable after the restart")
+	}
+	c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := c.Write([]byte("ping")); err != nil {
+		t.Fatalf("established connection after the restart: %v", err)
+	}
+	if _, err := c.Read(make([]byte, 4)); err != nil {
+		t.Fatalf("established connection after the restart: %v", err)
+	}
+	bs, err := s2.Collect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n uint64
+	for _, b := range bs {
+		for _, e := range b.Events {
+			if e.Kind == "connect" && e.Addr == Other.String() && e.Port == 4244 {
+				n += e.Count
+			}
+		}
+	}
+	if n != 1 {
+		t.Errorf("the attempt to %v:4244 made before the restart is reported %d times after it; want 1 (the audit sets must outlive the new rules)", Other, n)
 	}
 }

@@ -86,10 +86,125 @@ func newSets() *nftSets {
 // one netlink batch.
 func installRules(c *nftables.Conn, r Rules) (*nftSets, error) {
 	s := newSets()
+	if err := addRules(c, s, r); err != nil {
+		return nil, err
+	}
+	if err := c.Flush(); err != nil {
+		return nil, fmt.Errorf("nftables: install table %s: %w", tableName, err)
+	}
+	return s, nil
+}
+
+// rebuildRules replaces the sandbox table an earlier run of the node made
+// (with that run's rules: an older binary's, or other node addresses or
+// cluster ports) by r's, in one netlink batch, so no packet meets a
+// table half built: it deletes the table's chains, with their rules, and
+// its sets but the audit sets, then adds what installRules would, and
+// puts back into the allow sets the addresses of allowed (when each
+// leaves them) with the time they have left. The audit sets stay as they
+// are, counters and all: the attempts in them not yet reported are
+// reported by this run. If the kernel refuses that batch (an audit set
+// this binary defines otherwise), the whole table is replaced in one
+// batch instead, and kept is false: the audit sets start empty.
+// Connections go on either way: conntrack is not in the table.
+func rebuildRules(c *nftables.Conn, r Rules, allowed map[netip.Addr]time.Time) (s *nftSets, kept bool, err error) {
+	s = newSets()
+	if err = replaceRules(c, s, r, allowed); err == nil {
+		return s, true, nil
+	}
+	c.DelTable(s.table)
+	if err := addRules(c, s, r); err != nil {
+		return nil, false, err
+	}
+	if err := addAllowed(c, s, allowed); err != nil {
+		return nil, false, err
+	}
+	if err2 := c.Flush(); err2 != nil {
+		return nil, false, fmt.Errorf("nftables: replace table %s: %w (replacing its rules alone: %v)", tableName, err2, err)
+	}
+	return s, false, nil
+}
+
+// replaceRules is rebuildRules' first try: the table's audit sets kept.
+func replaceRules(c *nftables.Conn, s *nftSets, r Rules, allowed map[netip.Addr]time.Time) error {
+	chains, err := c.ListChainsOfTableFamily(s.table.Family)
+	if err != nil {
+		return fmt.Errorf("nftables: list chains: %w", err)
+	}
+	sets, err := c.GetSets(s.table)
+	if err != nil {
+		return fmt.Errorf("nftables: list sets: %w", err)
+	}
+	// Every rule first: a chain that another's rules jump to, or a set
+	// that rules look up, can only go once those rules have.
+	var ours []*nftables.Chain
+	for _, ch := range chains {
+		if ch.Table != nil && ch.Table.Name == s.table.Name {
+			ours = append(ours, ch)
+			c.FlushChain(ch)
+		}
+	}
+	for _, ch := range ours {
+		c.DelChain(ch)
+	}
+	audit := map[string]bool{}
+	for _, set := range []*nftables.Set{s.auditOK4, s.auditOK6, s.auditDeny4, s.auditDeny6} {
+		audit[set.Name] = true
+	}
+	for _, set := range sets {
+		if !set.Anonymous && !audit[set.Name] {
+			c.DelSet(set)
+		}
+	}
+	// Adding a set that exists (an audit set) keeps it, elements and all.
+	if err := addRules(c, s, r); err != nil {
+		return err
+	}
+	if err := addAllowed(c, s, allowed); err != nil {
+		return err
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("nftables: replace the rules of table %s: %w", tableName, err)
+	}
+	return nil
+}
+
+// addAllowed queues allowed's addresses into the allow sets, each for
+// the time it has left (one that has none left stays out).
+func addAllowed(c *nftables.Conn, s *nftSets, allowed map[netip.Addr]time.Time) error {
+	var e4, e6 []nftables.SetElement
+	for a, until := range allowed {
+		left := time.Until(until).Round(time.Millisecond)
+		if left <= 0 {
+			continue // an element without a timeout would never leave
+		}
+		el := nftables.SetElement{Key: a.AsSlice(), Timeout: left}
+		if a.Is4() {
+			e4 = append(e4, el)
+		} else {
+			e6 = append(e6, el)
+		}
+	}
+	if len(e4) > 0 {
+		if err := c.SetAddElements(s.allow4, e4); err != nil {
+			return err
+		}
+	}
+	if len(e6) > 0 {
+		if err := c.SetAddElements(s.allow6, e6); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// addRules queues the sandbox table, its sets and its chains, with r's
+// rules, without sending them.
+func addRules(c *nftables.Conn, s *nftSets, r Rules) error {
 	t := c.AddTable(s.table)
 	for _, set := range []*nftables.Set{s.allow4, s.allow6, s.ports, s.auditOK4, s.auditOK6, s.auditDeny4, s.auditDeny6} {
 		if err := c.AddSet(set, nil); err != nil {
-			return nil, fmt.Errorf("set %s: %w", set.Name, err)
+			return fmt.Errorf("set %s: %w", set.Name, err)
 		}
 	}
 	for _, x := range []struct {
@@ -97,7 +212,7 @@ func installRules(c *nftables.Conn, r Rules) (*nftSets, error) {
 		rs  []addrRange
 	}{{s.pfx4, r.Allow4}, {s.pfx6, r.Allow6}, {s.deny4, r.Deny4}, {s.deny6, r.Deny6}} {
 		if err := c.AddSet(x.set, intervalElems(x.rs)); err != nil {
-			return nil, fmt.Errorf("set %s: %w", x.set.Name, err)
+			return fmt.Errorf("set %s: %w", x.set.Name, err)
 		}
 	}
 	if len(r.ClusterPorts) > 0 {
@@ -106,7 +221,7 @@ func installRules(c *nftables.Conn, r Rules) (*nftSets, error) {
 			els = append(els, nftables.SetElement{Key: binaryutil.BigEndian.PutUint16(p)})
 		}
 		if err := c.SetAddElements(s.ports, els); err != nil {
-			return nil, err
+			return err
 		}
 	}
 
@@ -196,11 +311,7 @@ func installRules(c *nftables.Conn, r Rules) (*nftSets, error) {
 	}
 	add(deny, append(l4proto(unix.IPPROTO_TCP), &expr.Reject{Type: unix.NFT_REJECT_TCP_RST})...)
 	add(deny, &expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED})
-
-	if err := c.Flush(); err != nil {
-		return nil, fmt.Errorf("nftables: install table %s: %w", tableName, err)
-	}
-	return s, nil
+	return nil
 }
 
 // auditRules record an attempt's (address, protocol, port) with a packet

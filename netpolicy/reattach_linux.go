@@ -103,8 +103,11 @@ func (m *Manager) removeState(name string) {
 
 // Reattach takes back the network at nsPath that an earlier run of this
 // node left to a sandbox the driver has re-adopted: its namespace, veth,
-// rules and allow sets are as they were; its id and policy come from
-// StateDir, with what the audit had reported, so it is not reported again.
+// connections, allow sets and audit sets are as they were; its id and
+// policy come from StateDir, with what the audit had reported, so it is
+// not reported again. Its rules are this run's: the earlier run may have
+// been an older binary, or had other node addresses or cluster ports, so
+// the table is rebuilt in one batch (rebuildRules).
 func (m *Manager) Reattach(nsPath string) (*Sandbox, error) {
 	name := filepath.Base(nsPath)
 	slot, err := strconv.Atoi(strings.TrimPrefix(name, m.cfg.nsPrefix()))
@@ -150,12 +153,22 @@ func (m *Manager) Reattach(nsPath string) (*Sandbox, error) {
 		return fail(fmt.Errorf("its table is gone: %w", err))
 	}
 	s.id, s.policy, s.matcher = st.ID, st.Policy, st.Policy.Matcher(m.cfg.Registries)
-	// What the allow sets hold, until when: else the first lookup of an
+	// What the allow sets hold, until when: the rebuilt table gets them
+	// back with the time they have left. And else the first lookup of an
 	// address still there would add it again, which a kernel that keeps
 	// an element's first timeout ignores, while s.allowed would record
 	// the later time and skip the renewals that follow (see allow).
 	if err := s.loadAllowed(); err != nil {
 		return fail(fmt.Errorf("read its allow sets: %w", err))
+	}
+	ports := m.clusterPorts()
+	sets, kept, err := rebuildRules(s.nft, m.rulesWith(ports, st.Policy), s.allowed)
+	if err != nil {
+		return fail(fmt.Errorf("rebuild its rules: %w", err))
+	}
+	s.sets, s.ports = sets, len(ports)
+	if !kept {
+		m.log.Warn("egress: taken-back network's audit sets replaced; attempts not reported before the restart are lost", "sandbox", st.ID, "namespace", name)
 	}
 	for _, a := range st.Seen {
 		s.seen[attemptKey{a.Allowed, a.Addr, a.Proto, a.Port}] = a.Packets
@@ -167,8 +180,7 @@ func (m *Manager) Reattach(nsPath string) (*Sandbox, error) {
 	}
 	m.claimed[slot] = s
 	m.mu.Unlock()
-	// The table has the ports of the run that made it; add this run's
-	// (adding one it has already changes nothing).
+	// The ports added since rulesWith read them.
 	if err := s.syncPorts(); err != nil {
 		return fail(fmt.Errorf("cluster ports: %w", err))
 	}
