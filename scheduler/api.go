@@ -233,6 +233,12 @@ func (a taskAPI) GetTask(ctx context.Context, req *connect.Request[warrenv1.GetT
 // A page that reaches it ends early, with next_page_token set.
 const maxListBytes = 4 << 20
 
+// streamPageBytes bounds a stream's page of events, which a stream holds
+// until its client has read every event of it: at maxListBytes, a client
+// that read a few KB every 25 s (each write within streamWriteTimeout) kept
+// 4 MiB per stream for half an hour.
+const streamPageBytes = 256 << 10
+
 func (a taskAPI) ListTasks(ctx context.Context, req *connect.Request[warrenv1.ListTasksRequest]) (*connect.Response[warrenv1.ListTasksResponse], error) {
 	if err := validateList(req.Msg); err != nil {
 		return nil, invalid(err)
@@ -416,7 +422,7 @@ func (s *Server) tailOnce(ctx context.Context, id string, after *uint64, send fu
 	if err != nil {
 		return false, cmp.Or(check(), err)
 	}
-	evs, full, err := s.fsm.EventsPage(id, *after, streamBatch, maxListBytes)
+	evs, full, err := s.fsm.EventsPage(id, *after, streamBatch, streamPageBytes)
 	if err = cmp.Or(check(), err); err != nil {
 		return false, err
 	}

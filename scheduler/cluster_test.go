@@ -1115,3 +1115,44 @@ func TestFailedOpenReleasesEverything(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A ListEvents page of many mid-sized events stays within 4 MiB on the
+// wire, where gRPC clients' default receive limit is: the byte budget
+// counted stored bytes only, and each event's task id and framing took a
+// page of 5 KB events about 27 KB past it, which such a client refused
+// on every try.
+func TestEventsPageFitsFourMiBOnTheWire(t *testing.T) {
+	n := startSingle(t)
+	task := createVia(t, n, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	mid := []byte(`{"line":"` + strings.Repeat("x", 5000) + `"}`)
+	const total = 1000
+	for i := 0; i < total; i += 100 {
+		var evs []*warrenv1.EventInput
+		for range 100 {
+			evs = append(evs, &warrenv1.EventInput{Kind: KindLog, Payload: mid})
+		}
+		if _, err := n.tasks.AppendEvents(ctx, connect.NewRequest(&warrenv1.AppendEventsRequest{TaskId: task.GetId(), Events: evs})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var after uint64
+	for {
+		resp, err := n.tasks.ListEvents(ctx, connect.NewRequest(&warrenv1.ListEventsRequest{TaskId: task.GetId(), AfterSeq: after, Limit: MaxListEvents}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		evs := resp.Msg.GetEvents()
+		if len(evs) == 0 {
+			break
+		}
+		if size := proto.Size(resp.Msg); size > 4<<20 {
+			t.Fatalf("a page of %d events is %d bytes on the wire, over 4 MiB", len(evs), size)
+		}
+		after = evs[len(evs)-1].GetSeq()
+	}
+	if after != total+1 {
+		t.Fatalf("listed up to seq %d of %d", after, total+1)
+	}
+}

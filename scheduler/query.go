@@ -57,8 +57,14 @@ func (f *FSM) Events(id string, after uint64, limit int) ([]*warrenv1.Event, err
 	return evs, err
 }
 
+// eventWireOverhead bounds what an event of a page costs on the wire over
+// its stored bytes: its task_id field's tag and length (the id itself is
+// counted apart) and the list entry's tag and length.
+const eventWireOverhead = 8
+
 // EventsPage is Events with a byte budget: with maxBytes > 0 the page also
-// ends before an event that would take its stored size past maxBytes (it
+// ends before an event that would take the page's size on the wire (each
+// event's stored bytes, its task id and their framing) past maxBytes (it
 // always holds at least one event). full reports that the page ended at
 // limit or maxBytes, so more events may follow.
 func (f *FSM) EventsPage(id string, after uint64, limit, maxBytes int) (evs []*warrenv1.Event, full bool, err error) {
@@ -73,10 +79,11 @@ func (f *FSM) EventsPage(id string, after uint64, limit, maxBytes int) (evs []*w
 	size := 0
 	for ok := it.First(); ok; ok = it.Next() {
 		v := it.Value()
-		if len(evs) == limit || maxBytes > 0 && len(evs) > 0 && size+len(v) > maxBytes {
+		cost := len(v) + len(id) + eventWireOverhead
+		if len(evs) == limit || maxBytes > 0 && len(evs) > 0 && size+cost > maxBytes {
 			return evs, true, it.Error()
 		}
-		size += len(v)
+		size += cost
 		ev := &warrenv1.Event{}
 		if err := proto.Unmarshal(v, ev); err != nil {
 			return nil, false, fmt.Errorf("decode event %x: %w", it.Key(), err)
