@@ -171,6 +171,11 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 			f.applied.Store(0)
 			f.broken.Store(true)
 			f.log.Error("snapshot restore failed midway: local state unusable until a snapshot is restored", "snapshot_index", snapIndex)
+			// Streams waiting for their next event read again, meet
+			// readGuard's refusal and end, so that their clients go to
+			// another server: woken by nothing else, they waited silent
+			// for as long as restores kept failing.
+			f.watch.notifyAll()
 		case !wasBroken:
 			f.restores.Add(1) // nothing replaced: reads go on as before
 		}

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
@@ -316,5 +317,32 @@ func TestAppendRefusesEventsAfterTheTerminalOne(t *testing.T) {
 	}
 	if r := tf.apply(&fsmv1.AppendEvents{TaskId: task.GetId(), LeaseEpoch: 1, Time: timestamppb.New(t0), Events: split[:3]})[0]; connect.Code(r.GetCode()) != connect.CodeFailedPrecondition {
 		t.Errorf("the FSM took parts without their event: %v", r)
+	}
+}
+
+// A restore that fails midway wakes the streams waiting for a task's next
+// event: they read again, are refused (the state is unusable) and end, so
+// their clients go to another server. Before, nothing woke them, and they
+// sent nothing and never ended while restores kept failing.
+func TestFailedRestoreWakesWaitingStreams(t *testing.T) {
+	src := newTestFSM(t)
+	for range 3 {
+		src.create("")
+	}
+	newer := snapshotBytes(t, src.fsm)
+	dst := newTestFSM(t)
+	id := dst.create("").GetId()
+	wake, release := dst.fsm.WatchTask(id)
+	defer release()
+	restoreCopyHook = func() error { return errors.New("disk full (injected)") }
+	err := dst.fsm.Restore(io.NopCloser(bytes.NewReader(newer)))
+	restoreCopyHook = nil
+	if err == nil {
+		t.Fatal("the restore with a failing copy succeeded")
+	}
+	select {
+	case <-wake:
+	case <-time.After(2 * time.Second):
+		t.Fatal("a stream waiting on the task was not woken by the failed restore")
 	}
 }
