@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
+	"unicode/utf8"
 
 	segjson "github.com/segmentio/encoding/json"
 
@@ -108,6 +109,13 @@ func checkEvent(i int, ev *warrenv1.EventInput, scanJSON bool) error {
 	}
 	if len(ev.GetPayload()) == 0 {
 		return nil // an empty payload means {}
+	}
+	// JSON (as encoding/json reads it) takes any byte in a string; SSE
+	// and `task watch -o json` would then print text that is not UTF-8,
+	// which strict readers refuse. Events the nodes build are marshalled
+	// from Go strings, so this refuses only a writer's own bytes.
+	if scanJSON && !utf8.Valid(ev.GetPayload()) {
+		return fmt.Errorf("%s.payload: not UTF-8 text", field())
 	}
 	if scanJSON && !isJSONObject(ev.GetPayload()) {
 		var obj map[string]json.RawMessage

@@ -102,6 +102,9 @@ func TestValidateAppend(t *testing.T) {
 		{"unknown kind", &warrenv1.AppendEventsRequest{TaskId: id, Events: []*warrenv1.EventInput{{Kind: "nope"}}}, "events[0].kind: unknown"},
 		{"server kind", &warrenv1.AppendEventsRequest{TaskId: id, Events: []*warrenv1.EventInput{{Kind: KindTaskCreated}}}, "events[0].kind:"},
 		{"not json", &warrenv1.AppendEventsRequest{TaskId: id, Events: []*warrenv1.EventInput{logEvent("a"), {Kind: KindLog, Payload: []byte("[1]")}}}, "events[1].payload: not a JSON object"},
+		// encoding/json takes any byte in a string; SSE and -o json would
+		// print it.
+		{"not utf-8", &warrenv1.AppendEventsRequest{TaskId: id, Events: []*warrenv1.EventInput{{Kind: KindLog, Payload: []byte("{\"a\":\"\xff\"}")}}}, "events[0].payload: not UTF-8 text"},
 		{"too big", &warrenv1.AppendEventsRequest{TaskId: id, Events: []*warrenv1.EventInput{{Kind: KindLog, Payload: []byte(`{"x":"` + strings.Repeat("a", MaxPayloadBytes) + `"}`)}}}, "events[0].payload:"},
 		{"bad state", &warrenv1.AppendEventsRequest{TaskId: id, Events: []*warrenv1.EventInput{{Kind: KindStateChanged, Payload: []byte(`{"to":"done"}`)}}}, "events[0].payload.to:"},
 		{"no tool call", &warrenv1.AppendEventsRequest{TaskId: id, Events: []*warrenv1.EventInput{{Kind: KindApprovalRequested, Payload: []byte(`{}`)}}}, "events[0].payload.tool_call_id: required"},
