@@ -149,6 +149,10 @@ func (j *PartJoiner) Add(kind string, payload []byte) (joined []byte, ok bool, e
 			j.held = nil
 			return nil, false, fmt.Errorf("%w: a payload_part that is not one: %v", ErrParts, err)
 		}
+		if p.Parts < 1 || p.Parts > maxParts || p.Part > p.Parts {
+			j.held = nil
+			return nil, false, fmt.Errorf("%w: part %d of %d of a %s event: an event has 1 to %d parts", ErrParts, p.Part, p.Parts, p.Of, maxParts)
+		}
 		if p.Part != len(j.held)+1 || (len(j.held) > 0 && (p.Parts != j.held[0].Parts || p.Of != j.held[0].Of)) {
 			j.held = nil
 			return nil, false, fmt.Errorf("%w: part %d of %d of a %s event is out of order", ErrParts, p.Part, p.Parts, p.Of)
@@ -188,6 +192,20 @@ func (j *PartJoiner) Add(kind string, payload []byte) (joined []byte, ok bool, e
 		return payload, true, fmt.Errorf("%w: a %s event's parts: %v", ErrParts, kind, err)
 	}
 	delete(fields, PartsKey)
+	// The parts put back what the description names, and nothing the
+	// event kept: a writer could otherwise have its parts replace a
+	// field the cluster read from the event (an approval's tool call id).
+	names := make([]string, 0, len(moved))
+	for k := range moved {
+		if _, kept := fields[k]; kept {
+			return payload, true, fmt.Errorf("%w: a %s event's parts hold %q, a field the event kept", ErrParts, kind, k)
+		}
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	if !slices.Equal(names, desc.Fields) {
+		return payload, true, fmt.Errorf("%w: a %s event's parts hold fields %q, not the %q its %s names", ErrParts, kind, names, desc.Fields, PartsKey)
+	}
 	for k, v := range moved {
 		fields[k] = v
 	}

@@ -155,14 +155,16 @@ func TestPartJoinerRefusesBrokenParts(t *testing.T) {
 		return out
 	}
 	for name, bad := range map[string][]*warrenv1.EventInput{
-		"a part missing":    evs[1:],
-		"the last missing":  append(append([]*warrenv1.EventInput(nil), evs[:len(evs)-2]...), evs[len(evs)-1]),
-		"a byte changed":    changed(1, func(p *part) { p.Data[10] ^= 1 }),
-		"parts swapped":     append([]*warrenv1.EventInput{evs[1], evs[0]}, evs[2:]...),
-		"another kind":      changed(0, func(p *part) { p.Of = "model_call" }),
-		"not a part":        append([]*warrenv1.EventInput{{Kind: KindPayloadPart, Payload: []byte(`[1]`)}}, evs...),
-		"no split after":    append(append([]*warrenv1.EventInput(nil), evs[:len(evs)-1]...), &warrenv1.EventInput{Kind: "tool_call", Payload: []byte(`{}`)}),
-		"a bad description": append(append([]*warrenv1.EventInput(nil), evs[:len(evs)-1]...), &warrenv1.EventInput{Kind: "tool_call", Payload: []byte(`{"payload_parts":"x"}`)}),
+		"a part missing":        evs[1:],
+		"the last missing":      append(append([]*warrenv1.EventInput(nil), evs[:len(evs)-2]...), evs[len(evs)-1]),
+		"a byte changed":        changed(1, func(p *part) { p.Data[10] ^= 1 }),
+		"parts swapped":         append([]*warrenv1.EventInput{evs[1], evs[0]}, evs[2:]...),
+		"another kind":          changed(0, func(p *part) { p.Of = "model_call" }),
+		"not a part":            append([]*warrenv1.EventInput{{Kind: KindPayloadPart, Payload: []byte(`[1]`)}}, evs...),
+		"no split after":        append(append([]*warrenv1.EventInput(nil), evs[:len(evs)-1]...), &warrenv1.EventInput{Kind: "tool_call", Payload: []byte(`{}`)}),
+		"a part past its count": changed(1, func(p *part) { p.Part = p.Parts + 1 }),
+		"too many parts":        changed(0, func(p *part) { p.Parts = maxParts + 1 }),
+		"a bad description":     append(append([]*warrenv1.EventInput(nil), evs[:len(evs)-1]...), &warrenv1.EventInput{Kind: "tool_call", Payload: []byte(`{"payload_parts":"x"}`)}),
 	} {
 		var j PartJoiner
 		var failed error
@@ -242,4 +244,45 @@ func FuzzPartJoiner(f *testing.F) {
 			t.Fatalf("joined into JSON that is not valid: %q", out)
 		}
 	})
+}
+
+// Parts that name another field than their description, or one the event
+// kept, are refused, even with a matching size and hash (the writer
+// declares both): an approval_requested event that kept tool_call_id "a"
+// could have its parts make it "b" for every reader that joined them.
+func TestPartJoinerRefusesPartsThatReplaceAKeptField(t *testing.T) {
+	big := strings.Repeat("i", 100<<10)
+	payload, _ := MarshalPlain(map[string]string{"tool_call_id": "a", "input": big})
+	evs, err := SplitPayload("approval_requested", payload)
+	if err != nil || len(evs) < 2 {
+		t.Fatalf("%d events, %v", len(evs), err)
+	}
+	forge := func(moved map[string]string, fields []string) []*warrenv1.EventInput {
+		blob, _ := MarshalPlain(moved)
+		sum := sha256.Sum256(blob)
+		var rest map[string]json.RawMessage
+		if err := json.Unmarshal(evs[len(evs)-1].GetPayload(), &rest); err != nil {
+			t.Fatal(err)
+		}
+		desc, _ := json.Marshal(Parts{Fields: fields, Parts: 1, Bytes: len(blob), SHA256: hex.EncodeToString(sum[:])})
+		rest[PartsKey] = desc
+		last, _ := MarshalPlain(rest)
+		p, _ := json.Marshal(part{Of: "approval_requested", Part: 1, Parts: 1, Data: blob})
+		return []*warrenv1.EventInput{{Kind: KindPayloadPart, Payload: p}, {Kind: "approval_requested", Payload: last}}
+	}
+	for name, bad := range map[string][]*warrenv1.EventInput{
+		"a kept field":     forge(map[string]string{"input": "x", "tool_call_id": "b"}, []string{"input", "tool_call_id"}),
+		"an unnamed field": forge(map[string]string{"input": "x", "other": "y"}, []string{"input"}),
+	} {
+		var j PartJoiner
+		var failed error
+		for _, e := range bad {
+			if _, _, err := j.Add(e.GetKind(), e.GetPayload()); err != nil {
+				failed = err
+			}
+		}
+		if !errors.Is(failed, ErrParts) {
+			t.Errorf("%s: %v, want an ErrParts error", name, failed)
+		}
+	}
 }
