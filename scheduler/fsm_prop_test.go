@@ -75,7 +75,7 @@ func TestFSMInvariants(t *testing.T) {
 					positioned[id] = append(positioned[id], m)
 					msgs = append(msgs, m)
 				case 5:
-					msgs = append(msgs, &fsmv1.RegisterNode{Node: &warrenv1.Node{Id: node, Drivers: []string{"sim"},
+					msgs = append(msgs, &fsmv1.RegisterNode{Node: &warrenv1.Node{Id: node, Drivers: []string{DefaultDriver},
 						Capacity: &warrenv1.Resources{MilliCpu: 3 * DefaultTaskMilliCPU, MemoryBytes: 3 * DefaultTaskMemoryBytes}}, Time: ts})
 				case 6:
 					msgs = append(msgs, &fsmv1.ApplyPlan{Placements: []*fsmv1.ApplyPlan_Placement{{TaskId: id, NodeId: node}}, Time: ts})

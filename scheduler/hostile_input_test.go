@@ -27,7 +27,7 @@ func zzSeeds() []proto.Message {
 	ts := timestamppb.New(t0)
 	return []proto.Message{
 		&fsmv1.CreateTask{Id: zzTask, Tenant: "t", RequestId: "r", Spec: testSpec(), Time: ts},
-		&fsmv1.RegisterNode{Node: &warrenv1.Node{Id: "n1", Drivers: []string{"sim"},
+		&fsmv1.RegisterNode{Node: &warrenv1.Node{Id: "n1", Drivers: []string{DefaultDriver},
 			Capacity: &warrenv1.Resources{MilliCpu: 3 * DefaultTaskMilliCPU, MemoryBytes: 3 * DefaultTaskMemoryBytes}}, Time: ts},
 		&fsmv1.ApplyPlan{Placements: []*fsmv1.ApplyPlan_Placement{{TaskId: zzTask, NodeId: "n1"}}, Time: ts},
 		&fsmv1.GrantLease{TaskId: zzTask, Node: "n1", Time: ts},

@@ -3,6 +3,7 @@ package scheduler
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"connectrpc.com/connect"
 	"github.com/cockroachdb/pebble/v2"
@@ -122,8 +123,63 @@ func (a *applier) registerNode(m *fsmv1.RegisterNode) *fsmv1.Result {
 		n.Status, n.StatusChangedAt, n.StatusReason = warrenv1.NodeStatus_NODE_STATUS_READY, m.GetTime(), "registered again"
 	}
 	a.putNode(n)
+	if r == nil {
+		// Its drivers, templates or labels may have changed: a task it
+		// can no longer run is requeued, else the hello's reconcile would
+		// start it there anyway (under a weaker driver, or to fail for a
+		// template the node no longer has).
+		if err := a.requeueMisfits(n, m.GetTime()); err != nil {
+			panic(fmt.Sprintf("scheduler: requeue tasks %s no longer fits: %v", n.GetId(), err))
+		}
+		n, _ = a.node(n.GetId()) // requeueing released resources on it
+	}
 	a.replan = true
 	return &fsmv1.Result{Node: proto.Clone(n).(*warrenv1.Node)}
+}
+
+// requeueMisfits lets go of every lease n holds whose task n no longer
+// passes the static filters of (see misfit), requeueing the task.
+func (a *applier) requeueMisfits(n *warrenv1.Node, ts *timestamppb.Timestamp) error {
+	ids, err := a.leaseIDs(n.GetId())
+	if err != nil {
+		return err
+	}
+	for _, id := range ids {
+		t, r := a.task(id)
+		if r != nil || Terminal(t.GetState()) || t.GetLease().GetNode() != n.GetId() {
+			continue
+		}
+		if why := misfit(n, t.GetSpec()); why != "" {
+			a.requeue(t, ts, fmt.Sprintf("node %s no longer offers %s", n.GetId(), why))
+			a.putTask(t)
+		}
+	}
+	return nil
+}
+
+// specDriver is the driver a task of spec runs under.
+func specDriver(spec *warrenv1.TaskSpec) string {
+	if d := spec.GetDriver(); d != "" {
+		return d
+	}
+	return DefaultDriver
+}
+
+// misfit names the first static filter of placement (driver, template
+// when the spec names one, node selector) that n fails for a task of spec
+// ("driver microvm", "template go", "labels gpu=1"), or "" when it passes
+// them all. It mirrors placer.check on the FSM's records, so that the FSM
+// refuses at apply what placement would not have planned.
+func misfit(n *warrenv1.Node, spec *warrenv1.TaskSpec) string {
+	switch d, tpl, sel := specDriver(spec), spec.GetTemplate(), spec.GetNodeSelector(); {
+	case !slices.Contains(n.GetDrivers(), d):
+		return "driver " + d
+	case tpl != "" && !slices.Contains(n.GetTemplates(), tpl):
+		return "template " + tpl
+	case !hasLabels(n.GetLabels(), sel):
+		return "labels " + selectorText(sel)
+	}
+	return ""
 }
 
 func (a *applier) nodeOp(m *fsmv1.NodeOp) *fsmv1.Result {
@@ -171,16 +227,8 @@ func (a *applier) nodeOp(m *fsmv1.NodeOp) *fsmv1.Result {
 // pending under a new epoch, so anything the old node still appends is
 // refused. An index entry of a finished task is stale and only released.
 func (a *applier) requeueAll(node string, ts *timestamppb.Timestamp, reason string) error {
-	prefix := keyNodeTasks(node)
-	it, err := a.b.NewIter(&pebble.IterOptions{LowerBound: prefix, UpperBound: prefixEnd(prefix)})
+	ids, err := a.leaseIDs(node)
 	if err != nil {
-		return err
-	}
-	var ids []string
-	for ok := it.First(); ok; ok = it.Next() {
-		ids = append(ids, string(it.Key()[len(prefix):]))
-	}
-	if err := errors.Join(it.Error(), it.Close()); err != nil {
 		return err
 	}
 	if reason == "" {
@@ -208,6 +256,24 @@ func (a *applier) requeueAll(node string, ts *timestamppb.Timestamp, reason stri
 		a.putTask(t)
 	}
 	return nil
+}
+
+// leaseIDs lists the tasks in node's lease index, in id order (as this
+// batch sees it).
+func (a *applier) leaseIDs(node string) ([]string, error) {
+	prefix := keyNodeTasks(node)
+	it, err := a.b.NewIter(&pebble.IterOptions{LowerBound: prefix, UpperBound: prefixEnd(prefix)})
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for ok := it.First(); ok; ok = it.Next() {
+		ids = append(ids, string(it.Key()[len(prefix):]))
+	}
+	if err := errors.Join(it.Error(), it.Close()); err != nil {
+		return nil, err
+	}
+	return ids, nil
 }
 
 // requeue moves a task that held a lease back to pending under a new
@@ -307,6 +373,10 @@ func (a *applier) place(p *fsmv1.ApplyPlan_Placement, ts *timestamppb.Timestamp)
 	}
 	if n.GetStatus() != warrenv1.NodeStatus_NODE_STATUS_READY || !n.GetEligible() {
 		return fmt.Sprintf("node %s is not taking tasks (%s, eligible=%v)", n.GetId(), NodeStatusName(n.GetStatus()), n.GetEligible())
+	}
+	if why := misfit(n, t.GetSpec()); why != "" {
+		// The plan was made before the node registered again without it.
+		return fmt.Sprintf("node %s does not offer %s", n.GetId(), why)
 	}
 	needs := TaskNeeds(t.GetSpec())
 	freeCPU := n.GetCapacity().GetMilliCpu() - n.GetAllocated().GetMilliCpu()

@@ -13,6 +13,7 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
+	"github.com/oklog/ulid/v2"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
@@ -21,11 +22,12 @@ import (
 	"github.com/warrenhq/warren/raftlog"
 )
 
-// registerNode registers a node with room for `slots` default-sized tasks.
+// registerNode registers a node with room for `slots` default-sized tasks,
+// offering the driver of testSpec's tasks (which name none).
 func (tf *testFSM) registerNode(id string, slots int64) *warrenv1.Node {
 	tf.t.Helper()
 	return tf.ok(&fsmv1.RegisterNode{Node: &warrenv1.Node{
-		Id: id, Drivers: []string{"sim"},
+		Id: id, Drivers: []string{DefaultDriver},
 		Capacity: &warrenv1.Resources{MilliCpu: slots * DefaultTaskMilliCPU, MemoryBytes: slots * DefaultTaskMemoryBytes},
 	}, Time: timestamppb.New(t0)})[0].GetNode()
 }
@@ -353,7 +355,7 @@ func TestReRegisterSmallerThanItsLeases(t *testing.T) {
 		}
 	}()
 	n := tf.ok(&fsmv1.RegisterNode{Node: &warrenv1.Node{
-		Id: "n1", Drivers: []string{"sim"},
+		Id: "n1", Drivers: []string{DefaultDriver},
 		Capacity: &warrenv1.Resources{MilliCpu: DefaultTaskMilliCPU, MemoryBytes: DefaultTaskMemoryBytes},
 	}, Time: timestamppb.New(t0)})[0].GetNode()
 	if n.GetTaskCount() != 2 {
@@ -505,5 +507,115 @@ func TestNodeDownLeavesAFinishedTaskWithAStaleIndexEntryFinished(t *testing.T) {
 	}
 	if ts, err := tf.fsm.NodeTasks("n1"); err != nil || len(ts) != 0 {
 		t.Fatalf("NodeTasks(n1) after down = %d tasks, %v; want none", len(ts), err)
+	}
+}
+
+// A node that registers again without a task's driver, template or
+// labels loses that task's lease: the task is requeued under a new epoch
+// and its resources come back, instead of the hello's reconcile starting
+// it there (under a weaker driver, or to fail for good on a template the
+// node no longer has). A plan made before such a registration is refused
+// when it lands after it. A registration that still fits keeps the lease.
+func TestReRegisterWithoutWhatATaskNeedsRequeuesIt(t *testing.T) {
+	register := func(tf *testFSM, drivers, templates []string, labels map[string]string) {
+		tf.t.Helper()
+		tf.ok(&fsmv1.RegisterNode{Node: &warrenv1.Node{
+			Id: "n1", Drivers: drivers, Templates: templates, Labels: labels,
+			Capacity: &warrenv1.Resources{MilliCpu: 4 * DefaultTaskMilliCPU, MemoryBytes: 4 * DefaultTaskMemoryBytes},
+		}, Time: timestamppb.New(t0)})
+	}
+	create := func(tf *testFSM, template string, selector map[string]string) string {
+		tf.t.Helper()
+		spec := testSpec()
+		spec.Driver, spec.Template, spec.NodeSelector = "sim", template, selector
+		return tf.ok(&fsmv1.CreateTask{Id: ulid.Make().String(), Tenant: "default", Spec: spec, Time: timestamppb.New(t0)})[0].GetTask().GetId()
+	}
+	gpu := map[string]string{"gpu": "1"}
+	for _, c := range []struct {
+		name      string
+		template  string
+		selector  map[string]string
+		drivers   []string
+		templates []string
+		labels    map[string]string
+		reason    string // "" when the lease stays
+	}{
+		{"template dropped", "go", nil, []string{"sim"}, nil, gpu, "node n1 no longer offers template go"},
+		{"driver changed", "go", nil, []string{"container"}, []string{"go"}, gpu, "node n1 no longer offers driver sim"},
+		{"label dropped", "", gpu, []string{"sim"}, []string{"go"}, nil, "node n1 no longer offers labels gpu=1"},
+		{"label changed", "", gpu, []string{"sim"}, []string{"go"}, map[string]string{"gpu": "2"}, "node n1 no longer offers labels gpu=1"},
+		// A task naming no template runs the node's default one, which
+		// placement does not look for in the node's list.
+		{"no template, templates dropped", "", nil, []string{"sim"}, nil, nil, ""},
+		{"still fits", "go", gpu, []string{"container", "sim"}, []string{"go", "py"}, map[string]string{"gpu": "1", "zone": "a"}, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tf := newTestFSM(t)
+			register(tf, []string{"sim"}, []string{"go"}, gpu)
+			id := create(tf, c.template, c.selector)
+			if errs := tf.plan(at(id, "n1")); errs[0] != "" {
+				t.Fatal(errs[0])
+			}
+			register(tf, c.drivers, c.templates, c.labels)
+			tk, n := tf.mustTask(id), tf.mustNode("n1")
+			if c.reason == "" {
+				if tk.GetState() != warrenv1.TaskState_TASK_STATE_PLACED || tk.GetLease().GetNode() != "n1" || tk.GetLease().GetEpoch() != 1 ||
+					n.GetTaskCount() != 1 || n.GetAllocated().GetMilliCpu() != DefaultTaskMilliCPU {
+					t.Fatalf("a registration that still fits moved the task: %v\nnode %v", tk, n)
+				}
+				return
+			}
+			if tk.GetState() != warrenv1.TaskState_TASK_STATE_PENDING || tk.GetLease().GetNode() != "" || tk.GetLease().GetEpoch() != 2 ||
+				!tk.GetResume() || tk.GetLastFailedNode() != "n1" {
+				t.Fatalf("task after n1 registered without what it needs: %v", tk)
+			}
+			if n.GetTaskCount() != 0 || n.GetAllocated().GetMilliCpu() != 0 || n.GetAllocated().GetMemoryBytes() != 0 {
+				t.Fatalf("n1 still holds the task's resources: %v", n)
+			}
+			if held, err := tf.fsm.NodeTasks("n1"); err != nil || len(held) != 0 {
+				t.Fatalf("n1's lease index: %v, %v", held, err)
+			}
+			evs := tf.events(id)
+			if last := evs[len(evs)-1]; last.GetKind() != KindStateChanged || !strings.Contains(string(last.GetPayload()), c.reason) {
+				t.Fatalf("last event %s %s, want a requeue saying %q", last.GetKind(), last.GetPayload(), c.reason)
+			}
+			// A plan made before the registration, landing after it.
+			if errs := tf.plan(at(id, "n1")); !strings.Contains(errs[0], "node n1 does not offer") {
+				t.Fatalf("placement on n1 after it registered without what the task needs: %q", errs[0])
+			}
+		})
+	}
+}
+
+// ApplyPlan checks a placement against the node's driver, template and
+// labels as they are at apply: a plan made on a snapshot from before the
+// node registered again without them is refused.
+func TestPlanChecksDriverTemplateAndLabelsAtApply(t *testing.T) {
+	tf := newTestFSM(t)
+	tf.ok(&fsmv1.RegisterNode{Node: &warrenv1.Node{
+		Id: "n1", Drivers: []string{"sim"}, Templates: []string{"go"}, Labels: map[string]string{"gpu": "1"},
+		Capacity: &warrenv1.Resources{MilliCpu: 4 * DefaultTaskMilliCPU, MemoryBytes: 4 * DefaultTaskMemoryBytes},
+	}, Time: timestamppb.New(t0)})
+	var ids []string
+	for _, mod := range []func(*warrenv1.TaskSpec){
+		func(s *warrenv1.TaskSpec) { s.Driver = "microvm" },
+		func(s *warrenv1.TaskSpec) { s.Template = "py" },
+		func(s *warrenv1.TaskSpec) { s.NodeSelector = map[string]string{"gpu": "2"} },
+		func(s *warrenv1.TaskSpec) { s.Template, s.NodeSelector = "go", map[string]string{"gpu": "1"} },
+		func(s *warrenv1.TaskSpec) {}, // no template: the node's default one
+	} {
+		spec := testSpec()
+		spec.Driver = "sim"
+		mod(spec)
+		ids = append(ids, tf.ok(&fsmv1.CreateTask{Id: ulid.Make().String(), Tenant: "default", Spec: spec, Time: timestamppb.New(t0)})[0].GetTask().GetId())
+	}
+	errs := tf.plan(at(ids[0], "n1"), at(ids[1], "n1"), at(ids[2], "n1"), at(ids[3], "n1"), at(ids[4], "n1"))
+	for i, want := range []string{"node n1 does not offer driver microvm", "node n1 does not offer template py", "node n1 does not offer labels gpu=2", "", ""} {
+		if errs[i] != want {
+			t.Errorf("placement %d: %q, want %q", i, errs[i], want)
+		}
+	}
+	if n := tf.mustNode("n1"); n.GetTaskCount() != 2 {
+		t.Fatalf("n1 after the plan: %v", n)
 	}
 }

@@ -290,12 +290,8 @@ func pendingTasks(tasks []*warrenv1.Task) []PendingTask {
 	out := make([]PendingTask, len(tasks))
 	for i, t := range tasks {
 		needs := TaskNeeds(t.GetSpec())
-		driver := t.GetSpec().GetDriver()
-		if driver == "" {
-			driver = DefaultDriver
-		}
 		out[i] = PendingTask{
-			ID: t.GetId(), Driver: driver, Template: t.GetSpec().GetTemplate(),
+			ID: t.GetId(), Driver: specDriver(t.GetSpec()), Template: t.GetSpec().GetTemplate(),
 			Needs:     Resources{MilliCPU: needs.GetMilliCpu(), MemoryBytes: needs.GetMemoryBytes()},
 			AvoidNode: t.GetLastFailedNode(),
 			Labels:    t.GetSpec().GetNodeSelector(),
