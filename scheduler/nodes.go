@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"connectrpc.com/connect"
 	"github.com/cockroachdb/pebble/v2"
@@ -122,6 +123,9 @@ func (a *applier) registerNode(m *fsmv1.RegisterNode) *fsmv1.Result {
 	if n.GetStatus() == warrenv1.NodeStatus_NODE_STATUS_DOWN {
 		n.Status, n.StatusChangedAt, n.StatusReason = warrenv1.NodeStatus_NODE_STATUS_READY, m.GetTime(), "registered again"
 	}
+	if n.GetStatus() != warrenv1.NodeStatus_NODE_STATUS_DRAINING {
+		n.DrainDeadline = nil // a drain's that a down ended
+	}
 	a.putNode(n)
 	if r == nil {
 		// Its drivers, templates or labels may have changed: a task it
@@ -206,6 +210,14 @@ func (a *applier) nodeOp(m *fsmv1.NodeOp) *fsmv1.Result {
 		if status == warrenv1.NodeStatus_NODE_STATUS_DOWN {
 			return &fsmv1.Result{Node: n}
 		}
+		// A down for a passed drain deadline names the deadline it saw:
+		// an uncordon, or a drain with another deadline, committed since
+		// the leader read the node overrides it.
+		if dl := m.GetDrainDeadline(); dl != nil &&
+			(status != warrenv1.NodeStatus_NODE_STATUS_DRAINING || !proto.Equal(dl, n.GetDrainDeadline())) {
+			return fail(connect.CodeFailedPrecondition, "node %s is no longer draining with the deadline %s (%s, deadline %s)",
+				n.GetId(), formatDeadline(dl), NodeStatusName(status), formatDeadline(n.GetDrainDeadline()))
+		}
 		n.Status = warrenv1.NodeStatus_NODE_STATUS_DOWN
 		a.putNode(n)
 		if err := a.requeueAll(n.GetId(), m.GetTime(), m.GetReason()); err != nil {
@@ -218,9 +230,20 @@ func (a *applier) nodeOp(m *fsmv1.NodeOp) *fsmv1.Result {
 	if n.GetStatus() != status {
 		n.StatusChangedAt, n.StatusReason = m.GetTime(), m.GetReason()
 	}
+	if n.GetStatus() != warrenv1.NodeStatus_NODE_STATUS_DRAINING {
+		n.DrainDeadline = nil // a drain's, which ended
+	}
 	a.putNode(n)
 	a.replan = true
 	return &fsmv1.Result{Node: proto.Clone(n).(*warrenv1.Node)}
+}
+
+// formatDeadline renders a drain deadline for an error ("none" if unset).
+func formatDeadline(ts *timestamppb.Timestamp) string {
+	if ts == nil {
+		return "none"
+	}
+	return ts.AsTime().UTC().Format(time.RFC3339Nano)
 }
 
 // requeueAll takes every lease of a down node: each task goes back to

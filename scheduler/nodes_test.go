@@ -619,3 +619,69 @@ func TestPlanChecksDriverTemplateAndLabelsAtApply(t *testing.T) {
 		t.Fatalf("n1 after the plan: %v", n)
 	}
 }
+
+// The liveness loop's down for a passed drain deadline names the deadline
+// it read, and applies only if the node is still draining with it: an
+// uncordon (or a drain with a later deadline) committed between the
+// leader's read and the down keeps the node and its tasks. A down with
+// no deadline (no heartbeat) applies as before. A deadline does not
+// outlive the drain.
+func TestDrainDownAppliesOnlyToTheDrainItSaw(t *testing.T) {
+	tf := newTestFSM(t)
+	tf.registerNode("n1", 4)
+	a := tf.create("").GetId()
+	if errs := tf.plan(at(a, "n1")); errs[0] != "" {
+		t.Fatal(errs[0])
+	}
+	dl := timestamppb.New(t0)
+	drainDown := &fsmv1.NodeOp{Id: "n1", Op: fsmv1.NodeOp_OP_DOWN, Reason: "drain deadline passed", DrainDeadline: dl, Time: timestamppb.New(t0.Add(time.Minute))}
+
+	tf.ok(&fsmv1.NodeOp{Id: "n1", Op: fsmv1.NodeOp_OP_DRAIN, DrainDeadline: dl, Time: timestamppb.New(t0)})
+	if n := tf.ok(&fsmv1.NodeOp{Id: "n1", Op: fsmv1.NodeOp_OP_UNCORDON, Time: timestamppb.New(t0)})[0].GetNode(); n.GetDrainDeadline() != nil {
+		t.Fatalf("an uncordon kept the drain's deadline: %v", n)
+	}
+	if r := tf.apply(drainDown)[0]; connect.Code(r.GetCode()) != connect.CodeFailedPrecondition {
+		t.Fatalf("a drain's down after an uncordon: %v %s, want failed_precondition", connect.Code(r.GetCode()), r.GetMessage())
+	}
+	if n := tf.mustNode("n1"); n.GetStatus() != warrenv1.NodeStatus_NODE_STATUS_READY || n.GetTaskCount() != 1 {
+		t.Fatalf("n1 after a stale drain down: %v", n)
+	}
+	if tk := tf.mustTask(a); tk.GetState() != warrenv1.TaskState_TASK_STATE_PLACED || tk.GetLease().GetEpoch() != 1 {
+		t.Fatalf("task after a stale drain down: %v", tk)
+	}
+
+	// Drained again with a later deadline: the down for the first one
+	// does not apply; the down for this one does.
+	later := timestamppb.New(t0.Add(time.Hour))
+	tf.ok(&fsmv1.NodeOp{Id: "n1", Op: fsmv1.NodeOp_OP_DRAIN, DrainDeadline: later, Time: timestamppb.New(t0)})
+	if r := tf.apply(drainDown)[0]; connect.Code(r.GetCode()) != connect.CodeFailedPrecondition {
+		t.Fatalf("a down for an earlier drain deadline: %v %s, want failed_precondition", connect.Code(r.GetCode()), r.GetMessage())
+	}
+	if n := tf.mustNode("n1"); n.GetStatus() != warrenv1.NodeStatus_NODE_STATUS_DRAINING || n.GetTaskCount() != 1 {
+		t.Fatalf("n1 after a down for an earlier deadline: %v", n)
+	}
+	n := tf.ok(&fsmv1.NodeOp{Id: "n1", Op: fsmv1.NodeOp_OP_DOWN, Reason: "drain deadline passed", DrainDeadline: later, Time: timestamppb.New(t0)})[0].GetNode()
+	if n.GetStatus() != warrenv1.NodeStatus_NODE_STATUS_DOWN || n.GetTaskCount() != 0 || n.GetDrainDeadline() != nil {
+		t.Fatalf("n1 after the down for its drain's deadline: %v", n)
+	}
+	if tk := tf.mustTask(a); tk.GetState() != warrenv1.TaskState_TASK_STATE_PENDING || tk.GetLease().GetEpoch() != 2 {
+		t.Fatalf("task after its node's drain deadline passed: %v", tk)
+	}
+	if n := tf.registerNode("n1", 4); n.GetStatus() != warrenv1.NodeStatus_NODE_STATUS_READY || n.GetDrainDeadline() != nil {
+		t.Fatalf("n1 registered again after a drain's down: %v", n)
+	}
+
+	// A plain down (no heartbeat) applies whatever the node's state.
+	tf.ok(&fsmv1.NodeOp{Id: "n1", Op: fsmv1.NodeOp_OP_UNCORDON, Time: timestamppb.New(t0)}) // a drain cordons
+	if errs := tf.plan(at(a, "n1")); errs[0] != "" {
+		t.Fatal(errs[0])
+	}
+	tf.ok(&fsmv1.NodeOp{Id: "n1", Op: fsmv1.NodeOp_OP_DRAIN, DrainDeadline: later, Time: timestamppb.New(t0)})
+	tf.ok(&fsmv1.NodeOp{Id: "n1", Op: fsmv1.NodeOp_OP_DOWN, Reason: "no heartbeat for 3s", Time: timestamppb.New(t0)})
+	if n := tf.mustNode("n1"); n.GetStatus() != warrenv1.NodeStatus_NODE_STATUS_DOWN || n.GetTaskCount() != 0 {
+		t.Fatalf("n1 after a plain down: %v", n)
+	}
+	if tk := tf.mustTask(a); tk.GetState() != warrenv1.TaskState_TASK_STATE_PENDING || tk.GetLease().GetEpoch() != 4 {
+		t.Fatalf("task after a plain down: %v", tk)
+	}
+}

@@ -562,9 +562,13 @@ func (s *Server) livenessLoop() {
 				continue
 			}
 			reason, down := s.sess.verdict(n.GetId(), now, s.ttl())
+			var drainDeadline *timestamppb.Timestamp
 			if !down && st == warrenv1.NodeStatus_NODE_STATUS_DRAINING && n.GetTaskCount() > 0 {
 				if dl := n.GetDrainDeadline(); dl != nil && now.After(dl.AsTime()) {
-					reason, down = "drain deadline passed", true
+					// The down names the deadline read here: it applies
+					// only if the node is still draining with it, not
+					// after an uncordon or a later drain committed since.
+					reason, down, drainDeadline = "drain deadline passed", true, dl
 				} else {
 					s.askToYield(n.GetId())
 				}
@@ -573,7 +577,7 @@ func (s *Server) livenessLoop() {
 			}
 			if down {
 				s.log.Warn("declaring node down", "node", n.GetId(), "reason", reason)
-				downs = append(downs, &fsmv1.NodeOp{Id: n.GetId(), Op: fsmv1.NodeOp_OP_DOWN, Reason: reason, Time: timestamppb.New(now)})
+				downs = append(downs, &fsmv1.NodeOp{Id: n.GetId(), Op: fsmv1.NodeOp_OP_DOWN, Reason: reason, DrainDeadline: drainDeadline, Time: timestamppb.New(now)})
 			}
 		}
 		s.declareDown(downs)
