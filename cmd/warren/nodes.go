@@ -81,12 +81,13 @@ func cmdNodes(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		if cf.output == "json" {
-			return printJSON(stdout, resp.Msg.GetNode())
-		}
 		n := resp.Msg.GetNode()
 		if verb == "drain" && n.GetTaskCount() > 0 {
+			// On stderr, so -o json's stdout stays one document.
 			warnNoOtherNode(ctx, c, n, stderr)
+		}
+		if cf.output == "json" {
+			return printJSON(stdout, n)
 		}
 		_, err = fmt.Fprintf(stdout, "node %s: %s, eligible=%v, %d tasks\n", n.GetId(), scheduler.NodeStatusName(n.GetStatus()), n.GetEligible(), n.GetTaskCount())
 		return err

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"net/http/httptest"
 	"slices"
 	"strings"
@@ -80,15 +81,21 @@ func TestDrainWarnsWhenNoOtherNodeCanTakeTheTasks(t *testing.T) {
 		{"another node of another driver", []*warrenv1.Node{{Id: "n2", Drivers: []string{"microvm"}, Status: ready, Eligible: true}}, true},
 		{"another sim node", []*warrenv1.Node{{Id: "n2", Drivers: []string{"sim"}, Status: ready, Eligible: true}}, false},
 	} {
-		_, h := warrenv1connect.NewClusterServiceHandler(&fakeNodes{others: c.others})
-		srv := httptest.NewServer(h)
-		var out, errb bytes.Buffer
-		if err := run([]string{"nodes", "drain", "n1", "--server", srv.URL}, &out, &errb); err != nil {
-			t.Fatalf("%s: %v", c.name, err)
-		}
-		srv.Close()
-		if got := strings.Contains(errb.String(), "warning: no other ready, eligible node runs sim: node n1's 2 tasks will wait pending"); got != c.warn {
-			t.Errorf("%s: warned %v, want %v: %q", c.name, got, c.warn, errb.String())
+		// -o json warns too (on stderr; stdout stays the node's JSON).
+		for _, output := range []string{"text", "json"} {
+			_, h := warrenv1connect.NewClusterServiceHandler(&fakeNodes{others: c.others})
+			srv := httptest.NewServer(h)
+			var out, errb bytes.Buffer
+			if err := run([]string{"nodes", "drain", "n1", "--server", srv.URL, "-o", output}, &out, &errb); err != nil {
+				t.Fatalf("%s, -o %s: %v", c.name, output, err)
+			}
+			srv.Close()
+			if got := strings.Contains(errb.String(), "warning: no other ready, eligible node runs sim: node n1's 2 tasks will wait pending"); got != c.warn {
+				t.Errorf("%s, -o %s: warned %v, want %v: %q", c.name, output, got, c.warn, errb.String())
+			}
+			if output == "json" && !json.Valid(out.Bytes()) {
+				t.Errorf("%s, -o json: stdout is not JSON: %q", c.name, out.String())
+			}
 		}
 	}
 }
