@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -44,6 +45,12 @@ func probeKVM(ctx context.Context, qemu string, t *guest.Template, dir string) (
 		return false, "/dev/kvm: " + err.Error(), false
 	}
 	f.Close()
+	// QEMU starts under a shell that joins its cgroup and then execs it
+	// (start), so a missing binary shows only as an early exit, which
+	// would read as the host's verdict and be cached.
+	if _, err := exec.LookPath(qemu); err != nil {
+		return false, "QEMU not started: " + err.Error(), false
+	}
 	s := vmSpec{ID: "probe-" + randID(), Dir: filepath.Join(dir, "probe-"+randID()), Kernel: kernelPath(t, 1),
 		Initramfs: t.Path(t.Initramfs), MemMB: 128, VCPUs: 1, Accel: "kvm", Cmdline: kernelCmdline("warren.probe=1")}
 	defer os.RemoveAll(s.Dir)
