@@ -86,6 +86,13 @@ type FSM struct {
 	// current one. Under poolsMu.
 	poolsMu sync.Mutex
 	poolsCh chan struct{}
+	// nodeRemoved, when set (before raft starts), is called on the FSM
+	// goroutine with each node a committed batch removed, before
+	// ApplyBatch returns: a session attaches only after its node's
+	// registration is applied, so none of the id's registering again
+	// (later in the batch or after it) has attached yet. The leader drops
+	// its in-memory view of the node there.
+	nodeRemoved func(id string)
 }
 
 // poolsChanged returns a channel closed at the next change of the
@@ -266,6 +273,11 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	if a.pools {
 		f.notifyPools()
 	}
+	if f.nodeRemoved != nil {
+		for _, id := range a.removed {
+			f.nodeRemoved(id)
+		}
+	}
 	f.watch.notify(a.touched)
 	return out
 }
@@ -281,8 +293,9 @@ type applier struct {
 	touched map[string]struct{}
 	tasks   map[string]*cachedTask
 	nodes   map[string]*cachedNode
-	replan  bool // see FSM.replanGen
-	pools   bool // a pool target changed (FSM.poolsChanged)
+	replan  bool     // see FSM.replanGen
+	pools   bool     // a pool target changed (FSM.poolsChanged)
+	removed []string // nodes removed (FSM.nodeRemoved)
 	// evs are the events written by the batch's commands so far that are
 	// not yet in b, their keys and values in evBuf: flushEvents adds them
 	// to b sorted by key, before anything reads events from b and before

@@ -3,6 +3,7 @@ package scheduler
 import (
 	"bytes"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -80,7 +81,11 @@ func TestFSMInvariants(t *testing.T) {
 				case 6:
 					msgs = append(msgs, &fsmv1.ApplyPlan{Placements: []*fsmv1.ApplyPlan_Placement{{TaskId: id, NodeId: node}}, Time: ts})
 				case 7:
-					msgs = append(msgs, &fsmv1.NodeOp{Id: node, Op: fsmv1.NodeOp_OP_DOWN, Time: ts})
+					op := fsmv1.NodeOp_OP_DOWN
+					if rapid.IntRange(0, 2).Draw(rt, "remove") == 0 {
+						op = fsmv1.NodeOp_OP_REMOVE // refused unless the node is down
+					}
+					msgs = append(msgs, &fsmv1.NodeOp{Id: node, Op: op, Time: ts})
 				case 0:
 					msgs = append(msgs, &fsmv1.AppendEvents{TaskId: id, LeaseEpoch: epoch, Time: ts,
 						RequestId: rapid.SampledFrom([]string{"", "a", "b"}).Draw(rt, "req"),
@@ -178,6 +183,26 @@ func checkFSM(rt *rapid.T, tf *testFSM, ids []string, before map[string]*warrenv
 		}
 	}
 	nodes, _ := tf.fsm.Nodes()
+	recorded := map[string]bool{}
+	for _, n := range nodes {
+		recorded[n.GetId()] = true
+	}
+	// No node's removal leaves a lease behind, in a task or the index.
+	for node := range held {
+		if !recorded[node] && node != "n" { // "n": GrantLease's, never registered
+			rt.Fatalf("live leases on node %s, which has no record", node)
+		}
+	}
+	it, err := tf.db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixNodeTask}, UpperBound: []byte{prefixNodeTask + 1}})
+	if err != nil {
+		rt.Fatal(err)
+	}
+	for ok := it.First(); ok; ok = it.Next() {
+		if node, _, _ := strings.Cut(string(it.Key()[1:]), "\x00"); !recorded[node] {
+			rt.Fatalf("lease index entry %q of node %s, which has no record", it.Key(), node)
+		}
+	}
+	it.Close()
 	for _, n := range nodes {
 		if got := n.GetAllocated().GetMilliCpu(); got != held[n.GetId()] {
 			rt.Fatalf("node %s: allocated %dm, its live leases need %dm", n.GetId(), got, held[n.GetId()])

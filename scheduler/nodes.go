@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"connectrpc.com/connect"
@@ -47,7 +48,9 @@ func TaskNeeds(spec *warrenv1.TaskSpec) *warrenv1.Resources {
 }
 
 // cachedNode is a node read or written during one ApplyBatch, written back
-// once at the end like cachedTask.
+// once at the end like cachedTask. n is nil for a node removed in the
+// batch: it reads as not found, and its record is deleted at the end
+// unless a later command of the batch registers it again.
 type cachedNode struct {
 	n     *warrenv1.Node
 	dirty bool
@@ -55,6 +58,9 @@ type cachedNode struct {
 
 func (a *applier) node(id string) (*warrenv1.Node, *fsmv1.Result) {
 	if c, ok := a.nodes[id]; ok {
+		if c.n == nil {
+			return nil, fail(connect.CodeNotFound, "node %q not found", id)
+		}
 		return c.n, nil
 	}
 	n := &warrenv1.Node{}
@@ -77,6 +83,12 @@ func (a *applier) putNode(n *warrenv1.Node) {
 func (a *applier) flushNodes() {
 	for id, c := range a.nodes {
 		if !c.dirty {
+			continue
+		}
+		if c.n == nil {
+			if err := a.b.Delete(keyNode(id), nil); err != nil {
+				panic(fmt.Sprintf("scheduler: batch delete: %v", err))
+			}
 			continue
 		}
 		if invariants {
@@ -191,6 +203,9 @@ func (a *applier) nodeOp(m *fsmv1.NodeOp) *fsmv1.Result {
 	if r != nil {
 		return r
 	}
+	if m.GetOp() == fsmv1.NodeOp_OP_REMOVE {
+		return a.removeNode(n)
+	}
 	n = proto.Clone(n).(*warrenv1.Node)
 	status := n.GetStatus()
 	switch m.GetOp() {
@@ -244,6 +259,69 @@ func formatDeadline(ts *timestamppb.Timestamp) string {
 		return "none"
 	}
 	return ts.AsTime().UTC().Format(time.RFC3339Nano)
+}
+
+// removeNode deletes a node that is down and whose lease index names no
+// unfinished task, with its index: a decommissioned node otherwise stays
+// down in every list for good, every placement round and liveness round
+// reads it, and its id, used again, inherits its cordon and drain. An
+// index entry of a finished or missing task is stale (requeueAll explains
+// how one is left) and goes with the node. Once it is gone the id may
+// register again as a new node.
+func (a *applier) removeNode(n *warrenv1.Node) *fsmv1.Result {
+	id := n.GetId()
+	switch st := n.GetStatus(); st {
+	case warrenv1.NodeStatus_NODE_STATUS_DOWN:
+	case warrenv1.NodeStatus_NODE_STATUS_DRAINING:
+		return fail(connect.CodeFailedPrecondition,
+			"node %s is draining: only a down node can be removed; stop its daemon once its tasks have moved off (it is down within the node TTL), then remove it", id)
+	default:
+		return fail(connect.CodeFailedPrecondition,
+			"node %s is %s: only a down node can be removed; drain it and stop it first (it is down within the node TTL once stopped)", id, NodeStatusName(st))
+	}
+	prefix := keyNodeTasks(id)
+	keys, err := a.keysWithPrefix(prefix)
+	if err != nil {
+		panic(fmt.Sprintf("scheduler: read the lease index of %s: %v", id, err))
+	}
+	var held []string
+	for _, k := range keys {
+		t, r := a.task(string(k[len(prefix):]))
+		if r == nil && !Terminal(t.GetState()) {
+			held = append(held, t.GetId())
+		}
+	}
+	if len(held) > 0 {
+		leases, named := "leases", strings.Join(held[:min(len(held), 3)], ", ")
+		if len(held) == 1 {
+			leases = "lease"
+		} else if len(held) > 3 {
+			named += ", …"
+		}
+		return fail(connect.CodeFailedPrecondition,
+			"node %s still holds %d %s of unfinished tasks (%s): removing it would strand them; start its daemon again so that it registers, drain it, then stop it",
+			id, len(held), leases, named)
+	}
+	for _, k := range keys {
+		a.setIndex(k, false)
+	}
+	// A down node offers placement nothing, so nothing to replan.
+	a.nodes[id] = &cachedNode{dirty: true}
+	a.removed = append(a.removed, id)
+	return &fsmv1.Result{Node: proto.Clone(n).(*warrenv1.Node)}
+}
+
+// keysWithPrefix returns the keys under prefix in the batch's view, copied.
+func (a *applier) keysWithPrefix(prefix []byte) ([][]byte, error) {
+	it, err := a.b.NewIter(&pebble.IterOptions{LowerBound: prefix, UpperBound: prefixEnd(prefix)})
+	if err != nil {
+		return nil, err
+	}
+	var keys [][]byte
+	for ok := it.First(); ok; ok = it.Next() {
+		keys = append(keys, append([]byte(nil), it.Key()...))
+	}
+	return keys, errors.Join(it.Error(), it.Close())
 }
 
 // requeueAll takes every lease of a down node: each task goes back to

@@ -135,3 +135,7 @@ func (c clusterAPI) UncordonNode(ctx context.Context, req *connect.Request[warre
 func (c clusterAPI) DrainNode(ctx context.Context, req *connect.Request[warrenv1.DrainNodeRequest]) (*connect.Response[warrenv1.NodeResponse], error) {
 	return c.nodeOp(ctx, req.Msg.GetId(), fsmv1.NodeOp_OP_DRAIN, int64(req.Msg.GetDeadlineSeconds()))
 }
+
+func (c clusterAPI) RemoveNode(ctx context.Context, req *connect.Request[warrenv1.NodeRequest]) (*connect.Response[warrenv1.NodeResponse], error) {
+	return c.nodeOp(ctx, req.Msg.GetId(), fsmv1.NodeOp_OP_REMOVE, 0)
+}

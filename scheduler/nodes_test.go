@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 	"github.com/oklog/ulid/v2"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
@@ -683,5 +685,224 @@ func TestDrainDownAppliesOnlyToTheDrainItSaw(t *testing.T) {
 	}
 	if tk := tf.mustTask(a); tk.GetState() != warrenv1.TaskState_TASK_STATE_PENDING || tk.GetLease().GetEpoch() != 4 {
 		t.Fatalf("task after a plain down: %v", tk)
+	}
+}
+
+func removeOp(id string) *fsmv1.NodeOp {
+	return &fsmv1.NodeOp{Id: id, Op: fsmv1.NodeOp_OP_REMOVE, Reason: "operator", Time: timestamppb.New(t0)}
+}
+
+// A decommissioned node is removed once it is down: it leaves the node
+// list with its lease index, a second remove finds nothing, and its id
+// registers again as a new node, ready and eligible, with none of the
+// old record's cordon, drain deadline or times (before, nothing removed
+// a node: it stayed down in every list for good, and a reused id
+// inherited Eligible=false).
+func TestRemoveDownNode(t *testing.T) {
+	tf := newTestFSM(t)
+	var removed []string
+	tf.fsm.nodeRemoved = func(id string) { removed = append(removed, id) }
+	tf.registerNode("n1", 2)
+	tf.registerNode("n2", 2)
+	a := tf.create("").GetId()
+	tf.plan(at(a, "n1"))
+	tf.ok(&fsmv1.NodeOp{Id: "n1", Op: fsmv1.NodeOp_OP_DRAIN, DrainDeadline: timestamppb.New(t0.Add(time.Hour)), Time: timestamppb.New(t0)})
+	tf.ok(&fsmv1.NodeOp{Id: "n1", Op: fsmv1.NodeOp_OP_DOWN, Reason: "drain deadline passed", Time: timestamppb.New(t0)})
+
+	got := tf.ok(removeOp("n1"))[0].GetNode()
+	if got.GetId() != "n1" || got.GetStatus() != warrenv1.NodeStatus_NODE_STATUS_DOWN {
+		t.Fatalf("remove answered %v, want n1's record as it was removed (down)", got)
+	}
+	if len(removed) != 1 || removed[0] != "n1" {
+		t.Fatalf("nodeRemoved called with %v, want [n1]", removed)
+	}
+	nodes, err := tf.fsm.Nodes()
+	if err != nil || len(nodes) != 1 || nodes[0].GetId() != "n2" {
+		t.Fatalf("Nodes() after removing n1 = %v, %v; want n2 only", nodes, err)
+	}
+	if _, err := tf.fsm.Node("n1"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Node(n1) after its removal: %v, want ErrNotFound", err)
+	}
+	if n := tf.indexEntries("n1"); n != 0 {
+		t.Fatalf("n1's lease index holds %d entries after its removal", n)
+	}
+	if tk := tf.mustTask(a); tk.GetState() != warrenv1.TaskState_TASK_STATE_PENDING || tk.GetLastFailedNode() != "n1" {
+		t.Fatalf("n1's task after the removal: %v", tk)
+	}
+
+	// A second remove (a retry, a typo) finds nothing and writes nothing.
+	r := tf.apply(removeOp("n1"))[0]
+	if connect.Code(r.GetCode()) != connect.CodeNotFound || !strings.Contains(r.GetMessage(), `node "n1" not found`) {
+		t.Fatalf("second remove: %v %s, want not_found", connect.Code(r.GetCode()), r.GetMessage())
+	}
+	if len(removed) != 1 {
+		t.Fatalf("nodeRemoved called for a refused remove: %v", removed)
+	}
+
+	// The id registers again as a new node.
+	t1 := t0.Add(time.Hour)
+	n := tf.ok(&fsmv1.RegisterNode{Node: &warrenv1.Node{
+		Id: "n1", Drivers: []string{"sim"}, Capacity: &warrenv1.Resources{MilliCpu: 2 * DefaultTaskMilliCPU, MemoryBytes: 2 * DefaultTaskMemoryBytes},
+	}, Time: timestamppb.New(t1)})[0].GetNode()
+	if n.GetStatus() != warrenv1.NodeStatus_NODE_STATUS_READY || !n.GetEligible() || n.GetDrainDeadline() != nil ||
+		n.GetStatusReason() != "" || !n.GetRegisteredAt().AsTime().Equal(t1) || n.GetTaskCount() != 0 || n.GetAllocated().GetMilliCpu() != 0 {
+		t.Fatalf("n1 registered after its removal: %v, want a new ready, eligible node registered at %v", n, t1)
+	}
+	if errs := tf.plan(at(a, "n1")); errs[0] != "" {
+		t.Fatalf("placement on the new n1: %s", errs[0])
+	}
+}
+
+// Only a down node is removed: a ready or draining one runs (or may run)
+// tasks, and its daemon would keep its session. The refusal says what to
+// do, and leaves the node as it was. An unknown node is not_found.
+func TestRemoveNodeRefusesANodeThatIsNotDown(t *testing.T) {
+	tf := newTestFSM(t)
+	tf.registerNode("n1", 2)
+	tf.registerNode("n2", 2)
+	tf.ok(&fsmv1.NodeOp{Id: "n1", Op: fsmv1.NodeOp_OP_CORDON, Time: timestamppb.New(t0)})
+	tf.ok(&fsmv1.NodeOp{Id: "n2", Op: fsmv1.NodeOp_OP_DRAIN, DrainDeadline: timestamppb.New(t0.Add(time.Hour)), Time: timestamppb.New(t0)})
+	for id, want := range map[string]string{
+		"n1": "node n1 is ready: only a down node can be removed; drain it and stop it first",
+		"n2": "node n2 is draining: only a down node can be removed; stop its daemon once its tasks have moved off",
+	} {
+		before := tf.mustNode(id)
+		r := tf.apply(removeOp(id))[0]
+		if connect.Code(r.GetCode()) != connect.CodeFailedPrecondition || !strings.Contains(r.GetMessage(), want) {
+			t.Errorf("remove %s: %v %q, want failed_precondition %q", id, connect.Code(r.GetCode()), r.GetMessage(), want)
+		}
+		if after := tf.mustNode(id); !proto.Equal(before, after) {
+			t.Errorf("a refused remove changed %s: %v, then %v", id, before, after)
+		}
+	}
+	r := tf.apply(removeOp("ghost"))[0]
+	if connect.Code(r.GetCode()) != connect.CodeNotFound || !strings.Contains(r.GetMessage(), `node "ghost" not found`) {
+		t.Fatalf("remove of an unknown node: %v %s, want not_found", connect.Code(r.GetCode()), r.GetMessage())
+	}
+}
+
+// A down node whose lease index still names an unfinished task (a down
+// requeues them all, so only a replica out of step has one) is not
+// removed: the task would be left leased to a node that no longer exists.
+// The refusal counts and names them. Entries of finished or missing
+// tasks are stale and go with the node.
+func TestRemoveNodeRefusesWhileItHoldsLeases(t *testing.T) {
+	tf := newTestFSM(t)
+	tf.registerNode("n1", 4)
+	a, b := tf.create("").GetId(), tf.create("").GetId()
+	tf.plan(at(a, "n1"), at(b, "n1"))
+	tf.ok(&fsmv1.AppendEvents{TaskId: b, LeaseEpoch: 1, Events: []*warrenv1.EventInput{stateEvent("running"), stateEvent("succeeded")}, Time: timestamppb.New(t0)})
+	tf.ok(&fsmv1.NodeOp{Id: "n1", Op: fsmv1.NodeOp_OP_DOWN, Reason: "no heartbeat", Time: timestamppb.New(t0)})
+	// The index of a replica out of step: a (pending again) still
+	// there, b (finished) and a task that does not exist.
+	for _, id := range []string{a, b, "01J0000000000000000000GONE"} {
+		if err := tf.db.Set(keyNodeTask("n1", id), nil, pebble.Sync); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := tf.apply(removeOp("n1"))[0]
+	if want := "node n1 still holds 1 lease of unfinished tasks (" + a + ")"; connect.Code(r.GetCode()) != connect.CodeFailedPrecondition || !strings.Contains(r.GetMessage(), want) {
+		t.Fatalf("remove of a node holding a lease: %v %q, want failed_precondition %q", connect.Code(r.GetCode()), r.GetMessage(), want)
+	}
+	if n := tf.indexEntries("n1"); n != 3 {
+		t.Fatalf("a refused remove left %d index entries, want the 3 it found", n)
+	}
+	tf.mustNode("n1")
+
+	tf.ok(&fsmv1.CancelTask{TaskId: a, Time: timestamppb.New(t0)}) // pending: it ends at once
+	tf.ok(removeOp("n1"))
+	if n := tf.indexEntries("n1"); n != 0 {
+		t.Fatalf("the removal left %d stale index entries", n)
+	}
+	if tk := tf.mustTask(b); tk.GetState() != warrenv1.TaskState_TASK_STATE_SUCCEEDED || tk.GetLease().GetNode() != "n1" {
+		t.Fatalf("a finished task after its node's removal: %v (it keeps where it ran)", tk)
+	}
+}
+
+// Within one batch, a removed node reads as not found and its record is
+// deleted at the end, unless a later command registers the id again.
+func TestRemoveNodeWithinABatch(t *testing.T) {
+	tf := newTestFSM(t)
+	tf.registerNode("n1", 2)
+	tf.registerNode("n2", 2)
+	down := func(id string) *fsmv1.NodeOp {
+		return &fsmv1.NodeOp{Id: id, Op: fsmv1.NodeOp_OP_DOWN, Time: timestamppb.New(t0)}
+	}
+	cordon := &fsmv1.NodeOp{Id: "n1", Op: fsmv1.NodeOp_OP_CORDON, Time: timestamppb.New(t0)}
+	res := tf.apply(down("n1"), removeOp("n1"), cordon, down("n2"), removeOp("n2"),
+		&fsmv1.RegisterNode{Node: &warrenv1.Node{Id: "n2", Drivers: []string{"sim"}, Capacity: &warrenv1.Resources{MilliCpu: 1000, MemoryBytes: 1 << 30}}, Time: timestamppb.New(t0)})
+	for i, want := range []connect.Code{0, 0, connect.CodeNotFound, 0, 0, 0} {
+		if got := connect.Code(res[i].GetCode()); got != want {
+			t.Errorf("command %d: %v %s, want %v", i, got, res[i].GetMessage(), want)
+		}
+	}
+	nodes, err := tf.fsm.Nodes()
+	if err != nil || len(nodes) != 1 || nodes[0].GetId() != "n2" || nodes[0].GetStatus() != warrenv1.NodeStatus_NODE_STATUS_READY || !nodes[0].GetEligible() {
+		t.Fatalf("Nodes() = %v, %v; want n2 alone, registered again ready", nodes, err)
+	}
+	tf.reopen() // what was committed, not a cache
+	if _, err := tf.fsm.Node("n1"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("n1 after the batch and a reopen: %v", err)
+	}
+}
+
+// indexEntries counts the entries of node's lease index.
+func (tf *testFSM) indexEntries(node string) int {
+	tf.t.Helper()
+	prefix := keyNodeTasks(node)
+	it, err := tf.db.NewIter(&pebble.IterOptions{LowerBound: prefix, UpperBound: prefixEnd(prefix)})
+	if err != nil {
+		tf.t.Fatal(err)
+	}
+	defer it.Close()
+	n := 0
+	for ok := it.First(); ok; ok = it.Next() {
+		n++
+	}
+	return n
+}
+
+// RemoveNode through the API: the id is checked, the FSM's refusals come
+// back with their codes, and a removal on the leader drops its in-memory
+// view of the node (FSM.nodeRemoved is wired to sessions.forget).
+func TestRemoveNodeAPI(t *testing.T) {
+	n := startSingle(t)
+	cc := warrenv1connect.NewClusterServiceClient(http.DefaultClient, n.url)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := cc.RegisterNode(ctx, connect.NewRequest(&warrenv1.RegisterNodeRequest{Node: &warrenv1.Node{
+		Id: "node-a", Drivers: []string{"sim"}, Capacity: &warrenv1.Resources{MilliCpu: 4000, MemoryBytes: 8 << 30},
+	}})); err != nil {
+		t.Fatal(err)
+	}
+	remove := func(id string) (*warrenv1.Node, error) {
+		resp, err := cc.RemoveNode(ctx, connect.NewRequest(&warrenv1.NodeRequest{Id: id}))
+		if err != nil {
+			return nil, err
+		}
+		return resp.Msg.GetNode(), nil
+	}
+	for id, want := range map[string]connect.Code{"Node A": connect.CodeInvalidArgument, "node-a": connect.CodeFailedPrecondition, "node-b": connect.CodeNotFound} {
+		if _, err := remove(id); connect.CodeOf(err) != want {
+			t.Errorf("remove %q: %v, want %v", id, err, want)
+		}
+	}
+	if _, _, err := n.srv.proposeLocal(ctx, &fsmv1.NodeOp{Id: "node-a", Op: fsmv1.NodeOp_OP_DOWN, Reason: "test", Time: timestamppb.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	n.srv.sess.gossip("node-a", true, time.Now())
+	got, err := remove("node-a")
+	if err != nil || got.GetId() != "node-a" || got.GetStatus() != warrenv1.NodeStatus_NODE_STATUS_DOWN {
+		t.Fatalf("remove of the down node: %v, %v", got, err)
+	}
+	list, err := cc.ListNodes(ctx, connect.NewRequest(&warrenv1.ListNodesRequest{}))
+	if err != nil || len(list.Msg.GetNodes()) != 0 {
+		t.Fatalf("ListNodes after the removal: %v, %v; want none", list.Msg.GetNodes(), err)
+	}
+	n.srv.sess.mu.Lock()
+	_, dead := n.srv.sess.gossipDead["node-a"]
+	n.srv.sess.mu.Unlock()
+	if dead {
+		t.Fatal("the leader kept memberlist's verdict on the removed node")
 	}
 }

@@ -231,6 +231,7 @@ func Open(cfg Config) (*Server, error) {
 		s.db.Close()
 		return nil, err
 	}
+	s.fsm.nodeRemoved = func(id string) { s.sess.forget(id, s.clock.Now(), s.ttl()) }
 	if err := s.startRaft(); err != nil {
 		s.db.Close()
 		return nil, err

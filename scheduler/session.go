@@ -130,6 +130,28 @@ func (h *sessions) attach(c *session, now time.Time) {
 	delete(h.gossipDead, c.node) // a hello proves it is alive
 }
 
+// forget drops what the leader keeps in memory about a node that was
+// removed (called as the removal is applied, before any later
+// registration of its id: FSM.nodeRemoved). A session still attached is
+// the removed node's (a down node's session, cut at the next liveness
+// round otherwise, which no longer sees the node): it is cut, so a daemon
+// still running says hello again and registers as a new node. Its last
+// sign of life goes only when older than ttl: a hello on its way (seen
+// before it registers) must keep counting for the node it registers.
+func (h *sessions) forget(node string, now time.Time, ttl time.Duration) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if c := h.byNode[node]; c != nil {
+		delete(h.byNode, node) // so that its detach keeps no report
+		c.close()
+	}
+	if last, ok := h.lastSeen[node]; ok && now.Sub(last) > ttl {
+		delete(h.lastSeen, node)
+	}
+	delete(h.gossipDead, node)
+	delete(h.kept, node)
+}
+
 // rival returns the incarnation of another process's session for node
 // id that is still live (heard within ttl), if there is one: a second
 // node given the same --id. A restarted node's old session, its process

@@ -114,3 +114,41 @@ func TestHeartbeatAfterGossipDeathKeepsNode(t *testing.T) {
 		t.Fatal("node not declared down a TTL after its last heartbeat")
 	}
 }
+
+// A removed node's in-memory state goes with it (FSM.nodeRemoved): a
+// session still attached (a down node's, which liveness, no longer
+// seeing the node, would not cut) is cut and keeps no report when it
+// detaches; memberlist's verdict goes; its last sign of life goes unless
+// it is recent, which a hello on its way to register the id anew needs.
+func TestSessionsForgetRemovedNode(t *testing.T) {
+	ttl := 3 * time.Second
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	h := newSessions()
+	h.lead(t0)
+	c := &session{node: "n1", closed: make(chan struct{}), verifying: []string{"t1"}}
+	h.attach(c, t0)
+	h.gossip("n1", true, t0.Add(time.Second))
+	h.seen("n2", t0.Add(10*time.Second))
+	h.kept["n2"] = []string{"t2"}
+
+	now := t0.Add(10 * time.Second)
+	h.forget("n1", now, ttl)
+	h.forget("n2", now, ttl)
+	select {
+	case <-c.closed:
+	default:
+		t.Fatal("the removed node's session was not cut")
+	}
+	h.detach(c)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.byNode) != 0 || len(h.gossipDead) != 0 || len(h.kept) != 0 {
+		t.Fatalf("after forget: sessions %v, memberlist verdicts %v, kept reports %v; want none", h.byNode, h.gossipDead, h.kept)
+	}
+	if _, ok := h.lastSeen["n1"]; ok {
+		t.Fatal("n1's last heartbeat, 10 s old, kept")
+	}
+	if _, ok := h.lastSeen["n2"]; !ok {
+		t.Fatal("n2's sign of life from now (a hello on its way) dropped")
+	}
+}

@@ -466,7 +466,7 @@ func validateForwardedBody(cmd Command) error {
 		var p problems
 		p.nodeID("id", m.GetId())
 		switch m.GetOp() {
-		case fsmv1.NodeOp_OP_CORDON, fsmv1.NodeOp_OP_UNCORDON, fsmv1.NodeOp_OP_DRAIN:
+		case fsmv1.NodeOp_OP_CORDON, fsmv1.NodeOp_OP_UNCORDON, fsmv1.NodeOp_OP_DRAIN, fsmv1.NodeOp_OP_REMOVE:
 		default: // down is the leader's own verdict
 			p.add("op", "%s is not an operator's op", m.GetOp())
 		}

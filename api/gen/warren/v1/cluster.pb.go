@@ -939,7 +939,7 @@ const file_warren_v1_cluster_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12)\n" +
 	"\x10deadline_seconds\x18\x02 \x01(\x03R\x0fdeadlineSeconds\"3\n" +
 	"\fNodeResponse\x12#\n" +
-	"\x04node\x18\x01 \x01(\v2\x0f.warren.v1.NodeR\x04node2\xf5\x04\n" +
+	"\x04node\x18\x01 \x01(\v2\x0f.warren.v1.NodeR\x04node2\xb4\x05\n" +
 	"\x0eClusterService\x12B\n" +
 	"\x06Status\x12\x18.warren.v1.StatusRequest\x1a\x19.warren.v1.StatusResponse\"\x03\x90\x02\x01\x127\n" +
 	"\x04Join\x12\x16.warren.v1.JoinRequest\x1a\x17.warren.v1.JoinResponse\x12C\n" +
@@ -950,7 +950,9 @@ const file_warren_v1_cluster_proto_rawDesc = "" +
 	"\n" +
 	"CordonNode\x12\x16.warren.v1.NodeRequest\x1a\x17.warren.v1.NodeResponse\x12?\n" +
 	"\fUncordonNode\x12\x16.warren.v1.NodeRequest\x1a\x17.warren.v1.NodeResponse\x12A\n" +
-	"\tDrainNode\x12\x1b.warren.v1.DrainNodeRequest\x1a\x17.warren.v1.NodeResponseB7Z5github.com/warrenhq/warren/api/gen/warren/v1;warrenv1b\x06proto3"
+	"\tDrainNode\x12\x1b.warren.v1.DrainNodeRequest\x1a\x17.warren.v1.NodeResponse\x12=\n" +
+	"\n" +
+	"RemoveNode\x12\x16.warren.v1.NodeRequest\x1a\x17.warren.v1.NodeResponseB7Z5github.com/warrenhq/warren/api/gen/warren/v1;warrenv1b\x06proto3"
 
 var (
 	file_warren_v1_cluster_proto_rawDescOnce sync.Once
@@ -999,17 +1001,19 @@ var file_warren_v1_cluster_proto_depIdxs = []int32{
 	13, // 11: warren.v1.ClusterService.CordonNode:input_type -> warren.v1.NodeRequest
 	13, // 12: warren.v1.ClusterService.UncordonNode:input_type -> warren.v1.NodeRequest
 	14, // 13: warren.v1.ClusterService.DrainNode:input_type -> warren.v1.DrainNodeRequest
-	2,  // 14: warren.v1.ClusterService.Status:output_type -> warren.v1.StatusResponse
-	4,  // 15: warren.v1.ClusterService.Join:output_type -> warren.v1.JoinResponse
-	6,  // 16: warren.v1.ClusterService.Snapshot:output_type -> warren.v1.SnapshotResponse
-	8,  // 17: warren.v1.ClusterService.Propose:output_type -> warren.v1.ProposeResponse
-	10, // 18: warren.v1.ClusterService.RegisterNode:output_type -> warren.v1.RegisterNodeResponse
-	12, // 19: warren.v1.ClusterService.ListNodes:output_type -> warren.v1.ListNodesResponse
-	15, // 20: warren.v1.ClusterService.CordonNode:output_type -> warren.v1.NodeResponse
-	15, // 21: warren.v1.ClusterService.UncordonNode:output_type -> warren.v1.NodeResponse
-	15, // 22: warren.v1.ClusterService.DrainNode:output_type -> warren.v1.NodeResponse
-	14, // [14:23] is the sub-list for method output_type
-	5,  // [5:14] is the sub-list for method input_type
+	13, // 14: warren.v1.ClusterService.RemoveNode:input_type -> warren.v1.NodeRequest
+	2,  // 15: warren.v1.ClusterService.Status:output_type -> warren.v1.StatusResponse
+	4,  // 16: warren.v1.ClusterService.Join:output_type -> warren.v1.JoinResponse
+	6,  // 17: warren.v1.ClusterService.Snapshot:output_type -> warren.v1.SnapshotResponse
+	8,  // 18: warren.v1.ClusterService.Propose:output_type -> warren.v1.ProposeResponse
+	10, // 19: warren.v1.ClusterService.RegisterNode:output_type -> warren.v1.RegisterNodeResponse
+	12, // 20: warren.v1.ClusterService.ListNodes:output_type -> warren.v1.ListNodesResponse
+	15, // 21: warren.v1.ClusterService.CordonNode:output_type -> warren.v1.NodeResponse
+	15, // 22: warren.v1.ClusterService.UncordonNode:output_type -> warren.v1.NodeResponse
+	15, // 23: warren.v1.ClusterService.DrainNode:output_type -> warren.v1.NodeResponse
+	15, // 24: warren.v1.ClusterService.RemoveNode:output_type -> warren.v1.NodeResponse
+	15, // [15:25] is the sub-list for method output_type
+	5,  // [5:15] is the sub-list for method input_type
 	5,  // [5:5] is the sub-list for extension type_name
 	5,  // [5:5] is the sub-list for extension extendee
 	0,  // [0:5] is the sub-list for field type_name

@@ -37,6 +37,9 @@ const (
 	// Down bumps the epoch of every lease the node holds and requeues
 	// those tasks with the resume flag.
 	NodeOp_OP_DOWN NodeOp_Op = 4
+	// Remove deletes the record and lease index of a node that is down
+	// and holds no lease; the id may then register again as a new node.
+	NodeOp_OP_REMOVE NodeOp_Op = 5
 )
 
 // Enum value maps for NodeOp_Op.
@@ -47,6 +50,7 @@ var (
 		2: "OP_UNCORDON",
 		3: "OP_DRAIN",
 		4: "OP_DOWN",
+		5: "OP_REMOVE",
 	}
 	NodeOp_Op_value = map[string]int32{
 		"OP_UNSPECIFIED": 0,
@@ -54,6 +58,7 @@ var (
 		"OP_UNCORDON":    2,
 		"OP_DRAIN":       3,
 		"OP_DOWN":        4,
+		"OP_REMOVE":      5,
 	}
 )
 
@@ -624,7 +629,7 @@ func (x *RegisterNode) GetTime() *timestamppb.Timestamp {
 	return nil
 }
 
-// NodeOp changes a node's status or eligibility.
+// NodeOp changes a node's status or eligibility, or removes the node.
 type NodeOp struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -1170,19 +1175,20 @@ const file_warren_fsm_v1_fsm_proto_rawDesc = "" +
 	"\x04time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\"c\n" +
 	"\fRegisterNode\x12#\n" +
 	"\x04node\x18\x01 \x01(\v2\x0f.warren.v1.NodeR\x04node\x12.\n" +
-	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\"\xa2\x02\n" +
+	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\"\xb1\x02\n" +
 	"\x06NodeOp\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12(\n" +
 	"\x02op\x18\x02 \x01(\x0e2\x18.warren.fsm.v1.NodeOp.OpR\x02op\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12A\n" +
 	"\x0edrain_deadline\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\rdrainDeadline\x12.\n" +
-	"\x04time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\"S\n" +
+	"\x04time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\"b\n" +
 	"\x02Op\x12\x12\n" +
 	"\x0eOP_UNSPECIFIED\x10\x00\x12\r\n" +
 	"\tOP_CORDON\x10\x01\x12\x0f\n" +
 	"\vOP_UNCORDON\x10\x02\x12\f\n" +
 	"\bOP_DRAIN\x10\x03\x12\v\n" +
-	"\aOP_DOWN\x10\x04\"\xd2\x01\n" +
+	"\aOP_DOWN\x10\x04\x12\r\n" +
+	"\tOP_REMOVE\x10\x05\"\xd2\x01\n" +
 	"\tApplyPlan\x12B\n" +
 	"\n" +
 	"placements\x18\x01 \x03(\v2\".warren.fsm.v1.ApplyPlan.PlacementR\n" +

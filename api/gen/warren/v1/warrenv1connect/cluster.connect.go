@@ -56,6 +56,9 @@ const (
 	// ClusterServiceDrainNodeProcedure is the fully-qualified name of the ClusterService's DrainNode
 	// RPC.
 	ClusterServiceDrainNodeProcedure = "/warren.v1.ClusterService/DrainNode"
+	// ClusterServiceRemoveNodeProcedure is the fully-qualified name of the ClusterService's RemoveNode
+	// RPC.
+	ClusterServiceRemoveNodeProcedure = "/warren.v1.ClusterService/RemoveNode"
 )
 
 // ClusterServiceClient is a client for the warren.v1.ClusterService service.
@@ -76,6 +79,10 @@ type ClusterServiceClient interface {
 	UncordonNode(context.Context, *connect.Request[v1.NodeRequest]) (*connect.Response[v1.NodeResponse], error)
 	// DrainNode cordons a node and moves its tasks off at step boundaries.
 	DrainNode(context.Context, *connect.Request[v1.DrainNodeRequest]) (*connect.Response[v1.NodeResponse], error)
+	// RemoveNode forgets a node that is down and holds no lease (a
+	// decommissioned one): it leaves the node list, and its id may register
+	// again as a new node. The response holds the record as it was removed.
+	RemoveNode(context.Context, *connect.Request[v1.NodeRequest]) (*connect.Response[v1.NodeResponse], error)
 }
 
 // NewClusterServiceClient constructs a client for the warren.v1.ClusterService service. By default,
@@ -145,6 +152,12 @@ func NewClusterServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(clusterServiceMethods.ByName("DrainNode")),
 			connect.WithClientOptions(opts...),
 		),
+		removeNode: connect.NewClient[v1.NodeRequest, v1.NodeResponse](
+			httpClient,
+			baseURL+ClusterServiceRemoveNodeProcedure,
+			connect.WithSchema(clusterServiceMethods.ByName("RemoveNode")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -159,6 +172,7 @@ type clusterServiceClient struct {
 	cordonNode   *connect.Client[v1.NodeRequest, v1.NodeResponse]
 	uncordonNode *connect.Client[v1.NodeRequest, v1.NodeResponse]
 	drainNode    *connect.Client[v1.DrainNodeRequest, v1.NodeResponse]
+	removeNode   *connect.Client[v1.NodeRequest, v1.NodeResponse]
 }
 
 // Status calls warren.v1.ClusterService.Status.
@@ -206,6 +220,11 @@ func (c *clusterServiceClient) DrainNode(ctx context.Context, req *connect.Reque
 	return c.drainNode.CallUnary(ctx, req)
 }
 
+// RemoveNode calls warren.v1.ClusterService.RemoveNode.
+func (c *clusterServiceClient) RemoveNode(ctx context.Context, req *connect.Request[v1.NodeRequest]) (*connect.Response[v1.NodeResponse], error) {
+	return c.removeNode.CallUnary(ctx, req)
+}
+
 // ClusterServiceHandler is an implementation of the warren.v1.ClusterService service.
 type ClusterServiceHandler interface {
 	Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error)
@@ -224,6 +243,10 @@ type ClusterServiceHandler interface {
 	UncordonNode(context.Context, *connect.Request[v1.NodeRequest]) (*connect.Response[v1.NodeResponse], error)
 	// DrainNode cordons a node and moves its tasks off at step boundaries.
 	DrainNode(context.Context, *connect.Request[v1.DrainNodeRequest]) (*connect.Response[v1.NodeResponse], error)
+	// RemoveNode forgets a node that is down and holds no lease (a
+	// decommissioned one): it leaves the node list, and its id may register
+	// again as a new node. The response holds the record as it was removed.
+	RemoveNode(context.Context, *connect.Request[v1.NodeRequest]) (*connect.Response[v1.NodeResponse], error)
 }
 
 // NewClusterServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -289,6 +312,12 @@ func NewClusterServiceHandler(svc ClusterServiceHandler, opts ...connect.Handler
 		connect.WithSchema(clusterServiceMethods.ByName("DrainNode")),
 		connect.WithHandlerOptions(opts...),
 	)
+	clusterServiceRemoveNodeHandler := connect.NewUnaryHandler(
+		ClusterServiceRemoveNodeProcedure,
+		svc.RemoveNode,
+		connect.WithSchema(clusterServiceMethods.ByName("RemoveNode")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/warren.v1.ClusterService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case ClusterServiceStatusProcedure:
@@ -309,6 +338,8 @@ func NewClusterServiceHandler(svc ClusterServiceHandler, opts ...connect.Handler
 			clusterServiceUncordonNodeHandler.ServeHTTP(w, r)
 		case ClusterServiceDrainNodeProcedure:
 			clusterServiceDrainNodeHandler.ServeHTTP(w, r)
+		case ClusterServiceRemoveNodeProcedure:
+			clusterServiceRemoveNodeHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -352,4 +383,8 @@ func (UnimplementedClusterServiceHandler) UncordonNode(context.Context, *connect
 
 func (UnimplementedClusterServiceHandler) DrainNode(context.Context, *connect.Request[v1.DrainNodeRequest]) (*connect.Response[v1.NodeResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.ClusterService.DrainNode is not implemented"))
+}
+
+func (UnimplementedClusterServiceHandler) RemoveNode(context.Context, *connect.Request[v1.NodeRequest]) (*connect.Response[v1.NodeResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.ClusterService.RemoveNode is not implemented"))
 }
