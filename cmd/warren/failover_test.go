@@ -14,16 +14,20 @@ import (
 )
 
 // inProcessServer starts a single-voter scheduler in the test process and
-// returns its API URL.
-func inProcessServer(t *testing.T) string {
+// returns its API URL; tweaks change its config first.
+func inProcessServer(t *testing.T, tweaks ...func(*scheduler.Config)) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	url := "http://" + ln.Addr().String()
-	srv, err := scheduler.Open(scheduler.Config{ID: "s1", DataDir: filepath.Join(t.TempDir(), "s1"),
-		RaftAddr: freeaddr.Loopback(t), APIURL: url, Bootstrap: true, RaftLevel: "error"})
+	cfg := scheduler.Config{ID: "s1", DataDir: filepath.Join(t.TempDir(), "s1"),
+		RaftAddr: freeaddr.Loopback(t), APIURL: url, Bootstrap: true, RaftLevel: "error"}
+	for _, tweak := range tweaks {
+		tweak(&cfg)
+	}
+	srv, err := scheduler.Open(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

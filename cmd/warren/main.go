@@ -33,7 +33,7 @@ Usage:
   warren cluster status
   warren cluster snapshot
   warren nodes list
-  warren nodes cordon ID | uncordon ID | drain ID [--deadline DUR]
+  warren nodes cordon ID | uncordon ID | drain ID [--deadline DUR] | rm ID
   warren bench capacity [--preset default|ci] [--nodes N] [--tasks N] [--out DIR]
   warren sandbox create|exec|cp|files|get|egress|pause|resume|rm|ls (warren sandbox help)
   warren pool set TEMPLATE N | list
@@ -95,7 +95,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	case "image", "images":
 		return cmdImage(args[1:], stdout, stderr)
 	case "node":
-		if len(args) > 1 && (args[1] == "list" || args[1] == "ls" || args[1] == "cordon" || args[1] == "uncordon" || args[1] == "drain") {
+		if len(args) > 1 && slices.Contains([]string{"list", "ls", "cordon", "uncordon", "drain", "rm", "remove"}, args[1]) {
 			return cmdNodes(args[1:], stdout, stderr) // "warren node list" reads as "nodes list"
 		}
 		return cmdNode(args[1:], stderr)

@@ -55,7 +55,7 @@ func cmdNodes(args []string, stdout, stderr io.Writer) error {
 				n.GetTaskCount(), driverNames(n.GetDrivers()), orDash(n.GetAccelerator()))
 		}
 		return tw.Flush()
-	case "cordon", "uncordon", "drain":
+	case "cordon", "uncordon", "drain", "rm", "remove":
 		deadline := new(time.Duration)
 		if verb == "drain" { // cordon and uncordon refuse it
 			fs.DurationVar(deadline, "deadline", time.Hour, "how long tasks may take to move off")
@@ -71,6 +71,10 @@ func cmdNodes(args []string, stdout, stderr io.Writer) error {
 			resp, err = call(ctx, c, c.Cluster, warrenv1connect.ClusterServiceClient.CordonNode, &warrenv1.NodeRequest{Id: pos[0]})
 		case "uncordon":
 			resp, err = call(ctx, c, c.Cluster, warrenv1connect.ClusterServiceClient.UncordonNode, &warrenv1.NodeRequest{Id: pos[0]})
+		case "rm", "remove":
+			// Only a down node holding no lease: the servers say what to
+			// do first when it is not one.
+			resp, err = call(ctx, c, c.Cluster, warrenv1connect.ClusterServiceClient.RemoveNode, &warrenv1.NodeRequest{Id: pos[0]})
 		default:
 			if *deadline <= 0 {
 				return fmt.Errorf("deadline: must be positive, got %v", *deadline)
@@ -82,6 +86,10 @@ func cmdNodes(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		n := resp.Msg.GetNode()
+		if verb == "rm" || verb == "remove" {
+			_, err = fmt.Fprintf(stdout, "node %s: removed (it was %s); its id may register again as a new node\n", n.GetId(), scheduler.NodeStatusName(n.GetStatus()))
+			return err
+		}
 		if verb == "drain" && n.GetTaskCount() > 0 {
 			// On stderr, so -o json's stdout stays one document.
 			warnNoOtherNode(ctx, c, n, stderr)
@@ -92,7 +100,7 @@ func cmdNodes(args []string, stdout, stderr io.Writer) error {
 		_, err = fmt.Fprintf(stdout, "node %s: %s, eligible=%v, %d tasks\n", n.GetId(), scheduler.NodeStatusName(n.GetStatus()), n.GetEligible(), n.GetTaskCount())
 		return err
 	}
-	return fmt.Errorf("nodes: unknown verb %q (list, cordon, uncordon, drain)", verb)
+	return fmt.Errorf("nodes: unknown verb %q (list, cordon, uncordon, drain, rm)", verb)
 }
 
 func cores(milli int64) string { return fmt.Sprintf("%.1f", float64(milli)/1000) }

@@ -4,16 +4,19 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
+	"github.com/warrenhq/warren/scheduler"
 )
 
 // fakeDrains is a fake ClusterService (not a warren server) that records
@@ -97,5 +100,87 @@ func TestDrainWarnsWhenNoOtherNodeCanTakeTheTasks(t *testing.T) {
 				t.Errorf("%s, -o json: stdout is not JSON: %q", c.name, out.String())
 			}
 		}
+	}
+}
+
+// `warren nodes rm ID` against a real server. A ready node is refused,
+// saying what to do; a down one is removed and leaves `nodes list`; -o
+// json prints the record as it was removed; `remove` and `warren node
+// rm` are the same verb; a second removal is not_found; and the id
+// registers again as a new node, eligible although the old one was
+// cordoned. (Before, rm was an unknown verb: nothing removed a node.)
+func TestNodesRm(t *testing.T) {
+	url := inProcessServer(t, func(c *scheduler.Config) {
+		// A node without a session is down 2 TTLs after the leader is
+		// ready: time enough for the refusal below, not long to wait.
+		c.NodeTTL, c.NodeHeartbeat = 1500*time.Millisecond, 300*time.Millisecond
+	})
+	cc := warrenv1connect.NewClusterServiceClient(http.DefaultClient, url)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	register := func(id string) *warrenv1.Node {
+		t.Helper()
+		resp, err := cc.RegisterNode(ctx, connect.NewRequest(&warrenv1.RegisterNodeRequest{Node: &warrenv1.Node{
+			Id: id, Drivers: []string{"sim"}, Capacity: &warrenv1.Resources{MilliCpu: 2000, MemoryBytes: 1 << 30}}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Msg.GetNode()
+	}
+	warren := func(args ...string) (string, error) {
+		var out, errb bytes.Buffer
+		err := run(append(args, "--server", url), &out, &errb)
+		return out.String(), err
+	}
+	for _, id := range []string{"n1", "n2", "n3"} {
+		register(id)
+	}
+	if _, err := warren("nodes", "cordon", "n1"); err != nil {
+		t.Fatal(err)
+	}
+	_, err := warren("nodes", "rm", "n1")
+	if err == nil || !strings.Contains(err.Error(), "failed_precondition: node n1 is ready: only a down node can be removed; drain it and stop it first") {
+		t.Fatalf("rm of a ready node: %v, want failed_precondition saying to drain and stop it", err)
+	}
+
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		out, err := warren("nodes", "list", "-o", "json")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Count(out, `"status":"NODE_STATUS_DOWN"`) == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the nodes, which have no session, were not declared down: %s", out)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	out, err := warren("nodes", "rm", "n1")
+	if err != nil || out != "node n1: removed (it was down); its id may register again as a new node\n" {
+		t.Fatalf("rm n1: %q, %v", out, err)
+	}
+	out, err = warren("nodes", "remove", "n2", "-o", "json")
+	var got struct{ ID, Status string }
+	if err != nil || json.Unmarshal([]byte(out), &got) != nil || got.ID != "n2" || got.Status != "NODE_STATUS_DOWN" {
+		t.Fatalf("remove n2 -o json: %q, %v; want n2's record, down", out, err)
+	}
+	if _, err := warren("node", "rm", "n3"); err != nil {
+		t.Fatalf("warren node rm n3: %v", err)
+	}
+	if _, err := warren("nodes", "rm", "n1"); err == nil || !strings.Contains(err.Error(), `not_found: node "n1" not found`) {
+		t.Fatalf("second rm of n1: %v, want not_found", err)
+	}
+	if out, err := warren("nodes", "list", "-o", "json"); err != nil || out != "" {
+		t.Fatalf("nodes list after removing every node: %q, %v; want none", out, err)
+	}
+	if n := register("n1"); n.GetStatus() != warrenv1.NodeStatus_NODE_STATUS_READY || !n.GetEligible() {
+		t.Fatalf("n1 registered again: %v, want a new node, ready and eligible", n)
+	}
+	var help bytes.Buffer
+	if run([]string{"nodes"}, &help, &help); !strings.Contains(help.String(), "warren nodes cordon ID | uncordon ID | drain ID [--deadline DUR] | rm ID") {
+		t.Fatalf("`warren nodes` usage does not name rm:\n%s", help.String())
 	}
 }
