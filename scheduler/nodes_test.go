@@ -742,7 +742,7 @@ func TestRemoveDownNode(t *testing.T) {
 	// The id registers again as a new node.
 	t1 := t0.Add(time.Hour)
 	n := tf.ok(&fsmv1.RegisterNode{Node: &warrenv1.Node{
-		Id: "n1", Drivers: []string{"sim"}, Capacity: &warrenv1.Resources{MilliCpu: 2 * DefaultTaskMilliCPU, MemoryBytes: 2 * DefaultTaskMemoryBytes},
+		Id: "n1", Drivers: []string{DefaultDriver}, Capacity: &warrenv1.Resources{MilliCpu: 2 * DefaultTaskMilliCPU, MemoryBytes: 2 * DefaultTaskMemoryBytes},
 	}, Time: timestamppb.New(t1)})[0].GetNode()
 	if n.GetStatus() != warrenv1.NodeStatus_NODE_STATUS_READY || !n.GetEligible() || n.GetDrainDeadline() != nil ||
 		n.GetStatusReason() != "" || !n.GetRegisteredAt().AsTime().Equal(t1) || n.GetTaskCount() != 0 || n.GetAllocated().GetMilliCpu() != 0 {

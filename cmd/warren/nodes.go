@@ -86,16 +86,16 @@ func cmdNodes(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		n := resp.Msg.GetNode()
-		if verb == "rm" || verb == "remove" {
-			_, err = fmt.Fprintf(stdout, "node %s: removed (it was %s); its id may register again as a new node\n", n.GetId(), scheduler.NodeStatusName(n.GetStatus()))
-			return err
-		}
 		if verb == "drain" && n.GetTaskCount() > 0 {
 			// On stderr, so -o json's stdout stays one document.
 			warnNoOtherNode(ctx, c, n, stderr)
 		}
 		if cf.output == "json" {
 			return printJSON(stdout, n)
+		}
+		if verb == "rm" || verb == "remove" {
+			_, err = fmt.Fprintf(stdout, "node %s: removed (it was %s); its id may register again as a new node\n", n.GetId(), scheduler.NodeStatusName(n.GetStatus()))
+			return err
 		}
 		_, err = fmt.Fprintf(stdout, "node %s: %s, eligible=%v, %d tasks\n", n.GetId(), scheduler.NodeStatusName(n.GetStatus()), n.GetEligible(), n.GetTaskCount())
 		return err
