@@ -34,8 +34,9 @@ func TestReadFileOfManyLinesIsBounded(t *testing.T) {
 		t.Errorf("the view's end does not say what was cut: %q", r.View[max(len(r.View)-300, 0):])
 	}
 	// The file itself (8 MiB, read by the test's sandbox), the output and
-	// its copies: well under what the old code allocated (over 200 MiB).
-	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 64<<20 {
+	// its copies: under 64 MiB here, 112 MiB with the race detector (make
+	// test), well under what the old code allocated (853 MiB).
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 256<<20 {
 		t.Errorf("read_file allocated %d MiB", alloc>>20)
 	}
 }
