@@ -67,3 +67,17 @@ func TestNumberLines(t *testing.T) {
 		t.Errorf("past the end: %+v", r)
 	}
 }
+
+// A file over MaxFileBytes is refused whole, whatever range is asked for,
+// and the model is told to look into it another way: the message said
+// "read a range of lines", and a range was refused the same way.
+func TestReadFileOverTheLimitSaysWhatToDo(t *testing.T) {
+	tl := newRepo(t)
+	if err := os.WriteFile(filepath.Join(tl.Root, "big.txt"), bytes.Repeat([]byte("x\n"), MaxFileBytes/2+1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := call(t, tl, ToolReadFile, `{"path":"big.txt","start_line":1,"end_line":10}`)
+	if !r.IsError || !strings.Contains(r.View, "too large for read_file, whatever range you ask for; look into it with run_command") {
+		t.Fatalf("read_file of a range of a file over the limit: %q", r.View)
+	}
+}

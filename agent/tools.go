@@ -340,7 +340,9 @@ func (t *Tools) readFile(ctx context.Context, p string, start, end int) (Result,
 		return sandboxErr(err, "read_file: %s", p)
 	}
 	if len(b) > MaxFileBytes {
-		return toolError("read_file: %s is over %d bytes; read a range of lines", p, MaxFileBytes), nil
+		// Refused whole: a range of it would need the whole file read
+		// from the sandbox first.
+		return toolError("read_file: %s is over %d bytes, too large for read_file, whatever range you ask for; look into it with run_command (head, tail, sed -n 'A,Bp', rg)", p, MaxFileBytes), nil
 	}
 	return numberLines(b, p, start, end, MaxFileBytes), nil
 }
