@@ -90,6 +90,9 @@ func cmdNodes(args []string, stdout, stderr io.Writer) error {
 			// On stderr, so -o json's stdout stays one document.
 			warnNoOtherNode(ctx, c, n, stderr)
 		}
+		if verb == "drain" {
+			warnSandboxes(ctx, c, n.GetId(), stderr)
+		}
 		if cf.output == "json" {
 			return printJSON(stdout, n)
 		}
@@ -142,6 +145,32 @@ func driverNames(ds []string) string {
 // pending and wait there (a drain reported success, and they waited with
 // no word). Tasks may need more (a template, labels): this catches the
 // case of a node that was the only one of its kind.
+// warnSandboxes warns that a drained node still runs sandboxes made with
+// the sandbox API: a drain moves tasks, not those, and an operator who
+// stops the node once it says 0 tasks ends them with it. A node that does
+// not answer the list says nothing here (the drain itself worked).
+func warnSandboxes(ctx context.Context, c *client.Client, node string, stderr io.Writer) {
+	resp, err := call(ctx, c, c.Sandboxes, warrenv1connect.SandboxServiceClient.ListSandboxes, &warrenv1.ListSandboxesRequest{NodeId: node})
+	if err != nil {
+		return
+	}
+	var ids []string
+	for _, sb := range resp.Msg.GetSandboxes() {
+		if sb.GetTaskId() == "" {
+			ids = append(ids, sb.GetId())
+		}
+	}
+	if len(ids) == 0 {
+		return
+	}
+	named := strings.Join(ids[:min(len(ids), 3)], ", ")
+	if len(ids) > 3 {
+		named += ", …"
+	}
+	fmt.Fprintf(stderr, "warning: node %s runs %d sandboxes made with the sandbox API (%s): a drain does not move or end them; they end at their TTL or with `warren sandbox rm`, and go with the node if it is stopped\n",
+		node, len(ids), named)
+}
+
 func warnNoOtherNode(ctx context.Context, c *client.Client, drained *warrenv1.Node, stderr io.Writer) {
 	resp, err := call(ctx, c, c.Cluster, warrenv1connect.ClusterServiceClient.ListNodes, &warrenv1.ListNodesRequest{})
 	if err != nil {

@@ -70,6 +70,46 @@ func (f *fakeNodes) ListNodes(context.Context, *connect.Request[warrenv1.ListNod
 	return connect.NewResponse(&warrenv1.ListNodesResponse{Nodes: append([]*warrenv1.Node{{Id: "n1", Drivers: []string{"sim"}}}, f.others...)}), nil
 }
 
+// drainSandboxes is a fake SandboxService (not a warren server) whose node
+// n1 runs a sandbox of the sandbox API and a task's.
+type drainSandboxes struct {
+	warrenv1connect.UnimplementedSandboxServiceHandler
+}
+
+func (drainSandboxes) ListSandboxes(_ context.Context, req *connect.Request[warrenv1.ListSandboxesRequest]) (*connect.Response[warrenv1.ListSandboxesResponse], error) {
+	if req.Msg.GetNodeId() != "n1" {
+		return connect.NewResponse(&warrenv1.ListSandboxesResponse{}), nil
+	}
+	return connect.NewResponse(&warrenv1.ListSandboxesResponse{Sandboxes: []*warrenv1.Sandbox{
+		{Id: "sb-0000000001-n1"}, {Id: "01J00000000000000000000000-e1", TaskId: "01J00000000000000000000000"}}}), nil
+}
+
+// A drain of a node that runs sandboxes made with the sandbox API warns
+// that it does not move or end them (it said "0 tasks", and an operator
+// who then stopped the node ended the users' sandboxes unwarned); a
+// task's own sandbox is not counted, and a server without the list says
+// nothing.
+func TestDrainWarnsOfSandboxesItLeaves(t *testing.T) {
+	for _, withList := range []bool{true, false} {
+		mux := http.NewServeMux()
+		mux.Handle(warrenv1connect.NewClusterServiceHandler(&fakeNodes{}))
+		if withList {
+			mux.Handle(warrenv1connect.NewSandboxServiceHandler(drainSandboxes{}))
+		}
+		srv := httptest.NewServer(mux)
+		var out, errb bytes.Buffer
+		err := run([]string{"nodes", "drain", "n1", "--server", srv.URL}, &out, &errb)
+		srv.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := "warning: node n1 runs 1 sandboxes made with the sandbox API (sb-0000000001-n1): a drain does not move or end them"
+		if got := strings.Contains(errb.String(), want); got != withList {
+			t.Errorf("with the list %v: warned %v: %q", withList, got, errb.String())
+		}
+	}
+}
+
 // Draining the only node of its driver warns that its tasks will wait
 // pending: the drain reported success, and they waited with no word.
 func TestDrainWarnsWhenNoOtherNodeCanTakeTheTasks(t *testing.T) {
