@@ -279,14 +279,13 @@ func (a *applier) removeNode(n *warrenv1.Node) *fsmv1.Result {
 		return fail(connect.CodeFailedPrecondition,
 			"node %s is %s: only a down node can be removed; drain it and stop it first (it is down within the node TTL once stopped)", id, NodeStatusName(st))
 	}
-	prefix := keyNodeTasks(id)
-	keys, err := a.keysWithPrefix(prefix)
+	ids, err := a.leaseIDs(id)
 	if err != nil {
 		panic(fmt.Sprintf("scheduler: read the lease index of %s: %v", id, err))
 	}
 	var held []string
-	for _, k := range keys {
-		t, r := a.task(string(k[len(prefix):]))
+	for _, tid := range ids {
+		t, r := a.task(tid)
 		if r == nil && !Terminal(t.GetState()) {
 			held = append(held, t.GetId())
 		}
@@ -302,26 +301,13 @@ func (a *applier) removeNode(n *warrenv1.Node) *fsmv1.Result {
 			"node %s still holds %d %s of unfinished tasks (%s): removing it would strand them; start its daemon again so that it registers, drain it, then stop it",
 			id, len(held), leases, named)
 	}
-	for _, k := range keys {
-		a.setIndex(k, false)
+	for _, tid := range ids {
+		a.setIndex(keyNodeTask(id, tid), false)
 	}
 	// A down node offers placement nothing, so nothing to replan.
 	a.nodes[id] = &cachedNode{dirty: true}
 	a.removed = append(a.removed, id)
 	return &fsmv1.Result{Node: proto.Clone(n).(*warrenv1.Node)}
-}
-
-// keysWithPrefix returns the keys under prefix in the batch's view, copied.
-func (a *applier) keysWithPrefix(prefix []byte) ([][]byte, error) {
-	it, err := a.b.NewIter(&pebble.IterOptions{LowerBound: prefix, UpperBound: prefixEnd(prefix)})
-	if err != nil {
-		return nil, err
-	}
-	var keys [][]byte
-	for ok := it.First(); ok; ok = it.Next() {
-		keys = append(keys, append([]byte(nil), it.Key()...))
-	}
-	return keys, errors.Join(it.Error(), it.Close())
 }
 
 // requeueAll takes every lease of a down node: each task goes back to
@@ -361,9 +347,13 @@ func (a *applier) requeueAll(node string, ts *timestamppb.Timestamp, reason stri
 
 // leaseIDs lists the tasks in node's lease index, in id order (as this
 // batch sees it).
-func (a *applier) leaseIDs(node string) ([]string, error) {
+func (a *applier) leaseIDs(node string) ([]string, error) { return leaseIndex(a.b, node) }
+
+// leaseIndex lists the tasks in node's lease index as r (the store, or a
+// batch) holds it, in id order.
+func leaseIndex(r pebble.Reader, node string) ([]string, error) {
 	prefix := keyNodeTasks(node)
-	it, err := a.b.NewIter(&pebble.IterOptions{LowerBound: prefix, UpperBound: prefixEnd(prefix)})
+	it, err := r.NewIter(&pebble.IterOptions{LowerBound: prefix, UpperBound: prefixEnd(prefix)})
 	if err != nil {
 		return nil, err
 	}
@@ -560,16 +550,8 @@ func (f *FSM) Pools() ([]*fsmv1.SetPool, error) {
 
 // NodeTasks returns the tasks whose leases node holds, in id order.
 func (f *FSM) NodeTasks(node string) ([]*warrenv1.Task, error) {
-	prefix := keyNodeTasks(node)
-	it, err := f.db.NewIter(&pebble.IterOptions{LowerBound: prefix, UpperBound: prefixEnd(prefix)})
+	ids, err := leaseIndex(f.db, node)
 	if err != nil {
-		return nil, err
-	}
-	var ids []string
-	for ok := it.First(); ok; ok = it.Next() {
-		ids = append(ids, string(it.Key()[len(prefix):]))
-	}
-	if err := errors.Join(it.Error(), it.Close()); err != nil {
 		return nil, err
 	}
 	out := make([]*warrenv1.Task, 0, len(ids))
