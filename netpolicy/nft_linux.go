@@ -172,14 +172,23 @@ func replaceRules(c *nftables.Conn, s *nftSets, r Rules, allowed map[netip.Addr]
 // addAllowed queues allowed's addresses into the allow sets, each for
 // the time it has left (one that has none left stays out).
 func addAllowed(c *nftables.Conn, s *nftSets, allowed map[netip.Addr]time.Time) error {
-	var e4, e6 []nftables.SetElement
+	var els []nftables.SetElement
 	for a, until := range allowed {
 		left := time.Until(until).Round(time.Millisecond)
 		if left <= 0 {
 			continue // an element without a timeout would never leave
 		}
-		el := nftables.SetElement{Key: a.AsSlice(), Timeout: left}
-		if a.Is4() {
+		els = append(els, nftables.SetElement{Key: a.AsSlice(), Timeout: left})
+	}
+	return queueAllow(c, s, els)
+}
+
+// queueAllow queues els (keys of 4 or 16 bytes) into the allow set of
+// their family, without sending them.
+func queueAllow(c *nftables.Conn, s *nftSets, els []nftables.SetElement) error {
+	var e4, e6 []nftables.SetElement
+	for _, el := range els {
+		if len(el.Key) == 4 {
 			e4 = append(e4, el)
 		} else {
 			e6 = append(e6, el)
@@ -487,25 +496,12 @@ func setAllowPrefixes(c *nftables.Conn, s *nftSets, r Rules) error {
 
 // allowAddrs lets the sandbox reach addrs (TCP and UDP, every port) for ttl.
 func allowAddrs(c *nftables.Conn, s *nftSets, addrs []netip.Addr, ttl time.Duration) error {
-	var e4, e6 []nftables.SetElement
+	els := make([]nftables.SetElement, 0, len(addrs))
 	for _, a := range addrs {
-		a = a.Unmap()
-		el := nftables.SetElement{Key: a.AsSlice(), Timeout: ttl}
-		if a.Is4() {
-			e4 = append(e4, el)
-		} else {
-			e6 = append(e6, el)
-		}
+		els = append(els, nftables.SetElement{Key: a.Unmap().AsSlice(), Timeout: ttl})
 	}
-	if len(e4) > 0 {
-		if err := c.SetAddElements(s.allow4, e4); err != nil {
-			return err
-		}
-	}
-	if len(e6) > 0 {
-		if err := c.SetAddElements(s.allow6, e6); err != nil {
-			return err
-		}
+	if err := queueAllow(c, s, els); err != nil {
+		return err
 	}
 	return c.Flush()
 }
