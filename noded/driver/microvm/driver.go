@@ -115,6 +115,10 @@ type Driver struct {
 	// breakBind, if set, spoils a claim's request so that the guest
 	// refuses it (tests).
 	breakBind bool
+	// slowBindAnswer, if set, holds a pipelined bind's answer that long
+	// before the host takes it in (tests: the race between it and a
+	// refused call's answer).
+	slowBindAnswer time.Duration
 
 	mu        sync.Mutex
 	templates map[string]*tplState

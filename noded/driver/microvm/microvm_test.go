@@ -737,6 +737,9 @@ func waitGone(t *testing.T, d *Driver, id string) {
 func TestWarmClaimWhoseBindFails(t *testing.T) {
 	d, ctx := warmDriver(t, 1)
 	d.breakBind = true
+	// The bind's answer is taken in late, as it can be when the refused
+	// command's answer is read first: the command's error still names it.
+	d.slowBindAnswer = 300 * time.Millisecond
 	sb, err := d.Claim(ctx, driver.ClaimRequest{ID: "sb-unbound"})
 	d.SetPoolTarget("default", 0) // no refill: it would restore a VM with its bind broken
 	if err != nil {

@@ -386,6 +386,9 @@ func (vm *VM) bind(ctx context.Context, req driver.ClaimRequest) (finish func(),
 	return func() {
 		_, err := wait()
 		cancel()
+		if vm.d.slowBindAnswer > 0 {
+			time.Sleep(vm.d.slowBindAnswer)
+		}
 		vm.mu.Lock()
 		vm.phases.Bind = time.Since(tb)
 		gone := vm.state == "destroyed"
@@ -401,6 +404,10 @@ func (vm *VM) bind(ctx context.Context, req driver.ClaimRequest) (finish func(),
 
 // bindWait bounds a pipelined bind's wait for the guest's answer.
 const bindWait = time.Minute
+
+// bindAnswerWait bounds how long a failed call waits for a pipelined bind's
+// answer (callErr), which the guest sent before it refused the call.
+const bindAnswerWait = 2 * time.Second
 
 // awaitBind waits for a pipelined bind's answer, if one is under way.
 func (vm *VM) awaitBind() {
@@ -548,6 +555,18 @@ func (vm *VM) infoLocked() driver.Info {
 // callErr names a failed bind as the reason a call failed: the guest
 // refuses calls behind it, and the sandbox is destroyed.
 func (vm *VM) callErr(err error) error {
+	// The guest answers a bind before it refuses the calls behind it, but
+	// each answer comes on its own stream, so a refused call can be read
+	// before the bind's answer: give that answer a moment, so that the error
+	// names the bind's failure, not the guest's bare refusal.
+	if b := vm.bound; b != nil {
+		t := time.NewTimer(bindAnswerWait)
+		select {
+		case <-b:
+		case <-t.C:
+		}
+		t.Stop()
+	}
 	vm.mu.Lock() // after a pause or destroy that cut the call off, if one did
 	defer vm.mu.Unlock()
 	if e := vm.unbound(); e != nil {
