@@ -14,6 +14,7 @@ import (
 
 	"github.com/warrenhq/warren/actor"
 	"github.com/warrenhq/warren/agent/model"
+	"github.com/warrenhq/warren/internal/textcut"
 )
 
 // Recorder is the task's event log as the loop writes it: Record returns
@@ -779,15 +780,7 @@ func invalidArguments(input json.RawMessage) string {
 }
 
 // truncateText cuts s to about n bytes on a character boundary.
-func truncateText(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n] + "…"
-}
+func truncateText(s string, n int) string { return textcut.Ellipsis(s, n) }
 
 func orDefault(s, d string) string {
 	if s == "" {

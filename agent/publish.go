@@ -12,9 +12,9 @@ import (
 	"strings"
 	"time"
 	"unicode"
-	"unicode/utf8"
 
 	"github.com/warrenhq/warren/forge"
+	"github.com/warrenhq/warren/internal/textcut"
 )
 
 // Workspace is a task's working copy on the node (forge's).
@@ -301,12 +301,7 @@ func prTitle(c PRContent) string {
 		t = "Agent change"
 	}
 	if len(t) > 200 {
-		// At a rune's start: a byte cut could split a character.
-		cut := 200
-		for cut > 0 && !utf8.RuneStart(t[cut]) {
-			cut--
-		}
-		t = t[:cut]
+		t = textcut.Head(t, 200)
 	}
 	return "Fix: " + t
 }
@@ -369,12 +364,7 @@ func prBody(c PRContent) string {
 	footer := fmt.Sprintf("---\nOpened by warren for task `%s`.\n", c.TaskID)
 	body := b.String()
 	if len(body)+len(footer) > maxPRBody {
-		// At a rune's start: a byte cut could split a character.
-		cut := max(maxPRBody-len(footer)-len(cutNote), 0)
-		for cut > 0 && !utf8.RuneStart(body[cut]) {
-			cut--
-		}
-		body = body[:cut] + cutNote
+		body = textcut.Head(body, maxPRBody-len(footer)-len(cutNote)) + cutNote
 	}
 	return body + footer
 }

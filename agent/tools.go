@@ -11,9 +11,9 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/warrenhq/warren/agent/model"
+	"github.com/warrenhq/warren/internal/textcut"
 )
 
 // Sandbox is what the tools need of a task's sandbox. Paths are absolute
@@ -392,14 +392,11 @@ func numberLines(b []byte, p string, start, end, limit int) Result {
 		num = fmt.Appendf(num[:0], "%6d\t", i)
 		if out.Len()+len(num)+len(line)+1 > limit-noteRoom {
 			if i == start { // one line over the limit: its head
-				keep := max(limit-noteRoom-len(num)-1, 0)
-				for keep > 0 && !utf8.RuneStart(line[keep]) {
-					keep--
-				}
+				keep := textcut.Head(line, limit-noteRoom-len(num)-1)
 				out.Write(num)
-				out.Write(line[:keep])
+				out.Write(keep)
 				out.WriteByte('\n')
-				shown, kept = i, keep
+				shown, kept = i, len(keep)
 			}
 			break
 		}
@@ -597,13 +594,6 @@ func viewN(b []byte, n int) string {
 		return string(b)
 	}
 	const note = 48 // "\n[... %d bytes left out ...]\n", with room for the count
-	head, tail := (n-note)/4, (n-note)*3/4
-	for head > 0 && !utf8.RuneStart(b[head]) {
-		head--
-	}
-	start := len(b) - tail
-	for start < len(b) && !utf8.RuneStart(b[start]) {
-		start++
-	}
-	return fmt.Sprintf("%s\n[... %d bytes left out ...]\n%s", b[:head], start-head, b[start:])
+	head, tail := textcut.Head(b, (n-note)/4), textcut.Tail(b, (n-note)*3/4)
+	return fmt.Sprintf("%s\n[... %d bytes left out ...]\n%s", head, len(b)-len(head)-len(tail), tail)
 }

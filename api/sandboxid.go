@@ -4,6 +4,8 @@ import (
 	"crypto/rand"
 	"fmt"
 	"strings"
+
+	"github.com/warrenhq/warren/internal/textcut"
 )
 
 // A sandbox id names the node that holds the sandbox, so a server can
@@ -30,9 +32,7 @@ func NewSandboxID(node string) string {
 // is wrong with id; callers put the field's name in front.
 func SandboxNode(id string) (string, error) {
 	if len(id) < sandboxIDHead+2 || !strings.HasPrefix(id, sandboxIDPrefix) || id[sandboxIDHead] != '-' {
-		if len(id) > 80 {
-			id = id[:80] + "…"
-		}
+		id = textcut.Ellipsis(id, 80)
 		return "", fmt.Errorf("%q is not a sandbox id (sb-XXXXXXXXXX-NODE)", id)
 	}
 	return id[sandboxIDHead+1:], nil

@@ -3,6 +3,7 @@ package api
 import (
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 func TestSandboxIDNamesItsNode(t *testing.T) {
@@ -20,5 +21,10 @@ func TestSandboxIDNamesItsNode(t *testing.T) {
 		if _, err := SandboxNode(bad); err == nil || !strings.Contains(err.Error(), "not a sandbox id") {
 			t.Errorf("%q: %v", bad, err)
 		}
+	}
+	// The id in the error is cut at a character, not inside one (which
+	// %q would show as the bytes left of it, "\xe2\x82").
+	if _, err := SandboxNode("x" + strings.Repeat("€", 100)); err == nil || !utf8.ValidString(err.Error()) || strings.Contains(err.Error(), `\x`) {
+		t.Errorf("a long id's error has a character cut in two: %v", err)
 	}
 }

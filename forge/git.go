@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/textcut"
 )
 
 // Auth is a forge credential for git over HTTP(S). It travels to one git
@@ -193,9 +194,7 @@ func (g Git) runLimited(ctx context.Context, dir string, auth *Auth, remote stri
 		if auth != nil && auth.Token != "" {
 			msg = strings.ReplaceAll(msg, auth.Token, "[redacted]")
 		}
-		if len(msg) > 2000 {
-			msg = msg[:2000] + "…"
-		}
+		msg = textcut.Ellipsis(msg, 2000)
 		return nil, fmt.Errorf("git %s: %v: %s", args[0], err, msg)
 	}
 	return out.Bytes(), nil

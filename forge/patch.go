@@ -6,6 +6,8 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+
+	"github.com/warrenhq/warren/internal/textcut"
 )
 
 // MaxPatchHunks bounds the hunks of one patch: git apply moves a file's
@@ -197,8 +199,5 @@ func uniq(s []string) []string {
 
 // clip is at most 80 bytes of s, for an error.
 func clip(s string) string {
-	if len(s) > 80 {
-		return s[:80] + "…"
-	}
-	return s
+	return textcut.Ellipsis(s, 80)
 }

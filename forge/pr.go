@@ -15,6 +15,7 @@ import (
 	"github.com/google/go-github/v75/github"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/textcut"
 )
 
 // PRRequest is a pull request to open.
@@ -366,9 +367,7 @@ func doJSON(ctx context.Context, hc *http.Client, method, u string, h http.Heade
 				}
 			}
 		}
-		if len(msg) > 300 {
-			msg = msg[:300] + "…"
-		}
+		msg = textcut.Ellipsis(msg, 300)
 		return &statusError{msg: fmt.Sprintf("%s %s: %s: %s", method, req.URL.Path, resp.Status, msg),
 			retryAfter: api.RetryAfter(resp.Header, time.Now())}
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/warrenhq/warren/agent/model"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/guest"
+	"github.com/warrenhq/warren/internal/textcut"
 )
 
 const (
@@ -287,7 +288,7 @@ func (a *taskActor) finishTask(c *actor.Context) {
 		flags, _ := (&agent.Report{Findings: pub.Flags}).Capped(maxFindingsShown)
 		rec.Flags = flags.Findings
 		if len(rec.Body) > maxBodyShown {
-			rec.Body = rec.Body[:maxBodyShown] + "\n…(cut here; the forge has all of it)"
+			rec.Body = textcut.Head(rec.Body, maxBodyShown) + "\n…(cut here; the forge has all of it)"
 		}
 		if _, err := a.append(ctx, "finish/pull-request", ev("pull_request", rec)); err != nil {
 			a.failed(c, "record the pull request", err, finishMsg{})

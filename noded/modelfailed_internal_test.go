@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/warrenhq/warren/agent"
 	"github.com/warrenhq/warren/agent/model"
@@ -80,5 +81,15 @@ func TestModelFailedGoesByTheErrorsType(t *testing.T) {
 	}
 	if !strings.Contains(ranOut.Error(), "scripted: script has 1 turns") {
 		t.Errorf("the script's error: %v; want its message as before", ranOut)
+	}
+}
+
+// A task's end reason is cut at a character, not inside one: the reason
+// is an event's text, and a cut character left bytes that are not UTF-8.
+func TestFailedReasonCutsAtACharacter(t *testing.T) {
+	long := "xy" + strings.Repeat("€", 500) // € is 3 bytes: byte 1,000 is inside one
+	got := failedReason(long)
+	if !utf8.ValidString(got) || len(got) > 1000+len("…") || !strings.HasSuffix(got, "…") {
+		t.Fatalf("failedReason cut to %d bytes, valid UTF-8 %v", len(got), utf8.ValidString(got))
 	}
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/warrenhq/warren/internal/atomicfile"
 	"github.com/warrenhq/warren/internal/httpdeadline"
 	"github.com/warrenhq/warren/internal/reqbound"
+	"github.com/warrenhq/warren/internal/textcut"
 	"github.com/warrenhq/warren/noded/driver"
 )
 
@@ -200,12 +201,7 @@ func nodeMemBytes(capacity int64) int64 {
 	return m
 }
 
-func truncate(s string, n int) string {
-	if len(s) > n {
-		return s[:n] + "…"
-	}
-	return s
-}
+func truncate(s string, n int) string { return textcut.Ellipsis(s, n) }
 
 // codeOf maps driver and guest errors to Connect codes, once. The error's
 // message, which the client gets, leaves out the node's own file paths (see

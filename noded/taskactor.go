@@ -12,7 +12,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"connectrpc.com/connect"
 
@@ -23,6 +22,7 @@ import (
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
 	"github.com/warrenhq/warren/client"
 	"github.com/warrenhq/warren/guest"
+	"github.com/warrenhq/warren/internal/textcut"
 	"github.com/warrenhq/warren/netpolicy"
 	"github.com/warrenhq/warren/noded/driver"
 )
@@ -708,12 +708,7 @@ func leaseAppend(task string, epoch uint64, key string, e *warrenv1.EventInput) 
 }
 
 // failedReason is a reason for a failed task, cut to 1000 bytes.
-func failedReason(s string) string {
-	if len(s) > 1000 {
-		return s[:1000] + "…"
-	}
-	return s
-}
+func failedReason(s string) string { return textcut.Ellipsis(s, 1000) }
 
 // appendReq appends and notes a cancel request the log reports.
 func (a *taskActor) appendReq(ctx context.Context, req *warrenv1.AppendEventsRequest) (*warrenv1.AppendEventsResponse, error) {
@@ -867,11 +862,7 @@ func stepOutput(raw []byte) (out string, cut int) {
 	}
 	keep := maxStepOutputJSON
 	for {
-		i := max(len(s)-keep, 0)
-		for i < len(s) && !utf8.RuneStart(s[i]) {
-			i++
-		}
-		if t := s[i:]; fits(t) {
+		if t := textcut.Tail(s, keep); fits(t) {
 			return t, len(s) - len(t)
 		}
 		keep /= 2

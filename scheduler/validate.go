@@ -20,6 +20,7 @@ import (
 	"github.com/warrenhq/warren/api"
 	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/internal/textcut"
 )
 
 // Limits on request fields. Every bad field is reported by name.
@@ -134,15 +135,7 @@ func isTaskID(id string) bool {
 	return err == nil && u.String() == id
 }
 
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n-- // cut before a character, not inside it
-	}
-	return s[:n] + "…"
-}
+func truncate(s string, n int) string { return textcut.Ellipsis(s, n) }
 
 func validateCreate(r *warrenv1.CreateTaskRequest) error {
 	var p problems

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 // A provider's error type is the server's text too (a proxy may put
@@ -44,5 +45,13 @@ func TestProviderErrorTypeIsShortened(t *testing.T) {
 		if !strings.HasPrefix(he.Type, "ttt") || strings.Contains(err.Error(), key[:len(key)/2]) {
 			t.Errorf("%s: type %q", name, he.Type)
 		}
+	}
+}
+
+// A shortened text is cut at a character, not inside one (a provider's
+// message may be any language).
+func TestShortenCutsAtACharacter(t *testing.T) {
+	if got := shorten("ab€", 3); got != "ab…" || !utf8.ValidString(got) {
+		t.Fatalf("shorten(\"ab€\", 3) = %q", got)
 	}
 }

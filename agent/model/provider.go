@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/textcut"
 )
 
 // AttemptTimeout bounds one HTTP attempt of a model call, answer read
@@ -177,9 +178,5 @@ func readBody(provider string, r io.Reader) ([]byte, error) {
 	return b, nil
 }
 
-func shorten(s string, n int) string {
-	if len(s) > n {
-		return s[:n] + "…"
-	}
-	return s
-}
+// shorten is s cut to n bytes, at a character, with "…" if it was cut.
+func shorten(s string, n int) string { return textcut.Ellipsis(s, n) }

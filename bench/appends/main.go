@@ -48,6 +48,7 @@ import (
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
 	"github.com/warrenhq/warren/bench/internal/cluster"
 	"github.com/warrenhq/warren/client"
+	"github.com/warrenhq/warren/internal/textcut"
 )
 
 type config struct {
@@ -489,11 +490,7 @@ func cpuTimes(cl *cluster.Cluster) [4]time.Duration {
 }
 
 func errKey(err error) string {
-	msg := err.Error()
-	if len(msg) > 160 {
-		msg = msg[:160] + "…"
-	}
-	return msg
+	return textcut.Ellipsis(err.Error(), 160)
 }
 
 func sleepUntil(ctx context.Context, t time.Time) {

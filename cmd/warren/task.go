@@ -32,6 +32,7 @@ import (
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
 	"github.com/warrenhq/warren/client"
+	"github.com/warrenhq/warren/internal/textcut"
 	"github.com/warrenhq/warren/scheduler"
 )
 
@@ -629,13 +630,7 @@ func printEvent(w io.Writer, output string, ev *warrenv1.Event) error {
 	// the repository): one line, with no control characters that would
 	// reach the terminal raw.
 	p := oneLine(eventSummary(ev.GetKind(), ev.GetPayload()))
-	if len(p) > 200 {
-		n := 200
-		for n > 0 && !utf8.RuneStart(p[n]) {
-			n-- // cut before a character, not inside it
-		}
-		p = p[:n] + "…"
-	}
+	p = textcut.Ellipsis(p, 200)
 	_, err := fmt.Fprintf(w, "%5d  %s  %-18s %s\n", ev.GetSeq(), ev.GetTime().AsTime().Format("15:04:05.000"), oneLine(ev.GetKind()), p)
 	return err
 }
