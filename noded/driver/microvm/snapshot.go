@@ -377,15 +377,29 @@ func (d *Driver) makeSnapshot(ctx context.Context, t *guest.Template) (*snapshot
 	case <-p.exited:
 	case <-time.After(10 * time.Second):
 	}
+	// Durable before it is named: every clone restores the snapshot, so a
+	// power loss must not leave one whose memory or disk lost writes (the
+	// state file saveState synced). The memory file holds what the guest
+	// wrote through its shared mapping; QEMU has quit, so its pages are
+	// all in the page cache now.
+	for _, f := range []string{s.mem(), s.disk()} {
+		if err := durable(f); err != nil {
+			return nil, fmt.Errorf("snapshot: sync %s: %w", filepath.Base(f), err)
+		}
+	}
 	m.Created = time.Now().UTC().Format(time.RFC3339)
 	m.TookMS = time.Since(t0).Milliseconds()
 	b, _ := json.MarshalIndent(m, "", "  ")
-	if err := os.WriteFile(filepath.Join(tmp, "meta.json"), b, 0o644); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(tmp, "meta.json"), b, 0o644); err != nil {
 		return nil, err
 	}
 	os.RemoveAll(final)
 	if err := os.Rename(tmp, final); err != nil {
 		return nil, err
+	}
+	if err := durable(final); err != nil { // and its name, in the template's directory
+		os.RemoveAll(final)
+		return nil, fmt.Errorf("snapshot: sync: %w", err)
 	}
 	s.Dir, s.Meta = final, m
 	return s, nil

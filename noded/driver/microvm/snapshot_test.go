@@ -2,10 +2,13 @@ package microvm
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/warrenhq/warren/guest"
 )
@@ -63,5 +66,35 @@ func TestMetaDiffNamesTheChangedSettings(t *testing.T) {
 	}
 	if strings.Contains(metaDiff(has, want), "created") {
 		t.Error("metaDiff names created")
+	}
+}
+
+// A template's snapshot is durable before it is named: its memory file,
+// disk and state are synced while it is still in its temporary directory
+// (every clone restores it, so a power loss must not leave a named
+// snapshot that lost writes), and its name after the rename.
+func TestSnapshotIsSyncedBeforeItIsNamed(t *testing.T) {
+	d := newDriver(t, "")
+	defer d.Close()
+	tpl, err := d.template("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	final := d.snapshotDir(tpl.t)
+	var mu sync.Mutex
+	var syncs []string
+	was := durable
+	durable = func(path string) error {
+		_, err := os.Stat(final)
+		mu.Lock()
+		syncs = append(syncs, fmt.Sprintf("%s (named: %v)", filepath.Base(path), err == nil))
+		mu.Unlock()
+		return was(path)
+	}
+	defer func() { durable = was }()
+	snapshotted(t, d, 5*time.Minute)
+	want := []string{"state (named: false)", "mem (named: false)", "disk.qcow2 (named: false)", filepath.Base(final) + " (named: true)"}
+	if strings.Join(syncs, "\n") != strings.Join(want, "\n") {
+		t.Errorf("syncs of the snapshot:\n%s\nwant:\n%s", strings.Join(syncs, "\n"), strings.Join(want, "\n"))
 	}
 }
