@@ -131,6 +131,11 @@ func checkEvent(i int, ev *warrenv1.EventInput, scanJSON bool) error {
 		if _, ok := stateByName[p.To]; !ok {
 			return fmt.Errorf("%s.payload.to: unknown state %q", field(), p.To)
 		}
+		if scanJSON {
+			if err := oneSpelling(ev.GetPayload(), "to", p.To); err != nil {
+				return fmt.Errorf("%s.payload.to: %w", field(), err)
+			}
+		}
 	case KindApprovalRequested:
 		var p struct {
 			ToolCallID string `json:"tool_call_id"`
@@ -138,6 +143,11 @@ func checkEvent(i int, ev *warrenv1.EventInput, scanJSON bool) error {
 		_ = json.Unmarshal(ev.GetPayload(), &p)
 		if p.ToolCallID == "" {
 			return fmt.Errorf("%s.payload.tool_call_id: required", field())
+		}
+		if scanJSON {
+			if err := oneSpelling(ev.GetPayload(), "tool_call_id", p.ToolCallID); err != nil {
+				return fmt.Errorf("%s.payload.tool_call_id: %w", field(), err)
+			}
 		}
 		// A new append (not one being applied: committed entries keep
 		// the rule they were made under) asks only for a decision that
@@ -150,6 +160,21 @@ func checkEvent(i int, ev *warrenv1.EventInput, scanJSON bool) error {
 				return err
 			}
 		}
+	}
+	return nil
+}
+
+// oneSpelling checks that a payload's key reads the same to the FSM, which
+// takes the key spelt exactly (payloadString), as to encoding/json's
+// struct decoding, which matches a key in any case and keeps the last
+// match (the check above, and the nodes). Otherwise a payload like
+// {"TOOL_CALL_ID":"c1"} passed the check as c1 and was recorded as a
+// pending approval for "", which Approve and Reject cannot name.
+// Committed entries are not checked again (they keep the rule they were
+// made under).
+func oneSpelling(payload []byte, key, structValue string) error {
+	if exact := payloadString(payload, key); exact != structValue {
+		return fmt.Errorf("read as %q, and as %q with the key spelt another way or given twice; give %q once, in lower case", exact, structValue, key)
 	}
 	return nil
 }

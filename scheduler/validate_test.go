@@ -113,6 +113,14 @@ func TestValidateAppend(t *testing.T) {
 			Payload: []byte(`{"tool_call_id":"` + strings.Repeat("x", 200) + `"}`)}}}, "events[0].payload.tool_call_id: 200 bytes is over"},
 		{"tool call on two lines", &warrenv1.AppendEventsRequest{TaskId: id, Events: []*warrenv1.EventInput{{Kind: KindApprovalRequested,
 			Payload: []byte(`{"tool_call_id":"a\nb"}`)}}}, "events[0].payload.tool_call_id:"},
+		// The FSM reads the key spelt exactly; encoding/json's struct
+		// decoding (the nodes') matches any case and keeps the last.
+		{"tool call id in upper case", &warrenv1.AppendEventsRequest{TaskId: id, Events: []*warrenv1.EventInput{{Kind: KindApprovalRequested,
+			Payload: []byte(`{"TOOL_CALL_ID":"c1"}`)}}}, "events[0].payload.tool_call_id: read as \"\", and as \"c1\""},
+		{"tool call id spelt twice", &warrenv1.AppendEventsRequest{TaskId: id, Events: []*warrenv1.EventInput{{Kind: KindApprovalRequested,
+			Payload: []byte(`{"tool_call_id":"` + strings.Repeat("x", 200) + `","Tool_Call_Id":"ok"}`)}}}, "events[0].payload.tool_call_id: read as"},
+		{"state spelt twice", &warrenv1.AppendEventsRequest{TaskId: id, Events: []*warrenv1.EventInput{{Kind: KindStateChanged,
+			Payload: []byte(`{"to":"nope","TO":"running"}`)}}}, "events[0].payload.to: read as \"nope\""},
 	}
 	for _, tc := range cases {
 		err := validateAppend(tc.req)
