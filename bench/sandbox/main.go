@@ -52,6 +52,7 @@ import (
 type config struct {
 	imageDir, stateDir, accel, out string
 	boots, restores, warms, ctrs   int
+	each                           bool
 	tcgCache                       int
 	tcgHugePages                   bool
 	tcgASLR                        bool
@@ -78,6 +79,7 @@ func main() {
 	flag.IntVar(&c.boots, "boots", 5, "cold boots")
 	flag.IntVar(&c.restores, "restores", 20, "snapshot restores")
 	flag.IntVar(&c.warms, "warm", 20, "warm-pool claims")
+	flag.BoolVar(&c.each, "each", false, "print each claim's time and phases as it ends")
 	flag.IntVar(&c.ctrs, "containers", 20, "container starts (0 skips the peer)")
 	flag.StringVar(&pss, "pss", "10,50", "sandbox counts to measure idle PSS at")
 	flag.StringVar(&c.ctrSocket, "containerd", "", "containerd socket for the peer and warren's container driver (default: the system's if it runs, else start a private one for the peer only)")
@@ -234,7 +236,12 @@ func run(c config) error {
 		}
 		into.samples = append(into.samples, took)
 		if vm, ok := sb.(*microvm.VM); ok {
-			into.phases = append(into.phases, phases{ClaimPhases: vm.ClaimPhases(), First: time.Since(t1), InGuest: res.Duration})
+			p := phases{ClaimPhases: vm.ClaimPhases(), First: time.Since(t1), InGuest: res.Duration}
+			into.phases = append(into.phases, p)
+			if c.each {
+				progress("%s %d: %v (resume %v, bind %v, first command %v, in the guest %v)", strings.SplitN(into.name, " (", 2)[0], len(into.samples),
+					took.Round(10*time.Microsecond), p.Resume.Round(10*time.Microsecond), p.Bind.Round(10*time.Microsecond), p.First.Round(10*time.Microsecond), p.InGuest.Round(10*time.Microsecond))
+			}
 		}
 		return ia.Info().Start, nil
 	}
