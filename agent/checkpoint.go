@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/warrenhq/warren/internal/textcut"
 )
 
 // Workspace checkpoints: the repository in the sandbox is a git work tree
@@ -43,9 +45,24 @@ func (t *Tools) git(ctx context.Context, args ...string) (ExecResult, error) {
 		return res, err
 	}
 	if res.ExitCode != 0 {
-		return res, fmt.Errorf("git %s: exit %d: %s", args[0], res.ExitCode, strings.TrimSpace(string(res.Stderr)))
+		return res, fmt.Errorf("git %s: exit %d: %s", args[0], res.ExitCode, errOutput(res.Stderr))
 	}
 	return res, nil
+}
+
+// maxErrOutput bounds what of a command's output an error quotes: the
+// sandbox's code can replace git and print megabytes, and the error goes
+// into the node's log at every retry of the step.
+const maxErrOutput = 2 << 10
+
+// errOutput is a command's output for an error: trimmed, and its last
+// maxErrOutput bytes only (where a failure's reason usually is).
+func errOutput(b []byte) string {
+	s := strings.TrimSpace(string(b))
+	if len(s) <= maxErrOutput {
+		return s
+	}
+	return "…" + textcut.Tail(s, maxErrOutput)
 }
 
 // InitBase makes the checked-out tree the base commit of a local git
@@ -103,11 +120,11 @@ func (t *Tools) patch(ctx context.Context, limit int64) (patch string, size int6
 		return "", 0, fmt.Errorf("checkpoint: %w", err)
 	}
 	if res.ExitCode != 0 {
-		return "", 0, fmt.Errorf("git diff: exit %d: %s", res.ExitCode, strings.TrimSpace(string(res.Stderr)))
+		return "", 0, fmt.Errorf("git diff: exit %d: %s", res.ExitCode, errOutput(res.Stderr))
 	}
 	size, err = strconv.ParseInt(strings.TrimSpace(string(res.Stdout)), 10, 64)
 	if err != nil || size < 0 {
-		return "", 0, fmt.Errorf("checkpoint: the patch's size: %q", res.Stdout)
+		return "", 0, fmt.Errorf("checkpoint: the patch's size: %q", textcut.Head(res.Stdout, 100))
 	}
 	if size > limit {
 		return "", size, fmt.Errorf("checkpoint: %w: %d bytes, over the limit of %d", ErrPatchTooLarge, size, limit)

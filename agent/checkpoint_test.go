@@ -224,3 +224,23 @@ func TestInitBaseTwice(t *testing.T) {
 		t.Fatalf("checkpoint of a change after the second base: %q %v", patch, err)
 	}
 }
+
+// loudGit is a TEST DOUBLE of a sandbox whose code replaced git with a
+// program that fails, printing 4 MiB to stderr and the same to stdout.
+type loudGit struct{ hostSandbox }
+
+func (loudGit) Exec(context.Context, []string, string, time.Duration) (ExecResult, error) {
+	big := []byte(strings.Repeat("e", 4<<20) + "the end")
+	return ExecResult{ExitCode: 1, Stdout: big, Stderr: big}, nil
+}
+
+// A checkpoint's error quotes only the tail of what git printed: the
+// sandbox chooses that text, and the node logs the error at every retry
+// of the step (it used to be the whole 4 MiB, every 500 ms).
+func TestCheckpointErrorQuotesLittleOfGitsOutput(t *testing.T) {
+	tl := &Tools{SB: loudGit{}, Root: t.TempDir()}
+	_, err := tl.Checkpoint(context.Background())
+	if err == nil || len(err.Error()) > 4<<10 || !strings.HasSuffix(err.Error(), "the end") {
+		t.Fatalf("checkpoint's error: %d bytes, ends %q", len(fmt.Sprint(err)), fmt.Sprint(err)[max(len(fmt.Sprint(err))-20, 0):])
+	}
+}

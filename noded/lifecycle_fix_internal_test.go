@@ -171,10 +171,10 @@ func TestSandboxTTL(t *testing.T) {
 	}
 }
 
-// The actor gives up on a failure that repeats, the same step with the
-// same error, retry after retry for giveUpAfter; a different failure, a
-// pause in the retries, or a failure of the servers (a connect error)
-// starts the count over.
+// The actor gives up on a step that keeps failing, retry after retry for
+// giveUpAfter, whatever its errors say; another step, a pause in the
+// retries, or a failure of the servers (a connect error) starts the count
+// over (and so does a step that goes through, in the actor).
 func TestRetryStreak(t *testing.T) {
 	t0 := time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC)
 	boom := errors.New("boom")
@@ -191,7 +191,7 @@ func TestRetryStreak(t *testing.T) {
 	}{
 		{"the same failure", []note{{"exec", boom, 0, 1, 0}, {"exec", boom, 30 * time.Second, 2, 30 * time.Second}, {"exec", boom, time.Minute, 3, time.Minute}}},
 		{"another step", []note{{"exec", boom, 0, 1, 0}, {"agent step", boom, time.Second, 1, 0}}},
-		{"another error", []note{{"exec", boom, 0, 1, 0}, {"exec", errors.New("bang"), time.Second, 1, 0}}},
+		{"another error of the same step", []note{{"exec", boom, 0, 1, 0}, {"exec", errors.New("bang"), time.Second, 2, time.Second}}},
 		{"a pause", []note{{"exec", boom, 0, 1, 0}, {"exec", boom, streakGap + time.Second, 1, 0}}},
 		{"a server's failure", []note{{"exec", boom, 0, 1, 0},
 			{"record", connect.NewError(connect.CodeUnavailable, boom), time.Second, 0, 0}, {"exec", boom, 2 * time.Second, 1, 0}}},
@@ -225,4 +225,21 @@ func TestRetryStreakGivesUpOnAGuestThatVariesItsError(t *testing.T) {
 		}
 	}
 	t.Fatalf("1,300 guest errors of different text, %v apart: never given up on (giveUpAfter %v)", retryAfter, giveUpAfter)
+}
+
+// A step whose error's text changes at each retry is given up on all the
+// same: a checkpoint's git, replaced by the sandbox's code, can print a
+// counter, and the text is not a guest.RemoteError. (Before, each new
+// text started a new streak, and the task was retried, and logged, for
+// good.)
+func TestRetryStreakGivesUpOnAnErrorThatVaries(t *testing.T) {
+	t0 := time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC)
+	var s retryStreak
+	for i := range 1300 {
+		err := fmt.Errorf("checkpoint: git add: exit 1: %d", i)
+		if n, span := s.note("agent step", err, t0.Add(time.Duration(i)*retryAfter)); n > 1 && span >= giveUpAfter {
+			return
+		}
+	}
+	t.Fatalf("1,300 errors of different text, %v apart: never given up on (giveUpAfter %v)", retryAfter, giveUpAfter)
 }

@@ -21,7 +21,6 @@ import (
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
 	"github.com/warrenhq/warren/client"
-	"github.com/warrenhq/warren/guest"
 	"github.com/warrenhq/warren/internal/textcut"
 	"github.com/warrenhq/warren/netpolicy"
 	"github.com/warrenhq/warren/noded/driver"
@@ -753,7 +752,9 @@ func (a *taskActor) failed(c *actor.Context, what string, err error, retry any) 
 			a.failTask(c, "gave-up", reason)
 			return
 		}
-		c.Logger().Warn("step failed; retrying", "task", a.id, "during", what, "err", err)
+		// Cut: the error may quote what the sandbox printed, and this
+		// logs it at every retry.
+		c.Logger().Warn("step failed; retrying", "task", a.id, "during", what, "err", textcut.Ellipsis(err.Error(), maxLoggedErr))
 		c.After(retryAfter, retry)
 	}
 }
@@ -797,18 +798,17 @@ func (s *retryStreak) note(what string, err error, now time.Time) (n int, span t
 	return s.n, now.Sub(s.since)
 }
 
-// streakKey is what a failure is known by in a streak: the step and its
-// error's text, but for an error the guest agent sent, only that it was
-// one. The guest is not trusted and chooses that text: one that varied
-// it at each answer would start a new streak at every retry and never be
-// given up on, its task retried (and logged) for good.
-func streakKey(what string, err error) string {
-	var re *guest.RemoteError
-	if errors.As(err, &re) {
-		return what + ": an error from the guest"
-	}
-	return what + ": " + err.Error()
-}
+// streakKey is what a failure is known by in a streak: its step alone,
+// whatever the error says (a step that goes through ends the streak).
+// The error's text is often the sandbox's to choose: a guest agent's
+// answer, or the output of a command the sandbox's code replaced (git
+// printing a counter at each checkpoint); keyed on it, such a failure
+// started a new streak at every retry and was retried, and logged, for
+// good.
+func streakKey(what string, _ error) string { return what }
+
+// maxLoggedErr bounds an error's text in a retry's log line.
+const maxLoggedErr = 4 << 10
 
 // maxSandboxLosses is how many times a task's sandbox may go away under
 // it on one node before the task fails.
