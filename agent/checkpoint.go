@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/warrenhq/warren/internal/textcut"
+	"github.com/warrenhq/warren/api/textcut"
 )
 
 // Workspace checkpoints: the repository in the sandbox is a git work tree

@@ -14,7 +14,7 @@ import (
 
 	"github.com/warrenhq/warren/actor"
 	"github.com/warrenhq/warren/agent/model"
-	"github.com/warrenhq/warren/internal/textcut"
+	"github.com/warrenhq/warren/api/textcut"
 )
 
 // Recorder is the task's event log as the loop writes it: Record returns

@@ -13,8 +13,8 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/warrenhq/warren/api/textcut"
 	"github.com/warrenhq/warren/forge"
-	"github.com/warrenhq/warren/internal/textcut"
 )
 
 // Workspace is a task's working copy on the node (forge's).

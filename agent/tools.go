@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/agent/model"
-	"github.com/warrenhq/warren/internal/textcut"
+	"github.com/warrenhq/warren/api/textcut"
 )
 
 // Sandbox is what the tools need of a task's sandbox. Paths are absolute

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/warrenhq/warren/internal/textcut"
+	"github.com/warrenhq/warren/api/textcut"
 )
 
 // A sandbox id names the node that holds the sandbox, so a server can

@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/warrenhq/warren/internal/textcut"
+	"github.com/warrenhq/warren/api/textcut"
 )
 
 // MaxPatchHunks bounds the hunks of one patch: git apply moves a file's

@@ -15,7 +15,7 @@ import (
 	"github.com/google/go-github/v75/github"
 
 	"github.com/warrenhq/warren/api"
-	"github.com/warrenhq/warren/internal/textcut"
+	"github.com/warrenhq/warren/api/textcut"
 )
 
 // PRRequest is a pull request to open.

@@ -13,8 +13,8 @@ import (
 	"github.com/warrenhq/warren/agent"
 	"github.com/warrenhq/warren/agent/model"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
+	"github.com/warrenhq/warren/api/textcut"
 	"github.com/warrenhq/warren/guest"
-	"github.com/warrenhq/warren/internal/textcut"
 )
 
 const (

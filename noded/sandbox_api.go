@@ -26,11 +26,11 @@ import (
 	"github.com/warrenhq/warren/api"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
+	"github.com/warrenhq/warren/api/textcut"
 	"github.com/warrenhq/warren/guest"
 	"github.com/warrenhq/warren/internal/atomicfile"
 	"github.com/warrenhq/warren/internal/httpdeadline"
 	"github.com/warrenhq/warren/internal/reqbound"
-	"github.com/warrenhq/warren/internal/textcut"
 	"github.com/warrenhq/warren/noded/driver"
 )
 

@@ -20,7 +20,7 @@ import (
 	"github.com/warrenhq/warren/api"
 	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
-	"github.com/warrenhq/warren/internal/textcut"
+	"github.com/warrenhq/warren/api/textcut"
 )
 
 // Limits on request fields. Every bad field is reported by name.

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/api"
-	"github.com/warrenhq/warren/internal/textcut"
+	"github.com/warrenhq/warren/api/textcut"
 )
 
 // AttemptTimeout bounds one HTTP attempt of a model call, answer read

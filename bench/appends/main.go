@@ -46,9 +46,9 @@ import (
 
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
+	"github.com/warrenhq/warren/api/textcut"
 	"github.com/warrenhq/warren/bench/internal/cluster"
 	"github.com/warrenhq/warren/client"
-	"github.com/warrenhq/warren/internal/textcut"
 )
 
 type config struct {

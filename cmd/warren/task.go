@@ -31,8 +31,8 @@ import (
 	"github.com/warrenhq/warren/api"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
+	"github.com/warrenhq/warren/api/textcut"
 	"github.com/warrenhq/warren/client"
-	"github.com/warrenhq/warren/internal/textcut"
 	"github.com/warrenhq/warren/scheduler"
 )
 
