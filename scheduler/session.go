@@ -112,9 +112,19 @@ func (h *sessions) ready(now time.Time) {
 	}
 }
 
-func (h *sessions) attach(c *session, now time.Time) {
+// attach makes c the node's session. It refuses (closing c, and
+// reporting false) on a server that is no longer the leader: a session
+// whose hello registered just before the server stepped down would
+// otherwise attach after lead cut every session, stay open on the
+// follower, and have its heartbeats acknowledged for good, while the real
+// leader, never hearing from the node, declared it down.
+func (h *sessions) attach(c *session, now time.Time) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if h.leaderSince.IsZero() {
+		c.close()
+		return false
+	}
 	if old := h.byNode[c.node]; old != nil {
 		old.close()
 		if len(old.verifying) > 0 {
@@ -128,6 +138,7 @@ func (h *sessions) attach(c *session, now time.Time) {
 	}
 	delete(h.kept, c.node)
 	delete(h.gossipDead, c.node) // a hello proves it is alive
+	return true
 }
 
 // forget drops what the leader keeps in memory about a node that was
@@ -387,7 +398,9 @@ func (n nodeAPI) Session(ctx context.Context, stream *connect.BidiStream[warrenv
 		AcksHeartbeats: true}}}); err != nil {
 		return err
 	}
-	s.sess.attach(c, s.clock.Now())
+	if !s.sess.attach(c, s.clock.Now()) {
+		return connect.NewError(connect.CodeUnavailable, errors.New("this server stopped leading while the node registered; find the leader again"))
+	}
 	defer s.sess.detach(c)
 	// A down committed after this node registered cut no session if
 	// declareDown looked for one before this attach: without this check

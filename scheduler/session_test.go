@@ -152,3 +152,32 @@ func TestSessionsForgetRemovedNode(t *testing.T) {
 		t.Fatal("n2's sign of life from now (a hello on its way) dropped")
 	}
 }
+
+// A session whose hello registered just before the server stepped down
+// is not attached on the follower: lead cut every session already, and
+// one attached after it stayed open with its heartbeats acknowledged for
+// good, while the real leader, never hearing from the node, declared it
+// down (found by helper-124's review).
+func TestSessionsRefuseAnAttachAfterSteppingDown(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	h := newSessions()
+	h.lead(t0)
+	h.ready(t0)
+	h.lead(time.Time{}) // stepped down while the hello registered
+	c := &session{node: "n1", closed: make(chan struct{})}
+	h.attach(c, t0.Add(time.Second))
+	select {
+	case <-c.closed:
+	default:
+		t.Fatal("a session attached on a server that no longer leads stays open")
+	}
+	if got := h.get("n1"); got != nil {
+		t.Fatalf("the follower keeps the node's session: %v", got)
+	}
+	// Leading again, it attaches sessions again.
+	h.lead(t0.Add(2 * time.Second))
+	d := &session{node: "n1", closed: make(chan struct{})}
+	if !h.attach(d, t0.Add(3*time.Second)) || h.get("n1") != d {
+		t.Fatal("a leader refused a session")
+	}
+}
