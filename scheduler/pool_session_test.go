@@ -100,3 +100,36 @@ func TestAReconcileLargerThanTheQueueKeepsTheSession(t *testing.T) {
 		t.Fatal("the session was cut by its reconcile")
 	}
 }
+
+// A drain of a node holding more tasks than a session's queue holds asks
+// it to give every one back, on the same session: the requests went
+// through the queue all at once, so such a drain cut the node's session,
+// and again at every round after its reconnect (found by helper-124's
+// review). They go a part per liveness round now, leaving the queue room.
+func TestADrainLargerThanTheQueueKeepsTheSession(t *testing.T) {
+	old := sessionQueue
+	sessionQueue = 4
+	t.Cleanup(func() { sessionQueue = old })
+	n, url, hc := leadingServer(t, 10*time.Second)
+	f := openSizedFakeNode(t, url, hc, "n1", 12, "py")
+	f.report(t, nil)    // attached and heard
+	for i := range 12 { // one at a time: each placement's start goes through the queue too
+		if node, _ := placedOn(t, n, createTask(t, n, fmt.Sprintf("t%02d", i), "py")); node != "n1" {
+			t.Fatalf("task %d placed on %q", i, node)
+		}
+	}
+	sess := n.srv.sess.get("n1")
+	res, _, err := n.srv.proposeLocal(context.Background(), &fsmv1.NodeOp{Id: "n1", Op: fsmv1.NodeOp_OP_DRAIN, Reason: "operator",
+		DrainDeadline: timestamppb.New(time.Now().Add(time.Hour)), Time: timestamppb.Now()})
+	if err != nil || resultErr(res) != nil {
+		t.Fatal(err, res)
+	}
+	waitFor(t, "12 requests to give a task back", 10*time.Second, func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return len(f.stops) == 12
+	})
+	if got := n.srv.sess.get("n1"); got != sess {
+		t.Fatal("the drain cut the node's session")
+	}
+}

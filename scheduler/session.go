@@ -60,6 +60,26 @@ func (c *session) send(m *warrenv1.SessionResponse) {
 	}
 }
 
+// sendSome queues a command if the queue is less than half full, and
+// reports whether it did: for the many commands of one round (a drain's
+// requests to give tasks back, their withdrawal), which a node with more
+// leases than the queue holds would otherwise cut its own session with,
+// again at every round after its reconnect. What is not sent now is sent
+// in a later round; the other half is left to the commands that must not
+// wait (send cuts a session whose queue is full).
+func (c *session) sendSome(m *warrenv1.SessionResponse) bool {
+	if len(c.out) >= cap(c.out)/2 {
+		return false
+	}
+	select {
+	case c.out <- m:
+		return true
+	case <-c.closed:
+	default:
+	}
+	return false
+}
+
 // sessions is the leader's in-memory view of its node daemons: their
 // streams, when each was last heard from, and what memberlist says. None of
 // it goes through raft; a new leader starts it afresh and gives every node a
@@ -684,9 +704,11 @@ func (s *Server) askToYield(node string) {
 		if Terminal(t.GetState()) || c.yielded[t.GetId()] == e {
 			continue
 		}
+		if !c.sendSome(&warrenv1.SessionResponse{Msg: &warrenv1.SessionResponse_Stop{Stop: &warrenv1.StopTask{
+			TaskId: t.GetId(), Epoch: e, Reason: "node draining", Yield: true}}}) {
+			return // the rest in a later round
+		}
 		c.yielded[t.GetId()] = e
-		c.send(&warrenv1.SessionResponse{Msg: &warrenv1.SessionResponse_Stop{Stop: &warrenv1.StopTask{
-			TaskId: t.GetId(), Epoch: e, Reason: "node draining", Yield: true}}})
 	}
 }
 
@@ -701,7 +723,9 @@ func (s *Server) withdrawYields(node string) {
 		return
 	}
 	for id, e := range c.yielded {
-		c.send(&warrenv1.SessionResponse{Msg: &warrenv1.SessionResponse_Keep{Keep: &warrenv1.KeepTask{TaskId: id, Epoch: e}}})
+		if !c.sendSome(&warrenv1.SessionResponse{Msg: &warrenv1.SessionResponse_Keep{Keep: &warrenv1.KeepTask{TaskId: id, Epoch: e}}}) {
+			return // the rest in a later round
+		}
+		delete(c.yielded, id)
 	}
-	clear(c.yielded)
 }
