@@ -9,21 +9,39 @@ import (
 	"golang.org/x/sync/semaphore"
 )
 
-// BulkGateBytes is how many bytes of files and stdin a node's or a
-// server's sandbox API holds for its calls at once by default: each
-// ReadFile holds up to MaxSandboxFileBytes, a WriteFile its data, an Exec
-// its stdin. Without a bound, 100 concurrent ReadFiles of a 32 MiB file
-// (requests of 70 bytes each) held several GB on the node and again on
-// the server that forwarded them.
+// BulkGateBytes is how many bytes of files, listings and stdin a node's
+// or a server's sandbox API holds for its calls at once by default: each
+// ReadFile holds up to MaxSandboxFileBytes, a ListFiles up to
+// BulkGateListBytes, a WriteFile its data, an Exec its stdin. Without a
+// bound, 100 concurrent ReadFiles of a 32 MiB file (requests of 70 bytes
+// each) held several GB on the node and again on the server that
+// forwarded them.
 const BulkGateBytes = 512 << 20
+
+// BulkGateListBytes is the room a ListFiles takes in a BulkGate: what one
+// listing may hold on a node or on a server, about 195 MiB. A node's
+// guest client takes at most 100,000 entries (guest's maxListEntries) of
+// names of at most 255 bytes (guest.MaxNameBytes), and a taken-over guest
+// can answer every listing with that many. Each such entry is held, at
+// the call's peak, as the client's FileInfo and name (about 300 bytes), an
+// API message with its timestamp (about 170), its name in it (up to 511:
+// the node makes each run of bytes that are not UTF-8 a U+FFFD of 3) and
+// the marshaled answer (up to 550); a server holds the answer it read,
+// the messages it decoded and the answer it sends on. Measured at the
+// peak (live heap, 100,000 entries of 255-byte names every other byte of
+// which is not UTF-8): 1,850 bytes an entry on the node, 1,910 on the
+// server; 2 KiB an entry bounds both. 50 concurrent ListFiles of such
+// answers (70-byte requests) held several GB on the node and again on the
+// server.
+const BulkGateListBytes = 100_000 << 11
 
 // BulkGateWait is how long a call waits for room in a BulkGate before it
 // is refused with resource_exhausted (which clients retry).
 const BulkGateWait = 30 * time.Second
 
-// BulkGate bounds the bytes of file data and stdin the calls of a sandbox
-// API hold at once. Calls wait in turn for room, up to their deadline or
-// the gate's wait.
+// BulkGate bounds the bytes of file data, listings and stdin the calls of
+// a sandbox API hold at once. Calls wait in turn for room, up to their
+// deadline or the gate's wait.
 type BulkGate struct {
 	sem   *semaphore.Weighted
 	total int64
@@ -45,7 +63,7 @@ func (g *BulkGate) Take(ctx context.Context, what string, n int64) (release func
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("%s: other calls hold all %d MiB of file and stdin data this API holds at once, and none ended within %v; try again",
+		return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("%s: other calls hold all %d MiB of file, listing and stdin data this API holds at once, and none ended within %v; try again",
 			what, g.total>>20, g.wait))
 	}
 	return func() { g.sem.Release(n) }, nil

@@ -521,7 +521,9 @@ var ErrListTooLarge = errors.New("directory too large to list")
 // is reached before maxListEntries only by long names (100,000 entries of
 // 255-byte names charge 50 to 60 MiB). Each entry is charged before it is
 // decoded (a wire frame's entries are counted first), so a refused
-// listing never held more than its budget.
+// listing never held more than its budget. The sandbox API's gate takes
+// room for a listing of maxListEntries of MaxNameBytes names
+// (api.BulkGateListBytes): a change here changes it.
 const (
 	maxListEntries = 100_000
 	maxListBytes   = 64 << 20

@@ -15,11 +15,13 @@ import (
 	"github.com/warrenhq/warren/noded/driver"
 )
 
-// ReadFile, WriteFile and an Exec with stdin each take their bytes from
-// the node's gate before they touch the sandbox: with the gate held, each
-// is refused with resource_exhausted after the gate's wait, and each runs
-// once the gate is free. Without it, 100 concurrent ReadFiles of a 32 MiB
-// file (70-byte requests) held several GB on the node.
+// ReadFile, WriteFile, ListFiles and an Exec with stdin each take their
+// bytes from the node's gate before they touch the sandbox: with the gate
+// held, each is refused with resource_exhausted after the gate's wait, and
+// each runs once the gate is free. Without it, 100 concurrent ReadFiles of
+// a 32 MiB file (70-byte requests) held several GB on the node, and so did
+// 50 ListFiles that a taken-over guest answered with the most entries the
+// node takes.
 func TestFileCallsWaitForTheBulkGate(t *testing.T) {
 	id := api.NewSandboxID(testNode)
 	box := newAgentBox(t, id)
@@ -39,6 +41,10 @@ func TestFileCallsWaitForTheBulkGate(t *testing.T) {
 			_, err := c.ReadFile(ctx, connect.NewRequest(&warrenv1.ReadFileRequest{SandboxId: id, Path: path}))
 			return err
 		},
+		"list_files": func() error {
+			_, err := c.ListFiles(ctx, connect.NewRequest(&warrenv1.ListFilesRequest{SandboxId: id, Path: filepath.Dir(path)}))
+			return err
+		},
 		"stdin": func() error {
 			s, err := c.Exec(ctx, connect.NewRequest(&warrenv1.ExecRequest{SandboxId: id, Command: []string{"cat"}, Stdin: []byte("x")}))
 			if err != nil {
@@ -50,7 +56,7 @@ func TestFileCallsWaitForTheBulkGate(t *testing.T) {
 			return s.Err()
 		},
 	}
-	order := []string{"write_file", "read_file", "stdin"}
+	order := []string{"write_file", "read_file", "list_files", "stdin"}
 	release, err := a.bulk.Take(ctx, "test", api.MaxSandboxFileBytes)
 	if err != nil {
 		t.Fatal(err)

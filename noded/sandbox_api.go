@@ -49,7 +49,8 @@ type SandboxAPI struct {
 	egress  *Egress // nil: sandboxes have no network
 	log     *slog.Logger
 	poolsAt string // where pool targets survive a restart
-	// bulk bounds the file data and stdin the calls hold at once.
+	// bulk bounds the file data, listings and stdin the calls hold at
+	// once.
 	bulk *api.BulkGate
 
 	// mu guards pools and applying, and is held while pools.json is
@@ -701,6 +702,13 @@ func (a *SandboxAPI) ListFiles(ctx context.Context, req *connect.Request[warrenv
 	if err != nil {
 		return nil, err
 	}
+	// The listing, its messages and the answer are held until it is
+	// sent: room for the largest.
+	release, err := a.bulk.Take(ctx, "list_files", api.BulkGateListBytes)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	fs, err := ia.ListFiles(ctx, req.Msg.GetPath())
 	if err != nil {
 		return nil, a.codeOf(err, req.Msg.GetPath())

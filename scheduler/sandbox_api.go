@@ -28,8 +28,9 @@ type sandboxAPI struct {
 	s    *Server
 	http *http.Client
 
-	// bulk bounds the file data and stdin the forwarded calls hold at
-	// once (each is decoded here, sent on and its answer decoded again).
+	// bulk bounds the file data, listings and stdin the forwarded calls
+	// hold at once (each is decoded here, sent on and its answer decoded
+	// again).
 	bulk *api.BulkGate
 
 	mu      sync.Mutex
@@ -275,6 +276,13 @@ func (a *sandboxAPI) WriteFile(ctx context.Context, req *connect.Request[warrenv
 
 // ListFiles forwards to the sandbox's node.
 func (a *sandboxAPI) ListFiles(ctx context.Context, req *connect.Request[warrenv1.ListFilesRequest]) (*connect.Response[warrenv1.ListFilesResponse], error) {
+	// The node's answer is held here, read, decoded and sent on: room for
+	// the largest.
+	release, err := a.bulk.Take(ctx, "list_files", api.BulkGateListBytes)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	return forward(a, ctx, req.Msg.GetSandboxId(), req, warrenv1connect.SandboxServiceClient.ListFiles)
 }
 
