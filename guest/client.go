@@ -176,19 +176,47 @@ func (c *Client) finish(cl *call, onData func(kind byte, p []byte) error) (*Resu
 	return c.finishWith(cl, onData, decodeResult)
 }
 
-// decodeResult decodes a result frame of either codec.
+// decodeResult decodes a result frame of either codec for a call other
+// than a list (List decodes its own, charging its entries). Entries in
+// it are refused before they are decoded: uncharged and unchecked, a
+// 1 MiB answer of empty entries made hundreds of thousands of FileInfos.
 func decodeResult(kind byte, p []byte) (*Result, error) {
 	var res Result
 	var err error
 	if kind == frameResultWire {
-		err = res.decodeWire(p)
+		var n int
+		if n, err = countWireFiles(p); err == nil && n > 0 {
+			err = errFilesOutsideList
+		}
+		if err == nil {
+			err = res.decodeWire(p)
+		}
 	} else {
-		err = json.Unmarshal(p, &res)
+		// The outer Files hides Result's from encoding/json.
+		var r struct {
+			Result
+			Files noFiles `json:"files"`
+		}
+		err = json.Unmarshal(p, &r)
+		res = r.Result
 	}
 	if err != nil {
 		return nil, fmt.Errorf("guest: result: %w", err)
 	}
 	return &res, nil
+}
+
+var errFilesOutsideList = errors.New("files: entries in the answer to a call other than a list")
+
+// noFiles is a JSON result's "files" outside a list: refused (but for
+// null, as when it is left out) without decoding it.
+type noFiles struct{}
+
+func (noFiles) UnmarshalJSON(p []byte) error {
+	if string(p) != "null" {
+		return errFilesOutsideList
+	}
+	return nil
 }
 
 // finishWith is finish with the result frame decoded by decode.

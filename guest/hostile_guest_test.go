@@ -456,3 +456,47 @@ func TestDroppedStreamIsResetForTheGuest(t *testing.T) {
 		t.Fatal("the guest's write on a stream the host dropped still waits after 10s")
 	}
 }
+
+// Only a list's answer has entries: an answer to another call that has
+// some is refused before they are decoded, in either codec. (Before, they
+// were decoded for every call, uncharged and unchecked: a 1 MiB JSON
+// answer to an exec of {"files":[{},{},…]} became 350,000 FileInfos,
+// about 40 times its bytes.)
+func TestFilesOutsideAListAreRefused(t *testing.T) {
+	jsonPart := append(append([]byte(`{"files":[`), bytes.Repeat([]byte(`{},`), (MaxFrame-64)/3)...), `{}]}`...)
+	entry := []byte{0x32, 0x03, 0x0a, 0x01, 'a'} // field 6 (files): {name: "a"}
+	wirePart := bytes.Repeat(entry, MaxFrame/len(entry))
+	for _, tc := range []struct {
+		name string
+		wire bool
+		kind byte
+		part []byte
+	}{
+		{"json", false, frameResult, jsonPart},
+		{"wire", true, frameResultWire, wirePart},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := hostileGuest(t, func(st *yamux.Stream) {
+				defer st.Close()
+				_, _, _ = readFrame(st)
+				_ = writeFrame(st, tc.kind, tc.part)
+			})
+			if tc.wire {
+				c.UseWire()
+			}
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			_, err := c.Exec(context.Background(), ExecRequest{Argv: []string{"true"}}, io.Discard, io.Discard)
+			runtime.ReadMemStats(&after)
+			alloc := after.TotalAlloc - before.TotalAlloc
+			t.Logf("guest sent %d KiB; host allocated %d MiB (err %v)", len(tc.part)>>10, alloc>>20, err)
+			if err == nil || !strings.Contains(err.Error(), "files") {
+				t.Errorf("an exec's answer with entries: err %v, want it refused naming files", err)
+			}
+			if alloc > 8<<20 {
+				t.Errorf("the host allocated %d MiB for an exec's answer of %d KiB", alloc>>20, len(tc.part)>>10)
+			}
+		})
+	}
+}
