@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -201,7 +202,7 @@ func decodeResult(kind byte, p []byte) (*Result, error) {
 		res = r.Result
 	}
 	if err != nil {
-		return nil, fmt.Errorf("guest: result: %w", err)
+		return nil, answerErr("guest: result", err)
 	}
 	return &res, nil
 }
@@ -217,6 +218,20 @@ func (noFiles) UnmarshalJSON(p []byte) error {
 		return errFilesOutsideList
 	}
 	return nil
+}
+
+// answerErr is err, met decoding a guest's answer, after prefix; an
+// error over MaxRemoteErrorBytes is cut to its head, as a guest's own
+// message is (remoteError). encoding/json puts a whole literal into its
+// error: {"exit_code":<1 MiB of digits>} gave an error of 1 MiB, which
+// the host logs and sends to API clients.
+func answerErr(prefix string, err error) error {
+	msg := err.Error()
+	if len(msg) <= MaxRemoteErrorBytes {
+		return fmt.Errorf("%s: %w", prefix, err)
+	}
+	head := strings.ToValidUTF8(msg[:MaxRemoteErrorBytes], "")
+	return fmt.Errorf("%s: %s [cut: the error was %d bytes]", prefix, head, len(msg))
 }
 
 // finishWith is finish with the result frame decoded by decode.
@@ -588,14 +603,14 @@ func (l *listing) part(kind byte, p []byte) error {
 	if kind == frameFilesWire || kind == frameResultWire {
 		n, err := countWireFiles(p)
 		if err != nil {
-			return fmt.Errorf("guest: list: %w", err)
+			return answerErr("guest: list", err)
 		}
 		if err := l.charge(n, 0); err != nil {
 			return err
 		}
 		var part Result
 		if err := part.decodeWire(p); err != nil {
-			return fmt.Errorf("guest: list: %w", err)
+			return answerErr("guest: list", err)
 		}
 		for _, f := range part.Files {
 			if err := l.check(f); err != nil {
@@ -614,7 +629,7 @@ func (l *listing) part(kind byte, p []byte) error {
 		if l.err != nil {
 			return l.err // the limits' or check's own error
 		}
-		return fmt.Errorf("guest: list: %w", err)
+		return answerErr("guest: list", err)
 	}
 	return nil
 }

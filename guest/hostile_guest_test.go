@@ -500,3 +500,48 @@ func TestFilesOutsideAListAreRefused(t *testing.T) {
 		})
 	}
 }
+
+// An error made from a guest's answer is cut short, as a guest's own
+// message is (TestRemoteErrorIsCut): encoding/json puts a whole literal
+// into its error. (Before, an answer of {"exit_code":<1 MiB of digits>}
+// gave an error of 1 MiB, which the host logs and sends to API clients.)
+func TestAnswerErrorsAreCut(t *testing.T) {
+	digits := func(prefix, suffix string) []byte {
+		return append(append([]byte(prefix), bytes.Repeat([]byte("9"), MaxFrame-len(prefix)-len(suffix))...), suffix...)
+	}
+	for _, tc := range []struct {
+		name   string
+		answer []byte
+		call   func(c *Client) error
+	}{
+		{"exec", digits(`{"exit_code":`, `}`), func(c *Client) error {
+			_, err := c.Exec(context.Background(), ExecRequest{Argv: []string{"true"}}, io.Discard, io.Discard)
+			return err
+		}},
+		{"stat", digits(`{"file":{"name":"x","size":`, `}}`), func(c *Client) error {
+			_, err := c.Stat(context.Background(), "/x")
+			return err
+		}},
+		{"list", digits(`{"files":[{"name":"x","size":`, `}]}`), func(c *Client) error {
+			_, err := c.List(context.Background(), "/x")
+			return err
+		}},
+	} {
+		c := hostileGuest(t, func(st *yamux.Stream) {
+			defer st.Close()
+			_, _, _ = readFrame(st)
+			_ = writeFrame(st, frameResult, tc.answer)
+		})
+		err := tc.call(c)
+		if err == nil {
+			t.Errorf("%s: an answer with a number of %d digits was accepted", tc.name, len(tc.answer))
+			continue
+		}
+		if n := len(err.Error()); n > 8<<10 {
+			t.Errorf("%s: an error of %d bytes for an answer of %d: %.200s…", tc.name, n, len(tc.answer), err)
+		}
+		if !utf8.ValidString(err.Error()) {
+			t.Errorf("%s: the error is not valid UTF-8", tc.name)
+		}
+	}
+}
