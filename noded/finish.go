@@ -31,6 +31,10 @@ const (
 	// push or pull request before the task ends failed: over about three
 	// minutes (publishBackoff), longer when the forge asks for a wait.
 	maxPublishTries = 8
+	// publishTimeout bounds one try of the push and the pull request,
+	// which a cancel does not cut off: the push's own 10 minutes and the
+	// forge's calls of a minute each.
+	publishTimeout = 15 * time.Minute
 )
 
 // finishTask is what follows the model's finish, outside its control:
@@ -269,7 +273,18 @@ func (a *taskActor) finishTask(c *actor.Context) {
 		}
 	}
 
-	// 4. Push and pull request.
+	// 4. Push and pull request. A cancel that came before they start
+	// stops the finish here; once they have started they run to their
+	// end (publishTimeout, or the node stopping the actor: a.ctx), not
+	// cut off by a cancel: a push killed after the forge took the branch,
+	// or a pull request call given up after the forge opened it, would
+	// leave both there with nothing on the log. Their outcome is
+	// recorded, and only then is the cancel honoured.
+	if a.cancelled(c, sctx) {
+		return
+	}
+	pctx, pend := context.WithTimeout(ctx, publishTimeout)
+	defer pend()
 	when := time.Now()
 	if t := a.created; !t.IsZero() {
 		when = t // the same commit from every node and retry
@@ -277,7 +292,7 @@ func (a *taskActor) finishTask(c *actor.Context) {
 	content := agent.PRContent{TaskID: a.id, IssueTitle: a.spec.GetIssueTitle(), IssueBody: a.spec.GetIssueBody(), Finish: out.Finish,
 		TestCommand: a.spec.GetTestCommand(), TestOutput: testOut, Report: rep}
 	repo := a.spec.GetRepo()
-	pub, err := a.d.git.Publish(sctx, a.ws, content, repo, a.d.git.BaseBranch(sctx, repo, a.spec.GetBase()), approved, when)
+	pub, err := a.d.git.Publish(pctx, a.ws, content, repo, a.d.git.BaseBranch(pctx, repo, a.spec.GetBase()), approved, when)
 	if f := a.d.cfg.AfterPublish; f != nil && err == nil {
 		f(sctx)
 	}
