@@ -22,6 +22,11 @@ const (
 	// under the log's 64 KiB: the PR's body on the forge has everything.
 	maxFindingsShown = 50
 	maxBodyShown     = 16 << 10
+	// maxFinishShown bounds each of the summary, cause and fix of the
+	// finish the task's last event carries (finishShown): at six bytes a
+	// byte once escaped (<, >, &, control characters), the three and a
+	// failed task's reason take under 44 KiB.
+	maxFinishShown = 2 << 10
 	// testTimeout bounds the finish step's run of the repository's tests.
 	testTimeout = 20 * time.Minute
 	// maxFinishRejections is how many refused finishes a task gets before
@@ -65,7 +70,7 @@ func (a *taskActor) finishTask(c *actor.Context) {
 	defer end()
 	round := a.loop.FinishRejections()
 	fail := func(reason string, extra map[string]any) {
-		p := map[string]any{"to": "failed", "reason": reason, "finish": out.Finish, "spent": a.loop.Spent()}
+		p := map[string]any{"to": "failed", "reason": reason, "finish": finishShown(out.Finish), "spent": a.loop.Spent()}
 		for k, v := range extra {
 			p[k] = v
 		}
@@ -332,7 +337,20 @@ func (a *taskActor) finishTask(c *actor.Context) {
 		pr["url"], pr["number"] = pub.PR.URL, pub.PR.Number
 	}
 	a.end(c, endMsg{key: "agent/done", why: "finished",
-		payload: map[string]any{"to": "succeeded", "finish": out.Finish, "spent": a.loop.Spent(), "pull_request": pr}})
+		payload: map[string]any{"to": "succeeded", "finish": finishShown(out.Finish), "spent": a.loop.Spent(), "pull_request": pr}})
+}
+
+// finishShown is the finish the task's last event carries: its summary,
+// cause and fix, each cut to maxFinishShown bytes (textcut.Ellipsis).
+// Whole, they could pass the log's 64 KiB, which would refuse the end
+// and fail a task whose pull request is open; the finish call's
+// tool_result holds them whole.
+func finishShown(f *agent.Finish) *agent.Finish {
+	if f == nil {
+		return nil
+	}
+	return &agent.Finish{Summary: textcut.Ellipsis(f.Summary, maxFinishShown), Cause: textcut.Ellipsis(f.Cause, maxFinishShown),
+		Fix: textcut.Ellipsis(f.Fix, maxFinishShown)}
 }
 
 // recordedTestRun returns the test run of the finish's round recorded

@@ -8,6 +8,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/warrenhq/warren/api"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 )
 
@@ -81,5 +82,71 @@ func TestFinishTestOutputCredentialIsRedactedInThePullRequest(t *testing.T) {
 	}
 	if !strings.Contains(body, "deployed with AKIA…[redacted]") || strings.Contains(body, key) {
 		t.Errorf("the pull request's body:\n%s", body)
+	}
+}
+
+// A finish whose summary and fix take more than the log's 64 KiB as JSON
+// (12,000 "<", six bytes each once escaped; 70,000 "x") ends the task
+// succeeded with its pull request recorded, and the finish's tool_result
+// keeps them whole. Before, the end's state_changed carried the finish
+// whole: the log refused it, and the task whose pull request was open
+// and recorded ended failed. (Scripted provider.)
+func TestALongFinishSummaryEndsTheTaskSucceeded(t *testing.T) {
+	imageDir := needContainers(t)
+	repo := buggyRepo(t)
+	summary, fix := strings.Repeat("<", 12000), strings.Repeat("x", 70000)
+	finish, err := json.Marshal(map[string]any{"content": []any{map[string]any{"type": "tool_use", "name": "finish",
+		"input": map[string]any{"summary": summary, "cause": "a - b", "fix": fix}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	script := strings.Join([]string{
+		`{"content":[{"type":"tool_use","name":"edit_file","input":{"path":"calc/calc.go","old_string":"return a - b","new_string":"return a + b"}}]}`,
+		string(finish),
+	}, "\n")
+	c, _ := startClaimLogNode(t, imageDir, 0)
+	id := createScripted(t, c, "agent-finish-long", repo, "", script)
+	waitEnded(t, c, id)
+	var kinds []string
+	var pr bool
+	var end map[string]any
+	for _, e := range c.events(id) {
+		kinds = append(kinds, e.GetKind())
+		switch e.GetKind() {
+		case "pull_request":
+			pr = true
+		case "state_changed":
+			end = nil
+			_ = json.Unmarshal(e.GetPayload(), &end)
+		}
+	}
+	if s := c.task(id).GetState(); s != warrenv1.TaskState_TASK_STATE_SUCCEEDED || !pr {
+		t.Fatalf("the task ended %v (pull_request recorded: %v): %v; its last event: %.300v", s, pr, kinds, end)
+	}
+	f, _ := end["finish"].(map[string]any)
+	if s, _ := f["summary"].(string); !strings.HasPrefix(s, "<<<<") || len(s) >= len(summary) || f["cause"] != "a - b" {
+		t.Errorf("the end's finish: %.200v", f)
+	}
+	// The finish's tool_result has it whole (split into payload_part events).
+	evs, err := c.cl.Tasks().ListEvents(context.Background(), connect.NewRequest(&warrenv1.ListEventsRequest{TaskId: id, Limit: 1000}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var j api.PartJoiner
+	whole := false
+	for _, e := range evs.Msg.GetEvents() {
+		p, ok, err := j.Add(e.GetKind(), e.GetPayload())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r struct {
+			Finish *struct{ Summary, Fix string }
+		}
+		if ok && e.GetKind() == "tool_result" && json.Unmarshal(p, &r) == nil && r.Finish != nil {
+			whole = r.Finish.Summary == summary && r.Finish.Fix == fix
+		}
+	}
+	if !whole {
+		t.Error("the finish's tool_result does not hold the finish whole")
 	}
 }
