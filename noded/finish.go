@@ -70,6 +70,9 @@ func (a *taskActor) finishTask(c *actor.Context) {
 	defer end()
 	round := a.loop.FinishRejections()
 	fail := func(reason string, extra map[string]any) {
+		// Cut like any failed task's: it may quote the tests' output or
+		// git's and the forge's errors.
+		reason = failedReason(reason)
 		p := map[string]any{"to": "failed", "reason": reason, "finish": finishShown(out.Finish), "spent": a.loop.Spent()}
 		for k, v := range extra {
 			p[k] = v

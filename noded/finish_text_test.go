@@ -150,3 +150,39 @@ func TestALongFinishSummaryEndsTheTaskSucceeded(t *testing.T) {
 		t.Error("the finish's tool_result does not hold the finish whole")
 	}
 }
+
+// A task the finish step fails has its reason cut to 1,000 bytes, like
+// any failed task's (docs/events.md): here the last of five refused
+// finishes quotes 3,000 bytes of the test command's output. Before, the
+// finish step's reasons went on the end event whole. (Scripted provider.)
+func TestAFinishStepFailureReasonIsCut(t *testing.T) {
+	imageDir := needContainers(t)
+	repo := buggyRepo(t)
+	lines := []string{`{"content":[{"type":"tool_use","name":"edit_file","input":{"path":"calc/calc.go","old_string":"return a - b","new_string":"return a + b"}}]}`}
+	for range 5 {
+		lines = append(lines, `{"content":[{"type":"tool_use","name":"finish","input":{"summary":"Add adds now."}}]}`)
+	}
+	c, _ := startClaimLogNode(t, imageDir, 0)
+	resp, err := c.cl.Tasks().CreateTask(context.Background(), connect.NewRequest(&warrenv1.CreateTaskRequest{
+		RequestId: "agent-finish-fail-reason", Spec: &warrenv1.TaskSpec{Repo: repo, Base: "HEAD", IssueTitle: "Add is wrong",
+			TestCommand: "yes xxxxxxxxx | head -n 1000; exit 1", Driver: "container", Model: "scripted", ModelScript: strings.Join(lines, "\n")}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.Msg.GetTask().GetId()
+	waitEnded(t, c, id)
+	var end map[string]any
+	for _, e := range c.events(id) {
+		if e.GetKind() == "state_changed" {
+			end = nil
+			_ = json.Unmarshal(e.GetPayload(), &end)
+		}
+	}
+	reason, _ := end["reason"].(string)
+	if end["to"] != "failed" || !strings.HasPrefix(reason, "finish refused 5 times") {
+		t.Fatalf("the task's last event: %.300v", end)
+	}
+	if len(reason) > 1000+len("…") {
+		t.Errorf("the reason takes %d bytes, over 1,000: %.200q", len(reason), reason)
+	}
+}
