@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -124,17 +123,12 @@ func (g Git) runLimited(ctx context.Context, dir string, auth *Auth, remote stri
 	cmd.Env = append([]string{"GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null", "HOME=/nonexistent", "GIT_TERMINAL_PROMPT=0",
 		"GIT_ASKPASS=/bin/false", "SSH_ASKPASS=/bin/false", "LC_ALL=C", "PATH=/usr/local/bin:/usr/bin:/bin"}, g.Env...)
 	if auth != nil && auth.Token != "" && remote != "" {
-		user := auth.User
-		if user == "" {
-			user = "x-access-token"
-		}
-		basic := base64.StdEncoding.EncodeToString([]byte(user + ":" + auth.Token))
 		// git matches the header against the URL it was given, not the
 		// one it ends up at: after a redirect (git follows the first by
 		// default) it would send the token to the other host. A
 		// repository the forge moved then fails to fetch instead.
 		cmd.Env = append(cmd.Env, "GIT_CONFIG_COUNT=2", "GIT_CONFIG_KEY_0=http."+remote+".extraHeader",
-			"GIT_CONFIG_VALUE_0=Authorization: Basic "+basic, "GIT_CONFIG_KEY_1=http.followRedirects", "GIT_CONFIG_VALUE_1=false")
+			"GIT_CONFIG_VALUE_0=Authorization: Basic "+auth.basic(), "GIT_CONFIG_KEY_1=http.followRedirects", "GIT_CONFIG_VALUE_1=false")
 	}
 	gate := make(chan struct{})
 	defer func() {
@@ -190,11 +184,10 @@ func (g Git) runLimited(ctx context.Context, dir string, auth *Auth, remote stri
 		return nil, fmt.Errorf("git %s: %w: it would need over %d bytes of memory", args[0], ErrDiffTooLarge, lim.memory)
 	}
 	if err != nil {
-		msg := strings.TrimSpace(errb.String())
-		if auth != nil && auth.Token != "" {
-			msg = strings.ReplaceAll(msg, auth.Token, "[redacted]")
-		}
-		msg = textcut.Ellipsis(msg, 2000)
+		// A forge or proxy may echo the Authorization header it got (a
+		// text/plain 403 body, which git prints as "remote: " lines): in
+		// the form git sent it, the base64 of user:token.
+		msg := textcut.Ellipsis(redact(strings.TrimSpace(errb.String()), auth.secrets()), 2000)
 		return nil, fmt.Errorf("git %s: %v: %s", args[0], err, msg)
 	}
 	return out.Bytes(), nil

@@ -116,9 +116,11 @@ type redacting struct {
 
 func (r redacting) EnsurePR(ctx context.Context, req PRRequest) (*PullRequest, error) {
 	pr, err := r.Forge.EnsurePR(ctx, req)
-	if err != nil && strings.Contains(err.Error(), r.token) {
-		d, _ := RetryAfter(err) // kept: the error is made anew
-		err = &statusError{msg: strings.ReplaceAll(err.Error(), r.token, "[redacted]"), retryAfter: d}
+	if err != nil {
+		if msg := redact(err.Error(), tokenForms(r.token)); msg != err.Error() {
+			d, _ := RetryAfter(err) // kept: the error is made anew
+			err = &statusError{msg: msg, retryAfter: d}
+		}
 	}
 	return pr, err
 }
@@ -358,16 +360,17 @@ func doJSON(ctx context.Context, hc *http.Client, method, u string, h http.Heade
 		msg := strings.TrimSpace(string(b))
 		// A body that echoes the credential loses it before the cut: a
 		// cut through it would leave a prefix no later redaction finds.
+		var secrets []string
 		for _, vs := range h {
 			for _, v := range vs {
 				for _, secret := range []string{v, v[strings.LastIndexByte(v, ' ')+1:]} {
 					if len(secret) >= 8 {
-						msg = strings.ReplaceAll(msg, secret, "[redacted]")
+						secrets = append(secrets, tokenForms(secret)...)
 					}
 				}
 			}
 		}
-		msg = textcut.Ellipsis(msg, 300)
+		msg = textcut.Ellipsis(redact(msg, secrets), 300)
 		return &statusError{msg: fmt.Sprintf("%s %s: %s: %s", method, req.URL.Path, resp.Status, msg),
 			retryAfter: api.RetryAfter(resp.Header, time.Now())}
 	}

@@ -2,9 +2,11 @@ package forge
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -49,6 +51,31 @@ func TestAdapterErrorsDoNotEchoTheToken(t *testing.T) {
 		}
 		if strings.Contains(err.Error(), testToken) || strings.Contains(err.Error(), testToken[:8]) {
 			t.Errorf("%s: the forge's error repeats the token: %v", kind, err)
+		}
+	}
+}
+
+// A proxy may quote the credential inside a URL (a login link, a query)
+// or a JSON string that escapes "/": so escaped, a token with '+', '/' or
+// '=' reads otherwise, and is redacted in those forms too.
+func TestAdapterErrorsDoNotEchoTheEscapedToken(t *testing.T) {
+	const token = "glpat-a+b/c=d-0123456789abcdefghij"
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got := r.Header.Get("Authorization") + r.Header.Get("PRIVATE-TOKEN")
+		got = got[strings.LastIndexByte(got, ' ')+1:]
+		w.Header().Set("content-type", "application/json")
+		w.WriteHeader(http.StatusForbidden)
+		_, _ = w.Write([]byte(`{"message":"log in again: https://proxy.invalid/login?t=` + url.QueryEscape(got) + ` or /login/` + url.PathEscape(got) + ` (` + strings.ReplaceAll(got, "/", `\/`) + `)"}`))
+	}))
+	defer srv.Close()
+	for kind, err := range ensurePRErrors(t, srv.URL, token) {
+		if err == nil {
+			t.Fatalf("%s: no error", kind)
+		}
+		for _, form := range []string{token, url.QueryEscape(token), url.PathEscape(token), strings.ReplaceAll(token, "/", `\/`), "0123456789abcdefghij"} {
+			if strings.Contains(err.Error(), form) {
+				t.Errorf("%s: the error repeats the token as %q: %v", kind, form, err)
+			}
 		}
 	}
 }
@@ -104,4 +131,43 @@ func TestAdapterErrorsKeepTheForgesRetryAfter(t *testing.T) {
 	if _, ok := RetryAfter(errors.New("connection refused")); ok {
 		t.Error("RetryAfter of an error that says nothing")
 	}
+}
+
+// A forge, or a proxy in front of it, that refuses git's request with a
+// text/plain 403 echoing the Authorization header: git prints the body on
+// its stderr ("remote: denied: Basic …"), and the node's error, its logs
+// and the task's events quote that. git sends the token as the base64 of
+// user:token, so redacting the raw token alone leaves it readable. (A 401
+// would stop git at a credential prompt first.)
+func TestGitErrorsDoNotEchoTheEncodedToken(t *testing.T) {
+	needGit(t)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		w.WriteHeader(http.StatusForbidden)
+		_, _ = w.Write([]byte("denied: " + r.Header.Get("Authorization") + "\n"))
+	}))
+	defer srv.Close()
+	auth := &Auth{Token: testToken}
+	basic := base64.StdEncoding.EncodeToString([]byte("x-access-token:" + testToken))
+	leaks := func(what string, err error) {
+		t.Helper()
+		if err == nil {
+			t.Fatalf("%s: no error", what)
+		}
+		msg := err.Error()
+		if !strings.Contains(msg, "denied") {
+			t.Fatalf("%s: the error does not quote the forge's answer, so the test proves nothing: %v", what, err)
+		}
+		if strings.Contains(msg, testToken) || strings.Contains(msg, strings.TrimRight(basic, "=")) || strings.Contains(msg, basic[:12]) {
+			t.Errorf("%s: the error repeats the token: %v", what, err)
+		}
+	}
+	ctx := context.Background()
+	c := &Cache{Dir: t.TempDir(), Auth: func(string) *Auth { return auth }}
+	_, err := c.Mirror(ctx, srv.URL+"/o/r", "")
+	leaks("mirror", err)
+
+	repo, _ := newRepo(t)
+	ws := newWorkspace(t, repo)
+	leaks("push", ws.Push(ctx, srv.URL+"/o/r", auth, "agent/t1", ws.Commit))
 }
