@@ -77,16 +77,72 @@ type Forge interface {
 	EnsurePR(ctx context.Context, req PRRequest) (*PullRequest, error)
 }
 
+// What the node takes from a forge's API, which may be hostile or broken:
+// each answer is read up to maxAnswerBytes (far more than a page of pull
+// requests, far less than a node's memory), an adapter's error text is cut
+// to maxErrorText (the finish step logs it at every retry and records the
+// last in the task's events), and a pull request's URL, recorded in the
+// task's events, is refused over maxPRURL (real ones are under 200 bytes).
+const (
+	maxAnswerBytes = 4 << 20
+	maxErrorText   = 1000
+	maxPRURL       = 2 << 10
+)
+
 // New makes the adapter of a kind: github (REST, go-github; apiURL "" is
 // api.github.com), gitea (Gitea and Forgejo) or gitlab.
 func New(kind, apiURL, token string) (Forge, error) {
-	hc := &http.Client{Timeout: time.Minute, CheckRedirect: checkRedirect}
+	hc := &http.Client{Timeout: time.Minute, CheckRedirect: checkRedirect, Transport: limitedTransport{http.DefaultTransport}}
 	f, err := newAdapter(kind, apiURL, token, hc)
-	if err != nil || token == "" {
-		return f, err
+	if err != nil {
+		return nil, err
 	}
-	return redacting{f, token}, nil
+	return guarded{f, token}, nil
 }
+
+// errAnswerTooLarge is a forge answer over maxAnswerBytes.
+var errAnswerTooLarge = fmt.Errorf("the forge's answer is over %d bytes", maxAnswerBytes)
+
+// limitedTransport reads every answer's body up to maxAnswerBytes: a read
+// past that fails with errAnswerTooLarge. go-github reads a refusal's body
+// whole (CheckResponse), and doJSON a success's.
+type limitedTransport struct{ base http.RoundTripper }
+
+func (t limitedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := t.base.RoundTrip(r)
+	if err == nil && resp.Body != nil {
+		resp.Body = &limitedBody{rc: resp.Body, left: maxAnswerBytes}
+	}
+	return resp, err
+}
+
+// limitedBody is a body of which at most left bytes more are read.
+type limitedBody struct {
+	rc   io.ReadCloser
+	left int64 // -1: over
+}
+
+func (b *limitedBody) Read(p []byte) (int, error) {
+	if b.left < 0 {
+		return 0, errAnswerTooLarge
+	}
+	if int64(len(p)) > b.left+1 {
+		p = p[:b.left+1] // one byte more tells a body of exactly the limit from a longer one
+	}
+	n, err := b.rc.Read(p)
+	if int64(n) > b.left {
+		// Closed now: go-github replaces a refusal's body with what it
+		// read, and closes only that, which would leave the connection to
+		// the forge open, still sending, until the client's timeout.
+		_ = b.rc.Close()
+		n, b.left = int(b.left), -1
+		return n, errAnswerTooLarge
+	}
+	b.left -= int64(n)
+	return n, err
+}
+
+func (b *limitedBody) Close() error { return b.rc.Close() }
 
 // checkRedirect lets a forge API call follow a redirect only on the same
 // host and scheme: a token header must not go to another host (Go drops
@@ -105,24 +161,34 @@ func checkRedirect(r *http.Request, via []*http.Request) error {
 	return nil
 }
 
-// redacting is an adapter whose errors never hold its token: a forge, or
-// a proxy in front of it, may echo the credential it was given in an
-// error body, which the adapters quote, and the finish step logs the
-// error and records it in the task's last event.
-type redacting struct {
+// guarded is an adapter whose errors never hold its token and are at
+// most maxErrorText bytes (and "…"), and whose pull request URL is at most
+// maxPRURL: a forge, or a proxy in front of it, may echo the credential it
+// was given in an error body, which the adapters quote, or send a message
+// or a URL of any length; the finish step logs the error and records it,
+// or the URL, in the task's events.
+type guarded struct {
 	Forge
 	token string
 }
 
-func (r redacting) EnsurePR(ctx context.Context, req PRRequest) (*PullRequest, error) {
-	pr, err := r.Forge.EnsurePR(ctx, req)
+func (g guarded) EnsurePR(ctx context.Context, req PRRequest) (*PullRequest, error) {
+	pr, err := g.Forge.EnsurePR(ctx, req)
 	if err != nil {
-		if msg := redact(err.Error(), tokenForms(r.token)); msg != err.Error() {
+		// Redacted before the cut: a cut through the token would leave a
+		// prefix no later redaction finds.
+		text := err.Error()
+		if msg := textcut.Ellipsis(redact(text, tokenForms(g.token)), maxErrorText); msg != text {
 			d, _ := RetryAfter(err) // kept: the error is made anew
 			err = &statusError{msg: msg, retryAfter: d}
 		}
+		return nil, err
 	}
-	return pr, err
+	if pr != nil && len(pr.URL) > maxPRURL {
+		return nil, fmt.Errorf("%s: the forge gave pull request #%d a URL of %d bytes, over the %d allowed: refused, not recorded",
+			g.Name(), pr.Number, len(pr.URL), maxPRURL)
+	}
+	return pr, nil
 }
 
 // statusError is a forge's refusal that may say when to try again.
@@ -355,7 +421,10 @@ func doJSON(ctx context.Context, hc *http.Client, method, u string, h http.Heade
 		return err
 	}
 	defer resp.Body.Close()
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	b, rerr := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBytes+1))
+	if rerr == nil && len(b) > maxAnswerBytes {
+		rerr = errAnswerTooLarge // a client without limitedTransport
+	}
 	if resp.StatusCode/100 != 2 {
 		msg := strings.TrimSpace(string(b))
 		// A body that echoes the credential loses it before the cut: a
@@ -373,6 +442,9 @@ func doJSON(ctx context.Context, hc *http.Client, method, u string, h http.Heade
 		msg = textcut.Ellipsis(redact(msg, secrets), 300)
 		return &statusError{msg: fmt.Sprintf("%s %s: %s: %s", method, req.URL.Path, resp.Status, msg),
 			retryAfter: api.RetryAfter(resp.Header, time.Now())}
+	}
+	if rerr != nil {
+		return fmt.Errorf("%s %s: %s: %w", method, req.URL.Path, resp.Status, rerr)
 	}
 	if err := json.Unmarshal(b, out); err != nil {
 		return fmt.Errorf("%s %s: the answer is not the JSON expected: %v", method, req.URL.Path, err)

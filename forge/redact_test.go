@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -170,4 +171,63 @@ func TestGitErrorsDoNotEchoTheEncodedToken(t *testing.T) {
 	repo, _ := newRepo(t)
 	ws := newWorkspace(t, repo)
 	leaks("push", ws.Push(ctx, srv.URL+"/o/r", auth, "agent/t1", ws.Commit))
+}
+
+// A forge's refusal can be as long as it likes: go-github read the whole
+// body and its ErrorResponse quoted the whole message, and the finish step
+// logs the error at every retry and records it in the task's last event.
+// Every answer is read up to maxAnswerBytes (4 MiB), and the error text is cut.
+func TestAdapterErrorsAreBoundedWhateverTheForgeSends(t *testing.T) {
+	huge := strings.Repeat("x", 32<<20)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("content-type", "application/json")
+		w.WriteHeader(http.StatusForbidden)
+		_, _ = w.Write([]byte(`{"message":"` + huge + `"}`))
+	}))
+	defer srv.Close()
+	for kind, err := range ensurePRErrors(t, srv.URL, testToken) {
+		if err == nil {
+			t.Fatalf("%s: no error", kind)
+		}
+		if n := len(err.Error()); n > 4<<10 {
+			t.Errorf("%s: an error of %d bytes: %.200s…", kind, n, err)
+		}
+		if !strings.Contains(err.Error(), "403") {
+			t.Errorf("%s: the error lost the forge's status: %.300s", kind, err)
+		}
+	}
+	// Just under the read limit, so read whole and parsed: the message is
+	// still cut.
+	mid := strings.Repeat("y", 4<<20-100)
+	srv2 := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("content-type", "application/json")
+		w.WriteHeader(http.StatusForbidden)
+		_, _ = w.Write([]byte(`{"message":"` + mid + `"}`))
+	}))
+	defer srv2.Close()
+	for kind, err := range ensurePRErrors(t, srv2.URL, "") {
+		if err == nil || len(err.Error()) > 4<<10 {
+			t.Errorf("%s (no token): an error of %d bytes", kind, len(fmt.Sprint(err)))
+		}
+	}
+}
+
+// A forge's pull request URL is recorded in the task's events: an absurd
+// one (over maxPRURL) is refused, not recorded.
+func TestAdapterRefusesAnAbsurdPRURL(t *testing.T) {
+	long := "https://forge.test/acme/calc/pull/1?" + strings.Repeat("z", 1<<20)
+	for _, kind := range []string{"github", "gitea", "gitlab"} {
+		t.Run(kind, func(t *testing.T) {
+			fake := &fakePRs{prs: []map[string]any{{"n": 1, "url": long, "head": "agent/t1"}}}
+			srv := fake.serve(t, kind)
+			f, err := New(kind, srv.URL, "tok")
+			if err != nil {
+				t.Fatal(err)
+			}
+			pr, err := f.EnsurePR(context.Background(), PRRequest{Repo: RepoRef{Owner: "acme", Name: "calc"}, Head: "agent/t1", Base: "main", Title: "t"})
+			if err == nil || !strings.Contains(err.Error(), "URL") || len(err.Error()) > 4<<10 {
+				t.Fatalf("EnsurePR = %+v, %.300v; want an error naming the URL", pr, err)
+			}
+		})
+	}
 }
