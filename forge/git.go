@@ -20,7 +20,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/warrenhq/warren/api"
-	"github.com/warrenhq/warren/api/textcut"
 )
 
 // Auth is a forge credential for git over HTTP(S). It travels to one git
@@ -144,7 +143,8 @@ func (g Git) runLimited(ctx context.Context, dir string, auth *Auth, remote stri
 			cmd.Stdin = &gatedReader{r: bytes.NewReader(stdin), open: gate}
 		}
 	}
-	var out, errb bytes.Buffer
+	var out bytes.Buffer
+	var errb headTail
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	over := false // read after Wait, which waits for the stdout copy
 	if lim.maxOut > 0 {
@@ -187,7 +187,7 @@ func (g Git) runLimited(ctx context.Context, dir string, auth *Auth, remote stri
 		// A forge or proxy may echo the Authorization header it got (a
 		// text/plain 403 body, which git prints as "remote: " lines): in
 		// the form git sent it, the base64 of user:token.
-		msg := textcut.Ellipsis(redact(strings.TrimSpace(errb.String()), auth.secrets()), 2000)
+		msg := errb.text(auth.secrets())
 		return nil, fmt.Errorf("git %s: %v: %s", args[0], err, msg)
 	}
 	return out.Bytes(), nil
