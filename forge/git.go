@@ -77,11 +77,17 @@ func (g Git) run(ctx context.Context, dir string, auth *Auth, remote string, std
 // limits bound one git run: its stdout (maxOut, 0 for none), each file
 // it writes (fileSize, as RLIMIT_FSIZE, 0 for none) and its address space
 // (memory, as RLIMIT_AS, 0 for none). Over any, the run fails with
-// ErrDiffTooLarge.
+// ErrDiffTooLarge, or over maxOut with tooLarge if set. stdout, if set,
+// takes the run's stdout instead (the run returns none); when a write to
+// it fails, git is stopped and the run fails with that error. outHint is
+// the stdout expected, to size its buffer once.
 type limits struct {
 	maxOut   int
 	fileSize uint64
 	memory   uint64
+	tooLarge error
+	stdout   io.Writer
+	outHint  int
 }
 
 // gatedReader holds its reads until open is closed: a child's stdin,
@@ -94,6 +100,26 @@ type gatedReader struct {
 func (g *gatedReader) Read(p []byte) (int, error) {
 	<-g.open
 	return g.r.Read(p)
+}
+
+// failWriter writes to w; when a write fails, it calls fail with the
+// error, once.
+type failWriter struct {
+	w    io.Writer
+	fail func(error)
+	err  error
+}
+
+func (f *failWriter) Write(p []byte) (int, error) {
+	if f.err != nil {
+		return 0, f.err
+	}
+	n, err := f.w.Write(p)
+	if err != nil {
+		f.err = err
+		f.fail(err)
+	}
+	return n, err
 }
 
 // capWriter keeps at most max bytes; past that it calls over and fails
@@ -147,7 +173,12 @@ func (g Git) runLimited(ctx context.Context, dir string, auth *Auth, remote stri
 	var errb headTail
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	over := false // read after Wait, which waits for the stdout copy
-	if lim.maxOut > 0 {
+	var outErr error
+	switch {
+	case lim.stdout != nil:
+		cmd.Stdout = &failWriter{w: lim.stdout, fail: func(err error) { outErr = err; cancel() }}
+	case lim.maxOut > 0:
+		out.Grow(min(lim.outHint, lim.maxOut))
 		cmd.Stdout = &capWriter{buf: &out, max: lim.maxOut, over: func() { over = true; cancel() }}
 	}
 	err := cmd.Start()
@@ -175,7 +206,14 @@ func (g Git) runLimited(ctx context.Context, dir string, auth *Auth, remote stri
 		err = cmd.Wait()
 	}
 	if over {
-		return nil, fmt.Errorf("git %s: %w: its output is over %d bytes", args[0], ErrDiffTooLarge, lim.maxOut)
+		tooLarge := lim.tooLarge
+		if tooLarge == nil {
+			tooLarge = ErrDiffTooLarge
+		}
+		return nil, fmt.Errorf("git %s: %w: its output is over %d bytes", args[0], tooLarge, lim.maxOut)
+	}
+	if outErr != nil {
+		return nil, fmt.Errorf("git %s: %w", args[0], outErr)
 	}
 	if err != nil && lim.fileSize > 0 && fileTooLarge(err, errb.String()) {
 		return nil, fmt.Errorf("git %s: %w: a file would be over %d bytes", args[0], ErrDiffTooLarge, lim.fileSize)
@@ -444,10 +482,13 @@ type Workspace struct {
 	Dir    string
 	Commit string // the pinned base commit
 	git    Git
+	repo   string // the repository, for errors ("": Dir)
+	size   int    // the tree's archive, as Checkout counted it (0: not counted)
 }
 
 // Checkout makes a workspace in dir (which must not exist) at commit, from
-// a mirror, and verifies that HEAD is that commit.
+// a mirror, and verifies that HEAD is that commit. A tree over
+// MaxTreeBytes (ErrTreeTooLarge) is refused before any file is written.
 func (g Git) Checkout(ctx context.Context, mirror, commit, dir string) (*Workspace, error) {
 	if !isHex(commit) || len(commit) < 40 {
 		return nil, fmt.Errorf("checkout: %q is not a full commit id", commit)
@@ -464,6 +505,19 @@ func (g Git) Checkout(ctx context.Context, mirror, commit, dir string) (*Workspa
 	if err := os.WriteFile(filepath.Join(dir, ".git", "info", "attributes"), []byte("* -export-ignore -export-subst\n"), 0o644); err != nil {
 		return nil, err
 	}
+	repo := mirror
+	if out, err := g.run(ctx, mirror, nil, "", nil, "config", "--get", "remote.origin.url"); err == nil && len(bytes.TrimSpace(out)) > 0 {
+		repo = string(bytes.TrimSpace(out))
+	}
+	// Counted from the tree's listing, which git streams and is stopped
+	// once the count is over: a tree of many GB is a few KB of objects.
+	size := newTreeSize(MaxTreeBytes)
+	if _, err := g.runLimited(ctx, dir, nil, "", nil, limits{stdout: size}, "ls-tree", "-r", "-t", "-l", "-z", "--full-tree", commit); err != nil {
+		if errors.Is(err, ErrTreeTooLarge) {
+			return nil, treeTooLarge("checkout", repo, commit)
+		}
+		return nil, err
+	}
 	if _, err := g.run(ctx, dir, nil, "", nil, "checkout", "--quiet", "--detach", commit); err != nil {
 		return nil, err
 	}
@@ -474,13 +528,23 @@ func (g Git) Checkout(ctx context.Context, mirror, commit, dir string) (*Workspa
 	if head := strings.TrimSpace(string(out)); head != commit {
 		return nil, fmt.Errorf("checkout: HEAD is %s, not the pinned %s", head, commit)
 	}
-	return &Workspace{Dir: dir, Commit: commit, git: g}, nil
+	return &Workspace{Dir: dir, Commit: commit, git: g, repo: repo, size: size.n}, nil
 }
 
 // Tar is the workspace's tree at its commit as a tar stream (no .git),
-// for copying into a sandbox.
+// for copying into a sandbox. Past MaxTreeBytes it stops git and fails
+// with ErrTreeTooLarge.
 func (w *Workspace) Tar(ctx context.Context) ([]byte, error) {
-	return w.git.run(ctx, w.Dir, nil, "", nil, "archive", "--format=tar", w.Commit)
+	tar, err := w.git.runLimited(ctx, w.Dir, nil, "", nil, limits{maxOut: MaxTreeBytes, tooLarge: ErrTreeTooLarge, outHint: w.size},
+		"archive", "--format=tar", w.Commit)
+	if errors.Is(err, ErrTreeTooLarge) {
+		repo := w.repo
+		if repo == "" {
+			repo = w.Dir
+		}
+		return nil, treeTooLarge("archive", repo, w.Commit)
+	}
+	return tar, err
 }
 
 // Apply applies a patch (from the sandbox, so untrusted) to the workspace,

@@ -1,0 +1,6 @@
+//go:build !race
+
+package forge
+
+// allocScale: see raceon_test.go.
+const allocScale = 1
