@@ -65,7 +65,8 @@ func RepoFromURL(repo string) (RepoRef, error) {
 type PullRequest struct {
 	Number  int    `json:"number"`
 	URL     string `json:"url"`
-	Created bool   `json:"created"` // false: it existed (a retry)
+	Created bool   `json:"created"`           // false: it existed (a retry)
+	Updated bool   `json:"updated,omitempty"` // it existed with another title or body, now the ones asked
 }
 
 // Forge opens pull requests. Its adapters can do nothing else: no merge,
@@ -73,7 +74,9 @@ type PullRequest struct {
 type Forge interface {
 	Name() string
 	// EnsurePR returns the open pull request from req.Head, opening it if
-	// there is none, so a retry never opens a second one.
+	// there is none, so a retry never opens a second one. A found one
+	// whose title or body differ from req's gets req's (its draft state
+	// kept), since the branch may now hold another diff.
 	EnsurePR(ctx context.Context, req PRRequest) (*PullRequest, error)
 }
 
@@ -269,7 +272,14 @@ func (g *GitHub) EnsurePR(ctx context.Context, req PRRequest) (*PullRequest, err
 	}
 	for _, pr := range open {
 		if pr.GetHead().GetRef() == req.Head {
-			return &PullRequest{Number: pr.GetNumber(), URL: pr.GetHTMLURL()}, nil
+			found := &PullRequest{Number: pr.GetNumber(), URL: pr.GetHTMLURL()}
+			if pr.GetTitle() != req.Title || pr.GetBody() != req.Body { // GitHub's draft state is no part of the title
+				if _, _, err := g.c.PullRequests.Edit(ctx, req.Repo.Owner, req.Repo.Name, pr.GetNumber(), &github.PullRequest{Title: &req.Title, Body: &req.Body}); err != nil {
+					return nil, fmt.Errorf("github: update pull request #%d: %w", pr.GetNumber(), err)
+				}
+				found.Updated = true
+			}
+			return found, nil
 		}
 	}
 	pr, _, err := g.c.PullRequests.Create(ctx, req.Repo.Owner, req.Repo.Name, &github.NewPullRequest{
@@ -300,6 +310,8 @@ func (g *Gitea) EnsurePR(ctx context.Context, req PRRequest) (*PullRequest, erro
 	type pull struct {
 		Number int    `json:"number"`
 		URL    string `json:"html_url"`
+		Title  string `json:"title"`
+		Body   string `json:"body"`
 		Head   branch `json:"head"`
 		Base   branch `json:"base"`
 	}
@@ -317,7 +329,16 @@ func (g *Gitea) EnsurePR(ctx context.Context, req PRRequest) (*PullRequest, erro
 		}
 		for _, pr := range batch {
 			if pr.Head.Ref == req.Head && pr.Head.Repo.FullName != "" && strings.EqualFold(pr.Head.Repo.FullName, pr.Base.Repo.FullName) {
-				return &PullRequest{Number: pr.Number, URL: pr.URL}, nil
+				found := &PullRequest{Number: pr.Number, URL: pr.URL}
+				title := keepDraftMarker(pr.Title, req.Title, "WIP:", "[WIP]")
+				if pr.Title != title || pr.Body != req.Body {
+					edit := map[string]any{"title": title, "body": req.Body}
+					if err := doJSON(ctx, g.hc, "PATCH", g.base+path+fmt.Sprintf("/%d", pr.Number), g.auth(), edit, &struct{}{}); err != nil {
+						return nil, fmt.Errorf("gitea: update pull request #%d: %w", pr.Number, err)
+					}
+					found.Updated = true
+				}
+				return found, nil
 			}
 		}
 	}
@@ -356,10 +377,12 @@ func (g *GitLab) EnsurePR(ctx context.Context, req PRRequest) (*PullRequest, err
 	project := url.PathEscape(req.Repo.fullPath())
 	path := g.base + "/api/v4/projects/" + project + "/merge_requests"
 	var open []struct {
-		IID    int    `json:"iid"`
-		URL    string `json:"web_url"`
-		Source int    `json:"source_project_id"`
-		Target int    `json:"target_project_id"`
+		IID         int    `json:"iid"`
+		URL         string `json:"web_url"`
+		Title       string `json:"title"`
+		Description string `json:"description"`
+		Source      int    `json:"source_project_id"`
+		Target      int    `json:"target_project_id"`
 	}
 	q := url.Values{"state": {"opened"}, "source_branch": {req.Head}, "per_page": {"100"}}
 	if err := doJSON(ctx, g.hc, "GET", path+"?"+q.Encode(), g.auth(), nil, &open); err != nil {
@@ -369,7 +392,16 @@ func (g *GitLab) EnsurePR(ctx context.Context, req PRRequest) (*PullRequest, err
 	// task's comes from the project itself.
 	for _, mr := range open {
 		if mr.Source != 0 && mr.Source == mr.Target {
-			return &PullRequest{Number: mr.IID, URL: mr.URL}, nil
+			found := &PullRequest{Number: mr.IID, URL: mr.URL}
+			title := keepDraftMarker(mr.Title, req.Title, "Draft:", "[Draft]", "(Draft)")
+			if mr.Title != title || mr.Description != req.Body {
+				edit := map[string]any{"title": title, "description": req.Body}
+				if err := doJSON(ctx, g.hc, "PUT", path+fmt.Sprintf("/%d", mr.IID), g.auth(), edit, &struct{}{}); err != nil {
+					return nil, fmt.Errorf("gitlab: update merge request !%d: %w", mr.IID, err)
+				}
+				found.Updated = true
+			}
+			return found, nil
 		}
 	}
 	title := req.Title
@@ -393,6 +425,19 @@ func (g *GitLab) auth() http.Header {
 		h.Set("PRIVATE-TOKEN", g.token)
 	}
 	return h
+}
+
+// keepDraftMarker is title for a found pull request whose title is found:
+// with found's draft marker (one of markers, which Gitea and GitLab read
+// at the start of a title) if it has one, so an update neither marks
+// ready a draft nor makes a draft again one a person marked ready.
+func keepDraftMarker(found, title string, markers ...string) string {
+	for _, m := range markers {
+		if len(found) >= len(m) && strings.EqualFold(found[:len(m)], m) {
+			return found[:len(m)] + " " + title
+		}
+	}
+	return title
 }
 
 // doJSON sends a JSON request and decodes a 2xx JSON answer into out.

@@ -17,8 +17,9 @@ import (
 // loopback: it keeps pull requests in memory and counts creations.
 type fakePRs struct {
 	mu      sync.Mutex
-	prs     []map[string]any // "fork": true is a pull request from mallory/calc
+	prs     []map[string]any // "fork": true is a pull request from mallory/calc; "body": the last request's JSON
 	creates int
+	edits   int
 	auth    []string
 	pageCap int // gitea: the server's MAX_RESPONSE_ITEMS (0: 50)
 }
@@ -39,11 +40,36 @@ func (f *fakePRs) serve(t *testing.T, kind string) *httptest.Server {
 			list, create = "/api/v4/projects/acme/calc/merge_requests", "/api/v4/projects/acme/calc/merge_requests"
 		}
 		switch {
+		case (r.Method == "PATCH" || r.Method == "PUT") && strings.HasPrefix(r.URL.Path, list+"/"):
+			n, _ := strconv.Atoi(strings.TrimPrefix(r.URL.Path, list+"/"))
+			var edit map[string]any
+			if err := json.NewDecoder(r.Body).Decode(&edit); err != nil {
+				http.Error(w, `{"message":"bad json"}`, 400)
+				return
+			}
+			for _, pr := range f.prs {
+				if pr["n"] == n && (kind == "gitlab") == (r.Method == "PUT") {
+					f.edits++
+					body, _ := pr["body"].(map[string]any)
+					if body == nil {
+						body = map[string]any{}
+						pr["body"] = body
+					}
+					for k, v := range edit {
+						body[k] = v
+					}
+					w.Write([]byte("{}"))
+					return
+				}
+			}
+			http.Error(w, `{"message":"Not Found"}`, 404)
 		case r.Method == "GET" && r.URL.Path == list:
 			q := r.URL.Query()
 			out := []map[string]any{}
 			for _, pr := range f.prs {
 				head := pr["head"].(string)
+				stored, _ := pr["body"].(map[string]any)
+				title, text := stored["title"], cmp.Or(stored["body"], stored["description"])
 				owner, project := "acme", 1
 				if pr["fork"] == true {
 					owner, project = "mallory", 2
@@ -53,14 +79,14 @@ func (f *fakePRs) serve(t *testing.T, kind string) *httptest.Server {
 					if q.Get("head") != owner+":"+head || q.Get("state") != "open" {
 						continue
 					}
-					out = append(out, map[string]any{"number": pr["n"], "html_url": pr["url"], "head": map[string]any{"ref": head}})
+					out = append(out, map[string]any{"number": pr["n"], "html_url": pr["url"], "head": map[string]any{"ref": head}, "title": title, "body": text})
 				case "gitea":
-					out = append(out, map[string]any{"number": pr["n"], "html_url": pr["url"],
+					out = append(out, map[string]any{"number": pr["n"], "html_url": pr["url"], "title": title, "body": text,
 						"head": map[string]any{"ref": head, "repo": map[string]any{"full_name": owner + "/calc"}},
 						"base": map[string]any{"ref": "main", "repo": map[string]any{"full_name": "acme/calc"}}})
 				case "gitlab":
 					if q.Get("source_branch") == head && q.Get("state") == "opened" {
-						out = append(out, map[string]any{"iid": pr["n"], "web_url": pr["url"], "source_project_id": project, "target_project_id": 1})
+						out = append(out, map[string]any{"iid": pr["n"], "web_url": pr["url"], "source_project_id": project, "target_project_id": 1, "title": title, "description": text})
 					}
 				}
 			}
@@ -221,4 +247,74 @@ func TestRepoFromURL(t *testing.T) {
 	if _, err := New("bitbucket", "", ""); err == nil {
 		t.Error("an unknown forge was accepted")
 	}
+}
+
+// A resumed task may force-push a different diff to its branch: the pull
+// request it finds must then describe that diff, not the first one. The
+// adapter updates a found pull request's title and body when they differ
+// from what is asked, keeps its draft marker as it is (a person may have
+// marked it ready), and leaves it alone when they are the same.
+func TestEnsurePRUpdatesAFoundPRsTitleAndBody(t *testing.T) {
+	for _, kind := range []string{"github", "gitea", "gitlab"} {
+		t.Run(kind, func(t *testing.T) {
+			fake := &fakePRs{}
+			srv := fake.serve(t, kind)
+			f, err := New(kind, srv.URL, "tok")
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			req := PRRequest{Repo: RepoRef{Owner: "acme", Name: "calc", Path: "acme/calc"}, Head: "agent/t1", Base: "main", Title: "Fix Add", Body: "diff A", Draft: true}
+			stored := func(key string) any {
+				fake.mu.Lock()
+				defer fake.mu.Unlock()
+				b := fake.prs[0]["body"].(map[string]any)
+				if key == "body" && kind == "gitlab" {
+					key = "description"
+				}
+				return b[key]
+			}
+			if _, err := f.EnsurePR(ctx, req); err != nil {
+				t.Fatal(err)
+			}
+			created := stored("title")
+			req.Body = "diff B"
+			pr, err := f.EnsurePR(ctx, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := stored("body"); got != "diff B" || pr.Created || !updated(pr) || fake.creates != 1 {
+				t.Fatalf("after a retry with another body: stored body %q, %+v, %d creations; want \"diff B\"", got, pr, fake.creates)
+			}
+			if stored("title") != created {
+				t.Errorf("the title changed from %q to %q with only the body", created, stored("title"))
+			}
+			req.Title = "Fix Add and Sub"
+			if _, err := f.EnsurePR(ctx, req); err != nil {
+				t.Fatal(err)
+			}
+			want := map[string]string{"github": "Fix Add and Sub", "gitea": "WIP: Fix Add and Sub", "gitlab": "Draft: Fix Add and Sub"}[kind]
+			if got := stored("title"); got != want {
+				t.Errorf("after a retry with another title: %q, want %q", got, want)
+			}
+			edits := fake.edits
+			if pr, err := f.EnsurePR(ctx, req); err != nil || updated(pr) || fake.edits != edits {
+				t.Errorf("a retry with the same title and body: %+v, %v, %d edits; want none", pr, err, fake.edits-edits)
+			}
+			// Marked ready by a person: a retry does not make it a draft again.
+			fake.mu.Lock()
+			fake.prs[0]["body"].(map[string]any)["title"] = "Fix Add and Sub"
+			fake.mu.Unlock()
+			if _, err := f.EnsurePR(ctx, req); err != nil || stored("title") != "Fix Add and Sub" {
+				t.Errorf("a retry on a pull request marked ready: title %q, %v", stored("title"), err)
+			}
+		})
+	}
+}
+
+// updated reports whether pr says, as the pull_request event records it,
+// that EnsurePR updated it.
+func updated(pr *PullRequest) bool {
+	b, _ := json.Marshal(pr)
+	return strings.Contains(string(b), `"updated":true`)
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -85,6 +86,22 @@ func newFakeGitHub(t *testing.T, owner, repo string) *fakeGitHub {
 		defer f.mu.Unlock()
 		f.tokens = append(f.tokens, r.Header.Get("Authorization"))
 		w.Header().Set("content-type", "application/json")
+		if n, err := strconv.Atoi(strings.TrimPrefix(r.URL.Path, path+"/")); err == nil && r.Method == "PATCH" && n >= 1 && n <= len(f.prs) {
+			// The retry updates a found pull request whose body differs
+			// (the tests ran again, on another node).
+			var edit map[string]any
+			if err := json.NewDecoder(r.Body).Decode(&edit); err != nil {
+				http.Error(w, `{"message":"Problems parsing JSON"}`, 400)
+				return
+			}
+			for _, k := range []string{"title", "body"} {
+				if v, ok := edit[k]; ok {
+					f.prs[n-1][k] = v
+				}
+			}
+			json.NewEncoder(w).Encode(f.prs[n-1])
+			return
+		}
 		if r.URL.Path != path {
 			http.Error(w, `{"message":"Not Found"}`, 404)
 			return
