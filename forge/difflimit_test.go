@@ -22,6 +22,7 @@ func zerosPatch(t *testing.T, repo string, sizes map[string]int) string {
 	// Not through sh, which trims: a binary patch ends in a blank line.
 	cmd := exec.Command("git", "diff", "--cached", "--binary", "HEAD")
 	cmd.Dir = repo
+	cmd.Env = testGitEnv()
 	patch, err := cmd.Output()
 	if err != nil {
 		t.Fatal(err)

@@ -21,12 +21,27 @@ func needGit(t *testing.T) {
 	}
 }
 
+// testGitEnv is the environment of the tests' own git commands: this
+// process's, less every GIT_* variable, and with no global config. go test
+// run from a git hook or under `git rebase -x` inherits GIT_DIR (and
+// maybe GIT_INDEX_FILE, GIT_WORK_TREE): with it, a git command in a
+// temporary directory works on the enclosing repository instead.
+func testGitEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "GIT_") {
+			env = append(env, kv)
+		}
+	}
+	return append(env, "GIT_CONFIG_GLOBAL=/dev/null")
+}
+
 // sh runs a plain git (the user's way, none of ours) in dir.
 func sh(t *testing.T, dir string, args ...string) string {
 	t.Helper()
 	cmd := exec.Command("git", append([]string{"-c", "user.name=t", "-c", "user.email=t@t"}, args...)...)
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "GIT_CONFIG_GLOBAL=/dev/null")
+	cmd.Env = testGitEnv()
 	var errb strings.Builder
 	cmd.Stderr = &errb
 	out, err := cmd.Output()

@@ -30,7 +30,7 @@ func bombRepo(t *testing.T, n int) (dir, commit string) {
 	}
 	cmd := exec.Command("git", "update-index", "--index-info")
 	cmd.Dir, cmd.Stdin = dir, strings.NewReader(index.String())
-	cmd.Env = append(os.Environ(), "GIT_CONFIG_GLOBAL=/dev/null")
+	cmd.Env = testGitEnv()
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("update-index: %v\n%s", err, out)
 	}
@@ -114,6 +114,7 @@ func TestANestedTreeBombIsRefused(t *testing.T) {
 		}
 		cmd := exec.Command("git", "mktree")
 		cmd.Dir, cmd.Stdin = repo, strings.NewReader(b.String())
+		cmd.Env = testGitEnv()
 		out, err := cmd.Output()
 		if err != nil {
 			t.Fatalf("mktree: %v", err)
