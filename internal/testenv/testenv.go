@@ -8,6 +8,7 @@ package testenv
 
 import (
 	"os"
+	"strings"
 	"testing"
 )
 
@@ -25,4 +26,18 @@ func Missing(t testing.TB, format string, args ...any) {
 		t.Fatalf("missing where "+Env+" is set: "+format, args...)
 	}
 	t.Skipf(format, args...)
+}
+
+// UnsetGit unsets every GIT_* variable of the process, so that the git a
+// test runs works on the test's own repositories: go test run under `git
+// rebase -x`, or from a git hook, inherits GIT_DIR and its kin, and tests
+// that ran git with their environment then wrote into the enclosing
+// repository (its config, its refs). Test packages that run git call it
+// from an init function.
+func UnsetGit() {
+	for _, kv := range os.Environ() {
+		if k, _, _ := strings.Cut(kv, "="); strings.HasPrefix(k, "GIT_") {
+			os.Unsetenv(k)
+		}
+	}
 }

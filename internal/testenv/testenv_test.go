@@ -32,3 +32,18 @@ func TestMissing(t *testing.T) {
 		}
 	}
 }
+
+func TestUnsetGit(t *testing.T) {
+	t.Setenv("GIT_DIR", "/nonexistent/.git")
+	t.Setenv("GIT_WORK_TREE", "/nonexistent")
+	t.Setenv("NOT_GIT_DIR", "kept")
+	UnsetGit()
+	for _, k := range []string{"GIT_DIR", "GIT_WORK_TREE"} {
+		if v, ok := os.LookupEnv(k); ok {
+			t.Errorf("%s=%q is still set", k, v)
+		}
+	}
+	if os.Getenv("NOT_GIT_DIR") != "kept" {
+		t.Error("a variable that is not git's was unset")
+	}
+}
