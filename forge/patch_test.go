@@ -9,15 +9,22 @@ import (
 	"testing"
 )
 
+// newMirror mirrors repo into a new cache and returns both.
+func newMirror(t *testing.T, repo string) (c *Cache, mirror string) {
+	t.Helper()
+	c = &Cache{Dir: t.TempDir()}
+	mirror, err := c.Mirror(context.Background(), repo, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, mirror
+}
+
 // newWorkspace is a workspace at repo's main.
 func newWorkspace(t *testing.T, repo string) *Workspace {
 	t.Helper()
 	ctx := context.Background()
-	c := &Cache{Dir: t.TempDir()}
-	mirror, err := c.Mirror(ctx, repo, "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, mirror := newMirror(t, repo)
 	commit, err := c.Git.Resolve(ctx, mirror, "main")
 	if err != nil {
 		t.Fatal(err)

@@ -52,13 +52,9 @@ func TestATreeBombIsRefusedNotWrittenOrRead(t *testing.T) {
 	MaxTreeBytes = 64 << 20
 	repo, commit := bombRepo(t, 300)
 	ctx := context.Background()
-	c := &Cache{Dir: t.TempDir()}
-	mirror, err := c.Mirror(ctx, repo, "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, mirror := newMirror(t, repo)
 	dir := filepath.Join(t.TempDir(), "ws")
-	_, err = c.Git.Checkout(ctx, mirror, commit, dir)
+	_, err := c.Git.Checkout(ctx, mirror, commit, dir)
 	if !errors.Is(err, ErrTreeTooLarge) || !strings.Contains(fmt.Sprint(err), repo) || !strings.Contains(fmt.Sprint(err), strconv.Itoa(64<<20)) {
 		t.Errorf("Checkout of a 300 MiB tree under a 64 MiB limit: %v; want ErrTreeTooLarge naming the repository and the limit", err)
 	}
@@ -126,11 +122,7 @@ func TestANestedTreeBombIsRefused(t *testing.T) {
 	commit := sh(t, repo, "commit-tree", "-m", "bomb", top)
 	sh(t, repo, "update-ref", "refs/heads/main", commit)
 	ctx := context.Background()
-	c := &Cache{Dir: t.TempDir()}
-	mirror, err := c.Mirror(ctx, repo, "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, mirror := newMirror(t, repo)
 	dir := filepath.Join(t.TempDir(), "ws")
 	if _, err := c.Git.Checkout(ctx, mirror, commit, dir); !errors.Is(err, ErrTreeTooLarge) {
 		t.Fatalf("Checkout of a million files: %v; want ErrTreeTooLarge", err)
