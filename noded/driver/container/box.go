@@ -136,7 +136,7 @@ func (b *Box) Pause(ctx context.Context) error {
 	lctx, cancel := lifecycleContext(ctx)
 	defer cancel()
 	if err := b.task.Pause(lctx); err != nil {
-		b.settle(lctx)
+		b.settle(ctx)
 		return fmt.Errorf("pause: %w", err)
 	}
 	b.state = "paused"
@@ -149,14 +149,28 @@ func (b *Box) Pause(ctx context.Context) error {
 // the container's, and every later call and change refused ("paused;
 // resume it first", "cannot resume a running process").
 func lifecycleContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	return context.WithTimeout(context.WithoutCancel(ctx), lifecycleWait)
 }
 
+// lifecycleWait bounds a pause or resume (a variable for tests).
+var lifecycleWait = 30 * time.Second
+
+// settleWait bounds settle's question to the shim (a variable for tests).
+var settleWait = 10 * time.Second
+
 // settle sets the box's state from the task's after a pause or resume
-// failed: the change may have happened all the same.
+// failed: the change may have happened all the same. It asks with a time
+// of its own: the change's context has often ended (a change that took
+// over lifecycleContext's 30 s, which the shim then finished), and the
+// box kept saying "running" while frozen, and a resume did nothing.
 func (b *Box) settle(ctx context.Context) {
-	st, err := b.task.Status(ctx)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleWait)
+	defer cancel()
+	st, err := b.task.Status(sctx)
 	if err != nil {
+		if b.d != nil {
+			b.d.log.Warn("the container's state after a failed pause or resume is unknown", "sandbox", b.id, "err", err)
+		}
 		return
 	}
 	switch st.Status {
@@ -182,7 +196,7 @@ func (b *Box) Resume(ctx context.Context) error {
 	lctx, cancel := lifecycleContext(ctx)
 	defer cancel()
 	if err := b.task.Resume(lctx); err != nil {
-		b.settle(lctx)
+		b.settle(ctx)
 		return fmt.Errorf("resume: %w", err)
 	}
 	b.state = "running"

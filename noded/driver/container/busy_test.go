@@ -52,3 +52,59 @@ func TestInfoDoesNotWaitForAPauseOrResume(t *testing.T) {
 		}
 	}
 }
+
+// lateTask is a containerd task whose Pause and Resume outlast their
+// context, and which the shim then carries out all the same; its Status
+// answers only a context that has not ended.
+type lateTask struct {
+	containerd.Task
+	state   *containerd.ProcessStatus
+	resumed *int
+}
+
+func (l lateTask) Pause(ctx context.Context) error {
+	<-ctx.Done()
+	*l.state = containerd.Paused
+	return ctx.Err()
+}
+
+func (l lateTask) Resume(ctx context.Context) error {
+	*l.resumed++
+	<-ctx.Done()
+	*l.state = containerd.Running
+	return ctx.Err()
+}
+
+func (l lateTask) Status(ctx context.Context) (containerd.Status, error) {
+	if err := ctx.Err(); err != nil {
+		return containerd.Status{}, err
+	}
+	return containerd.Status{Status: *l.state}, nil
+}
+
+// A pause (or resume) that outlasts its time but that the shim carries
+// out leaves the box in the container's state. Before, the box asked the
+// task's state with the change's context, already ended, so it stayed
+// "running" while frozen, and a resume returned at once without thawing.
+func TestAChangeThatOutlastsItsTimeSettlesTheState(t *testing.T) {
+	old := lifecycleWait
+	lifecycleWait = 50 * time.Millisecond
+	defer func() { lifecycleWait = old }()
+	state, resumed := containerd.Running, 0
+	b := &Box{id: "sb-late", state: "running", task: lateTask{state: &state, resumed: &resumed}}
+	if err := b.Pause(context.Background()); err == nil {
+		t.Fatal("a pause past its time returned no error")
+	}
+	if got := b.Info().State; got != "paused" {
+		t.Fatalf("after a pause the shim carried out late: state %q, want paused", got)
+	}
+	if err := b.Resume(context.Background()); err == nil {
+		t.Fatal("a resume past its time returned no error")
+	}
+	if resumed != 1 {
+		t.Fatalf("the resume reached the task %d times, want 1", resumed)
+	}
+	if got := b.Info().State; got != "running" {
+		t.Fatalf("after a resume the shim carried out late: state %q, want running", got)
+	}
+}
