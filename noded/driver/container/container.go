@@ -273,6 +273,10 @@ func (d *Driver) cleanLeftovers() {
 	}
 }
 
+// agentWait bounds a claim's wait for its container's agent to answer (a
+// variable for tests).
+var agentWait = 30 * time.Second
+
 // leftoverWait bounds the destroy of one container a previous run left.
 const leftoverWait = 60 * time.Second
 
@@ -584,7 +588,7 @@ func (d *Driver) start(ctx context.Context, t *guest.Template, req driver.ClaimR
 	if err := task.Start(ctx); err != nil {
 		return nil, fmt.Errorf("container start: %w", err)
 	}
-	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	actx, cancel := context.WithTimeout(ctx, agentWait)
 	defer cancel()
 	sock := filepath.Join(disk, "run", "agent.sock")
 	for {
@@ -599,8 +603,14 @@ func (d *Driver) start(ctx context.Context, t *guest.Template, req driver.ClaimR
 		case <-actx.Done():
 			// The agent's own words on why it did not start, if any: the
 			// log is short then, and only its end is quoted regardless.
-			log := driver.ReadEnd(logPath, 4<<10)
-			return nil, fmt.Errorf("agent: %w: %s", actx.Err(), strings.TrimSpace(string(log)))
+			log := strings.TrimSpace(string(driver.ReadEnd(logPath, 4<<10)))
+			if ctx.Err() == nil {
+				// The node's own bound, not the caller's deadline: a
+				// caller told "deadline exceeded" would retry with a
+				// longer one, which changes nothing.
+				return nil, driver.Errorf(driver.ErrUnavailable, "agent: did not answer within %v (a busy host, or it did not start): %s", agentWait, log)
+			}
+			return nil, fmt.Errorf("agent: %w: %s", actx.Err(), log)
 		case <-time.After(2 * time.Millisecond):
 		}
 	}
