@@ -242,6 +242,16 @@ func (b *Box) destroy() {
 		// tries again in the background (the next start's cleanup takes
 		// what a closed driver left). It dropped them at once and forgot
 		// the container, which ran on with no TTL.
+		b.d.mu.Lock()
+		if cur, ok := b.d.live[b.id]; !ok || cur == nil {
+			// A claim that failed: its id stays taken until the retry
+			// is done (the claim frees only an id it still holds
+			// empty). Freed at once, a retried claim of the id made its
+			// box in this one's directory, which the retry's teardown
+			// then removed under it.
+			b.d.live[b.id] = b
+		}
+		b.d.mu.Unlock()
 		b.d.retryDestroy(c, b.teardown)
 		return
 	}

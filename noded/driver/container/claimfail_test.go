@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/containerd/errdefs"
+
 	"github.com/warrenhq/warren/noded/driver"
 )
 
@@ -20,6 +22,52 @@ func silentAgent(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// A claim that failed, whose container could not be deleted in time, keeps
+// its id until the background retry has deleted it. Before, the claim
+// freed the id at once: a retried claim of it failed with a bare "file
+// exists" (the first box's disk), and removed the first box's directory,
+// which the retry's teardown then removed again under any later claim.
+func TestAFailedClaimKeepsItsIDUntilItsContainerIsGone(t *testing.T) {
+	d := newDriverAgent(t, "runc", silentAgent(t))
+	defer d.Close()
+	oldWait, oldEvery, oldAgent := destroyWait, retryDestroyEvery, agentWait
+	destroyWait, retryDestroyEvery, agentWait = time.Millisecond, 300*time.Millisecond, 2*time.Second
+	t.Cleanup(func() { destroyWait, retryDestroyEvery, agentWait = oldWait, oldEvery, oldAgent })
+	ctx := context.Background()
+	if _, err := d.Claim(ctx, driver.ClaimRequest{ID: "sb-retry"}); err == nil {
+		t.Fatal("the claim of an agent that never answers succeeded")
+	}
+	if _, err := d.client.LoadContainer(ctx, "sb-retry"); err != nil {
+		t.Fatalf("the container went within %v: the test proves nothing (%v)", destroyWait, err)
+	}
+	dir := filepath.Join(d.cfg.StateDir, "boxes", "sb-retry")
+	_, err := d.Claim(ctx, driver.ClaimRequest{ID: "sb-retry"})
+	if !errors.Is(err, driver.ErrExists) {
+		t.Errorf("a claim of the id while its container is deleted: %v, want exists", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "disk.ext4")); err != nil {
+		if _, lerr := d.client.LoadContainer(ctx, "sb-retry"); lerr == nil {
+			t.Errorf("the first box's disk went while its container runs: %v", err)
+		}
+	}
+	// Once the retry has deleted it, the id is free again.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		_, lerr := d.client.LoadContainer(ctx, "sb-retry")
+		_, tracked := d.Get("sb-retry")
+		if errdefs.IsNotFound(lerr) && !tracked {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a minute on: container %v, tracked %v", lerr, tracked)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("the box's directory is left after the retry: %v", err)
+	}
 }
 
 // A claim whose agent does not answer within the node's own bound, for a

@@ -406,7 +406,9 @@ func (d *Driver) Claim(ctx context.Context, req driver.ClaimRequest) (driver.San
 	b, err := d.start(ctx, t, req, lim)
 	if err != nil {
 		d.mu.Lock()
-		delete(d.live, req.ID)
+		if cur, ok := d.live[req.ID]; ok && cur == nil {
+			delete(d.live, req.ID) // else its container is still being deleted (Box.destroy)
+		}
 		d.mu.Unlock()
 		return nil, err
 	}
