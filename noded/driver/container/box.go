@@ -278,7 +278,7 @@ func (d *Driver) retryDestroy(c containerd.Container, then func()) {
 			if closed {
 				return
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), leftoverWait)
+			ctx, cancel := context.WithTimeout(context.Background(), retryDeleteWait)
 			ok := d.destroyContainer(ctx, c)
 			cancel()
 			if ok {

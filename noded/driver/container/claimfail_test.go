@@ -87,3 +87,53 @@ func TestAnAgentThatDoesNotAnswerIsUnavailable(t *testing.T) {
 		t.Errorf("the claim's error %v: want unavailable, not deadline exceeded", err)
 	}
 }
+
+// A container that a restart cannot delete in time stays tracked: its id
+// taken, its directory kept, and deleted in the background. Before, the
+// restart forgot it: it ran on with no TTL, its directory removed under
+// it, and its id free.
+func TestARestartKeepsALeftContainerItCannotDeleteYet(t *testing.T) {
+	d := newDriver(t)
+	defer d.Close()
+	ctx := context.Background()
+	sb, err := d.Claim(ctx, driver.ClaimRequest{ID: "sb-left-slow"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := sb.(*Box).dir
+	oldLeft, oldEvery := leftoverWait, retryDestroyEvery
+	leftoverWait, retryDestroyEvery = time.Millisecond, 300*time.Millisecond
+	t.Cleanup(func() { leftoverWait, retryDestroyEvery = oldLeft, oldEvery })
+	// The "restarted" node, while the first run is never closed.
+	d2, err := New(d.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d2.Close()
+	if _, err := d2.client.LoadContainer(ctx, "sb-left-slow"); err != nil {
+		t.Fatalf("the container went within %v: the test proves nothing (%v)", leftoverWait, err)
+	}
+	if _, tracked := d2.Get("sb-left-slow"); !tracked {
+		t.Error("the restarted driver does not track the container it could not delete")
+	}
+	if _, err := os.Stat(filepath.Join(dir, diskImage)); err != nil {
+		t.Errorf("the running container's disk went: %v", err)
+	}
+	if _, err := d2.Claim(ctx, driver.ClaimRequest{ID: "sb-left-slow"}); !errors.Is(err, driver.ErrExists) {
+		t.Errorf("a claim of its id: %v, want exists", err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		_, lerr := d2.client.LoadContainer(ctx, "sb-left-slow")
+		_, tracked := d2.Get("sb-left-slow")
+		_, serr := os.Stat(dir)
+		if errdefs.IsNotFound(lerr) && !tracked && os.IsNotExist(serr) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a minute on: container %v, tracked %v, directory %v", lerr, tracked, serr)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	waitNoLoops(t, dir)
+}

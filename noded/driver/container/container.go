@@ -237,9 +237,14 @@ func (d *Driver) cleanLeftovers() {
 	cs, err := d.client.Containers(lctx, fmt.Sprintf("labels.%q==%s", label, d.scope))
 	cancel()
 	if err != nil {
-		d.log.Warn("listing leftover containers", "err", err)
+		// Which boxes have a container is unknown: their directories
+		// (disks, mounts) stay for the next start's cleanup rather than
+		// go from under containers that may still run.
+		d.log.Warn("listing leftover containers; their boxes' directories are kept", "err", err)
 	}
 	var wg sync.WaitGroup
+	var mu sync.Mutex
+	kept := map[string]bool{}
 	sem := make(chan struct{}, 8)
 	for _, c := range cs {
 		d.log.Info("destroying a container left by a previous run", "container", c.ID())
@@ -249,12 +254,43 @@ func (d *Driver) cleanLeftovers() {
 			defer func() { <-sem; wg.Done() }()
 			ctx, cancel := context.WithTimeout(context.Background(), leftoverWait)
 			defer cancel()
-			d.destroyContainer(ctx, c)
+			if !d.destroyContainer(ctx, c) {
+				mu.Lock()
+				kept[c.ID()] = true
+				mu.Unlock()
+			}
 		}()
 	}
 	wg.Wait()
+	d.mu.Lock()
+	for id := range kept {
+		// Its task would not stop in time: it still runs, on its box's
+		// disk. The box stays, its id taken and its state "destroyed",
+		// and the driver tries again in the background, as for a
+		// destroy (Box.destroy). Before, the container was forgotten
+		// and ran on with no TTL, its directory removed under it.
+		gone := make(chan struct{})
+		close(gone)
+		b := &Box{d: d, id: id, dir: filepath.Join(d.cfg.StateDir, "boxes", id), state: "destroyed", mounted: true, gone: gone, created: time.Now()}
+		b.Agent, b.CallErr = b.client, b.callErr
+		d.live[id] = b
+		d.log.Warn("a container left by a previous run is not deleted yet; trying again in the background", "container", id)
+	}
+	retry := map[string]*Box{}
+	for id := range kept {
+		retry[id] = d.live[id]
+	}
+	d.mu.Unlock()
+	for _, c := range cs {
+		if b := retry[c.ID()]; b != nil {
+			d.retryDestroy(c, b.teardown)
+		}
+	}
 	ents, _ := os.ReadDir(filepath.Join(d.cfg.StateDir, "boxes"))
 	for _, e := range ents {
+		if err != nil || kept[e.Name()] {
+			continue
+		}
 		dir := filepath.Join(d.cfg.StateDir, "boxes", e.Name())
 		if err := unmountBox(dir); err != nil {
 			d.log.Warn("unmounting a leftover box", "dir", dir, "err", err)
@@ -277,8 +313,12 @@ func (d *Driver) cleanLeftovers() {
 // variable for tests).
 var agentWait = 30 * time.Second
 
-// leftoverWait bounds the destroy of one container a previous run left.
-const leftoverWait = 60 * time.Second
+// leftoverWait bounds the destroy of one container a previous run left (a
+// variable for tests).
+var leftoverWait = 60 * time.Second
+
+// retryDeleteWait bounds each of retryDestroy's tries.
+const retryDeleteWait = 60 * time.Second
 
 // destroyContainer kills and deletes container c and its task; it reports
 // whether they are gone by the time ctx ends.
