@@ -30,6 +30,7 @@ type Box struct {
 	task      containerd.Task
 	agent     *guest.Client
 	mounted   bool
+	lower     string // the template's read-only mount it uses (Driver.lower)
 	state     string // "running", "paused", "destroyed"
 	expires   time.Time
 	claimTime time.Duration
@@ -304,6 +305,11 @@ func (b *Box) teardown() {
 		}
 	}
 	_ = os.RemoveAll(b.dir)
+	b.mu.Lock()
+	lower := b.lower
+	b.lower = ""
+	b.mu.Unlock()
+	b.d.releaseLower(lower)
 	b.d.mu.Lock()
 	if cur, ok := b.d.live[b.id]; ok && cur == b {
 		delete(b.d.live, b.id)

@@ -74,11 +74,15 @@ type Driver struct {
 	// (see agentlog.go).
 	logWriter string
 
-	mu     sync.Mutex
-	live   map[string]*Box
-	lowers map[string]string // template dir -> its read-only mount
-	closed bool
-	claims sync.WaitGroup // claims under way; Close waits for them
+	mu   sync.Mutex
+	live map[string]*Box
+	// lowers are the templates' read-only mounts, by mount point, with
+	// the boxes using each; curLower is the last one a claim used (the
+	// template's current version), kept while unused.
+	lowers   map[string]*lowerMount
+	curLower string
+	closed   bool
+	claims   sync.WaitGroup // claims under way; Close waits for them
 
 	// blankMu guards blanks, the blank disk images made this run by when
 	// each was last used (blankUse counts uses), and serialises copying
@@ -184,7 +188,7 @@ func New(cfg Config) (*Driver, error) {
 	}
 	h := sha256.Sum256([]byte(cfg.StateDir))
 	d := &Driver{cfg: cfg, log: cfg.Logger, client: client, scope: hex.EncodeToString(h[:])[:12], ver: v.Version,
-		live: map[string]*Box{}, lowers: map[string]string{}, blanks: map[string]uint64{}}
+		live: map[string]*Box{}, lowers: map[string]*lowerMount{}, blanks: map[string]uint64{}}
 	if d.logWriter, err = writeAgentLogWriter(cfg.StateDir); err != nil {
 		client.Close()
 		return nil, err
@@ -365,14 +369,24 @@ func (d *Driver) destroyContainer(ctx context.Context, c containerd.Container) b
 	return true
 }
 
-// lower mounts a template's root file system read-only, once.
+// lowerMount is one template version's read-only mount.
+type lowerMount struct{ refs int }
+
+// lower mounts a template's root file system read-only, once, and counts
+// the caller (a box, which gives it back with releaseLower) as using it.
+// Other versions' mounts that no box uses any more are unmounted: a
+// template rebuilt replaces its version, and each old version's mount
+// held a loop device and the old image's disk space (its file deleted by
+// the build's --keep) until the node restarted.
 func (d *Driver) lower(t *guest.Template) (string, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if m, ok := d.lowers[t.Dir]; ok {
+	m := filepath.Join(d.cfg.StateDir, "lower", t.Name+"-"+t.Version)
+	if l, ok := d.lowers[m]; ok {
+		l.refs++
+		d.useLowerLocked(m)
 		return m, nil
 	}
-	m := filepath.Join(d.cfg.StateDir, "lower", t.Name+"-"+t.Version)
 	if err := os.MkdirAll(m, 0o755); err != nil {
 		return "", err
 	}
@@ -382,8 +396,50 @@ func (d *Driver) lower(t *guest.Template) (string, error) {
 			return "", fmt.Errorf("mount %s: %v: %s", t.Path(t.Rootfs), err, strings.TrimSpace(string(out)))
 		}
 	}
-	d.lowers[t.Dir] = m
+	d.lowers[m] = &lowerMount{refs: 1}
+	d.useLowerLocked(m)
 	return m, nil
+}
+
+// useLowerLocked makes m the current lower mount and unmounts the others
+// no box uses (d.mu held).
+func (d *Driver) useLowerLocked(m string) {
+	if d.curLower == m {
+		return
+	}
+	d.curLower = m
+	for o, l := range d.lowers {
+		if o != m && l.refs == 0 {
+			d.unmountLowerLocked(o)
+		}
+	}
+}
+
+// releaseLower gives back a box's use of mount m ("" is none); an unused
+// mount of a version other than the current one is unmounted.
+func (d *Driver) releaseLower(m string) {
+	if m == "" {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	l, ok := d.lowers[m]
+	if !ok {
+		return
+	}
+	l.refs--
+	if l.refs <= 0 && m != d.curLower {
+		d.unmountLowerLocked(m)
+	}
+}
+
+func (d *Driver) unmountLowerLocked(m string) {
+	delete(d.lowers, m)
+	if err := unix.Unmount(m, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+		d.log.Warn("unmount a template's old version", "mount", m, "err", err)
+		return
+	}
+	_ = os.Remove(m)
 }
 
 func fileExists(p string) bool {
@@ -522,7 +578,7 @@ func (d *Driver) start(ctx context.Context, t *guest.Template, req driver.ClaimR
 		return nil, err
 	}
 	dir := filepath.Join(d.cfg.StateDir, "boxes", req.ID)
-	b := &Box{d: d, id: req.ID, dir: dir, template: t.Name + "@" + t.Version, limits: lim, created: time.Now(), state: "running"}
+	b := &Box{d: d, id: req.ID, dir: dir, template: t.Name + "@" + t.Version, limits: lim, created: time.Now(), state: "running", lower: lower}
 	b.Agent, b.CallErr = b.client, b.callErr
 	defer func() {
 		if err != nil {
@@ -717,7 +773,7 @@ func (d *Driver) Close() error {
 	}
 	wg.Wait()
 	d.mu.Lock()
-	for _, m := range d.lowers {
+	for m := range d.lowers {
 		_ = unix.Unmount(m, unix.MNT_DETACH)
 	}
 	d.mu.Unlock()

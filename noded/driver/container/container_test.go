@@ -146,7 +146,7 @@ func testLifecycle(t *testing.T, runtime, id string, pids int) {
 		t.Fatalf("after resume: %q %v", got.String(), err)
 	}
 	// The template's root is not written through.
-	if _, err := os.Stat(filepath.Join(d.lowers[mustTemplateDir(t)], "work")); err == nil {
+	if _, err := os.Stat(filepath.Join(lowerMountOf(t, d), "work")); err == nil {
 		t.Error("the write reached the template's root file system")
 	}
 	// A child that left its command's process group does not outlive the
@@ -229,6 +229,15 @@ func TestContainerGVisorMemoryHog(t *testing.T) {
 	if cs, _ := d.client.Containers(ctx); len(cs) != 0 {
 		t.Errorf("%d containers left", len(cs))
 	}
+}
+
+// lowerMountOf is where d mounts the default template's root read-only.
+func lowerMountOf(t *testing.T, d *Driver) string {
+	tpl, err := guest.LoadTemplate(imageDir(), "default")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(d.cfg.StateDir, "lower", tpl.Name+"-"+tpl.Version)
 }
 
 func mustTemplateDir(t *testing.T) string {
@@ -424,7 +433,7 @@ func testDiskIsBounded(t *testing.T, runtime string) {
 	if on := st.Blocks * 512; on > 64<<20 {
 		t.Errorf("a new box's disk image takes %d MiB of the node's disk", on>>20)
 	}
-	lower := d.lowers[mustTemplateDir(t)]
+	lower := lowerMountOf(t, d)
 	u, err := used(lower)
 	if err != nil {
 		t.Fatal(err)

@@ -2,6 +2,7 @@ package container
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/warrenhq/warren/guest"
 	"github.com/warrenhq/warren/internal/testenv"
 	"github.com/warrenhq/warren/noded/driver"
 )
@@ -63,7 +65,8 @@ func TestBlankDisksAreBounded(t *testing.T) {
 	defer d.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	u, err := used(d.lowers[mustTemplateDirLoaded(t, d)])
+	mustTemplateDirLoaded(t, d)
+	u, err := used(lowerMountOf(t, d))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,5 +162,92 @@ func TestIsMountedEscapedAndRelativePaths(t *testing.T) {
 	mounted = false
 	if isMounted(dir) {
 		t.Errorf("%s is mounted after the unmount", dir)
+	}
+}
+
+// twoVersionStore makes an image store whose default template has two
+// versions, va and vb, both of the real template's files, and returns it
+// and a function that points its current at one.
+func twoVersionStore(t *testing.T) (string, func(version string)) {
+	t.Helper()
+	src, err := guest.LoadTemplate(imageDir(), "default")
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := t.TempDir()
+	for _, v := range []string{"va", "vb"} {
+		dir := filepath.Join(store, "default", v)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range src.Artifacts() {
+			if err := os.Symlink(src.Path(a), filepath.Join(dir, a.File)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		m := src.Manifest
+		m.Version = v
+		b, err := json.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, guest.ManifestFile), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return store, func(version string) {
+		cur := filepath.Join(store, "default", "current")
+		_ = os.Remove(cur)
+		if err := os.Symlink(version, cur); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// A template version's read-only mount goes once no box uses it and a
+// newer version is in use. Before, every version a node ever used stayed
+// mounted until it restarted, each holding a loop device and the disk
+// space of an image the build's --keep had deleted.
+func TestAnOldTemplateVersionIsUnmountedOnceUnused(t *testing.T) {
+	d0 := newDriver(t) // checks the prerequisites
+	cfg := d0.cfg
+	d0.Close()
+	store, use := twoVersionStore(t)
+	cfg.ImageDir, cfg.StateDir = store, t.TempDir()
+	use("va")
+	d, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	ctx := context.Background()
+	a, err := d.Claim(ctx, driver.ClaimRequest{ID: "sb-va"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	va := filepath.Join(d.cfg.StateDir, "lower", "default-va")
+	use("vb")
+	b, err := d.Claim(ctx, driver.ClaimRequest{ID: "sb-vb"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !isMounted(va) {
+		t.Fatal("version va was unmounted while a box used it")
+	}
+	if out, code := run(t, a, "cat /etc/os-release >/dev/null && echo ok"); code != 0 || out != "ok\n" {
+		t.Fatalf("the box on va after vb was mounted: exit %d %q", code, out)
+	}
+	if err := a.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	if isMounted(va) {
+		t.Error("version va is still mounted with no box using it and vb current")
+	}
+	vb := filepath.Join(d.cfg.StateDir, "lower", "default-vb")
+	if err := b.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	if !isMounted(vb) {
+		t.Error("the current version vb was unmounted: the next claim would mount it again")
 	}
 }
