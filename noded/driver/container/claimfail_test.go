@@ -137,3 +137,27 @@ func TestARestartKeepsALeftContainerItCannotDeleteYet(t *testing.T) {
 	}
 	waitNoLoops(t, dir)
 }
+
+// No user of the host but root can reach a sandbox's files: the sandbox's
+// code runs as root in its container and could leave a set-user-ID shell
+// in its root, which its box's directory exposed to every user.
+func TestOnlyRootEntersTheBoxes(t *testing.T) {
+	d := newDriver(t)
+	defer d.Close()
+	sb, err := d.Claim(context.Background(), driver.ClaimRequest{ID: "sb-perm"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy()
+	dir := sb.(*Box).dir
+	for p := dir; p != d.cfg.StateDir; p = filepath.Dir(p) {
+		fi, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode().Perm()&0o001 == 0 {
+			return // others cannot search it, so nothing below
+		}
+	}
+	t.Errorf("other users can reach %s: no directory from the state dir down is closed to them", dir)
+}

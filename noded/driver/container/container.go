@@ -166,8 +166,15 @@ func New(cfg Config) (*Driver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("container: state dir %s: %w", cfg.StateDir, err)
 	}
-	if err := os.MkdirAll(filepath.Join(absState, "boxes"), 0o755); err != nil {
+	// Only root may enter the boxes: a sandbox's root is mounted in its
+	// box, and a set-user-ID file its code made there (it runs as root
+	// in the container) would otherwise give any user of the host root.
+	boxes := filepath.Join(absState, "boxes")
+	if err := os.MkdirAll(boxes, 0o700); err != nil {
 		return nil, err
+	}
+	if err := os.Chmod(boxes, 0o700); err != nil { // made by an older run
+		return nil, fmt.Errorf("container: %w", err)
 	}
 	if cfg.StateDir, err = filepath.EvalSymlinks(absState); err != nil {
 		return nil, fmt.Errorf("container: state dir %s: %w", absState, err)
