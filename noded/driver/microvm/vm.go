@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -168,12 +170,56 @@ func kernelCmdline(extra string) string {
 	return c
 }
 
+// hostTSCkHz is the host's TSC frequency (a guest's under TCG, whose
+// RDTSC reads the host's), found once per process (0 if unknown).
 func hostTSCkHz() int {
-	f, err := strconv.ParseFloat(cpuinfo("cpu MHz"), 64)
-	if err != nil {
-		return 0
+	tscOnce.Do(func() { tscKHz = findTSCkHz() })
+	return tscKHz
+}
+
+var (
+	tscOnce sync.Once
+	tscKHz  int
+)
+
+// findTSCkHz reads the TSC's frequency where the kernel says it, and
+// measures it elsewhere. /proc/cpuinfo's "cpu MHz" is the kernel's TSC
+// (or CPU) calibration only where it cannot read the CPU's actual clock
+// (a VM, a CPU without APERF/MPERF); on a bare-metal host that can, it is
+// the clock of the moment, which frequency scaling moves, and was taken
+// for the TSC's: guests got a wrong tsc_early_khz, and a snapshot's
+// identity (its command line) changed from one node start to the next.
+func findTSCkHz() int {
+	if b, err := os.ReadFile("/sys/devices/system/cpu/cpu0/tsc_freq_khz"); err == nil {
+		if k, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && k > 0 {
+			return k
+		}
 	}
-	return int(f * 1000)
+	flags := strings.Fields(cpuinfo("flags"))
+	if slices.Contains(flags, "hypervisor") || !slices.Contains(flags, "aperfmperf") {
+		if f, err := strconv.ParseFloat(cpuinfo("cpu MHz"), 64); err == nil && f > 0 {
+			return int(f * 1000)
+		}
+	}
+	return measureTSCkHz()
+}
+
+// measureTSCkHz times the TSC against the monotonic clock (the median of
+// five 30 ms spans), rounded to a MHz so that it is the same from one
+// start to the next; 0 where there is no TSC to read.
+func measureTSCkHz() int {
+	var khz []float64
+	for range 5 {
+		t0, c0 := time.Now(), rdtsc()
+		time.Sleep(30 * time.Millisecond)
+		c1, el := rdtsc(), time.Since(t0)
+		if c1 <= c0 || el <= 0 {
+			return 0
+		}
+		khz = append(khz, float64(c1-c0)/el.Seconds()/1000)
+	}
+	slices.Sort(khz)
+	return int(math.Round(khz[len(khz)/2]/1000)) * 1000
 }
 
 // cpuinfo returns the first value of key in /proc/cpuinfo ("" if none).
