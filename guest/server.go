@@ -506,11 +506,31 @@ func (s *Server) exec(abandoned context.Context, st *yamux.Stream, req *Request,
 	} else {
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	}
+	// The output goes through pipes of the agent's own, not os/exec's:
+	// its copies stop at the command's exit after WaitDelay whatever the
+	// host has read, and what was still in a pipe was lost while the
+	// command's exit code said it succeeded (output drains below).
 	var wmu sync.Mutex
-	cmd.Stdout = streamWriter{&wmu, st, frameStdout}
-	cmd.Stderr = streamWriter{&wmu, st, frameStderr}
-	// Background children that keep the pipes open do not hold the call.
-	cmd.WaitDelay = 500 * time.Millisecond
+	var out [2]*os.File
+	for i := range out {
+		r, w, err := os.Pipe()
+		if err != nil {
+			for _, f := range out[:i] {
+				f.Close()
+			}
+			return nil, fmt.Errorf("start %q: output: %w", req.Argv[0], err)
+		}
+		out[i] = r
+		if i == 0 {
+			cmd.Stdout = w
+		} else {
+			cmd.Stderr = w
+		}
+	}
+	closeWriteEnds := func() {
+		cmd.Stdout.(*os.File).Close()
+		cmd.Stderr.(*os.File).Close()
+	}
 	// The command's stdin is a pipe whose writes fail once the command
 	// closed its end or ended, so the frame loop below never blocks on a
 	// command that stopped reading (it would no longer see the host give
@@ -519,12 +539,19 @@ func (s *Server) exec(abandoned context.Context, st *yamux.Stream, req *Request,
 	if req.Stdin {
 		var err error
 		if stdin, err = cmd.StdinPipe(); err != nil {
+			closeWriteEnds()
+			out[0].Close()
+			out[1].Close()
 			return nil, fmt.Errorf("start %q: stdin: %w", req.Argv[0], err)
 		}
 	}
 	start := time.Now()
 	s.execStarting()
-	if err := cmd.Start(); err != nil {
+	err := cmd.Start()
+	closeWriteEnds() // the command has its own copies
+	if err != nil {
+		out[0].Close()
+		out[1].Close()
 		s.execEnded(false)
 		if derr := checkDir(req.Dir); derr != nil {
 			// fork/exec reports a bad working directory as if the
@@ -534,6 +561,7 @@ func (s *Server) exec(abandoned context.Context, st *yamux.Stream, req *Request,
 		return nil, fmt.Errorf("start %q: %w", req.Argv[0], err)
 	}
 	pgid := cmd.Process.Pid
+	d := drainOutput(out, [2]streamWriter{{&wmu, st, frameStdout}, {&wmu, st, frameStderr}})
 	// kill signals the group until it is empty: a fork bomb adds members
 	// while the signal is delivered.
 	kill := func() {
@@ -591,14 +619,16 @@ func (s *Server) exec(abandoned context.Context, st *yamux.Stream, req *Request,
 			kill()
 		})
 	}
-	err := cmd.Wait()
+	err = cmd.Wait()
 	if timer != nil {
 		timer.Stop()
 	}
+	d.exited()
 	// The whole group goes with its leader: nothing the command started
 	// outlives the call. One that left the group goes too, right after
 	// the answer, once no command runs.
 	kill()
+	d.wait()
 	s.execEnded(true)
 	*ended = s.killStrays
 	cancel()
@@ -617,6 +647,79 @@ func (s *Server) exec(abandoned context.Context, st *yamux.Stream, req *Request,
 	res.TimedOut = res.TimedOut && res.Signal == int(syscall.SIGKILL)
 	return res, nil
 }
+
+// outputWait is how long a command's output is read after its exit while
+// nothing comes (a child that left its group may hold the pipe open).
+const outputWait = 500 * time.Millisecond
+
+// drain copies a command's stdout and stderr pipes to the host.
+type drain struct {
+	pipes [2]*os.File
+	done  sync.WaitGroup
+	// after is set at the command's exit: from then on a read waits at
+	// most outputWait for more, and reads at most the pipe's capacity
+	// (what the command can have left in it), so a child that left the
+	// group and writes on does not hold the call.
+	after atomic.Bool
+	limit [2]int
+}
+
+// drainOutput starts copying each pipe to its writer, frame by frame,
+// however slowly the host reads.
+func drainOutput(pipes [2]*os.File, to [2]streamWriter) *drain {
+	d := &drain{pipes: pipes}
+	d.done.Add(2)
+	for i := range pipes {
+		go d.copy(i, to[i])
+	}
+	return d
+}
+
+func (d *drain) copy(i int, w streamWriter) {
+	defer d.done.Done()
+	r := d.pipes[i]
+	defer r.Close() // a command still writing gets EPIPE, not a full pipe
+	buf := make([]byte, 32<<10)
+	read := 0 // since the exit
+	for {
+		after := d.after.Load()
+		if after {
+			// Set again after each write, which may have waited for
+			// the host far longer than outputWait.
+			_ = r.SetReadDeadline(time.Now().Add(outputWait))
+		}
+		n, err := r.Read(buf)
+		if n > 0 {
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return // the host gave up on the call
+			}
+			if after {
+				if read += n; read >= d.limit[i] {
+					return
+				}
+			}
+		}
+		if err != nil {
+			return // EOF, or nothing more within outputWait
+		}
+	}
+}
+
+// exited marks the command's end: the reads stop waiting for more once
+// nothing comes.
+func (d *drain) exited() {
+	for i, p := range d.pipes {
+		d.limit[i] = pipeSize(p) + 32<<10 // and a read the copy may hold
+	}
+	d.after.Store(true)
+	for _, p := range d.pipes {
+		// Wakes a read under way (one in a write sets its own).
+		_ = p.SetReadDeadline(time.Now().Add(outputWait))
+	}
+}
+
+// wait waits until both copies are done.
+func (d *drain) wait() { d.done.Wait() }
 
 // lookPath finds name in path (a PATH value) unless it has a slash, and
 // reports whether it did. A name it cannot find is not found: the agent's
