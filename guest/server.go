@@ -661,7 +661,6 @@ type drain struct {
 	// (what the command can have left in it), so a child that left the
 	// group and writes on does not hold the call.
 	after atomic.Bool
-	limit [2]int
 }
 
 // drainOutput starts copying each pipe to its writer, frame by frame,
@@ -680,7 +679,7 @@ func (d *drain) copy(i int, w streamWriter) {
 	r := d.pipes[i]
 	defer r.Close() // a command still writing gets EPIPE, not a full pipe
 	buf := make([]byte, 32<<10)
-	read := 0 // since the exit
+	read, limit := 0, 0 // since the exit
 	for {
 		after := d.after.Load()
 		if after {
@@ -694,7 +693,10 @@ func (d *drain) copy(i int, w streamWriter) {
 				return // the host gave up on the call
 			}
 			if after {
-				if read += n; read >= d.limit[i] {
+				if limit == 0 {
+					limit = pipeSize(r) + len(buf) // and a read this copy held
+				}
+				if read += n; read >= limit {
 					return
 				}
 			}
@@ -708,9 +710,6 @@ func (d *drain) copy(i int, w streamWriter) {
 // exited marks the command's end: the reads stop waiting for more once
 // nothing comes.
 func (d *drain) exited() {
-	for i, p := range d.pipes {
-		d.limit[i] = pipeSize(p) + 32<<10 // and a read the copy may hold
-	}
 	d.after.Store(true)
 	for _, p := range d.pipes {
 		// Wakes a read under way (one in a write sets its own).
