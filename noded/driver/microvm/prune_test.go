@@ -50,6 +50,11 @@ func TestPruneReplacedSnapshots(t *testing.T) {
 	// Another template whose directory shares the name's prefix (web-1@2
 	// and web@1-2): not loaded, so left alone.
 	lookalike := snap("web-1-2-256m-tcg-dddddddddddd", "web-1", "2")
+	// The template's older version's snapshot, from before a rebuild: no
+	// VM uses it, so it goes (nothing removed these before); and one a
+	// paused clone still uses, which stays until the clone goes.
+	older := snap("web-0-256m-tcg-eeeeeeeeeeee", "web", "0")
+	olderUsed := snap("web-00-256m-tcg-ffffffffffff", "web", "00")
 	d.templates["web"] = &tplState{t: &guest.Template{Manifest: guest.Manifest{Name: "web", Version: "1-2"}},
 		snap: &snapshot{Dir: current}}
 	// A paused clone of the old snapshot, and a blank of the replaced one.
@@ -58,6 +63,13 @@ func TestPruneReplacedSnapshots(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := createOverlay(ctx, filepath.Join(old, "disk.qcow2"), "qcow2", vmDisk); err != nil {
+		t.Fatal(err)
+	}
+	vmDisk2 := filepath.Join(state, "vms", "vm2", "disk.qcow2")
+	if err := os.MkdirAll(filepath.Dir(vmDisk2), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := createOverlay(ctx, filepath.Join(olderUsed, "disk.qcow2"), "qcow2", vmDisk2); err != nil {
 		t.Fatal(err)
 	}
 	if b, err := backingFile(vmDisk); err != nil || b != filepath.Join(old, "disk.qcow2") {
@@ -76,6 +88,9 @@ func TestPruneReplacedSnapshots(t *testing.T) {
 	}
 	if exists(replaced) || exists(blank) {
 		t.Fatalf("kept the replaced snapshot no VM uses (%v) or its blank (%v)", exists(replaced), exists(blank))
+	}
+	if exists(older) || !exists(olderUsed) {
+		t.Fatalf("an older version's snapshot: unused kept %v (want gone), used by a clone kept %v (want kept)", exists(older), exists(olderUsed))
 	}
 	if err := os.RemoveAll(filepath.Dir(vmDisk)); err != nil { // the clone destroyed
 		t.Fatal(err)

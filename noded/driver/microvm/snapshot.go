@@ -83,9 +83,10 @@ func snapshotBase(t *guest.Template, memMB int, accel string) string {
 }
 
 // pruneSnapshots removes the snapshots that a newer one of the same
-// template version replaced and that no VM's overlay (a clone's root disk)
-// still names as its backing file, and the blank overlays of snapshots
-// that are gone. A snapshot is matched to its template by its meta.json
+// template version replaced, or that are of a version of a template other
+// than the ones loaded (once one of those has its snapshot), and that no
+// VM's overlay (a clone's root disk) still names as its backing file, and
+// the blank overlays of snapshots that are gone. A snapshot is matched to its template by its meta.json
 // (names may share a prefix: web-1@2 and web@1-2). It returns how many it
 // removed.
 func (d *Driver) pruneSnapshots() int {
@@ -95,10 +96,20 @@ func (d *Driver) pruneSnapshots() int {
 		accel         string
 	}
 	current := map[key]string{} // the current snapshot's directory
+	// The versions of each template loaded, and whether one of them has
+	// its snapshot: a snapshot of a version not loaded beside one that is
+	// (a template rebuilt, the node restarted) is an old version's.
+	loaded := map[string]map[string]bool{}
+	hasSnap := map[string]bool{}
 	d.mu.Lock()
 	for _, ts := range d.templates {
+		if loaded[ts.t.Name] == nil {
+			loaded[ts.t.Name] = map[string]bool{}
+		}
+		loaded[ts.t.Name][ts.t.Version] = true
 		if ts.snap != nil {
 			current[key{ts.t.Name, ts.t.Version, d.cfg.SnapshotMemMB, d.accel}] = ts.snap.Dir
+			hasSnap[ts.t.Name] = true
 		}
 	}
 	d.mu.Unlock()
@@ -138,6 +149,14 @@ func (d *Driver) pruneSnapshots() int {
 		var m snapMeta
 		if err != nil || json.Unmarshal(b, &m) != nil {
 			continue // not a snapshot this can tell apart: leave it
+		}
+		if hasSnap[m.Template] && !loaded[m.Template][m.TemplateVersion] {
+			// Nothing removed these: every rebuild of a template left a
+			// memory file and a disk per node for good.
+			d.log.Info("removing an older template version's snapshot no sandbox uses", "snapshot", dir, "template", m.Template+"@"+m.TemplateVersion)
+			_ = os.RemoveAll(dir)
+			n++
+			continue
 		}
 		cur, ok := current[key{m.Template, m.TemplateVersion, m.MemMB, m.Accel}]
 		if !ok || cur == dir {
