@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/warrenhq/warren/guest"
@@ -49,6 +50,13 @@ type snapMeta struct {
 	// sets the same ones finds them in place. Empty: the NIC is up
 	// without addresses (no egress policy).
 	GuestNet string `json:"guest_net,omitempty"`
+	// Rootfs identifies the template's root file system as the snapshot
+	// found it (rootfsID): the snapshot's memory holds the guest's view
+	// of that disk (its page cache, ext4's state), and its clones' disks
+	// are overlays on it, so a file changed in place since (a loop mount,
+	// tune2fs, an image of the same size copied over it) must not be
+	// restored onto. Snapshots from before it are made again.
+	Rootfs string `json:"rootfs,omitempty"`
 	// AgentWire: the snapshot's agent said it reads the wire codec
 	// (guest.Result.Wire), so its clones' hosts use it from their first
 	// call: a clone's first calls then run no JSON decoding, which under
@@ -180,7 +188,24 @@ func (d *Driver) pruneSnapshots() int {
 
 func (d *Driver) wantMeta(t *guest.Template) snapMeta {
 	return snapMeta{Template: t.Name, TemplateVersion: t.Version, KernelSHA256: kernelSHA256(t, 1), QEMUVersion: d.qver,
-		Accel: d.accel, MemMB: d.cfg.SnapshotMemMB, VCPUs: 1, Cmdline: d.cmdline(""), CPU: d.cpu(), NIC: true, NICUp: true, GuestNet: d.snapshotNet()}
+		Accel: d.accel, MemMB: d.cfg.SnapshotMemMB, VCPUs: 1, Cmdline: d.cmdline(""), CPU: d.cpu(), NIC: true, NICUp: true, GuestNet: d.snapshotNet(),
+		Rootfs: rootfsID(t)}
+}
+
+// rootfsID identifies t's root file system by what a change to it in
+// place changes: its size, modification and change times, and inode (a
+// change time cannot be set back by a file's owner). Hashing it instead
+// would read gigabytes at every start. "" if it cannot be read.
+func rootfsID(t *guest.Template) string {
+	if t.Rootfs.File == "" {
+		return ""
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(t.Path(t.Rootfs), &st); err != nil {
+		return ""
+	}
+	return fmt.Sprintf("%d bytes, modified %d.%09d, changed %d.%09d, inode %d",
+		st.Size, st.Mtim.Sec, st.Mtim.Nsec, st.Ctim.Sec, st.Ctim.Nsec, st.Ino)
 }
 
 // snapshotNet is snapMeta.GuestNet for this node's networks.

@@ -98,3 +98,44 @@ func TestSnapshotIsSyncedBeforeItIsNamed(t *testing.T) {
 		t.Errorf("syncs of the snapshot:\n%s\nwant:\n%s", strings.Join(syncs, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+// A template whose root file system changed in place since its snapshot
+// was made (same size) is not restored onto: the snapshot's memory holds
+// the guest's view of the old disk. The reason names the file system.
+// Before, only sizes were checked, and the snapshot was used.
+func TestARootfsChangedInPlaceVoidsTheSnapshot(t *testing.T) {
+	state := t.TempDir()
+	tpl := &guest.Template{Dir: t.TempDir(), Manifest: guest.Manifest{Name: "default", Version: "v1",
+		Kernel: guest.Artifact{File: "vmlinux", SHA256: "k"}, Rootfs: guest.Artifact{File: "rootfs.ext4", Size: 4096}}}
+	rootfs := tpl.Path(tpl.Rootfs)
+	if err := os.WriteFile(rootfs, make([]byte, 4096), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d := &Driver{cfg: Config{StateDir: state, SnapshotMemMB: 512}, accel: "tcg", qver: "7.2.0"}
+	dir := d.snapshotDir(tpl)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := json.Marshal(d.wantMeta(tpl))
+	for f, data := range map[string][]byte{"meta.json": b, "mem": nil, "state": nil, "disk.qcow2": nil} {
+		if err := os.WriteFile(filepath.Join(dir, f), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := d.loadSnapshot(tpl); err != nil {
+		t.Fatalf("the snapshot just made: %v", err)
+	}
+	// Changed in place, its size kept.
+	f, err := os.OpenFile(rootfs, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte("changed"), 1024); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	_, err = d.loadSnapshot(tpl)
+	if err == nil || !strings.Contains(err.Error(), "rootfs") {
+		t.Fatalf("after the root file system changed in place: %v, want a refusal naming the rootfs", err)
+	}
+}
