@@ -201,11 +201,21 @@ func decodeResult(kind byte, p []byte) (*Result, error) {
 		err = json.Unmarshal(p, &r)
 		res = r.Result
 	}
+	if err == nil && (res.ExitCode < 0 || res.ExitCode > MaxExitCode) {
+		// A process's exit status is a byte: anything else is made up,
+		// and 256 (or 1<<32) reads as 0, a success, once narrowed.
+		err = fmt.Errorf("exit_code: %d is outside 0..%d", res.ExitCode, MaxExitCode)
+	}
 	if err != nil {
 		return nil, answerErr("guest: result", err)
 	}
 	return &res, nil
 }
+
+// MaxExitCode is the largest exit code a guest may report: an exit
+// status is a byte. A guest's answer with a code outside 0..MaxExitCode
+// is refused.
+const MaxExitCode = 255
 
 var errFilesOutsideList = errors.New("files: entries in the answer to a call other than a list")
 
@@ -378,7 +388,7 @@ func sendData(st *yamux.Stream, src *readErr) error {
 
 // ExecResult is how a command ended.
 type ExecResult struct {
-	ExitCode int
+	ExitCode int // 0..MaxExitCode: the guest's answer is refused otherwise
 	Signal   int
 	TimedOut bool
 	Duration time.Duration

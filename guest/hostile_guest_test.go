@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"runtime"
 	"strings"
@@ -542,6 +543,44 @@ func TestAnswerErrorsAreCut(t *testing.T) {
 		}
 		if !utf8.ValidString(err.Error()) {
 			t.Errorf("%s: the error is not valid UTF-8", tc.name)
+		}
+	}
+}
+
+// An exec's answer with an exit code no process can have is refused, in
+// either codec: narrowed by the node (int32) or the CLI (a process's exit
+// status is a byte), 256 or 1<<32 read as 0, a success.
+func TestExitCodeOutsideAByteIsRefused(t *testing.T) {
+	for _, code := range []int{256, -1, 1 << 32, -256} {
+		for _, wire := range []bool{false, true} {
+			kind, answer := frameResult, []byte(fmt.Sprintf(`{"exit_code":%d}`, code))
+			if wire {
+				kind, answer = frameResultWire, (&Result{ExitCode: code}).appendWire(nil)
+			}
+			c := hostileGuest(t, func(st *yamux.Stream) {
+				defer st.Close()
+				_, _, _ = readFrame(st)
+				_ = writeFrame(st, kind, answer)
+			})
+			if wire {
+				c.UseWire()
+			}
+			res, err := c.Exec(context.Background(), ExecRequest{Argv: []string{"true"}}, io.Discard, io.Discard)
+			if err == nil || !strings.Contains(err.Error(), "exit_code") {
+				t.Errorf("exit code %d (wire %v): %+v, %v; want it refused naming exit_code", code, wire, res, err)
+			}
+		}
+	}
+	for _, code := range []int{0, 1, 255} {
+		c := hostileGuest(t, func(st *yamux.Stream) {
+			defer st.Close()
+			_, _, _ = readFrame(st)
+			_ = writeFrame(st, frameResultWire, (&Result{ExitCode: code}).appendWire(nil))
+		})
+		c.UseWire()
+		res, err := c.Exec(context.Background(), ExecRequest{Argv: []string{"true"}}, io.Discard, io.Discard)
+		if err != nil || res.ExitCode != code {
+			t.Errorf("exit code %d: %+v, %v", code, res, err)
 		}
 	}
 }
