@@ -49,18 +49,29 @@ var errUsage = errors.New("usage")
 
 func main() {
 	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		status := exitStatus(err)
 		var code exitCode
-		if errors.As(err, &code) {
-			os.Exit(int(code))
-		}
-		if !errors.Is(err, errUsage) && !errors.Is(err, flag.ErrHelp) {
+		quiet := errors.As(err, &code) && int(code) == status
+		if !quiet && !errors.Is(err, errUsage) && !errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintln(os.Stderr, "warren:", termSafe(err.Error(), true))
 		}
-		if errors.Is(err, flag.ErrHelp) {
-			os.Exit(0)
-		}
-		os.Exit(1)
+		os.Exit(status)
 	}
+}
+
+// exitStatus is the process's exit status for run's error err: a
+// command's own exit code (exitCode) if it is one a process can exit
+// with, 1..255; 0 for -h; 1 for any other error. Never 0 for a failure:
+// os.Exit(256) exits 0.
+func exitStatus(err error) int {
+	var code exitCode
+	if errors.As(err, &code) && code >= 1 && code <= 255 {
+		return int(code)
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	return 1
 }
 
 func run(args []string, stdout, stderr io.Writer) error {

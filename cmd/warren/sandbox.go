@@ -46,7 +46,8 @@ warren pool set TEMPLATE N [--node ID]   keep N warm sandboxes of TEMPLATE on ea
 warren pool list [--node ID]             show the warm pools
 `
 
-// exitCode makes the process exit with a command's exit code.
+// exitCode makes the process exit with a command's exit code, 1..255
+// (see exitStatus for any other).
 type exitCode int
 
 func (e exitCode) Error() string { return fmt.Sprintf("exit status %d", int(e)) }
@@ -325,10 +326,16 @@ func cmdSandbox(args []string, stdout, stderr io.Writer) error {
 				if ev.Exit.GetTimedOut() {
 					fmt.Fprintf(stderr, "warren: command timed out after %v\n", *cmdTimeout)
 				}
-				if code := ev.Exit.GetCode(); code != 0 {
+				switch code := ev.Exit.GetCode(); {
+				case code == 0:
+					return nil
+				case code < 1 || code > 255:
+					// No process exits so; narrowed to a byte, 256
+					// would read as 0, a success.
+					return fmt.Errorf("sandbox exec: the command ended with exit code %d, outside 0..255", code)
+				default:
 					return exitCode(code)
 				}
-				return nil
 			}
 		}
 		if err := st.Err(); err != nil {

@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -210,6 +212,54 @@ func (execOnce) Exec(_ context.Context, _ *connect.Request[warrenv1.ExecRequest]
 	return st.Send(&warrenv1.ExecResponse{Event: &warrenv1.ExecResponse_Exit{Exit: &warrenv1.ExitStatus{Code: 0}}})
 }
 
+// execCode answers Exec with the exit code it holds (a FAKE sandbox
+// service, as a node passing on what a hostile guest reported).
+type execCode struct {
+	warrenv1connect.UnimplementedSandboxServiceHandler
+	code int32
+}
+
+func (e execCode) Exec(_ context.Context, _ *connect.Request[warrenv1.ExecRequest], st *connect.ServerStream[warrenv1.ExecResponse]) error {
+	return st.Send(&warrenv1.ExecResponse{Event: &warrenv1.ExecResponse_Exit{Exit: &warrenv1.ExitStatus{Code: e.code}}})
+}
+
+// warren sandbox exec never exits 0 for a command that did not exit 0: a
+// code no process can exit with (outside 0..255) exits 1 with an error
+// naming it. Before, it exited with os.Exit(code), and os.Exit(256) exits
+// 0, a success.
+func TestSandboxExecExitCodeOutsideAByteFails(t *testing.T) {
+	for _, tc := range []struct {
+		code   int32
+		status int
+		stderr string
+	}{
+		{0, 0, ""},
+		{3, 3, ""},
+		{255, 255, ""},
+		{256, 1, "exit code 256, outside 0..255"},
+		{512, 1, "exit code 512, outside 0..255"},
+		{-1, 1, "exit code -1, outside 0..255"},
+		{-256, 1, "exit code -256, outside 0..255"},
+	} {
+		mux := http.NewServeMux()
+		mux.Handle(warrenv1connect.NewSandboxServiceHandler(execCode{code: tc.code}))
+		hs := httptest.NewServer(mux)
+		cmd := exec.Command(warrenBin, "sandbox", "exec", "--server", hs.URL, "sb-0000000000-n1", "--", "true")
+		var errb bytes.Buffer
+		cmd.Stderr = &errb
+		err := cmd.Run()
+		hs.Close()
+		var exit *exec.ExitError
+		if err != nil && !errors.As(err, &exit) {
+			t.Fatal(err)
+		}
+		status := cmd.ProcessState.ExitCode()
+		if status != tc.status || (tc.stderr == "") != (errb.Len() == 0) || !strings.Contains(errb.String(), tc.stderr) {
+			t.Errorf("exit code %d from the node: exit status %d, stderr %q; want %d, %q", tc.code, status, errb.String(), tc.status, tc.stderr)
+		}
+	}
+}
+
 type failingWriter struct{}
 
 func (failingWriter) Write([]byte) (int, error) { return 0, syscall.ENOSPC }
@@ -391,4 +441,21 @@ type evilNames struct {
 
 func (evilNames) ListFiles(context.Context, *connect.Request[warrenv1.ListFilesRequest]) (*connect.Response[warrenv1.ListFilesResponse], error) {
 	return connect.NewResponse(&warrenv1.ListFilesResponse{Files: []*warrenv1.FileInfo{{Name: "\x1b]0;owned\x07\r", Mode: 0o644}}}), nil
+}
+
+// exitStatus never makes a failure exit 0: an exitCode a process cannot
+// exit with is status 1, as any other error is.
+func TestExitStatus(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want int
+	}{
+		{exitCode(1), 1}, {exitCode(255), 255}, {fmt.Errorf("wrapped: %w", exitCode(2)), 2},
+		{exitCode(0), 1}, {exitCode(256), 1}, {exitCode(-1), 1}, {exitCode(1 << 32), 1},
+		{errUsage, 1}, {errors.New("x"), 1}, {flag.ErrHelp, 0},
+	} {
+		if got := exitStatus(tc.err); got != tc.want {
+			t.Errorf("exitStatus(%v) = %d, want %d", tc.err, got, tc.want)
+		}
+	}
 }
