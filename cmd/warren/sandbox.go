@@ -7,13 +7,16 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"maps"
 	"math"
 	"net"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -23,6 +26,7 @@ import (
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
 	"github.com/warrenhq/warren/client"
 	"github.com/warrenhq/warren/guest"
+	"github.com/warrenhq/warren/internal/atomicfile"
 	"github.com/warrenhq/warren/noded"
 )
 
@@ -236,7 +240,7 @@ func cmdSandbox(args []string, stdout, stderr io.Writer) error {
 				_, err = stdout.Write(res.Msg.GetData())
 				return err
 			}
-			return os.WriteFile(pos[1], res.Msg.GetData(), os.FileMode(res.Msg.GetFile().GetMode()).Perm())
+			return writeLocal(pos[1], res.Msg.GetData(), os.FileMode(res.Msg.GetFile().GetMode()).Perm())
 		case dstRemote && !srcRemote:
 			var data []byte
 			var mode *uint32 // stdin: the default, 0644
@@ -596,6 +600,47 @@ func describeEgress(p *warrenv1.EgressPolicy) string {
 
 // readAtMost reads r whole unless it holds more than max bytes: the call
 // would be refused anyway, so the rest is not read into memory.
+// writeLocal writes what `sandbox cp ID:/PATH LOCAL` read to path,
+// atomically: a failed write (a full disk, a file size limit) leaves the
+// old file whole, never a part of the new one. The file is replaced, not
+// rewritten: a symlink's target is replaced, keeping the link; an
+// existing file keeps its mode (as os.WriteFile keeps it), a new one gets
+// perm less the umask, but the new file is the caller's and another hard
+// link to the old one keeps the old contents. What is not a regular file
+// (a device, a FIFO) is written in place, as before: there is nothing
+// there to keep.
+func writeLocal(path string, data []byte, perm os.FileMode) error {
+	target := path
+	if t, err := filepath.EvalSymlinks(path); err == nil {
+		target = t
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	fi, err := os.Stat(target)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		// A dangling symlink is replaced by the file.
+		return atomicfile.WriteFile(path, data, perm&^umask())
+	case err != nil:
+		return err
+	case fi.IsDir():
+		return fmt.Errorf("cp: %s is a directory", path)
+	case !fi.Mode().IsRegular():
+		return os.WriteFile(target, data, perm)
+	}
+	return atomicfile.WriteFile(target, data, fi.Mode()&(fs.ModePerm|fs.ModeSetuid|fs.ModeSetgid|fs.ModeSticky))
+}
+
+// umask is the process's file mode creation mask, which a file created
+// by os.WriteFile would have had taken from its mode (atomicfile sets
+// the mode it is given). Reading it sets it for a moment: no other file
+// is made in the CLI meanwhile.
+func umask() os.FileMode {
+	m := syscall.Umask(0)
+	syscall.Umask(m)
+	return os.FileMode(m)
+}
+
 func readAtMost(r io.Reader, max int64, what string) ([]byte, error) {
 	b, err := io.ReadAll(io.LimitReader(r, max+1))
 	if err != nil {

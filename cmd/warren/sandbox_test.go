@@ -459,3 +459,106 @@ func TestExitStatus(t *testing.T) {
 		}
 	}
 }
+
+// readServe answers ReadFile with data and mode (a FAKE sandbox service).
+type readServe struct {
+	warrenv1connect.UnimplementedSandboxServiceHandler
+	data []byte
+	mode uint32
+}
+
+func (r readServe) ReadFile(context.Context, *connect.Request[warrenv1.ReadFileRequest]) (*connect.Response[warrenv1.ReadFileResponse], error) {
+	return connect.NewResponse(&warrenv1.ReadFileResponse{Data: r.data, File: &warrenv1.FileInfo{Name: "f", Size: int64(len(r.data)), Mode: r.mode}}), nil
+}
+
+func serveRead(t *testing.T, data []byte, mode uint32) string {
+	t.Helper()
+	mux := http.NewServeMux()
+	mux.Handle(warrenv1connect.NewSandboxServiceHandler(readServe{data: data, mode: mode}))
+	hs := httptest.NewServer(mux)
+	t.Cleanup(hs.Close)
+	return hs.URL
+}
+
+// A copy out that fails part way (here the file size limit, 64 KiB, of
+// a 1 MiB file) leaves the old file as it was, and no temporary file.
+// Before, the old file was truncated and left holding the first 64 KiB
+// of the new one.
+func TestSandboxCpOutFailureKeepsTheOldFile(t *testing.T) {
+	url := serveRead(t, bytes.Repeat([]byte("new\n"), 1<<18), 0o644)
+	dir := t.TempDir()
+	dst := filepath.Join(dir, "f")
+	if err := os.WriteFile(dst, []byte("old"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// ulimit -f counts blocks of 512 bytes (dash) or 1 KiB (bash): 64 KiB
+	// at most either way. Go ignores SIGXFSZ: the write fails with EFBIG.
+	cmd := exec.Command("sh", "-c", `ulimit -f 64 && exec "$0" "$@"`,
+		warrenBin, "sandbox", "cp", "--server", url, "sb-0000000000-n1:/f", dst)
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 || !strings.Contains(string(out), "file too large") {
+		t.Errorf("cp of 1 MiB under a limit of 64 KiB: %v, %s; want exit status 1 and EFBIG", err, out)
+	}
+	if got, err := os.ReadFile(dst); err != nil || string(got) != "old" {
+		t.Errorf("after the failed copy the destination holds %d bytes (%.10q), %v; want %q", len(got), got, err, "old")
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+		t.Errorf("the failed copy left %d entries in the directory: %v", len(ents), ents)
+	}
+}
+
+// A copy out replaces an existing file keeping its mode, writes through a
+// symlink (the link stays), and makes a new file with the sandbox file's
+// mode less the umask, as os.WriteFile did.
+func TestSandboxCpOutModesAndLinks(t *testing.T) {
+	url := serveRead(t, []byte("new"), 0o777)
+	dir := t.TempDir()
+	cp := func(dst string) {
+		t.Helper()
+		var out, errOut bytes.Buffer
+		if err := run([]string{"sandbox", "cp", "--server", url, "sb-0000000000-n1:/f", dst}, &out, &errOut); err != nil {
+			t.Fatalf("cp to %s: %v", dst, err)
+		}
+	}
+	check := func(path string, mode os.FileMode) {
+		t.Helper()
+		fi, err := os.Lstat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := os.ReadFile(path)
+		if string(got) != "new" || fi.Mode() != mode {
+			t.Errorf("%s: %q, mode %v; want %q, %v", filepath.Base(path), got, fi.Mode(), "new", mode)
+		}
+	}
+	old := syscall.Umask(0o027)
+	defer syscall.Umask(old)
+
+	existing := filepath.Join(dir, "existing")
+	os.WriteFile(existing, []byte("old"), 0o600)
+	os.Chmod(existing, 0o600)
+	cp(existing)
+	check(existing, 0o600)
+
+	fresh := filepath.Join(dir, "fresh")
+	cp(fresh)
+	check(fresh, 0o750)
+
+	target, link := filepath.Join(dir, "target"), filepath.Join(dir, "link")
+	os.WriteFile(target, []byte("old"), 0o640)
+	os.Chmod(target, 0o640)
+	if err := os.Symlink("target", link); err != nil {
+		t.Fatal(err)
+	}
+	cp(link)
+	check(target, 0o640)
+	if fi, err := os.Lstat(link); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+		t.Errorf("the link was replaced: %v, %v", fi, err)
+	}
+
+	var out, errOut bytes.Buffer
+	if err := run([]string{"sandbox", "cp", "--server", url, "sb-0000000000-n1:/f", dir}, &out, &errOut); err == nil || !strings.Contains(err.Error(), "is a directory") {
+		t.Errorf("cp onto a directory: %v", err)
+	}
+}
