@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -126,13 +127,14 @@ func Build(ctx context.Context, c Config) (*guest.Template, error) {
 			return nil, fmt.Errorf("kernel-up: %w", err)
 		}
 	}
-	root := filepath.Join(c.Out, c.Name)
-	unlock, err := lockBuild(c.Name, root+"-build")
+	root, buildDir := filepath.Join(c.Out, c.Name), buildDirOf(c.Out, c.Name)
+	unlock, err := lockBuild(c.Name, buildDir)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	work, err := os.MkdirTemp(root+"-build", "")
+	removeOldBuildDir(root + "-build")
+	work, err := os.MkdirTemp(buildDir, "")
 	if err != nil {
 		return nil, err
 	}
@@ -209,7 +211,7 @@ func Build(ctx context.Context, c Config) (*guest.Template, error) {
 		accel, boot, err := c.Smoke(ctx, t)
 		if err != nil {
 			// Kept to look into, until the next build starts.
-			failed := filepath.Join(root+"-build", "failed-"+m.Version)
+			failed := filepath.Join(buildDir, "failed-"+m.Version)
 			if os.Rename(work, failed) != nil {
 				failed = work
 			}
@@ -295,6 +297,38 @@ func versionRun(s string) string {
 }
 
 func isDigit(c byte) bool { return '0' <= c && c <= '9' }
+
+// buildDirOf is the directory of template name's builds in the store out:
+// its lock, the work directory of the build that holds it, what earlier
+// builds left. It is under out/.build, where no template can be (a
+// template's name does not start with a dot). Before, it was
+// out/<name>-build, which is also the template named "<name>-build": a
+// build of "py" emptied the template "py-build".
+func buildDirOf(out, name string) string {
+	return filepath.Join(out, ".build", name)
+}
+
+// removeOldBuildDir removes dir, a template's build directory from before
+// buildDirOf (out/<name>-build), if it is one: it has a build's .lock and
+// no current, which the template of that name would have, and no build
+// of an older warren holds the lock. Anything else is left alone.
+func removeOldBuildDir(dir string) {
+	if _, err := os.Lstat(filepath.Join(dir, "current")); !errors.Is(err, fs.ErrNotExist) {
+		return // a template (or what cannot be looked at)
+	}
+	f, err := os.Open(filepath.Join(dir, ".lock"))
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return
+	}
+	if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil {
+		return // an older warren's build runs in it
+	}
+	_ = os.RemoveAll(dir)
+}
 
 // lockBuild takes the lock of a template's build directory, dir, so that
 // one build of the template runs at a time, and removes what earlier

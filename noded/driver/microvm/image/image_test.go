@@ -5,9 +5,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -311,7 +313,7 @@ func TestBuildKeepsTheLastGoodVersionOverAFailedSmokeBoot(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "agent did not answer") {
 		t.Fatalf("a failed smoke boot: %v", err)
 	}
-	failed, _ := filepath.Glob(filepath.Join(c.Out, "default-build", "failed-*"))
+	failed, _ := filepath.Glob(filepath.Join(buildDirOf(c.Out, "default"), "failed-*"))
 	if len(failed) != 1 || !strings.Contains(err.Error(), failed[0]) {
 		t.Errorf("the failed version is not kept where the error says: %v, %v", failed, err)
 	}
@@ -361,7 +363,7 @@ func TestBuildRemovesAKilledBuildsWorkDir(t *testing.T) {
 	}
 	// The lock stays; the work directories are what matters.
 	workDirs := func() []string {
-		ds, _ := filepath.Glob(filepath.Join(store, "default-build", "[^.]*"))
+		ds, _ := filepath.Glob(filepath.Join(buildDirOf(store, "default"), "[^.]*"))
 		return ds
 	}
 	if len(workDirs()) == 0 {
@@ -382,12 +384,12 @@ func TestBuildRemovesAKilledBuildsWorkDir(t *testing.T) {
 // naming the lock, and leaves the first one's work alone.
 func TestBuildRefusesAConcurrentBuild(t *testing.T) {
 	c := buildFixture(t)
-	unlock, err := lockBuild(c.Name, filepath.Join(c.Out, "default-build"))
+	unlock, err := lockBuild(c.Name, buildDirOf(c.Out, "default"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer unlock()
-	work := filepath.Join(c.Out, "default-build", "123")
+	work := filepath.Join(buildDirOf(c.Out, "default"), "123")
 	os.MkdirAll(work, 0o755)
 	_, err = Build(context.Background(), c)
 	if err == nil || !strings.Contains(err.Error(), "another build of template default is running") {
@@ -451,6 +453,85 @@ func TestBuildRefusesNamesTheServersRefuse(t *testing.T) {
 		c := Config{Name: name, Out: t.TempDir(), Agent: "/nonexistent", FreeMB: 1024}
 		if err := c.validate(); err != nil && strings.Contains(err.Error(), "name ") {
 			t.Errorf("name %q refused: %v", name, err)
+		}
+	}
+}
+
+// A template's builds work outside every template's directory: building
+// "py" leaves the template "py-build" whole (before, its build directory
+// was <store>/py-build, which the build emptied), and a build of
+// "py-build" does not count py's build work among its versions.
+func TestBuildOfATemplateLeavesTheTemplateNamedItsBuildDir(t *testing.T) {
+	c := buildFixture(t)
+	build := func(name, agent string) *guest.Template {
+		t.Helper()
+		cc := c
+		cc.Name = name
+		os.WriteFile(cc.Agent, []byte(agent), 0o755)
+		fakeRootfsCache(cc)
+		tpl, err := Build(context.Background(), cc)
+		if err != nil {
+			t.Fatalf("build %s: %v", name, err)
+		}
+		return tpl
+	}
+	pyBuild := build("py-build", "agent 1")
+	build("py", "agent 2")
+	got, err := guest.LoadTemplate(c.Out, "py-build")
+	if err != nil || got.Version != pyBuild.Version {
+		t.Fatalf("template py-build after a build of py: %v, %v", got, err)
+	}
+	if err := got.Verify(); err != nil {
+		t.Errorf("template py-build after a build of py: %v", err)
+	}
+	if names := guest.ListTemplates(c.Out); !slices.Equal(names, []string{"py", "py-build"}) {
+		t.Errorf("templates %v, want [py py-build]", names)
+	}
+	build("py-build", "agent 3")
+	if _, err := guest.LoadTemplate(c.Out, "py"); err != nil {
+		t.Errorf("template py after a build of py-build: %v", err)
+	}
+	if _, err := guest.LoadTemplate(c.Out, "py-build@"+pyBuild.Version); err != nil {
+		t.Errorf("py-build's first version (--keep 2): %v", err)
+	}
+}
+
+// A build directory of the old layout, <store>/<name>-build, is removed
+// only when it is one: it has a build's .lock, no current (which the
+// template of that name would have), and no build holds its lock.
+func TestRemoveOldBuildDir(t *testing.T) {
+	store := t.TempDir()
+	mk := func(name string, entries ...string) string {
+		dir := filepath.Join(store, name)
+		os.MkdirAll(filepath.Join(dir, "123"), 0o755)
+		for _, e := range entries {
+			if e == "current" {
+				os.Symlink("123", filepath.Join(dir, e))
+			} else {
+				os.WriteFile(filepath.Join(dir, e), nil, 0o644)
+			}
+		}
+		return dir
+	}
+	stale := mk("a-build", ".lock")
+	template := mk("b-build", ".lock", "current")
+	noLock := mk("c-build")
+	held := mk("d-build", ".lock")
+	unlock, err := lockBuild("d", held)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unlock()
+	os.MkdirAll(filepath.Join(held, "456"), 0o755) // lockBuild emptied it
+	for _, dir := range []string{stale, template, noLock, held} {
+		removeOldBuildDir(dir)
+	}
+	if _, err := os.Stat(stale); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("an old build directory is still there: %v", err)
+	}
+	for _, dir := range []string{template, noLock, filepath.Join(held, "456")} {
+		if _, err := os.Stat(dir); err != nil {
+			t.Errorf("%s was removed: %v", dir, err)
 		}
 	}
 }
