@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"time"
@@ -165,6 +166,7 @@ func Build(ctx context.Context, c Config) (*guest.Template, error) {
 	if err != nil {
 		return nil, err
 	}
+	pruneRootfsCache(c.Out, c.Name, rootDir)
 	m := guest.Manifest{Name: c.Name, Created: time.Now().UTC().Format(time.RFC3339), KernelRelease: release,
 		QEMUVersion: c.QEMUVersion, Packages: pkgs, Suite: c.Suite, DiskBytes: fsBytes}
 	type output struct {
@@ -429,6 +431,21 @@ func prune(root, current, previous string, keep int) []string {
 		}
 	}
 	return removed
+}
+
+// pruneRootfsCache removes the template's cached debootstrap trees other
+// than keep (those of an earlier package set, suite or mirror): each is a
+// whole root file system, 1-2 GB, and nothing removed them. Other
+// templates' trees are left alone, names sharing a prefix included.
+func pruneRootfsCache(out, name, keep string) {
+	re := regexp.MustCompile("^" + regexp.QuoteMeta(name) + "-rootfs-[0-9a-f]{16}$")
+	ents, _ := os.ReadDir(filepath.Join(out, ".cache"))
+	for _, e := range ents {
+		dir := filepath.Join(out, ".cache", e.Name())
+		if e.IsDir() && re.MatchString(e.Name()) && dir != keep {
+			_ = os.RemoveAll(dir)
+		}
+	}
 }
 
 func shortHash(s string) string {

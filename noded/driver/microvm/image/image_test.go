@@ -535,3 +535,27 @@ func TestRemoveOldBuildDir(t *testing.T) {
 		}
 	}
 }
+
+// A build keeps only its own cached debootstrap tree of the template: one
+// of an earlier package set goes; other templates' stay, names that share
+// a prefix included. Nothing removed them before (1-2 GB each).
+func TestPruneRootfsCache(t *testing.T) {
+	out := t.TempDir()
+	mk := func(name string) string {
+		dir := filepath.Join(out, ".cache", name)
+		if err := os.MkdirAll(filepath.Join(dir, "etc"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	keep := mk("py-rootfs-" + shortHash("now"))
+	old := mk("py-rootfs-" + shortHash("before"))
+	lookalike := mk("py-rootfs-rootfs-" + shortHash("x")) // template py-rootfs's
+	other := mk("go-rootfs-" + shortHash("y"))
+	pruneRootfsCache(out, "py", keep)
+	for dir, want := range map[string]bool{keep: true, old: false, lookalike: true, other: true} {
+		if _, err := os.Stat(dir); (err == nil) != want {
+			t.Errorf("%s: kept %v, want %v", filepath.Base(dir), err == nil, want)
+		}
+	}
+}
