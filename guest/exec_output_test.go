@@ -54,10 +54,12 @@ func TestExecOutputReachesALateHostWhole(t *testing.T) {
 
 // A child that left the command's process group and keeps its output open
 // does not hold the call past its leader's end, beyond a moment: neither
-// one that is silent nor one that writes on.
+// one that is silent, nor one that writes on, fast or slowly (a read that
+// waited 500 ms for more, again after each write, held the call for as
+// long as a slow writer ran).
 func TestExecDoesNotWaitForAStrayHoldingItsOutput(t *testing.T) {
-	for _, stray := range []string{"sleep 5", "yes"} {
-		t.Run(stray, func(t *testing.T) {
+	for _, stray := range []string{"sleep 5", "yes", "sh -c \"while :; do echo tick; sleep 0.3; done\""} {
+		t.Run(strings.Fields(stray)[0], func(t *testing.T) {
 			c := pair(t, &fakeSys{})
 			pidFile := filepath.Join(t.TempDir(), "pid")
 			defer func() {

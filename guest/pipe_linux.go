@@ -6,15 +6,16 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// pipeSize is the capacity of pipe f (1 MiB, the most an unprivileged
-// command may set, if it cannot be read). Not through f.Fd(), which would
-// make f blocking and its deadlines void.
-func pipeSize(f *os.File) int {
-	n := 1 << 20
+// pipeBuffered is how many bytes pipe f holds unread (TIOCINQ is Linux's
+// FIONREAD), or 1 MiB, the most an unprivileged command can make a pipe
+// hold, if that cannot be read. Not through f.Fd(), which would make f
+// blocking and its deadlines void.
+func pipeBuffered(f *os.File) int64 {
+	n := int64(1 << 20)
 	if rc, err := f.SyscallConn(); err == nil {
 		_ = rc.Control(func(fd uintptr) {
-			if v, err := unix.FcntlInt(fd, unix.F_GETPIPE_SZ, 0); err == nil && v > 0 {
-				n = v
+			if v, err := unix.IoctlGetInt(int(fd), unix.TIOCINQ); err == nil && v >= 0 {
+				n = int64(v)
 			}
 		})
 	}

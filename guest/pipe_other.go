@@ -4,5 +4,5 @@ package guest
 
 import "os"
 
-// pipeSize is 1 MiB where a pipe's capacity cannot be read.
-func pipeSize(*os.File) int { return 1 << 20 }
+// pipeBuffered is 1 MiB where a pipe's unread bytes cannot be counted.
+func pipeBuffered(*os.File) int64 { return 1 << 20 }

@@ -515,8 +515,9 @@ func (s *Server) exec(abandoned context.Context, st *yamux.Stream, req *Request,
 	for i := range out {
 		r, w, err := os.Pipe()
 		if err != nil {
-			for _, f := range out[:i] {
-				f.Close()
+			if i == 1 {
+				out[0].Close()
+				cmd.Stdout.(*os.File).Close()
 			}
 			return nil, fmt.Errorf("start %q: output: %w", req.Argv[0], err)
 		}
@@ -648,23 +649,21 @@ func (s *Server) exec(abandoned context.Context, st *yamux.Stream, req *Request,
 	return res, nil
 }
 
-// outputWait is how long a command's output is read after its exit while
-// nothing comes (a child that left its group may hold the pipe open).
-const outputWait = 500 * time.Millisecond
-
 // drain copies a command's stdout and stderr pipes to the host.
 type drain struct {
 	pipes [2]*os.File
 	done  sync.WaitGroup
-	// after is set at the command's exit: from then on a read waits at
-	// most outputWait for more, and reads at most the pipe's capacity
-	// (what the command can have left in it), so a child that left the
-	// group and writes on does not hold the call.
+	// after is set at the command's exit; left then holds, for each
+	// pipe, what was in it at the exit: all that is left of the command's
+	// output (its group is killed right after). A copy reads that much
+	// more, however slowly the host takes it, and stops: a child that
+	// left the group and holds the pipe open, silent or writing, does not
+	// hold the call.
 	after atomic.Bool
+	left  [2]atomic.Int64
 }
 
-// drainOutput starts copying each pipe to its writer, frame by frame,
-// however slowly the host reads.
+// drainOutput starts copying each pipe to its writer, frame by frame.
 func drainOutput(pipes [2]*os.File, to [2]streamWriter) *drain {
 	d := &drain{pipes: pipes}
 	d.done.Add(2)
@@ -679,41 +678,47 @@ func (d *drain) copy(i int, w streamWriter) {
 	r := d.pipes[i]
 	defer r.Close() // a command still writing gets EPIPE, not a full pipe
 	buf := make([]byte, 32<<10)
-	read, limit := 0, 0 // since the exit
 	for {
 		after := d.after.Load()
+		p := buf
 		if after {
-			// Set again after each write, which may have waited for
-			// the host far longer than outputWait.
-			_ = r.SetReadDeadline(time.Now().Add(outputWait))
+			left := d.left[i].Load()
+			if left <= 0 {
+				return
+			}
+			p = buf[:min(int64(len(buf)), left)]
 		}
-		n, err := r.Read(buf)
+		n, err := r.Read(p)
 		if n > 0 {
-			if _, werr := w.Write(buf[:n]); werr != nil {
+			if _, werr := w.Write(p[:n]); werr != nil {
 				return // the host gave up on the call
 			}
 			if after {
-				if limit == 0 {
-					limit = pipeSize(r) + len(buf) // and a read this copy held
-				}
-				if read += n; read >= limit {
-					return
-				}
+				d.left[i].Add(-int64(n))
 			}
 		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			continue // woken at the exit: after says what is left
+		}
 		if err != nil {
-			return // EOF, or nothing more within outputWait
+			return // EOF: every writer closed the pipe
 		}
 	}
 }
 
-// exited marks the command's end: the reads stop waiting for more once
-// nothing comes.
+// exited marks the command's end: each copy reads what the pipe holds
+// now, and no more.
 func (d *drain) exited() {
+	for i, p := range d.pipes {
+		d.left[i].Store(pipeBuffered(p))
+	}
 	d.after.Store(true)
-	for _, p := range d.pipes {
-		// Wakes a read under way (one in a write sets its own).
-		_ = p.SetReadDeadline(time.Now().Add(outputWait))
+	for i, p := range d.pipes {
+		if d.left[i].Load() == 0 {
+			// A read waiting on an empty pipe (a child that left the
+			// group holds it open) wakes now.
+			_ = p.SetReadDeadline(time.Now())
+		}
 	}
 }
 
