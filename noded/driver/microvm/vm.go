@@ -204,19 +204,28 @@ func findTSCkHz() int {
 	return measureTSCkHz()
 }
 
-// measureTSCkHz times the TSC against the monotonic clock (the median of
-// five 30 ms spans), rounded to a MHz so that it is the same from one
-// start to the next; 0 where there is no TSC to read.
+// measureTSCkHz times the TSC against the raw monotonic clock (the
+// median of five 30 ms spans), rounded to a MHz so that it is the same
+// from one start to the next; 0 where there is no TSC to read. The raw
+// clock, because NTP slews the other (up to 8%, chrony's default bound,
+// while it corrects a clock at boot).
 func measureTSCkHz() int {
-	var khz []float64
-	for range 5 {
-		t0, c0 := time.Now(), rdtsc()
-		time.Sleep(30 * time.Millisecond)
-		c1, el := rdtsc(), time.Since(t0)
-		if c1 <= c0 || el <= 0 {
+	raw := func() int64 {
+		var ts unix.Timespec
+		if err := unix.ClockGettime(unix.CLOCK_MONOTONIC_RAW, &ts); err != nil {
 			return 0
 		}
-		khz = append(khz, float64(c1-c0)/el.Seconds()/1000)
+		return ts.Nano()
+	}
+	var khz []float64
+	for range 5 {
+		t0, c0 := raw(), rdtsc()
+		time.Sleep(30 * time.Millisecond)
+		c1, t1 := rdtsc(), raw()
+		if c1 <= c0 || t0 == 0 || t1 <= t0 {
+			return 0
+		}
+		khz = append(khz, float64(c1-c0)/(float64(t1-t0)/1e9)/1000)
 	}
 	slices.Sort(khz)
 	return int(math.Round(khz[len(khz)/2]/1000)) * 1000
