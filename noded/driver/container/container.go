@@ -77,10 +77,10 @@ type Driver struct {
 	mu   sync.Mutex
 	live map[string]*Box
 	// lowers are the templates' read-only mounts, by mount point, with
-	// the boxes using each; curLower is the last one a claim used (the
-	// template's current version), kept while unused.
+	// the boxes using each; curLower is, per template name, the last one
+	// a claim used (the template's current version), kept while unused.
 	lowers   map[string]*lowerMount
-	curLower string
+	curLower map[string]string
 	closed   bool
 	claims   sync.WaitGroup // claims under way; Close waits for them
 
@@ -195,7 +195,7 @@ func New(cfg Config) (*Driver, error) {
 	}
 	h := sha256.Sum256([]byte(cfg.StateDir))
 	d := &Driver{cfg: cfg, log: cfg.Logger, client: client, scope: hex.EncodeToString(h[:])[:12], ver: v.Version,
-		live: map[string]*Box{}, lowers: map[string]*lowerMount{}, blanks: map[string]uint64{}}
+		live: map[string]*Box{}, lowers: map[string]*lowerMount{}, curLower: map[string]string{}, blanks: map[string]uint64{}}
 	if d.logWriter, err = writeAgentLogWriter(cfg.StateDir); err != nil {
 		client.Close()
 		return nil, err
@@ -377,7 +377,10 @@ func (d *Driver) destroyContainer(ctx context.Context, c containerd.Container) b
 }
 
 // lowerMount is one template version's read-only mount.
-type lowerMount struct{ refs int }
+type lowerMount struct {
+	name string // the template's
+	refs int
+}
 
 // lower mounts a template's root file system read-only, once, and counts
 // the caller (a box, which gives it back with releaseLower) as using it.
@@ -388,7 +391,10 @@ type lowerMount struct{ refs int }
 func (d *Driver) lower(t *guest.Template) (string, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	m := filepath.Join(d.cfg.StateDir, "lower", t.Name+"-"+t.Version)
+	// "@", which no template name has: with "-", template a-b at version
+	// c and template a at version b-c shared a mount point, and a claim
+	// of one got the other's root.
+	m := filepath.Join(d.cfg.StateDir, "lower", t.Name+"@"+t.Version)
 	if l, ok := d.lowers[m]; ok {
 		l.refs++
 		d.useLowerLocked(m)
@@ -403,27 +409,29 @@ func (d *Driver) lower(t *guest.Template) (string, error) {
 			return "", fmt.Errorf("mount %s: %v: %s", t.Path(t.Rootfs), err, strings.TrimSpace(string(out)))
 		}
 	}
-	d.lowers[m] = &lowerMount{refs: 1}
+	d.lowers[m] = &lowerMount{name: t.Name, refs: 1}
 	d.useLowerLocked(m)
 	return m, nil
 }
 
-// useLowerLocked makes m the current lower mount and unmounts the others
-// no box uses (d.mu held).
+// useLowerLocked makes m its template's current lower mount and unmounts
+// that template's other versions no box uses (d.mu held). Other
+// templates' mounts stay: each has a current version of its own.
 func (d *Driver) useLowerLocked(m string) {
-	if d.curLower == m {
+	name := d.lowers[m].name
+	if d.curLower[name] == m {
 		return
 	}
-	d.curLower = m
+	d.curLower[name] = m
 	for o, l := range d.lowers {
-		if o != m && l.refs == 0 {
+		if o != m && l.name == name && l.refs == 0 {
 			d.unmountLowerLocked(o)
 		}
 	}
 }
 
 // releaseLower gives back a box's use of mount m ("" is none); an unused
-// mount of a version other than the current one is unmounted.
+// mount of a version other than its template's current one is unmounted.
 func (d *Driver) releaseLower(m string) {
 	if m == "" {
 		return
@@ -435,7 +443,7 @@ func (d *Driver) releaseLower(m string) {
 		return
 	}
 	l.refs--
-	if l.refs <= 0 && m != d.curLower {
+	if l.refs <= 0 && m != d.curLower[l.name] {
 		d.unmountLowerLocked(m)
 	}
 }

@@ -237,7 +237,7 @@ func lowerMountOf(t *testing.T, d *Driver) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return filepath.Join(d.cfg.StateDir, "lower", tpl.Name+"-"+tpl.Version)
+	return filepath.Join(d.cfg.StateDir, "lower", tpl.Name+"@"+tpl.Version)
 }
 
 func mustTemplateDir(t *testing.T) string {

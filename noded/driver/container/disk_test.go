@@ -3,6 +3,7 @@ package container
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -165,18 +166,18 @@ func TestIsMountedEscapedAndRelativePaths(t *testing.T) {
 	}
 }
 
-// twoVersionStore makes an image store whose default template has two
-// versions, va and vb, both of the real template's files, and returns it
-// and a function that points its current at one.
-func twoVersionStore(t *testing.T) (string, func(version string)) {
+// templateStore makes an image store of the given templates (each a name
+// and a version), all of the real default template's files, and returns
+// it and a function that points a template's current at a version.
+func templateStore(t *testing.T, tpls ...[2]string) (string, func(name, version string)) {
 	t.Helper()
 	src, err := guest.LoadTemplate(imageDir(), "default")
 	if err != nil {
 		t.Fatal(err)
 	}
 	store := t.TempDir()
-	for _, v := range []string{"va", "vb"} {
-		dir := filepath.Join(store, "default", v)
+	for _, nv := range tpls {
+		dir := filepath.Join(store, nv[0], nv[1])
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -186,7 +187,7 @@ func twoVersionStore(t *testing.T) (string, func(version string)) {
 			}
 		}
 		m := src.Manifest
-		m.Version = v
+		m.Name, m.Version = nv[0], nv[1]
 		b, err := json.Marshal(m)
 		if err != nil {
 			t.Fatal(err)
@@ -195,8 +196,8 @@ func twoVersionStore(t *testing.T) (string, func(version string)) {
 			t.Fatal(err)
 		}
 	}
-	return store, func(version string) {
-		cur := filepath.Join(store, "default", "current")
+	return store, func(name, version string) {
+		cur := filepath.Join(store, name, "current")
 		_ = os.Remove(cur)
 		if err := os.Symlink(version, cur); err != nil {
 			t.Fatal(err)
@@ -204,29 +205,36 @@ func twoVersionStore(t *testing.T) (string, func(version string)) {
 	}
 }
 
+// storeDriver is a driver on the image store, with a state dir of its own.
+func storeDriver(t *testing.T, store string) *Driver {
+	t.Helper()
+	d0 := newDriver(t) // checks the prerequisites
+	cfg := d0.cfg
+	d0.Close()
+	cfg.ImageDir, cfg.StateDir = store, t.TempDir()
+	d, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
 // A template version's read-only mount goes once no box uses it and a
 // newer version is in use. Before, every version a node ever used stayed
 // mounted until it restarted, each holding a loop device and the disk
 // space of an image the build's --keep had deleted.
 func TestAnOldTemplateVersionIsUnmountedOnceUnused(t *testing.T) {
-	d0 := newDriver(t) // checks the prerequisites
-	cfg := d0.cfg
-	d0.Close()
-	store, use := twoVersionStore(t)
-	cfg.ImageDir, cfg.StateDir = store, t.TempDir()
-	use("va")
-	d, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	store, use := templateStore(t, [2]string{"default", "va"}, [2]string{"default", "vb"})
+	use("default", "va")
+	d := storeDriver(t, store)
 	defer d.Close()
 	ctx := context.Background()
 	a, err := d.Claim(ctx, driver.ClaimRequest{ID: "sb-va"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	va := filepath.Join(d.cfg.StateDir, "lower", "default-va")
-	use("vb")
+	va := filepath.Join(d.cfg.StateDir, "lower", "default@va")
+	use("default", "vb")
 	b, err := d.Claim(ctx, driver.ClaimRequest{ID: "sb-vb"})
 	if err != nil {
 		t.Fatal(err)
@@ -243,11 +251,47 @@ func TestAnOldTemplateVersionIsUnmountedOnceUnused(t *testing.T) {
 	if isMounted(va) {
 		t.Error("version va is still mounted with no box using it and vb current")
 	}
-	vb := filepath.Join(d.cfg.StateDir, "lower", "default-vb")
+	vb := filepath.Join(d.cfg.StateDir, "lower", "default@vb")
 	if err := b.Destroy(); err != nil {
 		t.Fatal(err)
 	}
 	if !isMounted(vb) {
 		t.Error("the current version vb was unmounted: the next claim would mount it again")
+	}
+}
+
+// Each template keeps its current version mounted, whatever the others
+// do: claims of two templates in turn do not unmount each other's. And
+// two templates whose name and version join alike (a-b at c, a at b-c)
+// get mounts of their own.
+func TestTemplatesKeepTheirOwnLowerMounts(t *testing.T) {
+	store, use := templateStore(t, [2]string{"default", "v1"}, [2]string{"a-b", "c"}, [2]string{"a", "b-c"})
+	use("default", "v1") // the driver's default
+	use("a-b", "c")
+	use("a", "b-c")
+	d := storeDriver(t, store)
+	defer d.Close()
+	ctx := context.Background()
+	mounts := map[string]string{}
+	for i, name := range []string{"a-b", "a", "a-b"} {
+		sb, err := d.Claim(ctx, driver.ClaimRequest{ID: fmt.Sprintf("sb-tpl-%d", i), Template: name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mounts[name] = sb.(*Box).lower
+		if got := sb.(*Box).Info().Template; !strings.HasPrefix(got, name+"@") {
+			t.Errorf("a claim of %s runs %s", name, got)
+		}
+		if err := sb.Destroy(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if mounts["a-b"] == mounts["a"] {
+		t.Errorf("templates a-b@c and a@b-c share the mount %s", mounts["a"])
+	}
+	for name, m := range mounts {
+		if !isMounted(m) {
+			t.Errorf("template %s's current version (%s) was unmounted by another template's claim", name, m)
+		}
 	}
 }
