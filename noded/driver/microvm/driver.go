@@ -715,12 +715,17 @@ func (d *Driver) claim(ctx context.Context, ts *tplState, req driver.ClaimReques
 }
 
 // SetPoolTarget sets how many warm sandboxes of template to keep. The pool
-// fills in the background.
+// fills in the background. A negative target is 0 (a node's pools.json
+// could hold one, and the pool's trim indexed past its start).
 func (d *Driver) SetPoolTarget(template string, n int) {
 	ts, err := d.template(template)
 	if err != nil {
 		d.log.Warn("pool target for an unknown template", "template", template, "err", err)
 		return
+	}
+	if n < 0 {
+		d.log.Warn("negative pool target taken as 0", "template", template, "target", n)
+		n = 0
 	}
 	d.mu.Lock()
 	ts.target = n

@@ -22,3 +22,26 @@ func TestPoolMemberBytesIsTheGuestMemory(t *testing.T) {
 		t.Errorf("an unknown template: %d bytes, want 0", got)
 	}
 }
+
+// A negative pool target (a node's pools.json could hold one) is 0: the
+// pool's trim indexed ts.pool[-1] and panicked.
+func TestNegativePoolTargetIsZero(t *testing.T) {
+	d := newDriverWith(t, "", func(c *Config) { c.StandbyQEMUs = -1 })
+	if r := panicOf(func() { d.SetPoolTarget("", -1) }); r != nil {
+		// Not closed: the call panicked holding d.mu, which Close takes.
+		t.Fatalf("SetPoolTarget(-1) panicked: %v", r)
+	}
+	defer d.Close()
+	for _, p := range d.Pools() {
+		if p.Target != 0 {
+			t.Errorf("template %s: target %d, want 0", p.Template, p.Target)
+		}
+	}
+}
+
+// panicOf calls f and returns what it panicked with (nil if it did not).
+func panicOf(f func()) (r any) {
+	defer func() { r = recover() }()
+	f()
+	return nil
+}
