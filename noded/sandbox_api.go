@@ -92,6 +92,11 @@ func newSandboxAPI(nodeID, dataDir string, drv driver.Driver, log *slog.Logger, 
 			log.Warn("pool targets unreadable; starting without", "err", err)
 		}
 		for t, n := range a.pools {
+			if n < 0 { // the file was edited, or written by something else
+				log.Warn("saved pool target is negative; ignoring it", "template", t, "target", n)
+				delete(a.pools, t)
+				continue
+			}
 			if a.fit.admit(drv, nodeID, log, t, n) != nil { // saved before targets were checked
 				delete(a.pools, t)
 				continue

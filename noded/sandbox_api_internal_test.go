@@ -356,6 +356,26 @@ func TestCompletePoolTargetsZeroTheOthers(t *testing.T) {
 	}
 }
 
+// A negative target in pools.json is ignored at start, not handed to the
+// driver (the microvm driver's pool trim panicked on one).
+func TestNegativeSavedPoolTargetIsIgnored(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "pools.json"), []byte(`{"default":-1,"go":2}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	drv := &poolDriver{listDriver: listDriver{name: "microvm"}, targets: map[string]int{}}
+	a := NewSandboxAPI(testNode, dir, drv, nil)
+	if n, ok := drv.targets["default"]; ok {
+		t.Errorf("the driver got default's saved target %d", n)
+	}
+	if drv.targets["go"] != 2 {
+		t.Errorf("go's target %d, want 2 (all: %v)", drv.targets["go"], drv.targets)
+	}
+	if n, ok := a.pools["default"]; ok {
+		t.Errorf("the API kept default's saved target %d", n)
+	}
+}
+
 // A client that goes away mid-exec ends the command's process group
 // (with a real agent behind the HTTP handler).
 func TestExecClientGoneKillsCommand(t *testing.T) {
