@@ -205,3 +205,33 @@ func (w signalWriter) Write(p []byte) (int, error) {
 	}
 	return len(p), nil
 }
+
+// A pause whose save outlasts its time (lifecycleWait) fails, and the
+// guest runs again. The undo used to run under the pause's expired
+// context, so neither migrate_cancel nor cont reached QEMU: the guest
+// stayed frozen while the sandbox said running.
+func TestPauseOutlastingItsTimeIsUndone(t *testing.T) {
+	_, vm, ctx := coldSandbox(t, "sb-pauselong")
+	was := lifecycleWait
+	lifecycleWait = 3 * time.Second
+	t.Cleanup(func() { lifecycleWait = was })
+	// 64 MiB of memory to save at 1 MiB/s: about a minute.
+	if _, err := vm.Run(ctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", "head -c 64M /dev/urandom > /dev/shm/x"}}, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := vm.qmp.Run(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": 1 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	err := vm.Pause(ctx)
+	if err == nil {
+		t.Fatal("a pause slower than its time succeeded")
+	}
+	t.Logf("pause: %v", err)
+	if st := vm.Info().State; st != "running" {
+		t.Fatalf("after the failed pause: %q, want running", st)
+	}
+	if _, err := os.Stat(filepath.Join(vm.spec.Dir, "paused.state")); !os.IsNotExist(err) {
+		t.Errorf("paused.state left behind: %v", err)
+	}
+	runTrue(t, vm, ctx, "after the failed pause")
+}

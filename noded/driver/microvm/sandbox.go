@@ -684,12 +684,19 @@ func (vm *VM) Pause(ctx context.Context) error {
 }
 
 // lifecycleWait bounds the part of a pause or resume that runs to its end
-// once begun, whether or not the caller waits.
-const lifecycleWait = 5 * time.Minute
+// once begun, whether or not the caller waits. A variable for tests.
+var lifecycleWait = 5 * time.Minute
+
+// undoWait bounds undoing a pause's failed save.
+const undoWait = time.Minute
 
 // undoSave cancels a pause's save that failed, removes what it wrote, and
-// lets the guest run again. vm.mu is held.
+// lets the guest run again. vm.mu is held. It has its own time (undoWait):
+// the pause's own may be what ended the save, and under it not one of
+// the commands that let the guest run again was sent.
 func (vm *VM) undoSave(ctx context.Context, state string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoWait)
+	defer cancel()
 	_, _ = vm.qmp.Run(ctx, "migrate_cancel", nil)
 	for {
 		st, _, err := vm.qmp.Migration(ctx)
