@@ -128,8 +128,11 @@ func (d *Driver) adopt(dir, id string) (*VM, string) {
 		return nil, "QMP does not answer: " + err.Error()
 	}
 	vm.qmp = q
-	if st, err := q.Status(ctx); err == nil && st == "paused" {
-		_, _ = q.Run(ctx, "cont", nil)
+	conted, err := d.undoPause(ctx, q, dir, m.SandboxID)
+	if err != nil {
+		q.Close()
+		vm.p.kill()
+		return nil, "its guest is stopped and does not run again: " + err.Error()
 	}
 	c, err := waitAgent(ctx, vm.spec, vm.p.exited, reconnectAgentWait, d.log.With("sandbox", m.SandboxID))
 	if err != nil {
@@ -138,7 +141,72 @@ func (d *Driver) adopt(dir, id string) (*VM, string) {
 		return nil, "its agent does not answer: " + err.Error()
 	}
 	vm.agent = c
+	if conted {
+		// Frozen inside the last run's agent session, as a resumed guest
+		// is (see freshSession).
+		if err := vm.freshSession(ctx); err != nil {
+			q.Close()
+			vm.p.kill()
+			return nil, "its agent does not answer once it runs again: " + err.Error()
+		}
+	}
 	return vm, ""
+}
+
+// undoPause lets the guest of a sandbox recorded running run again. A
+// pause stops the guest before it saves it, and records "paused" only once
+// the save is whole; a node that died between the two left the guest
+// stopped, with QEMU still saving it (the migration under way: it is
+// cancelled, else its end would stop the guest again, with nothing left
+// to let it run) or done ("postmigrate", from which cont runs it as
+// from "paused"). What the save wrote, which no record names, is removed.
+// conted reports a guest that was stopped and now runs.
+func (d *Driver) undoPause(ctx context.Context, q *QMP, dir, sandbox string) (conted bool, err error) {
+	mig, _, err := q.Migration(ctx)
+	if err != nil {
+		return false, err
+	}
+	if migrating(mig) {
+		d.log.Warn("a pause the last run did not finish is still saving the guest; cancelling it", "sandbox", sandbox, "migration", mig)
+		if _, err := q.Run(ctx, "migrate_cancel", nil); err != nil {
+			return false, err
+		}
+		for migrating(mig) {
+			select {
+			case <-ctx.Done():
+				return false, fmt.Errorf("migration %s: %w", mig, ctx.Err())
+			case <-time.After(2 * time.Millisecond):
+			}
+			if mig, _, err = q.Migration(ctx); err != nil {
+				return false, err
+			}
+		}
+	}
+	if err := os.Remove(filepath.Join(dir, "paused.state")); err != nil && !os.IsNotExist(err) {
+		return false, err
+	}
+	st, err := q.Status(ctx)
+	if err != nil {
+		return false, err
+	}
+	if st != "paused" && st != "postmigrate" {
+		return false, nil
+	}
+	d.log.Warn("a guest a pause of the last run stopped runs again", "sandbox", sandbox, "status", st)
+	if _, err := q.Run(ctx, "cont", nil); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// migrating reports whether an outgoing migration of this status
+// (query-migrate) has yet to end.
+func migrating(status string) bool {
+	switch status {
+	case "setup", "active", "cancelling", "device", "pre-switchover":
+		return true
+	}
+	return false
 }
 
 // adoptTimeout bounds reconnecting to a running guest's agent (re-adoption,

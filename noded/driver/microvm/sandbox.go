@@ -700,7 +700,7 @@ func (vm *VM) undoSave(ctx context.Context, state string) {
 	_, _ = vm.qmp.Run(ctx, "migrate_cancel", nil)
 	for {
 		st, _, err := vm.qmp.Migration(ctx)
-		if err != nil || st != "setup" && st != "active" && st != "cancelling" && st != "device" && st != "pre-switchover" {
+		if err != nil || !migrating(st) {
 			break
 		}
 		time.Sleep(2 * time.Millisecond)
