@@ -102,10 +102,12 @@ func (d *Driver) adopt(dir, id string) (*VM, string) {
 			return nil, fmt.Sprintf("paused, but its state file has %d bytes of the %d its pause wrote", fi.Size(), m.PausedSize)
 		}
 		vm.pausedSize = m.PausedSize
-		// A QEMU of a resume the last run did not finish: a resume
-		// launches its own, so this one would be a second on the disk.
+		// A QEMU of a pause the last run did not finish (it records
+		// "paused" before it ends QEMU) or of a resume it did not finish:
+		// a resume launches its own, so this one would be a second on the
+		// disk.
 		if pid := readPid(dir); pid > 0 && isOurQEMU(pid, id) {
-			d.log.Warn("a paused sandbox's unfinished resume left a QEMU; ending it", "sandbox", m.SandboxID, "pid", pid)
+			d.log.Warn("a paused sandbox's QEMU still runs (a pause or resume the last run did not finish); ending it", "sandbox", m.SandboxID, "pid", pid)
 			adopt(pid).kill()
 		}
 		return vm, ""

@@ -150,3 +150,38 @@ func TestRestartWhileAPauseSaves(t *testing.T) {
 		t.Fatalf("true: exit %d", code)
 	}
 }
+
+// A node that dies after a pause recorded "paused", before QEMU ended,
+// leaves a QEMU with the saved guest. The next start ends it and keeps
+// the sandbox paused, and it resumes.
+func TestRestartAfterAPauseRecordedBeforeQEMUEnded(t *testing.T) {
+	d, vmID, ctx := restartMidPause(t, "sb-pauserecorded", nil, func(ctx context.Context, vm *VM) {
+		state := filepath.Join(vm.spec.Dir, "paused.state")
+		if err := saveState(ctx, vm.qmp, state, 0o600, false); err != nil {
+			t.Fatal(err)
+		}
+		fi, err := os.Stat(state)
+		if err != nil {
+			t.Fatal(err)
+		}
+		vm.pausedSize = fi.Size()
+		vm.state = "paused"
+		vm.saveLocked()
+	})
+	sb, ok := d.Get("sb-pauserecorded")
+	if !ok {
+		t.Fatal("the sandbox was not re-adopted")
+	}
+	if st := sb.(*VM).Info().State; st != "paused" {
+		t.Errorf("re-adopted as %q, want paused", st)
+	}
+	if pids := qemusNamed(vmID); len(pids) != 0 {
+		t.Errorf("the pause's QEMU %v still runs", pids)
+	}
+	if err := sb.(*VM).Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, code := run(t, sb, "true"); code != 0 {
+		t.Fatalf("true: exit %d", code)
+	}
+}

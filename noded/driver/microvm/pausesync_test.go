@@ -21,7 +21,8 @@ import (
 
 // fakeQEMU answers a pause's QMP commands on s's socket as QEMU would:
 // the migration writes saved into the descriptor getfd passed, and quit
-// closes exited. seen lists the commands so far.
+// closes exited. seen lists the commands so far, quit with meta.json's
+// state when it came ("quit (meta.json: paused)").
 func fakeQEMU(t *testing.T, s vmSpec, saved []byte, exited chan struct{}) (seen func() []string) {
 	t.Helper()
 	var mu sync.Mutex
@@ -72,6 +73,9 @@ func fakeQEMU(t *testing.T, s vmSpec, saved []byte, exited chan struct{}) (seen 
 				case "query-migrate":
 					reply(map[string]any{"status": "completed"})
 				case "quit":
+					mu.Lock()
+					cmds[len(cmds)-1] = "quit (meta.json: " + metaStateIn(s.Dir) + ")"
+					mu.Unlock()
 					close(exited)
 					reply(map[string]any{})
 					return
@@ -122,6 +126,19 @@ func TestPauseSyncsStateBeforeRecordingIt(t *testing.T) {
 	var m vmMeta
 	if b, err := os.ReadFile(filepath.Join(dir, "meta.json")); err != nil || json.Unmarshal(b, &m) != nil || m.PausedSize != int64(len(saved)) {
 		t.Errorf("meta.json records paused.state's size as %d (%v), want %d", m.PausedSize, err, len(saved))
+	}
+}
+
+// A pause records "paused" (with the state's size) before it ends QEMU,
+// so a node that dies in between finds the sandbox paused, not a record
+// saying running without a QEMU, which the next start destroyed.
+func TestPauseIsRecordedBeforeQEMUEnds(t *testing.T) {
+	vm, seen, _, ctx := fakePausable(t)
+	if err := vm.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if cmds := seen(); !slices.Contains(cmds, "quit (meta.json: paused)") {
+		t.Errorf("QMP commands %q: want quit with meta.json saying paused", cmds)
 	}
 }
 

@@ -667,6 +667,13 @@ func (vm *VM) Pause(ctx context.Context) error {
 		return fmt.Errorf("pause: %w", err)
 	}
 	vm.pausedSize = fi.Size()
+	// Recorded before QEMU ends: a node that dies from here on finds the
+	// sandbox paused, its state whole, and ends a QEMU still there
+	// (adopt). Recorded after QEMU's end, as it was, a death between the
+	// two left a record saying running with no QEMU, and the next start
+	// destroyed the sandbox.
+	vm.state = "paused"
+	vm.saveLocked()
 	vm.agent.Close()
 	vm.agent = nil
 	_, _ = vm.qmp.Run(bctx, "quit", nil)
@@ -678,8 +685,6 @@ func (vm *VM) Pause(ctx context.Context) error {
 		vm.p.kill()
 	}
 	vm.p = nil
-	vm.state = "paused"
-	vm.saveLocked()
 	return nil
 }
 
