@@ -105,8 +105,10 @@ func (d *Driver) adopt(dir, id string) (*VM, string) {
 		// A QEMU of a pause the last run did not finish (it records
 		// "paused" before it ends QEMU) or of a resume it did not finish:
 		// a resume launches its own, so this one would be a second on the
-		// disk.
-		if pid := readPid(dir); pid > 0 && isOurQEMU(pid, id) {
+		// disk. Found by its name, not the pid file: a resume's QEMU
+		// started just before the node died may not be in it yet, and
+		// the reaper spares a VM the driver owns.
+		for _, pid := range qemusNamed(id) {
 			d.log.Warn("a paused sandbox's QEMU still runs (a pause or resume the last run did not finish); ending it", "sandbox", m.SandboxID, "pid", pid)
 			adopt(pid).kill()
 		}

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -15,23 +14,6 @@ import (
 	"github.com/warrenhq/warren/guest"
 	"github.com/warrenhq/warren/noded/driver"
 )
-
-// qemusNamed lists every process whose command line has -name
-// warren-<id> (ourQEMUs keeps one pid per id, so it would hide a second).
-func qemusNamed(id string) []int {
-	var pids []int
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if isOurQEMU(pid, id) {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
-}
 
 // coldSandbox claims a sandbox that boots (not the snapshot's shape, so
 // no snapshot is made) and is destroyed at the test's end.

@@ -891,8 +891,12 @@ func (vm *VM) destroy() {
 	vm.mu.Unlock()
 	if p != nil {
 		p.kill()
-	} else if pid := readPid(vm.spec.Dir); pid > 0 && isOurQEMU(pid, vm.id) {
-		adopt(pid).kill()
+	} else {
+		// A paused sandbox's: a QEMU of a pause or resume a previous run
+		// did not finish, which its pid file may not name (qemusNamed).
+		for _, pid := range qemusNamed(vm.id) {
+			adopt(pid).kill()
+		}
 	}
 	if vm.d.cg != nil {
 		if err := vm.d.cg.remove(vm.id); err != nil {

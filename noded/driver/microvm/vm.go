@@ -353,6 +353,25 @@ func isOurQEMU(pid int, id string) bool {
 	return err == nil && bytes.Contains(b, []byte("\x00-name\x00warren-"+id+"\x00"))
 }
 
+// qemusNamed returns every process with -name warren-<id> (ourQEMUs keeps
+// one pid per id, so it would hide a second). A VM's pid file can miss
+// one: a node that dies between a QEMU's start and the file's write
+// leaves the file naming the one before, or none.
+func qemusNamed(id string) []int {
+	var pids []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if isOurQEMU(pid, id) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
 // ourQEMUs returns the pid of every QEMU on the host named warren-<id>.
 func ourQEMUs() map[string]int {
 	out := map[string]int{}
