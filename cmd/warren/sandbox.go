@@ -598,8 +598,6 @@ func describeEgress(p *warrenv1.EgressPolicy) string {
 	return s
 }
 
-// readAtMost reads r whole unless it holds more than max bytes: the call
-// would be refused anyway, so the rest is not read into memory.
 // writeLocal writes what `sandbox cp ID:/PATH LOCAL` read to path,
 // atomically: a failed write (a full disk, a file size limit) leaves the
 // old file whole, never a part of the new one. The file is replaced, not
@@ -641,6 +639,8 @@ func umask() os.FileMode {
 	return os.FileMode(m)
 }
 
+// readAtMost reads r whole unless it holds more than max bytes: the call
+// would be refused anyway, so the rest is not read into memory.
 func readAtMost(r io.Reader, max int64, what string) ([]byte, error) {
 	b, err := io.ReadAll(io.LimitReader(r, max+1))
 	if err != nil {
