@@ -5,8 +5,11 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/containerd/containerd"
 
 	"github.com/containerd/containerd/errdefs"
 
@@ -160,4 +163,58 @@ func TestOnlyRootEntersTheBoxes(t *testing.T) {
 		}
 	}
 	t.Errorf("other users can reach %s: no directory from the state dir down is closed to them", dir)
+}
+
+// When a restart cannot list the previous run's containers, each box it
+// left stays, its id taken, until a listing in the background succeeds;
+// then its container and directory go. Before, the directories were
+// removed under containers that might still run, and their ids were free.
+func TestARestartThatCannotListKeepsTheBoxes(t *testing.T) {
+	d := newDriver(t)
+	defer d.Close()
+	ctx := context.Background()
+	sb, err := d.Claim(ctx, driver.ClaimRequest{ID: "sb-unlisted"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := sb.(*Box).dir
+	var calls atomic.Int32
+	real := listLeftovers
+	listLeftovers = func(d *Driver) ([]containerd.Container, error) {
+		if calls.Add(1) == 1 {
+			return nil, errors.New("containerd is busy (a test's failure)")
+		}
+		return real(d)
+	}
+	oldEvery := retryDestroyEvery
+	retryDestroyEvery = 300 * time.Millisecond
+	t.Cleanup(func() { listLeftovers, retryDestroyEvery = real, oldEvery })
+	d2, err := New(d.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d2.Close()
+	if _, err := os.Stat(filepath.Join(dir, diskImage)); err != nil {
+		t.Errorf("the box's disk went while its container may run: %v", err)
+	}
+	if _, err := d2.Claim(ctx, driver.ClaimRequest{ID: "sb-unlisted"}); !errors.Is(err, driver.ErrExists) {
+		t.Errorf("a claim of its id before the listing: %v, want exists", err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		_, lerr := d2.client.LoadContainer(ctx, "sb-unlisted")
+		_, tracked := d2.Get("sb-unlisted")
+		_, serr := os.Stat(dir)
+		if errdefs.IsNotFound(lerr) && !tracked && os.IsNotExist(serr) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a minute on: container %v, tracked %v, directory %v", lerr, tracked, serr)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if calls.Load() < 2 {
+		t.Errorf("the listing was not tried again (%d calls)", calls.Load())
+	}
+	waitNoLoops(t, dir)
 }

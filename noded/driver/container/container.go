@@ -244,14 +244,13 @@ const label = "warren.scope"
 // a crash with many sandboxes running (or one slow to stop) the rest were
 // left running, with no TTL, until a later restart.
 func (d *Driver) cleanLeftovers() {
-	lctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	cs, err := d.client.Containers(lctx, fmt.Sprintf("labels.%q==%s", label, d.scope))
-	cancel()
+	cs, err := listLeftovers(d)
 	if err != nil {
-		// Which boxes have a container is unknown: their directories
-		// (disks, mounts) stay for the next start's cleanup rather than
-		// go from under containers that may still run.
-		d.log.Warn("listing leftover containers; their boxes' directories are kept", "err", err)
+		// Which boxes have a container is unknown: each box stays, its
+		// id taken, until a listing in the background says (before,
+		// their directories went from under containers that may still
+		// have run, and their ids were free for a claim to collide with).
+		d.log.Warn("listing leftover containers; their boxes are kept and the listing tried again in the background", "err", err)
 	}
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -280,11 +279,7 @@ func (d *Driver) cleanLeftovers() {
 		// and the driver tries again in the background, as for a
 		// destroy (Box.destroy). Before, the container was forgotten
 		// and ran on with no TTL, its directory removed under it.
-		gone := make(chan struct{})
-		close(gone)
-		b := &Box{d: d, id: id, dir: filepath.Join(d.cfg.StateDir, "boxes", id), state: "destroyed", mounted: true, gone: gone, created: time.Now()}
-		b.Agent, b.CallErr = b.client, b.callErr
-		d.live[id] = b
+		d.live[id] = d.leftoverBox(id)
 		d.log.Warn("a container left by a previous run is not deleted yet; trying again in the background", "container", id)
 	}
 	retry := map[string]*Box{}
@@ -298,8 +293,22 @@ func (d *Driver) cleanLeftovers() {
 		}
 	}
 	ents, _ := os.ReadDir(filepath.Join(d.cfg.StateDir, "boxes"))
+	if err != nil {
+		var held []*Box
+		d.mu.Lock()
+		for _, e := range ents {
+			if e.IsDir() {
+				b := d.leftoverBox(e.Name())
+				d.live[b.id] = b
+				held = append(held, b)
+			}
+		}
+		d.mu.Unlock()
+		go d.retryLeftovers(held)
+		ents = nil
+	}
 	for _, e := range ents {
-		if err != nil || kept[e.Name()] {
+		if kept[e.Name()] {
 			continue
 		}
 		dir := filepath.Join(d.cfg.StateDir, "boxes", e.Name())
@@ -323,6 +332,69 @@ func (d *Driver) cleanLeftovers() {
 // agentWait bounds a claim's wait for its container's agent to answer (a
 // variable for tests).
 var agentWait = 30 * time.Second
+
+// listLeftovers lists the containers of d's scope (a variable for tests).
+var listLeftovers = func(d *Driver) ([]containerd.Container, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return d.client.Containers(ctx, fmt.Sprintf("labels.%q==%s", label, d.scope))
+}
+
+// leftoverBox stands for box id of a previous run until it is gone: its
+// id taken, its state "destroyed", its directory kept.
+func (d *Driver) leftoverBox(id string) *Box {
+	gone := make(chan struct{})
+	close(gone)
+	b := &Box{d: d, id: id, dir: filepath.Join(d.cfg.StateDir, "boxes", id), state: "destroyed", mounted: true, gone: gone, created: time.Now()}
+	b.Agent, b.CallErr = b.client, b.callErr
+	return b
+}
+
+// retryLeftovers lists the previous run's containers again every
+// retryDestroyEvery, after the start's listing failed, and then destroys
+// them as the start would have, freeing the boxes held meanwhile. It
+// gives up when the driver closes (the next start's cleanup takes over).
+func (d *Driver) retryLeftovers(held []*Box) {
+	for {
+		time.Sleep(retryDestroyEvery)
+		d.mu.Lock()
+		closed := d.closed
+		d.mu.Unlock()
+		if closed {
+			return
+		}
+		cs, err := listLeftovers(d)
+		if err != nil {
+			continue
+		}
+		byID := map[string]containerd.Container{}
+		for _, c := range cs {
+			byID[c.ID()] = c
+		}
+		destroy := func(c containerd.Container, then func()) {
+			ctx, cancel := context.WithTimeout(context.Background(), leftoverWait)
+			defer cancel()
+			if d.destroyContainer(ctx, c) {
+				then()
+			} else {
+				d.retryDestroy(c, then)
+			}
+		}
+		for _, b := range held {
+			if c, ok := byID[b.id]; ok {
+				delete(byID, b.id)
+				destroy(c, b.teardown)
+			} else {
+				b.teardown()
+			}
+		}
+		for _, c := range byID {
+			destroy(c, func() {})
+		}
+		d.log.Info("leftover containers listed and destroyed on a later try", "containers", len(cs), "boxes", len(held))
+		return
+	}
+}
 
 // leftoverWait bounds the destroy of one container a previous run left (a
 // variable for tests).
