@@ -18,7 +18,7 @@ import (
 )
 
 // fakeQMP answers QMP on path: the greeting, then {"return":{}} to every
-// command, and "running" to query-status.
+// command, and "running" to query-status, each with the command's id.
 func fakeQMP(t *testing.T, path string) {
 	t.Helper()
 	ln, err := net.Listen("unix", path)
@@ -37,10 +37,14 @@ func fakeQMP(t *testing.T, path string) {
 				fmt.Fprintln(c, `{"QMP":{"version":{},"capabilities":[]}}`)
 				r := bufio.NewScanner(c)
 				for r.Scan() {
+					var cmd struct {
+						ID json.RawMessage `json:"id"`
+					}
+					_ = json.Unmarshal(r.Bytes(), &cmd)
 					if strings.Contains(r.Text(), "query-status") {
-						fmt.Fprintln(c, `{"return":{"status":"running"}}`)
+						fmt.Fprintf(c, `{"return":{"status":"running"},"id":%s}`+"\n", cmd.ID)
 					} else {
-						fmt.Fprintln(c, `{"return":{}}`)
+						fmt.Fprintf(c, `{"return":{},"id":%s}`+"\n", cmd.ID)
 					}
 				}
 			}()

@@ -38,7 +38,8 @@ func fakeQEMU(t *testing.T, s vmSpec, saved []byte, exited chan struct{}) (seen 
 			return
 		}
 		defer c.Close()
-		reply := func(v any) { b, _ := json.Marshal(map[string]any{"return": v}); c.Write(append(b, '\n')) }
+		var id json.RawMessage // the command's, which its reply carries
+		reply := func(v any) { b, _ := json.Marshal(map[string]any{"return": v, "id": id}); c.Write(append(b, '\n')) }
 		c.Write([]byte(`{"QMP": {}}` + "\n"))
 		var fd *os.File
 		buf, oob := make([]byte, 64<<10), make([]byte, 1024)
@@ -54,10 +55,14 @@ func fakeQEMU(t *testing.T, s vmSpec, saved []byte, exited chan struct{}) (seen 
 			}
 			sc := bufio.NewScanner(bytes.NewReader(buf[:n]))
 			for sc.Scan() {
-				var cmd struct{ Execute string }
+				var cmd struct {
+					Execute string
+					ID      json.RawMessage `json:"id"`
+				}
 				if json.Unmarshal(sc.Bytes(), &cmd) != nil {
 					return
 				}
+				id = cmd.ID
 				mu.Lock()
 				cmds = append(cmds, cmd.Execute)
 				mu.Unlock()

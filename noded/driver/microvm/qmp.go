@@ -20,6 +20,7 @@ type QMP struct {
 	mu   sync.Mutex
 	conn net.Conn
 	r    *bufio.Reader
+	seq  uint64 // the last command's id
 }
 
 // DialQMP connects to a QMP socket, retrying until ctx ends (QEMU creates
@@ -79,7 +80,13 @@ func (q *QMP) SendFD(ctx context.Context, name string, f *os.File) error {
 func (q *QMP) run(ctx context.Context, cmd string, args any, f *os.File) (json.RawMessage, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	msg := map[string]any{"execute": cmd}
+	// Each command carries an id, which QEMU puts in its reply: a
+	// command whose reply did not come in time (its deadline passed
+	// mid-read) has that reply come later, and without ids it was taken
+	// as the next command's (a migration thought over, a status wrong).
+	q.seq++
+	id := q.seq
+	msg := map[string]any{"execute": cmd, "id": id}
 	if args != nil {
 		msg["arguments"] = args
 	}
@@ -125,14 +132,19 @@ func (q *QMP) run(ctx context.Context, cmd string, args any, f *os.File) (json.R
 				Class string `json:"class"`
 				Desc  string `json:"desc"`
 			} `json:"error"`
-			Event string `json:"event"`
+			Event string  `json:"event"`
+			ID    *uint64 `json:"id"`
 		}
 		if err := json.Unmarshal(line, &resp); err != nil {
-			return nil, fmt.Errorf("qmp %s: reply: %w", cmd, err)
+			// The rest of a line whose start an earlier command's
+			// deadline cut off: that command's reply, not this one's.
+			continue
 		}
 		switch {
 		case resp.Event != "":
 			continue
+		case resp.ID == nil || *resp.ID != id:
+			continue // an earlier command's late reply
 		case resp.Error != nil:
 			return nil, &QMPError{Command: cmd, Class: resp.Error.Class, Desc: resp.Error.Desc}
 		default:
