@@ -23,6 +23,15 @@ func strayQEMU(t *testing.T, d *Driver, vm *VM) *proc {
 		t.Fatal(err)
 	}
 	t.Cleanup(p.kill)
+	// Up, as a stray a crash left is: QEMU answers on its QMP socket.
+	// Until then the process may still be the shell that execs QEMU, and
+	// while the exec runs its command line reads empty: a destroy right
+	// after start could miss it (red once in CI).
+	q, err := DialQMP(ctxT(t, time.Minute), s.qmpPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	q.Close()
 	return p
 }
 
