@@ -217,3 +217,30 @@ func TestPauseOutlastingItsTimeIsUndone(t *testing.T) {
 	}
 	runTrue(t, vm, ctx, "after the failed pause")
 }
+
+// A pause whose "paused" record cannot be written fails, and the guest
+// runs on: recorded as running with no QEMU, the sandbox would have been
+// destroyed by the start after a crash. Before, the failure was only
+// logged and the pause went through.
+func TestAPauseThatCannotBeRecordedFails(t *testing.T) {
+	_, vm, ctx := coldSandbox(t, "sb-unrecorded")
+	runTrue(t, vm, ctx, "before")
+	// meta.json made a directory with an entry: replacing it fails.
+	meta := filepath.Join(vm.spec.Dir, "meta.json")
+	if err := os.Remove(meta); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(meta, "in-the-way"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := vm.Pause(ctx); err == nil {
+		t.Fatal("a pause that could not be recorded succeeded")
+	}
+	if got := vm.Info().State; got != "running" {
+		t.Fatalf("after the failed pause: state %q, want running", got)
+	}
+	if _, err := os.Stat(filepath.Join(vm.spec.Dir, "paused.state")); !os.IsNotExist(err) {
+		t.Errorf("the failed pause's state file is left: %v", err)
+	}
+	runTrue(t, vm, ctx, "after the failed pause")
+}

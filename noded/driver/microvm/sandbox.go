@@ -455,7 +455,7 @@ func (vm *VM) save() {
 
 // saveLocked is save with vm.mu held: a pause or resume records its
 // outcome before another lifecycle change can begin.
-func (vm *VM) saveLocked() { vm.writeMeta(vm.metaLocked()) }
+func (vm *VM) saveLocked() error { return vm.writeMeta(vm.metaLocked()) }
 
 func (vm *VM) metaLocked() vmMeta {
 	m := vmMeta{ID: vm.id, SandboxID: vm.sandboxID, Template: vm.template, State: vm.state, Start: vm.start, Limits: vm.limits,
@@ -470,7 +470,7 @@ func (vm *VM) metaLocked() vmMeta {
 	return m
 }
 
-func (vm *VM) writeMeta(m vmMeta) {
+func (vm *VM) writeMeta(m vmMeta) error {
 	b, _ := json.MarshalIndent(m, "", "  ")
 	// 0600: it holds the sandbox's environment, where its secrets are.
 	// A pause's "paused" is synced: it must outlive a power loss. Any
@@ -481,9 +481,11 @@ func (vm *VM) writeMeta(m vmMeta) {
 	if m.State == "paused" {
 		write = atomicfile.WriteFile
 	}
-	if err := write(filepath.Join(vm.spec.Dir, "meta.json"), b, 0o600); err != nil && vm.d != nil {
+	err := write(filepath.Join(vm.spec.Dir, "meta.json"), b, 0o600)
+	if err != nil && vm.d != nil {
 		vm.d.log.Warn("meta.json not written: a restart will not find the sandbox as it is", "vm", vm.id, "sandbox", m.SandboxID, "state", m.State, "err", err)
 	}
+	return err
 }
 
 // armTTL destroys the sandbox at its deadline, servers or not.
@@ -673,7 +675,14 @@ func (vm *VM) Pause(ctx context.Context) error {
 	// two left a record saying running with no QEMU, and the next start
 	// destroyed the sandbox.
 	vm.state = "paused"
-	vm.saveLocked()
+	if err := vm.saveLocked(); err != nil {
+		// Not recorded, the pause would not outlive a restart: the
+		// record says running, with no QEMU, and the start after a
+		// crash would destroy the sandbox. The guest runs on instead.
+		vm.state = "running"
+		vm.undoSave(bctx, state)
+		return fmt.Errorf("pause: recording it: %w", err)
+	}
 	vm.agent.Close()
 	vm.agent = nil
 	_, _ = vm.qmp.Run(bctx, "quit", nil)
