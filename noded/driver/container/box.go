@@ -271,14 +271,7 @@ var retryDestroyEvery = 10 * time.Second
 // it is gone, then calls then; it gives up when the driver closes.
 func (d *Driver) retryDestroy(c containerd.Container, then func()) {
 	go func() {
-		for {
-			time.Sleep(retryDestroyEvery)
-			d.mu.Lock()
-			closed := d.closed
-			d.mu.Unlock()
-			if closed {
-				return
-			}
+		for d.waitToRetry() {
 			ctx, cancel := context.WithTimeout(context.Background(), retryDeleteWait)
 			ok := d.destroyContainer(ctx, c)
 			cancel()
@@ -289,6 +282,15 @@ func (d *Driver) retryDestroy(c containerd.Container, then func()) {
 			}
 		}
 	}()
+}
+
+// waitToRetry waits retryDestroyEvery and reports whether the driver is
+// still open, for a background retry to go on.
+func (d *Driver) waitToRetry() bool {
+	time.Sleep(retryDestroyEvery)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return !d.closed
 }
 
 // teardown frees what a box holds besides its container (its mounts,

@@ -264,34 +264,27 @@ func (d *Driver) cleanLeftovers() {
 			defer func() { <-sem; wg.Done() }()
 			ctx, cancel := context.WithTimeout(context.Background(), leftoverWait)
 			defer cancel()
-			if !d.destroyContainer(ctx, c) {
-				mu.Lock()
-				kept[c.ID()] = true
-				mu.Unlock()
+			if d.destroyContainer(ctx, c) {
+				return
 			}
+			// Its task would not stop in time: it still runs, on its
+			// box's disk. The box stays, its id taken and its state
+			// "destroyed", and the driver tries again in the background,
+			// as for a destroy (Box.destroy). Before, the container was
+			// forgotten and ran on with no TTL, its directory removed
+			// under it.
+			b := d.leftoverBox(c.ID())
+			mu.Lock()
+			kept[b.id] = true
+			mu.Unlock()
+			d.mu.Lock()
+			d.live[b.id] = b
+			d.mu.Unlock()
+			d.log.Warn("a container left by a previous run is not deleted yet; trying again in the background", "container", b.id)
+			d.retryDestroy(c, b.teardown)
 		}()
 	}
 	wg.Wait()
-	d.mu.Lock()
-	for id := range kept {
-		// Its task would not stop in time: it still runs, on its box's
-		// disk. The box stays, its id taken and its state "destroyed",
-		// and the driver tries again in the background, as for a
-		// destroy (Box.destroy). Before, the container was forgotten
-		// and ran on with no TTL, its directory removed under it.
-		d.live[id] = d.leftoverBox(id)
-		d.log.Warn("a container left by a previous run is not deleted yet; trying again in the background", "container", id)
-	}
-	retry := map[string]*Box{}
-	for id := range kept {
-		retry[id] = d.live[id]
-	}
-	d.mu.Unlock()
-	for _, c := range cs {
-		if b := retry[c.ID()]; b != nil {
-			d.retryDestroy(c, b.teardown)
-		}
-	}
 	ents, _ := os.ReadDir(filepath.Join(d.cfg.StateDir, "boxes"))
 	if err != nil {
 		var held []*Box
@@ -355,14 +348,7 @@ func (d *Driver) leftoverBox(id string) *Box {
 // them as the start would have, freeing the boxes held meanwhile. It
 // gives up when the driver closes (the next start's cleanup takes over).
 func (d *Driver) retryLeftovers(held []*Box) {
-	for {
-		time.Sleep(retryDestroyEvery)
-		d.mu.Lock()
-		closed := d.closed
-		d.mu.Unlock()
-		if closed {
-			return
-		}
+	for d.waitToRetry() {
 		cs, err := listLeftovers(d)
 		if err != nil {
 			continue
