@@ -175,15 +175,8 @@ func (d *Driver) undoPause(ctx context.Context, q *QMP, dir, sandbox string) (co
 		if _, err := q.Run(ctx, "migrate_cancel", nil); err != nil {
 			return false, err
 		}
-		for migrating(mig) {
-			select {
-			case <-ctx.Done():
-				return false, fmt.Errorf("migration %s: %w", mig, ctx.Err())
-			case <-time.After(2 * time.Millisecond):
-			}
-			if mig, _, err = q.Migration(ctx); err != nil {
-				return false, err
-			}
+		if err := waitMigrationEnd(ctx, q, mig); err != nil {
+			return false, err
 		}
 	}
 	if err := os.Remove(filepath.Join(dir, "paused.state")); err != nil && !os.IsNotExist(err) {
@@ -201,6 +194,23 @@ func (d *Driver) undoPause(ctx context.Context, q *QMP, dir, sandbox string) (co
 		return false, err
 	}
 	return true, nil
+}
+
+// waitMigrationEnd waits until the outgoing migration, last seen in
+// status mig, has ended (cancelled or done), asking QEMU every 2 ms.
+func waitMigrationEnd(ctx context.Context, q *QMP, mig string) error {
+	for migrating(mig) {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("migration %s: %w", mig, ctx.Err())
+		case <-time.After(2 * time.Millisecond):
+		}
+		var err error
+		if mig, _, err = q.Migration(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // migrating reports whether an outgoing migration of this status

@@ -712,13 +712,7 @@ func (vm *VM) undoSave(ctx context.Context, state string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoWait)
 	defer cancel()
 	_, _ = vm.qmp.Run(ctx, "migrate_cancel", nil)
-	for {
-		st, _, err := vm.qmp.Migration(ctx)
-		if err != nil || !migrating(st) {
-			break
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	_ = waitMigrationEnd(ctx, vm.qmp, "active")
 	_ = os.Remove(state)
 	if _, err := vm.qmp.Run(ctx, "cont", nil); err != nil {
 		vm.d.log.Warn("pause failed and the guest did not run again", "sandbox", vm.sandboxID, "err", err)
