@@ -1066,3 +1066,24 @@ func (s *Server) claim(req *Request) (*Result, error) {
 	s.log().Debug("claimed", "hostname", req.Hostname)
 	return &Result{GuestUnixNano: time.Now().UnixNano(), Ordered: true, Wire: true}, nil
 }
+
+// StartFailureStatus is the shell's exit status for an exec the agent
+// could not start, from the error's message (what a client of the node's
+// API sees, prefixes included): 127 for a command not found (in its PATH,
+// or a path that does not exist), 126 for one found that could not run
+// (not executable, a bad working directory, no resources to fork), 0 for
+// a message that is not a start failure. The messages are the agent's own
+// ("start %q: ..." above).
+func StartFailureStatus(msg string) int {
+	i := strings.Index(msg, `start "`)
+	if i < 0 {
+		return 0
+	}
+	rest := msg[i:]
+	switch {
+	case strings.Contains(rest, "executable file not found"),
+		strings.Contains(rest, ": fork/exec ") && strings.HasSuffix(rest, ": no such file or directory"):
+		return 127
+	}
+	return 126
+}

@@ -61,12 +61,17 @@ func main() {
 
 // exitStatus is the process's exit status for run's error err: a
 // command's own exit code (exitCode) if it is one a process can exit
-// with, 1..255; 0 for -h; 1 for any other error. Never 0 for a failure:
+// with, 1..255; sandbox exec's own failures 125..127 (execFailed); 0 for
+// -h; 1 for any other error. Never 0 for a failure:
 // os.Exit(256) exits 0.
 func exitStatus(err error) int {
 	var code exitCode
 	if errors.As(err, &code) && code >= 1 && code <= 255 {
 		return int(code)
+	}
+	var failed *execFailed
+	if errors.As(err, &failed) && failed.status >= 1 && failed.status <= 255 {
+		return failed.status
 	}
 	if errors.Is(err, flag.ErrHelp) {
 		return 0

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -39,11 +40,12 @@ const sandboxUsage = `usage: warren sandbox <command>
                              change a live sandbox's egress policy (new connections follow it)
   exec ID [--env K=V,...] [--dir D] [--cmd-timeout DUR] [--stdin] -- CMD...
                              run a command, streaming its output; exits with its exit code
+                             (its own failures: 127 not found, 126 could not run, 125 any other)
   cp SRC DST                 copy one file: LOCAL ID:/PATH or ID:/PATH LOCAL ("-" is stdin/stdout)
   files ID PATH              list a directory in the sandbox
   get ID                     show one sandbox
   pause ID | resume ID       save a sandbox to disk and stop it | bring it back
-  rm ID...                   destroy sandboxes
+  rm ID...                   destroy sandboxes; prints each id (-o json: {"id": ID} each)
   ls [--node ID]             list sandboxes (a task's sandboxes too, with its TASK: warren task cancel ends those)
 
 warren pool set TEMPLATE N [--node ID]   keep N warm sandboxes of TEMPLATE on each node (--node: until its next session)
@@ -179,6 +181,11 @@ func cmdSandbox(args []string, stdout, stderr io.Writer) error {
 				errs = append(errs, fmt.Errorf("%s: %w", id, err))
 				continue
 			}
+			if cf.output == "json" {
+				b, _ := json.Marshal(map[string]string{"id": id})
+				fmt.Fprintf(stdout, "%s\n", b)
+				continue
+			}
 			fmt.Fprintln(stdout, id)
 		}
 		return errors.Join(errs...)
@@ -228,6 +235,9 @@ func cmdSandbox(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		defer cancel()
+		if cf.output == "json" {
+			return errors.New("-o json: sandbox cp prints nothing but the file's bytes (to -), which have no JSON form")
+		}
 		srcID, srcPath, srcRemote := splitRemote(pos[0])
 		dstID, dstPath, dstRemote := splitRemote(pos[1])
 		switch {
@@ -270,88 +280,128 @@ func cmdSandbox(args []string, stdout, stderr io.Writer) error {
 		}
 		return errors.New("sandbox cp: one side must be ID:/PATH and the other a local file (or -)")
 	case "exec":
-		setDefault(fs, "timeout", "0")
-		cf.noLimit = true
-		var env envFlag
-		fs.Var(&env, "env", "extra environment, K=V (repeat it, or K=V,K2=V2)")
-		dir := fs.String("dir", "", "working directory (absolute)")
-		cmdTimeout := fs.Duration("cmd-timeout", 0, "kill the command's process group after this long (0: no limit)")
-		stdin := fs.Bool("stdin", false, "send this process's stdin to the command")
-		// Flags go before the command: after ID and the command's name,
-		// every argument is the command's (a "--" before the command is
-		// still taken as the end of warren's flags).
-		pos, err := parseUpTo(fs, args, 2)
-		if err != nil {
-			return err
-		}
-		if len(pos) < 2 {
-			return errors.New("sandbox exec: want ID -- CMD...")
-		}
-		if *cmdTimeout < 0 {
-			return fmt.Errorf("--cmd-timeout %v: must not be negative", *cmdTimeout)
-		}
-		envm, err := parseEnv(env...)
-		if err != nil {
-			return err
-		}
-		c, err := cf.dial()
-		if err != nil {
-			return err
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		if cf.timeout > 0 {
-			ctx, cancel = context.WithTimeout(context.Background(), cf.timeout)
-		}
-		defer cancel()
-		req := &warrenv1.ExecRequest{SandboxId: pos[0], Command: pos[1:], Env: envm, Dir: *dir, TimeoutMs: guest.CeilMS(*cmdTimeout)}
-		if *stdin {
-			if req.Stdin, err = readAtMost(os.Stdin, noded.MaxStdinBytes, "stdin"); err != nil {
-				return err
-			}
-		}
-		st, err := c.Sandboxes().Exec(ctx, connect.NewRequest(req))
-		if err != nil {
-			return err
-		}
-		defer st.Close()
-		for st.Receive() {
-			switch ev := st.Msg().GetEvent().(type) {
-			case *warrenv1.ExecResponse_Stdout:
-				// Output that cannot be written (a full disk, a closed
-				// stdout) fails the command here, whatever its own exit.
-				if _, err := stdout.Write(ev.Stdout); err != nil {
-					return fmt.Errorf("sandbox exec: write the command's stdout: %w", err)
-				}
-			case *warrenv1.ExecResponse_Stderr:
-				if _, err := stderr.Write(ev.Stderr); err != nil {
-					return fmt.Errorf("sandbox exec: write the command's stderr: %w", err)
-				}
-			case *warrenv1.ExecResponse_Exit:
-				if ev.Exit.GetTimedOut() {
-					fmt.Fprintf(stderr, "warren: command timed out after %v\n", *cmdTimeout)
-				}
-				switch code := ev.Exit.GetCode(); {
-				case code == 0:
-					return nil
-				case code < 1 || code > 255:
-					// No process exits so; narrowed to a byte, 256
-					// would read as 0, a success.
-					return fmt.Errorf("sandbox exec: the command ended with exit code %d, outside 0..255", code)
-				default:
-					return exitCode(code)
-				}
-			}
-		}
-		if err := st.Err(); err != nil {
-			return err
-		}
-		return errors.New("sandbox exec: the stream ended without an exit status")
+		return execStatus(sandboxExec(fs, &cf, args, stdout, stderr))
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, sandboxUsage)
 		return nil
 	}
 	fmt.Fprint(stderr, sandboxUsage)
 	return fmt.Errorf("sandbox: unknown command %q", verb)
+}
+
+// execFailed is a failure of sandbox exec itself, not of the command it
+// ran: the process exits with status (see execStatus), so that a script
+// can tell a command's own exit 1 (grep found nothing) from a sandbox that
+// was gone.
+type execFailed struct {
+	status int
+	err    error
+}
+
+func (e *execFailed) Error() string { return e.err.Error() }
+func (e *execFailed) Unwrap() error { return e.err }
+
+// execStatus gives sandbox exec's own failures the statuses docker run
+// and the shells use: 127 for a command not found, 126 for one that could
+// not run, 125 for anything else (bad flags, an unreachable server, no
+// such sandbox, a broken stream). A command's own exit code (exitCode),
+// -h and success pass through.
+func execStatus(err error) error {
+	var code exitCode
+	if err == nil || errors.As(err, &code) || errors.Is(err, flag.ErrHelp) {
+		return err
+	}
+	status := 125
+	if connect.CodeOf(err) == connect.CodeFailedPrecondition {
+		if s := guest.StartFailureStatus(err.Error()); s != 0 {
+			status = s
+		}
+	}
+	return &execFailed{status: status, err: err}
+}
+
+// sandboxExec is sandbox exec: it runs a command in a sandbox, streams its
+// output and returns exitCode for a non-zero exit.
+func sandboxExec(fs *flag.FlagSet, cf *clientFlags, args []string, stdout, stderr io.Writer) error {
+	setDefault(fs, "timeout", "0")
+	cf.noLimit = true
+	var env envFlag
+	fs.Var(&env, "env", "extra environment, K=V (repeat it, or K=V,K2=V2)")
+	dir := fs.String("dir", "", "working directory (absolute)")
+	cmdTimeout := fs.Duration("cmd-timeout", 0, "kill the command's process group after this long (0: no limit)")
+	stdin := fs.Bool("stdin", false, "send this process's stdin to the command")
+	// Flags go before the command: after ID and the command's name,
+	// every argument is the command's (a "--" before the command is
+	// still taken as the end of warren's flags).
+	pos, err := parseUpTo(fs, args, 2)
+	if err != nil {
+		return err
+	}
+	if len(pos) < 2 {
+		return errors.New("sandbox exec: want ID -- CMD...")
+	}
+	if *cmdTimeout < 0 {
+		return fmt.Errorf("--cmd-timeout %v: must not be negative", *cmdTimeout)
+	}
+	if cf.output == "json" {
+		return errors.New("-o json: sandbox exec streams the command's own output, which has no JSON form")
+	}
+	envm, err := parseEnv(env...)
+	if err != nil {
+		return err
+	}
+	c, err := cf.dial()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if cf.timeout > 0 {
+		ctx, cancel = context.WithTimeout(context.Background(), cf.timeout)
+	}
+	defer cancel()
+	req := &warrenv1.ExecRequest{SandboxId: pos[0], Command: pos[1:], Env: envm, Dir: *dir, TimeoutMs: guest.CeilMS(*cmdTimeout)}
+	if *stdin {
+		if req.Stdin, err = readAtMost(os.Stdin, noded.MaxStdinBytes, "stdin"); err != nil {
+			return err
+		}
+	}
+	st, err := c.Sandboxes().Exec(ctx, connect.NewRequest(req))
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	for st.Receive() {
+		switch ev := st.Msg().GetEvent().(type) {
+		case *warrenv1.ExecResponse_Stdout:
+			// Output that cannot be written (a full disk, a closed
+			// stdout) fails the command here, whatever its own exit.
+			if _, err := stdout.Write(ev.Stdout); err != nil {
+				return fmt.Errorf("sandbox exec: write the command's stdout: %w", err)
+			}
+		case *warrenv1.ExecResponse_Stderr:
+			if _, err := stderr.Write(ev.Stderr); err != nil {
+				return fmt.Errorf("sandbox exec: write the command's stderr: %w", err)
+			}
+		case *warrenv1.ExecResponse_Exit:
+			if ev.Exit.GetTimedOut() {
+				fmt.Fprintf(stderr, "warren: command timed out after %v\n", *cmdTimeout)
+			}
+			switch code := ev.Exit.GetCode(); {
+			case code == 0:
+				return nil
+			case code < 1 || code > 255:
+				// No process exits so; narrowed to a byte, 256
+				// would read as 0, a success.
+				return fmt.Errorf("sandbox exec: the command ended with exit code %d, outside 0..255", code)
+			default:
+				return exitCode(code)
+			}
+		}
+	}
+	if err := st.Err(); err != nil {
+		return err
+	}
+	return errors.New("sandbox exec: the stream ended without an exit status")
 }
 
 func cmdPool(args []string, stdout, stderr io.Writer) error {

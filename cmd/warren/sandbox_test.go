@@ -224,8 +224,8 @@ func (e execCode) Exec(_ context.Context, _ *connect.Request[warrenv1.ExecReques
 }
 
 // warren sandbox exec never exits 0 for a command that did not exit 0: a
-// code no process can exit with (outside 0..255) exits 1 with an error
-// naming it. Before, it exited with os.Exit(code), and os.Exit(256) exits
+// code no process can exit with (outside 0..255) exits 125 (sandbox
+// exec's own failure) with an error naming it. Before, it exited with os.Exit(code), and os.Exit(256) exits
 // 0, a success.
 func TestSandboxExecExitCodeOutsideAByteFails(t *testing.T) {
 	for _, tc := range []struct {
@@ -236,10 +236,10 @@ func TestSandboxExecExitCodeOutsideAByteFails(t *testing.T) {
 		{0, 0, ""},
 		{3, 3, ""},
 		{255, 255, ""},
-		{256, 1, "exit code 256, outside 0..255"},
-		{512, 1, "exit code 512, outside 0..255"},
-		{-1, 1, "exit code -1, outside 0..255"},
-		{-256, 1, "exit code -256, outside 0..255"},
+		{256, 125, "exit code 256, outside 0..255"},
+		{512, 125, "exit code 512, outside 0..255"},
+		{-1, 125, "exit code -1, outside 0..255"},
+		{-256, 125, "exit code -256, outside 0..255"},
 	} {
 		mux := http.NewServeMux()
 		mux.Handle(warrenv1connect.NewSandboxServiceHandler(execCode{code: tc.code}))
@@ -347,13 +347,17 @@ func TestSandboxCpSendsModeZero(t *testing.T) {
 	}
 }
 
-// deleteAnswer is a SandboxService whose DeleteSandbox answers code.
+// deleteAnswer is a SandboxService whose DeleteSandbox answers code (0:
+// deleted).
 type deleteAnswer struct {
 	warrenv1connect.UnimplementedSandboxServiceHandler
 	code connect.Code
 }
 
 func (d deleteAnswer) DeleteSandbox(context.Context, *connect.Request[warrenv1.DeleteSandboxRequest]) (*connect.Response[warrenv1.DeleteSandboxResponse], error) {
+	if d.code == 0 {
+		return connect.NewResponse(&warrenv1.DeleteSandboxResponse{}), nil
+	}
 	return nil, connect.NewError(d.code, errors.New("as told"))
 }
 
