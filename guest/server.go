@@ -653,14 +653,12 @@ func (s *Server) exec(abandoned context.Context, st *yamux.Stream, req *Request,
 type drain struct {
 	pipes [2]*os.File
 	done  sync.WaitGroup
-	// after is set at the command's exit; left then holds, for each
-	// pipe, what was in it at the exit: all that is left of the command's
-	// output (its group is killed right after). A copy reads that much
-	// more, however slowly the host takes it, and stops: a child that
-	// left the group and holds the pipe open, silent or writing, does not
-	// hold the call.
+	// after is set at the command's exit. Each copy then counts what its
+	// pipe holds, all that is left of the command's output (its group is
+	// killed right after), reads that much more, however slowly the host
+	// takes it, and stops: a child that left the group and holds the pipe
+	// open, silent or writing, does not hold the call.
 	after atomic.Bool
-	left  [2]atomic.Int64
 }
 
 // drainOutput starts copying each pipe to its writer, frame by frame.
@@ -678,11 +676,18 @@ func (d *drain) copy(i int, w streamWriter) {
 	r := d.pipes[i]
 	defer r.Close() // a command still writing gets EPIPE, not a full pipe
 	buf := make([]byte, 32<<10)
+	// counted says left is what the pipe held once this copy saw the
+	// exit. The copy counts it itself: a read that was waiting when the
+	// last output came may take it only after the exit was marked, and a
+	// count made by exited would then be waited for in vain.
+	counted, left := false, int64(0)
 	for {
-		after := d.after.Load()
+		if !counted && d.after.Load() {
+			counted, left = true, pipeBuffered(r)
+			_ = r.SetReadDeadline(time.Time{})
+		}
 		p := buf
-		if after {
-			left := d.left[i].Load()
+		if counted {
 			if left <= 0 {
 				return
 			}
@@ -693,12 +698,18 @@ func (d *drain) copy(i int, w streamWriter) {
 			if _, werr := w.Write(p[:n]); werr != nil {
 				return // the host gave up on the call
 			}
-			if after {
-				d.left[i].Add(-int64(n))
+			if counted {
+				left -= int64(n)
 			}
 		}
 		if errors.Is(err, os.ErrDeadlineExceeded) {
-			continue // woken at the exit: after says what is left
+			// Woken at the exit, to count what is left. A copy that
+			// counted already was woken by a deadline set after it
+			// cleared it: the pipe holds what it counted.
+			if counted {
+				_ = r.SetReadDeadline(time.Time{})
+			}
+			continue
 		}
 		if err != nil {
 			return // EOF: every writer closed the pipe
@@ -706,19 +717,12 @@ func (d *drain) copy(i int, w streamWriter) {
 	}
 }
 
-// exited marks the command's end: each copy reads what the pipe holds
-// now, and no more.
+// exited marks the command's end and wakes each copy's waiting read, so
+// that it counts what its pipe holds and reads no more.
 func (d *drain) exited() {
-	for i, p := range d.pipes {
-		d.left[i].Store(pipeBuffered(p))
-	}
 	d.after.Store(true)
-	for i, p := range d.pipes {
-		if d.left[i].Load() == 0 {
-			// A read waiting on an empty pipe (a child that left the
-			// group holds it open) wakes now.
-			_ = p.SetReadDeadline(time.Now())
-		}
+	for _, p := range d.pipes {
+		_ = p.SetReadDeadline(time.Now())
 	}
 }
 
