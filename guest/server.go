@@ -810,6 +810,24 @@ func (s *Server) read(st *yamux.Stream, req *Request) (*Result, error) {
 	if req.Limit > 0 && fi.Size() > req.Limit {
 		return nil, fmt.Errorf("read %s: %d bytes, over the limit of %d", req.Path, fi.Size(), req.Limit)
 	}
+	// A file that waits for data (/proc/kmsg, tracefs's trace_pipe: regular
+	// files, but pollable, so Go's poller parks the read on EAGAIN) is read
+	// until the host gives up on the call, which closes the stream; then
+	// the read ends here too, and with it this goroutine and descriptor.
+	// The host sends nothing more on a read's stream.
+	done := make(chan struct{})
+	defer func() {
+		close(done)
+		_ = st.SetReadDeadline(time.Now()) // ends the watch
+	}()
+	go func() {
+		_, _, _ = readFrame(st)
+		select {
+		case <-done:
+		default:
+			_ = f.SetReadDeadline(time.Now())
+		}
+	}()
 	var r io.Reader = f
 	if req.Limit > 0 {
 		// A file whose size says nothing (/proc) or that grew since the
