@@ -106,6 +106,36 @@ func bound(ctx context.Context, op Op) (context.Context, context.CancelFunc) {
 
 func (c *Client) open(ctx context.Context, req *Request) (*call, error) {
 	ctx, cancel := bound(ctx, req.Op)
+	// Opening a stream and writing the request wait for yamux's one send
+	// loop, which waits up to ConnectionWriteTimeout (a minute) for a
+	// guest that stopped taking what the host sends (its agent stopped,
+	// its kernel hung: QEMU no longer drains the port). The call ends at
+	// ctx; a stream opened after that is dropped when it is.
+	type opened struct {
+		cl  *call
+		err error
+	}
+	ch := make(chan opened, 1)
+	go func() {
+		cl, err := c.openStream(ctx, cancel, req)
+		ch <- opened{cl, err}
+	}()
+	select {
+	case o := <-ch:
+		return o.cl, o.err
+	case <-ctx.Done():
+		go func() {
+			if o := <-ch; o.cl != nil {
+				o.cl.close()
+			}
+		}()
+		return nil, context.Cause(ctx)
+	}
+}
+
+// openStream opens a call's stream and writes its request; on an error
+// it calls cancel.
+func (c *Client) openStream(ctx context.Context, cancel context.CancelFunc, req *Request) (*call, error) {
 	st, err := c.sess.OpenStream()
 	if err != nil {
 		cancel()
@@ -160,8 +190,20 @@ func (c *Client) err(ctx context.Context, err error) error {
 // close ends the call: the stream is closed and reset at both ends, so
 // the host's session holds nothing of it, nor of what the guest sends on
 // it after (guardConn.drop).
+//
+// A call whose ctx ended is closed in the background: the guest may have
+// stopped taking frames, and the close's FIN waits for yamux's send loop
+// (up to ConnectionWriteTimeout).
 func (cl *call) close() {
 	cl.stop()
+	if cl.ctx != nil && cl.ctx.Err() != nil {
+		go cl.closeNow()
+		return
+	}
+	cl.closeNow()
+}
+
+func (cl *call) closeNow() {
 	if cl.drop != nil {
 		cl.drop()
 	} else {
@@ -522,8 +564,16 @@ func (c *Client) WriteFile(ctx context.Context, path string, mode *uint32, r io.
 	if err != nil {
 		return FileInfo{}, err // the writer ends on the closed stream
 	}
-	if err := <-sent; err != nil {
-		return FileInfo{}, c.err(ctx, err)
+	// A guest that answered before it had all the data (only a hostile
+	// one does) leaves the sender in a Read of r: the caller's ctx bounds
+	// the wait for it (the call's own ended with the answer).
+	select {
+	case err := <-sent:
+		if err != nil {
+			return FileInfo{}, c.err(ctx, err)
+		}
+	case <-ctx.Done():
+		return FileInfo{}, fmt.Errorf("guest: write %s: the guest answered before it had the data: %w", path, context.Cause(ctx))
 	}
 	if res.File == nil {
 		return FileInfo{}, errors.New("guest: write: no file info")
