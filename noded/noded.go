@@ -247,6 +247,7 @@ func Start(cfg Config) (*Daemon, error) {
 			return nil, err
 		}
 	}
+	d.destroyForeignSandboxes()
 	if cfg.SandboxListen != "" {
 		if err := d.serveSandboxes(); err != nil {
 			d.cancel()

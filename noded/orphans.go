@@ -8,6 +8,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/warrenhq/warren/api"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
 	"github.com/warrenhq/warren/noded/driver"
@@ -89,6 +90,30 @@ func (d *Daemon) sweepOrphansOnce(sbs []driver.Sandbox, first map[string]time.Ti
 	for id := range first {
 		if !live[id] {
 			delete(first, id)
+		}
+	}
+}
+
+// destroyForeignSandboxes destroys the sandbox API's sandboxes that the
+// driver re-adopted from this data directory but whose ids name another
+// node: the directory last ran under another --id. Every call about them
+// would go to that node (the servers route by the id), and this one
+// refuses them, so they could be listed but not used or deleted, and held
+// their memory until their TTL.
+func (d *Daemon) destroyForeignSandboxes() {
+	l, ok := d.cfg.Driver.(interface{ Sandboxes() []driver.Sandbox })
+	if !ok {
+		return
+	}
+	for _, sb := range l.Sandboxes() {
+		node, err := api.SandboxNode(sb.ID())
+		if err != nil || node == d.cfg.ID {
+			continue // a task's sandbox, or this node's
+		}
+		d.log.Warn("destroying a sandbox made under another node id: this data directory last ran as that node",
+			"sandbox", sb.ID(), "its_node", node, "node", d.cfg.ID)
+		if err := sb.Destroy(); err != nil {
+			d.log.Warn("destroy a sandbox made under another node id", "sandbox", sb.ID(), "err", err)
 		}
 	}
 }
