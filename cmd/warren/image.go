@@ -135,8 +135,10 @@ func cmdImageBuild(args []string, stdout, stderr io.Writer) error {
 	defer stop()
 	t, err := image.Build(ctx, c)
 	if err != nil {
-		if errors.Is(err, context.Canceled) {
-			return errors.New("image build: interrupted")
+		// A step ended by the signal fails as the step does ("signal:
+		// killed" from debootstrap or mkfs), not always as ctx's error.
+		if errors.Is(err, context.Canceled) || ctx.Err() != nil {
+			return fmt.Errorf("image build: interrupted (%v)", err)
 		}
 		return fmt.Errorf("image build: %w", err)
 	}
