@@ -139,6 +139,10 @@ type tplState struct {
 	snap     *snapshot
 	snapWhy  string // why there is no snapshot
 	snapping bool
+	// snapNext is when the next snapshot attempt may start after a
+	// failure (the backoff, see snapshotRetry): claims before it boot
+	// cold without starting one.
+	snapNext time.Time
 	// snapFails counts snapshot attempts that failed in a row; while the
 	// pool has a target, each failure schedules another attempt.
 	snapFails int
@@ -392,10 +396,13 @@ func (d *Driver) template(name string) (*tplState, error) {
 }
 
 // snapshotFor returns the template's snapshot, starting to make one in the
-// background when there is none (callers boot cold meanwhile).
+// background when there is none (callers boot cold meanwhile). After a
+// failed attempt it starts none until the backoff is over (ts.snapNext):
+// a claim would otherwise start another snapshot boot at once, each one
+// back to back on a host that may be why the last one failed.
 func (d *Driver) snapshotFor(ts *tplState) *snapshot {
 	d.mu.Lock()
-	if ts.snap != nil || d.closed || ts.snapping {
+	if ts.snap != nil || d.closed || ts.snapping || time.Now().Before(ts.snapNext) {
 		defer d.mu.Unlock()
 		return ts.snap
 	}
@@ -404,7 +411,7 @@ func (d *Driver) snapshotFor(ts *tplState) *snapshot {
 	// decide under it again: another caller may have got there first.
 	s, err := d.loadSnapshot(ts.t)
 	d.mu.Lock()
-	if ts.snap != nil || d.closed || ts.snapping {
+	if ts.snap != nil || d.closed || ts.snapping || time.Now().Before(ts.snapNext) {
 		defer d.mu.Unlock()
 		return ts.snap
 	}
@@ -437,21 +444,23 @@ func (d *Driver) snapshotFor(ts *tplState) *snapshot {
 		if err != nil {
 			ts.snapWhy = "making the snapshot failed: " + err.Error()
 			ts.snapFails++
-			// A pool waits for the snapshot: try again later (a
-			// failure under load, such as a boot that timed out, may
-			// not repeat), backing off up to snapshotRetryMax.
+			// Try again later (a failure under load, such as a boot
+			// that timed out, may not repeat), backing off up to
+			// snapshotRetryMax; no claim starts an attempt before.
+			// A pool waits for the snapshot: its refill is the retry.
 			retry := ts.target > 0 && !d.closed
 			delay := min(snapshotRetry<<min(ts.snapFails-1, 8), snapshotRetryMax)
+			ts.snapNext = time.Now().Add(delay)
 			d.mu.Unlock()
 			if retry {
 				d.log.Warn("snapshot failed; trying again for the warm pool", "template", ts.t.Name, "err", err, "in", delay)
 				d.goRefill(ts, delay)
 			} else {
-				d.log.Warn("snapshot failed", "template", ts.t.Name, "err", err)
+				d.log.Warn("snapshot failed; claims boot cold until the next attempt", "template", ts.t.Name, "err", err, "in", delay)
 			}
 			return
 		}
-		ts.snapFails = 0
+		ts.snapFails, ts.snapNext = 0, time.Time{}
 		ts.snap = s
 		d.mu.Unlock()
 		d.log.Info("snapshot ready", "template", ts.t.Name, "took", time.Duration(s.Meta.TookMS)*time.Millisecond)
@@ -461,7 +470,8 @@ func (d *Driver) snapshotFor(ts *tplState) *snapshot {
 }
 
 // EnsureSnapshot makes the template's snapshot now if it has none, and
-// returns when it exists (benchmarks and tests use it to start warm).
+// returns when it exists (benchmarks and tests use it to start warm). After
+// a failed attempt, until its backoff is over, it returns that failure.
 func (d *Driver) EnsureSnapshot(ctx context.Context, template string) error {
 	ts, err := d.template(template)
 	if err != nil {
@@ -648,8 +658,9 @@ func (d *Driver) Claim(ctx context.Context, req driver.ClaimRequest) (driver.San
 
 const refillDelay = 250 * time.Millisecond
 
-// After a failed snapshot, a template with a pool target tries again after
-// snapshotRetry, doubling up to snapshotRetryMax. (A variable for tests.)
+// After a failed snapshot, no attempt starts before snapshotRetry has
+// passed, doubling with each failure in a row up to snapshotRetryMax; a
+// template with a pool target then tries again. (Variables for tests.)
 var (
 	snapshotRetry    = 15 * time.Second
 	snapshotRetryMax = 5 * time.Minute

@@ -1197,3 +1197,57 @@ func TestFailedSnapshotIsRetriedForThePool(t *testing.T) {
 	d.SetPoolTarget("default", 0)
 	assertNothingLeft(t, d)
 }
+
+// After a failed snapshot nothing starts another before its backoff is
+// over: not a claim (it boots cold meanwhile) nor the refill after it.
+// Before, the backoff only timed the pool's own retry, and every claim
+// started a new snapshot boot at once, back to back on a host whose load
+// may have been why the first one failed.
+func TestFailedSnapshotWaitsOutItsBackoff(t *testing.T) {
+	old := snapshotRetry
+	snapshotRetry = time.Hour
+	defer func() { snapshotRetry = old }()
+	d := newDriverWith(t, "", func(c *Config) { c.StandbyQEMUs = -1 })
+	defer d.Close()
+	var attempts atomic.Int32
+	d.failSnapshot = func() error {
+		attempts.Add(1)
+		return errors.New("injected: the snapshot fails")
+	}
+	ts, err := d.template("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	attemptOver := func() {
+		t.Helper()
+		waitRefill(t, "the snapshot attempt's end", func() bool {
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			return ts.snapFails > 0 && !ts.snapping
+		})
+	}
+	d.SetPoolTarget("default", 1)
+	attemptOver()
+	for i := 0; i < 2; i++ {
+		if s := d.snapshotFor(ts); s != nil {
+			t.Fatalf("a snapshot, from an attempt that fails: %+v", s.Meta)
+		}
+		attemptOver()
+	}
+	sb, err := d.Claim(ctxT(t, 2*time.Minute), driver.ClaimRequest{ID: "sb-backoff"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	attemptOver()
+	if got := sb.(*VM).Info().Start; got != driver.StartBoot {
+		t.Errorf("the claim's start %q, want %q", got, driver.StartBoot)
+	}
+	if n := attempts.Load(); n != 1 {
+		t.Errorf("%d snapshot attempts, want 1: none before the backoff (an hour) is over", n)
+	}
+	if err := sb.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	d.SetPoolTarget("default", 0)
+	assertNothingLeft(t, d)
+}
