@@ -37,8 +37,8 @@ type accelVerdict struct {
 // interrupted or could not run (/dev/kvm not opened, QEMU not started),
 // which the next probe may well get past.
 func probeKVM(ctx context.Context, qemu string, t *guest.Template, dir string) (ok bool, why string, definite bool) {
-	if _, err := os.Stat("/dev/kvm"); err != nil {
-		return false, "no /dev/kvm", true
+	if !haveDevKVM() {
+		return false, noDevKVM, true
 	}
 	f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0)
 	if err != nil {
@@ -82,10 +82,37 @@ func probeKVM(ctx context.Context, qemu string, t *guest.Template, dir string) (
 // probe is probeKVM; tests replace it.
 var probe = probeKVM
 
+// noDevKVM is the verdict's reason when the host has no /dev/kvm.
+const noDevKVM = "no /dev/kvm"
+
+// haveDevKVM reports whether /dev/kvm exists; tests replace it.
+var haveDevKVM = func() bool {
+	_, err := os.Stat("/dev/kvm")
+	return err == nil
+}
+
+// stillHolds reports whether a cached verdict agrees with /dev/kvm as it
+// is now. Its presence changes without a new kernel or QEMU: a node that
+// started before kvm_intel made it cached "no /dev/kvm", a store copied
+// from a build host without KVM carries that verdict to KVM hosts, and a
+// "kvm" verdict after /dev/kvm went away fails every boot. Either is
+// probed again.
+func (v accelVerdict) stillHolds(devKVM bool) bool {
+	switch {
+	case v.Accel == "kvm":
+		return devKVM
+	case v.Reason == noDevKVM:
+		return !devKVM
+	}
+	return true
+}
+
 // chooseAccel returns "kvm" or "tcg" and why, probing once per kernel and
 // QEMU version. The verdict is a property of the host, so it is cached in
 // each of cacheDirs (the template store, shared by every node and build on
 // the host, and the node's state directory); the probe runs in the last.
+// A cached verdict holds only while /dev/kvm's presence agrees with it
+// (stillHolds).
 func chooseAccel(ctx context.Context, want, qemu, qver string, t *guest.Template, cacheDirs ...string) (string, string) {
 	switch want {
 	case "tcg":
@@ -93,10 +120,11 @@ func chooseAccel(ctx context.Context, want, qemu, qver string, t *guest.Template
 	case "kvm":
 		return "kvm", "set by configuration"
 	}
+	devKVM := haveDevKVM()
 	for _, dir := range cacheDirs {
 		var v accelVerdict
 		b, err := os.ReadFile(filepath.Join(dir, accelCacheFile))
-		if err == nil && json.Unmarshal(b, &v) == nil && v.Kernel == kernelSHA256(t, 1) && v.QEMU == qver {
+		if err == nil && json.Unmarshal(b, &v) == nil && v.Kernel == kernelSHA256(t, 1) && v.QEMU == qver && v.stillHolds(devKVM) {
 			return v.Accel, v.Reason + " (cached)"
 		}
 	}

@@ -2,6 +2,7 @@ package microvm
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,22 +16,25 @@ import (
 func TestChooseAccelCachesOnlyDefiniteVerdicts(t *testing.T) {
 	tpl := &guest.Template{Manifest: guest.Manifest{Kernel: guest.Artifact{File: "vmlinux", SHA256: "k"}}}
 	defer func(p func(context.Context, string, *guest.Template, string) (bool, string, bool)) { probe = p }(probe)
+	defer func(h func() bool) { haveDevKVM = h }(haveDevKVM)
 	for _, c := range []struct {
 		name      string
+		devKVM    bool // whether /dev/kvm exists, as the verdict found
 		ok        bool
 		definite  bool
 		cancelled bool
 		want      string
 		cached    bool
 	}{
-		{"no /dev/kvm", false, true, false, "tcg", true},
-		{"marker seen", true, true, false, "kvm", true},
-		{"no marker in time", false, true, false, "tcg", true},
-		{"QEMU did not start", false, false, false, "tcg", false},
-		{"interrupted", false, false, true, "tcg", false},
-		{"no marker, but the context ended meanwhile", false, true, true, "tcg", false},
+		{"no /dev/kvm", false, false, true, false, "tcg", true},
+		{"marker seen", true, true, true, false, "kvm", true},
+		{"no marker in time", true, false, true, false, "tcg", true},
+		{"QEMU did not start", true, false, false, false, "tcg", false},
+		{"interrupted", true, false, false, true, "tcg", false},
+		{"no marker, but the context ended meanwhile", true, false, true, true, "tcg", false},
 	} {
 		store, state := t.TempDir(), t.TempDir()
+		haveDevKVM = func() bool { return c.devKVM }
 		probe = func(context.Context, string, *guest.Template, string) (bool, string, bool) {
 			return c.ok, c.name, c.definite
 		}
@@ -70,5 +74,68 @@ func TestProbeKVMWithoutAStartedQEMUIsNotDefinite(t *testing.T) {
 	}
 	if ok || definite {
 		t.Errorf("with /dev/kvm and no QEMU: %v, %q, definite %v", ok, why, definite)
+	}
+}
+
+// A cached verdict holds only while /dev/kvm's presence agrees with it.
+// Before, "no /dev/kvm" cached by a node that started before kvm_intel
+// made it (or in a store copied from a build host without KVM) kept KVM
+// hosts on TCG for good, and a "kvm" cached before /dev/kvm went away
+// failed every boot.
+func TestCachedAccelVerdictFollowsDevKVM(t *testing.T) {
+	tpl := &guest.Template{Manifest: guest.Manifest{Kernel: guest.Artifact{File: "vmlinux", SHA256: "k"}}}
+	defer func(p func(context.Context, string, *guest.Template, string) (bool, string, bool)) { probe = p }(probe)
+	defer func(h func() bool) { haveDevKVM = h }(haveDevKVM)
+	for _, c := range []struct {
+		name    string
+		cached  accelVerdict
+		inStore bool // the verdict is in the template store's cache, else the node's
+		devKVM  bool
+		probed  bool // the probe runs again
+		want    string
+		wantWhy string
+	}{
+		{"no /dev/kvm cached, /dev/kvm there now", accelVerdict{Accel: "tcg", Reason: noDevKVM}, false, true, true, "kvm", "probe: marker"},
+		{"no /dev/kvm in a store from a host without KVM", accelVerdict{Accel: "tcg", Reason: noDevKVM}, true, true, true, "kvm", "probe: marker"},
+		{"kvm cached, /dev/kvm gone", accelVerdict{Accel: "kvm", Reason: "a probe boot under KVM printed its marker"}, false, false, true, "tcg", noDevKVM},
+		{"kvm cached, /dev/kvm there", accelVerdict{Accel: "kvm", Reason: "a probe boot under KVM printed its marker"}, true, true, false, "kvm", "a probe boot under KVM printed its marker (cached)"},
+		{"no /dev/kvm cached, still none", accelVerdict{Accel: "tcg", Reason: noDevKVM}, false, false, false, "tcg", noDevKVM + " (cached)"},
+		{"no marker cached, /dev/kvm there", accelVerdict{Accel: "tcg", Reason: "no marker in 8s"}, true, true, false, "tcg", "no marker in 8s (cached)"},
+	} {
+		store, state := t.TempDir(), t.TempDir()
+		v := c.cached
+		v.Kernel, v.QEMU = "k", "7.2.0"
+		b, _ := json.Marshal(v)
+		dir := state
+		if c.inStore {
+			dir = store
+		}
+		if err := os.WriteFile(filepath.Join(dir, accelCacheFile), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		haveDevKVM = func() bool { return c.devKVM }
+		probed := false
+		probe = func(context.Context, string, *guest.Template, string) (bool, string, bool) {
+			probed = true
+			if !c.devKVM {
+				return false, noDevKVM, true
+			}
+			return true, "probe: marker", true
+		}
+		accel, why := chooseAccel(context.Background(), "auto", "qemu", "7.2.0", tpl, store, state)
+		if accel != c.want || why != c.wantWhy || probed != c.probed {
+			t.Errorf("%s: chose %s (%s), probed %v; want %s (%s), probed %v", c.name, accel, why, probed, c.want, c.wantWhy, c.probed)
+		}
+		if !c.probed {
+			continue
+		}
+		// The new verdict replaced the stale one in both caches.
+		for _, dir := range []string{store, state} {
+			var got accelVerdict
+			b, err := os.ReadFile(filepath.Join(dir, accelCacheFile))
+			if err != nil || json.Unmarshal(b, &got) != nil || got.Accel != c.want {
+				t.Errorf("%s: cache in %s after the probe: %s (%v), want %s", c.name, dir, b, err, c.want)
+			}
+		}
 	}
 }
