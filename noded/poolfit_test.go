@@ -15,6 +15,7 @@ import (
 
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
+	"github.com/warrenhq/warren/noded/driver"
 )
 
 // sizedPoolDriver is a poolDriver that says how much memory one warm
@@ -26,14 +27,25 @@ type sizedPoolDriver struct {
 
 func (d *sizedPoolDriver) PoolMemberBytes(t string) int64 { return d.each[t] }
 
+// Pools reports the targets the driver was given, as a real one does.
+func (d *sizedPoolDriver) Pools() []driver.PoolStatus {
+	var out []driver.PoolStatus
+	for t, n := range d.targets {
+		out = append(out, driver.PoolStatus{Template: t, Target: n})
+	}
+	return out
+}
+
 func newSizedPoolDriver(t *testing.T) *sizedPoolDriver {
 	mem := memTotal()
 	if mem <= 0 {
 		t.Skip("needs /proc/meminfo's MemTotal")
 	}
-	// "big": three fit in this host's memory, four do not; "huge": not one.
+	// "big": three fit in this host's memory, four do not; "huge": not
+	// one; "small": a thousand take an eighth of it, so that they fit
+	// beside three of big (the pools are counted together).
 	return &sizedPoolDriver{poolDriver: poolDriver{listDriver: listDriver{name: "microvm"}, targets: map[string]int{}},
-		each: map[string]int64{"big": mem/4 + 1, "huge": mem + 1, "small": 1 << 20}}
+		each: map[string]int64{"big": mem/4 + 1, "huge": mem + 1, "small": mem / 8000}}
 }
 
 // memTotal is the host's memory (MemTotal), which a node's targets are
@@ -76,7 +88,7 @@ func TestPoolTargetOverTheNodesMemoryIsRefused(t *testing.T) {
 	if connect.CodeOf(err) != connect.CodeInvalidArgument {
 		t.Fatalf("a target over the node's memory: %v; want invalid_argument", err)
 	}
-	for _, want := range []string{"target 4:", "needs ", "4 warm sandboxes of ", "node " + testNode + " has ", "room for 3"} {
+	for _, want := range []string{"target 4:", "needs ", "4 warm sandboxes of big ", "with the node's other pools (small: 1000 × ", "node " + testNode + " has ", "room for 3 of big"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("the refusal %q does not say %q", err, want)
 		}
@@ -151,4 +163,105 @@ func TestRestoredPoolTargetIsCheckedAgainstTheDeclaredCapacity(t *testing.T) {
 	if n := drv.targets["big"]; n == 3 {
 		t.Errorf("after the session's set: driver target %d for big, over the declared capacity (room for 2)", n)
 	}
+}
+
+// The node's pools are checked together: a target is refused when its
+// warm sandboxes do not fit beside the other templates' current targets,
+// naming them and the sums, directly and from the leader's session, with
+// a sandbox API and without. Before, each template was checked alone, and
+// on a 16 GiB node `pool set default 40` and `pool set py 40` (10 GiB
+// each) were both accepted. A session's set that moves memory from one
+// template to another applies the lowered target first, so it fits.
+func TestPoolTargetsAreCheckedTogether(t *testing.T) {
+	mem := memTotal()
+	if mem <= 0 {
+		t.Skip("needs /proc/meminfo's MemTotal")
+	}
+	newDrv := func() *sizedPoolDriver {
+		// Three of either fit, not six of both.
+		return &sizedPoolDriver{poolDriver: poolDriver{listDriver: listDriver{name: "microvm"}, targets: map[string]int{}},
+			each: map[string]int64{"big": mem/4 + 1, "big2": mem/4 + 1}}
+	}
+	refusal := func(t *testing.T, what string, err error) {
+		t.Helper()
+		if connect.CodeOf(err) != connect.CodeInvalidArgument {
+			t.Fatalf("%s: %v; want invalid_argument", what, err)
+		}
+		for _, want := range []string{"target 3:", "3 warm sandboxes of big2 ", "with the node's other pools (big: 3 × ", "room for 0 of big2"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("%s: the refusal %q does not say %q", what, err, want)
+			}
+		}
+	}
+
+	t.Run("sandbox API", func(t *testing.T) {
+		drv := newDrv()
+		a := NewSandboxAPI(testNode, t.TempDir(), drv, nil)
+		mux := http.NewServeMux()
+		mux.Handle(warrenv1connect.NewSandboxServiceHandler(a))
+		hs := httptest.NewServer(mux)
+		defer hs.Close()
+		c := warrenv1connect.NewSandboxServiceClient(hs.Client(), hs.URL)
+		set := func(tpl string, n uint32) error {
+			_, err := c.SetPoolTarget(context.Background(), connect.NewRequest(&warrenv1.SetPoolTargetRequest{Template: tpl, Target: n}))
+			return err
+		}
+		if err := set("big", 3); err != nil {
+			t.Fatalf("big 3 alone: %v", err)
+		}
+		refusal(t, "big2 3 beside big 3", set("big2", 3))
+		if _, ok := drv.targets["big2"]; ok || drv.targets["big"] != 3 {
+			t.Errorf("driver's targets %v: want big=3 and none for big2", drv.targets)
+		}
+		// Big's own target is replaced, not added to.
+		if err := set("big", 2); err != nil {
+			t.Fatalf("big 2 in place of 3: %v", err)
+		}
+		if err := set("big2", 1); err != nil {
+			t.Fatalf("big2 1 beside big 2: %v", err)
+		}
+		// The session's set (come after the direct sets) moves memory
+		// from big to big2.
+		a.mu.Lock()
+		mark := a.direct
+		a.mu.Unlock()
+		a.setTargets([]*warrenv1.SetPoolTarget{{Template: "big2", Target: 2}, {Template: "big", Target: 1}}, mark)
+		if drv.targets["big"] != 1 || drv.targets["big2"] != 2 {
+			t.Errorf("after the session's set big=1, big2=2: driver's targets %v", drv.targets)
+		}
+	})
+
+	t.Run("session without a sandbox API", func(t *testing.T) {
+		drv := newDrv()
+		var logw syncBuffer
+		d := &Daemon{cfg: Config{ID: testNode, Driver: drv}, log: slog.New(slog.NewTextHandler(&logw, nil))}
+		d.setPoolTargets([]*warrenv1.SetPoolTarget{{Template: "big", Target: 3}, {Template: "big2", Target: 3}}, 0)
+		if _, ok := drv.targets["big2"]; ok || drv.targets["big"] != 3 {
+			t.Errorf("driver's targets %v: want big=3 and none for big2", drv.targets)
+		}
+		if !strings.Contains(logw.String(), "pool target refused") {
+			t.Errorf("no refusal logged:\n%s", logw.String())
+		}
+		for _, want := range []string{"template=big2", "3 warm sandboxes of big2 ", "with the node's other pools (big: 3 × "} {
+			if !strings.Contains(logw.String(), want) {
+				t.Errorf("the logged refusal does not say %q:\n%s", want, logw.String())
+			}
+		}
+		d.setPoolTargets([]*warrenv1.SetPoolTarget{{Template: "big2", Target: 2}, {Template: "big", Target: 1}}, 0)
+		if drv.targets["big"] != 1 || drv.targets["big2"] != 2 {
+			t.Errorf("after the session's set big=1, big2=2: driver's targets %v", drv.targets)
+		}
+	})
+
+	t.Run("pools.json", func(t *testing.T) {
+		drv := newDrv()
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, "pools.json"), []byte(`{"big":3,"big2":3}`), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		NewSandboxAPI(testNode, dir, drv, nil)
+		if _, ok := drv.targets["big2"]; ok || drv.targets["big"] != 3 {
+			t.Errorf("driver's targets from pools.json %v: want big=3 (first by name) and none for big2", drv.targets)
+		}
+	})
 }

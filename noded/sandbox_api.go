@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	"net"
 	"net/http"
@@ -91,27 +92,32 @@ func newSandboxAPI(nodeID, dataDir string, drv driver.Driver, log *slog.Logger, 
 		if err := json.Unmarshal(b, &a.pools); err != nil {
 			log.Warn("pool targets unreadable; starting without", "err", err)
 		}
-		for t, n := range a.pools {
+		// In the templates' order, each checked with those kept before
+		// it: the file may be from before targets were checked, or
+		// before they were checked together.
+		saved := a.pools
+		a.pools = map[string]int{}
+		for _, t := range slices.Sorted(maps.Keys(saved)) {
+			n := saved[t]
 			if n < 0 { // the file was edited, or written by something else
 				log.Warn("saved pool target is negative; ignoring it", "template", t, "target", n)
-				delete(a.pools, t)
 				continue
 			}
-			if a.fit.admit(drv, nodeID, log, t, n) != nil { // saved before targets were checked
-				delete(a.pools, t)
+			if a.fit.admit(drv, nodeID, log, t, n, a.pools) != nil {
 				continue
 			}
+			a.pools[t] = n
 			drv.SetPoolTarget(t, n)
 		}
 	}
 	return a
 }
 
-// poolFit refuses a pool target whose warm sandboxes cannot all fit in the
-// node's memory: the node would try to start them all, and each refill that
-// fails for want of memory is tried again. A refusal is logged once per
-// template and target, since the leader's session sends the cluster's
-// targets again each time it opens.
+// poolFit refuses a pool target whose warm sandboxes, with those of the
+// node's other pools, cannot all fit in the node's memory: the node would
+// try to start them all, and each refill that fails for want of memory is
+// tried again. A refusal is logged once per template and target, since the
+// leader's session sends the cluster's targets again each time it opens.
 type poolFit struct {
 	// mem is the node's memory in bytes: the host's, or the capacity the
 	// node declares when that is less (nodeMemBytes). 0 is the host's.
@@ -121,10 +127,12 @@ type poolFit struct {
 	said map[string]int // template -> the target whose refusal was logged
 }
 
-// check returns an error of kind driver.ErrInvalid naming the target and
-// the figures if n warm sandboxes of template t do not fit. A driver that
-// is no driver.PoolSizer, or does not know the size (0), is not checked.
-func (p *poolFit) check(drv driver.Driver, node, t string, n int) error {
+// check returns an error of kind driver.ErrInvalid naming the targets and
+// the figures if the node's warm sandboxes do not fit with n of template t:
+// cur holds every template's current target (t's own is replaced by n), each
+// counted at its PoolMemberBytes. A driver that is no driver.PoolSizer is
+// not checked, nor is a template whose size it does not know (0).
+func (p *poolFit) check(drv driver.Driver, node, t string, n int, cur map[string]int) error {
 	s, ok := drv.(driver.PoolSizer)
 	if !ok || n <= 0 {
 		return nil
@@ -137,15 +145,73 @@ func (p *poolFit) check(drv driver.Driver, node, t string, n int) error {
 	if mem <= 0 {
 		mem = HostMemoryBytes()
 	}
-	if mem <= 0 || int64(n) <= mem/each {
+	if mem <= 0 {
 		return nil
 	}
-	need := "more than " + iecBytes(mem)
-	if int64(n) <= math.MaxInt64/each {
-		need = iecBytes(int64(n) * each)
+	var others int64
+	var named []string
+	for _, u := range slices.Sorted(maps.Keys(cur)) {
+		m := cur[u]
+		if u == t || m <= 0 {
+			continue
+		}
+		eu := s.PoolMemberBytes(u)
+		if eu <= 0 {
+			continue
+		}
+		b := mulBytes(m, eu)
+		others = addBytes(others, b)
+		named = append(named, fmt.Sprintf("%s: %d × %s = %s", u, m, iecBytes(eu), iecBytes(b)))
 	}
-	return driver.Errorf(driver.ErrInvalid, "target %d: needs %s for %d warm sandboxes of %s; node %s has %s of memory (room for %d)",
-		n, need, n, iecBytes(each), node, iecBytes(mem), mem/each)
+	own := mulBytes(n, each)
+	total := addBytes(others, own)
+	if total <= mem {
+		return nil
+	}
+	room := int64(0)
+	if others < mem {
+		room = (mem - others) / each
+	}
+	need := func(b int64) string {
+		if b == math.MaxInt64 {
+			return "more than " + iecBytes(mem)
+		}
+		return iecBytes(b)
+	}
+	if len(named) == 0 {
+		return driver.Errorf(driver.ErrInvalid, "target %d: needs %s for %d warm sandboxes of %s; node %s has %s of memory (room for %d)",
+			n, need(own), n, iecBytes(each), node, iecBytes(mem), room)
+	}
+	return driver.Errorf(driver.ErrInvalid, "target %d: needs %s for %d warm sandboxes of %s (%s each), %s with the node's other pools (%s); node %s has %s of memory (room for %d of %s beside them)",
+		n, need(own), n, t, iecBytes(each), need(total), strings.Join(named, ", "), node, iecBytes(mem), room, t)
+}
+
+// mulBytes is n × each bytes, math.MaxInt64 past it.
+func mulBytes(n int, each int64) int64 {
+	if int64(n) > math.MaxInt64/each {
+		return math.MaxInt64
+	}
+	return int64(n) * each
+}
+
+// addBytes is a + b bytes, math.MaxInt64 past it.
+func addBytes(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+// driverTargets is the pool targets drv has now (on a node without a
+// sandbox API, which keeps no record of its own).
+func driverTargets(drv driver.Driver) map[string]int {
+	cur := map[string]int{}
+	if p, ok := drv.(driver.Pooler); ok {
+		for _, st := range p.Pools() {
+			cur[st.Template] = st.Target
+		}
+	}
+	return cur
 }
 
 // refused logs a refusal, once for each template and target.
@@ -173,8 +239,8 @@ func (p *poolFit) accepted(t string) {
 }
 
 // admit is check, then refused (logged once) or accepted.
-func (p *poolFit) admit(drv driver.Driver, node string, log *slog.Logger, t string, n int) error {
-	if err := p.check(drv, node, t, n); err != nil {
+func (p *poolFit) admit(drv driver.Driver, node string, log *slog.Logger, t string, n int, cur map[string]int) error {
+	if err := p.check(drv, node, t, n, cur); err != nil {
 		p.refused(log, t, n, err)
 		return err
 	}
@@ -789,8 +855,11 @@ func (a *SandboxAPI) SetPoolTarget(ctx context.Context, req *connect.Request[war
 // for one template are serialised and apply the target current then),
 // while a slow call for one template does not hold up another's.
 //
-// A target whose warm sandboxes cannot fit in the node's memory is refused
-// (see poolFit) and changes nothing: the template keeps its target.
+// A target whose warm sandboxes cannot fit in the node's memory with the
+// other templates' is refused (see poolFit) and changes nothing: the
+// template keeps its target. It is checked against the recorded targets
+// under a.mu, with the record, so two targets set at once cannot both
+// take the same memory.
 //
 // mark says where the target comes from: direct for a SetPoolTarget call,
 // else sessionMark's when the leader's session sent it. A session's
@@ -798,18 +867,20 @@ func (a *SandboxAPI) SetPoolTarget(ctx context.Context, req *connect.Request[war
 // skipped (decided in the same critical section that records a target, so
 // no direct set can land between the check and the record).
 func (a *SandboxAPI) setTarget(t string, n int, mark uint64) error {
-	if err := a.fit.admit(a.drv, a.nodeID, a.log, t, n); err != nil {
-		return err
-	}
 	a.mu.Lock()
-	if mark == direct {
-		a.direct++
-		a.directAt[t] = a.direct
-	} else if a.directAt[t] > mark {
+	if mark != direct && a.directAt[t] > mark {
 		kept := a.pools[t]
 		a.mu.Unlock()
 		a.log.Info("pool target from the session skipped: set directly since", "template", t, "target", n, "kept", kept)
 		return nil
+	}
+	if err := a.fit.admit(a.drv, a.nodeID, a.log, t, n, a.pools); err != nil {
+		a.mu.Unlock()
+		return err
+	}
+	if mark == direct {
+		a.direct++
+		a.directAt[t] = a.direct
 	}
 	if n == 0 {
 		delete(a.pools, t)
@@ -868,8 +939,10 @@ func (a *SandboxAPI) setTargets(set []*warrenv1.SetPoolTarget, mark uint64) {
 			delete(want, t) // set already, by the session's SetPoolTarget
 		}
 	}
+	order := lowerFirst(want, a.pools)
 	a.mu.Unlock()
-	for t, n := range want {
+	for _, t := range order {
+		n := want[t]
 		if err := a.setTarget(t, n, mark); errors.Is(err, driver.ErrInvalid) {
 			continue // refused, and logged once by setTarget
 		} else if err != nil {
@@ -886,18 +959,40 @@ func (d *Daemon) setPoolTargets(set []*warrenv1.SetPoolTarget, mark uint64) {
 		d.Sandboxes.setTargets(set, mark)
 		return
 	}
-	want := map[string]bool{}
+	want := map[string]int{}
 	for _, t := range set {
-		want[t.GetTemplate()] = true
-		d.setPoolTarget(t.GetTemplate(), int(t.GetTarget()), mark)
+		want[t.GetTemplate()] = int(t.GetTarget())
 	}
-	if p, ok := d.cfg.Driver.(driver.Pooler); ok {
-		for _, st := range p.Pools() {
-			if st.Target > 0 && !want[st.Template] {
-				d.cfg.Driver.SetPoolTarget(st.Template, 0)
-			}
+	// The memory the zeroed and lowered pools free first, so that the
+	// raised ones fit in it (each target is checked with the others).
+	cur := driverTargets(d.cfg.Driver)
+	for t, n := range cur {
+		if _, ok := want[t]; !ok && n > 0 {
+			d.cfg.Driver.SetPoolTarget(t, 0)
 		}
 	}
+	for _, t := range lowerFirst(want, cur) {
+		d.setPoolTarget(t, want[t], mark)
+	}
+}
+
+// lowerFirst orders want's templates for applying: those whose target is
+// not above cur's first, then the rest, each part by name. Each target is
+// checked with the others' (poolFit), so a set that moves memory from one
+// template to another fits only once the lowered ones are applied.
+func lowerFirst(want, cur map[string]int) []string {
+	ts := slices.Sorted(maps.Keys(want))
+	slices.SortStableFunc(ts, func(x, y string) int {
+		rx, ry := want[x] > cur[x], want[y] > cur[y]
+		switch {
+		case rx == ry:
+			return 0
+		case rx:
+			return 1
+		}
+		return -1
+	})
+	return ts
 }
 
 // setPoolTarget applies one pool target the leader's session sent: through
@@ -912,7 +1007,7 @@ func (d *Daemon) setPoolTarget(t string, n int, mark uint64) {
 		}
 		return
 	}
-	if d.poolFit.admit(d.cfg.Driver, d.cfg.ID, d.log, t, n) != nil {
+	if d.poolFit.admit(d.cfg.Driver, d.cfg.ID, d.log, t, n, driverTargets(d.cfg.Driver)) != nil {
 		return
 	}
 	d.cfg.Driver.SetPoolTarget(t, n)
