@@ -55,3 +55,43 @@ func TestAutoDriver(t *testing.T) {
 		}
 	})
 }
+
+// When auto picks microvm and the driver does not start, the error says
+// that auto picked it and why, as it does for container; it said only
+// the driver's own error, and a node meant for containers failed naming
+// qemu-img.
+func TestAutoPickedMicroVMThatFailsSaysWhy(t *testing.T) {
+	store := t.TempDir()
+	tdir := filepath.Join(store, "default", "v1")
+	if err := os.MkdirAll(tdir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"vmlinux", "initramfs.cpio", "rootfs.ext4"} {
+		if err := os.WriteFile(filepath.Join(tdir, f), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m := `{"name":"default","version":"v1","kernel":{"file":"vmlinux"},"initramfs":{"file":"initramfs.cpio"},"rootfs":{"file":"rootfs.ext4"}}`
+	if err := os.WriteFile(filepath.Join(tdir, guest.ManifestFile), []byte(m), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("v1", filepath.Join(store, "default", "current")); err != nil {
+		t.Fatal(err)
+	}
+	// QEMU, but no qemu-img: microvm.New fails.
+	bin := t.TempDir()
+	if err := os.WriteFile(filepath.Join(bin, "qemu-system-x86_64"), []byte("#!/bin/sh\nexit 0\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", bin)
+	f := &nodeFlags{driver: "auto", imageDir: store, data: t.TempDir(), accel: "auto", runtime: "runc", tcgCacheMB: 64, egress: egressFlags{mode: "off"}}
+	d, err := newDriver(f)
+	if err == nil {
+		t.Fatalf("auto started %s without qemu-img", d.Name())
+	}
+	for _, want := range []string{"driver: auto: microvm, with QEMU and template default@v1 in " + store + ": ", "qemu-img"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the error %q does not say %q", err, want)
+		}
+	}
+}

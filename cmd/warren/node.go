@@ -446,6 +446,9 @@ func newDriver(f *nodeFlags) (driver.Driver, error) {
 			TCGCacheMB: f.tcgCacheMB, TCGASLR: f.tcgASLR, TCGGuestLSM: f.tcgGuestLSM, TCGPeriodicTick: f.tcgPeriodicTick, TCGNoRDRAND: f.tcgNoRDRAND, StandbyQEMUs: f.standbyQEMUs, Networks: nets, Logger: log})
 		if err != nil {
 			f.closeEgress()
+			if f.why != "" { // auto picked it: say so and why, as for container
+				return nil, fmt.Errorf("driver: %s: %w", f.why, err)
+			}
 			return nil, fmt.Errorf("driver: %w", err)
 		}
 		f.reapEgress() // the driver has re-adopted its sandboxes and taken back their networks
