@@ -3,10 +3,10 @@ package api
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
-	"golang.org/x/sync/semaphore"
 )
 
 // BulkGateBytes is how many bytes of files, listings and stdin a node's
@@ -40,31 +40,64 @@ const BulkGateListBytes = 100_000 << 11
 const BulkGateWait = 30 * time.Second
 
 // BulkGate bounds the bytes of file data, listings and stdin the calls of
-// a sandbox API hold at once. Calls wait in turn for room, up to their
-// deadline or the gate's wait.
+// a sandbox API hold at once. A call waits for room up to its deadline or
+// the gate's wait. A call that fits goes through even while a larger one
+// waits: the larger one waits at most the gate's wait, whereas queueing
+// behind it left every 32 MiB ReadFile waiting 30 s, and refused, while a
+// ListFiles waited for room there was no need of.
 type BulkGate struct {
-	sem   *semaphore.Weighted
 	total int64
 	wait  time.Duration
+
+	mu   sync.Mutex
+	used int64
+	// freed is closed, and replaced, at each release: a waiter reads it
+	// under mu, with used, so no release between its look and its wait
+	// is missed.
+	freed chan struct{}
 }
 
 // NewBulkGate is a gate of total bytes whose calls wait at most wait.
 func NewBulkGate(total int64, wait time.Duration) *BulkGate {
-	return &BulkGate{sem: semaphore.NewWeighted(total), total: total, wait: wait}
+	return &BulkGate{total: total, wait: wait, freed: make(chan struct{})}
 }
 
 // Take reserves n bytes for a call (what names it, for the error) and
-// returns the release. A call of more than the gate holds takes all of it.
+// returns the release, which may be called more than once. A call of more
+// than the gate holds takes all of it.
 func (g *BulkGate) Take(ctx context.Context, what string, n int64) (release func(), err error) {
 	n = min(max(n, 1), g.total)
-	wctx, cancel := context.WithTimeout(ctx, g.wait)
-	defer cancel()
-	if err := g.sem.Acquire(wctx, n); err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
+	var timeout <-chan time.Time
+	for {
+		g.mu.Lock()
+		if g.used+n <= g.total {
+			g.used += n
+			g.mu.Unlock()
+			var once sync.Once
+			return func() { once.Do(func() { g.release(n) }) }, nil
 		}
-		return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("%s: other calls hold all %d MiB of file, listing and stdin data this API holds at once, and none ended within %v; try again",
-			what, g.total>>20, g.wait))
+		freed := g.freed
+		g.mu.Unlock()
+		if timeout == nil {
+			t := time.NewTimer(g.wait)
+			defer t.Stop()
+			timeout = t.C
+		}
+		select {
+		case <-freed:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-timeout:
+			return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("%s: other calls hold all %d MiB of file, listing and stdin data this API holds at once, and none ended within %v; try again",
+				what, g.total>>20, g.wait))
+		}
 	}
-	return func() { g.sem.Release(n) }, nil
+}
+
+func (g *BulkGate) release(n int64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.used -= n
+	close(g.freed)
+	g.freed = make(chan struct{})
 }
