@@ -191,16 +191,41 @@ func (a *sandboxAPI) pick(template string) (*warrenv1.Node, error) {
 	return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("template %q: no ready node has it", template))
 }
 
+// target checks a request's size and returns the node its sandbox id
+// names.
+func (a *sandboxAPI) target(id string, m proto.Message) (*warrenv1.Node, error) {
+	if err := api.CheckSandboxRequestSize(m); err != nil {
+		return nil, invalid(err)
+	}
+	return a.sandboxNode(id)
+}
+
 // forward sends a unary call to the node the request's sandbox id names.
 func forward[Req, Res any](a *sandboxAPI, ctx context.Context, id string, req *connect.Request[Req],
 	call func(warrenv1connect.SandboxServiceClient, context.Context, *connect.Request[Req]) (*connect.Response[Res], error)) (*connect.Response[Res], error) {
-	if err := api.CheckSandboxRequestSize(any(req.Msg).(proto.Message)); err != nil {
-		return nil, invalid(err)
-	}
-	n, err := a.sandboxNode(id)
+	n, err := a.target(id, any(req.Msg).(proto.Message))
 	if err != nil {
 		return nil, err
 	}
+	res, err := call(a.client(n.GetSandboxUrl()), ctx, connect.NewRequest(req.Msg))
+	return res, forwardErr(n, err)
+}
+
+// forwardBulk is forward for a call that holds size bytes of the gate
+// (what names it). The request is checked, and its node found, before
+// the call waits for room: with the gate busy, a bad id was refused only
+// after the gate's wait, as resource_exhausted.
+func forwardBulk[Req, Res any](a *sandboxAPI, ctx context.Context, id string, req *connect.Request[Req], what string, size int64,
+	call func(warrenv1connect.SandboxServiceClient, context.Context, *connect.Request[Req]) (*connect.Response[Res], error)) (*connect.Response[Res], error) {
+	n, err := a.target(id, any(req.Msg).(proto.Message))
+	if err != nil {
+		return nil, err
+	}
+	release, err := a.bulk.Take(ctx, what, size)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	res, err := call(a.client(n.GetSandboxUrl()), ctx, connect.NewRequest(req.Msg))
 	return res, forwardErr(n, err)
 }
@@ -253,12 +278,7 @@ func (a *sandboxAPI) Exec(ctx context.Context, req *connect.Request[warrenv1.Exe
 // ReadFile forwards to the sandbox's node.
 func (a *sandboxAPI) ReadFile(ctx context.Context, req *connect.Request[warrenv1.ReadFileRequest]) (*connect.Response[warrenv1.ReadFileResponse], error) {
 	// The whole file is held here until it is sent: room for the largest.
-	release, err := a.bulk.Take(ctx, "read_file", api.MaxSandboxFileBytes)
-	if err != nil {
-		return nil, err
-	}
-	defer release()
-	return forward(a, ctx, req.Msg.GetSandboxId(), req, warrenv1connect.SandboxServiceClient.ReadFile)
+	return forwardBulk(a, ctx, req.Msg.GetSandboxId(), req, "read_file", api.MaxSandboxFileBytes, warrenv1connect.SandboxServiceClient.ReadFile)
 }
 
 // WriteFile forwards to the sandbox's node.
@@ -266,24 +286,14 @@ func (a *sandboxAPI) WriteFile(ctx context.Context, req *connect.Request[warrenv
 	if n := len(req.Msg.GetData()); n > api.MaxSandboxFileBytes {
 		return nil, invalid(fmt.Errorf("data: %d bytes, over the limit of %d", n, api.MaxSandboxFileBytes))
 	}
-	release, err := a.bulk.Take(ctx, "write_file", int64(len(req.Msg.GetData())))
-	if err != nil {
-		return nil, err
-	}
-	defer release()
-	return forward(a, ctx, req.Msg.GetSandboxId(), req, warrenv1connect.SandboxServiceClient.WriteFile)
+	return forwardBulk(a, ctx, req.Msg.GetSandboxId(), req, "write_file", int64(len(req.Msg.GetData())), warrenv1connect.SandboxServiceClient.WriteFile)
 }
 
 // ListFiles forwards to the sandbox's node.
 func (a *sandboxAPI) ListFiles(ctx context.Context, req *connect.Request[warrenv1.ListFilesRequest]) (*connect.Response[warrenv1.ListFilesResponse], error) {
 	// The node's answer is held here, read, decoded and sent on: room for
 	// the largest.
-	release, err := a.bulk.Take(ctx, "list_files", api.BulkGateListBytes)
-	if err != nil {
-		return nil, err
-	}
-	defer release()
-	return forward(a, ctx, req.Msg.GetSandboxId(), req, warrenv1connect.SandboxServiceClient.ListFiles)
+	return forwardBulk(a, ctx, req.Msg.GetSandboxId(), req, "list_files", api.BulkGateListBytes, warrenv1connect.SandboxServiceClient.ListFiles)
 }
 
 // Pause forwards to the sandbox's node.

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -133,6 +134,41 @@ func TestSandboxCallsOverTheLimitsAreNotForwarded(t *testing.T) {
 	}
 	if got := calls.Load(); got != 1 {
 		t.Errorf("calls over the limits reached the node: %d calls in all, want 1", got)
+	}
+}
+
+// A file call with a bad sandbox id, or one naming a node not in the
+// cluster, is refused at once for what it is while the gate is full: it
+// took its room first, and with the gate busy waited the gate's wait and
+// got resource_exhausted, which clients retry. A good call still waits
+// for room.
+func TestFileCallsAreCheckedBeforeTheBulkGate(t *testing.T) {
+	_, a, calls := spyOnN1(t)
+	a.bulk = api.NewBulkGate(api.MaxSandboxFileBytes, 100*time.Millisecond)
+	ctx := context.Background()
+	release, err := a.bulk.Take(ctx, "test", api.MaxSandboxFileBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	_, err = a.ReadFile(ctx, connect.NewRequest(&warrenv1.ReadFileRequest{SandboxId: "bogus", Path: "/x"}))
+	if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "sandbox_id") {
+		t.Errorf("read_file of sandbox bogus with the gate full: %v, want invalid_argument naming sandbox_id", err)
+	}
+	_, err = a.WriteFile(ctx, connect.NewRequest(&warrenv1.WriteFileRequest{SandboxId: "bogus", Path: "/x", Data: []byte("x")}))
+	if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "sandbox_id") {
+		t.Errorf("write_file to sandbox bogus with the gate full: %v, want invalid_argument naming sandbox_id", err)
+	}
+	_, err = a.ListFiles(ctx, connect.NewRequest(&warrenv1.ListFilesRequest{SandboxId: "sb-0000000000-nosuchnode", Path: "/"}))
+	if connect.CodeOf(err) != connect.CodeNotFound || !strings.Contains(err.Error(), "nosuchnode") {
+		t.Errorf("list_files on a node not in the cluster with the gate full: %v, want not_found naming the node", err)
+	}
+	_, err = a.WriteFile(ctx, connect.NewRequest(&warrenv1.WriteFileRequest{SandboxId: "sb-0000000000-n1", Path: "/x", Data: []byte("x")}))
+	if connect.CodeOf(err) != connect.CodeResourceExhausted {
+		t.Errorf("a good write_file with the gate full: %v, want resource_exhausted", err)
+	}
+	if got := calls.Load(); got != 0 {
+		t.Errorf("%d calls reached the node", got)
 	}
 }
 
