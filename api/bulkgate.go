@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"sync"
 	"time"
 
@@ -100,4 +101,70 @@ func (g *BulkGate) release(n int64) {
 	g.used -= n
 	close(g.freed)
 	g.freed = make(chan struct{})
+}
+
+// TakeUntilSent is Take for a call whose answer is written after its
+// handler returns (connect-go marshals and writes a unary answer then,
+// after its interceptors too) and holds the data the room was taken for:
+// a file, a listing. Served through HoldUntilServed, the room is held
+// until the answer is written, and the release returned frees nothing;
+// otherwise (a handler called directly) the release frees the room. A
+// release deferred in the handler gave the room back before the answer
+// was sent: a client that read nothing kept each answer's 32 MiB, and
+// the marshaled copy, while the gate let more calls in.
+func (g *BulkGate) TakeUntilSent(ctx context.Context, what string, n int64) (release func(), err error) {
+	release, err = g.Take(ctx, what, n)
+	if err != nil {
+		return nil, err
+	}
+	held, ok := ctx.Value(heldKey{}).(*heldRoom)
+	if !ok {
+		return release, nil
+	}
+	held.hold(release)
+	return func() {}, nil
+}
+
+// HoldUntilServed serves h with a holder, in each request's context, for
+// the room its call takes with TakeUntilSent, and releases that room when
+// h's ServeHTTP returns, its answer written (or its write failed). Give
+// the answers' writes a deadline too (httpdeadline), or a client that
+// reads nothing holds the room for as long as it keeps the connection.
+func HoldUntilServed(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		held := &heldRoom{}
+		defer held.releaseAll()
+		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), heldKey{}, held)))
+	})
+}
+
+type heldKey struct{}
+
+// heldRoom is the room one request's call holds until its answer is
+// written.
+type heldRoom struct {
+	mu       sync.Mutex
+	releases []func()
+	done     bool // the request is served: later room is released at once
+}
+
+func (h *heldRoom) hold(release func()) {
+	h.mu.Lock()
+	if !h.done {
+		h.releases = append(h.releases, release)
+		h.mu.Unlock()
+		return
+	}
+	h.mu.Unlock()
+	release()
+}
+
+func (h *heldRoom) releaseAll() {
+	h.mu.Lock()
+	rs := h.releases
+	h.releases, h.done = nil, true
+	h.mu.Unlock()
+	for _, r := range rs {
+		r()
+	}
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"runtime"
 	"strings"
 	"sync"
@@ -155,5 +157,46 @@ func TestBulkGateUnderLoad(t *testing.T) {
 	close(errs)
 	for err := range errs {
 		t.Error(err)
+	}
+}
+
+// Room taken with TakeUntilSent under HoldUntilServed is held until the
+// HTTP handler returns (connect-go writes a unary answer after the
+// procedure returns), though the procedure "releases" it before; called
+// directly, without the holder, the release frees it.
+func TestTakeUntilSent(t *testing.T) {
+	g := NewBulkGate(100, 50*time.Millisecond)
+	free := func() bool {
+		r, err := g.Take(context.Background(), "probe", 100)
+		if err != nil {
+			return false
+		}
+		r()
+		return true
+	}
+	var heldAfterRelease bool
+	h := HoldUntilServed(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		release, err := g.TakeUntilSent(r.Context(), "read_file", 60)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		release()
+		heldAfterRelease = !free()
+	}))
+	h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("POST", "/", nil))
+	if !heldAfterRelease {
+		t.Error("the room was given back before the handler returned")
+	}
+	if !free() {
+		t.Error("the room is still held after the handler returned")
+	}
+	release, err := g.TakeUntilSent(context.Background(), "direct", 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release()
+	if !free() {
+		t.Error("without HoldUntilServed, the release did not free the room")
 	}
 }

@@ -1,9 +1,14 @@
 package noded
 
 import (
+	"bufio"
 	"context"
+	"fmt"
+	"io"
+	"net"
 	"net/http/httptest"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +17,7 @@ import (
 	"github.com/warrenhq/warren/api"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
+	"github.com/warrenhq/warren/guest"
 	"github.com/warrenhq/warren/noded/driver"
 )
 
@@ -70,6 +76,81 @@ func TestFileCallsWaitForTheBulkGate(t *testing.T) {
 	for _, name := range order {
 		if err := calls[name](); err != nil {
 			t.Errorf("%s with the gate free: %v", name, err)
+		}
+	}
+}
+
+// bigFileBox is a sandbox whose every file holds size zero bytes.
+type bigFileBox struct {
+	driver.Interactive // nil: only ID and ReadFile are called
+	id                 string
+	size               int
+}
+
+func (b *bigFileBox) ID() string { return b.id }
+
+func (b *bigFileBox) ReadFile(ctx context.Context, path string, limit int64, w io.Writer) (guest.FileInfo, error) {
+	if _, err := w.Write(make([]byte, b.size)); err != nil {
+		return guest.FileInfo{}, err
+	}
+	return guest.FileInfo{Name: filepath.Base(path), Size: int64(b.size), Mode: 0o644}, nil
+}
+
+// A ReadFile holds its room in the gate until its answer is written, and
+// a client that reads nothing holds it only until a write of the answer
+// times out. The room was given back when the handler returned, before
+// connect-go marshaled and wrote the answer, with no deadline on the
+// write: each call whose client read nothing kept its 32 MiB, and the
+// marshaled copy, for as long as the connection stayed open, while the
+// gate let more in.
+func TestAFileAnswerHoldsItsRoomUntilSent(t *testing.T) {
+	old := sandboxWriteTimeout
+	sandboxWriteTimeout = 2 * time.Second
+	defer func() { sandboxWriteTimeout = old }()
+	id := api.NewSandboxID(testNode)
+	box := &bigFileBox{id: id, size: 16 << 20}
+	a := NewSandboxAPI(testNode, t.TempDir(), &listDriver{name: "microvm", live: map[string]driver.Sandbox{id: box}}, nil)
+	a.bulk = api.NewBulkGate(api.MaxSandboxFileBytes, 300*time.Millisecond)
+	hs := httptest.NewServer(sandboxHandler(a))
+	defer hs.Close()
+	conn, err := net.Dial("tcp", strings.TrimPrefix(hs.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.(*net.TCPConn).SetReadBuffer(4096)
+	body := fmt.Sprintf(`{"sandboxId":%q,"path":"/big"}`, id)
+	if _, err := fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+		warrenv1connect.SandboxServiceReadFileProcedure, len(body), body); err != nil {
+		t.Fatal(err)
+	}
+	// The answer's first line comes: the handler has returned, and the
+	// answer, 16 MiB, is being written to a client that reads no more.
+	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if line, err := bufio.NewReader(conn).ReadString('\n'); err != nil || !strings.HasPrefix(line, "HTTP/1.1 200") {
+		t.Fatalf("the first ReadFile's answer: %q, %v", line, err)
+	}
+	c := warrenv1connect.NewSandboxServiceClient(hs.Client(), hs.URL)
+	read := func() error {
+		res, err := c.ReadFile(context.Background(), connect.NewRequest(&warrenv1.ReadFileRequest{SandboxId: id, Path: "/other"}))
+		if err == nil && len(res.Msg.GetData()) != box.size {
+			t.Fatalf("read %d bytes, want %d", len(res.Msg.GetData()), box.size)
+		}
+		return err
+	}
+	if err := read(); connect.CodeOf(err) != connect.CodeResourceExhausted {
+		t.Fatalf("a ReadFile while another's answer is unsent: %v, want resource_exhausted", err)
+	}
+	// Past the write timeout the stalled answer's write fails, and its
+	// room comes back.
+	end := time.Now().Add(20 * time.Second)
+	for {
+		err := read()
+		if err == nil {
+			break
+		}
+		if connect.CodeOf(err) != connect.CodeResourceExhausted || time.Now().After(end) {
+			t.Fatalf("a ReadFile after the stalled answer's write timeout (2 s): %v", err)
 		}
 	}
 }

@@ -43,13 +43,13 @@ func (b *chattyBox) Run(ctx context.Context, req guest.ExecRequest, stdout, stde
 
 // A client that starts an Exec and then reads nothing (its connection
 // open, its receive window shut) does not hold the call for good: a write
-// of the output that cannot go out within execWriteTimeout fails and the
+// of the output that cannot go out within sandboxWriteTimeout fails and the
 // call ends, with the command's call to its guest. It used to block in
 // the write for as long as the connection stayed open.
 func TestAStalledExecEnds(t *testing.T) {
-	old := execWriteTimeout
-	execWriteTimeout = time.Second
-	defer func() { execWriteTimeout = old }()
+	old := sandboxWriteTimeout
+	sandboxWriteTimeout = time.Second
+	defer func() { sandboxWriteTimeout = old }()
 	id := api.NewSandboxID(testNode)
 	box := &chattyBox{id: id, ended: make(chan struct{})}
 	hs := httptest.NewServer(sandboxHandler(NewSandboxAPI(testNode, t.TempDir(), &listDriver{name: "microvm", live: map[string]driver.Sandbox{id: box}}, nil)))

@@ -722,8 +722,9 @@ func (a *SandboxAPI) ReadFile(ctx context.Context, req *connect.Request[warrenv1
 	if err != nil {
 		return nil, err
 	}
-	// The whole file is held until it is sent: room for the largest.
-	release, err := a.bulk.Take(ctx, "read_file", MaxFileBytes)
+	// The whole file is held until it is sent: room for the largest,
+	// held until the answer is written (sandboxHandler).
+	release, err := a.bulk.TakeUntilSent(ctx, "read_file", MaxFileBytes)
 	if err != nil {
 		return nil, err
 	}
@@ -774,8 +775,9 @@ func (a *SandboxAPI) ListFiles(ctx context.Context, req *connect.Request[warrenv
 		return nil, err
 	}
 	// The listing, its messages and the answer are held until it is
-	// sent: room for the largest.
-	release, err := a.bulk.Take(ctx, "list_files", api.BulkGateListBytes)
+	// sent: room for the largest, held until the answer is written
+	// (sandboxHandler).
+	release, err := a.bulk.TakeUntilSent(ctx, "list_files", api.BulkGateListBytes)
 	if err != nil {
 		return nil, err
 	}
@@ -1077,19 +1079,24 @@ func (d *Daemon) serveSandboxes() error {
 
 // sandboxHandler serves a node's SandboxService. Lists are counted before
 // a request is decoded: a few MB of empty command arguments, gzipped to a
-// few KB, decoded to GBs before validation refused them.
-// Each write of an Exec's output has execWriteTimeout: a client that
-// stops reading would otherwise hold the call, and the command's call to
-// its guest, for good.
+// few KB, decoded to GBs before validation refused them. A ReadFile's and
+// a ListFiles' room in the gate is held until the answer is written
+// (api.HoldUntilServed). Each write of an Exec's output, and of those
+// answers, has sandboxWriteTimeout: a client that stops reading would
+// otherwise hold the call for good, with the command's call to its guest,
+// or the answer and its room in the gate.
 func sandboxHandler(a *SandboxAPI) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle(warrenv1connect.NewSandboxServiceHandler(a, connect.WithReadMaxBytes(api.MaxSandboxRequestBytes), reqbound.Codecs(reqbound.Sandbox)))
-	return httpdeadline.For(mux, func() time.Duration { return execWriteTimeout }, warrenv1connect.SandboxServiceExecProcedure)
+	path, h := warrenv1connect.NewSandboxServiceHandler(a, connect.WithReadMaxBytes(api.MaxSandboxRequestBytes), reqbound.Codecs(reqbound.Sandbox))
+	mux.Handle(path, api.HoldUntilServed(h))
+	return httpdeadline.For(mux, func() time.Duration { return sandboxWriteTimeout }, warrenv1connect.SandboxServiceExecProcedure,
+		warrenv1connect.SandboxServiceReadFileProcedure, warrenv1connect.SandboxServiceListFilesProcedure)
 }
 
-// execWriteTimeout bounds each write of an Exec's output to its client (a
+// sandboxWriteTimeout bounds each write of an Exec's output, and of a
+// ReadFile's or a ListFiles' answer (each MiB of it), to its client (a
 // variable for tests).
-var execWriteTimeout = 30 * time.Second
+var sandboxWriteTimeout = 30 * time.Second
 
 // SandboxURL is where the node serves its SandboxService ("" if it does not).
 func (d *Daemon) SandboxURL() string { return d.sandboxURL }

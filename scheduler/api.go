@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/warrenhq/warren/api"
 	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
@@ -54,14 +55,24 @@ func newMux(s *Server) http.Handler {
 	mux.Handle(taskPath, streamDeadlines(taskHandler, warrenv1connect.TaskServiceStreamEventsProcedure))
 	mux.Handle(warrenv1connect.NewClusterServiceHandler(clusterAPI{s}, opts, connect.WithReadMaxBytes(maxForwardBytes)))
 	mux.Handle(warrenv1connect.NewNodeServiceHandler(nodeAPI{s}, opts))
-	sandboxPath, sandboxHandler := warrenv1connect.NewSandboxServiceHandler(newSandboxAPI(s), connect.WithHandlerOptions(
-		connect.WithInterceptors(errorInterceptor{}), connect.WithReadMaxBytes(80<<20), reqbound.Codecs(reqbound.Sandbox)))
-	mux.Handle(sandboxPath, streamDeadlines(sandboxHandler, warrenv1connect.SandboxServiceExecProcedure))
+	mux.Handle(sandboxHandler(newSandboxAPI(s)))
 	mux.Handle("GET /v1/tasks/{id}/events", sseHandler{s})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")
 	})
 	return mux
+}
+
+// sandboxHandler serves the public SandboxService. A ReadFile's and a
+// ListFiles' room in the gate is held until the answer is written
+// (api.HoldUntilServed), and each write of those answers, as of an
+// Exec's output, has streamWriteTimeout: a client that stops reading
+// would otherwise hold the answer, and its room, for good.
+func sandboxHandler(a *sandboxAPI) (string, http.Handler) {
+	path, h := warrenv1connect.NewSandboxServiceHandler(a, connect.WithHandlerOptions(
+		connect.WithInterceptors(errorInterceptor{}), connect.WithReadMaxBytes(80<<20), reqbound.Codecs(reqbound.Sandbox)))
+	return path, streamDeadlines(api.HoldUntilServed(h), warrenv1connect.SandboxServiceExecProcedure,
+		warrenv1connect.SandboxServiceReadFileProcedure, warrenv1connect.SandboxServiceListFilesProcedure)
 }
 
 // invalid wraps a validation error.

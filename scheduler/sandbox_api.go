@@ -212,16 +212,18 @@ func forward[Req, Res any](a *sandboxAPI, ctx context.Context, id string, req *c
 }
 
 // forwardBulk is forward for a call that holds size bytes of the gate
-// (what names it). The request is checked, and its node found, before
-// the call waits for room: with the gate busy, a bad id was refused only
-// after the gate's wait, as resource_exhausted.
-func forwardBulk[Req, Res any](a *sandboxAPI, ctx context.Context, id string, req *connect.Request[Req], what string, size int64,
+// (what names it), taken with take (the gate's Take or TakeUntilSent).
+// The request is checked, and its node found, before the call waits for
+// room: with the gate busy, a bad id was refused only after the gate's
+// wait, as resource_exhausted.
+func forwardBulk[Req, Res any](a *sandboxAPI, ctx context.Context, id string, req *connect.Request[Req],
+	take func(ctx context.Context, what string, n int64) (func(), error), what string, size int64,
 	call func(warrenv1connect.SandboxServiceClient, context.Context, *connect.Request[Req]) (*connect.Response[Res], error)) (*connect.Response[Res], error) {
 	n, err := a.target(id, any(req.Msg).(proto.Message))
 	if err != nil {
 		return nil, err
 	}
-	release, err := a.bulk.Take(ctx, what, size)
+	release, err := take(ctx, what, size)
 	if err != nil {
 		return nil, err
 	}
@@ -277,8 +279,9 @@ func (a *sandboxAPI) Exec(ctx context.Context, req *connect.Request[warrenv1.Exe
 
 // ReadFile forwards to the sandbox's node.
 func (a *sandboxAPI) ReadFile(ctx context.Context, req *connect.Request[warrenv1.ReadFileRequest]) (*connect.Response[warrenv1.ReadFileResponse], error) {
-	// The whole file is held here until it is sent: room for the largest.
-	return forwardBulk(a, ctx, req.Msg.GetSandboxId(), req, "read_file", api.MaxSandboxFileBytes, warrenv1connect.SandboxServiceClient.ReadFile)
+	// The whole file is held here until it is sent: room for the largest,
+	// held until the answer is written (sandboxHandler).
+	return forwardBulk(a, ctx, req.Msg.GetSandboxId(), req, a.bulk.TakeUntilSent, "read_file", api.MaxSandboxFileBytes, warrenv1connect.SandboxServiceClient.ReadFile)
 }
 
 // WriteFile forwards to the sandbox's node.
@@ -286,14 +289,14 @@ func (a *sandboxAPI) WriteFile(ctx context.Context, req *connect.Request[warrenv
 	if n := len(req.Msg.GetData()); n > api.MaxSandboxFileBytes {
 		return nil, invalid(fmt.Errorf("data: %d bytes, over the limit of %d", n, api.MaxSandboxFileBytes))
 	}
-	return forwardBulk(a, ctx, req.Msg.GetSandboxId(), req, "write_file", int64(len(req.Msg.GetData())), warrenv1connect.SandboxServiceClient.WriteFile)
+	return forwardBulk(a, ctx, req.Msg.GetSandboxId(), req, a.bulk.Take, "write_file", int64(len(req.Msg.GetData())), warrenv1connect.SandboxServiceClient.WriteFile)
 }
 
 // ListFiles forwards to the sandbox's node.
 func (a *sandboxAPI) ListFiles(ctx context.Context, req *connect.Request[warrenv1.ListFilesRequest]) (*connect.Response[warrenv1.ListFilesResponse], error) {
 	// The node's answer is held here, read, decoded and sent on: room for
-	// the largest.
-	return forwardBulk(a, ctx, req.Msg.GetSandboxId(), req, "list_files", api.BulkGateListBytes, warrenv1connect.SandboxServiceClient.ListFiles)
+	// the largest, held until the answer is written (sandboxHandler).
+	return forwardBulk(a, ctx, req.Msg.GetSandboxId(), req, a.bulk.TakeUntilSent, "list_files", api.BulkGateListBytes, warrenv1connect.SandboxServiceClient.ListFiles)
 }
 
 // Pause forwards to the sandbox's node.

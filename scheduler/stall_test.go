@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"bufio"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -12,8 +13,10 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/warrenhq/warren/api"
+	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
 )
@@ -167,5 +170,83 @@ func TestAStalledSandboxExecEnds(t *testing.T) {
 	case <-node.ended:
 	case <-time.After(20 * time.Second):
 		t.Fatal("a sandbox Exec whose client reads nothing still holds the node's call 20 s on (write timeout 1 s)")
+	}
+}
+
+// bigFileNode is a node's sandbox service whose every file holds 16 MiB.
+type bigFileNode struct {
+	warrenv1connect.UnimplementedSandboxServiceHandler
+}
+
+func (bigFileNode) ReadFile(context.Context, *connect.Request[warrenv1.ReadFileRequest]) (*connect.Response[warrenv1.ReadFileResponse], error) {
+	return connect.NewResponse(&warrenv1.ReadFileResponse{Data: make([]byte, 16<<20)}), nil
+}
+
+// A ReadFile through a server holds its room in the server's gate until
+// its answer is written, and a client that reads nothing holds it only
+// until a write of the answer times out. The room was given back when the
+// handler returned, before connect-go marshaled and wrote the answer,
+// with no deadline on the write: each call whose client read nothing kept
+// the node's answer and its marshaled copy on the server for as long as
+// the connection stayed open, while the gate let more in.
+func TestAFileAnswerHoldsItsRoomUntilSent(t *testing.T) {
+	old := streamWriteTimeout
+	streamWriteTimeout = 2 * time.Second
+	defer func() { streamWriteTimeout = old }()
+	nmux := http.NewServeMux()
+	nmux.Handle(warrenv1connect.NewSandboxServiceHandler(bigFileNode{}))
+	nhs := httptest.NewServer(nmux)
+	defer nhs.Close()
+	tf := newTestFSM(t)
+	tf.ok(&fsmv1.RegisterNode{Node: &warrenv1.Node{Id: "n1", Drivers: []string{"microvm"}, SandboxUrl: nhs.URL,
+		Capacity: &warrenv1.Resources{MilliCpu: 1000, MemoryBytes: 1 << 30}}, Time: timestamppb.New(t0)})
+	a := newSandboxAPI(&Server{fsm: tf.fsm})
+	defer a.http.CloseIdleConnections()
+	a.bulk = api.NewBulkGate(api.MaxSandboxFileBytes, 300*time.Millisecond)
+	mux := http.NewServeMux()
+	mux.Handle(sandboxHandler(a))
+	hs := httptest.NewServer(mux)
+	defer hs.Close()
+	conn, err := net.Dial("tcp", strings.TrimPrefix(hs.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.(*net.TCPConn).SetReadBuffer(4096)
+	id := api.NewSandboxID("n1")
+	body := fmt.Sprintf(`{"sandboxId":%q,"path":"/big"}`, id)
+	if _, err := fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+		warrenv1connect.SandboxServiceReadFileProcedure, len(body), body); err != nil {
+		t.Fatal(err)
+	}
+	// The answer's first line comes: the handler has returned, and the
+	// answer, 16 MiB, is being written to a client that reads no more.
+	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if line, err := bufio.NewReader(conn).ReadString('\n'); err != nil || !strings.HasPrefix(line, "HTTP/1.1 200") {
+		t.Fatalf("the first ReadFile's answer: %q, %v", line, err)
+	}
+	c := warrenv1connect.NewSandboxServiceClient(hs.Client(), hs.URL)
+	defer hs.Client().CloseIdleConnections()
+	read := func() error {
+		res, err := c.ReadFile(context.Background(), connect.NewRequest(&warrenv1.ReadFileRequest{SandboxId: id, Path: "/other"}))
+		if err == nil && len(res.Msg.GetData()) != 16<<20 {
+			t.Fatalf("read %d bytes, want %d", len(res.Msg.GetData()), 16<<20)
+		}
+		return err
+	}
+	if err := read(); connect.CodeOf(err) != connect.CodeResourceExhausted {
+		t.Fatalf("a ReadFile while another's answer is unsent: %v, want resource_exhausted", err)
+	}
+	// Past the write timeout the stalled answer's write fails, and its
+	// room comes back.
+	end := time.Now().Add(20 * time.Second)
+	for {
+		err := read()
+		if err == nil {
+			break
+		}
+		if connect.CodeOf(err) != connect.CodeResourceExhausted || time.Now().After(end) {
+			t.Fatalf("a ReadFile after the stalled answer's write timeout (2 s): %v", err)
+		}
 	}
 }

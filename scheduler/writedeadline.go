@@ -9,7 +9,8 @@ import (
 
 // streamWriteTimeout bounds each write of a stream to its client: event
 // streams (StreamEvents, the SSE gateway) and a sandbox command's output
-// (SandboxService.Exec). A client that keeps its connection open but stops
+// (SandboxService.Exec); and each write (each MiB) of a sandbox ReadFile's
+// or ListFiles' answer. A client that keeps its connection open but stops
 // reading would otherwise block the stream's send for good; past the
 // timeout the write fails and the stream ends (an event stream's client
 // resumes with its last seq). A variable for tests.
