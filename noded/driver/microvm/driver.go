@@ -981,8 +981,21 @@ func (d *Driver) refillPool(ts *tplState) {
 					ts.refillRetrying = true
 				}
 			}
+			// No snapshot, none being made: a failed one's backoff is
+			// not over. Its failure scheduled a refill only if the pool
+			// had a target then; one set since waits for the backoff's
+			// end here, or the pool stayed empty until a claim came.
+			backoff := snap == nil && err == nil && !closed && !ts.snapping && ts.snap == nil &&
+				!pending && len(ts.pool) < ts.target && time.Now().Before(ts.snapNext)
+			if backoff {
+				ts.refillRetrying = true
+				delay = time.Until(ts.snapNext)
+			}
 			d.mu.Unlock()
 			switch {
+			case backoff:
+				d.log.Info("warm pool waits for the snapshot's next attempt", "template", ts.t.Name, "in", delay.Round(time.Millisecond))
+				d.goRetryRefill(ts, delay)
 			case retry:
 				d.log.Warn("warm pool refill failed; trying again", "template", ts.t.Name, "err", err, "in", delay)
 				d.goRetryRefill(ts, delay)

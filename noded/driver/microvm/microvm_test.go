@@ -1198,6 +1198,40 @@ func TestFailedSnapshotIsRetriedForThePool(t *testing.T) {
 	assertNothingLeft(t, d)
 }
 
+// A pool target set while a failed snapshot's backoff runs (the failure
+// came from a claim, with no target) is filled once the backoff is over.
+// Before, the refill found no snapshot and none being made, and waited
+// for "the snapshot's completion", which nothing would bring: the pool
+// stayed empty until a claim came after the backoff.
+func TestPoolSetDuringASnapshotBackoffIsFilled(t *testing.T) {
+	old := snapshotRetry
+	snapshotRetry = 500 * time.Millisecond
+	defer func() { snapshotRetry = old }()
+	d := newDriverWith(t, "", func(c *Config) { c.StandbyQEMUs = -1 })
+	defer d.Close()
+	var attempts atomic.Int32
+	d.failSnapshot = func() error {
+		if attempts.Add(1) == 1 {
+			return errors.New("injected: the first attempt fails")
+		}
+		return nil
+	}
+	ts, err := d.template("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.snapshotFor(ts) // a claim's attempt, with no pool target
+	waitRefill(t, "the snapshot attempt's end", func() bool {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return ts.snapFails > 0 && !ts.snapping
+	})
+	d.SetPoolTarget("default", 1) // inside the backoff
+	waitPool(t, d, 1)
+	d.SetPoolTarget("default", 0)
+	assertNothingLeft(t, d)
+}
+
 // After a failed snapshot nothing starts another before its backoff is
 // over: not a claim (it boots cold meanwhile) nor the refill after it.
 // Before, the backoff only timed the pool's own retry, and every claim
