@@ -265,3 +265,29 @@ func TestPoolTargetsAreCheckedTogether(t *testing.T) {
 		}
 	})
 }
+
+// A lowered target always passes, even where the recorded targets do not
+// fit together: a template whose target came before the node had it (its
+// size unknown, so not counted) counts once it is built, though its pool
+// was never filled. Before, every lowering but to 0 was refused then.
+func TestALoweredPoolTargetIsNeverRefused(t *testing.T) {
+	mem := memTotal()
+	if mem <= 0 {
+		t.Skip("needs /proc/meminfo's MemTotal")
+	}
+	drv := &sizedPoolDriver{poolDriver: poolDriver{listDriver: listDriver{name: "microvm"}, targets: map[string]int{}},
+		each: map[string]int64{"big": mem/4 + 1}} // "late" is not built yet: size 0
+	a := NewSandboxAPI(testNode, t.TempDir(), drv, nil)
+	a.mu.Lock()
+	mark := a.direct
+	a.mu.Unlock()
+	a.setTargets([]*warrenv1.SetPoolTarget{{Template: "big", Target: 3}, {Template: "late", Target: 3}}, mark)
+	if drv.targets["big"] != 3 {
+		t.Fatalf("big 3 alone: driver's targets %v", drv.targets)
+	}
+	drv.each["late"] = mem/4 + 1 // built since
+	_, err := a.SetPoolTarget(context.Background(), connect.NewRequest(&warrenv1.SetPoolTargetRequest{Template: "big", Target: 2}))
+	if err != nil || drv.targets["big"] != 2 {
+		t.Fatalf("big lowered from 3 to 2: %v; driver's targets %v", err, drv.targets)
+	}
+}

@@ -137,6 +137,13 @@ func (p *poolFit) check(drv driver.Driver, node, t string, n int, cur map[string
 	if !ok || n <= 0 {
 		return nil
 	}
+	if held, ok := cur[t]; ok && n <= held {
+		// No more than the target held takes no more memory: a lowering
+		// always passes, even where the others' recorded targets do not
+		// fit (a template the driver did not have when its target came
+		// counts once it is built, though its pool was never filled).
+		return nil
+	}
 	each := s.PoolMemberBytes(t)
 	if each <= 0 {
 		return nil
