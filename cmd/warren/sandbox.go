@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -45,7 +44,7 @@ const sandboxUsage = `usage: warren sandbox <command>
   files ID PATH              list a directory in the sandbox
   get ID                     show one sandbox
   pause ID | resume ID       save a sandbox to disk and stop it | bring it back
-  rm ID...                   destroy sandboxes; prints each id (-o json: {"id": ID} each)
+  rm ID...                   destroy sandboxes; prints each id removed
   ls [--node ID]             list sandboxes (a task's sandboxes too, with its TASK: warren task cancel ends those)
 
 warren pool set TEMPLATE N [--node ID]   keep N warm sandboxes of TEMPLATE on each node (--node: until its next session)
@@ -181,12 +180,7 @@ func cmdSandbox(args []string, stdout, stderr io.Writer) error {
 				errs = append(errs, fmt.Errorf("%s: %w", id, err))
 				continue
 			}
-			if cf.output == "json" {
-				b, _ := json.Marshal(map[string]string{"id": id})
-				fmt.Fprintf(stdout, "%s\n", b)
-				continue
-			}
-			fmt.Fprintln(stdout, id)
+			fmt.Fprintln(stdout, id) // with -o json too: scripts read these ids
 		}
 		return errors.Join(errs...)
 	case "pause", "resume":
@@ -235,9 +229,7 @@ func cmdSandbox(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		defer cancel()
-		if cf.output == "json" {
-			return errors.New("-o json: sandbox cp prints nothing but the file's bytes (to -), which have no JSON form")
-		}
+		// -o has no effect: cp prints nothing but the file's bytes (to -).
 		srcID, srcPath, srcRemote := splitRemote(pos[0])
 		dstID, dstPath, dstRemote := splitRemote(pos[1])
 		switch {
@@ -343,9 +335,9 @@ func sandboxExec(fs *flag.FlagSet, cf *clientFlags, args []string, stdout, stder
 	if *cmdTimeout < 0 {
 		return fmt.Errorf("--cmd-timeout %v: must not be negative", *cmdTimeout)
 	}
-	if cf.output == "json" {
-		return errors.New("-o json: sandbox exec streams the command's own output, which has no JSON form")
-	}
+	// -o is taken and has no effect: the output is the command's own.
+	// (Refusing -o json would break scripts that pass it to every
+	// command; the command table is stable.)
 	envm, err := parseEnv(env...)
 	if err != nil {
 		return err
