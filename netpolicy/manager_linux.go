@@ -441,6 +441,9 @@ type Sandbox struct {
 	// allowed is when each address the resolver handed out leaves the
 	// allow sets (its TTL), so a later answer can extend it.
 	allowed map[netip.Addr]time.Time
+	// queries bounds the resolver's queries in flight for this sandbox,
+	// taken before anything waits (maxQueries).
+	queries chan struct{}
 	// lookups bounds the resolver's upstream calls in flight for this
 	// sandbox.
 	lookups chan struct{}
@@ -514,7 +517,8 @@ func (m *Manager) create() (*Sandbox, error) {
 	m.used[idx] = true
 	m.mu.Unlock()
 	s := &Sandbox{m: m, slot: m.pool.slot(idx), name: m.cfg.nsPrefix() + strconv.Itoa(idx), ns: netns.None(), seen: map[attemptKey]uint64{},
-		allowed: map[netip.Addr]time.Time{}, lookups: make(chan struct{}, maxLookups)}
+		allowed: map[netip.Addr]time.Time{}, lookups: make(chan struct{}, maxLookups),
+		queries: make(chan struct{}, maxQueries)}
 	var err error
 	if s.ns, err = createNS(s.name); err != nil {
 		m.release(idx)

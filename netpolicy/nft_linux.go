@@ -629,6 +629,16 @@ func installHostRules(c *nftables.Conn, name, ifPrefix string, res Slot, p4, p6 
 		add(in, forged...)
 		add(fwd, forged...)
 	}
+	// The resolver is the sandboxes' alone: anything else sent to its
+	// addresses from elsewhere than a sandbox link or lo (a host on the
+	// node's network with a route to them) is dropped. Before, such a
+	// host could hold all of the resolver's TCP connections, which it
+	// counts before it refuses a stranger, and cut DNS over TCP off for
+	// every sandbox.
+	for _, a := range []netip.Addr{res.Host4, res.Host6} {
+		toResolver := cat(nfproto(a.Is6()), []expr.Any{daddr(a.Is6(), reg1), &expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: a.AsSlice()}})
+		add(in, cat(ifnamePrefix(expr.MetaKeyIIFNAME, ifPrefix, expr.CmpOpNeq), notLo, toResolver, []expr.Any{verdict(expr.VerdictDrop)})...)
+	}
 	for _, p := range []netip.Prefix{p4, p6} {
 		spoofed := cat(fromSandbox, saddrIn(p, expr.CmpOpNeq), []expr.Any{verdict(expr.VerdictDrop)})
 		if p.Addr().Is6() {

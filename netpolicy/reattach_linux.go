@@ -126,7 +126,8 @@ func (m *Manager) Reattach(nsPath string) (*Sandbox, error) {
 	delete(m.orphans, slot)
 	m.mu.Unlock()
 	s := &Sandbox{m: m, slot: m.pool.slot(slot), name: name, ns: netns.None(), seen: map[attemptKey]uint64{},
-		allowed: map[netip.Addr]time.Time{}, lookups: make(chan struct{}, maxLookups)}
+		allowed: map[netip.Addr]time.Time{}, lookups: make(chan struct{}, maxLookups),
+		queries: make(chan struct{}, maxQueries)}
 	fail := func(err error) (*Sandbox, error) {
 		s.teardown()
 		return nil, fmt.Errorf("netpolicy: reattach %s: %w", name, err)

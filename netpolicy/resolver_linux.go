@@ -26,6 +26,7 @@ const (
 	maxAllowTTL     = time.Hour
 	upstreamTimeout = 3 * time.Second
 	maxLookups      = 8  // upstream calls in flight per sandbox; more get SERVFAIL
+	maxQueries      = 64 // queries in flight per sandbox; more are dropped unanswered
 	maxAnswerAddrs  = 32 // addresses taken from one answer; the rest are dropped
 )
 
@@ -92,6 +93,17 @@ func (r *resolver) ServeDNS(w dns.ResponseWriter, q *dns.Msg) {
 	s := r.m.bySource(src.Addr())
 	if s == nil {
 		reply(dns.RcodeRefused)
+		return
+	}
+	// miekg serves each datagram on a goroutine of its own, and every
+	// query below takes the sandbox's lock, which an audit read holds for
+	// netlink dumps: a sandbox flooding its resolver piled up a goroutine
+	// per query. Past maxQueries in flight a query is dropped unanswered
+	// (its client asks again) before it waits on anything.
+	select {
+	case s.queries <- struct{}{}:
+		defer func() { <-s.queries }()
+	default:
 		return
 	}
 	if q.Opcode != dns.OpcodeQuery || len(q.Question) != 1 {
