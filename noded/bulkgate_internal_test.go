@@ -1,20 +1,17 @@
 package noded
 
 import (
-	"bufio"
 	"context"
-	"fmt"
 	"io"
-	"net"
 	"net/http/httptest"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/api/apitest"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
 	"github.com/warrenhq/warren/guest"
@@ -113,44 +110,5 @@ func TestAFileAnswerHoldsItsRoomUntilSent(t *testing.T) {
 	a.bulk = api.NewBulkGate(api.MaxSandboxFileBytes, 300*time.Millisecond)
 	hs := httptest.NewServer(sandboxHandler(a))
 	defer hs.Close()
-	conn, err := net.Dial("tcp", strings.TrimPrefix(hs.URL, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	conn.(*net.TCPConn).SetReadBuffer(4096)
-	body := fmt.Sprintf(`{"sandboxId":%q,"path":"/big"}`, id)
-	if _, err := fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
-		warrenv1connect.SandboxServiceReadFileProcedure, len(body), body); err != nil {
-		t.Fatal(err)
-	}
-	// The answer's first line comes: the handler has returned, and the
-	// answer, 16 MiB, is being written to a client that reads no more.
-	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
-	if line, err := bufio.NewReader(conn).ReadString('\n'); err != nil || !strings.HasPrefix(line, "HTTP/1.1 200") {
-		t.Fatalf("the first ReadFile's answer: %q, %v", line, err)
-	}
-	c := warrenv1connect.NewSandboxServiceClient(hs.Client(), hs.URL)
-	read := func() error {
-		res, err := c.ReadFile(context.Background(), connect.NewRequest(&warrenv1.ReadFileRequest{SandboxId: id, Path: "/other"}))
-		if err == nil && len(res.Msg.GetData()) != box.size {
-			t.Fatalf("read %d bytes, want %d", len(res.Msg.GetData()), box.size)
-		}
-		return err
-	}
-	if err := read(); connect.CodeOf(err) != connect.CodeResourceExhausted {
-		t.Fatalf("a ReadFile while another's answer is unsent: %v, want resource_exhausted", err)
-	}
-	// Past the write timeout the stalled answer's write fails, and its
-	// room comes back.
-	end := time.Now().Add(20 * time.Second)
-	for {
-		err := read()
-		if err == nil {
-			break
-		}
-		if connect.CodeOf(err) != connect.CodeResourceExhausted || time.Now().After(end) {
-			t.Fatalf("a ReadFile after the stalled answer's write timeout (2 s): %v", err)
-		}
-	}
+	apitest.FileAnswerHoldsItsRoom(t, hs.Client(), hs.URL, id, box.size)
 }

@@ -1,7 +1,6 @@
 package scheduler
 
 import (
-	"bufio"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -16,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/api/apitest"
 	fsmv1 "github.com/warrenhq/warren/api/gen/warren/fsm/v1"
 	warrenv1 "github.com/warrenhq/warren/api/gen/warren/v1"
 	"github.com/warrenhq/warren/api/gen/warren/v1/warrenv1connect"
@@ -207,46 +207,5 @@ func TestAFileAnswerHoldsItsRoomUntilSent(t *testing.T) {
 	mux.Handle(sandboxHandler(a))
 	hs := httptest.NewServer(mux)
 	defer hs.Close()
-	conn, err := net.Dial("tcp", strings.TrimPrefix(hs.URL, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	conn.(*net.TCPConn).SetReadBuffer(4096)
-	id := api.NewSandboxID("n1")
-	body := fmt.Sprintf(`{"sandboxId":%q,"path":"/big"}`, id)
-	if _, err := fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
-		warrenv1connect.SandboxServiceReadFileProcedure, len(body), body); err != nil {
-		t.Fatal(err)
-	}
-	// The answer's first line comes: the handler has returned, and the
-	// answer, 16 MiB, is being written to a client that reads no more.
-	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
-	if line, err := bufio.NewReader(conn).ReadString('\n'); err != nil || !strings.HasPrefix(line, "HTTP/1.1 200") {
-		t.Fatalf("the first ReadFile's answer: %q, %v", line, err)
-	}
-	c := warrenv1connect.NewSandboxServiceClient(hs.Client(), hs.URL)
-	defer hs.Client().CloseIdleConnections()
-	read := func() error {
-		res, err := c.ReadFile(context.Background(), connect.NewRequest(&warrenv1.ReadFileRequest{SandboxId: id, Path: "/other"}))
-		if err == nil && len(res.Msg.GetData()) != 16<<20 {
-			t.Fatalf("read %d bytes, want %d", len(res.Msg.GetData()), 16<<20)
-		}
-		return err
-	}
-	if err := read(); connect.CodeOf(err) != connect.CodeResourceExhausted {
-		t.Fatalf("a ReadFile while another's answer is unsent: %v, want resource_exhausted", err)
-	}
-	// Past the write timeout the stalled answer's write fails, and its
-	// room comes back.
-	end := time.Now().Add(20 * time.Second)
-	for {
-		err := read()
-		if err == nil {
-			break
-		}
-		if connect.CodeOf(err) != connect.CodeResourceExhausted || time.Now().After(end) {
-			t.Fatalf("a ReadFile after the stalled answer's write timeout (2 s): %v", err)
-		}
-	}
+	apitest.FileAnswerHoldsItsRoom(t, hs.Client(), hs.URL, api.NewSandboxID("n1"), 16<<20)
 }
