@@ -28,8 +28,9 @@ import (
 // These tests act from inside a sandbox's namespace, as a container's
 // processes do: every socket below is opened in it.
 
-// ask sends one query from the sandbox to its resolver.
-func ask(t *testing.T, s *netpolicy.Sandbox, name string, qtype uint16) *dns.Msg {
+// dialResolver opens a UDP socket from the sandbox's namespace to its
+// resolver.
+func dialResolver(t *testing.T, s *netpolicy.Sandbox) net.Conn {
 	t.Helper()
 	var c net.Conn
 	if err := netpolicy.InNamedNS(s.NSPath(), func() (err error) {
@@ -38,6 +39,13 @@ func ask(t *testing.T, s *netpolicy.Sandbox, name string, qtype uint16) *dns.Msg
 	}); err != nil {
 		t.Fatal(err)
 	}
+	return c
+}
+
+// ask sends one query from the sandbox to its resolver.
+func ask(t *testing.T, s *netpolicy.Sandbox, name string, qtype uint16) *dns.Msg {
+	t.Helper()
+	c := dialResolver(t, s)
 	defer c.Close()
 	q := new(dns.Msg)
 	q.SetQuestion(dns.Fqdn(name), qtype)
@@ -912,13 +920,7 @@ func TestTheUpstreamGetsOnlyTheQuestion(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	var c net.Conn
-	if err := netpolicy.InNamedNS(s.NSPath(), func() (err error) {
-		c, err = net.Dial("udp", net.JoinHostPort(s.Guest(false).DNS[0].String(), "53"))
-		return
-	}); err != nil {
-		t.Fatal(err)
-	}
+	c := dialResolver(t, s)
 	defer c.Close()
 	q := new(dns.Msg)
 	q.SetQuestion("www.cdn.test.", dns.TypeA)

@@ -28,13 +28,7 @@ func TestAResolverFloodPilesUpNoGoroutines(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var c net.Conn
-	if err := netpolicy.InNamedNS(s.NSPath(), func() (err error) {
-		c, err = net.Dial("udp", net.JoinHostPort(s.Guest(false).DNS[0].String(), "53"))
-		return
-	}); err != nil {
-		t.Fatal(err)
-	}
+	c := dialResolver(t, s)
 	defer c.Close()
 	q := new(dns.Msg)
 	q.SetQuestion("denied.test.", dns.TypeA)
