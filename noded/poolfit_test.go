@@ -61,6 +61,20 @@ func memTotal() int64 {
 	return 0
 }
 
+// poolSetter serves a over HTTP for the test and returns a call of its
+// SetPoolTarget, as `warren pool set` makes it.
+func poolSetter(t *testing.T, a *SandboxAPI) func(tpl string, n uint32) error {
+	mux := http.NewServeMux()
+	mux.Handle(warrenv1connect.NewSandboxServiceHandler(a))
+	hs := httptest.NewServer(mux)
+	t.Cleanup(hs.Close)
+	c := warrenv1connect.NewSandboxServiceClient(hs.Client(), hs.URL)
+	return func(tpl string, n uint32) error {
+		_, err := c.SetPoolTarget(context.Background(), connect.NewRequest(&warrenv1.SetPoolTargetRequest{Template: tpl, Target: n}))
+		return err
+	}
+}
+
 // `warren pool set T N` with more warm sandboxes than the node's memory
 // holds is refused as invalid_argument naming the target and the figures,
 // and the template keeps the target it had; the driver is not asked to
@@ -69,15 +83,7 @@ func TestPoolTargetOverTheNodesMemoryIsRefused(t *testing.T) {
 	drv := newSizedPoolDriver(t)
 	dir := t.TempDir()
 	a := NewSandboxAPI(testNode, dir, drv, nil)
-	mux := http.NewServeMux()
-	mux.Handle(warrenv1connect.NewSandboxServiceHandler(a))
-	hs := httptest.NewServer(mux)
-	defer hs.Close()
-	c := warrenv1connect.NewSandboxServiceClient(hs.Client(), hs.URL)
-	set := func(tpl string, n uint32) error {
-		_, err := c.SetPoolTarget(context.Background(), connect.NewRequest(&warrenv1.SetPoolTargetRequest{Template: tpl, Target: n}))
-		return err
-	}
+	set := poolSetter(t, a)
 	if err := set("big", 3); err != nil {
 		t.Fatalf("a target that fits: %v", err)
 	}
@@ -197,15 +203,7 @@ func TestPoolTargetsAreCheckedTogether(t *testing.T) {
 	t.Run("sandbox API", func(t *testing.T) {
 		drv := newDrv()
 		a := NewSandboxAPI(testNode, t.TempDir(), drv, nil)
-		mux := http.NewServeMux()
-		mux.Handle(warrenv1connect.NewSandboxServiceHandler(a))
-		hs := httptest.NewServer(mux)
-		defer hs.Close()
-		c := warrenv1connect.NewSandboxServiceClient(hs.Client(), hs.URL)
-		set := func(tpl string, n uint32) error {
-			_, err := c.SetPoolTarget(context.Background(), connect.NewRequest(&warrenv1.SetPoolTargetRequest{Template: tpl, Target: n}))
-			return err
-		}
+		set := poolSetter(t, a)
 		if err := set("big", 3); err != nil {
 			t.Fatalf("big 3 alone: %v", err)
 		}
