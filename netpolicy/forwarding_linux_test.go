@@ -179,16 +179,7 @@ func TestAForgedSandboxAddressFromOutsideIsDropped(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	inet, err := netns.GetFromPath(tp.InetNS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer inet.Close()
-	ih, err := netlink.NewHandleAt(inet)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ih.Close()
+	ih := HandleAt(t, tp.InetNS)
 	lo, err := ih.LinkByName("lo")
 	if err != nil {
 		t.Fatal(err)

@@ -10,7 +10,6 @@ import (
 
 	"github.com/miekg/dns"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 
 	"github.com/warrenhq/warren/netpolicy"
 	. "github.com/warrenhq/warren/netpolicy/netpolicytest"
@@ -80,16 +79,7 @@ func TestTheResolverIsUnreachableFromTheNodesNetwork(t *testing.T) {
 	tp := New(t)
 	m := tp.Manager(t, 0, nil)
 	res := m.Resolver()
-	inet, err := netns.GetFromPath(tp.InetNS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer inet.Close()
-	h, err := netlink.NewHandleAt(inet)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
+	h := HandleAt(t, tp.InetNS)
 	down, err := h.LinkByName("down0")
 	if err != nil {
 		t.Fatal(err)

@@ -158,16 +158,7 @@ func New(t testing.TB) *Topo {
 // echo on port 80 there.
 func (tp *Topo) AddNodeAddr(t testing.TB, a netip.Addr) {
 	t.Helper()
-	node, err := netns.GetFromPath(tp.NodeNS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer node.Close()
-	nh, err := netlink.NewHandleAt(node)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nh.Close()
+	nh := HandleAt(t, tp.NodeNS)
 	lo, err := nh.LinkByName("lo")
 	if err != nil {
 		t.Fatal(err)
@@ -179,6 +170,23 @@ func (tp *Topo) AddNodeAddr(t testing.TB, a netip.Addr) {
 }
 
 // addr is a/bits as a link address, without duplicate address detection.
+// HandleAt is a netlink handle in the named namespace at path (NodeNS,
+// InetNS), closed at the test's cleanup.
+func HandleAt(t testing.TB, path string) *netlink.Handle {
+	t.Helper()
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close() // the handle's sockets stay in the namespace
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Close)
+	return h
+}
+
 func addr(a netip.Addr, bits int) *netlink.Addr {
 	return &netlink.Addr{IPNet: &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(bits, a.BitLen())}, Flags: unix.IFA_F_NODAD}
 }
